@@ -1,0 +1,35 @@
+// core/cli/cli.hpp — shared pieces of the `loom` subcommands. The CLI is the only place that
+// parses argv; everything it does is available through the library.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+namespace po = boost::program_options;
+
+// Exit codes: 0 ok, 1 error, 2 usage.
+constexpr int k_exit_ok = 0;
+constexpr int k_exit_error = 1;
+constexpr int k_exit_usage = 2;
+
+// Thrown for command-line misuse (exit 2).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parses args against `desc` (+ positional), prints help and returns false when --help was given.
+bool parse_args(const std::vector<std::string>& args, const po::options_description& desc, po::variables_map& vm,
+                const std::string& usage, const po::positional_options_description* pos = nullptr);
+
+bool stdout_is_tty();
+bool stderr_is_tty();
+
+int cmd_run(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_inspect(const std::vector<std::string>& args);
+int cmd_config(const std::vector<std::string>& args);
+
+}  // namespace loom::cli

@@ -1,0 +1,205 @@
+// `loom run`: one prompt through a pipeline, streamed; --json prints one object at the end.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+
+namespace loom::cli {
+
+namespace {
+
+constexpr const char* k_run_usage =
+    "usage: loom run (-c PIPELINE.toml | -m MODEL.gguf) -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+    "                [--min-p P] [--seed S] [--ignore-eos] [--set section.key=value]... [--json]\n"
+    "Generates text and streams it (the prompt is echoed first unless --no-echo). -n counts new tokens.\n"
+    "Sampling flags edit the pipeline's [[sampler]] chain (default chain: top_k 40, top_p 0.95, min_p 0.05,\n"
+    "temperature 0.8, as llama.cpp); --temp 0 is greedy.";
+
+// Sets key of the sampler `name` in the chain, adding the sampler if absent (before temperature).
+void set_sampler_param(std::vector<SamplerSpec>& chain, const std::string& name, const std::string& key, ParamValue v) {
+  for (auto& s : chain)
+    if (s.name == name) {
+      for (auto& [k, val] : s.params)
+        if (k == key) {
+          val = std::move(v);
+          return;
+        }
+      s.params.emplace_back(key, std::move(v));
+      return;
+    }
+  SamplerSpec s;
+  s.name = name;
+  s.params.emplace_back(key, std::move(v));
+  auto it = std::find_if(chain.begin(), chain.end(), [](const SamplerSpec& x) {
+    return x.name == "temperature" || x.name == "greedy" || x.name == "dist";
+  });
+  chain.insert(it, std::move(s));
+}
+
+std::vector<SamplerSpec> default_chain_specs() {
+  return {
+      {"top_k", {{"k", int64_t{40}}}},
+      {"top_p", {{"p", 0.95}}},
+      {"min_p", {{"p", 0.05}}},
+      {"temperature", {{"value", 0.8}}},
+  };
+}
+
+nlohmann::json to_json(const GenerationResult& r) {
+  nlohmann::json j;
+  j["prompt_tokens"] = r.prompt_tokens;
+  j["tokens"] = r.tokens;
+  j["text"] = r.text;
+  nlohmann::json lp = nlohmann::json::array();
+  for (float x : r.logprobs) lp.push_back(std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr));
+  j["logprobs"] = lp;
+  j["stop_reason"] = std::string(stop_reason_name(r.stop_reason));
+  if (!r.stop_string.empty()) j["stop_string"] = r.stop_string;
+  if (!r.message.empty()) j["message"] = r.message;
+  j["seed"] = r.seed;
+  j["metrics"] = {{"ttft_ms", r.metrics.ttft_ms},
+                  {"tpot_ms", r.metrics.tpot_ms},
+                  {"prefill_tok_s", r.metrics.prefill_tok_s},
+                  {"decode_tok_s", r.metrics.decode_tok_s},
+                  {"total_ms", r.metrics.total_ms},
+                  {"n_prompt", r.metrics.n_prompt},
+                  {"n_generated", r.metrics.n_generated}};
+  return j;
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& args) {
+  po::options_description desc("loom run options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
+    ("prompt,p", po::value<std::string>(), "prompt text")
+    ("file,f", po::value<std::string>(), "read the prompt from a file")
+    ("n-predict,n", po::value<int>(), "number of new tokens (-1 = until the context is full)")
+    ("temp", po::value<double>(), "temperature (0 = greedy)")
+    ("top-k", po::value<long>(), "top-k (0 = off)")
+    ("top-p", po::value<double>(), "top-p in (0, 1]")
+    ("min-p", po::value<double>(), "min-p in [0, 1]")
+    ("seed", po::value<unsigned long long>(), "RNG seed (default: random, reported with --json)")
+    ("ignore-eos", "do not stop at end-of-generation tokens")
+    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("no-echo", "do not print the prompt before the generated text")
+    ("special", "parse special-token text (e.g. <s>) in the prompt")
+    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics)");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
+  if (!vm.count("config") && !vm.count("model")) throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
+  if (vm.count("prompt") && vm.count("file")) throw UsageError("give the prompt with -p or -f, not both");
+  if (!vm.count("prompt") && !vm.count("file")) throw UsageError("give a prompt with -p TEXT (or -f FILE)");
+
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("set"))
+    for (const auto& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(parse_override(s));
+
+  PipelineConfig cfg;
+  if (vm.count("config")) {
+    cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
+  } else {
+    cfg.source = "<command line>";
+    cfg = apply_overrides(cfg, overrides);
+  }
+  if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+  if (vm.count("ctx-size")) {
+    const int n = vm["ctx-size"].as<int>();
+    if (n <= 0) throw UsageError("--ctx-size must be > 0, got " + std::to_string(n));
+    cfg.model.n_ctx = n;
+  }
+  if (vm.count("n-predict")) {
+    const int n = vm["n-predict"].as<int>();
+    if (n < -1) throw UsageError("-n must be ≥ -1 (-1 = until the context is full), got " + std::to_string(n));
+    cfg.stop.max_tokens = n;
+  }
+  if (vm.count("seed")) cfg.run.seed = vm["seed"].as<unsigned long long>();
+  if (vm.count("ignore-eos")) cfg.stop.eos = false;
+  if (vm.count("special")) cfg.run.parse_special = true;
+  if (vm.count("no-echo")) cfg.run.echo = false;
+
+  if (vm.count("temp") || vm.count("top-k") || vm.count("top-p") || vm.count("min-p")) {
+    std::vector<SamplerSpec> chain = cfg.samplers.empty() ? default_chain_specs() : cfg.samplers;
+    if (vm.count("temp")) {
+      const double t = vm["temp"].as<double>();
+      if (!(t >= 0)) throw UsageError("--temp must be ≥ 0 (0 = greedy), got " + std::to_string(t));
+      set_sampler_param(chain, "temperature", "value", t);
+    }
+    if (vm.count("top-k")) {
+      const long k = vm["top-k"].as<long>();
+      if (k < 0) throw UsageError("--top-k must be ≥ 0 (0 = off), got " + std::to_string(k));
+      set_sampler_param(chain, "top_k", "k", static_cast<int64_t>(k));
+    }
+    if (vm.count("top-p")) {
+      const double p = vm["top-p"].as<double>();
+      if (!(p > 0 && p <= 1)) throw UsageError("--top-p must be in (0, 1], got " + std::to_string(p));
+      set_sampler_param(chain, "top_p", "p", p);
+    }
+    if (vm.count("min-p")) {
+      const double p = vm["min-p"].as<double>();
+      if (!(p >= 0 && p <= 1)) throw UsageError("--min-p must be in [0, 1], got " + std::to_string(p));
+      set_sampler_param(chain, "min_p", "p", p);
+    }
+    for (const auto& s : chain) (void)create_sampler(s);  // validate
+    cfg.samplers = chain;
+  }
+
+  std::string prompt;
+  if (vm.count("prompt")) {
+    prompt = vm["prompt"].as<std::string>();
+  } else {
+    const std::string path = vm["file"].as<std::string>();
+    std::ifstream f(path, std::ios::binary);
+    if (!f) fail(Errc::not_found, "run", "cannot read prompt file '" + path + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    prompt = ss.str();
+  }
+
+  auto pipeline = Pipeline::create(cfg);
+  const bool json = vm.count("json") != 0;
+  GenerationRequest req;
+  req.prompt = prompt;
+  if (!json && cfg.run.echo) {
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fflush(stdout);
+  }
+  StreamCallback cb;
+  if (!json)
+    cb = [](std::string_view s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    };
+  const GenerationResult r = pipeline->generate(req, cb);
+  if (json) {
+    std::cout << to_json(r).dump() << "\n";
+  } else {
+    std::cout << "\n";
+    std::cout.flush();
+    if (stderr_is_tty()) {
+      std::fprintf(stderr, "[%d prompt + %d new tokens, stop: %s | TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s]\n",
+                   r.metrics.n_prompt, r.metrics.n_generated, std::string(stop_reason_name(r.stop_reason)).c_str(),
+                   r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
+    }
+  }
+  if (!r.message.empty()) {
+    std::cerr << "loom: " << r.message << "\n";
+    if (r.tokens.empty()) return k_exit_error;
+  }
+  return k_exit_ok;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,90 @@
+// `loom` — the command-line entry point: dispatches to a subcommand and maps errors to exit codes.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "loom/error.hpp"
+
+namespace loom::cli {
+
+bool stdout_is_tty() { return isatty(STDOUT_FILENO) != 0; }
+bool stderr_is_tty() { return isatty(STDERR_FILENO) != 0; }
+
+bool parse_args(const std::vector<std::string>& args, const po::options_description& desc, po::variables_map& vm,
+                const std::string& usage, const po::positional_options_description* pos) {
+  try {
+    auto parser = po::command_line_parser(args).options(desc);
+    if (pos) parser.positional(*pos);
+    po::store(parser.run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n\n" << desc << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(std::string(e.what()) + "\n" + usage);
+  }
+  return true;
+}
+
+}  // namespace loom::cli
+
+namespace {
+
+constexpr const char* k_usage = R"(loom — an inference engine for decoder-only language models
+
+usage: loom <command> [options]
+
+commands:
+  run        generate text from a prompt (streams; --json for tokens, logprobs, stop reason, metrics)
+  tokenize   print the token ids of a text
+  inspect    describe a model file: architecture, parameters, tensor types, memory
+  config     show the resolved pipeline of a TOML file (config show -c P.toml)
+
+Run 'loom <command> --help' for the options of a command.
+Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace loom::cli;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << k_usage << "\n";
+    return k_exit_usage;
+  }
+  const std::string cmd = args.front();
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+      std::cout << k_usage << "\n";
+      return k_exit_ok;
+    }
+    if (cmd == "--version" || cmd == "version") {
+      std::cout << "loom 0.1.0\n";
+      return k_exit_ok;
+    }
+    if (cmd == "run") return cmd_run(rest);
+    if (cmd == "tokenize") return cmd_tokenize(rest);
+    if (cmd == "inspect") return cmd_inspect(rest);
+    if (cmd == "config") return cmd_config(rest);
+    std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
+    return k_exit_usage;
+  } catch (const UsageError& e) {
+    std::cerr << "loom " << cmd << ": " << e.what() << "\n";
+    return k_exit_usage;
+  } catch (const loom::Error& e) {
+    std::cerr << "loom: error: " << e.what() << "\n";
+    return k_exit_error;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "loom: error: out of memory\n";
+    return k_exit_error;
+  } catch (const std::exception& e) {
+    std::cerr << "loom: error: " << e.what() << "\n";
+    return k_exit_error;
+  }
+}

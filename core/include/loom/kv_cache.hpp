@@ -1,0 +1,57 @@
+// loom/kv_cache.hpp — K/V storage for all sequences.
+//
+// `contiguous`: one max-length slab per sequence. Positions [0, length(seq)) of a sequence are
+// valid; allocate() reserves room for new positions and returns false when there is none (an
+// expected outcome: the caller stops or preempts the request, it is not an error).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "loom/dtype.hpp"
+#include "loom/types.hpp"
+
+namespace loom {
+
+struct KVShape {
+  int32_t n_layer = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+  int32_t n_ctx = 0;     // positions per sequence
+  int32_t n_seq_max = 1; // sequences that can live at once
+  DType dtype = DType::f32;
+  int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
+};
+
+class KVCacheStore {
+ public:
+  virtual ~KVCacheStore() = default;
+  virtual std::string_view name() const noexcept = 0;
+  virtual const KVShape& shape() const noexcept = 0;
+
+  // Reserves positions [length, length + n_new) of `seq` (creating the sequence if new). Returns
+  // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
+  virtual bool allocate(SeqId seq, int32_t n_new) = 0;
+  virtual void free(SeqId seq) noexcept = 0;
+  // Makes `child` a copy of `parent` (all positions). `child` must not exist.
+  virtual bool fork(SeqId parent, SeqId child) = 0;
+  // Keeps the first n positions of seq (speculative rollback).
+  virtual void truncate(SeqId seq, int32_t n) = 0;
+  virtual int32_t length(SeqId seq) const noexcept = 0;  // 0 for an unknown sequence
+  virtual bool contains(SeqId seq) const noexcept = 0;
+
+  // Row of n_head_kv · head_dim f32 values for (layer, seq, pos); pos < length(seq).
+  virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
+  virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
+
+  virtual size_t bytes_allocated() const noexcept = 0;  // storage currently held
+  virtual size_t bytes_capacity() const noexcept = 0;   // storage if every slot were used
+};
+
+// f32 contiguous store. Slabs are allocated when a sequence is first created.
+std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape);
+
+}  // namespace loom

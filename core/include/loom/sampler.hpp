@@ -1,0 +1,138 @@
+// loom/sampler.hpp — llama.cpp's sampler-chain semantics, host side.
+//
+// A sampler either transforms/filters the candidate list (temperature, top_k, top_p, min_p,
+// typical_p, penalties, logit_bias) or selects a token (greedy, dist). A SamplerChain applies its
+// samplers in order (the TOML order); if the last one does not select, the chain ends with `dist`.
+// `temperature = 0` means greedy: the temperature sampler then selects the arg-max itself (no
+// division by zero), so a chain with temperature 0 is deterministic whatever follows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "loom/types.hpp"
+
+namespace loom {
+
+struct TokenData {
+  TokenId id;
+  float logit;
+  float p;  // probability; valid after a softmax was applied (see Candidates::has_probs)
+};
+
+// The candidate list one sampling step works on (llama_token_data_array).
+struct Candidates {
+  std::vector<TokenData> data;
+  bool sorted = false;     // data sorted by logit, descending
+  bool has_probs = false;  // p holds softmax(logit) over `data`
+  int64_t selected = -1;   // index into data once a selecting sampler ran
+
+  static Candidates from_logits(std::span<const float> logits);  // ids 0..n-1, unsorted
+  void sort_desc();                                             // by logit, stable (ties: lower id first)
+  void softmax();                                               // p = softmax(logit), sorts first
+};
+
+// Per-request state a sampler may read: token history (for penalties) and the request's RNG.
+// The RNG is owned by the request, so a request's tokens never depend on its batch-mates.
+struct SamplerContext {
+  std::span<const TokenId> prompt;     // prompt tokens (BOS included)
+  std::span<const TokenId> generated;  // tokens generated so far
+  std::mt19937_64* rng = nullptr;      // required by `dist`
+};
+
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  virtual std::string_view name() const noexcept = 0;
+  virtual void apply(Candidates& c, SamplerContext& ctx) = 0;  // filter/transform, or select (sets c.selected)
+  virtual void accept(TokenId /*token*/) {}                    // stateful samplers
+  virtual void reset() {}
+  virtual std::unique_ptr<Sampler> clone() const = 0;
+  virtual bool selects() const noexcept { return false; }      // true for greedy / dist
+};
+
+// Parameter values as they come from TOML (or the CLI).
+using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+
+struct SamplerSpec {
+  std::string name;                                        // "top_k", "temperature", ...
+  std::vector<std::pair<std::string, ParamValue>> params;  // key = value, in file order
+};
+
+// What a parameter accepts — the pipeline validator reads this to name the expected form.
+struct ParamSchema {
+  std::string key;
+  enum class Kind { boolean, integer, number, int_list, number_list } kind;
+  double min = 0, max = 0;    // inclusive bounds unless *_open
+  bool min_open = false, max_open = false;
+  bool has_min = false, has_max = false;
+  bool required = false;
+  std::string help;           // "k ≥ 0 (0 = keep all)"
+};
+
+// The accepted form of a parameter in words, for "expected ..." messages: "an integer ≥ 0",
+// "a number in (0, 1]", "a list of integers, each ≥ 0". Bounds of a list apply to each element.
+std::string describe_expected(const ParamSchema& s);
+
+struct SamplerInfo {
+  std::string name;
+  std::string help;
+  std::vector<ParamSchema> params;
+};
+
+// The built-in samplers and their parameters:
+//   temperature {value ≥ 0}            top_k {k ≥ 0, 0 = off}         top_p {p ∈ (0,1], min_keep ≥ 1}
+//   min_p {p ∈ [0,1], min_keep}        typical_p {p ∈ (0,1], min_keep}
+//   penalties {repeat > 0 (1 = off), frequency, presence, last_n ≥ -1 (-1 = whole history, 0 = off)}
+//   logit_bias {tokens = [ids], values = [biases]}   greedy {}   dist {}
+const std::vector<SamplerInfo>& builtin_samplers();
+// Creates a sampler from a validated spec; throws loom::Error(invalid_argument) for an unknown name,
+// unknown key, wrong type or out-of-range value (message names the sampler, the key and the range).
+std::unique_ptr<Sampler> create_sampler(const SamplerSpec& spec);
+
+class SamplerChain final : public Sampler {
+ public:
+  SamplerChain() = default;
+  void add(std::unique_ptr<Sampler> s);  // takes ownership
+  std::string_view name() const noexcept override { return "chain"; }
+  void apply(Candidates& c, SamplerContext& ctx) override;  // runs all; appends dist if none selected
+  void accept(TokenId token) override;
+  void reset() override;
+  std::unique_ptr<Sampler> clone() const override;
+  bool selects() const noexcept override { return true; }
+  size_t size() const noexcept { return samplers_.size(); }
+  const Sampler& at(size_t i) const { return *samplers_.at(i); }
+
+  // Convenience: candidates from logits, apply, return the selected id.
+  TokenId sample(std::span<const float> logits, SamplerContext& ctx);
+
+ private:
+  std::vector<std::unique_ptr<Sampler>> samplers_;
+};
+
+// The chain llama.cpp builds from the usual flags: penalties → top_k → typical_p → top_p → min_p →
+// temperature → dist, with the neutral ones left out. temperature == 0 gives greedy.
+struct SamplingParams {
+  float temperature = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float typical_p = 1.0f;
+  float repeat_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  int32_t penalty_last_n = 64;
+};
+SamplerChain make_default_chain(const SamplingParams& p);  // throws on out-of-range values
+
+// Log-probability of `token` under softmax(logits) (the model's raw distribution).
+float token_logprob(std::span<const float> logits, TokenId token);
+
+}  // namespace loom

@@ -1,0 +1,150 @@
+#include "loom/model_config.hpp"
+
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/gguf.hpp"
+
+namespace loom {
+
+namespace {
+
+[[noreturn]] void bad(const GgufFile& f, const std::string& msg) {
+  fail(Errc::parse_error, "model", f.path() + ": " + msg);
+}
+
+int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t max = 1 << 24) {
+  if (v <= 0 || v > max)
+    bad(f, "metadata '" + key + "' must be in 1.." + std::to_string(max) + ", found " + std::to_string(v));
+  return static_cast<int32_t>(v);
+}
+
+void expect_shape(const GgufFile& f, const std::string& name, std::initializer_list<int64_t> ne, bool required = true) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) {
+    if (required) bad(f, "tensor '" + name + "' is missing; the file is not a complete model of this architecture");
+    return;
+  }
+  std::vector<int64_t> want(ne);
+  bool ok = t->ne.size() == want.size() || (t->ne.size() == 2 && want.size() == 1 && t->ne[1] == 1);
+  if (ok)
+    for (size_t k = 0; k < want.size(); ++k) ok = ok && t->ne[k] == want[k];
+  if (!ok) {
+    auto fmt = [](const std::vector<int64_t>& v) {
+      std::string s = "[";
+      for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
+      return s + "]";
+    };
+    bad(f, "tensor '" + name + "' has shape " + fmt(t->ne) + ", expected " + fmt(want) +
+               " from the metadata (ne[0] first)");
+  }
+  if (!dtype_traits(t->type).can_dequantize)
+    fail(Errc::unsupported, "model",
+         f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->type)) +
+             ", which Loom cannot compute with yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k)");
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
+  ModelConfig c;
+  c.arch = f.get_string("general.architecture");
+  if (c.arch != "llama")
+    fail(Errc::unsupported, "model",
+         f.path() + ": architecture '" + c.arch + "' is not supported (supported: llama)");
+  c.name = f.get_string_opt("general.name").value_or("");
+  const std::string a = c.arch + ".";
+  auto req = [&](const std::string& k) { return f.get_int(a + k); };
+
+  c.n_embd = positive(f, a + "embedding_length", req("embedding_length"));
+  c.n_layer = positive(f, a + "block_count", req("block_count"), 4096);
+  c.n_ff = positive(f, a + "feed_forward_length", req("feed_forward_length"));
+  c.n_head = positive(f, a + "attention.head_count", req("attention.head_count"), 4096);
+  c.n_head_kv = positive(f, a + "attention.head_count_kv",
+                         f.get_int_opt(a + "attention.head_count_kv").value_or(c.n_head), 4096);
+  c.n_ctx_train = positive(f, a + "context_length", req("context_length"), 1 << 24);
+  if (c.n_head % c.n_head_kv != 0)
+    bad(f, "attention.head_count (" + std::to_string(c.n_head) + ") must be a multiple of head_count_kv (" +
+               std::to_string(c.n_head_kv) + ")");
+  if (auto kl = f.get_int_opt(a + "attention.key_length")) {
+    c.head_dim = positive(f, a + "attention.key_length", *kl, 65536);
+    if (auto vl = f.get_int_opt(a + "attention.value_length"); vl && *vl != *kl)
+      fail(Errc::unsupported, "model", f.path() + ": key_length != value_length is not supported");
+  } else {
+    if (c.n_embd % c.n_head != 0)
+      bad(f, "embedding_length (" + std::to_string(c.n_embd) + ") is not a multiple of head_count (" +
+                 std::to_string(c.n_head) + ")");
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  c.norm_eps = static_cast<float>(f.get_float_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.norm_eps > 0.0f) || c.norm_eps > 1.0f)
+    bad(f, "attention.layer_norm_rms_epsilon must be in (0, 1], found " + std::to_string(c.norm_eps));
+
+  c.rope.n_dims = positive(f, a + "rope.dimension_count",
+                           f.get_int_opt(a + "rope.dimension_count").value_or(c.head_dim), c.head_dim);
+  if (c.rope.n_dims % 2 != 0) bad(f, "rope.dimension_count must be even, found " + std::to_string(c.rope.n_dims));
+  c.rope.theta = static_cast<float>(f.get_float_opt(a + "rope.freq_base").value_or(10000.0));
+  if (!(c.rope.theta > 1.0f)) bad(f, "rope.freq_base must be > 1, found " + std::to_string(c.rope.theta));
+  const std::string scaling = f.get_string_opt(a + "rope.scaling.type").value_or("none");
+  double factor = f.get_float_opt(a + "rope.scaling.factor").value_or(0.0);
+  if (factor == 0.0)
+    if (auto lin = f.get_float_opt(a + "rope.scale_linear")) factor = *lin;
+  if (scaling == "none" || (scaling.empty())) {
+    c.rope.scaling = (factor > 1.0 ? RopeScaling::linear : RopeScaling::none);
+  } else if (scaling == "linear") {
+    c.rope.scaling = RopeScaling::linear;
+  } else if (scaling == "yarn") {
+    c.rope.scaling = RopeScaling::yarn;
+  } else {
+    fail(Errc::unsupported, "model", f.path() + ": rope.scaling.type '" + scaling + "' is not supported (none, linear, yarn)");
+  }
+  c.rope.factor = factor > 0.0 ? static_cast<float>(factor) : 1.0f;
+  if (c.rope.factor < 1.0f) bad(f, "rope.scaling.factor must be ≥ 1, found " + std::to_string(c.rope.factor));
+  c.rope.orig_ctx = static_cast<int32_t>(
+      f.get_int_opt(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train));
+
+  const GgufTensor* emb = f.find_tensor("token_embd.weight");
+  if (!emb) bad(f, "tensor 'token_embd.weight' is missing");
+  if (emb->ne.size() != 2 || emb->ne[0] != c.n_embd)
+    bad(f, "tensor 'token_embd.weight' must be [" + std::to_string(c.n_embd) + ", n_vocab]");
+  c.n_vocab = positive(f, "token_embd.weight ne[1] (n_vocab)", emb->ne[1], 1 << 22);
+  if (auto vs = f.get_int_opt(a + "vocab_size"); vs && *vs != c.n_vocab)
+    bad(f, a + "vocab_size (" + std::to_string(*vs) + ") disagrees with token_embd.weight (" +
+               std::to_string(c.n_vocab) + " rows)");
+
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    expect_shape(f, p + "attn_norm.weight", {c.n_embd});
+    expect_shape(f, p + "attn_q.weight", {c.n_embd, q_dim});
+    expect_shape(f, p + "attn_k.weight", {c.n_embd, kv_dim});
+    expect_shape(f, p + "attn_v.weight", {c.n_embd, kv_dim});
+    expect_shape(f, p + "attn_output.weight", {q_dim, c.n_embd});
+    expect_shape(f, p + "ffn_norm.weight", {c.n_embd});
+    expect_shape(f, p + "ffn_gate.weight", {c.n_embd, c.n_ff});
+    expect_shape(f, p + "ffn_up.weight", {c.n_embd, c.n_ff});
+    expect_shape(f, p + "ffn_down.weight", {c.n_ff, c.n_embd});
+  }
+  expect_shape(f, "token_embd.weight", {c.n_embd, c.n_vocab});
+  expect_shape(f, "output_norm.weight", {c.n_embd});
+  c.tied_output = f.find_tensor("output.weight") == nullptr;
+  if (!c.tied_output) expect_shape(f, "output.weight", {c.n_embd, c.n_vocab});
+
+  for (const auto& t : f.tensors()) {
+    c.n_params += t.n_elements;
+    c.weight_bytes += t.n_bytes;
+  }
+  const GgufTensor* q0 = f.find_tensor("blk.0.attn_q.weight");
+  c.weight_type = q0 ? q0->type : emb->type;
+  return c;
+}
+
+uint64_t ModelConfig::kv_bytes_per_token(DType kv_type) const noexcept {
+  const auto tr = dtype_traits(kv_type);
+  const uint64_t elems = 2ull * static_cast<uint64_t>(n_layer) * static_cast<uint64_t>(n_head_kv) *
+                         static_cast<uint64_t>(head_dim);
+  return elems * tr.block_bytes / static_cast<uint64_t>(tr.block_size);
+}
+
+}  // namespace loom

@@ -1,0 +1,623 @@
+#include "loom/pipeline_config.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/error.hpp"
+
+namespace loom {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Validation context: where a node came from, for messages.
+class Checker {
+ public:
+  Checker(std::string source, std::set<const toml::node*> overridden, std::vector<std::string> override_keys)
+      : source_(std::move(source)), overridden_(std::move(overridden)), override_keys_(std::move(override_keys)) {}
+
+  std::string where(const toml::node& n) const {
+    if (overridden_.count(&n)) return "--set";
+    const auto& s = n.source();
+    if (s.begin.line == 0) return source_;
+    return source_ + ":" + std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column);
+  }
+  std::string where_key(const toml::key& k, const toml::node& value) const {
+    if (overridden_.count(&value)) return "--set";
+    const auto& s = k.source();
+    if (s.begin.line == 0) return where(value);
+    return source_ + ":" + std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column);
+  }
+
+  [[noreturn]] void error(const toml::node& n, const std::string& path, const std::string& expected) const {
+    fail(Errc::invalid_argument, "config",
+         where(n) + ": " + path + ": expected " + expected + ", found " + describe(n));
+  }
+
+  static std::string describe(const toml::node& n) {
+    std::ostringstream ss;
+    if (n.is_string()) {
+      ss << "the string \"" << n.as_string()->get() << "\"";
+    } else if (n.is_table()) {
+      ss << "a table";
+    } else if (n.is_array()) {
+      ss << "an array";
+    } else if (n.is_integer()) {
+      ss << n.as_integer()->get();
+    } else if (n.is_floating_point()) {
+      ss << n.as_floating_point()->get();
+    } else if (n.is_boolean()) {
+      ss << (n.as_boolean()->get() ? "true" : "false");
+    } else {
+      ss << "a " << n.type();
+    }
+    return ss.str();
+  }
+
+  // Every key of `t` must be in `known`.
+  void only_keys(const toml::table& t, const std::string& section, std::initializer_list<std::string_view> known) const {
+    std::vector<std::string_view> k(known);
+    only_keys(t, section, k);
+  }
+  void only_keys(const toml::table& t, const std::string& section, const std::vector<std::string_view>& known) const {
+    for (const auto& [key, val] : t) {
+      if (std::find(known.begin(), known.end(), key.str()) != known.end()) continue;
+      std::string list;
+      for (auto s : known) list += (list.empty() ? "" : ", ") + std::string(s);
+      fail(Errc::invalid_argument, "config",
+           where_key(key, val) + ": unknown key '" + std::string(key.str()) + "' in " + section +
+               " (known keys: " + list + ")");
+    }
+  }
+
+ private:
+  std::string source_;
+  std::set<const toml::node*> overridden_;
+  std::vector<std::string> override_keys_;
+};
+
+const toml::table* section(const Checker& c, const toml::table& root, const char* name) {
+  const toml::node* n = root.get(name);
+  if (!n) return nullptr;
+  if (!n->is_table()) c.error(*n, std::string("[") + name + "]", "a table");
+  return n->as_table();
+}
+
+void read_string(const Checker& c, const toml::table& t, const std::string& sec, const char* key, std::string& out,
+                 std::initializer_list<std::string_view> allowed = {}) {
+  const toml::node* n = t.get(key);
+  if (!n) return;
+  const std::string path = sec + "." + key;
+  std::string expected = "a string";
+  if (allowed.size()) {
+    expected = "one of";
+    for (auto a : allowed) expected += " \"" + std::string(a) + "\"";
+  }
+  if (!n->is_string()) c.error(*n, path, expected);
+  out = n->as_string()->get();
+  if (allowed.size() && std::find(allowed.begin(), allowed.end(), out) == allowed.end()) c.error(*n, path, expected);
+}
+
+int64_t read_int(const Checker& c, const toml::table& t, const std::string& sec, const char* key, int64_t def, int64_t lo,
+                 int64_t hi, const char* help = nullptr) {
+  const toml::node* n = t.get(key);
+  if (!n) return def;
+  const std::string path = sec + "." + key;
+  const std::string expected = help ? std::string("an integer ") + help
+                                    : "an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
+  if (!n->is_integer()) c.error(*n, path, expected);
+  const int64_t v = n->as_integer()->get();
+  if (v < lo || v > hi) c.error(*n, path, expected);
+  return v;
+}
+
+bool read_bool(const Checker& c, const toml::table& t, const std::string& sec, const char* key, bool def) {
+  const toml::node* n = t.get(key);
+  if (!n) return def;
+  if (!n->is_boolean()) c.error(*n, sec + "." + key, "true or false");
+  return n->as_boolean()->get();
+}
+
+std::vector<std::string> read_string_array(const Checker& c, const toml::table& t, const std::string& sec, const char* key,
+                                           bool non_empty_items) {
+  std::vector<std::string> out;
+  const toml::node* n = t.get(key);
+  if (!n) return out;
+  const std::string path = sec + "." + key;
+  const char* expected = non_empty_items ? "an array of non-empty strings" : "an array of strings";
+  if (n->is_string()) {  // a single string is accepted as a one-element array
+    out.push_back(n->as_string()->get());
+  } else {
+    if (!n->is_array()) c.error(*n, path, expected);
+    for (const auto& e : *n->as_array()) {
+      if (!e.is_string()) c.error(e, path, expected);
+      out.push_back(e.as_string()->get());
+    }
+  }
+  if (non_empty_items)
+    for (const auto& s : out)
+      if (s.empty()) c.error(*n, path, expected);
+  return out;
+}
+
+std::vector<int64_t> read_int_array(const Checker& c, const toml::table& t, const std::string& sec, const char* key,
+                                    int64_t lo) {
+  std::vector<int64_t> out;
+  const toml::node* n = t.get(key);
+  if (!n) return out;
+  const std::string path = sec + "." + key;
+  const std::string expected = "an array of integers ≥ " + std::to_string(lo);
+  if (!n->is_array()) c.error(*n, path, expected);
+  for (const auto& e : *n->as_array()) {
+    if (!e.is_integer() || e.as_integer()->get() < lo) c.error(e, path, expected);
+    out.push_back(e.as_integer()->get());
+  }
+  return out;
+}
+
+std::string range_text(const ParamSchema& p) {
+  if (!p.help.empty()) return p.help;
+  std::string s;
+  if (p.has_min && p.has_max) {
+    std::ostringstream ss;
+    ss << "in " << (p.min_open ? "(" : "[") << p.min << ", " << p.max << (p.max_open ? ")" : "]");
+    return ss.str();
+  }
+  std::ostringstream ss;
+  if (p.has_min) ss << (p.min_open ? "> " : "≥ ") << p.min;
+  if (p.has_max) ss << (p.max_open ? "< " : "≤ ") << p.max;
+  return ss.str();
+}
+
+bool in_range(const ParamSchema& p, double v) {
+  if (std::isnan(v)) return false;
+  if (p.has_min && (p.min_open ? !(v > p.min) : !(v >= p.min))) return false;
+  if (p.has_max && (p.max_open ? !(v < p.max) : !(v <= p.max))) return false;
+  return true;
+}
+
+SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index) {
+  const std::string sec = "[[sampler]] #" + std::to_string(index + 1);
+  if (!node.is_table()) c.error(node, sec, "a table with a 'name' key");
+  const toml::table& t = *node.as_table();
+  const toml::node* name = t.get("name");
+  const auto& infos = builtin_samplers();
+  std::string names;
+  for (const auto& i : infos) names += (names.empty() ? "" : ", ") + i.name;
+  if (!name) c.error(node, sec, "a 'name' key (one of: " + names + ")");
+  if (!name->is_string()) c.error(*name, sec + ".name", "a string (one of: " + names + ")");
+  SamplerSpec spec;
+  spec.name = name->as_string()->get();
+  auto it = std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == spec.name; });
+  if (it == infos.end()) c.error(*name, sec + ".name", "a known sampler (" + names + ")");
+  std::vector<std::string_view> known{"name"};
+  for (const auto& p : it->params) known.push_back(p.key);
+  const std::string ssec = "[[sampler]] '" + spec.name + "'";
+  c.only_keys(t, ssec, known);
+  for (const auto& p : it->params) {
+    const toml::node* v = t.get(p.key);
+    const std::string path = ssec + "." + p.key;
+    if (!v) {
+      if (p.required) c.error(node, ssec, "the key '" + p.key + "' (" + range_text(p) + ")");
+      continue;
+    }
+    switch (p.kind) {
+      case ParamSchema::Kind::boolean:
+        if (!v->is_boolean()) c.error(*v, path, "true or false");
+        spec.params.emplace_back(p.key, v->as_boolean()->get());
+        break;
+      case ParamSchema::Kind::integer: {
+        const std::string exp = "an integer " + range_text(p);
+        if (!v->is_integer()) c.error(*v, path, exp);
+        const int64_t x = v->as_integer()->get();
+        if (!in_range(p, static_cast<double>(x))) c.error(*v, path, exp);
+        spec.params.emplace_back(p.key, x);
+        break;
+      }
+      case ParamSchema::Kind::number: {
+        const std::string exp = "a number " + range_text(p);
+        double x;
+        if (v->is_integer()) {
+          x = static_cast<double>(v->as_integer()->get());
+        } else if (v->is_floating_point()) {
+          x = v->as_floating_point()->get();
+        } else {
+          c.error(*v, path, exp);
+        }
+        if (!in_range(p, x)) c.error(*v, path, exp);
+        spec.params.emplace_back(p.key, x);
+        break;
+      }
+      case ParamSchema::Kind::int_list: {
+        const std::string exp = "an array of integers " + range_text(p);
+        if (!v->is_array()) c.error(*v, path, exp);
+        std::vector<int64_t> xs;
+        for (const auto& e : *v->as_array()) {
+          if (!e.is_integer() || !in_range(p, static_cast<double>(e.as_integer()->get()))) c.error(e, path, exp);
+          xs.push_back(e.as_integer()->get());
+        }
+        spec.params.emplace_back(p.key, std::move(xs));
+        break;
+      }
+      case ParamSchema::Kind::number_list: {
+        const std::string exp = "an array of numbers " + range_text(p);
+        if (!v->is_array()) c.error(*v, path, exp);
+        std::vector<double> xs;
+        for (const auto& e : *v->as_array()) {
+          double x;
+          if (e.is_integer()) {
+            x = static_cast<double>(e.as_integer()->get());
+          } else if (e.is_floating_point()) {
+            x = e.as_floating_point()->get();
+          } else {
+            c.error(e, path, exp);
+          }
+          if (!in_range(p, x)) c.error(e, path, exp);
+          xs.push_back(x);
+        }
+        spec.params.emplace_back(p.key, std::move(xs));
+        break;
+      }
+    }
+  }
+  // Cross-field checks and anything else the sampler itself rejects, with the location.
+  try {
+    (void)create_sampler(spec);
+  } catch (const Error& e) {
+    fail(Errc::invalid_argument, "config", c.where(node) + ": " + ssec + ": " + e.what());
+  }
+  return spec;
+}
+
+// Inserts `value_text` (a TOML literal, else a string) at dotted `key` of `root`.
+const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char ch : o.key) {
+    if (ch == '.') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  parts.push_back(cur);
+  for (const auto& p : parts)
+    if (p.empty())
+      fail(Errc::invalid_argument, "config", "--set " + o.key + "=" + o.value + ": expected section.key=value");
+  if (parts.size() < 2)
+    fail(Errc::invalid_argument, "config",
+         "--set " + o.key + "=" + o.value + ": expected section.key=value (e.g. stop.max_tokens=64)");
+
+  toml::table parsed;
+  bool literal = true;
+  try {
+    parsed = toml::parse("v = " + o.value);
+  } catch (const toml::parse_error&) {
+    literal = false;
+  }
+  if (!literal || !parsed.get("v") || parsed.size() != 1) {
+    parsed = toml::table{};
+    parsed.insert_or_assign("v", o.value);
+  }
+
+  toml::table* t = &root;
+  for (size_t k = 0; k + 1 < parts.size(); ++k) {
+    const std::string& p = parts[k];
+    if (p == "sampler" && k + 2 < parts.size()) {  // sampler.N.key
+      toml::node* arr = t->get(p);
+      if (!arr || !arr->is_array())
+        fail(Errc::invalid_argument, "config", "--set " + o.key + ": the pipeline has no [[sampler]] entries");
+      size_t idx = 0;
+      try {
+        idx = std::stoul(parts[k + 1]);
+      } catch (...) {
+        fail(Errc::invalid_argument, "config", "--set " + o.key + ": expected sampler.N.key with N a number");
+      }
+      auto& a = *arr->as_array();
+      if (idx >= a.size() || !a[idx].is_table())
+        fail(Errc::invalid_argument, "config",
+             "--set " + o.key + ": sampler index " + std::to_string(idx) + " out of range (the pipeline has " +
+                 std::to_string(a.size()) + ", counting from 0)");
+      t = a[idx].as_table();
+      ++k;
+      continue;
+    }
+    toml::node* n = t->get(p);
+    if (!n) {
+      t->insert_or_assign(p, toml::table{});
+      n = t->get(p);
+    }
+    if (!n->is_table())
+      fail(Errc::invalid_argument, "config", "--set " + o.key + ": '" + p + "' is not a table in the pipeline");
+    t = n->as_table();
+  }
+  const std::string& leaf = parts.back();
+  parsed.get("v")->visit([&](auto& v) { t->insert_or_assign(leaf, v); });
+  return t->get(leaf);
+}
+
+std::set<const toml::node*> collect_nodes(const toml::node& n) {
+  std::set<const toml::node*> out{&n};
+  if (n.is_table())
+    for (const auto& [k, v] : *n.as_table()) {
+      auto sub = collect_nodes(v);
+      out.insert(sub.begin(), sub.end());
+    }
+  if (n.is_array())
+    for (const auto& v : *n.as_array()) {
+      auto sub = collect_nodes(v);
+      out.insert(sub.begin(), sub.end());
+    }
+  return out;
+}
+
+PipelineConfig validate(const toml::table& root, const Checker& c, const std::string& source, const std::string& base_dir) {
+  PipelineConfig cfg;
+  cfg.source = source;
+  cfg.base_dir = base_dir;
+  c.only_keys(root, "the pipeline",
+              {"model", "backend", "attention", "kv_cache", "decoder", "sampler", "stop", "run", "plugins"});
+
+  if (const auto* t = section(c, root, "model")) {
+    c.only_keys(*t, "[model]", {"path", "n_ctx"});
+    read_string(c, *t, "model", "path", cfg.model.path);
+    cfg.model.n_ctx = static_cast<int32_t>(read_int(c, *t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
+  }
+  if (const auto* t = section(c, root, "backend")) {
+    c.only_keys(*t, "[backend]", {"name", "threads"});
+    read_string(c, *t, "backend", "name", cfg.backend.name);
+    cfg.backend.threads = static_cast<int32_t>(read_int(c, *t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
+  }
+  if (const auto* t = section(c, root, "attention")) {
+    c.only_keys(*t, "[attention]", {"variant", "kernel", "window"});
+    read_string(c, *t, "attention", "variant", cfg.attention.variant, {"standard", "sliding_window"});
+    read_string(c, *t, "attention", "kernel", cfg.attention.kernel, {"naive", "flash"});
+    cfg.attention.window = static_cast<int32_t>(read_int(c, *t, "attention", "window", 0, 0, 1 << 24, "≥ 0"));
+    if (cfg.attention.variant == "sliding_window" && cfg.attention.window <= 0) {
+      const toml::node* n = t->get("variant");
+      c.error(*n, "attention.window", "a window > 0 with variant = \"sliding_window\"");
+    }
+  }
+  if (const auto* t = section(c, root, "kv_cache")) {
+    c.only_keys(*t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens"});
+    read_string(c, *t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
+    cfg.kv_cache.block_size =
+        static_cast<int32_t>(read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "in 1..4096"));
+    read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
+    cfg.kv_cache.max_tokens = static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+  }
+  if (const auto* t = section(c, root, "decoder")) {
+    c.only_keys(*t, "[decoder]", {"name"});
+    read_string(c, *t, "decoder", "name", cfg.decoder.name);
+  }
+  if (const toml::node* s = root.get("sampler")) {
+    if (!s->is_array()) c.error(*s, "sampler", "an array of tables ([[sampler]] entries)");
+    size_t i = 0;
+    for (const auto& e : *s->as_array()) cfg.samplers.push_back(read_sampler(c, e, i++));
+  }
+  if (const auto* t = section(c, root, "stop")) {
+    c.only_keys(*t, "[stop]", {"max_tokens", "strings", "token_ids", "eos", "timeout_ms"});
+    cfg.stop.max_tokens = static_cast<int32_t>(
+        read_int(c, *t, "stop", "max_tokens", 128, -1, 1 << 24, "≥ -1 (-1 = until the context is full)"));
+    cfg.stop.strings = read_string_array(c, *t, "stop", "strings", true);
+    cfg.stop.token_ids = read_int_array(c, *t, "stop", "token_ids", 0);
+    cfg.stop.eos = read_bool(c, *t, "stop", "eos", true);
+    cfg.stop.timeout_ms = read_int(c, *t, "stop", "timeout_ms", 0, 0, std::numeric_limits<int32_t>::max(), "≥ 0 (0 = none)");
+  }
+  if (const auto* t = section(c, root, "run")) {
+    c.only_keys(*t, "[run]", {"seed", "add_bos", "parse_special", "echo"});
+    if (const toml::node* n = t->get("seed")) {
+      if (!n->is_integer() || n->as_integer()->get() < 0) c.error(*n, "run.seed", "an integer ≥ 0");
+      cfg.run.seed = static_cast<uint64_t>(n->as_integer()->get());
+    }
+    if (t->get("add_bos")) cfg.run.add_bos = read_bool(c, *t, "run", "add_bos", true);
+    cfg.run.parse_special = read_bool(c, *t, "run", "parse_special", false);
+    cfg.run.echo = read_bool(c, *t, "run", "echo", true);
+  }
+  if (const auto* t = section(c, root, "plugins")) {
+    c.only_keys(*t, "[plugins]", {"paths"});
+    cfg.plugins.paths = read_string_array(c, *t, "plugins", "paths", true);
+  }
+  return cfg;
+}
+
+PipelineConfig parse_impl(const std::string& text, const std::string& source, const std::string& base_dir,
+                          const std::vector<ConfigOverride>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& s = e.source();
+    fail(Errc::parse_error, "config",
+         source + ":" + std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column) + ": " +
+             std::string(e.description()) + " (the pipeline file must be valid TOML)");
+  }
+  std::set<const toml::node*> overridden;
+  std::vector<std::string> keys;
+  for (const auto& o : overrides) {
+    const toml::node* n = apply_one(root, o);
+    auto sub = collect_nodes(*n);
+    overridden.insert(sub.begin(), sub.end());
+    keys.push_back(o.key);
+  }
+  Checker c(source, std::move(overridden), std::move(keys));
+  return validate(root, c, source, base_dir);
+}
+
+}  // namespace
+
+std::string PipelineConfig::resolved_model_path() const {
+  if (model.path.empty()) return model.path;
+  fs::path p(model.path);
+  if (p.is_absolute() || fs::exists(p) || base_dir.empty()) return p.string();
+  fs::path alt = fs::path(base_dir) / p;
+  if (fs::exists(alt)) return alt.string();
+  return p.string();
+}
+
+ConfigOverride parse_override(const std::string& arg) {
+  const auto eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail(Errc::invalid_argument, "config",
+         "--set '" + arg + "': expected section.key=value (e.g. --set stop.max_tokens=64)");
+  return {arg.substr(0, eq), arg.substr(eq + 1)};
+}
+
+PipelineConfig parse_pipeline(const std::string& text, const std::string& source, const std::vector<ConfigOverride>& overrides) {
+  return parse_impl(text, source, "", overrides);
+}
+
+PipelineConfig load_pipeline(const std::string& path, const std::vector<ConfigOverride>& overrides) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    fail(Errc::not_found, "config", "cannot read pipeline file '" + path + "': " + std::strerror(errno) +
+                                        " (see configs/ for examples)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  fs::path base = fs::path(path).parent_path();
+  return parse_impl(ss.str(), path, base.string(), overrides);
+}
+
+PipelineConfig apply_overrides(const PipelineConfig& base, const std::vector<ConfigOverride>& overrides) {
+  if (overrides.empty()) return base;
+  PipelineConfig out = parse_impl(to_toml(base), base.source, base.base_dir, overrides);
+  return out;
+}
+
+namespace {
+
+// A small emitter for the resolved config: sections in DESIGN §5 order, strings escaped as TOML
+// basic strings, floats in their shortest round-trip form (so `config show` output is a fixed point).
+std::string toml_string(std::string_view v) {
+  std::string out = "\"";
+  for (unsigned char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (ch < 0x20 || ch == 0x7F) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string toml_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_value(const ParamValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, bool>) {
+          return x ? "true" : "false";
+        } else if constexpr (std::is_same_v<X, int64_t>) {
+          return std::to_string(x);
+        } else if constexpr (std::is_same_v<X, double>) {
+          return toml_double(x);
+        } else if constexpr (std::is_same_v<X, std::string>) {
+          return toml_string(x);
+        } else {
+          std::string out = "[";
+          for (size_t i = 0; i < x.size(); ++i) {
+            if (i) out += ", ";
+            if constexpr (std::is_same_v<X, std::vector<double>>) {
+              out += toml_double(x[i]);
+            } else {
+              out += std::to_string(x[i]);
+            }
+          }
+          return out + "]";
+        }
+      },
+      v);
+}
+
+template <class T>
+std::string toml_list(const std::vector<T>& xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i) out += ", ";
+    if constexpr (std::is_same_v<T, std::string>) {
+      out += toml_string(xs[i]);
+    } else {
+      out += std::to_string(xs[i]);
+    }
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string to_toml(const PipelineConfig& cfg) {
+  std::ostringstream o;
+  auto kv = [&](const char* k, const std::string& v) { o << k << " = " << v << "\n"; };
+  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+  o << "[model]\n";
+  kv("path", toml_string(cfg.model.path));
+  kv("n_ctx", std::to_string(cfg.model.n_ctx));
+  o << "\n[backend]\n";
+  kv("name", toml_string(cfg.backend.name));
+  kv("threads", std::to_string(cfg.backend.threads));
+  o << "\n[attention]\n";
+  kv("variant", toml_string(cfg.attention.variant));
+  kv("kernel", toml_string(cfg.attention.kernel));
+  kv("window", std::to_string(cfg.attention.window));
+  o << "\n[kv_cache]\n";
+  kv("store", toml_string(cfg.kv_cache.store));
+  kv("block_size", std::to_string(cfg.kv_cache.block_size));
+  kv("dtype", toml_string(cfg.kv_cache.dtype));
+  kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
+  o << "\n[decoder]\n";
+  kv("name", toml_string(cfg.decoder.name));
+  for (const auto& s : cfg.samplers) {
+    o << "\n[[sampler]]\n";
+    kv("name", toml_string(s.name));
+    for (const auto& [k, v] : s.params) kv(k.c_str(), toml_value(v));
+  }
+  o << "\n[stop]\n";
+  kv("max_tokens", std::to_string(cfg.stop.max_tokens));
+  kv("strings", toml_list(cfg.stop.strings));
+  kv("token_ids", toml_list(cfg.stop.token_ids));
+  kv("eos", b(cfg.stop.eos));
+  kv("timeout_ms", std::to_string(cfg.stop.timeout_ms));
+  o << "\n[run]\n";
+  if (cfg.run.seed) kv("seed", std::to_string(*cfg.run.seed));
+  if (cfg.run.add_bos) kv("add_bos", b(*cfg.run.add_bos));
+  kv("parse_special", b(cfg.run.parse_special));
+  kv("echo", b(cfg.run.echo));
+  o << "\n[plugins]\n";
+  kv("paths", toml_list(cfg.plugins.paths));
+  return o.str();
+}
+
+}  // namespace loom

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets Loom up on Debian 12: installs the Debian packages that are missing, configures and builds the
+# default (Release) preset, and fetches the demo model. Idempotent: a second run only rebuilds what
+# changed.
+#   scripts/setup.sh            # deps + build + model
+#   scripts/setup.sh --deps     # only the Debian packages
+#   scripts/setup.sh --no-model # skip the model download
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deps_only=0
+fetch_model=1
+for a in "$@"; do
+  case "$a" in
+    --deps) deps_only=1 ;;
+    --no-model) fetch_model=0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$a' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+# Debian packages (see ../shared/docs/DEPENDENCIES.md for why each is here).
+packages=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-dev
+  libdnnl-dev ocl-icd-opencl-dev libboost-dev libboost-program-options-dev
+  libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+[ "$deps_only" = 1 ] && exit 0
+
+cmake --preset default >/dev/null
+cmake --build --preset default
+ln -sf build/compile_commands.json compile_commands.json
+
+if [ "$fetch_model" = 1 ]; then
+  scripts/fetch-models.sh
+fi
+echo "setup: done. Try: build/bin/loom run -c configs/quickstart.toml -p \"Once upon a time\""

@@ -1,0 +1,58 @@
+// Every pipeline in configs/ parses, builds and runs. The configs name models/stories260K.gguf
+// (what scripts/fetch-models.sh puts there); when that is absent the shared copy is used instead.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "loom/pipeline.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using namespace loom;
+
+std::vector<std::filesystem::path> config_files() {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(LOOM_SOURCE_DIR) / "configs"))
+    if (e.path().extension() == ".toml") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Configs, EveryConfigLoadsAndRuns) {
+  const auto files = config_files();
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    PipelineConfig cfg = load_pipeline(f.string(), {parse_override("stop.max_tokens=12")});
+    const std::filesystem::path in_repo = std::filesystem::path(LOOM_SOURCE_DIR) / cfg.model.path;
+    if (!std::filesystem::exists(in_repo)) {
+      const auto shared = test::models_dir() / std::filesystem::path(cfg.model.path).filename();
+      if (!std::filesystem::exists(shared)) GTEST_SKIP() << "model missing: " << shared.string();
+      cfg.model.path = shared.string();
+    } else {
+      cfg.model.path = in_repo.string();
+    }
+    auto p = Pipeline::create(cfg);
+    GenerationRequest req;
+    req.prompt = "Once upon a time";
+    const auto r = p->generate(req);
+    EXPECT_FALSE(r.tokens.empty());
+    EXPECT_NE(r.stop_reason, StopReason::none);
+    EXPECT_LE(r.tokens.size(), 12u);
+  }
+}
+
+TEST(Configs, QuickstartIsGreedyAndReproducesRunC) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  PipelineConfig cfg = load_pipeline((std::filesystem::path(LOOM_SOURCE_DIR) / "configs" / "quickstart.toml").string());
+  cfg.model.path = model.string();
+  auto p = Pipeline::create(cfg);
+  GenerationRequest req;
+  req.prompt = "Once upon a time";
+  const auto r = p->generate(req);
+  EXPECT_EQ(req.prompt + r.text + "\n",
+            test::read_file(test::models_dir() / "reference" / "once_upon_a_time.n64.txt"));
+}
+
+}  // namespace

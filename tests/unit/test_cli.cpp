@@ -1,0 +1,145 @@
+// The `loom` executable: exit codes (0 ok, 1 error, 2 usage), one-line errors, --json shapes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout + stderr
+};
+
+Result loom(const std::string& args) {
+  const char* bin = std::getenv("LOOM_BIN");
+  Result r;
+  if (!bin) return r;
+  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int st = pclose(f);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+#define REQUIRE_BIN()                                                                                   \
+  if (!std::getenv("LOOM_BIN") || !std::filesystem::exists(std::getenv("LOOM_BIN")))                     \
+  GTEST_SKIP() << "LOOM_BIN does not point to the loom executable"
+
+
+TEST(Cli, UsageErrorsExitTwo) {
+  REQUIRE_BIN();
+  EXPECT_EQ(loom("").code, 2);
+  EXPECT_EQ(loom("frobnicate").code, 2);
+  auto r = loom("run -p hi");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("-m"), std::string::npos) << r.out;
+  EXPECT_EQ(loom("run -m x.gguf -p hi --bogus").code, 2);
+  EXPECT_EQ(loom("run -m x.gguf -p hi --temp -1").code, 2);
+  EXPECT_EQ(loom("run -m x.gguf -p hi --top-p 1.5").code, 2);
+  EXPECT_EQ(loom("tokenize -m x.gguf").code, 2);
+  EXPECT_EQ(loom("config").code, 2);
+}
+
+TEST(Cli, HelpEverywhere) {
+  REQUIRE_BIN();
+  for (const char* c : {"--help", "run --help", "tokenize --help", "inspect --help", "config --help"}) {
+    const auto r = loom(c);
+    EXPECT_EQ(r.code, 0) << c;
+    EXPECT_NE(r.out.find("usage"), std::string::npos) << c << ": " << r.out;
+  }
+}
+
+TEST(Cli, ErrorsAreOneOrTwoLines) {
+  REQUIRE_BIN();
+  auto r = loom("run -m /nonexistent.gguf -p hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out.rfind("loom: error:", 0), 0u) << r.out;
+  EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  const auto dir = std::filesystem::temp_directory_path() / "loom_cli_test";
+  std::filesystem::create_directories(dir);
+  const auto bad = dir / "bad.toml";
+  {
+    std::ofstream f(bad);
+    f << "[stop]\nmax_tokens = \"many\"\n";
+  }
+  r = loom("config show -c " + bad.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("bad.toml:2:"), std::string::npos) << r.out;
+  EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  const auto notgguf = dir / "not.gguf";
+  {
+    std::ofstream f(notgguf);
+    f << "this is not a model";
+  }
+  r = loom("inspect " + notgguf.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("magic"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TokenizeJsonAndPlain) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto r = loom("tokenize -m " + model.string() + " --text 'Once upon a time' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json({1, 403, 407, 261, 378}));
+  r = loom("tokenize -m " + model.string() + " --text 'Once upon a time' --no-bos");
+  EXPECT_EQ(r.out, "403 407 261 378\n");
+  // Special-token text is parsed only with --special.
+  r = loom("tokenize -m " + model.string() + " --text '<s>' --no-bos --special --json");
+  EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json({1}));
+  r = loom("tokenize -m " + model.string() + " --text '<s>' --no-bos --json");
+  EXPECT_NE(nlohmann::json::parse(r.out), nlohmann::json({1}));
+}
+
+TEST(Cli, InspectReportsKvBytes) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto r = loom("inspect " + model.string() + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "llama");
+  EXPECT_EQ(j["n_layer"], 5);
+  EXPECT_EQ(j["kv"]["f32_bytes_per_token"], 2 * 5 * 4 * 8 * 4);
+  EXPECT_EQ(j["kv"]["f16_bytes"], 2 * 5 * 4 * 8 * 2 * 2048);
+  EXPECT_GT(j["n_params"].get<int64_t>(), 250000);
+  EXPECT_TRUE(j["tensor_types"].contains("f32"));
+  r = loom("inspect " + model.string());
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("GQA"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RunJsonHasEveryField) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto r = loom("run -m " + model.string() + " -p 'Once upon a time' -n 8 --temp 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], nlohmann::json({1, 403, 407, 261, 378}));
+  EXPECT_EQ(j["tokens"], nlohmann::json({432, 383, 286, 261, 376, 298, 315, 421}));
+  EXPECT_EQ(j["text"], ", there was a little girl");
+  EXPECT_EQ(j["logprobs"].size(), 8u);
+  EXPECT_EQ(j["stop_reason"], "max_tokens");
+  for (const char* k : {"ttft_ms", "tpot_ms", "prefill_tok_s", "decode_tok_s"}) EXPECT_TRUE(j["metrics"].contains(k)) << k;
+  // Seeded sampling through the CLI is reproducible.
+  const std::string cmd = "run -m " + model.string() + " -p 'The little dog' -n 20 --temp 1 --seed 5 --json";
+  EXPECT_EQ(nlohmann::json::parse(loom(cmd).out)["tokens"], nlohmann::json::parse(loom(cmd).out)["tokens"]);
+}
+
+TEST(Cli, PromptLongerThanContextExitsOne) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto r = loom("run -m " + model.string() + " -p 'Once upon a time there was a dog' --ctx-size 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("context holds 4"), std::string::npos) << r.out;
+}
+
+}  // namespace
