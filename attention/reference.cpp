@@ -1,10 +1,10 @@
 #include "loom/attention/reference.hpp"
 
+#include "loom/error.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
-
-#include "loom/error.hpp"
 
 namespace loom::attention {
 
@@ -21,12 +21,15 @@ void reference_attention(const AttentionParams& p, const float* q, int32_t n_tok
     scores.resize(n_keys);
     for (int32_t h = 0; h < p.n_head; ++h) {
       const int32_t hk = h / n_gqa;
-      const float* qh = q + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) * static_cast<size_t>(D);
+      const float* qh =
+          q + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
+                  static_cast<size_t>(D);
       float max_s = -INFINITY;
       for (Pos j = first; j <= last; ++j) {
         const float* k = kv.k_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
         float s = 0.0f;
-        for (int32_t d = 0; d < D; ++d) s += qh[d] * k[d];
+        for (int32_t d = 0; d < D; ++d)
+          s += qh[d] * k[d];
         s *= p.scale;
         if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
         scores[static_cast<size_t>(j - first)] = s;
@@ -37,15 +40,17 @@ void reference_attention(const AttentionParams& p, const float* q, int32_t n_tok
         s = std::exp(s - max_s);
         sum += s;
       }
-      float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) * static_cast<size_t>(D);
+      float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
+                           static_cast<size_t>(D);
       std::fill(o, o + D, 0.0f);
       for (Pos j = first; j <= last; ++j) {
         const float w = scores[static_cast<size_t>(j - first)] / sum;
         const float* v = kv.v_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
-        for (int32_t d = 0; d < D; ++d) o[d] += w * v[d];
+        for (int32_t d = 0; d < D; ++d)
+          o[d] += w * v[d];
       }
     }
   }
 }
 
-}  // namespace loom::attention
+} // namespace loom::attention

@@ -21,6 +21,13 @@ done
 export LOOM_TEST_MODELS="${LOOM_TEST_MODELS:-$(cd .. && pwd)/shared/models}"
 jobs="${LOOM_JOBS:-2}"
 
+echo "== format (clang-format --dry-run --Werror)"
+if command -v clang-format >/dev/null; then
+  git ls-files '*.cpp' '*.hpp' '*.h' | xargs clang-format --dry-run --Werror
+else
+  echo "clang-format not installed: skipped (scripts/setup.sh --deps installs it)"
+fi
+
 echo "== default preset"
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"

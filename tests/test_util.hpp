@@ -1,11 +1,10 @@
 // tests/test_util.hpp — helpers shared by the test suites.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <gtest/gtest.h>
 #include <sstream>
 #include <string>
 
@@ -29,11 +28,11 @@ inline std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
-}  // namespace loom::test
+} // namespace loom::test
 
 // Skips the test (visibly: GTest prints SKIPPED with the reason) when a model file is missing.
-#define LOOM_REQUIRE_MODEL(var, relpath)                                                                \
-  const std::filesystem::path var = ::loom::test::models_dir() / (relpath);                             \
-  if (!std::filesystem::exists(var))                                                                    \
-  GTEST_SKIP() << "model file missing: " << var.string()                                                \
+#define LOOM_REQUIRE_MODEL(var, relpath)                                                                     \
+  const std::filesystem::path var = ::loom::test::models_dir() / (relpath);                                  \
+  if (!std::filesystem::exists(var))                                                                         \
+  GTEST_SKIP() << "model file missing: " << var.string()                                                     \
                << " (set LOOM_TEST_MODELS to the directory with the shared test models)"

@@ -21,8 +21,9 @@ struct UsageError : std::runtime_error {
 };
 
 // Parses args against `desc` (+ positional), prints help and returns false when --help was given.
-bool parse_args(const std::vector<std::string>& args, const po::options_description& desc, po::variables_map& vm,
-                const std::string& usage, const po::positional_options_description* pos = nullptr);
+bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
+                po::variables_map& vm, const std::string& usage,
+                const po::positional_options_description* pos = nullptr);
 
 bool stdout_is_tty();
 bool stderr_is_tty();
@@ -32,4 +33,4 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_config(const std::vector<std::string>& args);
 
-}  // namespace loom::cli
+} // namespace loom::cli

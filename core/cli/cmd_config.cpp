@@ -1,8 +1,8 @@
 // `loom config show`: the pipeline as Loom will run it — defaults filled in, overrides applied.
-#include <iostream>
-
 #include "cli.hpp"
 #include "loom/pipeline_config.hpp"
+
+#include <iostream>
 
 namespace loom::cli {
 
@@ -27,10 +27,11 @@ int cmd_config(const std::vector<std::string>& args) {
   if (!vm.count("config")) throw UsageError("give a pipeline with -c FILE.toml");
   std::vector<ConfigOverride> overrides;
   if (vm.count("set"))
-    for (const auto& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(parse_override(s));
+    for (const auto& s : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(s));
   const PipelineConfig cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
   std::cout << "# resolved pipeline: " << cfg.source << "\n" << to_toml(cfg);
   return k_exit_ok;
 }
 
-}  // namespace loom::cli
+} // namespace loom::cli

@@ -1,14 +1,14 @@
 // `loom inspect MODEL`: what a model file holds and what it will cost in memory.
-#include <cstdio>
-#include <iostream>
-#include <map>
-#include <nlohmann/json.hpp>
-
 #include "cli.hpp"
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
 #include "loom/tokenizer.hpp"
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 namespace loom::cli {
 
@@ -27,7 +27,7 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
-}  // namespace
+} // namespace
 
 int cmd_inspect(const std::vector<std::string>& args) {
   po::options_description desc("loom inspect options");
@@ -42,11 +42,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "usage: loom inspect MODEL.gguf [--ctx-size N] [--metadata] [--json]\n"
-                  "Architecture, parameter count, tensor types, weight bytes, KV bytes per token and for the full\n"
-                  "context (2·L·S·H_kv·D·b, for f32 and f16 KV).",
-                  &pos))
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom inspect MODEL.gguf [--ctx-size N] [--metadata] [--json]\n"
+          "Architecture, parameter count, tensor types, weight bytes, KV bytes per token and for the full\n"
+          "context (2·L·S·H_kv·D·b, for f32 and f16 KV).",
+          &pos))
     return k_exit_ok;
   if (!vm.count("model")) throw UsageError("give a model file: loom inspect MODEL.gguf");
 
@@ -89,8 +90,11 @@ int cmd_inspect(const std::vector<std::string>& args) {
     j["norm_eps"] = c.norm_eps;
     j["rope"] = {{"n_dims", c.rope.n_dims}, {"theta", c.rope.theta}, {"factor", c.rope.factor}};
     j["tied_output"] = c.tied_output;
-    j["tokenizer"] = {{"model", std::string(tok->model())}, {"pre", std::string(tok->pre())},
-                      {"n_vocab", tok->vocab_size()}, {"bos", tok->bos()}, {"eos", tok->eos()}};
+    j["tokenizer"] = {{"model", std::string(tok->model())},
+                      {"pre", std::string(tok->pre())},
+                      {"n_vocab", tok->vocab_size()},
+                      {"bos", tok->bos()},
+                      {"eos", tok->eos()}};
     nlohmann::json ts = nlohmann::json::object();
     for (const auto& [name, s] : types)
       ts[name] = {{"n_tensors", s.n_tensors}, {"n_elements", s.n_elements}, {"bytes", s.bytes}};
@@ -102,39 +106,49 @@ int cmd_inspect(const std::vector<std::string>& args) {
                {"f16_bytes", kv16 * static_cast<uint64_t>(ctx)}};
     if (vm.count("metadata")) {
       nlohmann::json md = nlohmann::json::object();
-      for (const auto& kv : f.metadata()) md[kv.key] = kv.value.to_string(8);
+      for (const auto& kv : f.metadata())
+        md[kv.key] = kv.value.to_string(8);
       j["metadata"] = md;
     }
     std::cout << j.dump(2) << "\n";
     return k_exit_ok;
   }
 
-  std::printf("file:          %s (GGUF v%u, %s)\n", f.path().c_str(), f.version(), human_bytes(f.file_size()).c_str());
+  std::printf("file:          %s (GGUF v%u, %s)\n", f.path().c_str(), f.version(),
+              human_bytes(f.file_size()).c_str());
   std::printf("architecture:  %s%s%s\n", c.arch.c_str(), c.name.empty() ? "" : " — ", c.name.c_str());
-  std::printf("parameters:    %lld (%.3f M)\n", static_cast<long long>(c.n_params), static_cast<double>(c.n_params) / 1e6);
+  std::printf("parameters:    %lld (%.3f M)\n", static_cast<long long>(c.n_params),
+              static_cast<double>(c.n_params) / 1e6);
   std::printf("weights:       %s (%llu bytes)\n", human_bytes(c.weight_bytes).c_str(),
               static_cast<unsigned long long>(c.weight_bytes));
-  std::printf("shape:         n_embd %d, n_layer %d, n_head %d, n_head_kv %d (%s), head_dim %d, n_ff %d\n", c.n_embd,
-              c.n_layer, c.n_head, c.n_head_kv,
-              c.n_head_kv == c.n_head ? "MHA" : c.n_head_kv == 1 ? "MQA" : "GQA", c.head_dim, c.n_ff);
-  std::printf("vocab:         %d (%s tokenizer, pre '%s', bos %d, eos %d)\n", c.n_vocab, std::string(tok->model()).c_str(),
-              std::string(tok->pre()).c_str(), tok->bos(), tok->eos());
-  std::printf("context:       %d trained; RoPE dims %d, theta %g, scale %g; norm eps %g; output %s\n", c.n_ctx_train,
-              c.rope.n_dims, static_cast<double>(c.rope.theta), static_cast<double>(c.rope.factor),
-              static_cast<double>(c.norm_eps), c.tied_output ? "tied to the embedding" : "separate");
+  std::printf("shape:         n_embd %d, n_layer %d, n_head %d, n_head_kv %d (%s), head_dim %d, n_ff %d\n",
+              c.n_embd, c.n_layer, c.n_head, c.n_head_kv,
+              c.n_head_kv == c.n_head ? "MHA"
+              : c.n_head_kv == 1      ? "MQA"
+                                      : "GQA",
+              c.head_dim, c.n_ff);
+  std::printf("vocab:         %d (%s tokenizer, pre '%s', bos %d, eos %d)\n", c.n_vocab,
+              std::string(tok->model()).c_str(), std::string(tok->pre()).c_str(), tok->bos(), tok->eos());
+  std::printf("context:       %d trained; RoPE dims %d, theta %g, scale %g; norm eps %g; output %s\n",
+              c.n_ctx_train, c.rope.n_dims, static_cast<double>(c.rope.theta),
+              static_cast<double>(c.rope.factor), static_cast<double>(c.norm_eps),
+              c.tied_output ? "tied to the embedding" : "separate");
   std::printf("tensor types:\n");
   for (const auto& [name, s] : types)
-    std::printf("  %-6s %4lld tensors  %12lld elements  %s\n", name.c_str(), static_cast<long long>(s.n_tensors),
-                static_cast<long long>(s.n_elements), human_bytes(s.bytes).c_str());
+    std::printf("  %-6s %4lld tensors  %12lld elements  %s\n", name.c_str(),
+                static_cast<long long>(s.n_tensors), static_cast<long long>(s.n_elements),
+                human_bytes(s.bytes).c_str());
   std::printf("KV cache:      2·L·H_kv·D·b per token: f32 %s, f16 %s\n", human_bytes(kv32).c_str(),
               human_bytes(kv16).c_str());
   std::printf("               at %lld tokens: f32 %s, f16 %s\n", static_cast<long long>(ctx),
-              human_bytes(kv32 * static_cast<uint64_t>(ctx)).c_str(), human_bytes(kv16 * static_cast<uint64_t>(ctx)).c_str());
+              human_bytes(kv32 * static_cast<uint64_t>(ctx)).c_str(),
+              human_bytes(kv16 * static_cast<uint64_t>(ctx)).c_str());
   if (vm.count("metadata")) {
     std::printf("metadata:\n");
-    for (const auto& kv : f.metadata()) std::printf("  %-44s %s\n", kv.key.c_str(), kv.value.to_string(8).c_str());
+    for (const auto& kv : f.metadata())
+      std::printf("  %-44s %s\n", kv.key.c_str(), kv.value.to_string(8).c_str());
   }
   return k_exit_ok;
 }
 
-}  // namespace loom::cli
+} // namespace loom::cli

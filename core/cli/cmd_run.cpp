@@ -1,4 +1,8 @@
 // `loom run`: one prompt through a pipeline, streamed; --json prints one object at the end.
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -6,10 +10,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-
-#include "cli.hpp"
-#include "loom/error.hpp"
-#include "loom/pipeline.hpp"
 
 namespace loom::cli {
 
@@ -23,7 +23,8 @@ constexpr const char* k_run_usage =
     "temperature 0.8, as llama.cpp); --temp 0 is greedy.";
 
 // Sets key of the sampler `name` in the chain, adding the sampler if absent (before temperature).
-void set_sampler_param(std::vector<SamplerSpec>& chain, const std::string& name, const std::string& key, ParamValue v) {
+void set_sampler_param(std::vector<SamplerSpec>& chain, const std::string& name, const std::string& key,
+                       ParamValue v) {
   for (auto& s : chain)
     if (s.name == name) {
       for (auto& [k, val] : s.params)
@@ -58,7 +59,8 @@ nlohmann::json to_json(const GenerationResult& r) {
   j["tokens"] = r.tokens;
   j["text"] = r.text;
   nlohmann::json lp = nlohmann::json::array();
-  for (float x : r.logprobs) lp.push_back(std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr));
+  for (float x : r.logprobs)
+    lp.push_back(std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr));
   j["logprobs"] = lp;
   j["stop_reason"] = std::string(stop_reason_name(r.stop_reason));
   if (!r.stop_string.empty()) j["stop_string"] = r.stop_string;
@@ -74,7 +76,7 @@ nlohmann::json to_json(const GenerationResult& r) {
   return j;
 }
 
-}  // namespace
+} // namespace
 
 int cmd_run(const std::vector<std::string>& args) {
   po::options_description desc("loom run options");
@@ -100,13 +102,15 @@ int cmd_run(const std::vector<std::string>& args) {
   // clang-format on
   po::variables_map vm;
   if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
-  if (!vm.count("config") && !vm.count("model")) throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
+  if (!vm.count("config") && !vm.count("model"))
+    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
   if (vm.count("prompt") && vm.count("file")) throw UsageError("give the prompt with -p or -f, not both");
   if (!vm.count("prompt") && !vm.count("file")) throw UsageError("give a prompt with -p TEXT (or -f FILE)");
 
   std::vector<ConfigOverride> overrides;
   if (vm.count("set"))
-    for (const auto& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(parse_override(s));
+    for (const auto& s : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(s));
 
   PipelineConfig cfg;
   if (vm.count("config")) {
@@ -123,7 +127,8 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   if (vm.count("n-predict")) {
     const int n = vm["n-predict"].as<int>();
-    if (n < -1) throw UsageError("-n must be ≥ -1 (-1 = until the context is full), got " + std::to_string(n));
+    if (n < -1)
+      throw UsageError("-n must be ≥ -1 (-1 = until the context is full), got " + std::to_string(n));
     cfg.stop.max_tokens = n;
   }
   if (vm.count("seed")) cfg.run.seed = vm["seed"].as<unsigned long long>();
@@ -153,7 +158,8 @@ int cmd_run(const std::vector<std::string>& args) {
       if (!(p >= 0 && p <= 1)) throw UsageError("--min-p must be in [0, 1], got " + std::to_string(p));
       set_sampler_param(chain, "min_p", "p", p);
     }
-    for (const auto& s : chain) (void)create_sampler(s);  // validate
+    for (const auto& s : chain)
+      (void)create_sampler(s); // validate
     cfg.samplers = chain;
   }
 
@@ -190,9 +196,11 @@ int cmd_run(const std::vector<std::string>& args) {
     std::cout << "\n";
     std::cout.flush();
     if (stderr_is_tty()) {
-      std::fprintf(stderr, "[%d prompt + %d new tokens, stop: %s | TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s]\n",
-                   r.metrics.n_prompt, r.metrics.n_generated, std::string(stop_reason_name(r.stop_reason)).c_str(),
-                   r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
+      std::fprintf(
+          stderr,
+          "[%d prompt + %d new tokens, stop: %s | TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s]\n",
+          r.metrics.n_prompt, r.metrics.n_generated, std::string(stop_reason_name(r.stop_reason)).c_str(),
+          r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
     }
   }
   if (!r.message.empty()) {
@@ -202,4 +210,4 @@ int cmd_run(const std::vector<std::string>& args) {
   return k_exit_ok;
 }
 
-}  // namespace loom::cli
+} // namespace loom::cli

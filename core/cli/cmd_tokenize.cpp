@@ -1,13 +1,13 @@
 // `loom tokenize`: the ids a model's tokenizer gives a text.
-#include <fstream>
-#include <iostream>
-#include <nlohmann/json.hpp>
-#include <sstream>
-
 #include "cli.hpp"
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/tokenizer.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace loom::cli {
 
@@ -25,10 +25,11 @@ int cmd_tokenize(const std::vector<std::string>& args) {
     ("json", "print a JSON array of ids");
   // clang-format on
   po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "usage: loom tokenize -m MODEL.gguf (--text T | --file F) [--no-bos] [--special] [--json]\n"
-                  "Prints the token ids, space-separated (--json: a JSON array). Special-token text is parsed only\n"
-                  "with --special."))
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom tokenize -m MODEL.gguf (--text T | --file F) [--no-bos] [--special] [--json]\n"
+          "Prints the token ids, space-separated (--json: a JSON array). Special-token text is parsed only\n"
+          "with --special."))
     return k_exit_ok;
   if (!vm.count("model")) throw UsageError("give a model with -m MODEL.gguf");
   if (vm.count("text") == vm.count("file")) throw UsageError("give exactly one of --text T or --file F");
@@ -52,12 +53,14 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   if (vm.count("json")) {
     std::cout << nlohmann::json(ids).dump() << "\n";
   } else if (vm.count("pieces")) {
-    for (TokenId id : ids) std::cout << id << "\t" << nlohmann::json(tok->piece(id)).dump() << "\n";
+    for (TokenId id : ids)
+      std::cout << id << "\t" << nlohmann::json(tok->piece(id)).dump() << "\n";
   } else {
-    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::cout << (i ? " " : "") << ids[i];
     std::cout << "\n";
   }
   return k_exit_ok;
 }
 
-}  // namespace loom::cli
+} // namespace loom::cli

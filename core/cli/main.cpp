@@ -1,21 +1,25 @@
 // `loom` — the command-line entry point: dispatches to a subcommand and maps errors to exit codes.
-#include <unistd.h>
+#include "cli.hpp"
+#include "loom/error.hpp"
 
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <unistd.h>
 #include <vector>
-
-#include "cli.hpp"
-#include "loom/error.hpp"
 
 namespace loom::cli {
 
-bool stdout_is_tty() { return isatty(STDOUT_FILENO) != 0; }
-bool stderr_is_tty() { return isatty(STDERR_FILENO) != 0; }
+bool stdout_is_tty() {
+  return isatty(STDOUT_FILENO) != 0;
+}
+bool stderr_is_tty() {
+  return isatty(STDERR_FILENO) != 0;
+}
 
-bool parse_args(const std::vector<std::string>& args, const po::options_description& desc, po::variables_map& vm,
-                const std::string& usage, const po::positional_options_description* pos) {
+bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
+                po::variables_map& vm, const std::string& usage,
+                const po::positional_options_description* pos) {
   try {
     auto parser = po::command_line_parser(args).options(desc);
     if (pos) parser.positional(*pos);
@@ -31,7 +35,7 @@ bool parse_args(const std::vector<std::string>& args, const po::options_descript
   return true;
 }
 
-}  // namespace loom::cli
+} // namespace loom::cli
 
 namespace {
 
@@ -48,7 +52,7 @@ commands:
 Run 'loom <command> --help' for the options of a command.
 Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   using namespace loom::cli;

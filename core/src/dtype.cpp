@@ -1,12 +1,12 @@
 #include "loom/dtype.hpp"
 
+#include "loom/error.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
 #include <string>
-
-#include "loom/error.hpp"
 
 namespace loom {
 namespace {
@@ -17,12 +17,12 @@ struct Entry {
 };
 
 constexpr Entry k_types[] = {
-    {0, {"f32", 1, 4, true}},        {1, {"f16", 1, 2, true}},         {2, {"q4_0", 32, 18, true}},
-    {3, {"q4_1", 32, 20, true}},     {6, {"q5_0", 32, 22, true}},      {7, {"q5_1", 32, 24, true}},
-    {8, {"q8_0", 32, 34, true}},     {9, {"q8_1", 32, 36, false}},     {10, {"q2_k", 256, 84, false}},
-    {11, {"q3_k", 256, 110, false}}, {12, {"q4_k", 256, 144, true}},   {13, {"q5_k", 256, 176, false}},
-    {14, {"q6_k", 256, 210, true}},  {15, {"q8_k", 256, 292, false}},  {24, {"i8", 1, 1, false}},
-    {25, {"i16", 1, 2, false}},      {26, {"i32", 1, 4, false}},       {27, {"i64", 1, 8, false}},
+    {0, {"f32", 1, 4, true}},        {1, {"f16", 1, 2, true}},        {2, {"q4_0", 32, 18, true}},
+    {3, {"q4_1", 32, 20, true}},     {6, {"q5_0", 32, 22, true}},     {7, {"q5_1", 32, 24, true}},
+    {8, {"q8_0", 32, 34, true}},     {9, {"q8_1", 32, 36, false}},    {10, {"q2_k", 256, 84, false}},
+    {11, {"q3_k", 256, 110, false}}, {12, {"q4_k", 256, 144, true}},  {13, {"q5_k", 256, 176, false}},
+    {14, {"q6_k", 256, 210, true}},  {15, {"q8_k", 256, 292, false}}, {24, {"i8", 1, 1, false}},
+    {25, {"i16", 1, 2, false}},      {26, {"i32", 1, 4, false}},      {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},      {30, {"bf16", 1, 2, true}},
 };
 
@@ -88,7 +88,8 @@ void dequant_q8_0(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 34, y += 32) {
     const float d = load_f16(b);
     const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
-    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+    for (int j = 0; j < 32; ++j)
+      y[j] = static_cast<float>(qs[j]) * d;
   }
 }
 
@@ -115,8 +116,10 @@ void dequant_q4_k(const uint8_t* b, float* y, int64_t nb) {
       const float d1 = d * sc, m1 = dmin * m;
       scale_min_k4(is + 1, scales, sc, m);
       const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      for (int l = 0; l < 32; ++l)
+        *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l)
+        *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
       q += 32;
       is += 2;
     }
@@ -149,7 +152,7 @@ void dequant_q6_k(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-}  // namespace
+} // namespace
 
 std::optional<DTypeTraits> dtype_traits(uint32_t id) noexcept {
   for (const auto& e : k_types)
@@ -189,7 +192,7 @@ float fp16_to_fp32(uint16_t h) noexcept {
   if (exp == 0) {
     if (mant == 0) {
       bits = sign;
-    } else {  // subnormal: normalise
+    } else { // subnormal: normalise
       exp = 127 - 15 + 1;
       while ((mant & 0x400u) == 0) {
         mant <<= 1;
@@ -214,20 +217,20 @@ uint16_t fp32_to_fp16(float f) noexcept {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7FFFFFFFu;
   if (absx > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
-  if (absx >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow → inf
-  if (absx < 0x38800000u) {                                               // subnormal or zero in f16
+  if (absx >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u); // overflow → inf
+  if (absx < 0x38800000u) {                                              // subnormal or zero in f16
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
     const uint32_t exp = absx >> 23;
     const uint32_t mant = (absx & 0x7FFFFFu) | 0x800000u;
     // value = mant * 2^(exp-150); f16 subnormal unit = 2^-24 → q = mant * 2^(exp-126)
-    const uint32_t s = 126 - exp;  // right shift amount, 1..24
+    const uint32_t s = 126 - exp; // right shift amount, 1..24
     uint32_t q = mant >> s;
     const uint32_t rem = mant & ((1u << s) - 1);
     const uint32_t halfway = 1u << (s - 1);
     if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
     return static_cast<uint16_t>(sign | q);
   }
-  uint32_t r = absx + 0xC8000FFFu + ((absx >> 13) & 1u);  // rebias (−112<<23) and round to nearest even
+  uint32_t r = absx + 0xC8000FFFu + ((absx >> 13) & 1u); // rebias (−112<<23) and round to nearest even
   return static_cast<uint16_t>(sign | (r >> 13));
 }
 
@@ -244,25 +247,43 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   LOOM_ASSERT(n % tr.block_size == 0, "row length not a multiple of the block size");
   const int64_t nb = n / tr.block_size;
   switch (t) {
-    case DType::f32: std::memcpy(dst, b, static_cast<size_t>(n) * 4); return;
-    case DType::f16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = load_f16(b + 2 * i);
-      return;
-    case DType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, b + 2 * i, 2);
-        dst[i] = bf16_to_fp32(h);
-      }
-      return;
-    case DType::q4_0: dequant_q4_0(b, dst, nb); return;
-    case DType::q4_1: dequant_q4_1(b, dst, nb); return;
-    case DType::q5_0: dequant_q5_0(b, dst, nb); return;
-    case DType::q5_1: dequant_q5_1(b, dst, nb); return;
-    case DType::q8_0: dequant_q8_0(b, dst, nb); return;
-    case DType::q4_k: dequant_q4_k(b, dst, nb); return;
-    case DType::q6_k: dequant_q6_k(b, dst, nb); return;
-    default: break;
+  case DType::f32:
+    std::memcpy(dst, b, static_cast<size_t>(n) * 4);
+    return;
+  case DType::f16:
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = load_f16(b + 2 * i);
+    return;
+  case DType::bf16:
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      dst[i] = bf16_to_fp32(h);
+    }
+    return;
+  case DType::q4_0:
+    dequant_q4_0(b, dst, nb);
+    return;
+  case DType::q4_1:
+    dequant_q4_1(b, dst, nb);
+    return;
+  case DType::q5_0:
+    dequant_q5_0(b, dst, nb);
+    return;
+  case DType::q5_1:
+    dequant_q5_1(b, dst, nb);
+    return;
+  case DType::q8_0:
+    dequant_q8_0(b, dst, nb);
+    return;
+  case DType::q4_k:
+    dequant_q4_k(b, dst, nb);
+    return;
+  case DType::q6_k:
+    dequant_q6_k(b, dst, nb);
+    return;
+  default:
+    break;
   }
   fail(Errc::unsupported, "dtype",
        "cannot convert tensor type " + std::string(tr.name) +
@@ -274,53 +295,58 @@ void quantize_row(DType t, const float* x, void* dst, int64_t n) {
   const auto tr = dtype_traits(t);
   LOOM_ASSERT(n % tr.block_size == 0, "row length not a multiple of the block size");
   switch (t) {
-    case DType::f32: std::memcpy(out, x, static_cast<size_t>(n) * 4); return;
-    case DType::f16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_fp16(x[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case DType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_bf16(x[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case DType::q8_0:
-      for (int64_t i = 0; i < n / 32; ++i, x += 32, out += 34) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t dh = fp32_to_fp16(d);
-        std::memcpy(out, &dh, 2);
-        for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
-      }
-      return;
-    case DType::q4_0:
-      for (int64_t i = 0; i < n / 32; ++i, x += 32, out += 18) {
-        float amax = 0.0f, maxv = 0.0f;  // the value with the largest magnitude, sign kept
-        for (int j = 0; j < 32; ++j)
-          if (std::fabs(x[j]) > amax) {
-            amax = std::fabs(x[j]);
-            maxv = x[j];
-          }
-        const float d = maxv / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t dh = fp32_to_fp16(d);
-        std::memcpy(out, &dh, 2);
-        for (int j = 0; j < 16; ++j) {
-          const auto q0 = static_cast<uint8_t>(std::min(15, static_cast<int>(x[j] * id + 8.5f)));
-          const auto q1 = static_cast<uint8_t>(std::min(15, static_cast<int>(x[j + 16] * id + 8.5f)));
-          out[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+  case DType::f32:
+    std::memcpy(out, x, static_cast<size_t>(n) * 4);
+    return;
+  case DType::f16:
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = fp32_to_fp16(x[i]);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+    return;
+  case DType::bf16:
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = fp32_to_bf16(x[i]);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+    return;
+  case DType::q8_0:
+    for (int64_t i = 0; i < n / 32; ++i, x += 32, out += 34) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j)
+        amax = std::max(amax, std::fabs(x[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t dh = fp32_to_fp16(d);
+      std::memcpy(out, &dh, 2);
+      for (int j = 0; j < 32; ++j)
+        out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+    }
+    return;
+  case DType::q4_0:
+    for (int64_t i = 0; i < n / 32; ++i, x += 32, out += 18) {
+      float amax = 0.0f, maxv = 0.0f; // the value with the largest magnitude, sign kept
+      for (int j = 0; j < 32; ++j)
+        if (std::fabs(x[j]) > amax) {
+          amax = std::fabs(x[j]);
+          maxv = x[j];
         }
+      const float d = maxv / -8.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t dh = fp32_to_fp16(d);
+      std::memcpy(out, &dh, 2);
+      for (int j = 0; j < 16; ++j) {
+        const auto q0 = static_cast<uint8_t>(std::min(15, static_cast<int>(x[j] * id + 8.5f)));
+        const auto q1 = static_cast<uint8_t>(std::min(15, static_cast<int>(x[j + 16] * id + 8.5f)));
+        out[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
       }
-      return;
-    default: break;
+    }
+    return;
+  default:
+    break;
   }
   fail(Errc::unsupported, "dtype",
        "cannot quantize to " + std::string(tr.name) + "; supported: f32, f16, bf16, q8_0, q4_0");
 }
 
-}  // namespace loom
+} // namespace loom

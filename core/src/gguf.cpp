@@ -1,25 +1,24 @@
 #include "loom/gguf.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "loom/error.hpp"
 
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <fstream>
 #include <limits>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <unordered_set>
-
-#include "loom/error.hpp"
 
 namespace loom {
 
 namespace {
 
-constexpr uint32_t k_magic = 0x46554747u;  // "GGUF" little-endian
-constexpr int k_max_depth = 4;             // nested arrays deeper than this are refused
-constexpr uint32_t k_max_dims = 4;         // GGML_MAX_DIMS
+constexpr uint32_t k_magic = 0x46554747u; // "GGUF" little-endian
+constexpr int k_max_depth = 4;            // nested arrays deeper than this are refused
+constexpr uint32_t k_max_dims = 4;        // GGML_MAX_DIMS
 
 std::string hex(uint64_t v) {
   char buf[32];
@@ -29,27 +28,35 @@ std::string hex(uint64_t v) {
 
 size_t scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::u8:
-    case GgufType::i8:
-    case GgufType::boolean: return 1;
-    case GgufType::u16:
-    case GgufType::i16: return 2;
-    case GgufType::u32:
-    case GgufType::i32:
-    case GgufType::f32: return 4;
-    case GgufType::u64:
-    case GgufType::i64:
-    case GgufType::f64: return 8;
-    case GgufType::string: return 8;   // at least the length
-    case GgufType::array: return 12;   // at least type + count
+  case GgufType::u8:
+  case GgufType::i8:
+  case GgufType::boolean:
+    return 1;
+  case GgufType::u16:
+  case GgufType::i16:
+    return 2;
+  case GgufType::u32:
+  case GgufType::i32:
+  case GgufType::f32:
+    return 4;
+  case GgufType::u64:
+  case GgufType::i64:
+  case GgufType::f64:
+    return 8;
+  case GgufType::string:
+    return 8; // at least the length
+  case GgufType::array:
+    return 12; // at least type + count
   }
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= 12; }
+bool valid_type(uint32_t t) {
+  return t <= 12;
+}
 
 class Reader {
- public:
+public:
   Reader(std::span<const uint8_t> b, const std::string& name) : b_(b), name_(name) {}
 
   [[noreturn]] void error(uint64_t at, const std::string& what) const {
@@ -67,8 +74,7 @@ class Reader {
                       std::to_string(remaining()) + " left");
   }
 
-  template <class T>
-  T read(const char* what) {
+  template <class T> T read(const char* what) {
     need(sizeof(T), what);
     T v;
     std::memcpy(&v, b_.data() + pos_, sizeof(T));
@@ -91,101 +97,141 @@ class Reader {
     GgufValue v;
     v.type = t;
     switch (t) {
-      case GgufType::u8: v.u = read<uint8_t>("u8 value"); break;
-      case GgufType::i8: v.i = read<int8_t>("i8 value"); break;
-      case GgufType::u16: v.u = read<uint16_t>("u16 value"); break;
-      case GgufType::i16: v.i = read<int16_t>("i16 value"); break;
-      case GgufType::u32: v.u = read<uint32_t>("u32 value"); break;
-      case GgufType::i32: v.i = read<int32_t>("i32 value"); break;
-      case GgufType::u64: v.u = read<uint64_t>("u64 value"); break;
-      case GgufType::i64: v.i = read<int64_t>("i64 value"); break;
-      case GgufType::f32: v.f = static_cast<double>(read<float>("f32 value")); break;
-      case GgufType::f64: v.f = read<double>("f64 value"); break;
-      case GgufType::boolean: {
-        const uint64_t at = pos_;
-        const auto b = read<uint8_t>("bool value");
-        if (b > 1) error(at, "key '" + key + "': bool value must be 0 or 1, found " + std::to_string(b));
-        v.u = b;
-        break;
-      }
-      case GgufType::string: v.str = read_string("string value"); break;
-      case GgufType::array: {
-        if (depth >= k_max_depth)
-          error(pos_, "key '" + key + "': arrays nested deeper than " + std::to_string(k_max_depth));
-        const uint64_t at = pos_;
-        const auto et = read<uint32_t>("array element type");
-        if (!valid_type(et)) error(at, "key '" + key + "': unknown array element type " + std::to_string(et));
-        v.elem_type = static_cast<GgufType>(et);
-        const uint64_t at_n = pos_;
-        const auto n = read<uint64_t>("array length");
-        const uint64_t min_bytes = scalar_size(v.elem_type);
-        if (n > remaining() / min_bytes)
-          error(at_n, "key '" + key + "': array of " + std::to_string(n) + " " +
-                          std::string(gguf_type_name(v.elem_type)) + " needs at least " +
-                          std::to_string(n) + "×" + std::to_string(min_bytes) + " bytes, only " +
-                          std::to_string(remaining()) + " left");
-        v.items.reserve(static_cast<size_t>(n));
-        for (uint64_t k = 0; k < n; ++k) v.items.push_back(read_value(v.elem_type, depth + 1, key));
-        break;
-      }
+    case GgufType::u8:
+      v.u = read<uint8_t>("u8 value");
+      break;
+    case GgufType::i8:
+      v.i = read<int8_t>("i8 value");
+      break;
+    case GgufType::u16:
+      v.u = read<uint16_t>("u16 value");
+      break;
+    case GgufType::i16:
+      v.i = read<int16_t>("i16 value");
+      break;
+    case GgufType::u32:
+      v.u = read<uint32_t>("u32 value");
+      break;
+    case GgufType::i32:
+      v.i = read<int32_t>("i32 value");
+      break;
+    case GgufType::u64:
+      v.u = read<uint64_t>("u64 value");
+      break;
+    case GgufType::i64:
+      v.i = read<int64_t>("i64 value");
+      break;
+    case GgufType::f32:
+      v.f = static_cast<double>(read<float>("f32 value"));
+      break;
+    case GgufType::f64:
+      v.f = read<double>("f64 value");
+      break;
+    case GgufType::boolean: {
+      const uint64_t at = pos_;
+      const auto b = read<uint8_t>("bool value");
+      if (b > 1) error(at, "key '" + key + "': bool value must be 0 or 1, found " + std::to_string(b));
+      v.u = b;
+      break;
+    }
+    case GgufType::string:
+      v.str = read_string("string value");
+      break;
+    case GgufType::array: {
+      if (depth >= k_max_depth)
+        error(pos_, "key '" + key + "': arrays nested deeper than " + std::to_string(k_max_depth));
+      const uint64_t at = pos_;
+      const auto et = read<uint32_t>("array element type");
+      if (!valid_type(et)) error(at, "key '" + key + "': unknown array element type " + std::to_string(et));
+      v.elem_type = static_cast<GgufType>(et);
+      const uint64_t at_n = pos_;
+      const auto n = read<uint64_t>("array length");
+      const uint64_t min_bytes = scalar_size(v.elem_type);
+      if (n > remaining() / min_bytes)
+        error(at_n, "key '" + key + "': array of " + std::to_string(n) + " " +
+                        std::string(gguf_type_name(v.elem_type)) + " needs at least " + std::to_string(n) +
+                        "×" + std::to_string(min_bytes) + " bytes, only " + std::to_string(remaining()) +
+                        " left");
+      v.items.reserve(static_cast<size_t>(n));
+      for (uint64_t k = 0; k < n; ++k)
+        v.items.push_back(read_value(v.elem_type, depth + 1, key));
+      break;
+    }
     }
     return v;
   }
 
- private:
+private:
   std::span<const uint8_t> b_;
   const std::string& name_;
   uint64_t pos_ = 0;
 };
 
-}  // namespace
+} // namespace
 
 std::string_view gguf_type_name(GgufType t) noexcept {
   switch (t) {
-    case GgufType::u8: return "u8";
-    case GgufType::i8: return "i8";
-    case GgufType::u16: return "u16";
-    case GgufType::i16: return "i16";
-    case GgufType::u32: return "u32";
-    case GgufType::i32: return "i32";
-    case GgufType::f32: return "f32";
-    case GgufType::boolean: return "bool";
-    case GgufType::string: return "string";
-    case GgufType::array: return "array";
-    case GgufType::u64: return "u64";
-    case GgufType::i64: return "i64";
-    case GgufType::f64: return "f64";
+  case GgufType::u8:
+    return "u8";
+  case GgufType::i8:
+    return "i8";
+  case GgufType::u16:
+    return "u16";
+  case GgufType::i16:
+    return "i16";
+  case GgufType::u32:
+    return "u32";
+  case GgufType::i32:
+    return "i32";
+  case GgufType::f32:
+    return "f32";
+  case GgufType::boolean:
+    return "bool";
+  case GgufType::string:
+    return "string";
+  case GgufType::array:
+    return "array";
+  case GgufType::u64:
+    return "u64";
+  case GgufType::i64:
+    return "i64";
+  case GgufType::f64:
+    return "f64";
   }
   return "?";
 }
 
 bool GgufValue::is_integer() const noexcept {
   switch (type) {
-    case GgufType::u8:
-    case GgufType::i8:
-    case GgufType::u16:
-    case GgufType::i16:
-    case GgufType::u32:
-    case GgufType::i32:
-    case GgufType::u64:
-    case GgufType::i64: return true;
-    default: return false;
+  case GgufType::u8:
+  case GgufType::i8:
+  case GgufType::u16:
+  case GgufType::i16:
+  case GgufType::u32:
+  case GgufType::i32:
+  case GgufType::u64:
+  case GgufType::i64:
+    return true;
+  default:
+    return false;
   }
 }
 
 std::optional<int64_t> GgufValue::as_int() const noexcept {
   switch (type) {
-    case GgufType::i8:
-    case GgufType::i16:
-    case GgufType::i32:
-    case GgufType::i64: return i;
-    case GgufType::u8:
-    case GgufType::u16:
-    case GgufType::u32:
-    case GgufType::u64:
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
-      return static_cast<int64_t>(u);
-    default: return std::nullopt;
+  case GgufType::i8:
+  case GgufType::i16:
+  case GgufType::i32:
+  case GgufType::i64:
+    return i;
+  case GgufType::u8:
+  case GgufType::u16:
+  case GgufType::u32:
+  case GgufType::u64:
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+    return static_cast<int64_t>(u);
+  default:
+    return std::nullopt;
   }
 }
 
@@ -197,31 +243,33 @@ std::optional<double> GgufValue::as_number() const noexcept {
 
 std::string GgufValue::to_string(size_t max_items) const {
   switch (type) {
-    case GgufType::string: {
-      std::string s = str.size() > 60 ? str.substr(0, 57) + "..." : str;
-      return "\"" + s + "\"";
+  case GgufType::string: {
+    std::string s = str.size() > 60 ? str.substr(0, 57) + "..." : str;
+    return "\"" + s + "\"";
+  }
+  case GgufType::boolean:
+    return u ? "true" : "false";
+  case GgufType::f32:
+  case GgufType::f64: {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", f);
+    return buf;
+  }
+  case GgufType::array: {
+    std::string s = "[" + std::string(gguf_type_name(elem_type)) + " × " + std::to_string(items.size()) + "]";
+    if (max_items > 0 && !items.empty()) {
+      s += " {";
+      for (size_t k = 0; k < std::min(max_items, items.size()); ++k)
+        s += (k ? ", " : "") + items[k].to_string(0);
+      if (items.size() > max_items) s += ", ...";
+      s += "}";
     }
-    case GgufType::boolean: return u ? "true" : "false";
-    case GgufType::f32:
-    case GgufType::f64: {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%g", f);
-      return buf;
-    }
-    case GgufType::array: {
-      std::string s = "[" + std::string(gguf_type_name(elem_type)) + " × " + std::to_string(items.size()) + "]";
-      if (max_items > 0 && !items.empty()) {
-        s += " {";
-        for (size_t k = 0; k < std::min(max_items, items.size()); ++k) s += (k ? ", " : "") + items[k].to_string(0);
-        if (items.size() > max_items) s += ", ...";
-        s += "}";
-      }
-      return s;
-    }
-    default:
-      if (type == GgufType::u8 || type == GgufType::u16 || type == GgufType::u32 || type == GgufType::u64)
-        return std::to_string(u);
-      return std::to_string(i);
+    return s;
+  }
+  default:
+    if (type == GgufType::u8 || type == GgufType::u16 || type == GgufType::u32 || type == GgufType::u64)
+      return std::to_string(u);
+    return std::to_string(i);
   }
 }
 
@@ -291,7 +339,8 @@ void GgufFile::parse_all() {
     if (version_ == 1)
       r.error(4, "GGUF version 1 is not supported (expected 2 or 3): re-convert with a current llama.cpp");
     if ((version_ & 0xFFFFu) == 0 && version_ != 0)
-      r.error(4, "GGUF version " + std::to_string(version_) + " looks byte-swapped: big-endian files are not supported");
+      r.error(4, "GGUF version " + std::to_string(version_) +
+                     " looks byte-swapped: big-endian files are not supported");
     r.error(4, "expected GGUF version 2 or 3, found " + std::to_string(version_));
   }
   const uint64_t at_counts = r.pos();
@@ -366,8 +415,8 @@ void GgufFile::parse_all() {
     const uint64_t at_o = r.pos();
     t.offset = r.read<uint64_t>("a tensor offset");
     if (t.offset % alignment_ != 0)
-      r.error(at_o, "tensor '" + t.name + "': offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                        std::to_string(alignment_));
+      r.error(at_o, "tensor '" + t.name + "': offset " + std::to_string(t.offset) +
+                        " is not a multiple of the alignment " + std::to_string(alignment_));
     tensors_.push_back(std::move(t));
   }
 
@@ -375,14 +424,16 @@ void GgufFile::parse_all() {
   const uint64_t header_end = r.pos();
   data_offset_ = (header_end + alignment_ - 1) / alignment_ * alignment_;
   if (!tensors_.empty() && data_offset_ > bytes_.size())
-    r.error(header_end, "tensor data would start at byte " + std::to_string(data_offset_) + ", past the end of the file");
+    r.error(header_end,
+            "tensor data would start at byte " + std::to_string(data_offset_) + ", past the end of the file");
   for (auto& t : tensors_) {
     const uint64_t avail = bytes_.size() - data_offset_;
     if (t.offset > avail || t.n_bytes > avail - t.offset)
       fail(Errc::parse_error, "gguf",
-           path_ + ": tensor '" + t.name + "' (" + std::string(dtype_name(t.type)) + ", " + std::to_string(t.n_bytes) +
-               " bytes at data offset " + std::to_string(t.offset) + ") extends past the end of the file (" +
-               std::to_string(avail) + " data bytes); the file is truncated — re-download it");
+           path_ + ": tensor '" + t.name + "' (" + std::string(dtype_name(t.type)) + ", " +
+               std::to_string(t.n_bytes) + " bytes at data offset " + std::to_string(t.offset) +
+               ") extends past the end of the file (" + std::to_string(avail) +
+               " data bytes); the file is truncated — re-download it");
     t.offset += data_offset_;
     t.data = bytes_.data() + t.offset;
   }
@@ -401,12 +452,13 @@ const GgufTensor* GgufFile::find_tensor(std::string_view name) const noexcept {
 }
 
 namespace {
-[[noreturn]] void type_error(const std::string& path, std::string_view key, const char* expected, const GgufValue& v) {
+[[noreturn]] void type_error(const std::string& path, std::string_view key, const char* expected,
+                             const GgufValue& v) {
   fail(Errc::parse_error, "gguf",
        path + ": metadata key '" + std::string(key) + "' should be " + expected + ", found " +
            std::string(gguf_type_name(v.type)) + " " + v.to_string(3));
 }
-}  // namespace
+} // namespace
 
 std::optional<std::string> GgufFile::get_string_opt(std::string_view key) const {
   const GgufValue* v = find(key);
@@ -417,7 +469,8 @@ std::optional<std::string> GgufFile::get_string_opt(std::string_view key) const 
 
 std::string GgufFile::get_string(std::string_view key) const {
   auto v = get_string_opt(key);
-  if (!v) fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
+  if (!v)
+    fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
   return *v;
 }
 
@@ -431,7 +484,8 @@ std::optional<int64_t> GgufFile::get_int_opt(std::string_view key) const {
 
 int64_t GgufFile::get_int(std::string_view key) const {
   auto v = get_int_opt(key);
-  if (!v) fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
+  if (!v)
+    fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
   return *v;
 }
 
@@ -445,7 +499,8 @@ std::optional<double> GgufFile::get_float_opt(std::string_view key) const {
 
 double GgufFile::get_float(std::string_view key) const {
   auto v = get_float_opt(key);
-  if (!v) fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
+  if (!v)
+    fail(Errc::not_found, "gguf", path_ + ": required metadata key '" + std::string(key) + "' is missing");
   return *v;
 }
 
@@ -467,7 +522,9 @@ const GgufValue* GgufFile::get_array(std::string_view key, GgufType elem) const 
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-void GgufWriter::add(std::string key, GgufValue value) { kv_.push_back({std::move(key), std::move(value)}); }
+void GgufWriter::add(std::string key, GgufValue value) {
+  kv_.push_back({std::move(key), std::move(value)});
+}
 void GgufWriter::add_string(std::string key, std::string v) {
   GgufValue g;
   g.type = GgufType::string;
@@ -510,13 +567,13 @@ void GgufWriter::add_string_array(std::string key, const std::vector<std::string
   }
   add(std::move(key), std::move(g));
 }
-void GgufWriter::add_tensor(std::string name, DType type, std::vector<int64_t> ne, std::vector<uint8_t> data) {
+void GgufWriter::add_tensor(std::string name, DType type, std::vector<int64_t> ne,
+                            std::vector<uint8_t> data) {
   tensors_.push_back({std::move(name), type, std::move(ne), std::move(data)});
 }
 
 namespace {
-template <class T>
-void put(std::vector<uint8_t>& out, T v) {
+template <class T> void put(std::vector<uint8_t>& out, T v) {
   const auto* p = reinterpret_cast<const uint8_t*>(&v);
   out.insert(out.end(), p, p + sizeof(T));
 }
@@ -526,26 +583,51 @@ void put_str(std::vector<uint8_t>& out, const std::string& s) {
 }
 void put_value(std::vector<uint8_t>& out, const GgufValue& v) {
   switch (v.type) {
-    case GgufType::u8: put<uint8_t>(out, static_cast<uint8_t>(v.u)); break;
-    case GgufType::i8: put<int8_t>(out, static_cast<int8_t>(v.i)); break;
-    case GgufType::u16: put<uint16_t>(out, static_cast<uint16_t>(v.u)); break;
-    case GgufType::i16: put<int16_t>(out, static_cast<int16_t>(v.i)); break;
-    case GgufType::u32: put<uint32_t>(out, static_cast<uint32_t>(v.u)); break;
-    case GgufType::i32: put<int32_t>(out, static_cast<int32_t>(v.i)); break;
-    case GgufType::u64: put<uint64_t>(out, v.u); break;
-    case GgufType::i64: put<int64_t>(out, v.i); break;
-    case GgufType::f32: put<float>(out, static_cast<float>(v.f)); break;
-    case GgufType::f64: put<double>(out, v.f); break;
-    case GgufType::boolean: put<uint8_t>(out, v.u ? 1 : 0); break;
-    case GgufType::string: put_str(out, v.str); break;
-    case GgufType::array:
-      put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
-      put<uint64_t>(out, v.items.size());
-      for (const auto& e : v.items) put_value(out, e);
-      break;
+  case GgufType::u8:
+    put<uint8_t>(out, static_cast<uint8_t>(v.u));
+    break;
+  case GgufType::i8:
+    put<int8_t>(out, static_cast<int8_t>(v.i));
+    break;
+  case GgufType::u16:
+    put<uint16_t>(out, static_cast<uint16_t>(v.u));
+    break;
+  case GgufType::i16:
+    put<int16_t>(out, static_cast<int16_t>(v.i));
+    break;
+  case GgufType::u32:
+    put<uint32_t>(out, static_cast<uint32_t>(v.u));
+    break;
+  case GgufType::i32:
+    put<int32_t>(out, static_cast<int32_t>(v.i));
+    break;
+  case GgufType::u64:
+    put<uint64_t>(out, v.u);
+    break;
+  case GgufType::i64:
+    put<int64_t>(out, v.i);
+    break;
+  case GgufType::f32:
+    put<float>(out, static_cast<float>(v.f));
+    break;
+  case GgufType::f64:
+    put<double>(out, v.f);
+    break;
+  case GgufType::boolean:
+    put<uint8_t>(out, v.u ? 1 : 0);
+    break;
+  case GgufType::string:
+    put_str(out, v.str);
+    break;
+  case GgufType::array:
+    put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
+    put<uint64_t>(out, v.items.size());
+    for (const auto& e : v.items)
+      put_value(out, e);
+    break;
   }
 }
-}  // namespace
+} // namespace
 
 std::vector<uint8_t> GgufWriter::serialize(uint32_t alignment) const {
   std::vector<uint8_t> out;
@@ -563,7 +645,8 @@ std::vector<uint8_t> GgufWriter::serialize(uint32_t alignment) const {
   for (const auto& t : tensors_) {
     put_str(out, t.name);
     put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
-    for (auto e : t.ne) put<uint64_t>(out, static_cast<uint64_t>(e));
+    for (auto e : t.ne)
+      put<uint64_t>(out, static_cast<uint64_t>(e));
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, off);
     offsets.push_back(off);
@@ -587,4 +670,4 @@ void GgufWriter::write(const std::string& path, uint32_t alignment) const {
   if (!f) fail(Errc::invalid_argument, "gguf", "writing '" + path + "' failed: " + std::strerror(errno));
 }
 
-}  // namespace loom
+} // namespace loom

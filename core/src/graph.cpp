@@ -6,17 +6,28 @@ namespace loom {
 
 const char* op_name(OpKind op) noexcept {
   switch (op) {
-    case OpKind::get_rows: return "get_rows";
-    case OpKind::rms_norm: return "rms_norm";
-    case OpKind::matmul: return "matmul";
-    case OpKind::rope: return "rope";
-    case OpKind::attention: return "attention";
-    case OpKind::swiglu: return "swiglu";
-    case OpKind::add: return "add";
-    case OpKind::scale: return "scale";
-    case OpKind::softmax: return "softmax";
-    case OpKind::copy: return "copy";
-    case OpKind::mul: return "mul";
+  case OpKind::get_rows:
+    return "get_rows";
+  case OpKind::rms_norm:
+    return "rms_norm";
+  case OpKind::matmul:
+    return "matmul";
+  case OpKind::rope:
+    return "rope";
+  case OpKind::attention:
+    return "attention";
+  case OpKind::swiglu:
+    return "swiglu";
+  case OpKind::add:
+    return "add";
+  case OpKind::scale:
+    return "scale";
+  case OpKind::softmax:
+    return "softmax";
+  case OpKind::copy:
+    return "copy";
+  case OpKind::mul:
+    return "mul";
   }
   return "unknown";
 }
@@ -46,9 +57,10 @@ int32_t Graph::add_activation(std::string name, std::array<int64_t, 4> ne) {
 
 int32_t Graph::add_node(Node n) {
   LOOM_ASSERT(n.dst >= 0 && n.dst < static_cast<int32_t>(tensors.size()), "node without a valid dst");
-  for (int32_t s : n.src) LOOM_ASSERT(s < static_cast<int32_t>(tensors.size()), "node src out of range");
+  for (int32_t s : n.src)
+    LOOM_ASSERT(s < static_cast<int32_t>(tensors.size()), "node src out of range");
   nodes.push_back(n);
   return n.dst;
 }
 
-}  // namespace loom
+} // namespace loom

@@ -1,11 +1,11 @@
 #include "loom/kv_cache.hpp"
 
+#include "loom/error.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
-
-#include "loom/error.hpp"
 
 namespace loom {
 
@@ -13,10 +13,11 @@ namespace {
 
 // One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] f32.
 class ContiguousKVCache final : public KVCacheStore {
- public:
+public:
   explicit ContiguousKVCache(const KVShape& s) : shape_(s) {
     if (s.dtype != DType::f32)
-      fail(Errc::unsupported, "kv_cache", "the contiguous store holds f32 only, asked for " + std::string(dtype_name(s.dtype)));
+      fail(Errc::unsupported, "kv_cache",
+           "the contiguous store holds f32 only, asked for " + std::string(dtype_name(s.dtype)));
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
       fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
   }
@@ -41,7 +42,8 @@ class ContiguousKVCache final : public KVCacheStore {
   void free(SeqId seq) noexcept override { seqs_.erase(seq); }
   bool fork(SeqId parent, SeqId child) override {
     auto it = seqs_.find(parent);
-    if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max) return false;
+    if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max)
+      return false;
     Slab copy = it->second;
     seqs_.emplace(child, std::move(copy));
     return true;
@@ -64,9 +66,9 @@ class ContiguousKVCache final : public KVCacheStore {
     return static_cast<size_t>(shape_.n_seq_max) * slab_elems() * sizeof(float);
   }
 
- private:
+private:
   struct Slab {
-    std::vector<float> data;  // [2][n_layer][n_ctx][row]
+    std::vector<float> data; // [2][n_layer][n_ctx][row]
     int32_t length = 0;
   };
   size_t slab_elems() const noexcept {
@@ -78,10 +80,11 @@ class ContiguousKVCache final : public KVCacheStore {
     LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
     LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
     LOOM_ASSERT(layer >= 0 && layer < shape_.n_layer, "KV layer out of range");
-    const size_t idx = ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
-                            static_cast<size_t>(shape_.n_ctx) +
-                        static_cast<size_t>(pos)) *
-                       static_cast<size_t>(shape_.row_elems());
+    const size_t idx =
+        ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
+             static_cast<size_t>(shape_.n_ctx) +
+         static_cast<size_t>(pos)) *
+        static_cast<size_t>(shape_.row_elems());
     return it->second.data.data() + idx;
   }
 
@@ -89,10 +92,10 @@ class ContiguousKVCache final : public KVCacheStore {
   std::map<SeqId, Slab> seqs_;
 };
 
-}  // namespace
+} // namespace
 
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape) {
   return std::make_unique<ContiguousKVCache>(shape);
 }
 
-}  // namespace loom
+} // namespace loom

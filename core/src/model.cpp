@@ -1,9 +1,9 @@
 #include "loom/model.hpp"
 
+#include "loom/error.hpp"
+
 #include <cmath>
 #include <string>
-
-#include "loom/error.hpp"
 
 namespace loom {
 
@@ -28,7 +28,7 @@ const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
   const auto key = std::make_pair(n_tokens, n_outputs);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (graphs_.size() > 64) graphs_.clear();  // bounded cache: prefill shapes vary per prompt
+    if (graphs_.size() > 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
     it = graphs_.emplace(key, build_llama(n_tokens, n_outputs)).first;
   }
   return it->second;
@@ -37,18 +37,22 @@ const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
 void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) {
   const auto n_tokens = static_cast<int32_t>(batch.tokens.size());
   const auto n_out = static_cast<int32_t>(batch.output_rows.size());
-  LOOM_ASSERT(n_tokens > 0 && batch.positions.size() == batch.tokens.size() && batch.seq_ids.size() == batch.tokens.size(),
+  LOOM_ASSERT(n_tokens > 0 && batch.positions.size() == batch.tokens.size() &&
+                  batch.seq_ids.size() == batch.tokens.size(),
               "malformed batch");
-  LOOM_ASSERT(logits.size() >= static_cast<size_t>(n_out) * static_cast<size_t>(cfg_.n_vocab), "logits buffer too small");
+  LOOM_ASSERT(logits.size() >= static_cast<size_t>(n_out) * static_cast<size_t>(cfg_.n_vocab),
+              "logits buffer too small");
   for (TokenId t : batch.tokens)
     if (t < 0 || t >= cfg_.n_vocab)
       fail(Errc::invalid_argument, "model",
-           "token id " + std::to_string(t) + " is outside the vocabulary (0.." + std::to_string(cfg_.n_vocab - 1) + ")");
+           "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+               std::to_string(cfg_.n_vocab - 1) + ")");
   const Graph& g = graph(n_tokens, n_out);
   for (const Node& n : g.nodes)
     if (!be.supports(g, n))
       fail(Errc::unsupported, "model",
-           std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) + " for this model");
+           std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
+               " for this model");
   be.compute(g, batch, kv, logits);
 }
 
@@ -63,7 +67,8 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
     const GgufTensor* t = file_.find_tensor(name);
     LOOM_ASSERT(t != nullptr, "tensor validated by ModelConfig is missing");
     std::array<int64_t, 4> ne{1, 1, 1, 1};
-    for (size_t k = 0; k < t->ne.size(); ++k) ne[k] = t->ne[k];
+    for (size_t k = 0; k < t->ne.size(); ++k)
+      ne[k] = t->ne[k];
     return g.add_weight(name, t->type, ne, t->data);
   };
   auto input = [&](const char* name, int64_t n) {
@@ -97,16 +102,20 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
   }
 
   const int32_t tok_embd = weight("token_embd.weight");
-  int32_t x = g.add_node(node(OpKind::get_rows, tok_embd, g.in_tokens, g.add_activation("embd", {E, T, 1, 1})));
+  int32_t x =
+      g.add_node(node(OpKind::get_rows, tok_embd, g.in_tokens, g.add_activation("embd", {E, T, 1, 1})));
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    Node nn = node(OpKind::rms_norm, x, weight(p + "attn_norm.weight"), g.add_activation(p + "attn_in", {E, T, 1, 1}));
+    Node nn = node(OpKind::rms_norm, x, weight(p + "attn_norm.weight"),
+                   g.add_activation(p + "attn_in", {E, T, 1, 1}));
     nn.eps = c.norm_eps;
     const int32_t h = g.add_node(nn);
-    int32_t q = g.add_node(node(OpKind::matmul, weight(p + "attn_q.weight"), h, g.add_activation(p + "q", {D, Hq, T, 1})));
-    int32_t k = g.add_node(node(OpKind::matmul, weight(p + "attn_k.weight"), h, g.add_activation(p + "k", {D, Hkv, T, 1})));
-    const int32_t v =
-        g.add_node(node(OpKind::matmul, weight(p + "attn_v.weight"), h, g.add_activation(p + "v", {D, Hkv, T, 1})));
+    int32_t q = g.add_node(
+        node(OpKind::matmul, weight(p + "attn_q.weight"), h, g.add_activation(p + "q", {D, Hq, T, 1})));
+    int32_t k = g.add_node(
+        node(OpKind::matmul, weight(p + "attn_k.weight"), h, g.add_activation(p + "k", {D, Hkv, T, 1})));
+    const int32_t v = g.add_node(
+        node(OpKind::matmul, weight(p + "attn_v.weight"), h, g.add_activation(p + "v", {D, Hkv, T, 1})));
     Node rq = node(OpKind::rope, q, g.in_positions, g.add_activation(p + "q_rope", {D, Hq, T, 1}));
     rq.rope = rope;
     q = g.add_node(rq);
@@ -124,30 +133,33 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
     at.attn.window = window_;
     at.attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     const int32_t a = g.add_node(at);
-    const int32_t o =
-        g.add_node(node(OpKind::matmul, weight(p + "attn_output.weight"), a, g.add_activation(p + "attn_proj", {E, T, 1, 1})));
+    const int32_t o = g.add_node(node(OpKind::matmul, weight(p + "attn_output.weight"), a,
+                                      g.add_activation(p + "attn_proj", {E, T, 1, 1})));
     x = g.add_node(node(OpKind::add, x, o, g.add_activation(p + "attn_res", {E, T, 1, 1})));
-    Node fn = node(OpKind::rms_norm, x, weight(p + "ffn_norm.weight"), g.add_activation(p + "ffn_in", {E, T, 1, 1}));
+    Node fn = node(OpKind::rms_norm, x, weight(p + "ffn_norm.weight"),
+                   g.add_activation(p + "ffn_in", {E, T, 1, 1}));
     fn.eps = c.norm_eps;
     const int32_t hf = g.add_node(fn);
-    const int32_t gate =
-        g.add_node(node(OpKind::matmul, weight(p + "ffn_gate.weight"), hf, g.add_activation(p + "ffn_gate", {F, T, 1, 1})));
-    const int32_t up =
-        g.add_node(node(OpKind::matmul, weight(p + "ffn_up.weight"), hf, g.add_activation(p + "ffn_up", {F, T, 1, 1})));
-    const int32_t act = g.add_node(node(OpKind::swiglu, gate, up, g.add_activation(p + "ffn_act", {F, T, 1, 1})));
-    const int32_t down =
-        g.add_node(node(OpKind::matmul, weight(p + "ffn_down.weight"), act, g.add_activation(p + "ffn_out", {E, T, 1, 1})));
+    const int32_t gate = g.add_node(node(OpKind::matmul, weight(p + "ffn_gate.weight"), hf,
+                                         g.add_activation(p + "ffn_gate", {F, T, 1, 1})));
+    const int32_t up = g.add_node(
+        node(OpKind::matmul, weight(p + "ffn_up.weight"), hf, g.add_activation(p + "ffn_up", {F, T, 1, 1})));
+    const int32_t act =
+        g.add_node(node(OpKind::swiglu, gate, up, g.add_activation(p + "ffn_act", {F, T, 1, 1})));
+    const int32_t down = g.add_node(node(OpKind::matmul, weight(p + "ffn_down.weight"), act,
+                                         g.add_activation(p + "ffn_out", {E, T, 1, 1})));
     x = g.add_node(node(OpKind::add, x, down, g.add_activation(p + "ffn_res", {E, T, 1, 1})));
   }
   const int64_t O = n_outputs;
   x = g.add_node(node(OpKind::get_rows, x, g.in_out_ids, g.add_activation("out_rows", {E, O, 1, 1})));
-  Node on = node(OpKind::rms_norm, x, weight("output_norm.weight"), g.add_activation("out_norm", {E, O, 1, 1}));
+  Node on =
+      node(OpKind::rms_norm, x, weight("output_norm.weight"), g.add_activation("out_norm", {E, O, 1, 1}));
   on.eps = c.norm_eps;
   x = g.add_node(on);
   const int32_t head = c.tied_output ? tok_embd : weight("output.weight");
-  g.out_logits =
-      g.add_node(node(OpKind::matmul, head, x, g.add_activation("logits", {static_cast<int64_t>(c.n_vocab), O, 1, 1})));
+  g.out_logits = g.add_node(
+      node(OpKind::matmul, head, x, g.add_activation("logits", {static_cast<int64_t>(c.n_vocab), O, 1, 1})));
   return g;
 }
 
-}  // namespace loom
+} // namespace loom

@@ -1,9 +1,9 @@
 #include "loom/model_config.hpp"
 
-#include <string>
-
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
+
+#include <string>
 
 namespace loom {
 
@@ -19,20 +19,24 @@ int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t m
   return static_cast<int32_t>(v);
 }
 
-void expect_shape(const GgufFile& f, const std::string& name, std::initializer_list<int64_t> ne, bool required = true) {
+void expect_shape(const GgufFile& f, const std::string& name, std::initializer_list<int64_t> ne,
+                  bool required = true) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) {
-    if (required) bad(f, "tensor '" + name + "' is missing; the file is not a complete model of this architecture");
+    if (required)
+      bad(f, "tensor '" + name + "' is missing; the file is not a complete model of this architecture");
     return;
   }
   std::vector<int64_t> want(ne);
   bool ok = t->ne.size() == want.size() || (t->ne.size() == 2 && want.size() == 1 && t->ne[1] == 1);
   if (ok)
-    for (size_t k = 0; k < want.size(); ++k) ok = ok && t->ne[k] == want[k];
+    for (size_t k = 0; k < want.size(); ++k)
+      ok = ok && t->ne[k] == want[k];
   if (!ok) {
     auto fmt = [](const std::vector<int64_t>& v) {
       std::string s = "[";
-      for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
+      for (size_t k = 0; k < v.size(); ++k)
+        s += (k ? ", " : "") + std::to_string(v[k]);
       return s + "]";
     };
     bad(f, "tensor '" + name + "' has shape " + fmt(t->ne) + ", expected " + fmt(want) +
@@ -41,10 +45,11 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
   if (!dtype_traits(t->type).can_dequantize)
     fail(Errc::unsupported, "model",
          f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->type)) +
-             ", which Loom cannot compute with yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k)");
+             ", which Loom cannot compute with yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
+             "q4_k, q6_k)");
 }
 
-}  // namespace
+} // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
@@ -82,7 +87,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
 
   c.rope.n_dims = positive(f, a + "rope.dimension_count",
                            f.get_int_opt(a + "rope.dimension_count").value_or(c.head_dim), c.head_dim);
-  if (c.rope.n_dims % 2 != 0) bad(f, "rope.dimension_count must be even, found " + std::to_string(c.rope.n_dims));
+  if (c.rope.n_dims % 2 != 0)
+    bad(f, "rope.dimension_count must be even, found " + std::to_string(c.rope.n_dims));
   c.rope.theta = static_cast<float>(f.get_float_opt(a + "rope.freq_base").value_or(10000.0));
   if (!(c.rope.theta > 1.0f)) bad(f, "rope.freq_base must be > 1, found " + std::to_string(c.rope.theta));
   const std::string scaling = f.get_string_opt(a + "rope.scaling.type").value_or("none");
@@ -96,12 +102,13 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   } else if (scaling == "yarn") {
     c.rope.scaling = RopeScaling::yarn;
   } else {
-    fail(Errc::unsupported, "model", f.path() + ": rope.scaling.type '" + scaling + "' is not supported (none, linear, yarn)");
+    fail(Errc::unsupported, "model",
+         f.path() + ": rope.scaling.type '" + scaling + "' is not supported (none, linear, yarn)");
   }
   c.rope.factor = factor > 0.0 ? static_cast<float>(factor) : 1.0f;
   if (c.rope.factor < 1.0f) bad(f, "rope.scaling.factor must be ≥ 1, found " + std::to_string(c.rope.factor));
-  c.rope.orig_ctx = static_cast<int32_t>(
-      f.get_int_opt(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train));
+  c.rope.orig_ctx =
+      static_cast<int32_t>(f.get_int_opt(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train));
 
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) bad(f, "tensor 'token_embd.weight' is missing");
@@ -147,4 +154,4 @@ uint64_t ModelConfig::kv_bytes_per_token(DType kv_type) const noexcept {
   return elems * tr.block_bytes / static_cast<uint64_t>(tr.block_size);
 }
 
-}  // namespace loom
+} // namespace loom

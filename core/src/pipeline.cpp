@@ -1,11 +1,11 @@
 // A request's whole path, start to end: tokenize → prefill → (sample → stop → stream → decode)*.
 #include "loom/pipeline.hpp"
 
+#include "loom/error.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <random>
-
-#include "loom/error.hpp"
 
 namespace loom {
 
@@ -14,7 +14,7 @@ using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
-}  // namespace
+} // namespace
 
 std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   std::unique_ptr<Pipeline> p(new Pipeline());
@@ -22,10 +22,12 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   if (cfg.backend.name != "reference")
     fail(Errc::not_found, "pipeline",
          cfg.source + ": [backend] name = \"" + cfg.backend.name +
-             "\" is not available; built-in backends: reference (the plugin backends are not part of this build)");
+             "\" is not available; built-in backends: reference (the plugin backends are not part of this "
+             "build)");
   if (cfg.decoder.name != "sample")
     fail(Errc::not_found, "pipeline",
-         cfg.source + ": [decoder] name = \"" + cfg.decoder.name + "\" is not available; built-in decoders: sample");
+         cfg.source + ": [decoder] name = \"" + cfg.decoder.name +
+             "\" is not available; built-in decoders: sample");
   if (cfg.kv_cache.store != "contiguous")
     fail(Errc::unsupported, "pipeline",
          cfg.source + ": [kv_cache] store = \"" + cfg.kv_cache.store +
@@ -45,7 +47,8 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   if (cfg.samplers.empty()) {
     p->chain_ = make_default_chain(SamplingParams{});
   } else {
-    for (const auto& s : cfg.samplers) p->chain_.add(create_sampler(s));
+    for (const auto& s : cfg.samplers)
+      p->chain_.add(create_sampler(s));
   }
 
   p->model_ = Model::load(cfg.resolved_model_path());
@@ -61,14 +64,15 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   if (cfg.kv_cache.max_tokens > 0 && cfg.kv_cache.max_tokens < p->n_ctx_)
     fail(Errc::invalid_argument, "pipeline",
          cfg.source + ": [kv_cache] max_tokens = " + std::to_string(cfg.kv_cache.max_tokens) +
-             " is smaller than the context (" + std::to_string(p->n_ctx_) + "); raise it or lower [model] n_ctx");
+             " is smaller than the context (" + std::to_string(p->n_ctx_) +
+             "); raise it or lower [model] n_ctx");
   p->kv_ = make_contiguous_kv_cache(shape);
   p->backend_ = make_reference_backend();
   for (int64_t id : cfg.stop.token_ids)
     if (id >= mc.n_vocab)
       fail(Errc::invalid_argument, "pipeline",
-           cfg.source + ": [stop] token_ids contains " + std::to_string(id) + ", outside the vocabulary (0.." +
-               std::to_string(mc.n_vocab - 1) + ")");
+           cfg.source + ": [stop] token_ids contains " + std::to_string(id) +
+               ", outside the vocabulary (0.." + std::to_string(mc.n_vocab - 1) + ")");
   return p;
 }
 
@@ -104,21 +108,24 @@ GenerationResult Pipeline::generate(const GenerationRequest& req, const StreamCa
   for (TokenId t : res.prompt_tokens)
     if (t < 0 || t >= n_vocab)
       fail(Errc::invalid_argument, "pipeline",
-           "prompt token " + std::to_string(t) + " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
+           "prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
+               std::to_string(n_vocab - 1) + ")");
 
   StopConfig sc;
   sc.eos = cfg_.stop.eos;
   sc.eog_tokens = tok_->eog_tokens();
-  for (int64_t id : cfg_.stop.token_ids) sc.stop_tokens.push_back(static_cast<TokenId>(id));
+  for (int64_t id : cfg_.stop.token_ids)
+    sc.stop_tokens.push_back(static_cast<TokenId>(id));
   sc.strings = cfg_.stop.strings;
   sc.max_tokens = req.max_new_tokens ? *req.max_new_tokens : cfg_.stop.max_tokens;
   sc.timeout_ms = cfg_.stop.timeout_ms;
   StopTracker stop(sc);
 
-  if (n_prompt >= n_ctx_) {  // a clean stop, not an error: the request ends, the pipeline goes on
+  if (n_prompt >= n_ctx_) { // a clean stop, not an error: the request ends, the pipeline goes on
     res.stop_reason = StopReason::max_context;
     res.message = "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
-                  std::to_string(n_ctx_) + " (prompt + at least one new token); shorten the prompt or raise [model] n_ctx";
+                  std::to_string(n_ctx_) +
+                  " (prompt + at least one new token); shorten the prompt or raise [model] n_ctx";
     res.metrics.total_ms = ms_between(t_start, Clock::now());
     return res;
   }
@@ -133,10 +140,11 @@ GenerationResult Pipeline::generate(const GenerationRequest& req, const StreamCa
   DecodeState ds;
   {
     std::string prompt_text;
-    for (TokenId t : res.prompt_tokens) tok_->decode_step(ds, t, prompt_text);
+    for (TokenId t : res.prompt_tokens)
+      tok_->decode_step(ds, t, prompt_text);
     ds.pending.clear();
   }
-  const std::unique_ptr<Sampler> chain_owner = chain_.clone();  // per-request state (penalties …)
+  const std::unique_ptr<Sampler> chain_owner = chain_.clone(); // per-request state (penalties …)
   auto& chain = static_cast<SamplerChain&>(*chain_owner);
   chain.reset();
 
@@ -144,12 +152,15 @@ GenerationResult Pipeline::generate(const GenerationRequest& req, const StreamCa
   kv_->free(seq);
   std::vector<float> logits(static_cast<size_t>(n_vocab));
   std::vector<Pos> positions(static_cast<size_t>(n_prompt));
-  for (int32_t i = 0; i < n_prompt; ++i) positions[static_cast<size_t>(i)] = i;
+  for (int32_t i = 0; i < n_prompt; ++i)
+    positions[static_cast<size_t>(i)] = i;
   std::vector<SeqId> seqs(static_cast<size_t>(n_prompt), seq);
   int32_t out_row = n_prompt - 1;
-  if (!kv_->allocate(seq, n_prompt)) LOOM_ASSERT(false, "KV allocation for a prompt that fits the context failed");
+  if (!kv_->allocate(seq, n_prompt))
+    LOOM_ASSERT(false, "KV allocation for a prompt that fits the context failed");
   const auto t_prefill0 = Clock::now();
-  model_->forward(*backend_, BatchView{res.prompt_tokens, positions, seqs, std::span<const int32_t>(&out_row, 1)}, *kv_,
+  model_->forward(*backend_,
+                  BatchView{res.prompt_tokens, positions, seqs, std::span<const int32_t>(&out_row, 1)}, *kv_,
                   logits);
   const auto t_prefill1 = Clock::now();
 
@@ -197,7 +208,7 @@ GenerationResult Pipeline::generate(const GenerationRequest& req, const StreamCa
   kv_->free(seq);
   if (res.stop_reason != StopReason::eos && res.stop_reason != StopReason::stop_string &&
       res.stop_reason != StopReason::stop_token) {
-    std::string tail;  // bytes of a UTF-8 character the budget cut in half
+    std::string tail; // bytes of a UTF-8 character the budget cut in half
     tok_->decode_flush(ds, tail);
     emit(tail);
   }
@@ -217,4 +228,4 @@ GenerationResult Pipeline::generate(const GenerationRequest& req, const StreamCa
   return res;
 }
 
-}  // namespace loom
+} // namespace loom

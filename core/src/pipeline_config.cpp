@@ -1,19 +1,19 @@
 #include "loom/pipeline_config.hpp"
 
+#include "loom/error.hpp"
+
 #include <algorithm>
-#include <charconv>
-#include <cstdio>
 #include <cerrno>
-#include <cstring>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
-
-#include "loom/error.hpp"
 
 namespace loom {
 
@@ -23,9 +23,10 @@ namespace fs = std::filesystem;
 
 // Validation context: where a node came from, for messages.
 class Checker {
- public:
+public:
   Checker(std::string source, std::set<const toml::node*> overridden, std::vector<std::string> override_keys)
-      : source_(std::move(source)), overridden_(std::move(overridden)), override_keys_(std::move(override_keys)) {}
+      : source_(std::move(source)), overridden_(std::move(overridden)),
+        override_keys_(std::move(override_keys)) {}
 
   std::string where(const toml::node& n) const {
     if (overridden_.count(&n)) return "--set";
@@ -66,22 +67,25 @@ class Checker {
   }
 
   // Every key of `t` must be in `known`.
-  void only_keys(const toml::table& t, const std::string& section, std::initializer_list<std::string_view> known) const {
+  void only_keys(const toml::table& t, const std::string& section,
+                 std::initializer_list<std::string_view> known) const {
     std::vector<std::string_view> k(known);
     only_keys(t, section, k);
   }
-  void only_keys(const toml::table& t, const std::string& section, const std::vector<std::string_view>& known) const {
+  void only_keys(const toml::table& t, const std::string& section,
+                 const std::vector<std::string_view>& known) const {
     for (const auto& [key, val] : t) {
       if (std::find(known.begin(), known.end(), key.str()) != known.end()) continue;
       std::string list;
-      for (auto s : known) list += (list.empty() ? "" : ", ") + std::string(s);
+      for (auto s : known)
+        list += (list.empty() ? "" : ", ") + std::string(s);
       fail(Errc::invalid_argument, "config",
            where_key(key, val) + ": unknown key '" + std::string(key.str()) + "' in " + section +
                " (known keys: " + list + ")");
     }
   }
 
- private:
+private:
   std::string source_;
   std::set<const toml::node*> overridden_;
   std::vector<std::string> override_keys_;
@@ -94,23 +98,25 @@ const toml::table* section(const Checker& c, const toml::table& root, const char
   return n->as_table();
 }
 
-void read_string(const Checker& c, const toml::table& t, const std::string& sec, const char* key, std::string& out,
-                 std::initializer_list<std::string_view> allowed = {}) {
+void read_string(const Checker& c, const toml::table& t, const std::string& sec, const char* key,
+                 std::string& out, std::initializer_list<std::string_view> allowed = {}) {
   const toml::node* n = t.get(key);
   if (!n) return;
   const std::string path = sec + "." + key;
   std::string expected = "a string";
   if (allowed.size()) {
     expected = "one of";
-    for (auto a : allowed) expected += " \"" + std::string(a) + "\"";
+    for (auto a : allowed)
+      expected += " \"" + std::string(a) + "\"";
   }
   if (!n->is_string()) c.error(*n, path, expected);
   out = n->as_string()->get();
-  if (allowed.size() && std::find(allowed.begin(), allowed.end(), out) == allowed.end()) c.error(*n, path, expected);
+  if (allowed.size() && std::find(allowed.begin(), allowed.end(), out) == allowed.end())
+    c.error(*n, path, expected);
 }
 
-int64_t read_int(const Checker& c, const toml::table& t, const std::string& sec, const char* key, int64_t def, int64_t lo,
-                 int64_t hi, const char* help = nullptr) {
+int64_t read_int(const Checker& c, const toml::table& t, const std::string& sec, const char* key, int64_t def,
+                 int64_t lo, int64_t hi, const char* help = nullptr) {
   const toml::node* n = t.get(key);
   if (!n) return def;
   const std::string path = sec + "." + key;
@@ -129,14 +135,14 @@ bool read_bool(const Checker& c, const toml::table& t, const std::string& sec, c
   return n->as_boolean()->get();
 }
 
-std::vector<std::string> read_string_array(const Checker& c, const toml::table& t, const std::string& sec, const char* key,
-                                           bool non_empty_items) {
+std::vector<std::string> read_string_array(const Checker& c, const toml::table& t, const std::string& sec,
+                                           const char* key, bool non_empty_items) {
   std::vector<std::string> out;
   const toml::node* n = t.get(key);
   if (!n) return out;
   const std::string path = sec + "." + key;
   const char* expected = non_empty_items ? "an array of non-empty strings" : "an array of strings";
-  if (n->is_string()) {  // a single string is accepted as a one-element array
+  if (n->is_string()) { // a single string is accepted as a one-element array
     out.push_back(n->as_string()->get());
   } else {
     if (!n->is_array()) c.error(*n, path, expected);
@@ -151,8 +157,8 @@ std::vector<std::string> read_string_array(const Checker& c, const toml::table& 
   return out;
 }
 
-std::vector<int64_t> read_int_array(const Checker& c, const toml::table& t, const std::string& sec, const char* key,
-                                    int64_t lo) {
+std::vector<int64_t> read_int_array(const Checker& c, const toml::table& t, const std::string& sec,
+                                    const char* key, int64_t lo) {
   std::vector<int64_t> out;
   const toml::node* n = t.get(key);
   if (!n) return out;
@@ -194,15 +200,18 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
   const toml::node* name = t.get("name");
   const auto& infos = builtin_samplers();
   std::string names;
-  for (const auto& i : infos) names += (names.empty() ? "" : ", ") + i.name;
+  for (const auto& i : infos)
+    names += (names.empty() ? "" : ", ") + i.name;
   if (!name) c.error(node, sec, "a 'name' key (one of: " + names + ")");
   if (!name->is_string()) c.error(*name, sec + ".name", "a string (one of: " + names + ")");
   SamplerSpec spec;
   spec.name = name->as_string()->get();
-  auto it = std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == spec.name; });
+  auto it =
+      std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == spec.name; });
   if (it == infos.end()) c.error(*name, sec + ".name", "a known sampler (" + names + ")");
   std::vector<std::string_view> known{"name"};
-  for (const auto& p : it->params) known.push_back(p.key);
+  for (const auto& p : it->params)
+    known.push_back(p.key);
   const std::string ssec = "[[sampler]] '" + spec.name + "'";
   c.only_keys(t, ssec, known);
   for (const auto& p : it->params) {
@@ -213,62 +222,63 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
       continue;
     }
     switch (p.kind) {
-      case ParamSchema::Kind::boolean:
-        if (!v->is_boolean()) c.error(*v, path, "true or false");
-        spec.params.emplace_back(p.key, v->as_boolean()->get());
-        break;
-      case ParamSchema::Kind::integer: {
-        const std::string exp = "an integer " + range_text(p);
-        if (!v->is_integer()) c.error(*v, path, exp);
-        const int64_t x = v->as_integer()->get();
-        if (!in_range(p, static_cast<double>(x))) c.error(*v, path, exp);
-        spec.params.emplace_back(p.key, x);
-        break;
+    case ParamSchema::Kind::boolean:
+      if (!v->is_boolean()) c.error(*v, path, "true or false");
+      spec.params.emplace_back(p.key, v->as_boolean()->get());
+      break;
+    case ParamSchema::Kind::integer: {
+      const std::string exp = "an integer " + range_text(p);
+      if (!v->is_integer()) c.error(*v, path, exp);
+      const int64_t x = v->as_integer()->get();
+      if (!in_range(p, static_cast<double>(x))) c.error(*v, path, exp);
+      spec.params.emplace_back(p.key, x);
+      break;
+    }
+    case ParamSchema::Kind::number: {
+      const std::string exp = "a number " + range_text(p);
+      double x;
+      if (v->is_integer()) {
+        x = static_cast<double>(v->as_integer()->get());
+      } else if (v->is_floating_point()) {
+        x = v->as_floating_point()->get();
+      } else {
+        c.error(*v, path, exp);
       }
-      case ParamSchema::Kind::number: {
-        const std::string exp = "a number " + range_text(p);
+      if (!in_range(p, x)) c.error(*v, path, exp);
+      spec.params.emplace_back(p.key, x);
+      break;
+    }
+    case ParamSchema::Kind::int_list: {
+      const std::string exp = "an array of integers " + range_text(p);
+      if (!v->is_array()) c.error(*v, path, exp);
+      std::vector<int64_t> xs;
+      for (const auto& e : *v->as_array()) {
+        if (!e.is_integer() || !in_range(p, static_cast<double>(e.as_integer()->get())))
+          c.error(e, path, exp);
+        xs.push_back(e.as_integer()->get());
+      }
+      spec.params.emplace_back(p.key, std::move(xs));
+      break;
+    }
+    case ParamSchema::Kind::number_list: {
+      const std::string exp = "an array of numbers " + range_text(p);
+      if (!v->is_array()) c.error(*v, path, exp);
+      std::vector<double> xs;
+      for (const auto& e : *v->as_array()) {
         double x;
-        if (v->is_integer()) {
-          x = static_cast<double>(v->as_integer()->get());
-        } else if (v->is_floating_point()) {
-          x = v->as_floating_point()->get();
+        if (e.is_integer()) {
+          x = static_cast<double>(e.as_integer()->get());
+        } else if (e.is_floating_point()) {
+          x = e.as_floating_point()->get();
         } else {
-          c.error(*v, path, exp);
+          c.error(e, path, exp);
         }
-        if (!in_range(p, x)) c.error(*v, path, exp);
-        spec.params.emplace_back(p.key, x);
-        break;
+        if (!in_range(p, x)) c.error(e, path, exp);
+        xs.push_back(x);
       }
-      case ParamSchema::Kind::int_list: {
-        const std::string exp = "an array of integers " + range_text(p);
-        if (!v->is_array()) c.error(*v, path, exp);
-        std::vector<int64_t> xs;
-        for (const auto& e : *v->as_array()) {
-          if (!e.is_integer() || !in_range(p, static_cast<double>(e.as_integer()->get()))) c.error(e, path, exp);
-          xs.push_back(e.as_integer()->get());
-        }
-        spec.params.emplace_back(p.key, std::move(xs));
-        break;
-      }
-      case ParamSchema::Kind::number_list: {
-        const std::string exp = "an array of numbers " + range_text(p);
-        if (!v->is_array()) c.error(*v, path, exp);
-        std::vector<double> xs;
-        for (const auto& e : *v->as_array()) {
-          double x;
-          if (e.is_integer()) {
-            x = static_cast<double>(e.as_integer()->get());
-          } else if (e.is_floating_point()) {
-            x = e.as_floating_point()->get();
-          } else {
-            c.error(e, path, exp);
-          }
-          if (!in_range(p, x)) c.error(e, path, exp);
-          xs.push_back(x);
-        }
-        spec.params.emplace_back(p.key, std::move(xs));
-        break;
-      }
+      spec.params.emplace_back(p.key, std::move(xs));
+      break;
+    }
     }
   }
   // Cross-field checks and anything else the sampler itself rejects, with the location.
@@ -295,7 +305,8 @@ const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
   parts.push_back(cur);
   for (const auto& p : parts)
     if (p.empty())
-      fail(Errc::invalid_argument, "config", "--set " + o.key + "=" + o.value + ": expected section.key=value");
+      fail(Errc::invalid_argument, "config",
+           "--set " + o.key + "=" + o.value + ": expected section.key=value");
   if (parts.size() < 2)
     fail(Errc::invalid_argument, "config",
          "--set " + o.key + "=" + o.value + ": expected section.key=value (e.g. stop.max_tokens=64)");
@@ -315,10 +326,11 @@ const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
   toml::table* t = &root;
   for (size_t k = 0; k + 1 < parts.size(); ++k) {
     const std::string& p = parts[k];
-    if (p == "sampler" && k + 2 < parts.size()) {  // sampler.N.key
+    if (p == "sampler" && k + 2 < parts.size()) { // sampler.N.key
       toml::node* arr = t->get(p);
       if (!arr || !arr->is_array())
-        fail(Errc::invalid_argument, "config", "--set " + o.key + ": the pipeline has no [[sampler]] entries");
+        fail(Errc::invalid_argument, "config",
+             "--set " + o.key + ": the pipeline has no [[sampler]] entries");
       size_t idx = 0;
       try {
         idx = std::stoul(parts[k + 1]);
@@ -328,8 +340,8 @@ const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
       auto& a = *arr->as_array();
       if (idx >= a.size() || !a[idx].is_table())
         fail(Errc::invalid_argument, "config",
-             "--set " + o.key + ": sampler index " + std::to_string(idx) + " out of range (the pipeline has " +
-                 std::to_string(a.size()) + ", counting from 0)");
+             "--set " + o.key + ": sampler index " + std::to_string(idx) +
+                 " out of range (the pipeline has " + std::to_string(a.size()) + ", counting from 0)");
       t = a[idx].as_table();
       ++k;
       continue;
@@ -340,7 +352,8 @@ const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
       n = t->get(p);
     }
     if (!n->is_table())
-      fail(Errc::invalid_argument, "config", "--set " + o.key + ": '" + p + "' is not a table in the pipeline");
+      fail(Errc::invalid_argument, "config",
+           "--set " + o.key + ": '" + p + "' is not a table in the pipeline");
     t = n->as_table();
   }
   const std::string& leaf = parts.back();
@@ -363,7 +376,8 @@ std::set<const toml::node*> collect_nodes(const toml::node& n) {
   return out;
 }
 
-PipelineConfig validate(const toml::table& root, const Checker& c, const std::string& source, const std::string& base_dir) {
+PipelineConfig validate(const toml::table& root, const Checker& c, const std::string& source,
+                        const std::string& base_dir) {
   PipelineConfig cfg;
   cfg.source = source;
   cfg.base_dir = base_dir;
@@ -373,12 +387,14 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   if (const auto* t = section(c, root, "model")) {
     c.only_keys(*t, "[model]", {"path", "n_ctx"});
     read_string(c, *t, "model", "path", cfg.model.path);
-    cfg.model.n_ctx = static_cast<int32_t>(read_int(c, *t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
+    cfg.model.n_ctx =
+        static_cast<int32_t>(read_int(c, *t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
   }
   if (const auto* t = section(c, root, "backend")) {
     c.only_keys(*t, "[backend]", {"name", "threads"});
     read_string(c, *t, "backend", "name", cfg.backend.name);
-    cfg.backend.threads = static_cast<int32_t>(read_int(c, *t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
+    cfg.backend.threads =
+        static_cast<int32_t>(read_int(c, *t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
   }
   if (const auto* t = section(c, root, "attention")) {
     c.only_keys(*t, "[attention]", {"variant", "kernel", "window"});
@@ -396,7 +412,8 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     cfg.kv_cache.block_size =
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "in 1..4096"));
     read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
-    cfg.kv_cache.max_tokens = static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+    cfg.kv_cache.max_tokens =
+        static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
   }
   if (const auto* t = section(c, root, "decoder")) {
     c.only_keys(*t, "[decoder]", {"name"});
@@ -405,7 +422,8 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   if (const toml::node* s = root.get("sampler")) {
     if (!s->is_array()) c.error(*s, "sampler", "an array of tables ([[sampler]] entries)");
     size_t i = 0;
-    for (const auto& e : *s->as_array()) cfg.samplers.push_back(read_sampler(c, e, i++));
+    for (const auto& e : *s->as_array())
+      cfg.samplers.push_back(read_sampler(c, e, i++));
   }
   if (const auto* t = section(c, root, "stop")) {
     c.only_keys(*t, "[stop]", {"max_tokens", "strings", "token_ids", "eos", "timeout_ms"});
@@ -414,7 +432,8 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     cfg.stop.strings = read_string_array(c, *t, "stop", "strings", true);
     cfg.stop.token_ids = read_int_array(c, *t, "stop", "token_ids", 0);
     cfg.stop.eos = read_bool(c, *t, "stop", "eos", true);
-    cfg.stop.timeout_ms = read_int(c, *t, "stop", "timeout_ms", 0, 0, std::numeric_limits<int32_t>::max(), "≥ 0 (0 = none)");
+    cfg.stop.timeout_ms =
+        read_int(c, *t, "stop", "timeout_ms", 0, 0, std::numeric_limits<int32_t>::max(), "≥ 0 (0 = none)");
   }
   if (const auto* t = section(c, root, "run")) {
     c.only_keys(*t, "[run]", {"seed", "add_bos", "parse_special", "echo"});
@@ -456,7 +475,7 @@ PipelineConfig parse_impl(const std::string& text, const std::string& source, co
   return validate(root, c, source, base_dir);
 }
 
-}  // namespace
+} // namespace
 
 std::string PipelineConfig::resolved_model_path() const {
   if (model.path.empty()) return model.path;
@@ -475,15 +494,17 @@ ConfigOverride parse_override(const std::string& arg) {
   return {arg.substr(0, eq), arg.substr(eq + 1)};
 }
 
-PipelineConfig parse_pipeline(const std::string& text, const std::string& source, const std::vector<ConfigOverride>& overrides) {
+PipelineConfig parse_pipeline(const std::string& text, const std::string& source,
+                              const std::vector<ConfigOverride>& overrides) {
   return parse_impl(text, source, "", overrides);
 }
 
 PipelineConfig load_pipeline(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   std::ifstream f(path, std::ios::binary);
   if (!f)
-    fail(Errc::not_found, "config", "cannot read pipeline file '" + path + "': " + std::strerror(errno) +
-                                        " (see configs/ for examples)");
+    fail(Errc::not_found, "config",
+         "cannot read pipeline file '" + path + "': " + std::strerror(errno) +
+             " (see configs/ for examples)");
   std::stringstream ss;
   ss << f.rdbuf();
   fs::path base = fs::path(path).parent_path();
@@ -504,21 +525,35 @@ std::string toml_string(std::string_view v) {
   std::string out = "\"";
   for (unsigned char ch : v) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (ch < 0x20 || ch == 0x7F) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04X", ch);
-          out += buf;
-        } else {
-          out += static_cast<char>(ch);
-        }
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\b':
+      out += "\\b";
+      break;
+    case '\f':
+      out += "\\f";
+      break;
+    default:
+      if (ch < 0x20 || ch == 0x7F) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04X", ch);
+        out += buf;
+      } else {
+        out += static_cast<char>(ch);
+      }
     }
   }
   return out + "\"";
@@ -562,8 +597,7 @@ std::string toml_value(const ParamValue& v) {
       v);
 }
 
-template <class T>
-std::string toml_list(const std::vector<T>& xs) {
+template <class T> std::string toml_list(const std::vector<T>& xs) {
   std::string out = "[";
   for (size_t i = 0; i < xs.size(); ++i) {
     if (i) out += ", ";
@@ -576,7 +610,7 @@ std::string toml_list(const std::vector<T>& xs) {
   return out + "]";
 }
 
-}  // namespace
+} // namespace
 
 std::string to_toml(const PipelineConfig& cfg) {
   std::ostringstream o;
@@ -602,7 +636,8 @@ std::string to_toml(const PipelineConfig& cfg) {
   for (const auto& s : cfg.samplers) {
     o << "\n[[sampler]]\n";
     kv("name", toml_string(s.name));
-    for (const auto& [k, v] : s.params) kv(k.c_str(), toml_value(v));
+    for (const auto& [k, v] : s.params)
+      kv(k.c_str(), toml_value(v));
   }
   o << "\n[stop]\n";
   kv("max_tokens", std::to_string(cfg.stop.max_tokens));
@@ -620,4 +655,4 @@ std::string to_toml(const PipelineConfig& cfg) {
   return o.str();
 }
 
-}  // namespace loom
+} // namespace loom

@@ -1,21 +1,21 @@
 // The reference backend: plain F32 C++, one op at a time, no tricks. Every other backend is tested
 // against it. Accumulation order is sequential (as llama2.c's run.c), so results are reproducible.
+#include "loom/attention/reference.hpp"
+#include "loom/backend.hpp"
+#include "loom/error.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "loom/attention/reference.hpp"
-#include "loom/backend.hpp"
-#include "loom/error.hpp"
-
 namespace loom {
 
 namespace {
 
 class ReferenceBackend final : public Backend {
- public:
+public:
   std::string_view name() const noexcept override { return "reference"; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override {
@@ -28,8 +28,10 @@ class ReferenceBackend final : public Backend {
   }
 
   void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) override {
-    LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens, "batch size differs from the graph's");
-    LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs, "output rows differ from the graph's");
+    LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens,
+                "batch size differs from the graph's");
+    LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
+                "output rows differ from the graph's");
     act_.resize(g.tensors.size());
     size_t ws = 0;
     for (size_t i = 0; i < g.tensors.size(); ++i) {
@@ -40,7 +42,8 @@ class ReferenceBackend final : public Backend {
       }
     }
     workspace_ = ws;
-    for (const Node& n : g.nodes) run(g, n, batch, kv);
+    for (const Node& n : g.nodes)
+      run(g, n, batch, kv);
     const auto& out = act_[static_cast<size_t>(g.out_logits)];
     LOOM_ASSERT(logits.size() >= out.size(), "logits buffer too small");
     std::copy(out.begin(), out.end(), logits.begin());
@@ -48,7 +51,7 @@ class ReferenceBackend final : public Backend {
 
   size_t workspace_bytes() const noexcept override { return workspace_; }
 
- private:
+private:
   float* f32(int32_t id) { return act_[static_cast<size_t>(id)].data(); }
 
   std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
@@ -77,129 +80,140 @@ class ReferenceBackend final : public Backend {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);
     switch (n.op) {
-      case OpKind::get_rows: {
-        const auto idx = ints(g, n.src[1], b);
-        const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
-        std::vector<float> tmp;
-        for (size_t r = 0; r < idx.size(); ++r) {
-          LOOM_ASSERT(idx[r] >= 0 && idx[r] < s.n_rows(), "get_rows index out of range");
-          const float* src = row(g, n.src[0], idx[r], tmp);
-          std::copy(src, src + s.ne[0], dst + static_cast<int64_t>(r) * s.ne[0]);
+    case OpKind::get_rows: {
+      const auto idx = ints(g, n.src[1], b);
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      std::vector<float> tmp;
+      for (size_t r = 0; r < idx.size(); ++r) {
+        LOOM_ASSERT(idx[r] >= 0 && idx[r] < s.n_rows(), "get_rows index out of range");
+        const float* src = row(g, n.src[0], idx[r], tmp);
+        std::copy(src, src + s.ne[0], dst + static_cast<int64_t>(r) * s.ne[0]);
+      }
+      return;
+    }
+    case OpKind::rms_norm: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const int64_t len = s.ne[0];
+      std::vector<float> tmp;
+      const float* w = n.src[1] >= 0 ? row(g, n.src[1], 0, tmp) : nullptr;
+      for (int64_t r = 0; r < s.n_rows(); ++r) {
+        const float* x = f32(n.src[0]) + r * len;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < len; ++i)
+          ss += x[i] * x[i];
+        ss /= static_cast<float>(len);
+        ss += n.eps;
+        ss = 1.0f / std::sqrt(ss);
+        float* y = dst + r * len;
+        for (int64_t i = 0; i < len; ++i)
+          y[i] = (w ? w[i] : 1.0f) * (ss * x[i]);
+      }
+      return;
+    }
+    case OpKind::matmul: {
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      const int64_t K = w.ne[0], N = w.ne[1], T = x.n_rows();
+      LOOM_ASSERT(x.ne[0] == K, "matmul inner dimensions differ");
+      const float* xs = f32(n.src[1]);
+      std::vector<float> tmp;
+      for (int64_t j = 0; j < N; ++j) {
+        const float* wr = row(g, n.src[0], j, tmp);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xr = xs + t * K;
+          float v = 0.0f;
+          for (int64_t k = 0; k < K; ++k)
+            v += wr[k] * xr[k];
+          dst[t * N + j] = v;
         }
-        return;
       }
-      case OpKind::rms_norm: {
-        const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
-        const int64_t len = s.ne[0];
-        std::vector<float> tmp;
-        const float* w = n.src[1] >= 0 ? row(g, n.src[1], 0, tmp) : nullptr;
-        for (int64_t r = 0; r < s.n_rows(); ++r) {
-          const float* x = f32(n.src[0]) + r * len;
-          float ss = 0.0f;
-          for (int64_t i = 0; i < len; ++i) ss += x[i] * x[i];
-          ss /= static_cast<float>(len);
-          ss += n.eps;
-          ss = 1.0f / std::sqrt(ss);
-          float* y = dst + r * len;
-          for (int64_t i = 0; i < len; ++i) y[i] = (w ? w[i] : 1.0f) * (ss * x[i]);
-        }
-        return;
+      return;
+    }
+    case OpKind::rope: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const auto pos = ints(g, n.src[1], b);
+      const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
+      const float* x = f32(n.src[0]);
+      std::copy(x, x + s.n_elements(), dst);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          rope_head(n.rope, pos[static_cast<size_t>(t)], dst + (t * H + h) * D);
+      return;
+    }
+    case OpKind::attention: {
+      const TensorDesc& q = g.tensors[static_cast<size_t>(n.src[0])];
+      const AttentionParams& p = n.attn;
+      const int64_t T = q.ne[2];
+      const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
+      const float* k = f32(n.src[1]);
+      const float* v = f32(n.src[2]);
+      for (int64_t t = 0; t < T; ++t) { // store this batch's K/V rows first
+        const SeqId s = b.seq_ids[static_cast<size_t>(t)];
+        const Pos ps = b.positions[static_cast<size_t>(t)];
+        std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
+        std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
       }
-      case OpKind::matmul: {
-        const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
-        const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
-        const int64_t K = w.ne[0], N = w.ne[1], T = x.n_rows();
-        LOOM_ASSERT(x.ne[0] == K, "matmul inner dimensions differ");
-        const float* xs = f32(n.src[1]);
-        std::vector<float> tmp;
-        for (int64_t j = 0; j < N; ++j) {
-          const float* wr = row(g, n.src[0], j, tmp);
-          for (int64_t t = 0; t < T; ++t) {
-            const float* xr = xs + t * K;
-            float v = 0.0f;
-            for (int64_t k = 0; k < K; ++k) v += wr[k] * xr[k];
-            dst[t * N + j] = v;
-          }
-        }
-        return;
+      attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(),
+                                     b.seq_ids.data(), kv, dst);
+      return;
+    }
+    case OpKind::swiglu: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      for (int64_t i = 0; i < d.n_elements(); ++i) {
+        const float v = a[i];
+        dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * c[i];
       }
-      case OpKind::rope: {
-        const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
-        const auto pos = ints(g, n.src[1], b);
-        const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
-        const float* x = f32(n.src[0]);
-        std::copy(x, x + s.n_elements(), dst);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t h = 0; h < H; ++h) rope_head(n.rope, pos[static_cast<size_t>(t)], dst + (t * H + h) * D);
-        return;
+      return;
+    }
+    case OpKind::add: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = a[i] + c[i];
+      return;
+    }
+    case OpKind::mul: {
+      const float* a = f32(n.src[0]);
+      const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
+      std::vector<float> tmp;
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* cr = row(g, n.src[1], c.n_rows() == 1 ? 0 : r, tmp);
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          dst[r * d.ne[0] + i] = a[r * d.ne[0] + i] * cr[i];
       }
-      case OpKind::attention: {
-        const TensorDesc& q = g.tensors[static_cast<size_t>(n.src[0])];
-        const AttentionParams& p = n.attn;
-        const int64_t T = q.ne[2];
-        const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
-        const float* k = f32(n.src[1]);
-        const float* v = f32(n.src[2]);
-        for (int64_t t = 0; t < T; ++t) {  // store this batch's K/V rows first
-          const SeqId s = b.seq_ids[static_cast<size_t>(t)];
-          const Pos ps = b.positions[static_cast<size_t>(t)];
-          std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems, row_elems * sizeof(float));
-          std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems, row_elems * sizeof(float));
-        }
-        attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(),
-                                       b.seq_ids.data(), kv, dst);
-        return;
+      return;
+    }
+    case OpKind::scale: {
+      const float* a = f32(n.src[0]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = a[i] * n.scale;
+      return;
+    }
+    case OpKind::softmax: {
+      const float* a = f32(n.src[0]);
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* x = a + r * d.ne[0];
+        float* y = dst + r * d.ne[0];
+        const float m = *std::max_element(x, x + d.ne[0]);
+        float sum = 0.0f;
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          sum += (y[i] = std::exp(x[i] - m));
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          y[i] /= sum;
       }
-      case OpKind::swiglu: {
-        const float* a = f32(n.src[0]);
-        const float* c = f32(n.src[1]);
-        for (int64_t i = 0; i < d.n_elements(); ++i) {
-          const float v = a[i];
-          dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * c[i];
-        }
-        return;
+      return;
+    }
+    case OpKind::copy: {
+      std::vector<float> tmp;
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* s = row(g, n.src[0], r, tmp);
+        std::copy(s, s + d.ne[0], dst + r * d.ne[0]);
       }
-      case OpKind::add: {
-        const float* a = f32(n.src[0]);
-        const float* c = f32(n.src[1]);
-        for (int64_t i = 0; i < d.n_elements(); ++i) dst[i] = a[i] + c[i];
-        return;
-      }
-      case OpKind::mul: {
-        const float* a = f32(n.src[0]);
-        const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
-        std::vector<float> tmp;
-        for (int64_t r = 0; r < d.n_rows(); ++r) {
-          const float* cr = row(g, n.src[1], c.n_rows() == 1 ? 0 : r, tmp);
-          for (int64_t i = 0; i < d.ne[0]; ++i) dst[r * d.ne[0] + i] = a[r * d.ne[0] + i] * cr[i];
-        }
-        return;
-      }
-      case OpKind::scale: {
-        const float* a = f32(n.src[0]);
-        for (int64_t i = 0; i < d.n_elements(); ++i) dst[i] = a[i] * n.scale;
-        return;
-      }
-      case OpKind::softmax: {
-        const float* a = f32(n.src[0]);
-        for (int64_t r = 0; r < d.n_rows(); ++r) {
-          const float* x = a + r * d.ne[0];
-          float* y = dst + r * d.ne[0];
-          const float m = *std::max_element(x, x + d.ne[0]);
-          float sum = 0.0f;
-          for (int64_t i = 0; i < d.ne[0]; ++i) sum += (y[i] = std::exp(x[i] - m));
-          for (int64_t i = 0; i < d.ne[0]; ++i) y[i] /= sum;
-        }
-        return;
-      }
-      case OpKind::copy: {
-        std::vector<float> tmp;
-        for (int64_t r = 0; r < d.n_rows(); ++r) {
-          const float* s = row(g, n.src[0], r, tmp);
-          std::copy(s, s + d.ne[0], dst + r * d.ne[0]);
-        }
-        return;
-      }
+      return;
+    }
     }
     fail(Errc::unsupported, "reference", std::string("op ") + op_name(n.op) + " is not implemented");
   }
@@ -216,7 +230,8 @@ class ReferenceBackend final : public Backend {
     float corr_lo = 0.0f, corr_hi = 0.0f;
     if (rp.ext_factor != 0.0f) {
       const auto corr_dim = [&](float n_rot) {
-        return static_cast<float>(nd) * std::log(static_cast<float>(rp.orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
+        return static_cast<float>(nd) *
+               std::log(static_cast<float>(rp.orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
                (2.0f * std::log(rp.theta));
       };
       corr_lo = std::max(0.0f, std::floor(corr_dim(rp.beta_fast)));
@@ -224,7 +239,8 @@ class ReferenceBackend final : public Backend {
     }
     for (int64_t i0 = 0; i0 < nd; i0 += 2) {
       const double theta_extrap =
-          static_cast<double>(p) * std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
+          static_cast<double>(p) *
+          std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
       const double theta_interp = static_cast<double>(rp.freq_scale) * theta_extrap;
       double theta = theta_interp;
       double mscale = static_cast<double>(rp.attn_factor);
@@ -247,8 +263,10 @@ class ReferenceBackend final : public Backend {
   size_t workspace_ = 0;
 };
 
-}  // namespace
+} // namespace
 
-std::unique_ptr<Backend> make_reference_backend() { return std::make_unique<ReferenceBackend>(); }
+std::unique_ptr<Backend> make_reference_backend() {
+  return std::make_unique<ReferenceBackend>();
+}
 
-}  // namespace loom
+} // namespace loom

@@ -1,11 +1,10 @@
 // Every pipeline in configs/ parses, builds and runs. The configs name models/stories260K.gguf
 // (what scripts/fetch-models.sh puts there); when that is absent the shared copy is used instead.
-#include <gtest/gtest.h>
-
-#include <algorithm>
-
 #include "loom/pipeline.hpp"
 #include "test_util.hpp"
+
+#include <algorithm>
+#include <gtest/gtest.h>
 
 namespace {
 
@@ -13,7 +12,8 @@ using namespace loom;
 
 std::vector<std::filesystem::path> config_files() {
   std::vector<std::filesystem::path> out;
-  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(LOOM_SOURCE_DIR) / "configs"))
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(LOOM_SOURCE_DIR) / "configs"))
     if (e.path().extension() == ".toml") out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
@@ -45,7 +45,8 @@ TEST(Configs, EveryConfigLoadsAndRuns) {
 
 TEST(Configs, QuickstartIsGreedyAndReproducesRunC) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  PipelineConfig cfg = load_pipeline((std::filesystem::path(LOOM_SOURCE_DIR) / "configs" / "quickstart.toml").string());
+  PipelineConfig cfg =
+      load_pipeline((std::filesystem::path(LOOM_SOURCE_DIR) / "configs" / "quickstart.toml").string());
   cfg.model.path = model.string();
   auto p = Pipeline::create(cfg);
   GenerationRequest req;
@@ -55,4 +56,4 @@ TEST(Configs, QuickstartIsGreedyAndReproducesRunC) {
             test::read_file(test::models_dir() / "reference" / "once_upon_a_time.n64.txt"));
 }
 
-}  // namespace
+} // namespace

@@ -1,17 +1,18 @@
 // libFuzzer target: the GGUF reader, and the model config and tokenizer built from what it accepts.
-#include <cstddef>
-#include <cstdint>
-#include <span>
-
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
 #include "loom/tokenizer.hpp"
 
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto f = loom::GgufFile::parse(std::span<const uint8_t>(data, size), "fuzz.gguf");
-    for (const auto& t : f.tensors()) (void)t.name;
+    for (const auto& t : f.tensors())
+      (void)t.name;
     try {
       (void)loom::ModelConfig::from_gguf(f);
     } catch (const loom::Error&) {

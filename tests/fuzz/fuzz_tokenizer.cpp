@@ -1,6 +1,10 @@
 // libFuzzer target: encode arbitrary bytes with each shipped tokenizer kind, then decode.
 // Vocabularies come from $LOOM_TEST_MODELS (stories260K: SentencePiece; ggml-vocab-gpt-2: byte-level
 // BPE; ggml-vocab-falcon / deepseek-coder: other pre-tokenizers).
+#include "loom/error.hpp"
+#include "loom/gguf.hpp"
+#include "loom/tokenizer.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,10 +12,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
 
 namespace {
 
@@ -43,7 +43,7 @@ std::vector<Vocab>& vocabs() {
   return v;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -59,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string whole = v.tok->decode(ids);
   loom::DecodeState st;
   std::string inc;
-  for (auto id : ids) v.tok->decode_step(st, id, inc);
+  for (auto id : ids)
+    v.tok->decode_step(st, id, inc);
   v.tok->decode_flush(st, inc);
   (void)whole;
   return 0;

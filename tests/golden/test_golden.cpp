@@ -1,14 +1,13 @@
 // Golden tests: Loom's reference backend against llama2.c run.c and llama.cpp on real models
 // (../shared/models/reference). Missing models are SKIPPED with the reason, never passed.
-#include <gtest/gtest.h>
-
-#include <cmath>
-#include <cstdio>
-#include <sstream>
-
 #include "loom/model.hpp"
 #include "loom/pipeline.hpp"
 #include "test_util.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <gtest/gtest.h>
+#include <sstream>
 
 namespace {
 
@@ -17,7 +16,7 @@ using namespace loom;
 struct GoldenRun {
   std::string prompt;
   int n = 0;
-  std::vector<TokenId> ids;  // BOS + prompt + generated
+  std::vector<TokenId> ids; // BOS + prompt + generated
 };
 
 std::vector<GoldenRun> read_token_ids(const std::filesystem::path& p) {
@@ -26,7 +25,7 @@ std::vector<GoldenRun> read_token_ids(const std::filesystem::path& p) {
   std::string line;
   const std::string tag = "## -n ";
   while (std::getline(in, line)) {
-    if (line.rfind(tag, 0) != 0) continue;  // ## -n 64 -i "Once upon a time"
+    if (line.rfind(tag, 0) != 0) continue; // ## -n 64 -i "Once upon a time"
     GoldenRun r;
     const auto i_pos = line.find(" -i \"");
     r.n = std::stoi(line.substr(tag.size(), i_pos - tag.size()));
@@ -35,7 +34,8 @@ std::vector<GoldenRun> read_token_ids(const std::filesystem::path& p) {
     std::getline(in, ids);
     std::istringstream is(ids.substr(ids.find("):") + 2));
     TokenId t;
-    while (is >> t) r.ids.push_back(t);
+    while (is >> t)
+      r.ids.push_back(t);
     runs.push_back(std::move(r));
   }
   return runs;
@@ -61,7 +61,8 @@ TEST(Golden, GreedyTokenSequencesMatchRunC) {
     req.prompt = r.prompt;
     const auto prompt_ids = p->tokenize(r.prompt);
     ASSERT_LE(prompt_ids.size(), r.ids.size());
-    ASSERT_TRUE(std::equal(prompt_ids.begin(), prompt_ids.end(), r.ids.begin())) << "prompt encodes differently";
+    ASSERT_TRUE(std::equal(prompt_ids.begin(), prompt_ids.end(), r.ids.begin()))
+        << "prompt encodes differently";
     req.max_new_tokens = static_cast<int32_t>(r.ids.size() - prompt_ids.size());
     const auto res = p->generate(req);
     std::vector<TokenId> all = res.prompt_tokens;
@@ -69,7 +70,8 @@ TEST(Golden, GreedyTokenSequencesMatchRunC) {
     EXPECT_EQ(all, r.ids);
     EXPECT_EQ(res.stop_reason, StopReason::max_tokens);
     ASSERT_EQ(res.logprobs.size(), res.tokens.size());
-    for (float lp : res.logprobs) EXPECT_LE(lp, 0.0f);
+    for (float lp : res.logprobs)
+      EXPECT_LE(lp, 0.0f);
   }
 }
 
@@ -88,10 +90,11 @@ TEST(Golden, GreedyTextMatchesRunCAndLlamaCpp) {
       // run.c's -n counts positions: BOS + prompt + generated = n + 1 tokens in its output.
       req.max_new_tokens = n + 1 - static_cast<int32_t>(p->tokenize(prompt).size());
       const auto res = p->generate(req);
-      const std::string expected = test::read_file(ref / (std::string(name) + ".n" + std::to_string(n) + ".txt"));
+      const std::string expected =
+          test::read_file(ref / (std::string(name) + ".n" + std::to_string(n) + ".txt"));
       EXPECT_EQ(prompt + res.text + "\n", expected);
       const auto cpp = ref / "llamacpp" / (std::string(name) + ".n" + std::to_string(n) + ".txt");
-      if (std::filesystem::exists(cpp)) {  // llama-simple prints "<s> " + prompt + generation
+      if (std::filesystem::exists(cpp)) { // llama-simple prints "<s> " + prompt + generation
         const std::string lc = test::read_file(cpp);
         EXPECT_NE(lc.find(res.text.substr(0, std::min<size_t>(res.text.size(), 200))), std::string::npos);
       }
@@ -101,7 +104,8 @@ TEST(Golden, GreedyTextMatchesRunCAndLlamaCpp) {
 
 TEST(Golden, LogitsAtPositions0To6MatchRunC) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  std::istringstream in(test::read_file(test::models_dir() / "reference" / "logits_full_once_upon_a_time.txt"));
+  std::istringstream in(
+      test::read_file(test::models_dir() / "reference" / "logits_full_once_upon_a_time.txt"));
   std::vector<TokenId> tokens;
   std::vector<std::vector<float>> expected;
   std::string line;
@@ -116,7 +120,8 @@ TEST(Golden, LogitsAtPositions0To6MatchRunC) {
     tokens.push_back(tok);
     std::vector<float> l;
     float x;
-    while (ls >> x) l.push_back(x);
+    while (ls >> x)
+      l.push_back(x);
     expected.push_back(std::move(l));
   }
   ASSERT_EQ(tokens.size(), 7u);
@@ -132,13 +137,15 @@ TEST(Golden, LogitsAtPositions0To6MatchRunC) {
     std::vector<Pos> pos(tokens.size());
     std::vector<SeqId> seq(tokens.size(), 0);
     std::vector<int32_t> rows(tokens.size());
-    for (int32_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)] = i;
+    for (int32_t i = 0; i < n; ++i)
+      pos[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)] = i;
     ASSERT_TRUE(kv->allocate(0, n));
     std::vector<float> logits(static_cast<size_t>(n) * static_cast<size_t>(V));
     m->forward(*be, {tokens, pos, seq, rows}, *kv, logits);
     for (int32_t p = 0; p < n; ++p)
       for (int32_t v = 0; v < V; ++v)
-        ASSERT_NEAR(logits[static_cast<size_t>(p * V + v)], expected[static_cast<size_t>(p)][static_cast<size_t>(v)], 1e-4)
+        ASSERT_NEAR(logits[static_cast<size_t>(p * V + v)],
+                    expected[static_cast<size_t>(p)][static_cast<size_t>(v)], 1e-4)
             << "prefill pos " << p << " token " << v;
   }
   // Decode: one position per forward through the KV cache gives the same logits.
@@ -149,10 +156,13 @@ TEST(Golden, LogitsAtPositions0To6MatchRunC) {
       ASSERT_TRUE(kv->allocate(0, 1));
       const SeqId s = 0;
       const int32_t row = 0;
-      m->forward(*be, {std::span(&tokens[static_cast<size_t>(p)], 1), std::span(&p, 1), std::span(&s, 1), std::span(&row, 1)},
+      m->forward(*be,
+                 {std::span(&tokens[static_cast<size_t>(p)], 1), std::span(&p, 1), std::span(&s, 1),
+                  std::span(&row, 1)},
                  *kv, logits);
       for (int32_t v = 0; v < V; ++v)
-        ASSERT_NEAR(logits[static_cast<size_t>(v)], expected[static_cast<size_t>(p)][static_cast<size_t>(v)], 1e-4)
+        ASSERT_NEAR(logits[static_cast<size_t>(v)], expected[static_cast<size_t>(p)][static_cast<size_t>(v)],
+                    1e-4)
             << "decode pos " << p << " token " << v;
     }
   }
@@ -173,8 +183,10 @@ TEST(Golden, TinyRandomLlama2F16LoadsAndGenerates) {
   const auto r = p->generate(req);
   EXPECT_EQ(r.prompt_tokens.front(), 1);
   EXPECT_FALSE(r.tokens.empty());
-  for (TokenId t : r.tokens) EXPECT_TRUE(t >= 0 && t < 32000);
-  for (float lp : r.logprobs) EXPECT_TRUE(std::isfinite(lp));
+  for (TokenId t : r.tokens)
+    EXPECT_TRUE(t >= 0 && t < 32000);
+  for (float lp : r.logprobs)
+    EXPECT_TRUE(std::isfinite(lp));
   // Seeded sampling is reproducible.
   const auto r2 = p->generate(req);
   EXPECT_EQ(r.tokens, r2.tokens);
@@ -185,7 +197,7 @@ TEST(Golden, ExtraModelsNotTunedToStories260K) {
     const auto path = test::models_dir() / rel;
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "model file missing: " << path.string();
     PipelineConfig cfg = greedy_config(path.string());
-    cfg.model.n_ctx = 0;  // the model's own context
+    cfg.model.n_ctx = 0; // the model's own context
     auto p = Pipeline::create(cfg);
     GenerationRequest req;
     req.prompt = "Once upon a time";
@@ -201,15 +213,17 @@ TEST(Golden, CliRunPrintsRunCText) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   const char* bin = std::getenv("LOOM_BIN");
   if (!bin || !std::filesystem::exists(bin)) GTEST_SKIP() << "LOOM_BIN not set to the loom executable";
-  const std::string cmd = std::string(bin) + " run -m '" + model.string() + "' -p 'Once upon a time' -n 60 --temp 0 2>/dev/null";
+  const std::string cmd =
+      std::string(bin) + " run -m '" + model.string() + "' -p 'Once upon a time' -n 60 --temp 0 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;
   char buf[4096];
   size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    out.append(buf, n);
   EXPECT_EQ(pclose(f), 0);
   EXPECT_EQ(out, test::read_file(test::models_dir() / "reference" / "once_upon_a_time.n64.txt"));
 }
 
-}  // namespace
+} // namespace

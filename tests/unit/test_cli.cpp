@@ -1,18 +1,17 @@
 // The `loom` executable: exit codes (0 ok, 1 error, 2 usage), one-line errors, --json shapes.
-#include <gtest/gtest.h>
-#include <sys/wait.h>
+#include "test_util.hpp"
 
 #include <algorithm>
 #include <cstdio>
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-
-#include "test_util.hpp"
+#include <sys/wait.h>
 
 namespace {
 
 struct Result {
   int code = -1;
-  std::string out;  // stdout + stderr
+  std::string out; // stdout + stderr
 };
 
 Result loom(const std::string& args) {
@@ -24,16 +23,16 @@ Result loom(const std::string& args) {
   if (!f) return r;
   char buf[4096];
   size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    r.out.append(buf, n);
   const int st = pclose(f);
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
 
-#define REQUIRE_BIN()                                                                                   \
-  if (!std::getenv("LOOM_BIN") || !std::filesystem::exists(std::getenv("LOOM_BIN")))                     \
+#define REQUIRE_BIN()                                                                                        \
+  if (!std::getenv("LOOM_BIN") || !std::filesystem::exists(std::getenv("LOOM_BIN")))                         \
   GTEST_SKIP() << "LOOM_BIN does not point to the loom executable"
-
 
 TEST(Cli, UsageErrorsExitTwo) {
   REQUIRE_BIN();
@@ -128,7 +127,8 @@ TEST(Cli, RunJsonHasEveryField) {
   EXPECT_EQ(j["text"], ", there was a little girl");
   EXPECT_EQ(j["logprobs"].size(), 8u);
   EXPECT_EQ(j["stop_reason"], "max_tokens");
-  for (const char* k : {"ttft_ms", "tpot_ms", "prefill_tok_s", "decode_tok_s"}) EXPECT_TRUE(j["metrics"].contains(k)) << k;
+  for (const char* k : {"ttft_ms", "tpot_ms", "prefill_tok_s", "decode_tok_s"})
+    EXPECT_TRUE(j["metrics"].contains(k)) << k;
   // Seeded sampling through the CLI is reproducible.
   const std::string cmd = "run -m " + model.string() + " -p 'The little dog' -n 20 --temp 1 --seed 5 --json";
   EXPECT_EQ(nlohmann::json::parse(loom(cmd).out)["tokens"], nlohmann::json::parse(loom(cmd).out)["tokens"]);
@@ -142,4 +142,4 @@ TEST(Cli, PromptLongerThanContextExitsOne) {
   EXPECT_NE(r.out.find("context holds 4"), std::string::npos) << r.out;
 }
 
-}  // namespace
+} // namespace

@@ -1,9 +1,9 @@
 // Pipeline TOML: validation messages name file, line, column and the expected form.
-#include <gtest/gtest.h>
-
 #include "loom/error.hpp"
 #include "loom/pipeline_config.hpp"
 #include "test_util.hpp"
+
+#include <gtest/gtest.h>
 
 namespace {
 
@@ -22,7 +22,8 @@ void expect_error(const std::string& toml, std::initializer_list<const char*> ne
                   const std::vector<ConfigOverride>& o = {}) {
   const std::string e = error_of(toml, o);
   ASSERT_FALSE(e.empty()) << "expected an error for:\n" << toml;
-  for (const char* n : needles) EXPECT_NE(e.find(n), std::string::npos) << "'" << n << "' not in: " << e;
+  for (const char* n : needles)
+    EXPECT_NE(e.find(n), std::string::npos) << "'" << n << "' not in: " << e;
 }
 
 TEST(Config, FullPipelineParses) {
@@ -79,7 +80,8 @@ TEST(Config, MalformedTomlNamesLineAndColumn) {
 }
 
 TEST(Config, UnknownKeysAndSections) {
-  expect_error("[model]\npath = \"m\"\npaht = \"x\"\n", {"p.toml:3:1", "unknown key 'paht'", "[model]", "path"});
+  expect_error("[model]\npath = \"m\"\npaht = \"x\"\n",
+               {"p.toml:3:1", "unknown key 'paht'", "[model]", "path"});
   expect_error("[modle]\npath = \"m\"\n", {"p.toml:1:", "unknown key 'modle'"});
   expect_error("[[sampler]]\nname = \"top_k\"\nkk = 3\n", {"p.toml:3:1", "unknown key 'kk'", "top_k"});
 }
@@ -119,7 +121,8 @@ TEST(Config, SetOverridesAnyKey) {
   c = parse_pipeline(base, "p.toml", {parse_override("backend.name=reference")});
   EXPECT_EQ(c.backend.name, "reference");
   // An overridden value is validated like any other, and the message says it came from --set.
-  expect_error(base, {"--set", "stop.max_tokens", "expected an integer"}, {parse_override("stop.max_tokens=lots")});
+  expect_error(base, {"--set", "stop.max_tokens", "expected an integer"},
+               {parse_override("stop.max_tokens=lots")});
   expect_error(base, {"--set", "unknown key 'nope'"}, {parse_override("stop.nope=1")});
   expect_error(base, {"sampler index 3"}, {parse_override("sampler.3.p=0.5")});
   EXPECT_THROW(parse_override("no-equals"), Error);
@@ -128,10 +131,10 @@ TEST(Config, SetOverridesAnyKey) {
 }
 
 TEST(Config, ToTomlRoundTrips) {
-  const auto c = parse_pipeline(
-      "[model]\npath = \"m.gguf\"\n[[sampler]]\nname = \"logit_bias\"\ntokens = [1, 2]\nvalues = [-1.0, 2.5]\n"
-      "[stop]\nstrings = [\"x\"]\n[run]\nseed = 5\n",
-      "p.toml");
+  const auto c = parse_pipeline("[model]\npath = \"m.gguf\"\n[[sampler]]\nname = \"logit_bias\"\ntokens = "
+                                "[1, 2]\nvalues = [-1.0, 2.5]\n"
+                                "[stop]\nstrings = [\"x\"]\n[run]\nseed = 5\n",
+                                "p.toml");
   const std::string t = to_toml(c);
   const auto c2 = parse_pipeline(t, "resolved.toml");
   EXPECT_EQ(to_toml(c2), t);
@@ -150,4 +153,4 @@ TEST(Config, MissingFileIsNotFound) {
   }
 }
 
-}  // namespace
+} // namespace

@@ -1,15 +1,14 @@
 // GGUF reader: metadata of every type, tensors, and hostile files (truncated, wrong magic/version,
 // absurd counts, flipped bytes) — each a loom::Error with an offset, never a crash.
-#include <gtest/gtest.h>
-
-#include <cstring>
-#include <random>
-
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
 #include "loom/tokenizer.hpp"
 #include "test_util.hpp"
+
+#include <cstring>
+#include <gtest/gtest.h>
+#include <random>
 
 namespace {
 
@@ -52,7 +51,8 @@ std::vector<uint8_t> small_file() {
   w.add("some.nested", outer);
   w.add_string_array("some.strings", {"a", "bc", ""});
   std::vector<float> data(64);
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i) * 0.5f;
+  for (size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<float>(i) * 0.5f;
   std::vector<uint8_t> bytes(data.size() * 4);
   std::memcpy(bytes.data(), data.data(), bytes.size());
   w.add_tensor("t.f32", DType::f32, {32, 2}, bytes);
@@ -93,7 +93,8 @@ TEST(Gguf, RoundTripsEveryValueType) {
   ASSERT_NE(q, nullptr);
   std::vector<float> back(64);
   dequantize_row(q->type, q->data, back.data(), 64);
-  for (int i = 0; i < 64; ++i) EXPECT_NEAR(back[static_cast<size_t>(i)], i * 0.5f, 31.5f / 127.0f);
+  for (int i = 0; i < 64; ++i)
+    EXPECT_NEAR(back[static_cast<size_t>(i)], i * 0.5f, 31.5f / 127.0f);
 }
 
 TEST(Gguf, TypedGettersNameTheKey) {
@@ -138,14 +139,14 @@ TEST(Gguf, AbsurdCountsAreRejectedBeforeAllocating) {
   auto bytes = small_file();
   auto b = bytes;
   const uint64_t huge = 0x7FFFFFFFFFFFFFFFull;
-  std::memcpy(b.data() + 8, &huge, 8);  // tensor count
+  std::memcpy(b.data() + 8, &huge, 8); // tensor count
   expect_parse_error(b, "tensor count");
   b = bytes;
-  std::memcpy(b.data() + 16, &huge, 8);  // kv count
+  std::memcpy(b.data() + 16, &huge, 8); // kv count
   expect_parse_error(b, "metadata count");
   // A string length larger than the file.
   b = bytes;
-  std::memcpy(b.data() + 24, &huge, 8);  // first key's length
+  std::memcpy(b.data() + 24, &huge, 8); // first key's length
   expect_parse_error(b, "string length");
 }
 
@@ -171,7 +172,8 @@ TEST(Gguf, FlippedBytesNeverCrash) {
   for (int iter = 0; iter < 3000; ++iter) {
     auto b = bytes;
     const int flips = 1 + static_cast<int>(rng() % 3);
-    for (int k = 0; k < flips; ++k) b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    for (int k = 0; k < flips; ++k)
+      b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
     try {
       const auto f = GgufFile::parse(b, "flip.gguf");
       for (const auto& t : f.tensors()) {
@@ -191,9 +193,12 @@ TEST(Gguf, RealModelTruncatedAndFlipped) {
   const uint64_t header = good.data_offset();
   // Every offset in the first KiB, then a stride through the header and the tensor data.
   std::vector<size_t> cuts;
-  for (size_t n = 0; n < 1024; ++n) cuts.push_back(n);
-  for (size_t n = 1024; n < header; n += 61) cuts.push_back(n);
-  for (size_t n = header; n < bytes.size(); n += 40009) cuts.push_back(n);
+  for (size_t n = 0; n < 1024; ++n)
+    cuts.push_back(n);
+  for (size_t n = 1024; n < header; n += 61)
+    cuts.push_back(n);
+  for (size_t n = header; n < bytes.size(); n += 40009)
+    cuts.push_back(n);
   cuts.push_back(bytes.size() - 1);
   for (size_t n : cuts) {
     std::vector<uint8_t> b(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
@@ -250,4 +255,4 @@ TEST(Gguf, ModelConfigRejectsNonModels) {
   EXPECT_THROW((void)ModelConfig::from_gguf(f), Error);
 }
 
-}  // namespace
+} // namespace

@@ -1,9 +1,9 @@
 // Pipeline behaviour around the edges: prompts that do not fit, bad parameters, stop rules end to end.
-#include <gtest/gtest.h>
-
 #include "loom/error.hpp"
 #include "loom/pipeline.hpp"
 #include "test_util.hpp"
+
+#include <gtest/gtest.h>
 
 namespace {
 
@@ -21,7 +21,8 @@ TEST(Pipeline, PromptLongerThanContextIsACleanStop) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   auto p = Pipeline::create(config_for(model));
   std::string prompt;
-  for (int i = 0; i < 100; ++i) prompt += "Once upon a time ";
+  for (int i = 0; i < 100; ++i)
+    prompt += "Once upon a time ";
   GenerationRequest req;
   req.prompt = prompt;
   const auto r = p->generate(req);
@@ -45,7 +46,7 @@ TEST(Pipeline, ContextFillsUpWithMaxContext) {
   req.prompt = "Once upon a time";
   const auto r = p->generate(req);
   EXPECT_EQ(r.stop_reason, StopReason::max_context);
-  EXPECT_EQ(r.prompt_tokens.size() + r.tokens.size(), 21u);  // the last sampled token needs no KV slot
+  EXPECT_EQ(r.prompt_tokens.size() + r.tokens.size(), 21u); // the last sampled token needs no KV slot
 }
 
 TEST(Pipeline, StopStringEndsTheRunAndIsNotStreamed) {
@@ -67,7 +68,7 @@ TEST(Pipeline, StopStringEndsTheRunAndIsNotStreamed) {
 TEST(Pipeline, StopTokenAndZeroBudget) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   auto cfg = config_for(model);
-  cfg.stop.token_ids = {13};  // "\n": greedy reaches it after "... too high."
+  cfg.stop.token_ids = {13}; // "\n": greedy reaches it after "... too high."
   cfg.stop.max_tokens = 100;
   auto p = Pipeline::create(cfg);
   GenerationRequest req;
@@ -138,4 +139,4 @@ TEST(Pipeline, SlidingWindowOfFullLengthEqualsStandard) {
   EXPECT_NE(a.tokens, small_p->generate(req).tokens);
 }
 
-}  // namespace
+} // namespace

@@ -1,17 +1,17 @@
 // loom/backend.hpp — one device that executes model graphs.
 #pragma once
 
+#include "loom/graph.hpp"
+#include "loom/kv_cache.hpp"
+
 #include <memory>
 #include <span>
 #include <string_view>
 
-#include "loom/graph.hpp"
-#include "loom/kv_cache.hpp"
-
 namespace loom {
 
 class Backend {
- public:
+public:
   virtual ~Backend() = default;
   virtual std::string_view name() const noexcept = 0;
   // Whether the backend can run this node (op + dtypes); the model falls back otherwise.
@@ -28,4 +28,4 @@ class Backend {
 // Plain, obviously-correct F32 C++: the ground truth of every test and the fallback for any op.
 std::unique_ptr<Backend> make_reference_backend();
 
-}  // namespace loom
+} // namespace loom

@@ -35,16 +35,16 @@ enum class DType : uint32_t {
 
 struct DTypeTraits {
   std::string_view name;
-  int64_t block_size;    // elements per block (1 for plain types)
-  size_t block_bytes;    // bytes per block
-  bool can_dequantize;   // loom can convert it to f32
+  int64_t block_size;  // elements per block (1 for plain types)
+  size_t block_bytes;  // bytes per block
+  bool can_dequantize; // loom can convert it to f32
 };
 
 // nullopt for an id GGML does not define (or that Loom does not know the size of).
 std::optional<DTypeTraits> dtype_traits(uint32_t id) noexcept;
 DTypeTraits dtype_traits(DType t) noexcept;
 std::string_view dtype_name(DType t) noexcept;
-std::optional<DType> dtype_from_name(std::string_view name) noexcept;  // "f32", "q4_0", ... (case-insensitive)
+std::optional<DType> dtype_from_name(std::string_view name) noexcept; // "f32", "q4_0", ... (case-insensitive)
 
 // Bytes of one row of n elements; n must be a multiple of the block size (checked by callers).
 size_t row_bytes(DType t, int64_t n) noexcept;
@@ -57,7 +57,7 @@ inline float bf16_to_fp32(uint16_t h) noexcept {
   __builtin_memcpy(&f, &u, 4);
   return f;
 }
-uint16_t fp32_to_bf16(float f) noexcept;  // round to nearest even, NaN kept
+uint16_t fp32_to_bf16(float f) noexcept; // round to nearest even, NaN kept
 
 // Converts n elements (a multiple of the block size) of type t at src into f32. Throws
 // loom::Error(unsupported) for a type that cannot be dequantized.
@@ -65,4 +65,4 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Quantizes n floats (a multiple of the block size) into type t (f32, f16, bf16, q8_0, q4_0).
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
 
-}  // namespace loom
+} // namespace loom

@@ -11,27 +11,27 @@
 namespace loom {
 
 enum class Errc {
-  invalid_argument,  // bad user input: CLI flag, sampling parameter, prompt
-  parse_error,       // malformed file: GGUF, TOML, JSON
-  not_found,         // missing file, key, tensor
-  unsupported,       // valid but not implemented: tensor type, architecture
-  abi_mismatch,      // plugin built for another ABI
-  out_of_memory,     // allocation refused
-  device_error,      // backend failure
-  internal,          // a bug in Loom
+  invalid_argument, // bad user input: CLI flag, sampling parameter, prompt
+  parse_error,      // malformed file: GGUF, TOML, JSON
+  not_found,        // missing file, key, tensor
+  unsupported,      // valid but not implemented: tensor type, architecture
+  abi_mismatch,     // plugin built for another ABI
+  out_of_memory,    // allocation refused
+  device_error,     // backend failure
+  internal,         // a bug in Loom
 };
 
 std::string_view errc_name(Errc c) noexcept;
 
 class Error : public std::runtime_error {
- public:
+public:
   Error(Errc code, std::string component, const std::string& message)
       : std::runtime_error(component.empty() ? message : component + ": " + message), code_(code),
         component_(std::move(component)) {}
   Errc code() const noexcept { return code_; }
   const std::string& component() const noexcept { return component_; }
 
- private:
+private:
   Errc code_;
   std::string component_;
 };
@@ -41,9 +41,9 @@ class Error : public std::runtime_error {
 // Programmer-error check: always on, aborts with file:line. Never used for input validation.
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept;
 
-}  // namespace loom
+} // namespace loom
 
-#define LOOM_ASSERT(cond, msg)                                                                          \
-  do {                                                                                                  \
-    if (!(cond)) ::loom::assert_fail(#cond, __FILE__, __LINE__, (msg));                                 \
+#define LOOM_ASSERT(cond, msg)                                                                               \
+  do {                                                                                                       \
+    if (!(cond)) ::loom::assert_fail(#cond, __FILE__, __LINE__, (msg));                                      \
   } while (0)

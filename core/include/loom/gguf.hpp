@@ -5,6 +5,8 @@
 // names the file, what is wrong and the byte offset — never a crash or a huge allocation.
 #pragma once
 
+#include "loom/dtype.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,8 +14,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "loom/dtype.hpp"
 
 namespace loom {
 
@@ -41,16 +41,16 @@ struct GgufValue {
   int64_t i = 0;
   uint64_t u = 0;
   double f = 0.0;
-  std::string str;              // type == string
-  GgufType elem_type = GgufType::u8;  // type == array
-  std::vector<GgufValue> items;       // type == array (arrays may nest)
+  std::string str;                   // type == string
+  GgufType elem_type = GgufType::u8; // type == array
+  std::vector<GgufValue> items;      // type == array (arrays may nest)
 
   bool is_integer() const noexcept;
   bool is_float() const noexcept { return type == GgufType::f32 || type == GgufType::f64; }
   // Integer value as int64 (nullopt when not an integer or a u64 above INT64_MAX).
   std::optional<int64_t> as_int() const noexcept;
   std::optional<double> as_number() const noexcept;  // integer or float
-  std::string to_string(size_t max_items = 8) const;  // for `loom inspect`
+  std::string to_string(size_t max_items = 8) const; // for `loom inspect`
 };
 
 struct GgufKV {
@@ -61,17 +61,17 @@ struct GgufKV {
 struct GgufTensor {
   std::string name;
   DType type = DType::f32;
-  std::vector<int64_t> ne;  // dims, ne[0] is the fastest-varying (row length)
+  std::vector<int64_t> ne; // dims, ne[0] is the fastest-varying (row length)
   int64_t n_elements = 0;
-  uint64_t offset = 0;      // absolute byte offset in the file
+  uint64_t offset = 0; // absolute byte offset in the file
   uint64_t n_bytes = 0;
-  const uint8_t* data = nullptr;  // points into the mapping; valid while the GgufFile lives
+  const uint8_t* data = nullptr; // points into the mapping; valid while the GgufFile lives
 
   int64_t rows() const noexcept { return ne.empty() ? 0 : n_elements / ne[0]; }
 };
 
 class GgufFile {
- public:
+public:
   // Maps the file read-only and parses it. Throws loom::Error naming `path`.
   static GgufFile open(const std::string& path);
   // Parses bytes that stay owned by the caller (fuzzing, tests). `name` appears in messages.
@@ -105,7 +105,7 @@ class GgufFile {
   // Array of elem type: throws when present with another type. nullptr when missing.
   const GgufValue* get_array(std::string_view key, GgufType elem) const;
 
- private:
+private:
   GgufFile() = default;
   struct Mapping;
   void parse_all();
@@ -122,7 +122,7 @@ class GgufFile {
 
 // Writer: builds a GGUF v3 file (used by `loom synth`, tests and fuzz seeds).
 class GgufWriter {
- public:
+public:
   void add(std::string key, GgufValue value);
   void add_string(std::string key, std::string v);
   void add_u32(std::string key, uint32_t v);
@@ -135,7 +135,7 @@ class GgufWriter {
   std::vector<uint8_t> serialize(uint32_t alignment = 32) const;
   void write(const std::string& path, uint32_t alignment = 32) const;
 
- private:
+private:
   struct T {
     std::string name;
     DType type;
@@ -146,4 +146,4 @@ class GgufWriter {
   std::vector<T> tensors_;
 };
 
-}  // namespace loom
+} // namespace loom

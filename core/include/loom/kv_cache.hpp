@@ -5,14 +5,14 @@
 // expected outcome: the caller stops or preempts the request, it is not an error).
 #pragma once
 
+#include "loom/dtype.hpp"
+#include "loom/types.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
-
-#include "loom/dtype.hpp"
-#include "loom/types.hpp"
 
 namespace loom {
 
@@ -27,7 +27,7 @@ struct KVShape {
 };
 
 class KVCacheStore {
- public:
+public:
   virtual ~KVCacheStore() = default;
   virtual std::string_view name() const noexcept = 0;
   virtual const KVShape& shape() const noexcept = 0;
@@ -40,18 +40,18 @@ class KVCacheStore {
   virtual bool fork(SeqId parent, SeqId child) = 0;
   // Keeps the first n positions of seq (speculative rollback).
   virtual void truncate(SeqId seq, int32_t n) = 0;
-  virtual int32_t length(SeqId seq) const noexcept = 0;  // 0 for an unknown sequence
+  virtual int32_t length(SeqId seq) const noexcept = 0; // 0 for an unknown sequence
   virtual bool contains(SeqId seq) const noexcept = 0;
 
   // Row of n_head_kv · head_dim f32 values for (layer, seq, pos); pos < length(seq).
   virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
   virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
 
-  virtual size_t bytes_allocated() const noexcept = 0;  // storage currently held
-  virtual size_t bytes_capacity() const noexcept = 0;   // storage if every slot were used
+  virtual size_t bytes_allocated() const noexcept = 0; // storage currently held
+  virtual size_t bytes_capacity() const noexcept = 0;  // storage if every slot were used
 };
 
 // f32 contiguous store. Slabs are allocated when a sequence is first created.
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape);
 
-}  // namespace loom
+} // namespace loom

@@ -2,22 +2,22 @@
 // Backend executes it, so backends plug in without touching the model.
 #pragma once
 
-#include <map>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-
 #include "loom/backend.hpp"
 #include "loom/gguf.hpp"
 #include "loom/graph.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model_config.hpp"
 
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
 namespace loom {
 
 class Model {
- public:
+public:
   // Maps the GGUF file and validates its architecture and tensor shapes. Throws loom::Error.
   static std::unique_ptr<Model> load(const std::string& path);
 
@@ -37,7 +37,7 @@ class Model {
     graphs_.clear();
   }
 
- private:
+private:
   explicit Model(GgufFile f);
   Graph build_llama(int32_t n_tokens, int32_t n_outputs) const;
 
@@ -47,4 +47,4 @@ class Model {
   int32_t window_ = 0;
 };
 
-}  // namespace loom
+} // namespace loom

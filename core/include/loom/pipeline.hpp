@@ -2,14 +2,6 @@
 // sampler chain + stop rules. Read core/src/pipeline.cpp first: it is a request's whole path.
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
 #include "loom/backend.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
@@ -18,34 +10,42 @@
 #include "loom/stop.hpp"
 #include "loom/tokenizer.hpp"
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
 namespace loom {
 
 struct GenerationMetrics {
-  double ttft_ms = 0;        // request start → first token sampled (tokenize + prefill + sample)
-  double tpot_ms = 0;        // mean time per output token after the first
-  double prefill_tok_s = 0;  // prompt tokens / prefill time
-  double decode_tok_s = 0;   // tokens after the first / their time
+  double ttft_ms = 0;       // request start → first token sampled (tokenize + prefill + sample)
+  double tpot_ms = 0;       // mean time per output token after the first
+  double prefill_tok_s = 0; // prompt tokens / prefill time
+  double decode_tok_s = 0;  // tokens after the first / their time
   double total_ms = 0;
   int32_t n_prompt = 0;
   int32_t n_generated = 0;
 };
 
 struct GenerationRequest {
-  std::string prompt;                               // text, tokenized with the pipeline's [run] settings
-  std::optional<std::vector<TokenId>> prompt_tokens;  // used instead of `prompt` when set
-  std::optional<int32_t> max_new_tokens;           // overrides [stop] max_tokens
-  std::optional<uint64_t> seed;                    // overrides [run] seed
+  std::string prompt;                                // text, tokenized with the pipeline's [run] settings
+  std::optional<std::vector<TokenId>> prompt_tokens; // used instead of `prompt` when set
+  std::optional<int32_t> max_new_tokens;             // overrides [stop] max_tokens
+  std::optional<uint64_t> seed;                      // overrides [run] seed
 };
 
 struct GenerationResult {
-  std::vector<TokenId> prompt_tokens;  // BOS included
-  std::vector<TokenId> tokens;         // generated ids (an EOS that stopped the run included)
-  std::string text;                    // generated text as streamed (stop string and EOS excluded)
-  std::vector<float> logprobs;         // per generated token, under the model's raw distribution
+  std::vector<TokenId> prompt_tokens; // BOS included
+  std::vector<TokenId> tokens;        // generated ids (an EOS that stopped the run included)
+  std::string text;                   // generated text as streamed (stop string and EOS excluded)
+  std::vector<float> logprobs;        // per generated token, under the model's raw distribution
   StopReason stop_reason = StopReason::none;
-  std::string stop_string;             // the stop string that matched
-  std::string message;                 // why the request ended early (e.g. the prompt did not fit)
-  uint64_t seed = 0;                   // the seed the sampler RNG used
+  std::string stop_string; // the stop string that matched
+  std::string message;     // why the request ended early (e.g. the prompt did not fit)
+  uint64_t seed = 0;       // the seed the sampler RNG used
   GenerationMetrics metrics;
 };
 
@@ -53,13 +53,13 @@ struct GenerationResult {
 using StreamCallback = std::function<void(std::string_view text)>;
 
 struct MemoryReport {
-  uint64_t weights = 0;      // tensor bytes of the model as stored
-  uint64_t kv = 0;           // KV cache capacity
-  uint64_t activations = 0;  // activations + workspace of the last forward
+  uint64_t weights = 0;     // tensor bytes of the model as stored
+  uint64_t kv = 0;          // KV cache capacity
+  uint64_t activations = 0; // activations + workspace of the last forward
 };
 
 class Pipeline {
- public:
+public:
   // Loads the model and tokenizer and builds every component the config names. Throws loom::Error
   // for anything the config asks that is unavailable or invalid.
   static std::unique_ptr<Pipeline> create(const PipelineConfig& cfg);
@@ -71,9 +71,9 @@ class Pipeline {
   const Tokenizer& tokenizer() const noexcept { return *tok_; }
   int32_t n_ctx() const noexcept { return n_ctx_; }
   MemoryReport memory() const noexcept;
-  std::vector<TokenId> tokenize(std::string_view text) const;  // with the [run] BOS/special settings
+  std::vector<TokenId> tokenize(std::string_view text) const; // with the [run] BOS/special settings
 
- private:
+private:
   Pipeline() = default;
   PipelineConfig cfg_;
   std::unique_ptr<Model> model_;
@@ -84,4 +84,4 @@ class Pipeline {
   int32_t n_ctx_ = 0;
 };
 
-}  // namespace loom
+} // namespace loom

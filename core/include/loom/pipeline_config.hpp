@@ -5,58 +5,58 @@
 // key before validation (the value is a TOML literal; a bare word that is not one is a string).
 #pragma once
 
+#include "loom/sampler.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "loom/sampler.hpp"
-
 namespace loom {
 
 struct PipelineConfig {
-  std::string source = "<defaults>";  // the file the config came from (for messages)
+  std::string source = "<defaults>"; // the file the config came from (for messages)
 
   struct ModelSection {
-    std::string path;        // GGUF file; relative paths: current directory, else the pipeline's directory
-    int32_t n_ctx = 0;       // context window; 0 = the model's training context, capped at 4096
+    std::string path;  // GGUF file; relative paths: current directory, else the pipeline's directory
+    int32_t n_ctx = 0; // context window; 0 = the model's training context, capped at 4096
   } model;
   struct BackendSection {
-    std::string name = "reference";  // "reference" is built in
-    int32_t threads = 0;             // 0 = all cores
+    std::string name = "reference"; // "reference" is built in
+    int32_t threads = 0;            // 0 = all cores
   } backend;
   struct AttentionSection {
-    std::string variant = "standard";  // standard | sliding_window
-    std::string kernel = "naive";      // naive | flash
-    int32_t window = 0;                // sliding_window: tokens attended (incl. the current one)
+    std::string variant = "standard"; // standard | sliding_window
+    std::string kernel = "naive";     // naive | flash
+    int32_t window = 0;               // sliding_window: tokens attended (incl. the current one)
   } attention;
   struct KVCacheSection {
-    std::string store = "contiguous";  // contiguous | paged
+    std::string store = "contiguous"; // contiguous | paged
     int32_t block_size = 16;
     std::string dtype = "f32";
-    int32_t max_tokens = 0;            // 0 = n_ctx × max sequences
+    int32_t max_tokens = 0; // 0 = n_ctx × max sequences
   } kv_cache;
   struct DecoderSection {
-    std::string name = "sample";       // built-in: sample (greedy or sampling, per the chain)
+    std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain)
   } decoder;
-  std::vector<SamplerSpec> samplers;   // [[sampler]] in order; empty = the default chain
+  std::vector<SamplerSpec> samplers; // [[sampler]] in order; empty = the default chain
   struct StopSection {
-    int32_t max_tokens = 128;          // new tokens; -1 = until the context is full
+    int32_t max_tokens = 128; // new tokens; -1 = until the context is full
     std::vector<std::string> strings;
     std::vector<int64_t> token_ids;
     bool eos = true;
-    int64_t timeout_ms = 0;            // 0 = none
+    int64_t timeout_ms = 0; // 0 = none
   } stop;
   struct RunSection {
-    std::optional<uint64_t> seed;      // unset = random (the result reports the seed used)
-    std::optional<bool> add_bos;       // unset = as the model's metadata says
-    bool parse_special = false;        // match special-token text in prompts
-    bool echo = true;                  // `loom run` streams the prompt before the generation
+    std::optional<uint64_t> seed; // unset = random (the result reports the seed used)
+    std::optional<bool> add_bos;  // unset = as the model's metadata says
+    bool parse_special = false;   // match special-token text in prompts
+    bool echo = true;             // `loom run` streams the prompt before the generation
   } run;
   struct PluginsSection {
-    std::vector<std::string> paths;    // extra plugin directories
+    std::vector<std::string> paths; // extra plugin directories
   } plugins;
-  std::string base_dir;                // directory of the pipeline file ("" for none)
+  std::string base_dir; // directory of the pipeline file ("" for none)
 
   // Resolved model path (see ModelSection::path).
   std::string resolved_model_path() const;
@@ -67,7 +67,7 @@ struct ConfigOverride {
   std::string key;
   std::string value;
 };
-ConfigOverride parse_override(const std::string& arg);  // throws on a missing '=' or empty key
+ConfigOverride parse_override(const std::string& arg); // throws on a missing '=' or empty key
 
 // Parses TOML text; `source` names it in messages.
 PipelineConfig parse_pipeline(const std::string& text, const std::string& source,
@@ -78,4 +78,4 @@ PipelineConfig apply_overrides(const PipelineConfig& base, const std::vector<Con
 // The resolved pipeline as TOML, every key shown (`loom config show`).
 std::string to_toml(const PipelineConfig& cfg);
 
-}  // namespace loom
+} // namespace loom

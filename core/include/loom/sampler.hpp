@@ -7,6 +7,8 @@
 // division by zero), so a chain with temperature 0 is deterministic whatever follows.
 #pragma once
 
+#include "loom/types.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -17,24 +19,22 @@
 #include <variant>
 #include <vector>
 
-#include "loom/types.hpp"
-
 namespace loom {
 
 struct TokenData {
   TokenId id;
   float logit;
-  float p;  // probability; valid after a softmax was applied (see Candidates::has_probs)
+  float p; // probability; valid after a softmax was applied (see Candidates::has_probs)
 };
 
 // The candidate list one sampling step works on (llama_token_data_array).
 struct Candidates {
   std::vector<TokenData> data;
-  bool sorted = false;     // data sorted by logit, descending
-  bool has_probs = false;  // p holds softmax(logit) over `data`
-  int64_t selected = -1;   // index into data once a selecting sampler ran
+  bool sorted = false;    // data sorted by logit, descending
+  bool has_probs = false; // p holds softmax(logit) over `data`
+  int64_t selected = -1;  // index into data once a selecting sampler ran
 
-  static Candidates from_logits(std::span<const float> logits);  // ids 0..n-1, unsorted
+  static Candidates from_logits(std::span<const float> logits); // ids 0..n-1, unsorted
   void sort_desc();                                             // by logit, stable (ties: lower id first)
   void softmax();                                               // p = softmax(logit), sorts first
 };
@@ -42,39 +42,40 @@ struct Candidates {
 // Per-request state a sampler may read: token history (for penalties) and the request's RNG.
 // The RNG is owned by the request, so a request's tokens never depend on its batch-mates.
 struct SamplerContext {
-  std::span<const TokenId> prompt;     // prompt tokens (BOS included)
-  std::span<const TokenId> generated;  // tokens generated so far
-  std::mt19937_64* rng = nullptr;      // required by `dist`
+  std::span<const TokenId> prompt;    // prompt tokens (BOS included)
+  std::span<const TokenId> generated; // tokens generated so far
+  std::mt19937_64* rng = nullptr;     // required by `dist`
 };
 
 class Sampler {
- public:
+public:
   virtual ~Sampler() = default;
   virtual std::string_view name() const noexcept = 0;
-  virtual void apply(Candidates& c, SamplerContext& ctx) = 0;  // filter/transform, or select (sets c.selected)
-  virtual void accept(TokenId /*token*/) {}                    // stateful samplers
+  virtual void apply(Candidates& c, SamplerContext& ctx) = 0; // filter/transform, or select (sets c.selected)
+  virtual void accept(TokenId /*token*/) {}                   // stateful samplers
   virtual void reset() {}
   virtual std::unique_ptr<Sampler> clone() const = 0;
-  virtual bool selects() const noexcept { return false; }      // true for greedy / dist
+  virtual bool selects() const noexcept { return false; } // true for greedy / dist
 };
 
 // Parameter values as they come from TOML (or the CLI).
-using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+using ParamValue =
+    std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
 
 struct SamplerSpec {
-  std::string name;                                        // "top_k", "temperature", ...
-  std::vector<std::pair<std::string, ParamValue>> params;  // key = value, in file order
+  std::string name;                                       // "top_k", "temperature", ...
+  std::vector<std::pair<std::string, ParamValue>> params; // key = value, in file order
 };
 
 // What a parameter accepts — the pipeline validator reads this to name the expected form.
 struct ParamSchema {
   std::string key;
   enum class Kind { boolean, integer, number, int_list, number_list } kind;
-  double min = 0, max = 0;    // inclusive bounds unless *_open
+  double min = 0, max = 0; // inclusive bounds unless *_open
   bool min_open = false, max_open = false;
   bool has_min = false, has_max = false;
   bool required = false;
-  std::string help;           // "k ≥ 0 (0 = keep all)"
+  std::string help; // "k ≥ 0 (0 = keep all)"
 };
 
 // The accepted form of a parameter in words, for "expected ..." messages: "an integer ≥ 0",
@@ -98,11 +99,11 @@ const std::vector<SamplerInfo>& builtin_samplers();
 std::unique_ptr<Sampler> create_sampler(const SamplerSpec& spec);
 
 class SamplerChain final : public Sampler {
- public:
+public:
   SamplerChain() = default;
-  void add(std::unique_ptr<Sampler> s);  // takes ownership
+  void add(std::unique_ptr<Sampler> s); // takes ownership
   std::string_view name() const noexcept override { return "chain"; }
-  void apply(Candidates& c, SamplerContext& ctx) override;  // runs all; appends dist if none selected
+  void apply(Candidates& c, SamplerContext& ctx) override; // runs all; appends dist if none selected
   void accept(TokenId token) override;
   void reset() override;
   std::unique_ptr<Sampler> clone() const override;
@@ -113,7 +114,7 @@ class SamplerChain final : public Sampler {
   // Convenience: candidates from logits, apply, return the selected id.
   TokenId sample(std::span<const float> logits, SamplerContext& ctx);
 
- private:
+private:
   std::vector<std::unique_ptr<Sampler>> samplers_;
 };
 
@@ -130,9 +131,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   int32_t penalty_last_n = 64;
 };
-SamplerChain make_default_chain(const SamplingParams& p);  // throws on out-of-range values
+SamplerChain make_default_chain(const SamplingParams& p); // throws on out-of-range values
 
 // Log-probability of `token` under softmax(logits) (the model's raw distribution).
 float token_logprob(std::span<const float> logits, TokenId token);
 
-}  // namespace loom
+} // namespace loom

@@ -8,14 +8,14 @@
 // Control/special tokens are matched in the text only when EncodeOptions::parse_special is set.
 #pragma once
 
+#include "loom/types.hpp"
+
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "loom/types.hpp"
 
 namespace loom {
 
@@ -33,28 +33,28 @@ enum class TokenType : int32_t {
 };
 
 struct EncodeOptions {
-  std::optional<bool> add_bos;  // nullopt: as the model's metadata says (tokenizer.ggml.add_bos_token)
-  std::optional<bool> add_eos;  // nullopt: as the model's metadata says (tokenizer.ggml.add_eos_token)
-  bool parse_special = false;   // match control / user-defined token texts like "<s>", "<|eot_id|>"
+  std::optional<bool> add_bos; // nullopt: as the model's metadata says (tokenizer.ggml.add_bos_token)
+  std::optional<bool> add_eos; // nullopt: as the model's metadata says (tokenizer.ggml.add_eos_token)
+  bool parse_special = false;  // match control / user-defined token texts like "<s>", "<|eot_id|>"
 };
 
 // State of incremental detokenization for one sequence. Bytes of an incomplete UTF-8 character
 // wait in `pending` until the character is complete.
 struct DecodeState {
-  std::string pending;   // incomplete UTF-8 tail, not yet emitted
-  bool at_start = true;  // nothing emitted yet for this sequence (SPM strips the prefix space here)
+  std::string pending;  // incomplete UTF-8 tail, not yet emitted
+  bool at_start = true; // nothing emitted yet for this sequence (SPM strips the prefix space here)
 };
 
 class Tokenizer {
- public:
+public:
   virtual ~Tokenizer() = default;
 
   // Builds the tokenizer the GGUF metadata describes. Throws loom::Error (parse_error or
   // unsupported) naming the key that is missing, malformed or unknown.
   static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& f);
 
-  virtual std::string_view model() const noexcept = 0;  // "llama" | "gpt2"
-  virtual std::string_view pre() const noexcept = 0;    // pre-tokenizer name ("default" if none)
+  virtual std::string_view model() const noexcept = 0; // "llama" | "gpt2"
+  virtual std::string_view pre() const noexcept = 0;   // pre-tokenizer name ("default" if none)
 
   // Encodes UTF-8 text (invalid UTF-8 is encoded byte-wise, never rejected or crashing).
   virtual std::vector<TokenId> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
@@ -68,12 +68,12 @@ class Tokenizer {
   virtual void decode_flush(DecodeState& st, std::string& out) const = 0;
 
   virtual int32_t vocab_size() const noexcept = 0;
-  virtual const std::string& piece(TokenId id) const = 0;  // raw vocabulary string (throws if out of range)
+  virtual const std::string& piece(TokenId id) const = 0; // raw vocabulary string (throws if out of range)
   virtual TokenType token_type(TokenId id) const noexcept = 0;
   virtual float score(TokenId id) const noexcept = 0;
 
-  virtual TokenId bos() const noexcept = 0;  // -1 if none
-  virtual TokenId eos() const noexcept = 0;  // -1 if none
+  virtual TokenId bos() const noexcept = 0; // -1 if none
+  virtual TokenId eos() const noexcept = 0; // -1 if none
   // End-of-generation tokens: EOS, EOT (tokenizer.ggml.eot_token_id), EOM and control tokens whose
   // text is a known end marker (<|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn> …).
   virtual const std::vector<TokenId>& eog_tokens() const noexcept = 0;
@@ -82,4 +82,4 @@ class Tokenizer {
   virtual bool add_eos_default() const noexcept = 0;
 };
 
-}  // namespace loom
+} // namespace loom

@@ -5,8 +5,8 @@
 
 namespace loom {
 
-using TokenId = int32_t;  // index into the vocabulary
-using SeqId = int32_t;    // one sequence (a request has one or more: beams, samples)
-using Pos = int32_t;      // position in a sequence, 0-based
+using TokenId = int32_t; // index into the vocabulary
+using SeqId = int32_t;   // one sequence (a request has one or more: beams, samples)
+using Pos = int32_t;     // position in a sequence, 0-based
 
-}  // namespace loom
+} // namespace loom

@@ -2,10 +2,10 @@
 // against. Standard (causal) and sliding-window variants; MHA/MQA/GQA follow from n_head_kv.
 #pragma once
 
-#include <cstdint>
-
 #include "loom/graph.hpp"
 #include "loom/kv_cache.hpp"
+
+#include <cstdint>
 
 namespace loom::attention {
 
@@ -18,4 +18,4 @@ namespace loom::attention {
 void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
                          const SeqId* seq, KVCacheStore& kv, float* out);
 
-}  // namespace loom::attention
+} // namespace loom::attention
