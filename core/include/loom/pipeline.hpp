@@ -3,6 +3,7 @@
 #pragma once
 
 #include "loom/backend.hpp"
+#include "loom/engine.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
 #include "loom/pipeline_config.hpp"
@@ -20,37 +21,12 @@
 
 namespace loom {
 
-struct GenerationMetrics {
-  double ttft_ms = 0;       // request start → first token sampled (tokenize + prefill + sample)
-  double tpot_ms = 0;       // mean time per output token after the first
-  double prefill_tok_s = 0; // prompt tokens / prefill time
-  double decode_tok_s = 0;  // tokens after the first / their time
-  double total_ms = 0;
-  int32_t n_prompt = 0;
-  int32_t n_generated = 0;
-};
-
 struct GenerationRequest {
   std::string prompt;                                // text, tokenized with the pipeline's [run] settings
   std::optional<std::vector<TokenId>> prompt_tokens; // used instead of `prompt` when set
   std::optional<int32_t> max_new_tokens;             // overrides [stop] max_tokens
   std::optional<uint64_t> seed;                      // overrides [run] seed
 };
-
-struct GenerationResult {
-  std::vector<TokenId> prompt_tokens; // BOS included
-  std::vector<TokenId> tokens;        // generated ids (an EOS that stopped the run included)
-  std::string text;                   // generated text as streamed (stop string and EOS excluded)
-  std::vector<float> logprobs;        // per generated token, under the model's raw distribution
-  StopReason stop_reason = StopReason::none;
-  std::string stop_string; // the stop string that matched
-  std::string message;     // why the request ended early (e.g. the prompt did not fit)
-  uint64_t seed = 0;       // the seed the sampler RNG used
-  GenerationMetrics metrics;
-};
-
-// Called with text as it becomes final (never held-back stop-string candidates).
-using StreamCallback = std::function<void(std::string_view text)>;
 
 struct MemoryReport {
   uint64_t weights = 0;     // tensor bytes of the model as stored
@@ -64,7 +40,14 @@ public:
   // for anything the config asks that is unavailable or invalid.
   static std::unique_ptr<Pipeline> create(const PipelineConfig& cfg);
 
+  // One request, start to end (submit + step until it finishes).
   GenerationResult generate(const GenerationRequest& req, const StreamCallback& on_text = {});
+  // Many requests through the engine, at most `parallel` at a time; results in input order.
+  std::vector<GenerationResult> generate_all(const std::vector<GenerationRequest>& reqs, size_t parallel,
+                                             const StreamCallback& on_text = {});
+  // The underlying engine (submit / step / cancel) for callers that drive the loop themselves.
+  Engine& engine() noexcept { return *engine_; }
+  RequestId submit(const GenerationRequest& req, StreamCallback on_text = {});
 
   const PipelineConfig& config() const noexcept { return cfg_; }
   const Model& model() const noexcept { return *model_; }
@@ -81,7 +64,9 @@ private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KVCacheStore> kv_;
   SamplerChain chain_;
+  std::unique_ptr<Engine> engine_;
   int32_t n_ctx_ = 0;
+  int32_t n_seq_max_ = 0;
 };
 
 } // namespace loom
