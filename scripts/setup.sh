@@ -22,7 +22,7 @@ done
 # Debian packages (see ../shared/docs/DEPENDENCIES.md for why each is here).
 packages=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-dev
   libdnnl-dev ocl-icd-opencl-dev libboost-dev libboost-program-options-dev
-  libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev nlohmann-json3-dev
+  libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format)
 missing=()
 for p in "${packages[@]}"; do

@@ -32,5 +32,6 @@ int cmd_run(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_config(const std::vector<std::string>& args);
+int cmd_plugins(const std::vector<std::string>& args);
 
 } // namespace loom::cli

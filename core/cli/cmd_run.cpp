@@ -16,8 +16,9 @@ namespace loom::cli {
 namespace {
 
 constexpr const char* k_run_usage =
-    "usage: loom run (-c PIPELINE.toml | -m MODEL.gguf) -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-    "                [--min-p P] [--seed S] [--ignore-eos] [--set section.key=value]... [--json]\n"
+    "usage: loom run (-c PIPELINE.toml | -m MODEL.gguf) (-p TEXT | -f FILE | --prompts FILE [--parallel N])\n"
+    "                [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
+    "                [--decoder NAME] [--plugin-path DIR]... [--set section.key=value]... [--json]\n"
     "Generates text and streams it (the prompt is echoed first unless --no-echo). -n counts new tokens.\n"
     "Sampling flags edit the pipeline's [[sampler]] chain (default chain: top_k 40, top_p 0.95, min_p 0.05,\n"
     "temperature 0.8, as llama.cpp); --temp 0 is greedy.";
@@ -64,6 +65,15 @@ nlohmann::json to_json(const GenerationResult& r) {
   j["logprobs"] = lp;
   j["stop_reason"] = std::string(stop_reason_name(r.stop_reason));
   if (!r.stop_string.empty()) j["stop_string"] = r.stop_string;
+  if (r.n_best.size() > 1) {
+    nlohmann::json nb = nlohmann::json::array();
+    for (const auto& h : r.n_best)
+      nb.push_back({{"tokens", h.tokens},
+                    {"text", h.text},
+                    {"score", h.score},
+                    {"stop_reason", std::string(stop_reason_name(h.stop_reason))}});
+    j["n_best"] = nb;
+  }
   if (!r.message.empty()) j["message"] = r.message;
   j["seed"] = r.seed;
   j["metrics"] = {{"ttft_ms", r.metrics.ttft_ms},
@@ -98,16 +108,25 @@ int cmd_run(const std::vector<std::string>& args) {
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
     ("no-echo", "do not print the prompt before the generated text")
     ("special", "parse special-token text (e.g. <s>) in the prompt")
-    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics)");
+    ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
+    ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
+    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
+             "--prompts one object per line, in input order");
   // clang-format on
   po::variables_map vm;
   if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
   if (!vm.count("config") && !vm.count("model"))
     throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
-  if (vm.count("prompt") && vm.count("file")) throw UsageError("give the prompt with -p or -f, not both");
-  if (!vm.count("prompt") && !vm.count("file")) throw UsageError("give a prompt with -p TEXT (or -f FILE)");
+  const int n_sources = static_cast<int>(vm.count("prompt") + vm.count("file") + vm.count("prompts"));
+  if (n_sources > 1) throw UsageError("give the prompt with one of -p, -f or --prompts");
+  if (n_sources == 0) throw UsageError("give a prompt with -p TEXT (or -f FILE, or --prompts FILE)");
+  if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
 
   std::vector<ConfigOverride> overrides;
+  if (vm.count("decoder")) // first, so that --set decoder.KEY=V applies to this decoder
+    overrides.push_back({"decoder.name", nlohmann::json(vm["decoder"].as<std::string>()).dump()});
   if (vm.count("set"))
     for (const auto& s : vm["set"].as<std::vector<std::string>>())
       overrides.push_back(parse_override(s));
@@ -135,6 +154,9 @@ int cmd_run(const std::vector<std::string>& args) {
   if (vm.count("ignore-eos")) cfg.stop.eos = false;
   if (vm.count("special")) cfg.run.parse_special = true;
   if (vm.count("no-echo")) cfg.run.echo = false;
+  if (vm.count("plugin-path"))
+    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
+      cfg.plugins.paths.push_back(d);
 
   if (vm.count("temp") || vm.count("top-k") || vm.count("top-p") || vm.count("min-p")) {
     std::vector<SamplerSpec> chain = cfg.samplers.empty() ? default_chain_specs() : cfg.samplers;
@@ -161,6 +183,35 @@ int cmd_run(const std::vector<std::string>& args) {
     for (const auto& s : chain)
       (void)create_sampler(s); // validate
     cfg.samplers = chain;
+  }
+
+  if (vm.count("prompts")) {
+    const std::string path = vm["prompts"].as<std::string>();
+    std::ifstream f(path);
+    if (!f) fail(Errc::not_found, "run", "cannot read prompts file '" + path + "'");
+    std::vector<GenerationRequest> reqs;
+    std::string line;
+    while (std::getline(f, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      GenerationRequest r;
+      r.prompt = line;
+      reqs.push_back(std::move(r));
+    }
+    auto pipeline = Pipeline::create(cfg);
+    const auto results = pipeline->generate_all(reqs, static_cast<size_t>(vm["parallel"].as<int>()));
+    int rc = k_exit_ok;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (vm.count("json")) {
+        std::cout << to_json(results[i]).dump() << "\n";
+      } else {
+        std::cout << reqs[i].prompt << results[i].text << "\n";
+      }
+      if (!results[i].message.empty()) {
+        std::cerr << "loom: prompt " << i + 1 << ": " << results[i].message << "\n";
+        rc = k_exit_error;
+      }
+    }
+    return rc;
   }
 
   std::string prompt;

@@ -48,6 +48,7 @@ commands:
   tokenize   print the token ids of a text
   inspect    describe a model file: architecture, parameters, tensor types, memory
   config     show the resolved pipeline of a TOML file (config show -c P.toml)
+  plugins    list the plugins found: name, kind, version, ABI, path, sha256, score
 
 Run 'loom <command> --help' for the options of a command.
 Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(rest);
     if (cmd == "inspect") return cmd_inspect(rest);
     if (cmd == "config") return cmd_config(rest);
+    if (cmd == "plugins") return cmd_plugins(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;
   } catch (const UsageError& e) {

@@ -2,9 +2,11 @@
 #include "loom/pipeline.hpp"
 
 #include "loom/error.hpp"
+#include "plugin/plugin_internal.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -18,10 +20,6 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
          cfg.source + ": [backend] name = \"" + cfg.backend.name +
              "\" is not available; built-in backends: reference (the plugin backends are not part of this "
              "build)");
-  if (cfg.decoder.name != "sample")
-    fail(Errc::not_found, "pipeline",
-         cfg.source + ": [decoder] name = \"" + cfg.decoder.name +
-             "\" is not available; built-in decoders: sample");
   if (cfg.kv_cache.store != "contiguous")
     fail(Errc::unsupported, "pipeline",
          cfg.source + ": [kv_cache] store = \"" + cfg.kv_cache.store +
@@ -37,12 +35,69 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   if (cfg.model.path.empty())
     fail(Errc::invalid_argument, "pipeline", cfg.source + ": [model] path is required (a .gguf file)");
 
+  // Plugins, when the pipeline names anything that is not built in.
+  p->registry_ = std::make_unique<PluginRegistry>();
+  const auto& builtin = builtin_samplers();
+  auto is_builtin = [&](const std::string& n) {
+    return std::any_of(builtin.begin(), builtin.end(), [&](const SamplerInfo& i) { return i.name == n; });
+  };
+  const bool needs_plugins = cfg.decoder.name != "sample" || !cfg.stop_criteria.empty() ||
+                             std::any_of(cfg.samplers.begin(), cfg.samplers.end(),
+                                         [&](const SamplerSpec& s) { return !is_builtin(s.name); });
+  std::vector<std::string> dirs;
+  if (needs_plugins) {
+    for (const auto& d : cfg.plugins.paths) {
+      std::filesystem::path pd(d);
+      if (pd.is_relative() && !std::filesystem::exists(pd) && !cfg.base_dir.empty())
+        pd = std::filesystem::path(cfg.base_dir) / pd;
+      dirs.push_back(pd.string());
+    }
+    dirs = plugin_search_dirs(dirs);
+    p->registry_->discover(dirs, cfg.plugins.sha256);
+  }
+  auto missing = [&](int32_t kind, const std::string& what, const std::string& name,
+                     const std::string& builtins) {
+    std::string dl;
+    for (const auto& d : dirs)
+      dl += (dl.empty() ? "" : ", ") + d;
+    fail(Errc::not_found, "pipeline",
+         cfg.source + ": " + what + " '" + name + "' is neither built in (" + builtins +
+             ") nor provided by a plugin in [" + dl + "] (plugins found: " + p->registry_->available(kind) +
+             ")" + p->registry_->failures());
+  };
+
   // Samplers first: cheap to validate, so a bad chain fails before the model loads.
   if (cfg.samplers.empty()) {
     p->chain_ = make_default_chain(SamplingParams{});
   } else {
-    for (const auto& s : cfg.samplers)
-      p->chain_.add(create_sampler(s));
+    std::string names;
+    for (const auto& i : builtin)
+      names += (names.empty() ? "" : ", ") + i.name;
+    for (const auto& s : cfg.samplers) {
+      if (is_builtin(s.name)) {
+        p->chain_.add(create_sampler(s));
+      } else if (auto f = p->registry_->find(LOOM_KIND_SAMPLER, s.name)) {
+        p->chain_.add(plugin::make_plugin_sampler(*f, s));
+      } else {
+        missing(LOOM_KIND_SAMPLER, "sampler", s.name, names);
+      }
+    }
+  }
+  for (const auto& s : cfg.stop_criteria) {
+    if (auto f = p->registry_->find(LOOM_KIND_STOP, s.name)) {
+      p->stop_plugins_.push_back(plugin::make_plugin_stop(*f, s));
+    } else {
+      missing(LOOM_KIND_STOP, "stop criterion", s.name, "none: [stop] holds the built-in rules");
+    }
+  }
+  std::function<std::unique_ptr<Decoder>()> make_decoder = [] { return make_sample_decoder(); };
+  if (cfg.decoder.name != "sample") {
+    if (auto f = p->registry_->find(LOOM_KIND_DECODER, cfg.decoder.name)) {
+      make_decoder =
+          plugin::make_plugin_decoder_factory(*f, cfg.decoder.name, cfg.decoder.params, cfg.decoder.where);
+    } else {
+      missing(LOOM_KIND_DECODER, "decoder", cfg.decoder.name, "sample");
+    }
   }
 
   p->model_ = Model::load(cfg.resolved_model_path());
@@ -64,7 +119,13 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
              "); raise it or lower [model] n_ctx");
   p->kv_ = make_contiguous_kv_cache(shape);
   RequestTemplate tmpl;
-  tmpl.make_decoder = [] { return make_sample_decoder(); };
+  tmpl.make_decoder = make_decoder;
+  tmpl.make_stop_plugins = [pp = p.get()] {
+    std::vector<std::unique_ptr<StopPlugin>> v;
+    for (const auto& sp : pp->stop_plugins_)
+      v.push_back(sp->clone());
+    return v;
+  };
   tmpl.make_chain = [pp = p.get()] { return pp->chain_.clone(); };
   tmpl.stop.eos = cfg.stop.eos;
   tmpl.stop.eog_tokens = p->tok_->eog_tokens();

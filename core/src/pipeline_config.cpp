@@ -193,6 +193,63 @@ bool in_range(const ParamSchema& p, double v) {
   return true;
 }
 
+// Keys of a plugin's table, converted without a schema (the plugin validates through the host).
+std::vector<std::pair<std::string, ParamValue>>
+generic_params(const Checker& c, const toml::table& t, const std::string& sec, std::string_view skip) {
+  std::vector<std::pair<std::string, ParamValue>> out;
+  for (const auto& [key, v] : t) {
+    if (key.str() == skip) continue;
+    const std::string path = sec + "." + std::string(key.str());
+    const char* expected = "a boolean, integer, number, string, or an array of integers or of numbers";
+    if (v.is_boolean()) {
+      out.emplace_back(std::string(key.str()), v.as_boolean()->get());
+    } else if (v.is_integer()) {
+      out.emplace_back(std::string(key.str()), v.as_integer()->get());
+    } else if (v.is_floating_point()) {
+      out.emplace_back(std::string(key.str()), v.as_floating_point()->get());
+    } else if (v.is_string()) {
+      out.emplace_back(std::string(key.str()), v.as_string()->get());
+    } else if (v.is_array()) {
+      const auto& a = *v.as_array();
+      bool all_int = true, all_num = true;
+      for (const auto& e : a) {
+        all_int = all_int && e.is_integer();
+        all_num = all_num && (e.is_integer() || e.is_floating_point());
+      }
+      if (all_int) {
+        std::vector<int64_t> xs;
+        for (const auto& e : a)
+          xs.push_back(e.as_integer()->get());
+        out.emplace_back(std::string(key.str()), std::move(xs));
+      } else if (all_num) {
+        std::vector<double> xs;
+        for (const auto& e : a)
+          xs.push_back(e.is_integer() ? static_cast<double>(e.as_integer()->get())
+                                      : e.as_floating_point()->get());
+        out.emplace_back(std::string(key.str()), std::move(xs));
+      } else {
+        c.error(v, path, expected);
+      }
+    } else {
+      c.error(v, path, expected);
+    }
+  }
+  return out;
+}
+
+SamplerSpec read_plugin_table(const Checker& c, const toml::node& node, const std::string& sec) {
+  if (!node.is_table()) c.error(node, sec, "a table with a 'name' key");
+  const toml::table& t = *node.as_table();
+  const toml::node* name = t.get("name");
+  if (!name) c.error(node, sec, "a 'name' key");
+  if (!name->is_string()) c.error(*name, sec + ".name", "a string");
+  SamplerSpec spec;
+  spec.name = name->as_string()->get();
+  spec.params = generic_params(c, t, sec + " '" + spec.name + "'", "name");
+  spec.where = c.where(node);
+  return spec;
+}
+
 SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index) {
   const std::string sec = "[[sampler]] #" + std::to_string(index + 1);
   if (!node.is_table()) c.error(node, sec, "a table with a 'name' key");
@@ -208,7 +265,9 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
   spec.name = name->as_string()->get();
   auto it =
       std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == spec.name; });
-  if (it == infos.end()) c.error(*name, sec + ".name", "a known sampler (" + names + ")");
+  if (it == infos.end()) { // not built in: a plugin sampler, resolved when the pipeline is built
+    return read_plugin_table(c, node, sec);
+  }
   std::vector<std::string_view> known{"name"};
   for (const auto& p : it->params)
     known.push_back(p.key);
@@ -382,7 +441,8 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   cfg.source = source;
   cfg.base_dir = base_dir;
   c.only_keys(root, "the pipeline",
-              {"model", "backend", "attention", "kv_cache", "decoder", "sampler", "stop", "run", "plugins"});
+              {"model", "backend", "attention", "kv_cache", "decoder", "sampler", "stop_criterion", "stop",
+               "run", "plugins"});
 
   if (const auto* t = section(c, root, "model")) {
     c.only_keys(*t, "[model]", {"path", "n_ctx"});
@@ -416,14 +476,25 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
   }
   if (const auto* t = section(c, root, "decoder")) {
-    c.only_keys(*t, "[decoder]", {"name"});
     read_string(c, *t, "decoder", "name", cfg.decoder.name);
+    cfg.decoder.where = c.where(*root.get("decoder"));
+    if (cfg.decoder.name == "sample") {
+      c.only_keys(*t, "[decoder] \"sample\"", {"name"});
+    } else { // a plugin decoder reads its own keys through the host
+      cfg.decoder.params = generic_params(c, *t, "decoder", "name");
+    }
   }
   if (const toml::node* s = root.get("sampler")) {
     if (!s->is_array()) c.error(*s, "sampler", "an array of tables ([[sampler]] entries)");
     size_t i = 0;
     for (const auto& e : *s->as_array())
       cfg.samplers.push_back(read_sampler(c, e, i++));
+  }
+  if (const toml::node* s = root.get("stop_criterion")) {
+    if (!s->is_array()) c.error(*s, "stop_criterion", "an array of tables ([[stop_criterion]] entries)");
+    size_t i = 0;
+    for (const auto& e : *s->as_array())
+      cfg.stop_criteria.push_back(read_plugin_table(c, e, "[[stop_criterion]] #" + std::to_string(++i)));
   }
   if (const auto* t = section(c, root, "stop")) {
     c.only_keys(*t, "[stop]", {"max_tokens", "strings", "token_ids", "eos", "timeout_ms"});
@@ -446,8 +517,18 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     cfg.run.echo = read_bool(c, *t, "run", "echo", true);
   }
   if (const auto* t = section(c, root, "plugins")) {
-    c.only_keys(*t, "[plugins]", {"paths"});
+    c.only_keys(*t, "[plugins]", {"paths", "sha256"});
     cfg.plugins.paths = read_string_array(c, *t, "plugins", "paths", true);
+    if (const toml::node* h = t->get("sha256")) {
+      if (!h->is_table()) c.error(*h, "plugins.sha256", "a table of plugin name = \"64 hex digits\"");
+      for (const auto& [k, v] : *h->as_table()) {
+        const std::string hex = v.is_string() ? v.as_string()->get() : "";
+        const bool ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+        if (!ok)
+          c.error(v, "plugins.sha256." + std::string(k.str()), "64 lowercase hex digits (sha256sum FILE)");
+        cfg.plugins.sha256[std::string(k.str())] = hex;
+      }
+    }
   }
   return cfg;
 }
@@ -633,8 +714,16 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));
+  for (const auto& [k, v] : cfg.decoder.params)
+    kv(k.c_str(), toml_value(v));
   for (const auto& s : cfg.samplers) {
     o << "\n[[sampler]]\n";
+    kv("name", toml_string(s.name));
+    for (const auto& [k, v] : s.params)
+      kv(k.c_str(), toml_value(v));
+  }
+  for (const auto& s : cfg.stop_criteria) {
+    o << "\n[[stop_criterion]]\n";
     kv("name", toml_string(s.name));
     for (const auto& [k, v] : s.params)
       kv(k.c_str(), toml_value(v));
@@ -652,6 +741,11 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("echo", b(cfg.run.echo));
   o << "\n[plugins]\n";
   kv("paths", toml_list(cfg.plugins.paths));
+  if (!cfg.plugins.sha256.empty()) {
+    o << "\n[plugins.sha256]\n";
+    for (const auto& [k, v] : cfg.plugins.sha256)
+      o << toml_string(k) << " = " << toml_string(v) << "\n";
+  }
   return o.str();
 }
 

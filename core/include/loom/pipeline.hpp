@@ -7,6 +7,7 @@
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
 #include "loom/pipeline_config.hpp"
+#include "loom/plugin_host.hpp"
 #include "loom/sampler.hpp"
 #include "loom/stop.hpp"
 #include "loom/tokenizer.hpp"
@@ -58,12 +59,14 @@ public:
 
 private:
   Pipeline() = default;
+  std::unique_ptr<PluginRegistry> registry_; // first: destroyed last, after every plugin object
   PipelineConfig cfg_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KVCacheStore> kv_;
   SamplerChain chain_;
+  std::vector<std::unique_ptr<StopPlugin>> stop_plugins_; // prototypes, cloned per sequence
   std::unique_ptr<Engine> engine_;
   int32_t n_ctx_ = 0;
   int32_t n_seq_max_ = 0;

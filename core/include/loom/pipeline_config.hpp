@@ -8,6 +8,7 @@
 #include "loom/sampler.hpp"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,9 +38,12 @@ struct PipelineConfig {
     int32_t max_tokens = 0; // 0 = n_ctx × max sequences
   } kv_cache;
   struct DecoderSection {
-    std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain)
+    std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain); else a plugin
+    std::vector<std::pair<std::string, ParamValue>> params; // the other keys: the decoder plugin reads them
+    std::string where;                                      // "p.toml:7:1"
   } decoder;
-  std::vector<SamplerSpec> samplers; // [[sampler]] in order; empty = the default chain
+  std::vector<SamplerSpec> samplers;      // [[sampler]] in order; empty = the default chain
+  std::vector<SamplerSpec> stop_criteria; // [[stop_criterion]]: plugin stop criteria (name + keys)
   struct StopSection {
     int32_t max_tokens = 128; // new tokens; -1 = until the context is full
     std::vector<std::string> strings;
@@ -54,7 +58,8 @@ struct PipelineConfig {
     bool echo = true;             // `loom run` streams the prompt before the generation
   } run;
   struct PluginsSection {
-    std::vector<std::string> paths; // extra plugin directories
+    std::vector<std::string> paths;            // plugin directories, searched before the one next to `loom`
+    std::map<std::string, std::string> sha256; // [plugins.sha256] plugin name = "hex": pinned hashes
   } plugins;
   std::string base_dir; // directory of the pipeline file ("" for none)
 

@@ -65,6 +65,7 @@ using ParamValue =
 struct SamplerSpec {
   std::string name;                                       // "top_k", "temperature", ...
   std::vector<std::pair<std::string, ParamValue>> params; // key = value, in file order
+  std::string where{};                                    // "p.toml:12:1" (for plugin errors)
 };
 
 // What a parameter accepts — the pipeline validator reads this to name the expected form.

@@ -1,0 +1,189 @@
+// Plugin objects behind the host's C++ interfaces. Each adapter shares ownership of its library, so
+// the library stays loaded while any object from it lives; objects are destroyed in their module.
+#include "plugin_internal.hpp"
+
+#include <cstddef>
+
+namespace loom::plugin {
+
+namespace {
+
+static_assert(sizeof(TokenData) == sizeof(loom_token_data) &&
+                  offsetof(TokenData, id) == offsetof(loom_token_data, id) &&
+                  offsetof(TokenData, logit) == offsetof(loom_token_data, logit) &&
+                  offsetof(TokenData, p) == offsetof(loom_token_data, p),
+              "TokenData must share loom_token_data's layout");
+
+// Whether a table of the plugin's struct_size holds `field` (tables only grow at the end).
+#define LOOM_HAS(vt, type, field)                                                                            \
+  ((vt)->struct_size >= offsetof(type, field) + sizeof(((type*)nullptr)->field))
+
+template <class VT> struct Object {
+  std::shared_ptr<PluginLibrary> lib;
+  void* self = nullptr;
+  const VT* vt = nullptr;
+  Object(std::shared_ptr<PluginLibrary> l, void* s, const VT* v) : lib(std::move(l)), self(s), vt(v) {}
+  Object(const Object&) = delete;
+  Object& operator=(const Object&) = delete;
+  ~Object() {
+    if (self && vt && vt->destroy) vt->destroy(self);
+  }
+};
+
+template <class VT>
+std::unique_ptr<Object<VT>> create_object(const PluginRegistry::Found& f, const std::string& name,
+                                          const std::vector<std::pair<std::string, ParamValue>>& params,
+                                          const std::string& where,
+                                          std::initializer_list<size_t> required_offsets) {
+  loom_config cfg;
+  cfg.where = where;
+  cfg.params = &params;
+  void* self = nullptr;
+  const void* vt = nullptr;
+  const std::string ctx =
+      "creating " + std::string(kind_name(f.factory->kind)) + " '" + name + "' from " + f.lib->path();
+  throw_if(f.factory->create(&cfg, &self, &vt), ctx);
+  if (!self || !vt) fail(Errc::invalid_argument, "plugin", ctx + ": create returned no object");
+  auto obj = std::make_unique<Object<VT>>(f.lib, self, static_cast<const VT*>(vt));
+  for (size_t off : required_offsets)
+    if (obj->vt->struct_size < off + sizeof(void*) ||
+        *reinterpret_cast<void* const*>(reinterpret_cast<const char*>(obj->vt) + off) == nullptr)
+      fail(Errc::invalid_argument, "plugin", ctx + ": its vtable lacks a required function");
+  check_all_read(cfg, std::string(kind_name(f.factory->kind)) + " '" + name + "'");
+  return obj;
+}
+
+// ---- samplers ----
+
+class PluginSampler final : public Sampler {
+public:
+  PluginSampler(std::shared_ptr<Object<loom_sampler_i>> o, std::string name)
+      : o_(std::move(o)), name_(std::move(name)) {}
+  std::string_view name() const noexcept override { return name_; }
+  void apply(Candidates& c, SamplerContext& ctx) override {
+    loom_candidates lc{reinterpret_cast<loom_token_data*>(c.data.data()), c.data.size(), c.sorted ? 1 : 0,
+                       c.has_probs ? 1 : 0, c.selected};
+    loom_sampler_ctx sc{sizeof(loom_sampler_ctx), ctx.prompt.data(),    ctx.prompt.size(),
+                        ctx.generated.data(),     ctx.generated.size(), ctx.rng};
+    throw_if(o_->vt->apply(o_->self, &lc, &sc), "sampler '" + name_ + "'");
+    if (lc.data != reinterpret_cast<loom_token_data*>(c.data.data()) || lc.size > c.data.size())
+      fail(Errc::internal, "plugin", "sampler '" + name_ + "' replaced or grew the candidate array");
+    if (lc.selected >= static_cast<int64_t>(lc.size))
+      fail(Errc::internal, "plugin", "sampler '" + name_ + "' selected an index outside the candidates");
+    c.data.resize(lc.size);
+    c.sorted = lc.sorted != 0;
+    c.has_probs = lc.has_probs != 0;
+    c.selected = lc.selected;
+  }
+  void accept(TokenId token) override {
+    if (LOOM_HAS(o_->vt, loom_sampler_i, accept) && o_->vt->accept) o_->vt->accept(o_->self, token);
+  }
+  void reset() override {
+    if (LOOM_HAS(o_->vt, loom_sampler_i, reset) && o_->vt->reset) o_->vt->reset(o_->self);
+  }
+  std::unique_ptr<Sampler> clone() const override {
+    void* out = nullptr;
+    throw_if(o_->vt->clone(o_->self, &out), "cloning sampler '" + name_ + "'");
+    return std::make_unique<PluginSampler>(std::make_shared<Object<loom_sampler_i>>(o_->lib, out, o_->vt),
+                                           name_);
+  }
+  bool selects() const noexcept override {
+    return LOOM_HAS(o_->vt, loom_sampler_i, selects) && o_->vt->selects && o_->vt->selects(o_->self) != 0;
+  }
+
+private:
+  std::shared_ptr<Object<loom_sampler_i>> o_;
+  std::string name_;
+};
+
+// ---- stop criteria ----
+
+class PluginStopAdapter final : public StopPlugin {
+public:
+  PluginStopAdapter(std::shared_ptr<Object<loom_stop_i>> o, std::string name)
+      : o_(std::move(o)), name_(std::move(name)) {}
+  StopReason check(std::span<const TokenId> generated, std::string_view new_text) override {
+    int32_t reason = LOOM_STOP_NONE;
+    throw_if(o_->vt->check(o_->self, generated.data(), generated.size(), new_text.data(), new_text.size(),
+                           &reason),
+             "stop criterion '" + name_ + "'");
+    if (reason <= 0) return StopReason::none;
+    if (reason > static_cast<int32_t>(StopReason::custom)) return StopReason::custom;
+    return static_cast<StopReason>(reason);
+  }
+  std::unique_ptr<StopPlugin> clone() const override {
+    void* out = nullptr;
+    throw_if(o_->vt->clone(o_->self, &out), "cloning stop criterion '" + name_ + "'");
+    return std::make_unique<PluginStopAdapter>(std::make_shared<Object<loom_stop_i>>(o_->lib, out, o_->vt),
+                                               name_);
+  }
+
+private:
+  std::shared_ptr<Object<loom_stop_i>> o_;
+  std::string name_;
+};
+
+// ---- decoders ----
+
+class PluginDecoder final : public Decoder {
+public:
+  PluginDecoder(std::unique_ptr<Object<loom_decoder_i>> o, std::string name)
+      : o_(std::move(o)), name_(std::move(name)) {}
+  std::string_view name() const noexcept override { return name_; }
+  void start(DecodeSession& s) override {
+    if (LOOM_HAS(o_->vt, loom_decoder_i, start) && o_->vt->start)
+      throw_if(o_->vt->start(o_->self, raw(s)), "decoder '" + name_ + "' start");
+  }
+  void plan(DecodeSession& s) override {
+    throw_if(o_->vt->plan(o_->self, raw(s)), "decoder '" + name_ + "' plan");
+  }
+  void update(DecodeSession& s) override {
+    throw_if(o_->vt->update(o_->self, raw(s)), "decoder '" + name_ + "' update");
+  }
+  bool done(const DecodeSession& s) const override {
+    return o_->vt->done(o_->self, reinterpret_cast<const loom_session*>(&s)) != 0;
+  }
+  void results(DecodeSession& s) override {
+    throw_if(o_->vt->results(o_->self, raw(s)), "decoder '" + name_ + "' results");
+  }
+
+private:
+  static loom_session* raw(DecodeSession& s) { return reinterpret_cast<loom_session*>(&s); }
+  std::unique_ptr<Object<loom_decoder_i>> o_;
+  std::string name_;
+};
+
+} // namespace
+
+std::unique_ptr<Sampler> make_plugin_sampler(const PluginRegistry::Found& f, const SamplerSpec& spec) {
+  auto o = create_object<loom_sampler_i>(
+      f, spec.name, spec.params, spec.where,
+      {offsetof(loom_sampler_i, apply), offsetof(loom_sampler_i, clone), offsetof(loom_sampler_i, destroy)});
+  return std::make_unique<PluginSampler>(std::shared_ptr<Object<loom_sampler_i>>(std::move(o)), spec.name);
+}
+
+std::unique_ptr<StopPlugin> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec) {
+  auto o = create_object<loom_stop_i>(
+      f, spec.name, spec.params, spec.where,
+      {offsetof(loom_stop_i, check), offsetof(loom_stop_i, clone), offsetof(loom_stop_i, destroy)});
+  return std::make_unique<PluginStopAdapter>(std::shared_ptr<Object<loom_stop_i>>(std::move(o)), spec.name);
+}
+
+std::function<std::unique_ptr<Decoder>()>
+make_plugin_decoder_factory(const PluginRegistry::Found& f, std::string name,
+                            std::vector<std::pair<std::string, ParamValue>> params, std::string where) {
+  const std::initializer_list<size_t> required = {
+      offsetof(loom_decoder_i, plan), offsetof(loom_decoder_i, update), offsetof(loom_decoder_i, done),
+      offsetof(loom_decoder_i, results), offsetof(loom_decoder_i, destroy)};
+  (void)create_object<loom_decoder_i>(f, name, params, where, required); // validate the table now
+  auto shared_params = std::make_shared<std::vector<std::pair<std::string, ParamValue>>>(std::move(params));
+  return [f, name, shared_params, where] {
+    auto o = create_object<loom_decoder_i>(f, name, *shared_params, where,
+                                           {offsetof(loom_decoder_i, plan), offsetof(loom_decoder_i, update),
+                                            offsetof(loom_decoder_i, done), offsetof(loom_decoder_i, results),
+                                            offsetof(loom_decoder_i, destroy)});
+    return std::unique_ptr<Decoder>(std::make_unique<PluginDecoder>(std::move(o), name));
+  };
+}
+
+} // namespace loom::plugin

@@ -1,0 +1,368 @@
+// The host's service table (loom_host_api): statuses, logging, configuration, RNG and the decoder
+// session API. Every entry point is noexcept; host errors become statuses.
+#include "loom/engine.hpp"
+#include "plugin_internal.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+namespace loom {
+
+namespace {
+
+int32_t level_from_env() {
+  const char* e = std::getenv("LOOM_LOG_LEVEL");
+  if (!e) return LOOM_LOG_WARN;
+  const std::string s(e);
+  if (s == "debug") return LOOM_LOG_DEBUG;
+  if (s == "info") return LOOM_LOG_INFO;
+  if (s == "error") return LOOM_LOG_ERROR;
+  return LOOM_LOG_WARN;
+}
+
+std::mutex& log_mutex() {
+  static std::mutex m;
+  return m;
+}
+LogSink& log_sink() {
+  static LogSink s;
+  return s;
+}
+
+void host_log(int32_t level, const char* plugin, const char* message) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(log_mutex());
+    const std::string_view p = plugin ? plugin : "plugin";
+    const std::string_view m = message ? message : "";
+    if (log_sink()) {
+      log_sink()(level, p, m);
+      return;
+    }
+    static const int32_t min_level = level_from_env();
+    if (level < min_level) return;
+    const char* names[] = {"debug", "info", "warn", "error"};
+    std::fprintf(stderr, "loom: [%.*s] %s: %.*s\n", static_cast<int>(p.size()), p.data(),
+                 names[std::clamp(level, 0, 3)], static_cast<int>(m.size()), m.data());
+  } catch (...) {
+  }
+}
+
+loom_status k_oom_status{LOOM_STATUS_OUT_OF_MEMORY, "out of memory"}; // returned when allocation fails
+
+loom_status* status_create(int32_t code, const char* message) noexcept {
+  try {
+    return new loom_status{code, message ? message : ""};
+  } catch (...) {
+    return &k_oom_status; // never freed (see throw_if)
+  }
+}
+
+loom_status* err(int32_t code, const std::string& msg) noexcept {
+  return status_create(code, msg.c_str());
+}
+
+template <class F> loom_status* guarded(F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (const Error& e) {
+    const int32_t code = e.code() == Errc::out_of_memory ? LOOM_STATUS_OUT_OF_MEMORY
+                         : e.code() == Errc::not_found   ? LOOM_STATUS_NOT_FOUND
+                         : e.code() == Errc::unsupported ? LOOM_STATUS_UNSUPPORTED
+                         : e.code() == Errc::internal    ? LOOM_STATUS_INTERNAL
+                                                         : LOOM_STATUS_INVALID_ARGUMENT;
+    return err(code, e.what());
+  } catch (const std::exception& e) {
+    return err(LOOM_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return err(LOOM_STATUS_INTERNAL, "unknown host error");
+  }
+}
+
+// ---- configuration ----
+
+const ParamValue* lookup(const loom_config* cfg, const char* key) {
+  if (!cfg || !key || !cfg->params) return nullptr;
+  auto* c = const_cast<loom_config*>(cfg); // reads are recorded (unknown-key check)
+  c->read.insert(key);
+  for (const auto& [k, v] : *cfg->params)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+loom_status* type_error(const loom_config* cfg, const char* key, const char* expected) {
+  return err(LOOM_STATUS_INVALID_ARGUMENT,
+             (cfg ? cfg->where : std::string("config")) + ": key '" + key + "': expected " + expected);
+}
+
+loom_status* config_get_i64(const loom_config* cfg, const char* key, int64_t def, int64_t* out) noexcept {
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) {
+    *out = def;
+    return nullptr;
+  }
+  if (const auto* i = std::get_if<int64_t>(v)) {
+    *out = *i;
+    return nullptr;
+  }
+  return type_error(cfg, key, "an integer");
+}
+
+loom_status* config_get_f64(const loom_config* cfg, const char* key, double def, double* out) noexcept {
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) {
+    *out = def;
+    return nullptr;
+  }
+  if (const auto* d = std::get_if<double>(v)) {
+    *out = *d;
+    return nullptr;
+  }
+  if (const auto* i = std::get_if<int64_t>(v)) {
+    *out = static_cast<double>(*i);
+    return nullptr;
+  }
+  return type_error(cfg, key, "a number");
+}
+
+loom_status* config_get_bool(const loom_config* cfg, const char* key, int32_t def, int32_t* out) noexcept {
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) {
+    *out = def;
+    return nullptr;
+  }
+  if (const auto* b = std::get_if<bool>(v)) {
+    *out = *b ? 1 : 0;
+    return nullptr;
+  }
+  return type_error(cfg, key, "true or false");
+}
+
+loom_status* config_get_str(const loom_config* cfg, const char* key, const char* def,
+                            const char** out) noexcept {
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) {
+    *out = def;
+    return nullptr;
+  }
+  if (const auto* s = std::get_if<std::string>(v)) {
+    *out = s->c_str();
+    return nullptr;
+  }
+  return type_error(cfg, key, "a string");
+}
+
+int32_t config_has(const loom_config* cfg, const char* key) noexcept {
+  if (!cfg || !key || !cfg->params) return 0;
+  for (const auto& [k, v] : *cfg->params)
+    if (k == key) return 1;
+  return 0;
+}
+
+double rng_uniform(void* state) noexcept {
+  if (!state) return 0.0;
+  auto& rng = *static_cast<std::mt19937_64*>(state);
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
+
+// ---- session ----
+
+DecodeSession& S(loom_session* s) {
+  return *reinterpret_cast<DecodeSession*>(s);
+}
+const DecodeSession& S(const loom_session* s) {
+  return *reinterpret_cast<const DecodeSession*>(s);
+}
+
+int32_t session_n_vocab(const loom_session* s) noexcept {
+  return S(s).n_vocab();
+}
+size_t session_n_prompt(const loom_session* s) noexcept {
+  return S(s).n_prompt();
+}
+int32_t session_max_new_tokens(const loom_session* s) noexcept {
+  return S(s).max_new_tokens();
+}
+
+loom_status* seq_fork(loom_session* s, loom_seq parent, loom_seq* child) noexcept {
+  return guarded([&] { *child = S(s).fork(parent); });
+}
+void seq_free(loom_session* s, loom_seq seq) noexcept {
+  try {
+    S(s).free(seq);
+  } catch (...) {
+  }
+}
+loom_status* seq_truncate(loom_session* s, loom_seq seq, size_t n) noexcept {
+  return guarded([&] { S(s).truncate(seq, n); });
+}
+loom_status* seq_append(loom_session* s, loom_seq seq, loom_token t, int32_t* reason) noexcept {
+  return guarded([&] {
+    const StopReason r = S(s).append(seq, t);
+    if (reason) *reason = static_cast<int32_t>(r);
+  });
+}
+size_t seq_tokens(const loom_session* s, loom_seq seq, const loom_token** out) noexcept {
+  try {
+    const auto& t = S(s).tokens(seq);
+    *out = t.data();
+    return t.size();
+  } catch (...) {
+    *out = nullptr;
+    return 0;
+  }
+}
+size_t seq_n_generated(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return S(s).n_generated(seq);
+  } catch (...) {
+    return 0;
+  }
+}
+int32_t seq_finished(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return static_cast<int32_t>(S(s).finished(seq));
+  } catch (...) {
+    return LOOM_STOP_CANCELLED;
+  }
+}
+loom_status* session_plan(loom_session* s, loom_seq seq) noexcept {
+  return guarded([&] { S(s).plan(seq); });
+}
+const float* seq_logits(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    const auto* l = S(s).logits(seq);
+    return l ? l->data() : nullptr;
+  } catch (...) {
+    return nullptr;
+  }
+}
+loom_status* seq_sample(loom_session* s, loom_seq seq, loom_token* out) noexcept {
+  return guarded([&] { *out = S(s).sample(seq); });
+}
+float seq_logprob(const loom_session* s, loom_seq seq, loom_token t) noexcept {
+  try {
+    return S(s).logprob(seq, t);
+  } catch (...) {
+    return -INFINITY;
+  }
+}
+loom_status* seq_finish(loom_session* s, loom_seq seq, int32_t reason, double score) noexcept {
+  return guarded([&] {
+    if (reason < 0 || reason > static_cast<int32_t>(StopReason::custom))
+      fail(Errc::invalid_argument, "decoder",
+           "stop reason " + std::to_string(reason) + " is not a loom_stop_reason");
+    S(s).finish(seq, static_cast<StopReason>(reason), score);
+  });
+}
+double seq_score(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return S(s).score(seq);
+  } catch (...) {
+    return -INFINITY;
+  }
+}
+void session_set_stream(loom_session* s, loom_seq seq) noexcept {
+  S(s).set_stream(seq);
+}
+size_t detokenize(const loom_session* s, const loom_token* tokens, size_t n, char* buf, size_t cap) noexcept {
+  try {
+    const std::string text = S(s).detokenize(std::span<const TokenId>(tokens, n));
+    if (buf && cap) std::memcpy(buf, text.data(), std::min(cap, text.size()));
+    return text.size();
+  } catch (...) {
+    return 0;
+  }
+}
+loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noexcept {
+  return guarded([&] { S(s).add_result(seq, score); });
+}
+
+const loom_host_api k_host = {
+    sizeof(loom_host_api),
+    LOOM_ABI_MAJOR,
+    LOOM_ABI_MINOR,
+    &host_log,
+    &status_create,
+    &config_get_i64,
+    &config_get_f64,
+    &config_get_bool,
+    &config_get_str,
+    &config_has,
+    &rng_uniform,
+    &session_n_vocab,
+    &session_n_prompt,
+    &session_max_new_tokens,
+    &seq_fork,
+    &seq_free,
+    &seq_truncate,
+    &seq_append,
+    &seq_tokens,
+    &seq_n_generated,
+    &seq_finished,
+    &session_plan,
+    &seq_logits,
+    &seq_sample,
+    &seq_logprob,
+    &seq_finish,
+    &seq_score,
+    &session_set_stream,
+    &detokenize,
+    &session_add_result,
+};
+
+} // namespace
+
+const loom_host_api* host_api() noexcept {
+  return &k_host;
+}
+
+void set_log_sink(LogSink sink) {
+  std::lock_guard<std::mutex> lock(log_mutex());
+  log_sink() = std::move(sink);
+}
+
+namespace plugin {
+
+Errc errc_of(int32_t code) noexcept {
+  switch (code) {
+  case LOOM_STATUS_NOT_FOUND:
+    return Errc::not_found;
+  case LOOM_STATUS_UNSUPPORTED:
+    return Errc::unsupported;
+  case LOOM_STATUS_ABI_MISMATCH:
+    return Errc::abi_mismatch;
+  case LOOM_STATUS_OUT_OF_MEMORY:
+    return Errc::out_of_memory;
+  case LOOM_STATUS_DEVICE_ERROR:
+    return Errc::device_error;
+  case LOOM_STATUS_INTERNAL:
+    return Errc::internal;
+  default:
+    return Errc::invalid_argument;
+  }
+}
+
+void throw_if(loom_status* s, const std::string& context) {
+  if (!s) return;
+  const int32_t code = s->code;
+  std::string msg = s->message;
+  if (s != &k_oom_status) delete s;
+  fail(errc_of(code), "plugin", context + ": " + msg);
+}
+
+void check_all_read(const loom_config& cfg, std::string_view object) {
+  if (!cfg.params) return;
+  for (const auto& [k, v] : *cfg.params)
+    if (!cfg.read.count(k))
+      fail(Errc::invalid_argument, "config",
+           cfg.where + ": unknown key '" + k + "' for " + std::string(object) +
+               " (the plugin does not read it)");
+}
+
+} // namespace plugin
+} // namespace loom

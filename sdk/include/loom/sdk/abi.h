@@ -1,0 +1,242 @@
+/* loom/sdk/abi.h — the C ABI between the Loom host and its plugins (C99, no C++ types).
+ *
+ * A plugin is a shared library that exports exactly two symbols:
+ *   const loom_plugin* loom_plugin_init(const loom_host_api* host, uint32_t abi_major, uint32_t abi_minor);
+ *   int32_t            loom_plugin_score(void);   (optional: 0 = cannot run on this machine)
+ *
+ * Rules (docs/plugins.md has the long form):
+ * - Versioning: LOOM_ABI_MAJOR must match exactly; LOOM_ABI_MINOR is additive. Every table starts
+ *   with `struct_size` and only ever grows at its end; a reader uses the fields that lie inside
+ *   min(struct_size, sizeof(its own view)). A NULL optional function means the documented default.
+ * - No exception crosses the boundary: fallible calls return loom_status* (NULL = success), made
+ *   with host->status_create and owned by the host from then on.
+ * - Memory is freed by the module that allocated it: every plugin object has destroy(self).
+ * - Pointers passed into a call are valid for that call only, unless documented otherwise.
+ *   Strings a plugin returns (names, versions) have static storage duration.
+ * - Plugins log through host->log and read their TOML table through host->config_*; a key the
+ *   plugin never reads is reported to the user as an error (typo protection).
+ * Layouts are frozen by static_asserts in tests/plugin/abi_layout_test.cpp.
+ */
+#ifndef LOOM_SDK_ABI_H
+#define LOOM_SDK_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
+#define LOOM_ABI_MINOR 0u /* bump for additive changes: new trailing fields, new kinds */
+
+#if defined(_WIN32)
+#define LOOM_EXPORT __declspec(dllexport)
+#else
+#define LOOM_EXPORT __attribute__((visibility("default")))
+#endif
+
+typedef int32_t loom_token;
+typedef int32_t loom_seq;
+
+typedef struct loom_status loom_status;   /* opaque, host-owned; NULL == success */
+typedef struct loom_config loom_config;   /* opaque: the plugin's TOML table */
+typedef struct loom_session loom_session; /* opaque: one request, as its decoder sees it */
+
+typedef enum loom_kind {
+  LOOM_KIND_BACKEND = 1,
+  LOOM_KIND_DECODER = 2,
+  LOOM_KIND_SAMPLER = 3,
+  LOOM_KIND_STOP = 4
+} loom_kind;
+
+typedef enum loom_log_level {
+  LOOM_LOG_DEBUG = 0,
+  LOOM_LOG_INFO = 1,
+  LOOM_LOG_WARN = 2,
+  LOOM_LOG_ERROR = 3
+} loom_log_level;
+
+typedef enum loom_status_code {
+  LOOM_STATUS_INVALID_ARGUMENT = 1,
+  LOOM_STATUS_NOT_FOUND = 2,
+  LOOM_STATUS_UNSUPPORTED = 3,
+  LOOM_STATUS_ABI_MISMATCH = 4,
+  LOOM_STATUS_OUT_OF_MEMORY = 5,
+  LOOM_STATUS_DEVICE_ERROR = 6,
+  LOOM_STATUS_INTERNAL = 7
+} loom_status_code;
+
+/* Why a sequence ended (values match the host's StopReason). */
+typedef enum loom_stop_reason {
+  LOOM_STOP_NONE = 0,
+  LOOM_STOP_EOS = 1,
+  LOOM_STOP_STOP_TOKEN = 2,
+  LOOM_STOP_STOP_STRING = 3,
+  LOOM_STOP_MAX_TOKENS = 4,
+  LOOM_STOP_MAX_CONTEXT = 5,
+  LOOM_STOP_TIMEOUT = 6,
+  LOOM_STOP_CANCELLED = 7,
+  LOOM_STOP_CUSTOM = 8
+} loom_stop_reason;
+
+/* ---- samplers ------------------------------------------------------------------------------ */
+
+typedef struct loom_token_data {
+  loom_token id;
+  float logit;
+  float p; /* valid when has_probs */
+} loom_token_data;
+
+/* The candidate list of one sampling step. A sampler may reorder data, shrink `size`, change
+ * logits/probabilities, or select (set `selected` to an index into data). */
+typedef struct loom_candidates {
+  loom_token_data* data;
+  size_t size;
+  int32_t sorted;    /* 1: sorted by logit, descending */
+  int32_t has_probs; /* 1: p = softmax(logit) over data[0..size) */
+  int64_t selected;  /* -1 until a selecting sampler ran */
+} loom_candidates;
+
+/* What a sampler may read about the sequence it samples for. Valid for one apply() call. */
+typedef struct loom_sampler_ctx {
+  uint32_t struct_size;
+  const loom_token* prompt;
+  size_t n_prompt;
+  const loom_token* generated;
+  size_t n_generated;
+  void* rng_state; /* pass to host->rng_uniform: the request's seeded RNG */
+} loom_sampler_ctx;
+
+typedef struct loom_sampler_i {
+  uint32_t struct_size;
+  loom_status* (*apply)(void* self, loom_candidates* c, const loom_sampler_ctx* ctx); /* required */
+  void (*accept)(void* self, loom_token token);                                       /* optional */
+  void (*reset)(void* self);                                                          /* optional */
+  loom_status* (*clone)(const void* self, void** out_self);                           /* required */
+  int32_t (*selects)(const void* self); /* optional: 1 if apply always selects (default 0) */
+  void (*destroy)(void* self);          /* required */
+} loom_sampler_i;
+
+/* ---- stop criteria ------------------------------------------------------------------------- */
+
+typedef struct loom_stop_i {
+  uint32_t struct_size;
+  /* Called after each generated token with the sequence so far and the text the token added.
+   * Sets *reason to LOOM_STOP_NONE to go on, or to a reason (usually LOOM_STOP_CUSTOM). */
+  loom_status* (*check)(void* self, const loom_token* tokens, size_t n_tokens, const char* new_text,
+                        size_t new_text_len, int32_t* reason);
+  /* Optional: bytes at the end of the text so far that must not be streamed yet. */
+  size_t (*holdback_bytes)(const void* self);
+  loom_status* (*clone)(const void* self, void** out_self); /* required */
+  void (*destroy)(void* self);                              /* required */
+} loom_stop_i;
+
+/* ---- decoders ------------------------------------------------------------------------------ */
+
+/* A decoder (search strategy) is driven by the engine. Each step the engine calls plan() on every
+ * live request, evaluates every planned sequence in one batched forward pass, then calls update()
+ * with the logits in place. Sequence 0 exists at start and holds the prompt (not yet evaluated). */
+typedef struct loom_decoder_i {
+  uint32_t struct_size;
+  loom_status* (*start)(void* self, loom_session* s);   /* optional: set up sequences */
+  loom_status* (*plan)(void* self, loom_session* s);    /* required: host->session_plan(...) */
+  loom_status* (*update)(void* self, loom_session* s);  /* required: read logits, sample, append */
+  int32_t (*done)(void* self, const loom_session* s);   /* required: 1 when finished */
+  loom_status* (*results)(void* self, loom_session* s); /* required: host->session_add_result(...) */
+  void (*destroy)(void* self);                          /* required */
+} loom_decoder_i;
+
+/* ---- backends (graph execution; see docs/plugins.md) ------------------------------------- */
+
+typedef struct loom_backend_i loom_backend_i; /* defined in loom/sdk/backend.h */
+
+/* ---- registration -------------------------------------------------------------------------- */
+
+typedef struct loom_factory {
+  uint32_t struct_size;
+  int32_t kind;     /* loom_kind */
+  const char* name; /* referenced from TOML: [decoder] name = "best_of_n" */
+  /* Creates an object; *out_vtable points at the kind's table (loom_decoder_i, …), which must
+   * outlive the object. cfg may be read only during create. */
+  loom_status* (*create)(const loom_config* cfg, void** out_self, const void** out_vtable);
+} loom_factory;
+
+typedef struct loom_plugin {
+  uint32_t struct_size;
+  uint32_t abi_major, abi_minor; /* what the plugin was compiled with */
+  const char* name;              /* static storage */
+  const char* version;           /* the plugin's own semver, static storage */
+  size_t n_factories;
+  const loom_factory* factories;
+  void (*shutdown)(void); /* optional: join threads, free device memory; called once at exit */
+} loom_plugin;
+
+/* ---- the host's services ------------------------------------------------------------------- */
+
+typedef struct loom_host_api {
+  uint32_t struct_size;
+  uint32_t abi_major, abi_minor;
+
+  /* logging and statuses */
+  void (*log)(int32_t level, const char* plugin, const char* message);
+  loom_status* (*status_create)(int32_t code, const char* message); /* code: loom_status_code */
+
+  /* configuration: typed getters on the plugin's TOML table. A missing key gives `def` and
+   * status NULL; a present key of another type (or out of int64/double range) gives an error
+   * status naming the key and the file position. Returned strings live as long as cfg. */
+  loom_status* (*config_get_i64)(const loom_config* cfg, const char* key, int64_t def, int64_t* out);
+  loom_status* (*config_get_f64)(const loom_config* cfg, const char* key, double def, double* out);
+  loom_status* (*config_get_bool)(const loom_config* cfg, const char* key, int32_t def, int32_t* out);
+  loom_status* (*config_get_str)(const loom_config* cfg, const char* key, const char* def, const char** out);
+  int32_t (*config_has)(const loom_config* cfg, const char* key);
+
+  /* random numbers: uniform in [0, 1) from the request's seeded RNG */
+  double (*rng_uniform)(void* rng_state);
+
+  /* session API (decoders). Sequences are request-local ids; 0 is the prompt sequence. */
+  int32_t (*session_n_vocab)(const loom_session* s);
+  size_t (*session_n_prompt)(const loom_session* s);
+  int32_t (*session_max_new_tokens)(const loom_session* s); /* -1: until the context is full */
+  loom_status* (*seq_fork)(loom_session* s, loom_seq parent,
+                           loom_seq* child); /* copies tokens, KV, logits, sampler state */
+  void (*seq_free)(loom_session* s, loom_seq seq);
+  loom_status* (*seq_truncate)(loom_session* s, loom_seq seq, size_t n_tokens); /* rolls back tokens and KV */
+  /* Appends a token: records it, runs the stop criteria (max tokens, EOS, stop strings …) and, for
+   * the streamed sequence, streams its text. *reason receives the stop reason (NONE = go on); a
+   * stopped sequence is finished. */
+  loom_status* (*seq_append)(loom_session* s, loom_seq seq, loom_token token, int32_t* reason);
+  size_t (*seq_tokens)(const loom_session* s, loom_seq seq,
+                       const loom_token** tokens); /* prompt + generated */
+  size_t (*seq_n_generated)(const loom_session* s, loom_seq seq);
+  int32_t (*seq_finished)(const loom_session* s, loom_seq seq); /* its loom_stop_reason, 0 if live */
+  /* Plans `seq` for the next forward pass: its tokens not yet in the KV cache are evaluated and the
+   * logits of its last token become available to update(). */
+  loom_status* (*session_plan)(loom_session* s, loom_seq seq);
+  /* Logits [n_vocab] of seq's last evaluated token (NULL if none); valid until the next step. */
+  const float* (*seq_logits)(const loom_session* s, loom_seq seq);
+  /* Samples from seq's logits with the request's sampler chain (seq's own state) and RNG. */
+  loom_status* (*seq_sample)(loom_session* s, loom_seq seq, loom_token* token);
+  float (*seq_logprob)(const loom_session* s, loom_seq seq,
+                       loom_token token); /* log-softmax of the raw logits */
+  /* Ends seq with a reason and a score (e.g. its mean log-prob). */
+  loom_status* (*seq_finish)(loom_session* s, loom_seq seq, int32_t reason, double score);
+  double (*seq_score)(const loom_session* s, loom_seq seq); /* sum of the log-probs of its generated tokens */
+  /* Which sequence's text is streamed to the caller (default 0; -1: none). */
+  void (*session_set_stream)(loom_session* s, loom_seq seq);
+  /* Text of tokens; writes up to cap bytes (not NUL-terminated), returns the full length. */
+  size_t (*detokenize)(const loom_session* s, const loom_token* tokens, size_t n, char* buf, size_t cap);
+  /* Reports a hypothesis from results(), best first. */
+  loom_status* (*session_add_result)(loom_session* s, loom_seq seq, double score);
+} loom_host_api;
+
+/* The exports. */
+typedef const loom_plugin* (*loom_plugin_init_fn)(const loom_host_api* host, uint32_t abi_major,
+                                                  uint32_t abi_minor);
+typedef int32_t (*loom_plugin_score_fn)(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* LOOM_SDK_ABI_H */

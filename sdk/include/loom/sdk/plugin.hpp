@@ -1,0 +1,382 @@
+// loom/sdk/plugin.hpp — header-only C++ wrapper over abi.h for plugin authors.
+//
+// Subclass loom::sdk::Decoder / Sampler / StopCriterion (they may throw), then list them in one
+// LOOM_PLUGIN_DEFINE, which emits the two C exports and noexcept trampolines that turn exceptions
+// into statuses:
+//
+//   class BestOfN final : public loom::sdk::Decoder { ... };
+//   LOOM_PLUGIN_DEFINE("best_of_n", "1.0.0", LOOM_DECODER("best_of_n", BestOfN));
+//
+// Constructors take a loom::sdk::Config: read every key there (unknown keys are errors for the user).
+// Nothing here is exported: build with hidden visibility (loom_add_plugin() does).
+#pragma once
+
+#include "loom/sdk/abi.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::sdk {
+
+namespace detail {
+inline const loom_host_api*& host_ref() noexcept {
+  static const loom_host_api* h = nullptr; // set by loom_plugin_init; one per plugin (hidden)
+  return h;
+}
+inline const char*& plugin_name_ref() noexcept {
+  static const char* n = "plugin";
+  return n;
+}
+} // namespace detail
+
+inline const loom_host_api& host() {
+  return *detail::host_ref();
+}
+
+// Thrown by plugin code; becomes a status with `code` at the boundary.
+class Error : public std::runtime_error {
+public:
+  explicit Error(const std::string& msg, int32_t code = LOOM_STATUS_INVALID_ARGUMENT)
+      : std::runtime_error(msg), code_(code) {}
+  int32_t code() const noexcept { return code_; }
+
+private:
+  int32_t code_;
+};
+
+// A status from the host becomes an exception inside plugin code (the host owns the status; its
+// message is not readable from here, so the host rethrows it with the full text at the boundary).
+struct StatusError : std::exception {
+  loom_status* status;
+  explicit StatusError(loom_status* s) : status(s) {}
+  const char* what() const noexcept override { return "host call failed"; }
+};
+inline void check(loom_status* s) {
+  if (s) throw StatusError(s);
+}
+
+inline void log(loom_log_level level, const std::string& msg) {
+  if (detail::host_ref() && host().log) host().log(level, detail::plugin_name_ref(), msg.c_str());
+}
+
+// Converts the exception in flight into a status for the host.
+inline loom_status* current_exception_to_status() noexcept {
+  try {
+    throw;
+  } catch (const StatusError& e) {
+    return e.status;
+  } catch (const Error& e) {
+    return host().status_create(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return host().status_create(LOOM_STATUS_OUT_OF_MEMORY, "out of memory in plugin");
+  } catch (const std::exception& e) {
+    return host().status_create(LOOM_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return host().status_create(LOOM_STATUS_INTERNAL, "unknown exception in plugin");
+  }
+}
+
+#define LOOM_SDK_TRY try {
+#define LOOM_SDK_CATCH                                                                                       \
+  }                                                                                                          \
+  catch (...) {                                                                                              \
+    return ::loom::sdk::current_exception_to_status();                                                       \
+  }                                                                                                          \
+  return nullptr;
+
+// The plugin's TOML table (valid during the constructor only).
+class Config {
+public:
+  explicit Config(const loom_config* c) : c_(c) {}
+  int64_t get_i64(const char* key, int64_t def) const {
+    int64_t v = def;
+    check(host().config_get_i64(c_, key, def, &v));
+    return v;
+  }
+  double get_f64(const char* key, double def) const {
+    double v = def;
+    check(host().config_get_f64(c_, key, def, &v));
+    return v;
+  }
+  bool get_bool(const char* key, bool def) const {
+    int32_t v = def ? 1 : 0;
+    check(host().config_get_bool(c_, key, def ? 1 : 0, &v));
+    return v != 0;
+  }
+  std::string get_str(const char* key, const char* def) const {
+    const char* v = def;
+    check(host().config_get_str(c_, key, def, &v));
+    return v ? v : "";
+  }
+  bool has(const char* key) const { return host().config_has(c_, key) != 0; }
+
+private:
+  const loom_config* c_;
+};
+
+// ---- samplers -----------------------------------------------------------------------------
+
+struct SamplerContext {
+  std::span<const loom_token> prompt, generated;
+  void* rng_state;
+  double uniform() const { return host().rng_uniform(rng_state); } // [0, 1), the request's RNG
+};
+
+class Sampler {
+public:
+  virtual ~Sampler() = default;
+  virtual void apply(loom_candidates& c, const SamplerContext& ctx) = 0;
+  virtual void accept(loom_token) {}
+  virtual void reset() {}
+  virtual std::unique_ptr<Sampler> clone() const = 0;
+  virtual bool selects() const { return false; }
+};
+
+// ---- stop criteria ------------------------------------------------------------------------
+
+class StopCriterion {
+public:
+  virtual ~StopCriterion() = default;
+  // Return LOOM_STOP_NONE to go on, or a reason (LOOM_STOP_CUSTOM usually).
+  virtual int32_t check(std::span<const loom_token> tokens, std::string_view new_text) = 0;
+  virtual size_t holdback_bytes() const { return 0; }
+  virtual std::unique_ptr<StopCriterion> clone() const = 0;
+};
+
+// ---- decoders -----------------------------------------------------------------------------
+
+// One request as its decoder sees it. Sequence 0 holds the prompt.
+class Session {
+public:
+  explicit Session(loom_session* s) : s_(s) {}
+  int32_t n_vocab() const { return host().session_n_vocab(s_); }
+  size_t n_prompt() const { return host().session_n_prompt(s_); }
+  int32_t max_new_tokens() const { return host().session_max_new_tokens(s_); }
+  loom_seq fork(loom_seq parent) {
+    loom_seq child = -1;
+    check(host().seq_fork(s_, parent, &child));
+    return child;
+  }
+  void free(loom_seq seq) { host().seq_free(s_, seq); }
+  void truncate(loom_seq seq, size_t n) { check(host().seq_truncate(s_, seq, n)); }
+  // Returns the stop reason the token caused (LOOM_STOP_NONE = go on).
+  int32_t append(loom_seq seq, loom_token t) {
+    int32_t reason = 0;
+    check(host().seq_append(s_, seq, t, &reason));
+    return reason;
+  }
+  std::span<const loom_token> tokens(loom_seq seq) const {
+    const loom_token* p = nullptr;
+    const size_t n = host().seq_tokens(s_, seq, &p);
+    return {p, n};
+  }
+  size_t n_generated(loom_seq seq) const { return host().seq_n_generated(s_, seq); }
+  int32_t finished(loom_seq seq) const { return host().seq_finished(s_, seq); }
+  void plan(loom_seq seq) { check(host().session_plan(s_, seq)); }
+  std::span<const float> logits(loom_seq seq) const {
+    const float* p = host().seq_logits(s_, seq);
+    return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
+  }
+  loom_token sample(loom_seq seq) {
+    loom_token t = -1;
+    check(host().seq_sample(s_, seq, &t));
+    return t;
+  }
+  float logprob(loom_seq seq, loom_token t) const { return host().seq_logprob(s_, seq, t); }
+  void finish(loom_seq seq, int32_t reason, double score) {
+    check(host().seq_finish(s_, seq, reason, score));
+  }
+  double score(loom_seq seq) const { return host().seq_score(s_, seq); }
+  void set_stream(loom_seq seq) { host().session_set_stream(s_, seq); }
+  std::string detokenize(std::span<const loom_token> toks) const {
+    std::string out(64, '\0');
+    size_t n = host().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
+    if (n > out.size()) {
+      out.resize(n);
+      n = host().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
+    }
+    out.resize(n);
+    return out;
+  }
+  void add_result(loom_seq seq, double score) { check(host().session_add_result(s_, seq, score)); }
+  loom_session* raw() const { return s_; }
+
+private:
+  loom_session* s_;
+};
+
+class Decoder {
+public:
+  virtual ~Decoder() = default;
+  virtual void start(Session&) {}
+  virtual void plan(Session& s) = 0;
+  virtual void update(Session& s) = 0;
+  virtual bool done(const Session& s) const = 0;
+  virtual void results(Session& s) = 0;
+};
+
+// ---- trampolines (noexcept; exceptions become statuses) -----------------------------------
+
+namespace detail {
+
+template <class T> struct SamplerTable {
+  static loom_status* apply(void* self, loom_candidates* c, const loom_sampler_ctx* ctx) noexcept {
+    LOOM_SDK_TRY
+    SamplerContext sc{{ctx->prompt, ctx->n_prompt}, {ctx->generated, ctx->n_generated}, ctx->rng_state};
+    static_cast<T*>(self)->apply(*c, sc);
+    LOOM_SDK_CATCH
+  }
+  static void accept(void* self, loom_token t) noexcept {
+    try {
+      static_cast<T*>(self)->accept(t);
+    } catch (...) {
+      log(LOOM_LOG_ERROR, "sampler accept() threw; ignored");
+    }
+  }
+  static void reset(void* self) noexcept {
+    try {
+      static_cast<T*>(self)->reset();
+    } catch (...) {
+      log(LOOM_LOG_ERROR, "sampler reset() threw; ignored");
+    }
+  }
+  static loom_status* clone(const void* self, void** out) noexcept {
+    LOOM_SDK_TRY
+    *out = static_cast<const T*>(self)->clone().release();
+    LOOM_SDK_CATCH
+  }
+  static int32_t selects(const void* self) noexcept {
+    try {
+      return static_cast<const T*>(self)->selects() ? 1 : 0;
+    } catch (...) {
+      return 0;
+    }
+  }
+  static void destroy(void* self) noexcept { delete static_cast<Sampler*>(static_cast<T*>(self)); }
+  static constexpr loom_sampler_i table = {
+      sizeof(loom_sampler_i), &apply, &accept, &reset, &clone, &selects, &destroy};
+};
+
+template <class T> struct StopTable {
+  static loom_status* check_fn(void* self, const loom_token* tokens, size_t n, const char* text, size_t len,
+                               int32_t* reason) noexcept {
+    LOOM_SDK_TRY
+    *reason = static_cast<T*>(self)->check({tokens, n}, std::string_view(text, len));
+    LOOM_SDK_CATCH
+  }
+  static size_t holdback(const void* self) noexcept {
+    try {
+      return static_cast<const T*>(self)->holdback_bytes();
+    } catch (...) {
+      return 0;
+    }
+  }
+  static loom_status* clone(const void* self, void** out) noexcept {
+    LOOM_SDK_TRY
+    *out = static_cast<const T*>(self)->clone().release();
+    LOOM_SDK_CATCH
+  }
+  static void destroy(void* self) noexcept { delete static_cast<StopCriterion*>(static_cast<T*>(self)); }
+  static constexpr loom_stop_i table = {sizeof(loom_stop_i), &check_fn, &holdback, &clone, &destroy};
+};
+
+template <class T> struct DecoderTable {
+  static loom_status* start(void* self, loom_session* s) noexcept {
+    LOOM_SDK_TRY
+    Session ss(s);
+    static_cast<T*>(self)->start(ss);
+    LOOM_SDK_CATCH
+  }
+  static loom_status* plan(void* self, loom_session* s) noexcept {
+    LOOM_SDK_TRY
+    Session ss(s);
+    static_cast<T*>(self)->plan(ss);
+    LOOM_SDK_CATCH
+  }
+  static loom_status* update(void* self, loom_session* s) noexcept {
+    LOOM_SDK_TRY
+    Session ss(s);
+    static_cast<T*>(self)->update(ss);
+    LOOM_SDK_CATCH
+  }
+  static int32_t done(void* self, const loom_session* s) noexcept {
+    try {
+      const Session ss(const_cast<loom_session*>(s));
+      return static_cast<T*>(self)->done(ss) ? 1 : 0;
+    } catch (...) {
+      log(LOOM_LOG_ERROR, "decoder done() threw; treating the request as done");
+      return 1;
+    }
+  }
+  static loom_status* results(void* self, loom_session* s) noexcept {
+    LOOM_SDK_TRY
+    Session ss(s);
+    static_cast<T*>(self)->results(ss);
+    LOOM_SDK_CATCH
+  }
+  static void destroy(void* self) noexcept { delete static_cast<Decoder*>(static_cast<T*>(self)); }
+  static constexpr loom_decoder_i table = {
+      sizeof(loom_decoder_i), &start, &plan, &update, &done, &results, &destroy};
+};
+
+template <class T, class Table>
+loom_status* create(const loom_config* cfg, void** out_self, const void** out_vtable) noexcept {
+  LOOM_SDK_TRY
+  Config c(cfg);
+  *out_self = new T(c);
+  *out_vtable = &Table::table;
+  LOOM_SDK_CATCH
+}
+
+} // namespace detail
+
+template <class T> constexpr loom_factory sampler_factory(const char* name) {
+  return {sizeof(loom_factory), LOOM_KIND_SAMPLER, name, &detail::create<T, detail::SamplerTable<T>>};
+}
+template <class T> constexpr loom_factory stop_factory(const char* name) {
+  return {sizeof(loom_factory), LOOM_KIND_STOP, name, &detail::create<T, detail::StopTable<T>>};
+}
+template <class T> constexpr loom_factory decoder_factory(const char* name) {
+  return {sizeof(loom_factory), LOOM_KIND_DECODER, name, &detail::create<T, detail::DecoderTable<T>>};
+}
+
+} // namespace loom::sdk
+
+#define LOOM_SAMPLER(NAME, TYPE) ::loom::sdk::sampler_factory<TYPE>(NAME)
+#define LOOM_STOP(NAME, TYPE) ::loom::sdk::stop_factory<TYPE>(NAME)
+#define LOOM_DECODER(NAME, TYPE) ::loom::sdk::decoder_factory<TYPE>(NAME)
+
+// Defines the two exports. SCORE is an expression evaluated by loom_plugin_score() (0 = cannot run
+// here, higher wins among variants of one plugin).
+#define LOOM_PLUGIN_DEFINE_SCORED(NAME, VERSION, SCORE, ...)                                                 \
+  extern "C" LOOM_EXPORT int32_t loom_plugin_score(void) {                                                   \
+    return (SCORE);                                                                                          \
+  }                                                                                                          \
+  extern "C" LOOM_EXPORT const loom_plugin* loom_plugin_init(const loom_host_api* h, uint32_t abi_major,     \
+                                                             uint32_t abi_minor) {                           \
+    (void)abi_minor;                                                                                         \
+    if (!h || abi_major != LOOM_ABI_MAJOR) {                                                                 \
+      if (h && h->log) h->log(LOOM_LOG_ERROR, NAME, "host ABI major differs from the plugin's");             \
+      return nullptr;                                                                                        \
+    }                                                                                                        \
+    ::loom::sdk::detail::host_ref() = h;                                                                     \
+    ::loom::sdk::detail::plugin_name_ref() = NAME;                                                           \
+    static const loom_factory factories[] = {__VA_ARGS__};                                                   \
+    static const loom_plugin plugin = {sizeof(loom_plugin),                                                  \
+                                       LOOM_ABI_MAJOR,                                                       \
+                                       LOOM_ABI_MINOR,                                                       \
+                                       NAME,                                                                 \
+                                       VERSION,                                                              \
+                                       sizeof(factories) / sizeof(factories[0]),                             \
+                                       factories,                                                            \
+                                       nullptr};                                                             \
+    return &plugin;                                                                                          \
+  }
+
+#define LOOM_PLUGIN_DEFINE(NAME, VERSION, ...) LOOM_PLUGIN_DEFINE_SCORED(NAME, VERSION, 1, __VA_ARGS__)
