@@ -15,11 +15,6 @@ namespace loom {
 std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->cfg_ = cfg;
-  if (cfg.backend.name != "reference")
-    fail(Errc::not_found, "pipeline",
-         cfg.source + ": [backend] name = \"" + cfg.backend.name +
-             "\" is not available; built-in backends: reference (the plugin backends are not part of this "
-             "build)");
   if (cfg.kv_cache.store != "contiguous")
     fail(Errc::unsupported, "pipeline",
          cfg.source + ": [kv_cache] store = \"" + cfg.kv_cache.store +
@@ -41,7 +36,8 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   auto is_builtin = [&](const std::string& n) {
     return std::any_of(builtin.begin(), builtin.end(), [&](const SamplerInfo& i) { return i.name == n; });
   };
-  const bool needs_plugins = cfg.decoder.name != "sample" || !cfg.stop_criteria.empty() ||
+  const bool needs_plugins = cfg.backend.name != "reference" || cfg.decoder.name != "sample" ||
+                             !cfg.stop_criteria.empty() ||
                              std::any_of(cfg.samplers.begin(), cfg.samplers.end(),
                                          [&](const SamplerSpec& s) { return !is_builtin(s.name); });
   std::vector<std::string> dirs;
@@ -134,7 +130,15 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   tmpl.stop.strings = cfg.stop.strings;
   tmpl.stop.max_tokens = cfg.stop.max_tokens;
   tmpl.stop.timeout_ms = cfg.stop.timeout_ms;
-  p->backend_ = make_reference_backend();
+  if (cfg.backend.name == "reference") {
+    p->backend_ = make_reference_backend();
+  } else if (auto f = p->registry_->find(LOOM_KIND_BACKEND, cfg.backend.name)) {
+    std::vector<std::pair<std::string, ParamValue>> params;
+    params.emplace_back("threads", int64_t{cfg.backend.threads});
+    p->backend_ = plugin::make_plugin_backend(*f, cfg.backend.name, params, cfg.source + ": [backend]");
+  } else {
+    missing(LOOM_KIND_BACKEND, "backend", cfg.backend.name, "reference");
+  }
   p->engine_ =
       std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_, std::move(tmpl));
   for (int64_t id : cfg.stop.token_ids)

@@ -1,6 +1,7 @@
 // Host-side pieces of the plugin ABI shared by the registry, the host API and the adapters.
 #pragma once
 
+#include "loom/backend.hpp"
 #include "loom/decoder.hpp"
 #include "loom/engine.hpp"
 #include "loom/error.hpp"
@@ -38,6 +39,9 @@ void check_all_read(const loom_config& cfg, std::string_view plugin_object);
 // Adapters: plugin objects behind the host's C++ interfaces. Each holds the library alive.
 std::unique_ptr<Sampler> make_plugin_sampler(const PluginRegistry::Found& f, const SamplerSpec& spec);
 std::unique_ptr<StopPlugin> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec);
+std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, const std::string& name,
+                                             const std::vector<std::pair<std::string, ParamValue>>& params,
+                                             const std::string& where);
 // A decoder factory: validates the table once (now), then makes a fresh decoder per request.
 std::function<std::unique_ptr<Decoder>()>
 make_plugin_decoder_factory(const PluginRegistry::Found& f, std::string name,

@@ -1,0 +1,142 @@
+// A backend plugin behind the host's Backend interface: the host's graph is handed over as the C
+// structs of loom/sdk/backend.h (converted once per graph), the KV store as a row-access view.
+#include "loom/sdk/backend.h"
+#include "plugin_internal.hpp"
+
+#include <map>
+#include <unordered_map>
+
+namespace loom::plugin {
+
+namespace {
+
+static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
+                  static_cast<int32_t>(OpKind::attention) == LOOM_OP_ATTENTION,
+              "OpKind values are part of the backend ABI");
+
+struct CGraph {
+  std::vector<loom_tensor> tensors;
+  std::vector<loom_node> nodes;
+  loom_graph g{};
+};
+
+CGraph to_c(const Graph& g) {
+  CGraph c;
+  c.tensors.reserve(g.tensors.size());
+  for (const auto& t : g.tensors) {
+    loom_tensor ct{};
+    ct.name = t.name.c_str();
+    ct.kind = t.kind == TensorKind::weight  ? LOOM_TENSOR_WEIGHT
+              : t.kind == TensorKind::input ? LOOM_TENSOR_INPUT
+                                            : LOOM_TENSOR_ACTIVATION;
+    ct.dtype = static_cast<loom_dtype>(t.dtype);
+    for (int i = 0; i < 4; ++i)
+      ct.ne[i] = t.ne[static_cast<size_t>(i)];
+    ct.data = t.data;
+    c.tensors.push_back(ct);
+  }
+  for (const auto& n : g.nodes) {
+    loom_node cn{};
+    cn.op = static_cast<int32_t>(n.op);
+    for (int i = 0; i < 3; ++i)
+      cn.src[i] = n.src[static_cast<size_t>(i)];
+    cn.dst = n.dst;
+    cn.eps = n.eps;
+    cn.scale = n.scale;
+    cn.rope = {n.rope.n_dims,      n.rope.theta,    n.rope.neox ? 1 : 0, n.rope.freq_scale, n.rope.ext_factor,
+               n.rope.attn_factor, n.rope.orig_ctx, n.rope.beta_fast,    n.rope.beta_slow};
+    cn.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
+               n.attn.scale, n.attn.window, n.attn.softcap};
+    c.nodes.push_back(cn);
+  }
+  c.g.struct_size = sizeof(loom_graph);
+  c.g.n_tensors = c.tensors.size();
+  c.g.tensors = c.tensors.data();
+  c.g.n_nodes = c.nodes.size();
+  c.g.nodes = c.nodes.data();
+  c.g.n_tokens = g.n_tokens;
+  c.g.n_outputs = g.n_outputs;
+  c.g.in_tokens = g.in_tokens;
+  c.g.in_positions = g.in_positions;
+  c.g.in_out_ids = g.in_out_ids;
+  c.g.out_logits = g.out_logits;
+  return c;
+}
+
+float* kv_k_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
+  return static_cast<KVCacheStore*>(ctx)->k_row(layer, seq, pos);
+}
+float* kv_v_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
+  return static_cast<KVCacheStore*>(ctx)->v_row(layer, seq, pos);
+}
+
+class PluginBackend final : public Backend {
+public:
+  PluginBackend(std::shared_ptr<PluginLibrary> lib, void* self, const loom_backend_i* vt, std::string name)
+      : lib_(std::move(lib)), self_(self), vt_(vt), name_(std::move(name)) {}
+  ~PluginBackend() override {
+    if (vt_->destroy) vt_->destroy(self_);
+  }
+  std::string_view name() const noexcept override { return name_; }
+  bool supports(const Graph& g, const Node& n) const noexcept override {
+    if (!vt_->supports) return true;
+    try {
+      const CGraph& c = const_cast<PluginBackend*>(this)->converted(g);
+      const size_t idx = static_cast<size_t>(&n - g.nodes.data());
+      return vt_->supports(self_, &c.g, &c.nodes[idx]) != 0;
+    } catch (...) {
+      return false;
+    }
+  }
+  void compute(const Graph& g, const BatchView& b, KVCacheStore& kv, std::span<float> logits) override {
+    const CGraph& c = converted(g);
+    loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),     b.positions.data(),
+                  b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data()};
+    loom_kv_view view{sizeof(loom_kv_view), &kv, &kv_k_row, &kv_v_row};
+    throw_if(vt_->graph_compute(self_, &c.g, &cb, &view, logits.data(), logits.size()),
+             "backend '" + name_ + "' (" + lib_->path() + ")");
+  }
+  size_t workspace_bytes() const noexcept override {
+    const bool has = vt_->struct_size >= offsetof(loom_backend_i, workspace_bytes) + sizeof(void*);
+    return has && vt_->workspace_bytes ? vt_->workspace_bytes(self_) : 0;
+  }
+
+private:
+  const CGraph& converted(const Graph& g) {
+    auto it = cache_.find(&g);
+    if (it == cache_.end() || it->second.nodes.size() != g.nodes.size()) {
+      if (cache_.size() > 64) cache_.clear();
+      it = cache_.insert_or_assign(&g, to_c(g)).first;
+    }
+    return it->second;
+  }
+  std::shared_ptr<PluginLibrary> lib_;
+  void* self_;
+  const loom_backend_i* vt_;
+  std::string name_;
+  std::unordered_map<const Graph*, CGraph> cache_;
+};
+
+} // namespace
+
+std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, const std::string& name,
+                                             const std::vector<std::pair<std::string, ParamValue>>& params,
+                                             const std::string& where) {
+  loom_config cfg;
+  cfg.where = where;
+  cfg.params = &params;
+  void* self = nullptr;
+  const void* vt = nullptr;
+  const std::string ctx = "creating backend '" + name + "' from " + f.lib->path();
+  throw_if(f.factory->create(&cfg, &self, &vt), ctx);
+  const auto* bvt = static_cast<const loom_backend_i*>(vt);
+  if (!self || !bvt || bvt->struct_size < offsetof(loom_backend_i, destroy) + sizeof(void*) ||
+      !bvt->graph_compute || !bvt->destroy)
+    fail(Errc::invalid_argument, "plugin",
+         ctx + ": create returned no object or an incomplete loom_backend_i");
+  auto be = std::make_unique<PluginBackend>(f.lib, self, bvt, name);
+  check_all_read(cfg, "backend '" + name + "'");
+  return be;
+}
+
+} // namespace loom::plugin
