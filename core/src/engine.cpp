@@ -249,6 +249,7 @@ struct Engine::Request {
   std::unique_ptr<Decoder> decoder;
   bool started = false;
   bool cancelled = false;
+  std::string error; // a decoder or backend failure ended this request
   uint64_t seed = 0;
   Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
@@ -351,6 +352,18 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   return {r.id, std::move(res)};
 }
 
+namespace {
+// Runs one decoder call of a request; an exception ends that request (not the engine).
+template <class R, class F> void guard(R& r, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    r.cancelled = true;
+  }
+}
+} // namespace
+
 std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   std::vector<std::pair<RequestId, GenerationResult>> done = std::move(early_);
   early_.clear();
@@ -401,11 +414,13 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
         if (q->finished == StopReason::none) s.end_seq(*q, StopReason::cancelled);
       continue;
     }
-    if (!r->started) {
-      r->decoder->start(s);
-      r->started = true;
-    }
-    if (!r->decoder->done(s)) r->decoder->plan(s);
+    guard(*r, [&] {
+      if (!r->started) {
+        r->started = true;
+        r->decoder->start(s);
+      }
+      if (!r->decoder->done(s)) r->decoder->plan(s);
+    });
   }
 
   // 3. One batch with every planned sequence's unevaluated tokens.
@@ -444,7 +459,15 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     const int32_t V = model_.config().n_vocab;
     std::vector<float> logits(out_rows.size() * static_cast<size_t>(V));
     const auto t0 = Clock::now();
-    model_.forward(backend_, BatchView{tokens, positions, seq_ids, out_rows}, kv_, logits);
+    try {
+      model_.forward(backend_, BatchView{tokens, positions, seq_ids, out_rows}, kv_, logits);
+    } catch (const std::exception& e) { // a backend failure fails the requests of this batch
+      for (auto& o : outs) {
+        o.req->error = std::string("the forward pass failed: ") + e.what();
+        o.req->cancelled = true;
+      }
+      outs.clear();
+    }
     const auto t1 = Clock::now();
     for (size_t i = 0; i < outs.size(); ++i) {
       DecodeSession::Seq& q = *outs[i].seq;
@@ -463,8 +486,9 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   // 4. Updates, then collect the finished requests.
   for (auto& r : running_) {
     DecodeSession& s = *r->session;
-    if (!r->cancelled && !r->decoder->done(s)) {
-      const size_t before = s.seqs_.empty() ? 0 : s.seqs_.begin()->second->tokens.size();
+    if (r->cancelled) continue;
+    guard(*r, [&] {
+      if (r->decoder->done(s)) return;
       r->decoder->update(s);
       if (r->t_first == Clock::time_point{}) {
         for (auto& [id, q] : s.seqs_)
@@ -473,14 +497,19 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
             break;
           }
       }
-      (void)before;
-    }
+    });
   }
   for (size_t i = 0; i < running_.size();) {
     Request& r = *running_[i];
-    if (r.cancelled || r.decoder->done(*r.session)) {
-      if (!r.cancelled) r.decoder->results(*r.session);
+    bool finished = r.cancelled;
+    if (!finished) guard(r, [&] { finished = r.decoder->done(*r.session); });
+    finished = finished || r.cancelled;
+    if (finished) {
+      if (!r.cancelled) guard(r, [&] { r.decoder->results(*r.session); });
+      for (auto& [id, q] : r.session->seqs_)
+        if (q->finished == StopReason::none) r.session->end_seq(*q, StopReason::cancelled);
       done.push_back(finish_request(r));
+      if (!r.error.empty()) done.back().second.message = "the request failed: " + r.error;
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
