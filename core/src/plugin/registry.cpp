@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <openssl/evp.h>
 #include <unistd.h>
 
@@ -20,13 +21,22 @@ struct PluginLibrary::Handle {
 };
 
 PluginLibrary::~PluginLibrary() {
-  if (plugin_ && plugin_->shutdown) plugin_->shutdown();
+  // One PluginLibrary per mapped file (see loaded_libraries()), so this runs when its last user goes.
+  if (plugin_ && plugin_->struct_size >= offsetof(loom_plugin, shutdown) + sizeof(plugin_->shutdown) &&
+      plugin_->shutdown)
+    plugin_->shutdown();
   // No dlclose in production: promote the library to RTLD_NODELETE so unloading the handle keeps
   // it mapped (plugin threads or atexit hooks may still run). Tests set LOOM_TEST_REAL_UNLOAD=1.
   const char* real = std::getenv("LOOM_TEST_REAL_UNLOAD");
   if (!(real && std::string(real) == "1") && !path_.empty()) {
     if (void* h = dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(h);
   }
+}
+
+// Entries of the factory array are factories[0].struct_size apart (a newer minor may append fields).
+static const loom_factory& factory_at(const loom_plugin& p, size_t i) {
+  const auto* base = reinterpret_cast<const char*>(p.factories);
+  return *reinterpret_cast<const loom_factory*>(base + i * p.factories[0].struct_size);
 }
 
 std::string_view kind_name(int32_t kind) noexcept {
@@ -83,22 +93,54 @@ PluginRegistry::~PluginRegistry() {
   libs_.clear();
 }
 
+namespace {
+// Every mapped plugin file has exactly one PluginLibrary in the process, shared by all registries
+// and objects, so shutdown() runs once, when the last user is gone.
+std::mutex& libraries_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::weak_ptr<PluginLibrary>>& loaded_libraries() {
+  static std::map<std::string, std::weak_ptr<PluginLibrary>> m;
+  return m;
+}
+} // namespace
+
 std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                                                     const std::optional<std::string>& pin) {
   auto bad = [&](Errc c, const std::string& why) { fail(c, "plugin", path + ": " + why); };
-  if (!fs::exists(path)) bad(Errc::not_found, "no such file");
+  auto check_pin = [&](const std::string& sha) {
+    if (pin && *pin != sha)
+      bad(Errc::invalid_argument, "sha256 is " + sha + " but the pipeline pins " + *pin +
+                                      " — the file changed; rebuild it or update the pin");
+  };
+  std::error_code ec;
+  if (!fs::exists(path, ec)) bad(Errc::not_found, "no such file");
+  const std::string canonical = fs::weakly_canonical(path, ec).string();
+  std::lock_guard<std::mutex> lock(libraries_mutex());
+  if (auto it = loaded_libraries().find(canonical); it != loaded_libraries().end())
+    if (auto existing = it->second.lock()) {
+      check_pin(existing->sha256_);
+      return existing;
+    }
   std::shared_ptr<PluginLibrary> lib(new PluginLibrary());
-  lib->path_ = fs::absolute(path).string();
+  lib->path_ = canonical;
   lib->sha256_ = file_sha256(path);
-  if (pin && *pin != lib->sha256_)
-    bad(Errc::invalid_argument, "sha256 is " + lib->sha256_ + " but the pipeline pins " + *pin +
-                                    " — the file changed; rebuild it or update the pin");
+  check_pin(lib->sha256_);
+  // dlopen once ourselves for a clean dlerror() message (Boost.DLL's wraps it twice over).
+  if (void* probe = dlopen(lib->path_.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    dlclose(probe);
+  } else {
+    const char* e = dlerror();
+    std::string why = e ? e : "unknown dlopen error";
+    if (why.rfind(lib->path_ + ": ", 0) == 0) why = why.substr(lib->path_.size() + 2);
+    bad(Errc::invalid_argument, "cannot be loaded as a shared library: " + why);
+  }
   lib->handle_ = std::make_unique<PluginLibrary::Handle>();
   try {
     lib->handle_->lib.load(lib->path_, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    const char* d = dlerror();
-    bad(Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + (d ? d : e.what()));
+    bad(Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + e.what());
   }
   auto& dl = lib->handle_->lib;
   if (!dl.has("loom_plugin_init"))
@@ -114,17 +156,22 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   if (!p)
     bad(Errc::abi_mismatch, "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
                                 std::to_string(LOOM_ABI_MINOR) + "); rebuild the plugin against this SDK");
-  if (p->struct_size < offsetof(loom_plugin, shutdown) || p->abi_major != LOOM_ABI_MAJOR)
+  if (p->struct_size < sizeof(loom_plugin) || p->abi_major != LOOM_ABI_MAJOR)
     bad(Errc::abi_mismatch, "built for ABI " + std::to_string(p->abi_major) + "." +
                                 std::to_string(p->abi_minor) + ", the host speaks ABI " +
                                 std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
                                 " (the major must match); rebuild it against this SDK");
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories))
     bad(Errc::invalid_argument, "its loom_plugin table is incomplete (name, version or factories missing)");
-  for (size_t i = 0; i < p->n_factories; ++i)
-    if (!p->factories[i].name || !p->factories[i].create)
+  if (p->n_factories > 0 && p->factories[0].struct_size < sizeof(loom_factory))
+    bad(Errc::abi_mismatch, "its loom_factory entries are smaller than ABI 1.0's");
+  for (size_t i = 0; i < p->n_factories; ++i) {
+    const loom_factory& f = factory_at(*p, i);
+    if (!f.name || !f.create)
       bad(Errc::invalid_argument, "factory " + std::to_string(i) + " has no name or create function");
+  }
   lib->plugin_ = p;
+  loaded_libraries()[canonical] = lib;
   return lib;
 }
 
@@ -139,7 +186,7 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
     for (const auto& e : fs::directory_iterator(d, ec)) {
       const std::string name = e.path().filename().string();
       if (name.rfind("libloom-", 0) == 0 && e.path().extension() == ".so")
-        here.push_back(fs::absolute(e.path()).string());
+        here.push_back(fs::weakly_canonical(e.path(), ec).string());
     }
     std::sort(here.begin(), here.end());
     for (auto& f : here)
@@ -159,7 +206,7 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       info.abi_minor = p.abi_minor;
       info.score = lib->score();
       for (size_t i = 0; i < p.n_factories; ++i)
-        info.factories.push_back({std::string(kind_name(p.factories[i].kind)), p.factories[i].name});
+        info.factories.push_back({std::string(kind_name(factory_at(p, i).kind)), factory_at(p, i).name});
       if (auto it = pins.find(info.name); it != pins.end() && it->second != info.sha256)
         fail(Errc::invalid_argument, "plugin",
              f + ": sha256 is " + info.sha256 + " but the pipeline pins " + it->second + " for plugin '" +
@@ -190,7 +237,7 @@ std::optional<PluginRegistry::Found> PluginRegistry::find(int32_t kind, std::str
   for (const auto& l : libs_) {
     const loom_plugin& p = l->plugin();
     for (size_t i = 0; i < p.n_factories; ++i)
-      if (p.factories[i].kind == kind && name == p.factories[i].name) return Found{l, &p.factories[i]};
+      if (factory_at(p, i).kind == kind && name == factory_at(p, i).name) return Found{l, &factory_at(p, i)};
   }
   return std::nullopt;
 }
@@ -200,8 +247,8 @@ std::string PluginRegistry::available(int32_t kind) const {
   for (const auto& l : libs_) {
     const loom_plugin& p = l->plugin();
     for (size_t i = 0; i < p.n_factories; ++i)
-      if (p.factories[i].kind == kind)
-        s += (s.empty() ? "" : ", ") + std::string(p.factories[i].name) + " (" + p.name + ")";
+      if (factory_at(p, i).kind == kind)
+        s += (s.empty() ? "" : ", ") + std::string(factory_at(p, i).name) + " (" + p.name + ")";
   }
   return s.empty() ? "none" : s;
 }

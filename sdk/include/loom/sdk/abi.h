@@ -168,8 +168,8 @@ typedef struct loom_plugin {
   const char* name;              /* static storage */
   const char* version;           /* the plugin's own semver, static storage */
   size_t n_factories;
-  const loom_factory* factories;
-  void (*shutdown)(void); /* optional: join threads, free device memory; called once at exit */
+  const loom_factory* factories; /* entries are factories[0].struct_size bytes apart */
+  void (*shutdown)(void);        /* optional: join threads, free device memory; called once at exit */
 } loom_plugin;
 
 /* ---- the host's services ------------------------------------------------------------------- */

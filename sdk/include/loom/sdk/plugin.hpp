@@ -353,8 +353,9 @@ template <class T> constexpr loom_factory decoder_factory(const char* name) {
 #define LOOM_DECODER(NAME, TYPE) ::loom::sdk::decoder_factory<TYPE>(NAME)
 
 // Defines the two exports. SCORE is an expression evaluated by loom_plugin_score() (0 = cannot run
-// here, higher wins among variants of one plugin).
-#define LOOM_PLUGIN_DEFINE_SCORED(NAME, VERSION, SCORE, ...)                                                 \
+// here, higher wins among variants of one plugin); SHUTDOWN is a `void(void)` function or nullptr,
+// called once when the host is done with the library (join threads, free device memory).
+#define LOOM_PLUGIN_DEFINE_FULL(NAME, VERSION, SCORE, SHUTDOWN, ...)                                         \
   extern "C" LOOM_EXPORT int32_t loom_plugin_score(void) {                                                   \
     return (SCORE);                                                                                          \
   }                                                                                                          \
@@ -375,8 +376,10 @@ template <class T> constexpr loom_factory decoder_factory(const char* name) {
                                        VERSION,                                                              \
                                        sizeof(factories) / sizeof(factories[0]),                             \
                                        factories,                                                            \
-                                       nullptr};                                                             \
+                                       SHUTDOWN};                                                            \
     return &plugin;                                                                                          \
   }
 
-#define LOOM_PLUGIN_DEFINE(NAME, VERSION, ...) LOOM_PLUGIN_DEFINE_SCORED(NAME, VERSION, 1, __VA_ARGS__)
+#define LOOM_PLUGIN_DEFINE_SCORED(NAME, VERSION, SCORE, ...)                                                 \
+  LOOM_PLUGIN_DEFINE_FULL(NAME, VERSION, SCORE, nullptr, __VA_ARGS__)
+#define LOOM_PLUGIN_DEFINE(NAME, VERSION, ...) LOOM_PLUGIN_DEFINE_FULL(NAME, VERSION, 1, nullptr, __VA_ARGS__)

@@ -1,0 +1,224 @@
+// abi_layout_test.cpp — freezes the memory layout of the plugin ABI (sdk/include/loom/sdk/abi.h).
+//
+// A plugin built against one SDK must keep working with a later host of the same ABI major, so a
+// field's offset never changes: new fields are appended at the end of a table (the reader checks
+// struct_size) and described in a NEW block below, guarded by the minor that added them. If an
+// assertion here fails, the change breaks every plugin already built: revert it, or bump
+// LOOM_ABI_MAJOR (and write a new block for the new major).
+//
+// The numbers are bytes on LP64 (Linux/macOS x86-64 and AArch64): pointers, size_t and function
+// pointers are 8 bytes, int32_t/uint32_t/float 4, int64_t 8.
+#include "loom/sdk/abi.h"
+#include "loom/sdk/backend.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <gtest/gtest.h>
+#include <type_traits>
+
+#define LOOM_ABI_OFFSET(type, field, bytes)                                                                  \
+  static_assert(offsetof(type, field) == (bytes), #type "::" #field " moved: ABI 1.0 layouts are frozen")
+#define LOOM_ABI_SIZE(type, bytes)                                                                           \
+  static_assert(sizeof(type) == (bytes), "sizeof(" #type ") changed: ABI 1.0 layouts are frozen")
+
+static_assert(LOOM_ABI_MAJOR == 1u, "a new ABI major needs its own frozen block below");
+
+// The C ABI's tables must stay plain C data.
+static_assert(std::is_standard_layout_v<loom_plugin> && std::is_trivially_copyable_v<loom_plugin>);
+static_assert(std::is_standard_layout_v<loom_host_api> && std::is_trivially_copyable_v<loom_host_api>);
+static_assert(std::is_standard_layout_v<loom_candidates> && std::is_trivially_copyable_v<loom_candidates>);
+static_assert(sizeof(loom_token) == 4 && sizeof(loom_seq) == 4);
+
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu && SIZE_MAX == 0xFFFFFFFFFFFFFFFFu
+
+// ================================================================================================
+// ABI 1.0 — DO NOT MODIFY; append new fields and add a new block
+// ================================================================================================
+
+// loom_plugin
+LOOM_ABI_OFFSET(loom_plugin, struct_size, 0);
+LOOM_ABI_OFFSET(loom_plugin, abi_major, 4);
+LOOM_ABI_OFFSET(loom_plugin, abi_minor, 8);
+LOOM_ABI_OFFSET(loom_plugin, name, 16);
+LOOM_ABI_OFFSET(loom_plugin, version, 24);
+LOOM_ABI_OFFSET(loom_plugin, n_factories, 32);
+LOOM_ABI_OFFSET(loom_plugin, factories, 40);
+LOOM_ABI_OFFSET(loom_plugin, shutdown, 48);
+LOOM_ABI_SIZE(loom_plugin, 56);
+
+// loom_factory
+LOOM_ABI_OFFSET(loom_factory, struct_size, 0);
+LOOM_ABI_OFFSET(loom_factory, kind, 4);
+LOOM_ABI_OFFSET(loom_factory, name, 8);
+LOOM_ABI_OFFSET(loom_factory, create, 16);
+LOOM_ABI_SIZE(loom_factory, 24);
+
+// loom_host_api
+LOOM_ABI_OFFSET(loom_host_api, struct_size, 0);
+LOOM_ABI_OFFSET(loom_host_api, abi_major, 4);
+LOOM_ABI_OFFSET(loom_host_api, abi_minor, 8);
+LOOM_ABI_OFFSET(loom_host_api, log, 16);
+LOOM_ABI_OFFSET(loom_host_api, status_create, 24);
+LOOM_ABI_OFFSET(loom_host_api, config_get_i64, 32);
+LOOM_ABI_OFFSET(loom_host_api, config_get_f64, 40);
+LOOM_ABI_OFFSET(loom_host_api, config_get_bool, 48);
+LOOM_ABI_OFFSET(loom_host_api, config_get_str, 56);
+LOOM_ABI_OFFSET(loom_host_api, config_has, 64);
+LOOM_ABI_OFFSET(loom_host_api, rng_uniform, 72);
+LOOM_ABI_OFFSET(loom_host_api, session_n_vocab, 80);
+LOOM_ABI_OFFSET(loom_host_api, session_n_prompt, 88);
+LOOM_ABI_OFFSET(loom_host_api, session_max_new_tokens, 96);
+LOOM_ABI_OFFSET(loom_host_api, seq_fork, 104);
+LOOM_ABI_OFFSET(loom_host_api, seq_free, 112);
+LOOM_ABI_OFFSET(loom_host_api, seq_truncate, 120);
+LOOM_ABI_OFFSET(loom_host_api, seq_append, 128);
+LOOM_ABI_OFFSET(loom_host_api, seq_tokens, 136);
+LOOM_ABI_OFFSET(loom_host_api, seq_n_generated, 144);
+LOOM_ABI_OFFSET(loom_host_api, seq_finished, 152);
+LOOM_ABI_OFFSET(loom_host_api, session_plan, 160);
+LOOM_ABI_OFFSET(loom_host_api, seq_logits, 168);
+LOOM_ABI_OFFSET(loom_host_api, seq_sample, 176);
+LOOM_ABI_OFFSET(loom_host_api, seq_logprob, 184);
+LOOM_ABI_OFFSET(loom_host_api, seq_finish, 192);
+LOOM_ABI_OFFSET(loom_host_api, seq_score, 200);
+LOOM_ABI_OFFSET(loom_host_api, session_set_stream, 208);
+LOOM_ABI_OFFSET(loom_host_api, detokenize, 216);
+LOOM_ABI_OFFSET(loom_host_api, session_add_result, 224);
+LOOM_ABI_SIZE(loom_host_api, 232);
+
+// loom_sampler_i
+LOOM_ABI_OFFSET(loom_sampler_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_sampler_i, apply, 8);
+LOOM_ABI_OFFSET(loom_sampler_i, accept, 16);
+LOOM_ABI_OFFSET(loom_sampler_i, reset, 24);
+LOOM_ABI_OFFSET(loom_sampler_i, clone, 32);
+LOOM_ABI_OFFSET(loom_sampler_i, selects, 40);
+LOOM_ABI_OFFSET(loom_sampler_i, destroy, 48);
+LOOM_ABI_SIZE(loom_sampler_i, 56);
+
+// loom_stop_i
+LOOM_ABI_OFFSET(loom_stop_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_stop_i, check, 8);
+LOOM_ABI_OFFSET(loom_stop_i, holdback_bytes, 16);
+LOOM_ABI_OFFSET(loom_stop_i, clone, 24);
+LOOM_ABI_OFFSET(loom_stop_i, destroy, 32);
+LOOM_ABI_SIZE(loom_stop_i, 40);
+
+// loom_decoder_i
+LOOM_ABI_OFFSET(loom_decoder_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_decoder_i, start, 8);
+LOOM_ABI_OFFSET(loom_decoder_i, plan, 16);
+LOOM_ABI_OFFSET(loom_decoder_i, update, 24);
+LOOM_ABI_OFFSET(loom_decoder_i, done, 32);
+LOOM_ABI_OFFSET(loom_decoder_i, results, 40);
+LOOM_ABI_OFFSET(loom_decoder_i, destroy, 48);
+LOOM_ABI_SIZE(loom_decoder_i, 56);
+
+// loom_candidates
+LOOM_ABI_OFFSET(loom_candidates, data, 0);
+LOOM_ABI_OFFSET(loom_candidates, size, 8);
+LOOM_ABI_OFFSET(loom_candidates, sorted, 16);
+LOOM_ABI_OFFSET(loom_candidates, has_probs, 20);
+LOOM_ABI_OFFSET(loom_candidates, selected, 24);
+LOOM_ABI_SIZE(loom_candidates, 32);
+
+// loom_token_data
+LOOM_ABI_OFFSET(loom_token_data, id, 0);
+LOOM_ABI_OFFSET(loom_token_data, logit, 4);
+LOOM_ABI_OFFSET(loom_token_data, p, 8);
+LOOM_ABI_SIZE(loom_token_data, 12);
+
+// loom_sampler_ctx
+LOOM_ABI_OFFSET(loom_sampler_ctx, struct_size, 0);
+LOOM_ABI_OFFSET(loom_sampler_ctx, prompt, 8);
+LOOM_ABI_OFFSET(loom_sampler_ctx, n_prompt, 16);
+LOOM_ABI_OFFSET(loom_sampler_ctx, generated, 24);
+LOOM_ABI_OFFSET(loom_sampler_ctx, n_generated, 32);
+LOOM_ABI_OFFSET(loom_sampler_ctx, rng_state, 40);
+LOOM_ABI_SIZE(loom_sampler_ctx, 48);
+
+// ---- enum values are part of the ABI too ----
+static_assert(LOOM_KIND_BACKEND == 1 && LOOM_KIND_DECODER == 2 && LOOM_KIND_SAMPLER == 3 &&
+              LOOM_KIND_STOP == 4);
+static_assert(LOOM_LOG_DEBUG == 0 && LOOM_LOG_INFO == 1 && LOOM_LOG_WARN == 2 && LOOM_LOG_ERROR == 3);
+static_assert(LOOM_STATUS_INVALID_ARGUMENT == 1 && LOOM_STATUS_NOT_FOUND == 2 &&
+              LOOM_STATUS_UNSUPPORTED == 3 && LOOM_STATUS_ABI_MISMATCH == 4 &&
+              LOOM_STATUS_OUT_OF_MEMORY == 5 && LOOM_STATUS_DEVICE_ERROR == 6 && LOOM_STATUS_INTERNAL == 7);
+static_assert(LOOM_STOP_NONE == 0 && LOOM_STOP_EOS == 1 && LOOM_STOP_STOP_TOKEN == 2 &&
+              LOOM_STOP_STOP_STRING == 3 && LOOM_STOP_MAX_TOKENS == 4 && LOOM_STOP_MAX_CONTEXT == 5 &&
+              LOOM_STOP_TIMEOUT == 6 && LOOM_STOP_CANCELLED == 7 && LOOM_STOP_CUSTOM == 8);
+
+// ================================================================================================
+// (ABI 1.1 and later: a new block here, asserting only the appended fields.)
+// ================================================================================================
+
+// ---- ABI 1.0, loom/sdk/backend.h — DO NOT MODIFY; append new fields and add a new block ----
+LOOM_ABI_OFFSET(loom_tensor, name, 0);
+LOOM_ABI_OFFSET(loom_tensor, kind, 8);
+LOOM_ABI_OFFSET(loom_tensor, dtype, 12);
+LOOM_ABI_OFFSET(loom_tensor, ne, 16);
+LOOM_ABI_OFFSET(loom_tensor, data, 48);
+LOOM_ABI_SIZE(loom_tensor, 56);
+LOOM_ABI_OFFSET(loom_rope_params, n_dims, 0);
+LOOM_ABI_OFFSET(loom_rope_params, beta_slow, 32);
+LOOM_ABI_SIZE(loom_rope_params, 36);
+LOOM_ABI_OFFSET(loom_attention_params, layer, 0);
+LOOM_ABI_OFFSET(loom_attention_params, softcap, 24);
+LOOM_ABI_SIZE(loom_attention_params, 28);
+LOOM_ABI_OFFSET(loom_node, op, 0);
+LOOM_ABI_OFFSET(loom_node, src, 4);
+LOOM_ABI_OFFSET(loom_node, dst, 16);
+LOOM_ABI_OFFSET(loom_node, eps, 20);
+LOOM_ABI_OFFSET(loom_node, scale, 24);
+LOOM_ABI_OFFSET(loom_node, rope, 28);
+LOOM_ABI_OFFSET(loom_node, attn, 64);
+LOOM_ABI_SIZE(loom_node, 92);
+LOOM_ABI_OFFSET(loom_graph, struct_size, 0);
+LOOM_ABI_OFFSET(loom_graph, n_tensors, 8);
+LOOM_ABI_OFFSET(loom_graph, tensors, 16);
+LOOM_ABI_OFFSET(loom_graph, n_nodes, 24);
+LOOM_ABI_OFFSET(loom_graph, nodes, 32);
+LOOM_ABI_OFFSET(loom_graph, n_tokens, 40);
+LOOM_ABI_OFFSET(loom_graph, n_outputs, 44);
+LOOM_ABI_OFFSET(loom_graph, in_tokens, 48);
+LOOM_ABI_OFFSET(loom_graph, in_positions, 52);
+LOOM_ABI_OFFSET(loom_graph, in_out_ids, 56);
+LOOM_ABI_OFFSET(loom_graph, out_logits, 60);
+LOOM_ABI_SIZE(loom_graph, 64);
+LOOM_ABI_OFFSET(loom_batch, struct_size, 0);
+LOOM_ABI_OFFSET(loom_batch, n_tokens, 8);
+LOOM_ABI_OFFSET(loom_batch, tokens, 16);
+LOOM_ABI_OFFSET(loom_batch, positions, 24);
+LOOM_ABI_OFFSET(loom_batch, seq_ids, 32);
+LOOM_ABI_OFFSET(loom_batch, n_outputs, 40);
+LOOM_ABI_OFFSET(loom_batch, output_rows, 48);
+LOOM_ABI_SIZE(loom_batch, 56);
+LOOM_ABI_OFFSET(loom_kv_view, struct_size, 0);
+LOOM_ABI_OFFSET(loom_kv_view, ctx, 8);
+LOOM_ABI_OFFSET(loom_kv_view, k_row, 16);
+LOOM_ABI_OFFSET(loom_kv_view, v_row, 24);
+LOOM_ABI_SIZE(loom_kv_view, 32);
+LOOM_ABI_OFFSET(loom_backend_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_backend_i, name, 8);
+LOOM_ABI_OFFSET(loom_backend_i, supports, 16);
+LOOM_ABI_OFFSET(loom_backend_i, graph_compute, 24);
+LOOM_ABI_OFFSET(loom_backend_i, buffer_alloc, 32);
+LOOM_ABI_OFFSET(loom_backend_i, buffer_free, 40);
+LOOM_ABI_OFFSET(loom_backend_i, buffer_upload, 48);
+LOOM_ABI_OFFSET(loom_backend_i, buffer_download, 56);
+LOOM_ABI_OFFSET(loom_backend_i, memory_info, 64);
+LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 72);
+LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
+LOOM_ABI_SIZE(loom_backend_i, 88);
+#endif // LP64
+
+// The assertions above are checked at compile time; this runs so the file shows up in the results.
+TEST(AbiLayout, Frozen) {
+  EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
+  EXPECT_GE(LOOM_ABI_MINOR, 0u);
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+  EXPECT_EQ(sizeof(loom_host_api), 232u);
+#else
+  GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
+#endif
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# run_sdk_test.sh BUILD_DIR SOURCE_DIR — the SDK works out of tree.
+#
+#  1. installs the `sdk` component of BUILD_DIR into a fresh prefix;
+#  2. configures and builds sdk/examples/best_of_n against that prefix only (CMAKE_PREFIX_PATH),
+#     failing if its compile commands reach into the source tree (core/, or sdk/include/ in place
+#     of the installed headers);
+#  3. checks the example's exports (tests/plugin/check_exports.sh);
+#  4. runs `loom run --decoder best_of_n --set decoder.n=3` with it and checks the JSON: three
+#     n_best hypotheses and a stop_reason.
+# Models: $LOOM_TEST_MODELS, else $LOOM_TEST_MODELS_DEFAULT (set by CMake). Without
+# stories260K.gguf it prints SKIPPED and exits 77 (ctest's SKIP_RETURN_CODE).
+set -euo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: run_sdk_test.sh BUILD_DIR SOURCE_DIR" >&2
+  exit 2
+fi
+build_dir=$(cd "$1" && pwd)
+source_dir=$(cd "$2" && pwd)
+models="${LOOM_TEST_MODELS:-${LOOM_TEST_MODELS_DEFAULT:-$source_dir/../shared/models}}"
+model="$models/stories260K.gguf"
+loom="$build_dir/bin/loom"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+if [ ! -f "$model" ]; then
+  echo "SKIPPED: model file missing: $model (set LOOM_TEST_MODELS to the directory with the shared test models)"
+  exit 77
+fi
+[ -x "$loom" ] || fail "$loom is not built"
+command -v python3 >/dev/null || fail "python3 is needed to check the JSON output"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/loom-sdk-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+example_build="$work/best_of_n"
+
+echo "== install the SDK component into $prefix"
+cmake --install "$build_dir" --component sdk --prefix "$prefix" >"$work/install.log" 2>&1 ||
+  { cat "$work/install.log" >&2; fail "cmake --install --component sdk"; }
+[ -f "$prefix/include/loom/sdk/abi.h" ] || fail "the SDK install lacks include/loom/sdk/abi.h"
+[ -f "$prefix/lib/cmake/LoomSdk/LoomSdkConfig.cmake" ] || fail "the SDK install lacks LoomSdkConfig.cmake"
+# Only the SDK: no core headers, no libraries.
+if [ -d "$prefix/include/loom" ] && find "$prefix/include/loom" -maxdepth 1 -type f | grep -q .; then
+  fail "the sdk component installs core headers: $(find "$prefix/include/loom" -maxdepth 1 -type f | tr '\n' ' ')"
+fi
+
+echo "== build sdk/examples/best_of_n against the installed SDK"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n 1)
+compiler=()
+[ -n "$cxx" ] && compiler=(-DCMAKE_CXX_COMPILER="$cxx")
+cmake -S "$source_dir/sdk/examples/best_of_n" -B "$example_build" "${generator[@]}" "${compiler[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; fail "configuring the example"; }
+cmake --build "$example_build" >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; fail "building the example"; }
+
+commands="$example_build/compile_commands.json"
+[ -f "$commands" ] || fail "no compile_commands.json in $example_build"
+if grep -q -e "/core/" -e "$source_dir/sdk/include" "$commands"; then
+  cat "$commands" >&2
+  fail "the example's compile commands reach into the source tree (/core/ or $source_dir/sdk/include);" \
+       "it must see only the installed SDK in $prefix"
+fi
+grep -q -e "$prefix/include" "$commands" || { cat "$commands" >&2; fail "the example does not use $prefix/include"; }
+
+plugin="$example_build/libloom-decoder-best_of_n.so"
+[ -f "$plugin" ] || fail "the example did not produce $plugin"
+bash "$source_dir/tests/plugin/check_exports.sh" "$plugin"
+
+echo "== loom run --decoder best_of_n"
+out="$work/run.json"
+"$loom" run -m "$model" -p "Once upon a time" -n 16 --decoder best_of_n --set decoder.n=3 \
+  --plugin-path "$example_build" --seed 1 --json >"$out" 2>"$work/run.err" ||
+  { cat "$out" "$work/run.err" >&2; fail "loom run exited with $?"; }
+
+python3 - "$out" <<'PY' || { cat "$out" "$work/run.err" >&2; exit 1; }
+import json, sys
+lines = [l for l in open(sys.argv[1], encoding="utf-8").read().splitlines() if l.strip()]
+if not lines:
+    sys.exit("FAIL: loom run printed nothing")
+try:
+    r = json.loads(lines[-1])
+except ValueError as e:
+    sys.exit(f"FAIL: the last line of loom run --json is not JSON: {e}")
+if "stop_reason" not in r:
+    sys.exit("FAIL: no stop_reason in the result")
+nb = r.get("n_best")
+if not isinstance(nb, list) or len(nb) != 3:
+    sys.exit(f"FAIL: expected n_best with 3 entries (decoder.n=3), got {nb!r}")
+for i, h in enumerate(nb):
+    if "stop_reason" not in h:
+        sys.exit(f"FAIL: n_best[{i}] has no stop_reason: {h!r}")
+print(f"ok: n_best has 3 hypotheses, stop_reason {r['stop_reason']}")
+PY
+echo "== SDK test passed"
