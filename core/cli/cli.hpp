@@ -33,5 +33,7 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_config(const std::vector<std::string>& args);
 int cmd_plugins(const std::vector<std::string>& args);
+int cmd_synth(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
 
 } // namespace loom::cli

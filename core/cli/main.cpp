@@ -49,6 +49,8 @@ commands:
   inspect    describe a model file: architecture, parameters, tensor types, memory
   config     show the resolved pipeline of a TOML file (config show -c P.toml)
   plugins    list the plugins found: name, kind, version, ABI, path, sha256, score
+  bench      prefill/decode throughput, TTFT, TPOT, peak RSS (median and spread over repetitions)
+  synth      write a random-weight model of a named shape (loads in llama.cpp too)
 
 Run 'loom <command> --help' for the options of a command.
 Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
@@ -78,6 +80,8 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(rest);
     if (cmd == "config") return cmd_config(rest);
     if (cmd == "plugins") return cmd_plugins(rest);
+    if (cmd == "synth") return cmd_synth(rest);
+    if (cmd == "bench") return cmd_bench(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;
   } catch (const UsageError& e) {

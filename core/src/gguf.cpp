@@ -662,6 +662,52 @@ std::vector<uint8_t> GgufWriter::serialize(uint32_t alignment) const {
   return out;
 }
 
+void GgufWriter::write_streaming(const std::string& path, const std::vector<TensorSpec>& tensors,
+                                 const std::function<void(size_t, std::vector<uint8_t>&)>& fill,
+                                 uint32_t alignment) const {
+  std::vector<uint8_t> out;
+  put<uint32_t>(out, k_magic);
+  put<uint32_t>(out, 3);
+  put<uint64_t>(out, tensors.size());
+  put<uint64_t>(out, kv_.size());
+  for (const auto& kv : kv_) {
+    put_str(out, kv.key);
+    put<uint32_t>(out, static_cast<uint32_t>(kv.value.type));
+    put_value(out, kv.value);
+  }
+  uint64_t off = 0;
+  std::vector<uint64_t> sizes;
+  for (const auto& t : tensors) {
+    put_str(out, t.name);
+    put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
+    int64_t rows = 1;
+    for (size_t k = 0; k < t.ne.size(); ++k) {
+      put<uint64_t>(out, static_cast<uint64_t>(t.ne[k]));
+      if (k > 0) rows *= t.ne[k];
+    }
+    put<uint32_t>(out, static_cast<uint32_t>(t.type));
+    put<uint64_t>(out, off);
+    const uint64_t bytes = row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(rows);
+    sizes.push_back(bytes);
+    off += (bytes + alignment - 1) / alignment * alignment;
+  }
+  out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+  std::ofstream f(path, std::ios::binary);
+  if (!f) fail(Errc::invalid_argument, "gguf", "cannot write '" + path + "': " + std::strerror(errno));
+  f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  std::vector<uint8_t> buf;
+  const std::vector<char> pad(alignment, 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    buf.clear();
+    fill(i, buf);
+    LOOM_ASSERT(buf.size() == sizes[i], "tensor bytes differ from the declared shape");
+    f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    const size_t rem = buf.size() % alignment;
+    if (rem) f.write(pad.data(), static_cast<std::streamsize>(alignment - rem));
+  }
+  if (!f) fail(Errc::invalid_argument, "gguf", "writing '" + path + "' failed: " + std::strerror(errno));
+}
+
 void GgufWriter::write(const std::string& path, uint32_t alignment) const {
   const auto bytes = serialize(alignment);
   std::ofstream f(path, std::ios::binary);

@@ -159,7 +159,7 @@ std::vector<TokenId> Pipeline::tokenize(std::string_view text) const {
 MemoryReport Pipeline::memory() const noexcept {
   MemoryReport m;
   m.weights = model_->config().weight_bytes;
-  m.kv = kv_->bytes_capacity();
+  m.kv = static_cast<uint64_t>(n_ctx_) * model_->config().kv_bytes_per_token(DType::f32); // one sequence
   m.activations = backend_->workspace_bytes();
   return m;
 }

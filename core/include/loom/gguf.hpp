@@ -8,6 +8,7 @@
 #include "loom/dtype.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -134,6 +135,17 @@ public:
   void add_tensor(std::string name, DType type, std::vector<int64_t> ne, std::vector<uint8_t> data);
   std::vector<uint8_t> serialize(uint32_t alignment = 32) const;
   void write(const std::string& path, uint32_t alignment = 32) const;
+
+  // Writes metadata plus tensors whose bytes are produced one at a time by `fill(index, bytes)`
+  // (bytes must be resized to row_bytes(type, ne[0]) · rows), so a large model never sits in memory.
+  struct TensorSpec {
+    std::string name;
+    DType type;
+    std::vector<int64_t> ne;
+  };
+  void write_streaming(const std::string& path, const std::vector<TensorSpec>& tensors,
+                       const std::function<void(size_t, std::vector<uint8_t>&)>& fill,
+                       uint32_t alignment = 32) const;
 
 private:
   struct T {

@@ -31,7 +31,7 @@ struct GenerationRequest {
 
 struct MemoryReport {
   uint64_t weights = 0;     // tensor bytes of the model as stored
-  uint64_t kv = 0;          // KV cache capacity
+  uint64_t kv = 0;          // KV cache of one sequence at the full context
   uint64_t activations = 0; // activations + workspace of the last forward
 };
 

@@ -1,0 +1,161 @@
+// `loom bench`: prefill and decode throughput over repetitions (median and spread), TTFT, TPOT,
+// peak RSS and the memory breakdown — comparable to llama-bench's pp/tg numbers.
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sys/resource.h>
+
+namespace loom::cli {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024u; // Linux reports KiB
+}
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+} // namespace
+
+int cmd_bench(const std::vector<std::string>& args) {
+  po::options_description desc("loom bench options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("model,m", po::value<std::string>(), "model file (GGUF)")
+    ("config,c", po::value<std::string>(), "pipeline TOML (backend, threads, KV …)")
+    ("threads,t", po::value<int>(), "threads (overrides [backend] threads)")
+    ("pp", po::value<int>()->default_value(512), "prompt tokens to prefill")
+    ("tg", po::value<int>()->default_value(128), "tokens to generate")
+    ("repetitions,r", po::value<int>()->default_value(5), "repetitions (median and spread are reported)")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("json", "print one JSON object");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom bench (-m MODEL.gguf | -c PIPELINE.toml) [--threads N] [--pp N] [--tg N] [-r R] "
+          "[--json]\n"
+          "Prefill (pp) and decode (tg) throughput, TTFT, TPOT and peak RSS, over R repetitions after one\n"
+          "warm-up; prompts are random token ids, decoding is greedy with EOS ignored."))
+    return k_exit_ok;
+  if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");
+  const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
+  if (pp < 1 || tg < 1 || reps < 1) throw UsageError("--pp, --tg and -r must be ≥ 1");
+
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("set"))
+    for (const auto& s : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(s));
+  PipelineConfig cfg;
+  if (vm.count("config")) {
+    cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
+  } else {
+    cfg.source = "<command line>";
+    cfg = apply_overrides(cfg, overrides);
+  }
+  if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+  if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
+  cfg.model.n_ctx = std::max(cfg.model.n_ctx, pp + tg + 8);
+  cfg.samplers = {SamplerSpec{"greedy", {}}};
+  cfg.stop.eos = false;
+  cfg.stop.strings.clear();
+  cfg.stop.token_ids.clear();
+  cfg.stop.timeout_ms = 0;
+  cfg.run.seed = 1;
+
+  auto p = Pipeline::create(cfg);
+  const int32_t n_vocab = p->model().config().n_vocab;
+  std::mt19937 rng(1234);
+  auto prompt = [&](int n) {
+    std::vector<TokenId> t;
+    t.push_back(p->tokenizer().bos() >= 0 ? p->tokenizer().bos() : 1);
+    std::uniform_int_distribution<int32_t> d(3, n_vocab - 1);
+    while (static_cast<int>(t.size()) < n)
+      t.push_back(d(rng));
+    return t;
+  };
+  const bool tty = stderr_is_tty() && !vm.count("json");
+  { // warm-up: page in the weights, build the graphs
+    GenerationRequest w;
+    w.prompt_tokens = prompt(std::min(pp, 16));
+    w.max_new_tokens = 2;
+    (void)p->generate(w);
+  }
+  std::vector<double> pre, dec, ttft, tpot;
+  for (int r = 0; r < reps; ++r) {
+    if (tty) std::fprintf(stderr, "\rbench: repetition %d/%d", r + 1, reps);
+    GenerationRequest q;
+    q.prompt_tokens = prompt(pp);
+    q.max_new_tokens = tg + 1; // the first token comes from the prefill; tg more are decoded
+    const auto res = p->generate(q);
+    pre.push_back(res.metrics.prefill_tok_s);
+    dec.push_back(res.metrics.decode_tok_s);
+    ttft.push_back(res.metrics.ttft_ms);
+    tpot.push_back(res.metrics.tpot_ms);
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  const MemoryReport mem = p->memory();
+  const uint64_t rss = peak_rss_bytes();
+  const ModelConfig& mc = p->model().config();
+  if (vm.count("json")) {
+    nlohmann::json j = {
+        {"model", cfg.resolved_model_path()},
+        {"backend", cfg.backend.name},
+        {"threads", cfg.backend.threads},
+        {"weight_type", std::string(dtype_name(mc.weight_type))},
+        {"n_params", mc.n_params},
+        {"pp", pp},
+        {"tg", tg},
+        {"repetitions", reps},
+        {"prefill_tok_s", median(pre)},
+        {"decode_tok_s", median(dec)},
+        {"prefill_tok_s_runs", pre},
+        {"decode_tok_s_runs", dec},
+        {"ttft_ms", median(ttft)},
+        {"tpot_ms", median(tpot)},
+        {"peak_rss_bytes", rss},
+        {"memory",
+         {{"weights_bytes", mem.weights}, {"kv_bytes", mem.kv}, {"activations_bytes", mem.activations}}}};
+    std::cout << j.dump() << "\n";
+    return k_exit_ok;
+  }
+  auto spread = [](const std::vector<double>& v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "min %.1f, max %.1f", *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+  };
+  std::printf("model:    %s (%s, %.1f M params)\n", cfg.resolved_model_path().c_str(),
+              std::string(dtype_name(mc.weight_type)).c_str(), static_cast<double>(mc.n_params) / 1e6);
+  std::printf("backend:  %s, threads %d\n", cfg.backend.name.c_str(), cfg.backend.threads);
+  std::printf("prefill:  pp%-5d %10.1f tok/s  (median of %d; %s)\n", pp, median(pre), reps,
+              spread(pre).c_str());
+  std::printf("decode:   tg%-5d %10.1f tok/s  (median of %d; %s)\n", tg, median(dec), reps,
+              spread(dec).c_str());
+  std::printf("latency:  TTFT %.1f ms, TPOT %.2f ms (medians)\n", median(ttft), median(tpot));
+  std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s\n", mib(rss).c_str(),
+              mib(mem.weights).c_str(), mib(mem.kv).c_str(), mib(mem.activations).c_str());
+  return k_exit_ok;
+}
+
+} // namespace loom::cli

@@ -1,0 +1,51 @@
+// `loom synth`: random-weight models of named shapes, loadable by Loom and llama.cpp alike.
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "loom/synth.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+namespace loom::cli {
+
+int cmd_synth(const std::vector<std::string>& args) {
+  po::options_description desc("loom synth options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b")
+    ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 (of the matrices)")
+    ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
+    ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")
+    ("output,o", po::value<std::string>(), "output .gguf");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm,
+                  "usage: loom synth --shape NAME --type T [--vocab-from GGUF] -o OUT.gguf\n"
+                  "Writes a random-weight Llama model of a named shape (weights uniform with std 0.02, norms "
+                  "1) with\n"
+                  "full metadata and a vocabulary, so llama.cpp runs the very same file."))
+    return k_exit_ok;
+  if (!vm.count("shape")) throw UsageError("give --shape (see --help for the names)");
+  if (!vm.count("output")) throw UsageError("give the output file with -o OUT.gguf");
+  SynthOptions o;
+  o.shape = vm["shape"].as<std::string>();
+  const auto t = dtype_from_name(vm["type"].as<std::string>());
+  if (!t)
+    throw UsageError("unknown --type '" + vm["type"].as<std::string>() + "' (f32, f16, bf16, q8_0, q4_0)");
+  o.type = *t;
+  if (vm.count("vocab-from")) o.vocab_from = vm["vocab-from"].as<std::string>();
+  o.out = vm["output"].as<std::string>();
+  o.seed = vm["seed"].as<unsigned long long>();
+  if (stderr_is_tty())
+    o.progress = [last = -1](double f) mutable {
+      const int pct = static_cast<int>(f * 100);
+      if (pct != last) std::fprintf(stderr, "\rsynth: %3d%%", last = pct);
+    };
+  synth_model(o);
+  if (stderr_is_tty()) std::fprintf(stderr, "\n");
+  std::cout << o.out << "\n";
+  return k_exit_ok;
+}
+
+} // namespace loom::cli
