@@ -2,148 +2,22 @@
 // so the ABI path (graph as C structs, KV through a row view, statuses) is proven by the golden
 // tests before the fast backends use it. The kernels are the very same sources as the built-in
 // reference backend (compiled into this library; nothing of the host is linked).
-#include "loom/backend.hpp"
-#include "loom/sdk/backend.h"
-#include "loom/sdk/plugin.hpp"
-
-#include <map>
-#include <memory>
-#include <string>
+#include "../common/executor_plugin.hpp"
 
 namespace {
 
-// The host's KV cache seen through the ABI's row view.
-class KVView final : public loom::KVCacheStore {
-public:
-  explicit KVView(const loom_kv_view& v) : v_(v) {}
-  std::string_view name() const noexcept override { return "abi-view"; }
-  const loom::KVShape& shape() const noexcept override { return shape_; }
-  bool allocate(loom::SeqId, int32_t) override { return false; }
-  void free(loom::SeqId) noexcept override {}
-  bool fork(loom::SeqId, loom::SeqId) override { return false; }
-  void truncate(loom::SeqId, int32_t) override {}
-  int32_t length(loom::SeqId) const noexcept override { return 0; }
-  bool contains(loom::SeqId) const noexcept override { return true; }
-  float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.k_row(v_.ctx, layer, seq, pos);
-  }
-  float* v_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.v_row(v_.ctx, layer, seq, pos);
-  }
-  size_t bytes_allocated() const noexcept override { return 0; }
-  size_t bytes_capacity() const noexcept override { return 0; }
-
-private:
-  loom_kv_view v_;
-  loom::KVShape shape_;
-};
-
-loom::Graph from_c(const loom_graph& c) {
-  loom::Graph g;
-  for (size_t i = 0; i < c.n_tensors; ++i) {
-    const loom_tensor& t = c.tensors[i];
-    loom::TensorDesc d;
-    d.name = t.name ? t.name : "";
-    d.kind = t.kind == LOOM_TENSOR_WEIGHT  ? loom::TensorKind::weight
-             : t.kind == LOOM_TENSOR_INPUT ? loom::TensorKind::input
-                                           : loom::TensorKind::activation;
-    d.dtype = static_cast<loom::DType>(t.dtype);
-    for (size_t k = 0; k < 4; ++k)
-      d.ne[k] = t.ne[k];
-    d.data = t.data;
-    g.tensors.push_back(std::move(d));
-  }
-  for (size_t i = 0; i < c.n_nodes; ++i) {
-    const loom_node& n = c.nodes[i];
-    loom::Node d;
-    d.op = static_cast<loom::OpKind>(n.op);
-    for (size_t k = 0; k < 3; ++k)
-      d.src[k] = n.src[k];
-    d.dst = n.dst;
-    d.eps = n.eps;
-    d.scale = n.scale;
-    d.rope = {n.rope.n_dims,      n.rope.theta,    n.rope.neox != 0, n.rope.freq_scale, n.rope.ext_factor,
-              n.rope.attn_factor, n.rope.orig_ctx, n.rope.beta_fast, n.rope.beta_slow};
-    d.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
-              n.attn.scale, n.attn.window, n.attn.softcap};
-    g.nodes.push_back(d);
-  }
-  g.n_tokens = c.n_tokens;
-  g.n_outputs = c.n_outputs;
-  g.in_tokens = c.in_tokens;
-  g.in_positions = c.in_positions;
-  g.in_out_ids = c.in_out_ids;
-  g.out_logits = c.out_logits;
-  return g;
-}
-
-struct ReferencePlugin {
-  std::unique_ptr<loom::Backend> be = loom::make_reference_backend();
-  std::map<const loom_graph*, loom::Graph> graphs; // converted once per host graph
-
-  const loom::Graph& graph(const loom_graph* c) {
-    auto it = graphs.find(c);
-    if (it == graphs.end() || it->second.nodes.size() != c->n_nodes) {
-      if (graphs.size() > 64) graphs.clear();
-      it = graphs.insert_or_assign(c, from_c(*c)).first;
-    }
-    return it->second;
-  }
-};
-
-const char* name_fn(const void*) {
-  return "reference_plugin";
-}
-
-int32_t supports_fn(const void* self, const loom_graph* g, const loom_node* n) {
-  try {
-    auto* p = const_cast<ReferencePlugin*>(static_cast<const ReferencePlugin*>(self));
-    const loom::Graph& gg = p->graph(g);
-    return p->be->supports(gg, gg.nodes[static_cast<size_t>(n - g->nodes)]) ? 1 : 0;
-  } catch (...) {
-    return 0;
-  }
-}
-
-loom_status* compute_fn(void* self, const loom_graph* g, const loom_batch* b, const loom_kv_view* kv,
-                        float* logits, size_t n_logits) noexcept {
-  LOOM_SDK_TRY
-  auto* p = static_cast<ReferencePlugin*>(self);
-  KVView view(*kv);
-  const loom::BatchView batch{{b->tokens, b->n_tokens},
-                              {b->positions, b->n_tokens},
-                              {b->seq_ids, b->n_tokens},
-                              {b->output_rows, b->n_outputs}};
-  p->be->compute(p->graph(g), batch, view, {logits, n_logits});
-  LOOM_SDK_CATCH
-}
-
-size_t workspace_fn(const void* self) {
-  return static_cast<const ReferencePlugin*>(self)->be->workspace_bytes();
-}
-void destroy_fn(void* self) {
-  delete static_cast<ReferencePlugin*>(self);
-}
-
-const loom_backend_i k_vtable = {sizeof(loom_backend_i),
-                                 &name_fn,
-                                 &supports_fn,
-                                 &compute_fn,
-                                 nullptr,
-                                 nullptr,
-                                 nullptr,
-                                 nullptr,
-                                 nullptr,
-                                 &workspace_fn,
-                                 &destroy_fn};
+constexpr char k_name[] = "reference_plugin";
+using Table = loom::backend_plugin::ExecutorTable<k_name>;
 
 loom_status* create(const loom_config* cfg, void** out_self, const void** out_vtable) noexcept {
   LOOM_SDK_TRY
   const loom::sdk::Config c(cfg);
   const int64_t threads = c.get_i64("threads", 0); // the reference backend is single-threaded
   if (threads < 0) throw loom::sdk::Error("threads must be ≥ 0");
-  *out_self = new ReferencePlugin();
-  *out_vtable = &k_vtable;
+  auto* p = new loom::backend_plugin::ExecutorPlugin();
+  p->be = loom::make_reference_backend();
+  *out_self = p;
+  *out_vtable = &Table::table;
   LOOM_SDK_CATCH
 }
 

@@ -1,0 +1,137 @@
+// backends/common/executor_plugin.hpp — shared by the backend plugins that run the host's graph
+// with Loom's own executor (reference ops, optionally with fast kernels plugged in): the ABI graph
+// converted back to the executor's form (once per host graph), and the KV cache seen through the
+// ABI's row view.
+#pragma once
+
+#include "loom/backend.hpp"
+#include "loom/sdk/backend.h"
+#include "loom/sdk/plugin.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace loom::backend_plugin {
+
+// The host's KV cache seen through the ABI's row view.
+class KVView final : public loom::KVCacheStore {
+public:
+  explicit KVView(const loom_kv_view& v) : v_(v) {}
+  std::string_view name() const noexcept override { return "abi-view"; }
+  const loom::KVShape& shape() const noexcept override { return shape_; }
+  bool allocate(loom::SeqId, int32_t) override { return false; }
+  void free(loom::SeqId) noexcept override {}
+  bool fork(loom::SeqId, loom::SeqId) override { return false; }
+  void truncate(loom::SeqId, int32_t) override {}
+  int32_t length(loom::SeqId) const noexcept override { return 0; }
+  bool contains(loom::SeqId) const noexcept override { return true; }
+  float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
+    return v_.k_row(v_.ctx, layer, seq, pos);
+  }
+  float* v_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
+    return v_.v_row(v_.ctx, layer, seq, pos);
+  }
+  size_t bytes_allocated() const noexcept override { return 0; }
+  size_t bytes_capacity() const noexcept override { return 0; }
+
+private:
+  loom_kv_view v_;
+  loom::KVShape shape_;
+};
+
+inline loom::Graph from_c(const loom_graph& c) {
+  loom::Graph g;
+  for (size_t i = 0; i < c.n_tensors; ++i) {
+    const loom_tensor& t = c.tensors[i];
+    loom::TensorDesc d;
+    d.name = t.name ? t.name : "";
+    d.kind = t.kind == LOOM_TENSOR_WEIGHT  ? loom::TensorKind::weight
+             : t.kind == LOOM_TENSOR_INPUT ? loom::TensorKind::input
+                                           : loom::TensorKind::activation;
+    d.dtype = static_cast<loom::DType>(t.dtype);
+    for (size_t k = 0; k < 4; ++k)
+      d.ne[k] = t.ne[k];
+    d.data = t.data;
+    g.tensors.push_back(std::move(d));
+  }
+  for (size_t i = 0; i < c.n_nodes; ++i) {
+    const loom_node& n = c.nodes[i];
+    loom::Node d;
+    d.op = static_cast<loom::OpKind>(n.op);
+    for (size_t k = 0; k < 3; ++k)
+      d.src[k] = n.src[k];
+    d.dst = n.dst;
+    d.eps = n.eps;
+    d.scale = n.scale;
+    d.rope = {n.rope.n_dims,      n.rope.theta,    n.rope.neox != 0, n.rope.freq_scale, n.rope.ext_factor,
+              n.rope.attn_factor, n.rope.orig_ctx, n.rope.beta_fast, n.rope.beta_slow};
+    d.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
+              n.attn.scale, n.attn.window, n.attn.softcap};
+    g.nodes.push_back(d);
+  }
+  g.n_tokens = c.n_tokens;
+  g.n_outputs = c.n_outputs;
+  g.in_tokens = c.in_tokens;
+  g.in_positions = c.in_positions;
+  g.in_out_ids = c.in_out_ids;
+  g.out_logits = c.out_logits;
+  return g;
+}
+
+struct ExecutorPlugin {
+  std::unique_ptr<loom::Backend> be;
+  std::map<const loom_graph*, loom::Graph> graphs; // converted once per host graph
+
+  const loom::Graph& graph(const loom_graph* c) {
+    auto it = graphs.find(c);
+    if (it == graphs.end() || it->second.nodes.size() != c->n_nodes) {
+      if (graphs.size() > 64) graphs.clear();
+      it = graphs.insert_or_assign(c, from_c(*c)).first;
+    }
+    return it->second;
+  }
+};
+
+// The loom_backend_i entries over an ExecutorPlugin; NAME is returned by name().
+template <const char* NAME> struct ExecutorTable {
+  static const char* name_fn(const void*) { return NAME; }
+  static int32_t supports_fn(const void* self, const loom_graph* g, const loom_node* n) {
+    try {
+      auto* p = const_cast<ExecutorPlugin*>(static_cast<const ExecutorPlugin*>(self));
+      const loom::Graph& gg = p->graph(g);
+      return p->be->supports(gg, gg.nodes[static_cast<size_t>(n - g->nodes)]) ? 1 : 0;
+    } catch (...) {
+      return 0;
+    }
+  }
+  static loom_status* compute_fn(void* self, const loom_graph* g, const loom_batch* b, const loom_kv_view* kv,
+                                 float* logits, size_t n_logits) noexcept {
+    LOOM_SDK_TRY
+    auto* p = static_cast<ExecutorPlugin*>(self);
+    KVView view(*kv);
+    const loom::BatchView batch{{b->tokens, b->n_tokens},
+                                {b->positions, b->n_tokens},
+                                {b->seq_ids, b->n_tokens},
+                                {b->output_rows, b->n_outputs}};
+    p->be->compute(p->graph(g), batch, view, {logits, n_logits});
+    LOOM_SDK_CATCH
+  }
+  static size_t workspace_fn(const void* self) {
+    return static_cast<const ExecutorPlugin*>(self)->be->workspace_bytes();
+  }
+  static void destroy_fn(void* self) { delete static_cast<ExecutorPlugin*>(self); }
+  static constexpr loom_backend_i table = {sizeof(loom_backend_i),
+                                           &name_fn,
+                                           &supports_fn,
+                                           &compute_fn,
+                                           nullptr,
+                                           nullptr,
+                                           nullptr,
+                                           nullptr,
+                                           nullptr,
+                                           &workspace_fn,
+                                           &destroy_fn};
+};
+
+} // namespace loom::backend_plugin

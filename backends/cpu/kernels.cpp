@@ -1,0 +1,255 @@
+// Matrix kernels of the cpu backend. One scalar path (any x86-64) and one AVX2/FMA/F16C path chosen
+// at run time; both compute the same thing and are tested against the reference backend.
+#include "kernels.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <immintrin.h>
+#include <omp.h>
+#include <string>
+#include <vector>
+
+namespace loom::cpu {
+
+namespace {
+
+// Activations quantized per block of 32 for the integer dot products (a float scale keeps the
+// error at the int8 rounding only).
+struct BlockQ8 {
+  float d;
+  int8_t qs[32];
+};
+
+void quantize_x(const float* x, int64_t K, BlockQ8* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i)
+      amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int i = 0; i < 32; ++i)
+      out[b].qs[i] = static_cast<int8_t>(std::lround(v[i] * id));
+  }
+}
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+// ---- scalar ----
+
+float dot_f32_scalar(const uint8_t* w, const float* x, int64_t K) {
+  const auto* a = reinterpret_cast<const float*>(w);
+  float s = 0.0f;
+  for (int64_t k = 0; k < K; ++k)
+    s += a[k] * x[k];
+  return s;
+}
+float dot_f16_scalar(const uint8_t* w, const float* x, int64_t K) {
+  float s = 0.0f;
+  for (int64_t k = 0; k < K; ++k)
+    s += f16(w + 2 * k) * x[k];
+  return s;
+}
+float dot_bf16_scalar(const uint8_t* w, const float* x, int64_t K) {
+  float s = 0.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    uint16_t h;
+    std::memcpy(&h, w + 2 * k, 2);
+    s += bf16_to_fp32(h) * x[k];
+  }
+  return s;
+}
+float dot_q8_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
+  float s = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 34) {
+    const auto* q = reinterpret_cast<const int8_t*>(w + 2);
+    int32_t acc = 0;
+    for (int i = 0; i < 32; ++i)
+      acc += static_cast<int32_t>(q[i]) * x[b].qs[i];
+    s += f16(w) * x[b].d * static_cast<float>(acc);
+  }
+  return s;
+}
+float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
+  float s = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 18) {
+    const uint8_t* q = w + 2;
+    int32_t acc = 0;
+    for (int i = 0; i < 16; ++i) {
+      acc += ((q[i] & 0x0F) - 8) * x[b].qs[i];
+      acc += ((q[i] >> 4) - 8) * x[b].qs[i + 16];
+    }
+    s += f16(w) * x[b].d * static_cast<float>(acc);
+  }
+  return s;
+}
+
+// ---- AVX2 + FMA + F16C ----
+
+#define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+LOOM_AVX2 inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+LOOM_AVX2 float dot_f32_avx2(const uint8_t* w, const float* x, int64_t K) {
+  const auto* a = reinterpret_cast<const float*>(w);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+         s3 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(x + k), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(x + k + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), _mm256_loadu_ps(x + k + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(x + k + 24), s3);
+  }
+  for (; k + 8 <= K; k += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(x + k), s0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; k < K; ++k)
+    s += a[k] * x[k];
+  return s;
+}
+
+LOOM_AVX2 float dot_f16_avx2(const uint8_t* w, const float* x, int64_t K) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k)));
+    const __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k + 16)));
+    s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(x + k), s0);
+    s1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(x + k + 8), s1);
+  }
+  float s = hsum(_mm256_add_ps(s0, s1));
+  for (; k < K; ++k)
+    s += f16(w + 2 * k) * x[k];
+  return s;
+}
+
+LOOM_AVX2 float dot_bf16_avx2(const uint8_t* w, const float* x, int64_t K) {
+  __m256 s0 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k)));
+    s0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), _mm256_loadu_ps(x + k), s0);
+  }
+  float s = hsum(s0);
+  for (; k < K; ++k) {
+    uint16_t h;
+    std::memcpy(&h, w + 2 * k, 2);
+    s += bf16_to_fp32(h) * x[k];
+  }
+  return s;
+}
+
+// Σ a·b over 32 int8 pairs as 8 int32 lanes (|a|, |b| ≤ 128: the i16 pair sums cannot overflow).
+LOOM_AVX2 inline __m256i dot_i8(__m256i a, __m256i b) {
+  const __m256i ax = _mm256_sign_epi8(a, a);
+  const __m256i sb = _mm256_sign_epi8(b, a);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sb), _mm256_set1_epi16(1));
+}
+
+LOOM_AVX2 float dot_q8_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 34) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, q)), acc);
+  }
+  return hsum(acc);
+}
+
+LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < nb; ++b, w += 18) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+    const __m128i lo = _mm_and_si128(q, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    const __m256i a = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, xq)), acc);
+  }
+  return hsum(acc);
+}
+
+bool cpu_has_avx2() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+} // namespace
+
+Isa detect_isa() noexcept {
+  const bool avx2 = cpu_has_avx2();
+  if (const char* e = std::getenv("LOOM_CPU_ISA")) {
+    const std::string s(e);
+    if (s == "scalar") return Isa::scalar;
+    if (s == "avx2" && avx2) return Isa::avx2;
+  }
+  return avx2 ? Isa::avx2 : Isa::scalar;
+}
+
+const char* isa_name(Isa isa) noexcept {
+  return isa == Isa::avx2 ? "avx2" : "scalar";
+}
+
+bool has_kernel(DType t) noexcept {
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0;
+}
+
+void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
+            int64_t T, float* y, int n_threads) {
+  const bool integer = type == DType::q8_0 || type == DType::q4_0;
+  std::vector<BlockQ8> xq;
+  if (integer) { // activations to q8 once per call, shared by every weight row
+    xq.resize(static_cast<size_t>(T * (K / 32)));
+    for (int64_t t = 0; t < T; ++t)
+      quantize_x(x + t * K, K, xq.data() + t * (K / 32));
+  }
+  const int64_t nb = K / 32;
+  const bool avx2 = isa == Isa::avx2;
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+  for (int64_t j = 0; j < N; ++j) {
+    const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xr = x + t * K;
+      const BlockQ8* xb = integer ? xq.data() + t * nb : nullptr;
+      float v = 0.0f;
+      switch (type) {
+      case DType::f32:
+        v = avx2 ? dot_f32_avx2(wr, xr, K) : dot_f32_scalar(wr, xr, K);
+        break;
+      case DType::f16:
+        v = avx2 ? dot_f16_avx2(wr, xr, K) : dot_f16_scalar(wr, xr, K);
+        break;
+      case DType::bf16:
+        v = avx2 ? dot_bf16_avx2(wr, xr, K) : dot_bf16_scalar(wr, xr, K);
+        break;
+      case DType::q8_0:
+        v = avx2 ? dot_q8_0_avx2(wr, xb, nb) : dot_q8_0_scalar(wr, xb, nb);
+        break;
+      case DType::q4_0:
+        v = avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
+        break;
+      default:
+        break;
+      }
+      y[t * N + j] = v;
+    }
+  }
+}
+
+} // namespace loom::cpu

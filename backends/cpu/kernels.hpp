@@ -1,0 +1,26 @@
+// backends/cpu/kernels.hpp — matrix kernels of the cpu backend: weights read straight from their
+// GGUF blocks, activations quantized on the fly for the integer paths (q8_0, q4_0).
+#pragma once
+
+#include "loom/dtype.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::cpu {
+
+enum class Isa { scalar, avx2 };
+// avx2 when the CPU has AVX2 + FMA + F16C; $LOOM_CPU_ISA=scalar|avx2 forces a path (avx2 only if present).
+Isa detect_isa() noexcept;
+const char* isa_name(Isa isa) noexcept;
+
+// Types with a direct kernel; others fall back to the reference matmul.
+bool has_kernel(DType t) noexcept;
+
+// y[t][j] = Σ_k W[j][k] · x[t][k] for t < T, j < N.
+//   w: N rows of K elements in `type`, `row_bytes` apart;  x: [T][K] f32;  y: [T][N] f32.
+// Rows of W are split over the calling OpenMP team (n_threads ≤ 0: the OpenMP default).
+void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
+            int64_t T, float* y, int n_threads);
+
+} // namespace loom::cpu
