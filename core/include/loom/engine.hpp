@@ -147,6 +147,7 @@ public:
   std::string detokenize(std::span<const TokenId> ids) const;
   void add_result(LocalSeq seq, double score);
   std::mt19937_64& rng() noexcept { return rng_; }
+  RequestId id() const noexcept { return id_; }
 
 private:
   friend class Engine;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 
@@ -263,7 +264,7 @@ double seq_score(const loom_session* s, loom_seq seq) noexcept {
   try {
     return S(s).score(seq);
   } catch (...) {
-    return -INFINITY;
+    return -std::numeric_limits<double>::infinity();
   }
 }
 void session_set_stream(loom_session* s, loom_seq seq) noexcept {
