@@ -2,6 +2,8 @@
 // parses argv; everything it does is available through the library.
 #pragma once
 
+#include "loom/pipeline_config.hpp"
+
 #include <boost/program_options.hpp>
 #include <string>
 #include <vector>
@@ -24,6 +26,10 @@ struct UsageError : std::runtime_error {
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
                 po::variables_map& vm, const std::string& usage,
                 const po::positional_options_description* pos = nullptr);
+
+// The pipeline of a command: -c FILE (or the defaults), then `overrides` and every --set in order,
+// then -m MODEL as the model path.
+PipelineConfig config_from_args(const po::variables_map& vm, std::vector<ConfigOverride> overrides = {});
 
 bool stdout_is_tty();
 bool stderr_is_tty();

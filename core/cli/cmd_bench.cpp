@@ -62,18 +62,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
   if (pp < 1 || tg < 1 || reps < 1) throw UsageError("--pp, --tg and -r must be ≥ 1");
 
-  std::vector<ConfigOverride> overrides;
-  if (vm.count("set"))
-    for (const auto& s : vm["set"].as<std::vector<std::string>>())
-      overrides.push_back(parse_override(s));
-  PipelineConfig cfg;
-  if (vm.count("config")) {
-    cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
-  } else {
-    cfg.source = "<command line>";
-    cfg = apply_overrides(cfg, overrides);
-  }
-  if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+  PipelineConfig cfg = config_from_args(vm);
   if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
   cfg.model.n_ctx = std::max(cfg.model.n_ctx, pp + tg + 8);
   cfg.samplers = {SamplerSpec{"greedy", {}}};

@@ -127,18 +127,7 @@ int cmd_run(const std::vector<std::string>& args) {
   std::vector<ConfigOverride> overrides;
   if (vm.count("decoder")) // first, so that --set decoder.KEY=V applies to this decoder
     overrides.push_back({"decoder.name", nlohmann::json(vm["decoder"].as<std::string>()).dump()});
-  if (vm.count("set"))
-    for (const auto& s : vm["set"].as<std::vector<std::string>>())
-      overrides.push_back(parse_override(s));
-
-  PipelineConfig cfg;
-  if (vm.count("config")) {
-    cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
-  } else {
-    cfg.source = "<command line>";
-    cfg = apply_overrides(cfg, overrides);
-  }
-  if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+  PipelineConfig cfg = config_from_args(vm, std::move(overrides));
   if (vm.count("ctx-size")) {
     const int n = vm["ctx-size"].as<int>();
     if (n <= 0) throw UsageError("--ctx-size must be > 0, got " + std::to_string(n));

@@ -10,6 +10,21 @@
 
 namespace loom::cli {
 
+PipelineConfig config_from_args(const po::variables_map& vm, std::vector<ConfigOverride> overrides) {
+  if (vm.count("set"))
+    for (const auto& s : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(s));
+  PipelineConfig cfg;
+  if (vm.count("config")) {
+    cfg = load_pipeline(vm["config"].as<std::string>(), overrides);
+  } else {
+    cfg.source = "<command line>";
+    cfg = apply_overrides(cfg, overrides);
+  }
+  if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+  return cfg;
+}
+
 bool stdout_is_tty() {
   return isatty(STDOUT_FILENO) != 0;
 }

@@ -629,69 +629,64 @@ void put_value(std::vector<uint8_t>& out, const GgufValue& v) {
 }
 } // namespace
 
-std::vector<uint8_t> GgufWriter::serialize(uint32_t alignment) const {
+namespace {
+// Magic, version, counts, metadata and tensor infos (offsets from the aligned sizes), padded to the
+// alignment: everything before the first tensor's bytes.
+std::vector<uint8_t> gguf_header(const std::vector<GgufKV>& kvs,
+                                 const std::vector<GgufWriter::TensorSpec>& tensors,
+                                 const std::vector<uint64_t>& sizes, uint32_t alignment) {
   std::vector<uint8_t> out;
   put<uint32_t>(out, k_magic);
   put<uint32_t>(out, 3);
-  put<uint64_t>(out, tensors_.size());
-  put<uint64_t>(out, kv_.size());
-  for (const auto& kv : kv_) {
+  put<uint64_t>(out, tensors.size());
+  put<uint64_t>(out, kvs.size());
+  for (const auto& kv : kvs) {
     put_str(out, kv.key);
     put<uint32_t>(out, static_cast<uint32_t>(kv.value.type));
     put_value(out, kv.value);
   }
   uint64_t off = 0;
-  std::vector<uint64_t> offsets;
-  for (const auto& t : tensors_) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
     put_str(out, t.name);
     put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
     for (auto e : t.ne)
       put<uint64_t>(out, static_cast<uint64_t>(e));
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, off);
-    offsets.push_back(off);
-    off += (t.data.size() + alignment - 1) / alignment * alignment;
+    off += (sizes[i] + alignment - 1) / alignment * alignment;
   }
   out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
-  const size_t base = out.size();
-  for (size_t k = 0; k < tensors_.size(); ++k) {
-    out.resize(base + offsets[k], 0);
-    out.insert(out.end(), tensors_[k].data.begin(), tensors_[k].data.end());
+  return out;
+}
+} // namespace
+
+std::vector<uint8_t> GgufWriter::serialize(uint32_t alignment) const {
+  std::vector<TensorSpec> specs;
+  std::vector<uint64_t> sizes;
+  for (const auto& t : tensors_) {
+    specs.push_back({t.name, t.type, t.ne});
+    sizes.push_back(t.data.size());
   }
-  out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+  std::vector<uint8_t> out = gguf_header(kv_, specs, sizes, alignment);
+  for (const auto& t : tensors_) {
+    out.insert(out.end(), t.data.begin(), t.data.end());
+    out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+  }
   return out;
 }
 
 void GgufWriter::write_streaming(const std::string& path, const std::vector<TensorSpec>& tensors,
                                  const std::function<void(size_t, std::vector<uint8_t>&)>& fill,
                                  uint32_t alignment) const {
-  std::vector<uint8_t> out;
-  put<uint32_t>(out, k_magic);
-  put<uint32_t>(out, 3);
-  put<uint64_t>(out, tensors.size());
-  put<uint64_t>(out, kv_.size());
-  for (const auto& kv : kv_) {
-    put_str(out, kv.key);
-    put<uint32_t>(out, static_cast<uint32_t>(kv.value.type));
-    put_value(out, kv.value);
-  }
-  uint64_t off = 0;
   std::vector<uint64_t> sizes;
   for (const auto& t : tensors) {
-    put_str(out, t.name);
-    put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
     int64_t rows = 1;
-    for (size_t k = 0; k < t.ne.size(); ++k) {
-      put<uint64_t>(out, static_cast<uint64_t>(t.ne[k]));
-      if (k > 0) rows *= t.ne[k];
-    }
-    put<uint32_t>(out, static_cast<uint32_t>(t.type));
-    put<uint64_t>(out, off);
-    const uint64_t bytes = row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(rows);
-    sizes.push_back(bytes);
-    off += (bytes + alignment - 1) / alignment * alignment;
+    for (size_t k = 1; k < t.ne.size(); ++k)
+      rows *= t.ne[k];
+    sizes.push_back(row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(rows));
   }
-  out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+  const std::vector<uint8_t> out = gguf_header(kv_, tensors, sizes, alignment);
   std::ofstream f(path, std::ios::binary);
   if (!f) fail(Errc::invalid_argument, "gguf", "cannot write '" + path + "': " + std::strerror(errno));
   f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Loom vs llama.cpp on the same GGUF and threads, interleaved (one repetition of each in turn, so
+# machine noise hits both alike); prints medians and the Loom/llama.cpp ratios.
+#   scripts/bench-vs-llamacpp.sh MODEL.gguf [THREADS] [BACKEND]
+# Env: PP (512), TG (128), REPS (5), LOOM (build/bin/loom). Installs llama-cpp-python into
+# .venv-bench on first use (it compiles llama.cpp: a few minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:?usage: scripts/bench-vs-llamacpp.sh MODEL.gguf [THREADS] [BACKEND]}
+threads=${2:-2}
+backend=${3:-cpu}
+pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-5}
+loom=${LOOM:-build/bin/loom}
+venv=.venv-bench
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "bench: installing llama-cpp-python into $venv (builds llama.cpp; a few minutes)" >&2
+  python3 -m venv "$venv"
+  CMAKE_ARGS="-DGGML_NATIVE=ON" "$venv/bin/pip" install -q llama-cpp-python
+fi
+lver=$("$venv/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)")
+loom_runs=(); cpp_runs=()
+for r in $(seq "$reps"); do
+  echo "bench: repetition $r/$reps" >&2
+  loom_runs+=("$("$loom" bench -m "$model" --pp "$pp" --tg "$tg" -r 1 -t "$threads" --set "backend.name=\"$backend\"" --json)")
+  cpp_runs+=("$("$venv/bin/python" scripts/bench_llamacpp.py "$model" --threads "$threads" --pp "$pp" --tg "$tg" -r 1)")
+done
+python3 - "$model" "$threads" "$backend" "$lver" "$pp" "$tg" <<PY
+import json, statistics, sys
+model, threads, backend, lver, pp, tg = sys.argv[1:]
+loom = [json.loads(l) for l in """$(printf '%s\n' "${loom_runs[@]}")""".strip().splitlines()]
+cpp = [json.loads(l) for l in """$(printf '%s\n' "${cpp_runs[@]}")""".strip().splitlines()]
+def col(rows, k): return [r[k] for r in rows]
+print(f"model {model}, threads {threads}, loom backend {backend}, llama-cpp-python {lver}, pp{pp} tg{tg}, {len(loom)} interleaved runs")
+for k, name in (("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
+    a, b = col(loom, k), col(cpp, k)
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"{name:8s} loom {ma:9.1f} tok/s [{min(a):.1f}..{max(a):.1f}]   llama.cpp {mb:9.1f} tok/s [{min(b):.1f}..{max(b):.1f}]   ratio {ma/mb:5.2f}x")
+PY
