@@ -184,6 +184,69 @@ LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return hsum(acc);
 }
 
+// Four tokens at once (prefill): each weight chunk is loaded (and converted / unpacked) once for
+// four dot products, so the loop is bound by FMAs rather than loads.
+LOOM_AVX2 void dot4_f32_avx2(const uint8_t* w, const float* x, int64_t K, float* out) {
+  const auto* a = reinterpret_cast<const float*>(w);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+         s3 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 wv = _mm256_loadu_ps(a + k);
+    s0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), s0);
+    s1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), s1);
+    s2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), s2);
+    s3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), s3);
+  }
+  out[0] = hsum(s0), out[1] = hsum(s1), out[2] = hsum(s2), out[3] = hsum(s3);
+  for (; k < K; ++k)
+    for (int t = 0; t < 4; ++t)
+      out[t] += a[k] * x[t * K + k];
+}
+
+LOOM_AVX2 void dot4_f16_avx2(const uint8_t* w, const float* x, int64_t K, float* out) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+         s3 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k)));
+    s0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), s0);
+    s1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), s1);
+    s2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), s2);
+    s3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), s3);
+  }
+  out[0] = hsum(s0), out[1] = hsum(s1), out[2] = hsum(s2), out[3] = hsum(s3);
+  for (; k < K; ++k)
+    for (int t = 0; t < 4; ++t)
+      out[t] += f16(w + 2 * k) * x[t * K + k];
+}
+
+// x: four consecutive tokens' blocks, nb apart.
+LOOM_AVX2 void dot4_q_avx2(DType type, const uint8_t* w, const BlockQ8* x, int64_t nb, float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i eight = _mm256_set1_epi8(8);
+  const size_t stride = type == DType::q8_0 ? 34 : 18;
+  for (int64_t b = 0; b < nb; ++b, w += stride) {
+    __m256i a;
+    if (type == DType::q8_0) {
+      a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    } else {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+      a = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask)),
+                          eight);
+    }
+    const float dw = f16(w);
+    for (int t = 0; t < 4; ++t) {
+      const BlockQ8& xb = x[t * nb + b];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), _mm256_cvtepi32_ps(dot_i8(a, xq)), acc[t]);
+    }
+  }
+  for (int t = 0; t < 4; ++t)
+    out[t] = hsum(acc[t]);
+}
+
 bool cpu_has_avx2() noexcept {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -224,7 +287,25 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t j = 0; j < N; ++j) {
     const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
-    for (int64_t t = 0; t < T; ++t) {
+    int64_t t0 = 0;
+    if (avx2 && type != DType::bf16)
+      for (; t0 + 4 <= T; t0 += 4) {
+        float out[4];
+        switch (type) {
+        case DType::f32:
+          dot4_f32_avx2(wr, x + t0 * K, K, out);
+          break;
+        case DType::f16:
+          dot4_f16_avx2(wr, x + t0 * K, K, out);
+          break;
+        default:
+          dot4_q_avx2(type, wr, xq.data() + t0 * nb, nb, out);
+          break;
+        }
+        for (int u = 0; u < 4; ++u)
+          y[(t0 + u) * N + j] = out[u];
+      }
+    for (int64_t t = t0; t < T; ++t) {
       const float* xr = x + t * K;
       const BlockQ8* xb = integer ? xq.data() + t * nb : nullptr;
       float v = 0.0f;
