@@ -224,15 +224,19 @@ int cmd_run(const std::vector<std::string>& args) {
     std::fflush(stdout);
   }
   StreamCallback cb;
+  size_t streamed = 0;
   if (!json)
-    cb = [](std::string_view s) {
+    cb = [&streamed](std::string_view s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
+      streamed += s.size();
     };
   const GenerationResult r = pipeline->generate(req, cb);
   if (json) {
     std::cout << to_json(r).dump() << "\n";
   } else {
+    // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.
+    if (streamed == 0 && !r.text.empty()) std::fwrite(r.text.data(), 1, r.text.size(), stdout);
     std::cout << "\n";
     std::cout.flush();
     if (stderr_is_tty()) {
