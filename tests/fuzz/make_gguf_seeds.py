@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Writes small, valid GGUF files into tests/fuzz/corpus/gguf/ as fuzz seeds: a tiny llama model
-with a SentencePiece vocab (F32 + Q8_0 + F16 tensors), a byte-level BPE vocab-only file, and a file
-with every metadata value type including nested arrays. Run from the repository root."""
+"""Writes small, valid GGUF files as fuzz seeds into the directory given (the build generates them;
+model-format files are not committed): a tiny llama model with a SentencePiece vocab (F32 + Q8_0 + F16
+tensors), a byte-level BPE vocab-only file, and a file with every metadata value type including
+nested arrays.   usage: make_gguf_seeds.py OUT_DIR"""
 import os
 import struct
+import sys
 
-OUT = "tests/fuzz/corpus/gguf"
+OUT = sys.argv[1] if len(sys.argv) > 1 else "fuzz-seeds/gguf"
 T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR, T_U64, T_I64, T_F64 = range(13)
 
 
@@ -122,4 +124,4 @@ os.makedirs(OUT, exist_ok=True)
 for name, data in [("tiny_llama.gguf", tiny_llama()), ("bpe_vocab.gguf", bpe_vocab()), ("all_types.gguf", all_types())]:
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(data)
-    print(name, len(data))
+    pass
