@@ -1,12 +1,15 @@
 // tests/test_util.hpp — helpers shared by the test suites.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
 #include <sstream>
 #include <string>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace loom::test {
 
@@ -28,7 +31,42 @@ inline std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// `$LOOM_BIN args` through a shell: stdout, stderr (or both in `out` when merge_stderr) and the
+// exit code (-1 when LOOM_BIN is unset or the command could not run).
+struct CliResult {
+  std::string out, err;
+  int code = -1;
+};
+
+inline CliResult run_loom(const std::string& args, bool merge_stderr) {
+  CliResult r;
+  const char* bin = std::getenv("LOOM_BIN");
+  if (!bin) return r;
+  const std::filesystem::path err_file =
+      std::filesystem::temp_directory_path() / ("loom-test-stderr-" + std::to_string(::getpid()));
+  const std::string cmd =
+      std::string(bin) + " " + args + (merge_stderr ? " 2>&1" : " 2>" + err_file.string());
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    r.out.append(buf, n);
+  const int st = pclose(f);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (!merge_stderr) {
+    r.err = read_file(err_file);
+    std::filesystem::remove(err_file);
+  }
+  return r;
+}
+
 } // namespace loom::test
+
+// Skips (visibly) when LOOM_BIN does not name the loom executable.
+#define LOOM_REQUIRE_BIN()                                                                                   \
+  if (!std::getenv("LOOM_BIN") || !std::filesystem::exists(std::getenv("LOOM_BIN")))                         \
+  GTEST_SKIP() << "LOOM_BIN does not point to the loom executable"
 
 // Skips the test (visibly: GTest prints SKIPPED with the reason) when a model file is missing.
 #define LOOM_REQUIRE_MODEL(var, relpath)                                                                     \

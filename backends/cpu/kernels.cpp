@@ -274,6 +274,7 @@ bool has_kernel(DType t) noexcept {
 
 void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
             int64_t T, float* y, int n_threads) {
+  if (!has_kernel(type)) std::abort(); // callers check has_kernel(); reaching here is a bug
   const bool integer = type == DType::q8_0 || type == DType::q4_0;
   std::vector<BlockQ8> xq;
   if (integer) { // activations to q8 once per call, shared by every weight row
@@ -326,6 +327,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
         v = avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
         break;
       default:
+        v = NAN; // unreachable: matmul() rejects types without a kernel before the loop
         break;
       }
       y[t * N + j] = v;

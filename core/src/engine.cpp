@@ -373,12 +373,9 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     auto r = std::move(waiting_.front());
     waiting_.pop_front();
     DecodeSession& s = *r->session;
-    auto seq = std::make_unique<DecodeSession::Seq>(tmpl_.stop);
-    seq->stop = StopTracker([&] {
-      StopConfig c = tmpl_.stop;
-      c.max_tokens = s.max_new_tokens_;
-      return c;
-    }());
+    StopConfig stop_cfg = tmpl_.stop;
+    stop_cfg.max_tokens = s.max_new_tokens_;
+    auto seq = std::make_unique<DecodeSession::Seq>(std::move(stop_cfg));
     seq->kv = next_kv_seq_++;
     seq->tokens = s.prompt_;
     seq->chain = tmpl_.make_chain();

@@ -127,36 +127,11 @@ bool is_loaded(const std::string& path) {
   return true;
 }
 
-// `$LOOM_BIN args`: stdout, stderr and the exit code.
-struct CliResult {
-  std::string out, err;
-  int code = -1;
-};
-CliResult loom_cli(const std::string& args) {
-  CliResult r;
-  const char* bin = std::getenv("LOOM_BIN");
-  if (!bin) return r;
-  char tmpl[] = "/tmp/loom-plugin-test-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd < 0) return r;
-  close(fd);
-  const std::string cmd = std::string(bin) + " " + args + " 2>" + tmpl;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-    r.out.append(buf, n);
-  const int st = pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = test::read_file(tmpl);
-  fs::remove(tmpl);
-  return r;
+test::CliResult loom_cli(const std::string& args) {
+  return test::run_loom(args, false);
 }
 
-#define REQUIRE_BIN()                                                                                        \
-  if (!std::getenv("LOOM_BIN") || !fs::exists(std::getenv("LOOM_BIN")))                                      \
-  GTEST_SKIP() << "LOOM_BIN does not point to the loom executable"
+#define REQUIRE_BIN() LOOM_REQUIRE_BIN()
 
 const nlohmann::json* entry_named(const nlohmann::json& list, const std::string& key,
                                   const std::string& value) {

@@ -9,30 +9,12 @@
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out; // stdout + stderr
-};
-
-Result loom(const std::string& args) {
-  const char* bin = std::getenv("LOOM_BIN");
-  Result r;
-  if (!bin) return r;
-  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-    r.out.append(buf, n);
-  const int st = pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+// stdout and stderr together, as a user sees them.
+loom::test::CliResult loom(const std::string& args) {
+  return loom::test::run_loom(args, true);
 }
 
-#define REQUIRE_BIN()                                                                                        \
-  if (!std::getenv("LOOM_BIN") || !std::filesystem::exists(std::getenv("LOOM_BIN")))                         \
-  GTEST_SKIP() << "LOOM_BIN does not point to the loom executable"
+#define REQUIRE_BIN() LOOM_REQUIRE_BIN()
 
 TEST(Cli, UsageErrorsExitTwo) {
   REQUIRE_BIN();
