@@ -1,9 +1,8 @@
-// The `cpu` backend plugin: Loom's executor with the matrix products on our own kernels (AVX2/FMA/
-// F16C when the CPU has them, chosen at run time; scalar otherwise), reading weights straight from
-// their GGUF blocks and split over OpenMP threads. Every other op is the reference op.
+// The `cpu` backend plugin: the cpu executor (cpu_backend.hpp) behind the backend ABI — prefill
+// GEMMs on oneDNN, decode on our own AVX2/FMA/F16C kernels (chosen at run time; scalar otherwise),
+// tiled online-softmax attention, every op on one OpenMP pool.
 #include "../common/executor_plugin.hpp"
-#include "kernels.hpp"
-#include "reference_backend_hooks.hpp"
+#include "cpu_backend.hpp"
 
 #include <omp.h>
 
@@ -18,20 +17,16 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const int64_t threads = c.get_i64("threads", 0);
   if (threads < 0 || threads > 1024)
     throw loom::sdk::Error("[backend] threads: expected 0 (all cores) .. 1024");
+  const int64_t gemm_min = c.get_i64("gemm_min_rows", 16);
+  if (gemm_min < 0 || gemm_min > 65536)
+    throw loom::sdk::Error("[backend] gemm_min_rows: expected 0 (never use oneDNN) .. 65536");
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
   loom::sdk::log(LOOM_LOG_INFO, std::string("cpu backend: ") + loom::cpu::isa_name(isa) + ", " +
                                     std::to_string(n) + " threads");
   auto* p = new loom::backend_plugin::ExecutorPlugin();
-  p->be = loom::make_reference_backend_with(
-      [isa, n](const loom::TensorDesc& w, const float* x, int64_t T, float* y) {
-        if (!loom::cpu::has_kernel(w.dtype)) return false;
-        loom::cpu::matmul(isa, w.dtype, static_cast<const uint8_t*>(w.data),
-                          loom::row_bytes(w.dtype, w.ne[0]), w.ne[0], w.ne[1], x, T, y, n);
-        return true;
-      },
-      "cpu");
+  p->be = loom::cpu::make_cpu_backend({n, isa, static_cast<int>(gemm_min)});
   *out_self = p;
   *out_vtable = &Table::table;
   LOOM_SDK_CATCH

@@ -18,6 +18,7 @@ namespace {
 // error at the int8 rounding only).
 struct BlockQ8 {
   float d;
+  float s8; // 8 · d · Σ qs: the q4_0 kernels multiply unsigned nibbles and subtract this
   int8_t qs[32];
 };
 
@@ -30,8 +31,12 @@ void quantize_x(const float* x, int64_t K, BlockQ8* out) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = d;
-    for (int i = 0; i < 32; ++i)
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
       out[b].qs[i] = static_cast<int8_t>(std::lround(v[i] * id));
+      sum += out[b].qs[i];
+    }
+    out[b].s8 = 8.0f * d * static_cast<float>(sum);
   }
 }
 
@@ -93,6 +98,12 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
 // ---- AVX2 + FMA + F16C ----
 
 #define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+LOOM_AVX2 inline float f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 LOOM_AVX2 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -164,7 +175,7 @@ LOOM_AVX2 float dot_q8_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, w += 34) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, q)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, q)), acc);
   }
   return hsum(acc);
 }
@@ -179,7 +190,7 @@ LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
     const __m256i a = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, xq)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, xq)), acc);
   }
   return hsum(acc);
 }
@@ -236,7 +247,7 @@ LOOM_AVX2 void dot4_q_avx2(DType type, const uint8_t* w, const BlockQ8* x, int64
       a = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask)),
                           eight);
     }
-    const float dw = f16(w);
+    const float dw = f16c(w);
     for (int t = 0; t < 4; ++t) {
       const BlockQ8& xb = x[t * nb + b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
@@ -245,6 +256,87 @@ LOOM_AVX2 void dot4_q_avx2(DType type, const uint8_t* w, const BlockQ8* x, int64
   }
   for (int t = 0; t < 4; ++t)
     out[t] = hsum(acc[t]);
+}
+
+// Four weight rows against one token (decode): four independent streams from memory and four
+// accumulators, so neither the loads nor the FMA latency serialize.
+LOOM_AVX2 void rows4_f32_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+  const float* a[4];
+  for (int r = 0; r < 4; ++r)
+    a[r] = reinterpret_cast<const float*>(w + static_cast<size_t>(r) * rb);
+  __m256 s[4][2];
+  for (auto& v : s)
+    v[0] = v[1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < 4; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(a[r] + k) + 4 * rb, _MM_HINT_T0); // the next four rows
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), x0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), x1, s[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    out[r] = hsum(_mm256_add_ps(s[r][0], s[r][1]));
+    for (int64_t kk = k; kk < K; ++kk)
+      out[r] += a[r][kk] * x[kk];
+  }
+}
+
+LOOM_AVX2 void rows4_f16_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+  const uint8_t* a[4];
+  for (int r = 0; r < 4; ++r)
+    a[r] = w + static_cast<size_t>(r) * rb;
+  __m256 s[4][2];
+  for (auto& v : s)
+    v[0] = v[1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < 4; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + 2 * k), _MM_HINT_T0); // the next four rows
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r] + 2 * k));
+      s[r][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), x0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), x1, s[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    out[r] = hsum(_mm256_add_ps(s[r][0], s[r][1]));
+    for (int64_t kk = k; kk < K; ++kk)
+      out[r] += f16c(a[r] + 2 * kk) * x[kk];
+  }
+}
+
+template <DType type>
+LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float corr[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // q4_0: Σ_b d_w · s8 (the −8 offset of the nibbles)
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  constexpr size_t bs = type == DType::q8_0 ? 34 : 18;
+  const uint8_t* rw[4] = {w, w + rb, w + 2 * rb, w + 3 * rb};
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256 xd = _mm256_set1_ps(x[b].d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* blk = rw[r] + static_cast<size_t>(b) * bs;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * rb), _MM_HINT_T0); // the next four rows
+      const float dw = f16c(blk);
+      __m256i dot;
+      if constexpr (type == DType::q8_0) {
+        dot = dot_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), xq);
+      } else { // nibbles as unsigned bytes (0..15) straight into maddubs; the offset is corrected after
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        const __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+        dot = _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+        corr[r] += dw * x[b].s8;
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dw), xd), _mm256_cvtepi32_ps(dot), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    out[r] = hsum(acc[r]) - corr[r];
 }
 
 bool cpu_has_avx2() noexcept {
@@ -285,12 +377,57 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   const int64_t nb = K / 32;
   const bool avx2 = isa == Isa::avx2;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  // One row against one token.
+  const auto one = [&](const uint8_t* wr, int64_t t) -> float {
+    const float* xr = x + t * K;
+    const BlockQ8* xb = integer ? xq.data() + t * nb : nullptr;
+    switch (type) {
+    case DType::f32:
+      return avx2 ? dot_f32_avx2(wr, xr, K) : dot_f32_scalar(wr, xr, K);
+    case DType::f16:
+      return avx2 ? dot_f16_avx2(wr, xr, K) : dot_f16_scalar(wr, xr, K);
+    case DType::bf16:
+      return avx2 ? dot_bf16_avx2(wr, xr, K) : dot_bf16_scalar(wr, xr, K);
+    case DType::q8_0:
+      return avx2 ? dot_q8_0_avx2(wr, xb, nb) : dot_q8_0_scalar(wr, xb, nb);
+    case DType::q4_0:
+      return avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
+    default:
+      return NAN; // unreachable: matmul() rejects types without a kernel before the loop
+    }
+  };
+  if (avx2 && T < 4 && type != DType::bf16) { // decode: four rows at a time, one token at a time
+    const int64_t n_blk = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+    for (int64_t jb = 0; jb < n_blk; ++jb) {
+      const int64_t j = jb * 4;
+      const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+      for (int64_t t = 0; t < T; ++t) {
+        if (j + 4 > N) {
+          for (int64_t r = j; r < N; ++r)
+            y[t * N + r] = one(w + static_cast<size_t>(r) * row_bytes, t);
+          continue;
+        }
+        float out[4];
+        if (type == DType::f32)
+          rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::f16)
+          rows4_f16_avx2(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::q8_0)
+          rows4_q_avx2<DType::q8_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
+        else
+          rows4_q_avx2<DType::q4_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
+        std::memcpy(y + t * N + j, out, sizeof out);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t j = 0; j < N; ++j) {
     const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
     int64_t t0 = 0;
     if (avx2 && type != DType::bf16)
-      for (; t0 + 4 <= T; t0 += 4) {
+      for (; t0 + 4 <= T; t0 += 4) { // prefill below the GEMM threshold: four tokens per weight load
         float out[4];
         switch (type) {
         case DType::f32:
@@ -306,32 +443,8 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
         for (int u = 0; u < 4; ++u)
           y[(t0 + u) * N + j] = out[u];
       }
-    for (int64_t t = t0; t < T; ++t) {
-      const float* xr = x + t * K;
-      const BlockQ8* xb = integer ? xq.data() + t * nb : nullptr;
-      float v = 0.0f;
-      switch (type) {
-      case DType::f32:
-        v = avx2 ? dot_f32_avx2(wr, xr, K) : dot_f32_scalar(wr, xr, K);
-        break;
-      case DType::f16:
-        v = avx2 ? dot_f16_avx2(wr, xr, K) : dot_f16_scalar(wr, xr, K);
-        break;
-      case DType::bf16:
-        v = avx2 ? dot_bf16_avx2(wr, xr, K) : dot_bf16_scalar(wr, xr, K);
-        break;
-      case DType::q8_0:
-        v = avx2 ? dot_q8_0_avx2(wr, xb, nb) : dot_q8_0_scalar(wr, xb, nb);
-        break;
-      case DType::q4_0:
-        v = avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
-        break;
-      default:
-        v = NAN; // unreachable: matmul() rejects types without a kernel before the loop
-        break;
-      }
-      y[t * N + j] = v;
-    }
+    for (int64_t t = t0; t < T; ++t)
+      y[t * N + j] = one(wr, t);
   }
 }
 

@@ -135,6 +135,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   } else if (auto f = p->registry_->find(LOOM_KIND_BACKEND, cfg.backend.name)) {
     std::vector<std::pair<std::string, ParamValue>> params;
     params.emplace_back("threads", int64_t{cfg.backend.threads});
+    params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
     p->backend_ = plugin::make_plugin_backend(*f, cfg.backend.name, params, cfg.source + ": [backend]");
   } else {
     missing(LOOM_KIND_BACKEND, "backend", cfg.backend.name, "reference");

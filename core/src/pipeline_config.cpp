@@ -194,11 +194,12 @@ bool in_range(const ParamSchema& p, double v) {
 }
 
 // Keys of a plugin's table, converted without a schema (the plugin validates through the host).
-std::vector<std::pair<std::string, ParamValue>>
-generic_params(const Checker& c, const toml::table& t, const std::string& sec, std::string_view skip) {
+std::vector<std::pair<std::string, ParamValue>> generic_params(const Checker& c, const toml::table& t,
+                                                               const std::string& sec, std::string_view skip,
+                                                               std::string_view skip2 = {}) {
   std::vector<std::pair<std::string, ParamValue>> out;
   for (const auto& [key, v] : t) {
-    if (key.str() == skip) continue;
+    if (key.str() == skip || key.str() == skip2) continue;
     const std::string path = sec + "." + std::string(key.str());
     const char* expected = "a boolean, integer, number, string, or an array of integers or of numbers";
     if (v.is_boolean()) {
@@ -451,10 +452,13 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
         static_cast<int32_t>(read_int(c, *t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
   }
   if (const auto* t = section(c, root, "backend")) {
-    c.only_keys(*t, "[backend]", {"name", "threads"});
     read_string(c, *t, "backend", "name", cfg.backend.name);
     cfg.backend.threads =
         static_cast<int32_t>(read_int(c, *t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
+    if (cfg.backend.name == "reference") // built in: no other keys
+      c.only_keys(*t, "[backend] \"reference\"", {"name", "threads"});
+    else // a plugin backend reads its own keys through the host (and rejects unknown ones)
+      cfg.backend.params = generic_params(c, *t, "backend", "name", "threads");
   }
   if (const auto* t = section(c, root, "attention")) {
     c.only_keys(*t, "[attention]", {"variant", "kernel", "window"});
@@ -703,6 +707,8 @@ std::string to_toml(const PipelineConfig& cfg) {
   o << "\n[backend]\n";
   kv("name", toml_string(cfg.backend.name));
   kv("threads", std::to_string(cfg.backend.threads));
+  for (const auto& [k, v] : cfg.backend.params)
+    kv(k.c_str(), toml_value(v));
   o << "\n[attention]\n";
   kv("variant", toml_string(cfg.attention.variant));
   kv("kernel", toml_string(cfg.attention.kernel));

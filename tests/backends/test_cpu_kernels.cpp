@@ -95,12 +95,14 @@ TEST(CpuBackend, GreedyGoldenIdenticalToReference) {
   req.prompt = "Once upon a time";
   req.max_new_tokens = 195;
   const auto ra = a->generate(req);
-  for (const char* isa : {"avx2", "scalar"}) {
-    SCOPED_TRACE(isa);
+  // our AVX2 kernels, the scalar path forced, and every matmul on oneDNN (gemm_min_rows = 1)
+  for (const auto& [isa, gemm_min] : {std::pair{"avx2", 16}, std::pair{"scalar", 16}, std::pair{"avx2", 1}}) {
+    SCOPED_TRACE(std::string(isa) + " gemm_min_rows=" + std::to_string(gemm_min));
     setenv("LOOM_CPU_ISA", isa, 1);
     PipelineConfig cfg = ref;
     cfg.backend.name = "cpu";
     cfg.backend.threads = 2;
+    cfg.backend.params = {{"gemm_min_rows", int64_t{gemm_min}}};
     cfg.plugins.paths = {std::filesystem::path(bin).parent_path().string()};
     auto b = Pipeline::create(cfg);
     const auto rb = b->generate(req);

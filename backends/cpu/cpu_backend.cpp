@@ -1,0 +1,548 @@
+// The cpu backend's executor. Every op runs on the process's one OpenMP pool (the one oneDNN uses),
+// so nothing oversubscribes the cores. Loops are written plainly and compiled twice — generic and
+// AVX2/FMA (GCC vectorizes them there; `omp simd` lets it reorder the sums) — and the path is the
+// one detect_isa() chose. Tested op by op against the reference backend (tests/backends/).
+#include "cpu_backend.hpp"
+
+#include "loom/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <string>
+#include <vector>
+
+namespace loom::cpu {
+
+namespace {
+
+#define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LOOM_INLINE inline __attribute__((always_inline))
+
+// ---- small vector helpers (inlined into a generic and an AVX2 copy of each caller) ----
+
+LOOM_INLINE float vdot(const float* a, const float* b, int32_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int32_t i = 0; i < n; ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+LOOM_INLINE void vaxpy(float* y, float a, const float* x, int32_t n) {
+#pragma omp simd
+  for (int32_t i = 0; i < n; ++i)
+    y[i] += a * x[i];
+}
+
+LOOM_INLINE void vscale(float* y, float a, int32_t n) {
+#pragma omp simd
+  for (int32_t i = 0; i < n; ++i)
+    y[i] *= a;
+}
+
+// ---- attention: tiled online softmax (one pass over the keys, scores of one tile at a time) ----
+
+constexpr int32_t k_tile = 64;
+
+struct SeqRows {
+  SeqId seq;
+  Pos n_pos; // rows [0, n_pos)
+  std::vector<const float*> k, v;
+};
+
+struct AttnScratch {
+  std::vector<float> s, acc, m, l;
+};
+
+// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys [first, last].
+LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                           Pos first, Pos last, int32_t hk, AttnScratch& w) {
+  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv;
+  w.s.resize(static_cast<size_t>(G) * k_tile);
+  w.acc.assign(static_cast<size_t>(G) * static_cast<size_t>(D), 0.0f);
+  w.m.assign(static_cast<size_t>(G), -INFINITY);
+  w.l.assign(static_cast<size_t>(G), 0.0f);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  for (Pos j0 = first; j0 <= last; j0 += k_tile) {
+    const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
+    for (int32_t g = 0; g < G; ++g) {
+      const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+      float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
+      float tmax = -INFINITY;
+      for (int32_t jj = 0; jj < n; ++jj) {
+        float v = vdot(qh, rows.k[static_cast<size_t>(j0 + jj)] + koff, D) * p.scale;
+        if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+        s[jj] = v;
+        tmax = std::max(tmax, v);
+      }
+      float& m = w.m[static_cast<size_t>(g)];
+      float& l = w.l[static_cast<size_t>(g)];
+      float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
+      if (tmax > m) { // rescale what was summed under the old maximum
+        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+        l *= c;
+        vscale(acc, c, D);
+        m = tmax;
+      }
+      for (int32_t jj = 0; jj < n; ++jj) {
+        const float e = std::exp(s[jj] - m);
+        l += e;
+        vaxpy(acc, e, rows.v[static_cast<size_t>(j0 + jj)] + koff, D);
+      }
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    const float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
+    float* o = out + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+    const float inv = 1.0f / w.l[static_cast<size_t>(g)];
+    for (int32_t d = 0; d < D; ++d)
+      o[d] = acc[d] * inv;
+  }
+}
+
+LOOM_INLINE void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+                          const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out) {
+  const int32_t Hkv = p.n_head_kv;
+  const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
+  const int64_t items = static_cast<int64_t>(T) * Hkv;
+#pragma omp parallel if (items > 1)
+  {
+    AttnScratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const auto t = static_cast<int32_t>(it / Hkv);
+      const auto hk = static_cast<int32_t>(it % Hkv);
+      const Pos last = pos[t];
+      const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
+      attn_item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok,
+                rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])], first, last, hk, w);
+    }
+  }
+}
+
+LOOM_AVX2 void attn_all_avx2(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+                             const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of,
+                             float* out) {
+  attn_all(p, q, T, pos, rows, row_of, out);
+}
+void attn_all_generic(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+                      const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out) {
+  attn_all(p, q, T, pos, rows, row_of, out);
+}
+
+// ---- element-wise and row ops ----
+
+LOOM_INLINE void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i)
+      ss += xr[i] * xr[i];
+    const float sc = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    float* yr = y + r * n;
+    if (w) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        yr[i] = w[i] * (sc * xr[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        yr[i] = sc * xr[i];
+    }
+  }
+}
+LOOM_AVX2 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  rms_norm_rows(x, w, y, rows, n, eps);
+}
+void rms_norm_generic(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  rms_norm_rows(x, w, y, rows, n, eps);
+}
+
+enum class Ew { add, mul, mul_row, scale, swiglu };
+
+// dst = a (op) b over n elements; mul_row broadcasts b (length `row`) along rows.
+LOOM_INLINE void elementwise(Ew op, const float* a, const float* b, float s, float* dst, int64_t n,
+                             int64_t row) {
+  constexpr int64_t chunk = 4096;
+  const int64_t nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t c = 0; c < nc; ++c) {
+    const int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
+    switch (op) {
+    case Ew::add:
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i)
+        dst[i] = a[i] + b[i];
+      break;
+    case Ew::mul:
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i)
+        dst[i] = a[i] * b[i];
+      break;
+    case Ew::mul_row:
+      for (int64_t i = i0; i < i1; ++i)
+        dst[i] = a[i] * b[i % row];
+      break;
+    case Ew::scale:
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i)
+        dst[i] = a[i] * s;
+      break;
+    case Ew::swiglu:
+      for (int64_t i = i0; i < i1; ++i) {
+        const float v = a[i];
+        dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * b[i];
+      }
+      break;
+    }
+  }
+}
+LOOM_AVX2 void elementwise_avx2(Ew op, const float* a, const float* b, float s, float* dst, int64_t n,
+                                int64_t row) {
+  elementwise(op, a, b, s, dst, n, row);
+}
+void elementwise_generic(Ew op, const float* a, const float* b, float s, float* dst, int64_t n, int64_t row) {
+  elementwise(op, a, b, s, dst, n, row);
+}
+
+float yarn_ramp(float low, float high, int64_t i0) {
+  const float y = (static_cast<float>(i0 / 2) - low) / std::max(0.001f, high - low);
+  return 1.0f - std::min(1.0f, std::max(0.0f, y));
+}
+
+// cos/sin (times the YaRN magnitude) of each rotated pair at position p — the reference backend's
+// formula, computed once per token for all its heads.
+void rope_table(const RopeParams& rp, Pos p, float* cs, float* sn) {
+  const int64_t nd = rp.n_dims;
+  float corr_lo = 0.0f, corr_hi = 0.0f;
+  if (rp.ext_factor != 0.0f) {
+    const auto corr_dim = [&](float n_rot) {
+      return static_cast<float>(nd) *
+             std::log(static_cast<float>(rp.orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
+             (2.0f * std::log(rp.theta));
+    };
+    corr_lo = std::max(0.0f, std::floor(corr_dim(rp.beta_fast)));
+    corr_hi = std::min(static_cast<float>(nd - 1), std::ceil(corr_dim(rp.beta_slow)));
+  }
+  for (int64_t i0 = 0; i0 < nd; i0 += 2) {
+    const double theta_extrap =
+        static_cast<double>(p) *
+        std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
+    const double theta_interp = static_cast<double>(rp.freq_scale) * theta_extrap;
+    double theta = theta_interp;
+    double mscale = static_cast<double>(rp.attn_factor);
+    if (rp.ext_factor != 0.0f) {
+      const double mix = static_cast<double>(yarn_ramp(corr_lo, corr_hi, i0) * rp.ext_factor);
+      theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+      mscale *= 1.0 + 0.1 * std::log(1.0 / static_cast<double>(rp.freq_scale));
+    }
+    cs[i0 / 2] = static_cast<float>(std::cos(theta) * mscale);
+    sn[i0 / 2] = static_cast<float>(std::sin(theta) * mscale);
+  }
+}
+
+// ---- the executor ----
+
+class CpuBackend final : public Backend {
+public:
+  explicit CpuBackend(const CpuOptions& o)
+      : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(o.isa == Isa::avx2) {}
+
+  std::string_view name() const noexcept override { return "cpu"; }
+
+  bool supports(const Graph& g, const Node& n) const noexcept override {
+    for (int32_t s : n.src) {
+      if (s < 0) continue;
+      const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
+      if (t.kind == TensorKind::weight && !dtype_traits(t.dtype).can_dequantize) return false;
+    }
+    return true;
+  }
+
+  void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) override {
+    LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens,
+                "batch size differs from the graph's");
+    LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
+                "output rows differ from the graph's");
+    omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
+    offsets_.assign(g.tensors.size(), 0);
+    size_t total = 0;
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      const TensorDesc& t = g.tensors[i];
+      if (t.kind != TensorKind::activation) continue;
+      offsets_[i] = total;
+      total += (static_cast<size_t>(t.n_elements()) + 15) & ~size_t{15}; // 64-byte steps
+    }
+    if (arena_.size() < total) arena_.resize(total);
+    for (const Node& n : g.nodes)
+      run(g, n, batch, kv);
+    const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
+    const auto n_out = static_cast<size_t>(out.n_elements());
+    LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
+    std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
+    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float);
+  }
+
+  size_t workspace_bytes() const noexcept override { return workspace_; }
+
+private:
+  float* f32(int32_t id) { return arena_.data() + offsets_[static_cast<size_t>(id)]; }
+
+  std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
+    if (id == g.in_tokens) return b.tokens;
+    if (id == g.in_positions) return b.positions;
+    if (id == g.in_out_ids) return b.output_rows;
+    LOOM_ASSERT(false, "integer tensor that is not a graph input");
+    return {};
+  }
+
+  // An operand as f32 (norm weights): weights dequantized into `tmp`, activations as they are.
+  const float* vec(const Graph& g, int32_t id, std::vector<float>& tmp) {
+    const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
+    if (t.kind != TensorKind::weight) return f32(id);
+    if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
+    tmp.resize(static_cast<size_t>(t.n_elements()));
+    const size_t rb = row_bytes(t.dtype, t.ne[0]);
+    for (int64_t r = 0; r < t.n_rows(); ++r)
+      dequantize_row(t.dtype, static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r) * rb,
+                     tmp.data() + r * t.ne[0], t.ne[0]);
+    return tmp.data();
+  }
+
+  void ew(Ew op, const float* a, const float* b, float s, float* dst, int64_t n, int64_t row = 1) {
+    (avx2_ ? elementwise_avx2 : elementwise_generic)(op, a, b, s, dst, n, row);
+  }
+
+  void run(const Graph& g, const Node& n, const BatchView& b, KVCacheStore& kv) {
+    const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+    float* dst = f32(n.dst);
+    switch (n.op) {
+    case OpKind::get_rows: {
+      const auto idx = ints(g, n.src[1], b);
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const int64_t len = s.ne[0];
+      for (const int32_t r : idx)
+        LOOM_ASSERT(r >= 0 && r < s.n_rows(), "get_rows index out of range");
+      const auto nr = static_cast<int64_t>(idx.size());
+      if (s.kind == TensorKind::weight) {
+        const auto* base = static_cast<const uint8_t*>(s.data);
+        const size_t rb = row_bytes(s.dtype, len);
+#pragma omp parallel for schedule(static) if (nr * len > 65536)
+        for (int64_t r = 0; r < nr; ++r)
+          dequantize_row(s.dtype, base + static_cast<size_t>(idx[static_cast<size_t>(r)]) * rb, dst + r * len,
+                         len);
+      } else {
+        const float* src = f32(n.src[0]);
+        for (int64_t r = 0; r < nr; ++r)
+          std::memcpy(dst + r * len, src + idx[static_cast<size_t>(r)] * len, static_cast<size_t>(len) * 4);
+      }
+      return;
+    }
+    case OpKind::rms_norm: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      std::vector<float> tmp;
+      const float* w = n.src[1] >= 0 ? vec(g, n.src[1], tmp) : nullptr;
+      (avx2_ ? rms_norm_avx2 : rms_norm_generic)(f32(n.src[0]), w, dst, s.n_rows(), s.ne[0], n.eps);
+      return;
+    }
+    case OpKind::matmul: {
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      LOOM_ASSERT(x.ne[0] == w.ne[0], "matmul inner dimensions differ");
+      matmul(w, f32(n.src[1]), x.n_rows(), dst);
+      return;
+    }
+    case OpKind::rope: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const auto pos = ints(g, n.src[1], b);
+      const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2], half = n.rope.n_dims / 2;
+      const float* x = f32(n.src[0]);
+      const bool neox = n.rope.neox;
+#pragma omp parallel if (T > 1)
+      {
+        std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; ++t) {
+          rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
+          for (int64_t h = 0; h < H; ++h) {
+            const float* xi = x + (t * H + h) * D;
+            float* y = dst + (t * H + h) * D;
+            std::memcpy(y, xi, static_cast<size_t>(D) * sizeof(float));
+            for (int64_t i = 0; i < half; ++i) {
+              const int64_t a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
+              const float x0 = xi[a], x1 = xi[c];
+              y[a] = x0 * cs[static_cast<size_t>(i)] - x1 * sn[static_cast<size_t>(i)];
+              y[c] = x0 * sn[static_cast<size_t>(i)] + x1 * cs[static_cast<size_t>(i)];
+            }
+          }
+        }
+      }
+      return;
+    }
+    case OpKind::attention: {
+      const TensorDesc& q = g.tensors[static_cast<size_t>(n.src[0])];
+      const AttentionParams& p = n.attn;
+      const auto T = static_cast<int32_t>(q.ne[2]);
+      const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
+      const float* k = f32(n.src[1]);
+      const float* v = f32(n.src[2]);
+      for (int32_t t = 0; t < T; ++t) { // this batch's K/V rows first
+        const SeqId s = b.seq_ids[static_cast<size_t>(t)];
+        const Pos ps = b.positions[static_cast<size_t>(t)];
+        std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
+        std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
+      }
+      flash_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst, opt_.isa);
+      return;
+    }
+    case OpKind::swiglu:
+      ew(Ew::swiglu, f32(n.src[0]), f32(n.src[1]), 0.0f, dst, d.n_elements());
+      return;
+    case OpKind::add:
+      ew(Ew::add, f32(n.src[0]), f32(n.src[1]), 0.0f, dst, d.n_elements());
+      return;
+    case OpKind::mul: {
+      const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
+      std::vector<float> tmp;
+      const float* cv = vec(g, n.src[1], tmp);
+      if (c.n_rows() == 1)
+        ew(Ew::mul_row, f32(n.src[0]), cv, 0.0f, dst, d.n_elements(), d.ne[0]);
+      else
+        ew(Ew::mul, f32(n.src[0]), cv, 0.0f, dst, d.n_elements());
+      return;
+    }
+    case OpKind::scale:
+      ew(Ew::scale, f32(n.src[0]), nullptr, n.scale, dst, d.n_elements());
+      return;
+    case OpKind::softmax: {
+      const float* a = f32(n.src[0]);
+      const int64_t len = d.ne[0];
+#pragma omp parallel for schedule(static) if (d.n_elements() > 65536)
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* x = a + r * len;
+        float* y = dst + r * len;
+        const float m = *std::max_element(x, x + len);
+        float sum = 0.0f;
+        for (int64_t i = 0; i < len; ++i)
+          sum += (y[i] = std::exp(x[i] - m));
+        for (int64_t i = 0; i < len; ++i)
+          y[i] /= sum;
+      }
+      return;
+    }
+    case OpKind::copy: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      if (s.kind == TensorKind::weight) {
+        const auto* base = static_cast<const uint8_t*>(s.data);
+        const size_t rb = row_bytes(s.dtype, s.ne[0]);
+#pragma omp parallel for schedule(static) if (d.n_elements() > 65536)
+        for (int64_t r = 0; r < d.n_rows(); ++r)
+          dequantize_row(s.dtype, base + static_cast<size_t>(r) * rb, dst + r * d.ne[0], d.ne[0]);
+      } else {
+        std::memcpy(dst, f32(n.src[0]), static_cast<size_t>(d.n_elements()) * sizeof(float));
+      }
+      return;
+    }
+    }
+    fail(Errc::unsupported, "cpu", std::string("op ") + op_name(n.op) + " is not implemented");
+  }
+
+  // y[T][N] = x[T][K] · Wᵀ.
+  void matmul(const TensorDesc& w, const float* x, int64_t T, float* y) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const size_t rb = row_bytes(w.dtype, K);
+    if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
+      if (w.dtype == DType::f32) { // straight from the model file
+        gemm(x, reinterpret_cast<const float*>(base), static_cast<int64_t>(rb / sizeof(float)), T, N, K, y,
+             N);
+        return;
+      }
+      // A panel of rows dequantized to f32 (≈ 8 MiB, cache-sized), then one oneDNN sgemm on it: the
+      // conversion costs O(N·K) against the GEMM's O(T·N·K), and no second copy of the weights is kept.
+      const int64_t rows = std::clamp<int64_t>((int64_t{8} << 20) / (K * 4), 16, N);
+      panel_.resize(static_cast<size_t>(rows * K));
+      for (int64_t j0 = 0; j0 < N; j0 += rows) {
+        const int64_t nr = std::min(rows, N - j0);
+        float* pw = panel_.data();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < nr; ++r)
+          dequantize_row(w.dtype, base + static_cast<size_t>(j0 + r) * rb, pw + r * K, K);
+        gemm(x, pw, K, T, nr, K, y + j0, N);
+      }
+      return;
+    }
+    if (has_kernel(w.dtype)) {
+      cpu::matmul(opt_.isa, w.dtype, base, rb, K, N, x, T, y, threads_);
+      return;
+    }
+    // Any other dequantizable type (k-quants, q4_1, q5_*): a row dequantized, then dotted.
+#pragma omp parallel if (N * K * T > 32768)
+    {
+      std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+      for (int64_t j = 0; j < N; ++j) {
+        dequantize_row(w.dtype, base + static_cast<size_t>(j) * rb, row.data(), K);
+        for (int64_t t = 0; t < T; ++t)
+          y[t * N + j] = vdot(row.data(), x + t * K, static_cast<int32_t>(K));
+      }
+    }
+  }
+
+  // C[T][n] (ldc) = A[T][K] · B[n][K]ᵀ (ldb) on oneDNN's sgemm (row-major, its own packing, our pool).
+  static void gemm(const float* a, const float* b, int64_t ldb, int64_t T, int64_t n, int64_t K, float* c,
+                   int64_t ldc) {
+    const dnnl_status_t st = dnnl_sgemm('N', 'T', T, n, K, 1.0f, a, K, b, ldb, 0.0f, c, ldc);
+    if (st != dnnl_success)
+      fail(Errc::internal, "cpu",
+           "oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ")");
+  }
+
+  CpuOptions opt_;
+  int threads_;
+  bool avx2_;
+  std::vector<float> arena_; // every activation of the graph, one slab
+  std::vector<size_t> offsets_;
+  std::vector<float> panel_; // dequantized weight rows for the GEMM
+  size_t workspace_ = 0;
+};
+
+} // namespace
+
+void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
+                     const SeqId* seq, KVCacheStore& kv, float* out, Isa isa) {
+  LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
+  // The K/V row addresses of every sequence in the batch, fetched once for all heads and tokens.
+  std::vector<SeqRows> rows;
+  std::vector<int32_t> row_of(static_cast<size_t>(n_tokens));
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    size_t i = 0;
+    while (i < rows.size() && rows[i].seq != seq[t])
+      ++i;
+    if (i == rows.size()) rows.push_back({seq[t], 0, {}, {}});
+    rows[i].n_pos = std::max(rows[i].n_pos, pos[t] + 1);
+    row_of[static_cast<size_t>(t)] = static_cast<int32_t>(i);
+  }
+  for (SeqRows& r : rows) {
+    r.k.resize(static_cast<size_t>(r.n_pos));
+    r.v.resize(static_cast<size_t>(r.n_pos));
+    for (Pos j = 0; j < r.n_pos; ++j) {
+      r.k[static_cast<size_t>(j)] = kv.k_row(p.layer, r.seq, j);
+      r.v[static_cast<size_t>(j)] = kv.v_row(p.layer, r.seq, j);
+    }
+  }
+  (isa == Isa::avx2 ? attn_all_avx2 : attn_all_generic)(p, q, n_tokens, pos, rows, row_of, out);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt) {
+  return std::make_unique<CpuBackend>(opt);
+}
+
+} // namespace loom::cpu

@@ -1,0 +1,27 @@
+// backends/cpu/cpu_backend.hpp — the cpu backend's executor: every op of the graph on one OpenMP
+// pool, matrix products on oneDNN (prefill, weights dequantized a panel at a time, never kept
+// twice) or on our own kernels (decode: weights read straight from their GGUF blocks), attention as
+// a tiled online-softmax kernel over the KV cache (FlashAttention-style, GQA-aware).
+#pragma once
+
+#include "kernels.hpp"
+#include "loom/backend.hpp"
+
+#include <memory>
+
+namespace loom::cpu {
+
+struct CpuOptions {
+  int threads = 0;        // 0: every core
+  Isa isa = Isa::scalar;  // our kernels' path (detect_isa())
+  int gemm_min_rows = 16; // matmuls with at least this many token rows go to oneDNN (0: never)
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);
+
+// The attention kernel on its own (tests compare it with attention::reference_attention):
+// q [T][n_head][D], out [T][n_head][D]; the batch's K/V rows must already be in `kv`.
+void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
+                     const SeqId* seq, KVCacheStore& kv, float* out, Isa isa);
+
+} // namespace loom::cpu

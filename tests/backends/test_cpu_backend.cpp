@@ -1,0 +1,330 @@
+// The cpu backend's executor op by op against the reference backend: one small graph per op, random
+// inputs, both ISA paths, matrix products on every weight type through all three routes (decode
+// kernels, the four-token kernels, oneDNN's GEMM), and attention on random shapes — GQA, MQA, odd
+// head dims, sliding window, soft-capping, a cache filled by an earlier batch, several sequences.
+// Tolerances (relative to the magnitude of the terms summed):
+//   element-wise ops, norms, RoPE, attention: 1e-5 (f32 throughout; only the order of sums differs);
+//   matmul f32/f16/bf16 and every type through oneDNN (weights dequantized exactly): 1e-5;
+//   matmul q8_0/q4_0 on our kernels: 1e-2 (activations quantized to 8 bits per block of 32).
+#include "../../backends/cpu/cpu_backend.hpp"
+#include "loom/attention/reference.hpp"
+#include "loom/backend.hpp"
+#include "loom/dtype.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <random>
+
+namespace {
+
+using namespace loom;
+
+std::vector<cpu::Isa> isas() {
+  std::vector<cpu::Isa> v{cpu::Isa::scalar};
+  if (cpu::detect_isa() == cpu::Isa::avx2) v.push_back(cpu::Isa::avx2);
+  return v;
+}
+
+struct Rand {
+  std::mt19937 rng;
+  explicit Rand(uint32_t seed) : rng(seed) {}
+  std::vector<float> normal(size_t n, float sd) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v)
+      x = nd(rng);
+    return v;
+  }
+};
+
+// A weight of `rows` rows of `n` elements stored as `type` (random, std sd).
+struct Weight {
+  DType type;
+  int64_t n, rows;
+  std::vector<uint8_t> bytes;
+  Weight(DType t, int64_t n_, int64_t rows_, Rand& r, float sd = 1.0f) : type(t), n(n_), rows(rows_) {
+    const auto f = r.normal(static_cast<size_t>(n * rows), sd);
+    const size_t rb = row_bytes(t, n);
+    bytes.resize(rb * static_cast<size_t>(rows));
+    for (int64_t j = 0; j < rows; ++j)
+      quantize_row(t, f.data() + j * n, bytes.data() + static_cast<size_t>(j) * rb, n);
+  }
+  int32_t add(Graph& g, const std::string& name) const {
+    return g.add_weight(name, type, {n, rows, 1, 1}, bytes.data());
+  }
+};
+
+// A graph whose inputs are T tokens; `src` rows are looked up from an f32 table, so every op under
+// test reads activations that earlier nodes wrote.
+struct Harness {
+  Graph g;
+  std::vector<TokenId> tokens;
+  std::vector<Pos> pos;
+  std::vector<SeqId> seq;
+  std::vector<int32_t> out_rows;
+  std::vector<Weight> tables; // kept alive: the graph points into them
+
+  explicit Harness(int32_t T) {
+    g.n_tokens = T;
+    g.n_outputs = 0;
+    g.in_tokens = g.add_tensor({"tokens", TensorKind::input, DType::f32, {T, 1, 1, 1}, nullptr});
+    g.in_positions = g.add_tensor({"pos", TensorKind::input, DType::f32, {T, 1, 1, 1}, nullptr});
+    g.in_out_ids = g.add_tensor({"out", TensorKind::input, DType::f32, {0, 1, 1, 1}, nullptr});
+    for (int32_t t = 0; t < T; ++t) {
+      tokens.push_back(t);
+      pos.push_back(t);
+      seq.push_back(0);
+    }
+  }
+  // An activation [ne] (T rows of n_elements / T values) of random values.
+  int32_t input(Rand& r, std::array<int64_t, 4> ne, float sd = 1.0f) {
+    const int64_t row = ne[0] * ne[1] * ne[2] * ne[3] / g.n_tokens;
+    tables.reserve(16);
+    tables.emplace_back(DType::f32, row, g.n_tokens, r, sd);
+    const int32_t w = tables.back().add(g, "table" + std::to_string(tables.size()));
+    Node n;
+    n.op = OpKind::get_rows;
+    n.src = {w, g.in_tokens, -1};
+    n.dst = g.add_activation("in", ne);
+    return g.add_node(n);
+  }
+  int32_t op(OpKind k, int32_t a, int32_t b, std::array<int64_t, 4> ne, Node n = {}) {
+    n.op = k;
+    n.src = {a, b, -1};
+    n.dst = g.add_activation(op_name(k), ne);
+    return g.add_node(n);
+  }
+  BatchView batch() const { return {tokens, pos, seq, out_rows}; }
+
+  // Runs the graph with `be`, returning tensor `out`.
+  std::vector<float> run(Backend& be, int32_t out, KVCacheStore* kv = nullptr) {
+    g.out_logits = out;
+    std::vector<float> y(static_cast<size_t>(g.tensors[static_cast<size_t>(out)].n_elements()), NAN);
+    std::unique_ptr<KVCacheStore> dummy;
+    if (!kv) {
+      dummy = make_contiguous_kv_cache({1, 1, 1, 1, 1, DType::f32});
+      kv = dummy.get();
+    }
+    be.compute(g, batch(), *kv, y);
+    return y;
+  }
+};
+
+void expect_close(const std::vector<float>& ref, const std::vector<float>& got, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  double mag = 0;
+  for (float v : ref)
+    mag = std::max(mag, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(ref[i]), tol * (mag + 1.0))
+        << what << " at " << i;
+}
+
+std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16) {
+  return cpu::make_cpu_backend({2, isa, gemm_min});
+}
+
+TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
+  auto ref = make_reference_backend();
+  for (cpu::Isa isa : isas())
+    for (int32_t T : {1, 5, 70}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " T=" + std::to_string(T));
+      auto cpu = cpu_backend(isa);
+      Rand r(static_cast<uint32_t>(T));
+      const int64_t D = 12, H = 3, n = D * H;
+      Harness h(T);
+      const int32_t a = h.input(r, {n, T, 1, 1}), b = h.input(r, {n, T, 1, 1});
+      Weight wn(DType::f32, n, 1, r);
+      Node nn;
+      nn.eps = 1e-5f;
+      Node sc;
+      sc.scale = 0.37f;
+      Node rp;
+      rp.rope = {8, 10000.0f, false, 1.0f, 0.0f, 1.0f, 0, 32.0f, 1.0f};
+      Node rpx = rp;
+      rpx.rope.neox = true;
+      rpx.rope.n_dims = D;
+      Node yarn = rp;
+      yarn.rope = {D, 10000.0f, true, 0.25f, 1.0f, 1.0f, 64, 32.0f, 1.0f};
+      const int32_t x3 = h.input(r, {D, H, T, 1});
+      const std::vector<std::pair<std::string, int32_t>> outs = {
+          {"rms_norm", h.op(OpKind::rms_norm, a, wn.add(h.g, "norm"), {n, T, 1, 1}, nn)},
+          {"rms_norm no weight", h.op(OpKind::rms_norm, a, -1, {n, T, 1, 1}, nn)},
+          {"add", h.op(OpKind::add, a, b, {n, T, 1, 1})},
+          {"mul", h.op(OpKind::mul, a, b, {n, T, 1, 1})},
+          {"mul row", h.op(OpKind::mul, a, wn.add(h.g, "row"), {n, T, 1, 1})},
+          {"scale", h.op(OpKind::scale, a, -1, {n, T, 1, 1}, sc)},
+          {"swiglu", h.op(OpKind::swiglu, a, b, {n, T, 1, 1})},
+          {"softmax", h.op(OpKind::softmax, a, -1, {n, T, 1, 1})},
+          {"copy", h.op(OpKind::copy, a, -1, {n, T, 1, 1})},
+          {"copy weight", h.op(OpKind::copy, wn.add(h.g, "cw"), -1, {n, 1, 1, 1})},
+          {"rope", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, rp)},
+          {"rope neox", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, rpx)},
+          {"rope yarn", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, yarn)},
+      };
+      for (const auto& [name, id] : outs)
+        expect_close(h.run(*ref, id), h.run(*cpu, id), 1e-5, name);
+    }
+}
+
+TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
+  auto ref = make_reference_backend();
+  struct Case {
+    DType type;
+    double kernel_tol;
+  };
+  for (const Case c : {Case{DType::f32, 1e-5}, Case{DType::f16, 1e-5}, Case{DType::bf16, 1e-5},
+                       Case{DType::q8_0, 1e-2}, Case{DType::q4_0, 1e-2}})
+    for (cpu::Isa isa : isas())
+      for (int32_t T : {1, 2, 6, 20}) // decode kernels, four-token kernels (+ remainder), oneDNN
+        for (int64_t N : {1, 7, 64}) {
+          const std::string what = std::string(dtype_name(c.type)) + " " + cpu::isa_name(isa) +
+                                   " T=" + std::to_string(T) + " N=" + std::to_string(N);
+          SCOPED_TRACE(what);
+          Rand r(static_cast<uint32_t>(T * 100 + N));
+          const int64_t K = 96;
+          Harness h(T);
+          const int32_t x = h.input(r, {K, T, 1, 1});
+          Weight w(c.type, K, N, r, 0.1f);
+          const int32_t wid = w.add(h.g, "w");
+          const int32_t y = h.op(OpKind::matmul, wid, x, {N, T, 1, 1});
+          for (int32_t t = 0; t < T; ++t) // row ids (positions are not used otherwise here)
+            h.pos[static_cast<size_t>(t)] = static_cast<Pos>((t * 5) % N);
+          const int32_t rows = h.op(OpKind::get_rows, wid, h.g.in_positions, {K, T, 1, 1});
+          const auto want = h.run(*ref, y);
+          // the GEMM route only at T ≥ 16; the kernels' tolerance below that
+          expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 ? 1e-5 : c.kernel_tol, "matmul");
+          expect_close(want, h.run(*cpu_backend(isa, 1), y), 1e-5, "matmul via oneDNN");
+          expect_close(want, h.run(*cpu_backend(isa, 0), y), c.kernel_tol, "matmul via our kernels");
+          expect_close(h.run(*ref, rows), h.run(*cpu_backend(isa), rows), 0.0, "get_rows");
+        }
+}
+
+TEST(CpuBackendOps, TypesWithoutAKernelMatchTheReference) {
+  // q4_1 / q5_0 / q5_1 / k-quants take the dequantize-a-row route; dequantize_row is the shared
+  // ground truth, so only the summation order differs. Blocks are built from random bytes with
+  // small, finite scales.
+  auto ref = make_reference_backend();
+  for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t K = 256, N = 9;
+    std::mt19937 rng(7);
+    std::vector<uint8_t> bytes(row_bytes(t, K) * N);
+    for (auto& b : bytes)
+      b = static_cast<uint8_t>(rng());
+    // overwrite every f16 scale field with a small value: scan blocks and patch the halfs that
+    // decode to non-finite or huge numbers
+    std::vector<float> probe(static_cast<size_t>(K));
+    for (int64_t j = 0; j < N; ++j) {
+      uint8_t* row = bytes.data() + static_cast<size_t>(j) * row_bytes(t, K);
+      for (size_t i = 0; i + 1 < row_bytes(t, K); i += 2) {
+        uint16_t hv;
+        std::memcpy(&hv, row + i, 2);
+        if (!std::isfinite(fp16_to_fp32(hv)) || std::fabs(fp16_to_fp32(hv)) > 4.0f) {
+          hv = fp32_to_fp16(0.01f);
+          std::memcpy(row + i, &hv, 2);
+        }
+      }
+      dequantize_row(t, row, probe.data(), K);
+      for (float v : probe)
+        ASSERT_TRUE(std::isfinite(v));
+    }
+    for (cpu::Isa isa : isas())
+      for (int32_t T : {1, 20}) {
+        Rand r(3);
+        Harness h(T);
+        const int32_t x = h.input(r, {K, T, 1, 1});
+        const int32_t w = h.g.add_weight("w", t, {K, N, 1, 1}, bytes.data());
+        const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1});
+        expect_close(h.run(*ref, y), h.run(*cpu_backend(isa), y), 1e-5, "matmul");
+      }
+  }
+}
+
+struct AttnCase {
+  int32_t n_head, n_head_kv, head_dim, window;
+  float softcap;
+};
+
+TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
+  // Two batches: a prefill of P tokens per sequence (two sequences interleaved), then a few more
+  // tokens per sequence attending over the cache the first batch filled.
+  for (const AttnCase c :
+       {AttnCase{4, 4, 8, 0, 0.0f}, AttnCase{6, 2, 12, 0, 0.0f}, AttnCase{8, 1, 7, 0, 0.0f},
+        AttnCase{4, 2, 64, 5, 0.0f}, AttnCase{2, 1, 16, 0, 30.0f}, AttnCase{3, 3, 5, 3, 0.0f}})
+    for (cpu::Isa isa : isas()) {
+      const std::string what = "Hq=" + std::to_string(c.n_head) + " Hkv=" + std::to_string(c.n_head_kv) +
+                               " D=" + std::to_string(c.head_dim) + " window=" + std::to_string(c.window) +
+                               " " + cpu::isa_name(isa);
+      SCOPED_TRACE(what);
+      const KVShape shape{1, c.n_head_kv, c.head_dim, 256, 2, DType::f32};
+      auto kv_ref = make_contiguous_kv_cache(shape), kv_cpu = make_contiguous_kv_cache(shape);
+      AttentionParams p{
+          0,        c.n_head, c.n_head_kv, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+          c.window, c.softcap};
+      Rand r(static_cast<uint32_t>(c.n_head * 31 + c.head_dim));
+      int32_t done = 0;
+      for (const int32_t per_seq : {70, 3}) {
+        std::vector<Pos> pos;
+        std::vector<SeqId> seq;
+        for (int32_t i = 0; i < per_seq; ++i)
+          for (SeqId s : {0, 1}) {
+            pos.push_back(done + i);
+            seq.push_back(s);
+          }
+        const auto T = static_cast<int32_t>(pos.size());
+        for (SeqId s : {0, 1}) {
+          ASSERT_TRUE(kv_ref->allocate(s, per_seq));
+          ASSERT_TRUE(kv_cpu->allocate(s, per_seq));
+        }
+        const size_t row = static_cast<size_t>(c.n_head_kv) * static_cast<size_t>(c.head_dim);
+        const auto q = r.normal(static_cast<size_t>(T) * static_cast<size_t>(c.n_head * c.head_dim), 1.0f);
+        const auto k = r.normal(static_cast<size_t>(T) * row, 1.0f);
+        const auto v = r.normal(static_cast<size_t>(T) * row, 1.0f);
+        for (int32_t t = 0; t < T; ++t)
+          for (KVCacheStore* kv : {kv_ref.get(), kv_cpu.get()}) {
+            std::memcpy(kv->k_row(0, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)]),
+                        k.data() + static_cast<size_t>(t) * row, row * sizeof(float));
+            std::memcpy(kv->v_row(0, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)]),
+                        v.data() + static_cast<size_t>(t) * row, row * sizeof(float));
+          }
+        std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
+        attention::reference_attention(p, q.data(), T, pos.data(), seq.data(), *kv_ref, want.data());
+        cpu::flash_attention(p, q.data(), T, pos.data(), seq.data(), *kv_cpu, got.data(), isa);
+        expect_close(want, got, 1e-5, "batch of " + std::to_string(T));
+        done += per_seq;
+      }
+    }
+}
+
+TEST(CpuBackendOps, AttentionNodeWritesTheCacheLikeTheReference) {
+  auto ref = make_reference_backend();
+  for (cpu::Isa isa : isas()) {
+    const int32_t T = 9, Hq = 4, Hkv = 2, D = 8;
+    Rand r(11);
+    Harness h(T);
+    const int32_t q = h.input(r, {D, Hq, T, 1}), k = h.input(r, {D, Hkv, T, 1}),
+                  v = h.input(r, {D, Hkv, T, 1});
+    Node n;
+    n.attn = {0, Hq, Hkv, D, 0.35f, 0, 0.0f};
+    n.op = OpKind::attention;
+    n.src = {q, k, v};
+    n.dst = h.g.add_activation("attn", {D * Hq, T, 1, 1});
+    const int32_t out = h.g.add_node(n);
+    const KVShape shape{1, Hkv, D, 32, 1, DType::f32};
+    auto kv_ref = make_contiguous_kv_cache(shape), kv_cpu = make_contiguous_kv_cache(shape);
+    ASSERT_TRUE(kv_ref->allocate(0, T));
+    ASSERT_TRUE(kv_cpu->allocate(0, T));
+    auto cpu = cpu_backend(isa);
+    expect_close(h.run(*ref, out, kv_ref.get()), h.run(*cpu, out, kv_cpu.get()), 1e-5, "attention");
+    for (Pos p = 0; p < T; ++p)
+      for (int32_t i = 0; i < Hkv * D; ++i) {
+        ASSERT_EQ(kv_ref->k_row(0, 0, p)[i], kv_cpu->k_row(0, 0, p)[i]);
+        ASSERT_EQ(kv_ref->v_row(0, 0, p)[i], kv_cpu->v_row(0, 0, p)[i]);
+      }
+  }
+}
+
+} // namespace
