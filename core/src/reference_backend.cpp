@@ -3,7 +3,6 @@
 #include "loom/attention/reference.hpp"
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
-#include "reference_backend_hooks.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,9 +16,7 @@ namespace {
 
 class ReferenceBackend final : public Backend {
 public:
-  ReferenceBackend() = default;
-  ReferenceBackend(MatmulKernel k, std::string name) : matmul_(std::move(k)), name_(std::move(name)) {}
-  std::string_view name() const noexcept override { return name_; }
+  std::string_view name() const noexcept override { return "reference"; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override {
     for (int32_t s : n.src) {
@@ -119,7 +116,6 @@ private:
       const int64_t K = w.ne[0], N = w.ne[1], T = x.n_rows();
       LOOM_ASSERT(x.ne[0] == K, "matmul inner dimensions differ");
       const float* xs = f32(n.src[1]);
-      if (matmul_ && matmul_(w, xs, T, dst)) return;
       std::vector<float> tmp;
       for (int64_t j = 0; j < N; ++j) {
         const float* wr = row(g, n.src[0], j, tmp);
@@ -263,17 +259,11 @@ private:
     }
   }
 
-  MatmulKernel matmul_;
-  std::string name_ = "reference";
   std::vector<std::vector<float>> act_;
   size_t workspace_ = 0;
 };
 
 } // namespace
-
-std::unique_ptr<Backend> make_reference_backend_with(MatmulKernel matmul, std::string name) {
-  return std::make_unique<ReferenceBackend>(std::move(matmul), std::move(name));
-}
 
 std::unique_ptr<Backend> make_reference_backend() {
   return std::make_unique<ReferenceBackend>();
