@@ -120,6 +120,9 @@ template <const char* NAME> struct ExecutorTable {
   static size_t workspace_fn(const void* self) {
     return static_cast<const ExecutorPlugin*>(self)->be->workspace_bytes();
   }
+  static size_t activation_fn(const void* self) {
+    return static_cast<const ExecutorPlugin*>(self)->be->activation_bytes();
+  }
   static void destroy_fn(void* self) { delete static_cast<ExecutorPlugin*>(self); }
   static constexpr loom_backend_i table = {sizeof(loom_backend_i),
                                            &name_fn,
@@ -131,7 +134,8 @@ template <const char* NAME> struct ExecutorTable {
                                            nullptr,
                                            nullptr,
                                            &workspace_fn,
-                                           &destroy_fn};
+                                           &destroy_fn,
+                                           &activation_fn};
 };
 
 } // namespace loom::backend_plugin

@@ -7,7 +7,9 @@
 #include "loom/error.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -270,14 +272,7 @@ public:
     LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
                 "output rows differ from the graph's");
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
-    offsets_.assign(g.tensors.size(), 0);
-    size_t total = 0;
-    for (size_t i = 0; i < g.tensors.size(); ++i) {
-      const TensorDesc& t = g.tensors[i];
-      if (t.kind != TensorKind::activation) continue;
-      offsets_[i] = total;
-      total += (static_cast<size_t>(t.n_elements()) + 15) & ~size_t{15}; // 64-byte steps
-    }
+    const size_t total = plan(g);
     if (arena_.size() < total) arena_.resize(total);
     for (const Node& n : g.nodes)
       run(g, n, batch, kv);
@@ -289,9 +284,69 @@ public:
   }
 
   size_t workspace_bytes() const noexcept override { return workspace_; }
+  size_t activation_bytes() const noexcept override { return arena_.size() * sizeof(float); }
 
 private:
   float* f32(int32_t id) { return arena_.data() + offsets_[static_cast<size_t>(id)]; }
+
+  // Places every activation in one arena, reusing the room of tensors no later node reads (first
+  // fit over a free list, neighbours merged); returns the arena's size in floats. A node's output
+  // never overlaps its inputs; the logits are never freed.
+  size_t plan(const Graph& g) {
+    const size_t nt = g.tensors.size();
+    std::vector<int64_t> last(nt, -1);
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      for (int32_t s : g.nodes[i].src)
+        if (s >= 0) last[static_cast<size_t>(s)] = static_cast<int64_t>(i);
+    if (g.out_logits >= 0) last[static_cast<size_t>(g.out_logits)] = INT64_MAX;
+    offsets_.assign(nt, SIZE_MAX);
+    std::vector<std::pair<size_t, size_t>> free_list; // (offset, size), sorted by offset
+    size_t top = 0;
+    const auto size_of = [&](int32_t id) {
+      return (static_cast<size_t>(g.tensors[static_cast<size_t>(id)].n_elements()) + 15) & ~size_t{15};
+    };
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      if (offsets_[static_cast<size_t>(n.dst)] == SIZE_MAX) {
+        const size_t need = size_of(n.dst);
+        auto it =
+            std::find_if(free_list.begin(), free_list.end(), [&](const auto& b) { return b.second >= need; });
+        if (it != free_list.end()) {
+          offsets_[static_cast<size_t>(n.dst)] = it->first;
+          it->first += need;
+          it->second -= need;
+          if (it->second == 0) free_list.erase(it);
+        } else {
+          offsets_[static_cast<size_t>(n.dst)] = top;
+          top += need;
+        }
+      }
+      for (int32_t s : n.src) {
+        if (s < 0 || g.tensors[static_cast<size_t>(s)].kind != TensorKind::activation) continue;
+        if (last[static_cast<size_t>(s)] != static_cast<int64_t>(i) ||
+            offsets_[static_cast<size_t>(s)] == SIZE_MAX)
+          continue;
+        last[static_cast<size_t>(s)] = -1; // freed once even when a node reads it twice
+        const size_t off = offsets_[static_cast<size_t>(s)], sz = size_of(s);
+        auto it = std::lower_bound(free_list.begin(), free_list.end(), std::make_pair(off, size_t{0}));
+        it = free_list.insert(it, {off, sz});
+        if (std::next(it) != free_list.end() && it->first + it->second == std::next(it)->first) {
+          it->second += std::next(it)->second;
+          free_list.erase(std::next(it));
+        }
+        if (it != free_list.begin() && std::prev(it)->first + std::prev(it)->second == it->first) {
+          std::prev(it)->second += it->second;
+          free_list.erase(it);
+        }
+      }
+    }
+    for (size_t i = 0; i < nt; ++i) // activations no node writes (none in a well-formed graph)
+      if (g.tensors[i].kind == TensorKind::activation && offsets_[i] == SIZE_MAX) {
+        offsets_[i] = top;
+        top += size_of(static_cast<int32_t>(i));
+      }
+    return top;
+  }
 
   std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
     if (id == g.in_tokens) return b.tokens;
@@ -334,8 +389,8 @@ private:
         const size_t rb = row_bytes(s.dtype, len);
 #pragma omp parallel for schedule(static) if (nr * len > 65536)
         for (int64_t r = 0; r < nr; ++r)
-          dequantize_row(s.dtype, base + static_cast<size_t>(idx[static_cast<size_t>(r)]) * rb, dst + r * len,
-                         len);
+          dequantize(opt_.isa, s.dtype, base + static_cast<size_t>(idx[static_cast<size_t>(r)]) * rb,
+                     dst + r * len, len);
       } else {
         const float* src = f32(n.src[0]);
         for (int64_t r = 0; r < nr; ++r)
@@ -474,7 +529,7 @@ private:
         float* pw = panel_.data();
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < nr; ++r)
-          dequantize_row(w.dtype, base + static_cast<size_t>(j0 + r) * rb, pw + r * K, K);
+          dequantize(opt_.isa, w.dtype, base + static_cast<size_t>(j0 + r) * rb, pw + r * K, K);
         gemm(x, pw, K, T, nr, K, y + j0, N);
       }
       return;

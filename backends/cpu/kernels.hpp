@@ -17,6 +17,9 @@ const char* isa_name(Isa isa) noexcept;
 // Types with a direct kernel; others fall back to the reference matmul.
 bool has_kernel(DType t) noexcept;
 
+// One row of n elements to f32: exactly dequantize_row's values (AVX2 for f16, q8_0, q4_0).
+void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n);
+
 // y[t][j] = Σ_k W[j][k] · x[t][k] for t < T, j < N.
 //   w: N rows of K elements in `type`, `row_bytes` apart;  x: [T][K] f32;  y: [T][N] f32.
 // Rows of W are split over the calling OpenMP team (n_threads ≤ 0: the OpenMP default).

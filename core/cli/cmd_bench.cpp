@@ -5,11 +5,15 @@
 #include "loom/pipeline.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sys/resource.h>
+#include <thread>
+#include <vector>
 
 namespace loom::cli {
 
@@ -20,6 +24,61 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Read bandwidth: `threads` threads each sum their slice of a 512 MiB buffer (8-byte loads, four
+// independent sums); bytes read / wall time. Decode reads every weight once per token, so
+// weights / bandwidth bounds its speed.
+int bandwidth_probe(const po::variables_map& vm) {
+  const int threads = vm.count("threads") ? vm["threads"].as<int>() : 1;
+  const int reps = vm["repetitions"].as<int>();
+  if (threads < 1 || threads > 1024 || reps < 1) throw UsageError("--threads must be 1..1024 and -r ≥ 1");
+  const size_t n = (size_t{512} << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i)
+    buf[i] = i;
+  std::vector<double> gbs;
+  uint64_t sink = 0;
+  for (int r = 0; r < reps + 1; ++r) { // the first pass is a warm-up
+    std::vector<uint64_t> sums(static_cast<size_t>(threads));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const size_t b = n / static_cast<size_t>(threads) * static_cast<size_t>(t);
+        const size_t e = t + 1 == threads ? n : b + n / static_cast<size_t>(threads);
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        size_t i = b;
+        for (; i + 4 <= e; i += 4) {
+          s0 += buf[i];
+          s1 += buf[i + 1];
+          s2 += buf[i + 2];
+          s3 += buf[i + 3];
+        }
+        for (; i < e; ++i)
+          s0 += buf[i];
+        sums[static_cast<size_t>(t)] = s0 + s1 + s2 + s3;
+      });
+    for (auto& t : ts)
+      t.join();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (uint64_t v : sums)
+      sink += v;
+    if (r > 0) gbs.push_back(static_cast<double>(n * sizeof(uint64_t)) / sec / 1e9);
+  }
+  const auto [mn, mx] = std::minmax_element(gbs.begin(), gbs.end());
+  if (vm.count("json")) {
+    std::cout << nlohmann::json{{"threads", threads},
+                                {"read_gb_s", median(gbs)},
+                                {"read_gb_s_runs", gbs},
+                                {"checksum", sink}}
+                     .dump()
+              << "\n";
+  } else {
+    std::printf("bandwidth: %.1f GB/s read with %d thread%s (median of %d; min %.1f, max %.1f)\n",
+                median(gbs), threads, threads == 1 ? "" : "s", reps, *mn, *mx);
+  }
+  return k_exit_ok;
 }
 
 uint64_t peak_rss_bytes() {
@@ -48,6 +107,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("tg", po::value<int>()->default_value(128), "tokens to generate")
     ("repetitions,r", po::value<int>()->default_value(5), "repetitions (median and spread are reported)")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("bandwidth", "measure memory read bandwidth instead (the decode bound): 512 MiB read by --threads "
+                  "threads, -r times")
     ("json", "print one JSON object");
   // clang-format on
   po::variables_map vm;
@@ -58,6 +119,7 @@ int cmd_bench(const std::vector<std::string>& args) {
           "Prefill (pp) and decode (tg) throughput, TTFT, TPOT and peak RSS, over R repetitions after one\n"
           "warm-up; prompts are random token ids, decoding is greedy with EOS ignored."))
     return k_exit_ok;
+  if (vm.count("bandwidth")) return bandwidth_probe(vm);
   if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");
   const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
   if (pp < 1 || tg < 1 || reps < 1) throw UsageError("--pp, --tg and -r must be ≥ 1");
@@ -105,26 +167,30 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (tty) std::fprintf(stderr, "\n");
   const MemoryReport mem = p->memory();
   const uint64_t rss = peak_rss_bytes();
+  const uint64_t file_bytes = std::filesystem::file_size(cfg.resolved_model_path());
   const ModelConfig& mc = p->model().config();
   if (vm.count("json")) {
-    nlohmann::json j = {
-        {"model", cfg.resolved_model_path()},
-        {"backend", cfg.backend.name},
-        {"threads", cfg.backend.threads},
-        {"weight_type", std::string(dtype_name(mc.weight_type))},
-        {"n_params", mc.n_params},
-        {"pp", pp},
-        {"tg", tg},
-        {"repetitions", reps},
-        {"prefill_tok_s", median(pre)},
-        {"decode_tok_s", median(dec)},
-        {"prefill_tok_s_runs", pre},
-        {"decode_tok_s_runs", dec},
-        {"ttft_ms", median(ttft)},
-        {"tpot_ms", median(tpot)},
-        {"peak_rss_bytes", rss},
-        {"memory",
-         {{"weights_bytes", mem.weights}, {"kv_bytes", mem.kv}, {"activations_bytes", mem.activations}}}};
+    nlohmann::json j = {{"model", cfg.resolved_model_path()},
+                        {"backend", cfg.backend.name},
+                        {"threads", cfg.backend.threads},
+                        {"weight_type", std::string(dtype_name(mc.weight_type))},
+                        {"n_params", mc.n_params},
+                        {"pp", pp},
+                        {"tg", tg},
+                        {"repetitions", reps},
+                        {"prefill_tok_s", median(pre)},
+                        {"decode_tok_s", median(dec)},
+                        {"prefill_tok_s_runs", pre},
+                        {"decode_tok_s_runs", dec},
+                        {"ttft_ms", median(ttft)},
+                        {"tpot_ms", median(tpot)},
+                        {"peak_rss_bytes", rss},
+                        {"memory",
+                         {{"weights_bytes", mem.weights},
+                          {"kv_bytes", mem.kv},
+                          {"activations_bytes", mem.activations},
+                          {"workspace_bytes", mem.workspace},
+                          {"file_bytes", file_bytes}}}};
     std::cout << j.dump() << "\n";
     return k_exit_ok;
   }
@@ -142,8 +208,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("decode:   tg%-5d %10.1f tok/s  (median of %d; %s)\n", tg, median(dec), reps,
               spread(dec).c_str());
   std::printf("latency:  TTFT %.1f ms, TPOT %.2f ms (medians)\n", median(ttft), median(tpot));
-  std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s\n", mib(rss).c_str(),
-              mib(mem.weights).c_str(), mib(mem.kv).c_str(), mib(mem.activations).c_str());
+  std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s, workspace %s (file %s)\n",
+              mib(rss).c_str(), mib(mem.weights).c_str(), mib(mem.kv).c_str(), mib(mem.activations).c_str(),
+              mib(mem.workspace).c_str(), mib(file_bytes).c_str());
   return k_exit_ok;
 }
 

@@ -161,7 +161,9 @@ MemoryReport Pipeline::memory() const noexcept {
   MemoryReport m;
   m.weights = model_->config().weight_bytes;
   m.kv = static_cast<uint64_t>(n_ctx_) * model_->config().kv_bytes_per_token(DType::f32); // one sequence
-  m.activations = backend_->workspace_bytes();
+  const uint64_t used = backend_->workspace_bytes(); // activations + scratch, as the backend holds them
+  m.activations = std::min<uint64_t>(backend_->activation_bytes(), used);
+  m.workspace = used - m.activations;
   return m;
 }
 

@@ -208,8 +208,9 @@ LOOM_ABI_OFFSET(loom_backend_i, buffer_upload, 48);
 LOOM_ABI_OFFSET(loom_backend_i, buffer_download, 56);
 LOOM_ABI_OFFSET(loom_backend_i, memory_info, 64);
 LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 72);
+LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 88);
 LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
-LOOM_ABI_SIZE(loom_backend_i, 88);
+LOOM_ABI_SIZE(loom_backend_i, 96);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.

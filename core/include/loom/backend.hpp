@@ -23,6 +23,8 @@ public:
   virtual void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) = 0;
   // Bytes of activations + workspace the last compute used (memory accounting).
   virtual size_t workspace_bytes() const noexcept { return 0; }
+  // Of workspace_bytes(), the bytes holding activations (the rest is scratch: GEMM panels, …).
+  virtual size_t activation_bytes() const noexcept { return workspace_bytes(); }
 };
 
 // Plain, obviously-correct F32 C++: the ground truth of every test and the fallback for any op.

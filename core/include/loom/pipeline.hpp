@@ -32,7 +32,8 @@ struct GenerationRequest {
 struct MemoryReport {
   uint64_t weights = 0;     // tensor bytes of the model as stored
   uint64_t kv = 0;          // KV cache of one sequence at the full context
-  uint64_t activations = 0; // activations + workspace of the last forward
+  uint64_t activations = 0; // what the backend holds for activations (after any reuse)
+  uint64_t workspace = 0;   // the backend's other scratch (GEMM panels)
 };
 
 class Pipeline {

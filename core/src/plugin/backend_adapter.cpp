@@ -100,6 +100,10 @@ public:
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, workspace_bytes) + sizeof(void*);
     return has && vt_->workspace_bytes ? vt_->workspace_bytes(self_) : 0;
   }
+  size_t activation_bytes() const noexcept override {
+    const bool has = vt_->struct_size >= offsetof(loom_backend_i, activation_bytes) + sizeof(void*);
+    return has && vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
+  }
 
 private:
   const CGraph& converted(const Graph& g) {

@@ -154,6 +154,8 @@ struct loom_backend_i {
   void (*memory_info)(const void* self, loom_memory_info* out); /* optional */
   size_t (*workspace_bytes)(const void* self);                  /* optional: bytes of the last compute */
   void (*destroy)(void* self);                                  /* required */
+  /* ABI 1.1, optional: of workspace_bytes, the bytes holding activations (the rest is scratch). */
+  size_t (*activation_bytes)(const void* self);
 };
 
 #ifdef __cplusplus
