@@ -105,22 +105,115 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
   }
 }
 
+// A block of nq consecutive tokens of one sequence (prefill) against kv head hk: the K tile is
+// transposed once and shared by all nq·G query rows, so the scores are FMAs along the keys (no
+// horizontal sums); each query row keeps its own causal / window range (masked lanes get −∞).
+LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out, size_t tok,
+                            const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv, R = nq * G;
+  w.s.resize(static_cast<size_t>(R) * k_tile + static_cast<size_t>(D) * k_tile);
+  float* kt = w.s.data() + static_cast<size_t>(R) * k_tile; // [D][k_tile]
+  w.acc.assign(static_cast<size_t>(R) * static_cast<size_t>(D), 0.0f);
+  w.m.assign(static_cast<size_t>(R), -INFINITY);
+  w.l.assign(static_cast<size_t>(R), 0.0f);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  const auto first_of = [&](Pos last) { return p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0; };
+  Pos lo = pos[0], hi = pos[0];
+  for (int32_t i = 0; i < nq; ++i) {
+    lo = std::min(lo, first_of(pos[i]));
+    hi = std::max(hi, pos[i]);
+  }
+  for (Pos j0 = lo; j0 <= hi; j0 += k_tile) {
+    const int32_t n = std::min<int32_t>(k_tile, hi - j0 + 1);
+    for (int32_t jj = 0; jj < n; ++jj) {
+      const float* kr = rows.k[static_cast<size_t>(j0 + jj)] + koff;
+      for (int32_t d = 0; d < D; ++d)
+        kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
+    }
+    for (int32_t r = 0; r < R; ++r) {
+      const int32_t qi = r / G, g = r % G;
+      const Pos last = pos[qi], first = first_of(last);
+      if (j0 > last || j0 + n - 1 < first) continue; // the whole tile is masked for this row
+      const float* qh =
+          q + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+      float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+      std::fill(s, s + n, 0.0f);
+      for (int32_t d = 0; d < D; ++d) {
+        const float qd = qh[d];
+        const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+#pragma omp simd
+        for (int32_t jj = 0; jj < n; ++jj)
+          s[jj] += qd * ktd[jj];
+      }
+      float tmax = -INFINITY;
+      for (int32_t jj = 0; jj < n; ++jj) {
+        const Pos j = j0 + jj;
+        float v = s[jj] * p.scale;
+        if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+        if (j < first || j > last) v = -INFINITY;
+        s[jj] = v;
+        tmax = std::max(tmax, v);
+      }
+      float& m = w.m[static_cast<size_t>(r)];
+      float& l = w.l[static_cast<size_t>(r)];
+      float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+      if (tmax > m) {
+        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+        l *= c;
+        vscale(acc, c, D);
+        m = tmax;
+      }
+      for (int32_t jj = 0; jj < n; ++jj) {
+        if (s[jj] == -INFINITY) continue;
+        const float e = std::exp(s[jj] - m);
+        l += e;
+        vaxpy(acc, e, rows.v[static_cast<size_t>(j0 + jj)] + koff, D);
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t qi = r / G, g = r % G;
+    const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+    float* o = out + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+    const float inv = 1.0f / w.l[static_cast<size_t>(r)];
+    for (int32_t d = 0; d < D; ++d)
+      o[d] = acc[d] * inv;
+  }
+}
+
+constexpr int32_t k_qblock = 16; // query tokens per prefill block
+
 LOOM_INLINE void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
                           const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out) {
   const int32_t Hkv = p.n_head_kv;
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
-  const int64_t items = static_cast<int64_t>(T) * Hkv;
+  // Blocks of up to k_qblock consecutive tokens of the same sequence.
+  std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
+  for (int32_t t = 0; t < T;) {
+    int32_t e = t + 1;
+    while (e < T && e - t < k_qblock && row_of[static_cast<size_t>(e)] == row_of[static_cast<size_t>(t)])
+      ++e;
+    blocks.emplace_back(t, e - t);
+    t = e;
+  }
+  const int64_t items = static_cast<int64_t>(blocks.size()) * Hkv;
 #pragma omp parallel if (items > 1)
   {
     AttnScratch w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const auto t = static_cast<int32_t>(it / Hkv);
+      const auto [t, nq] = blocks[static_cast<size_t>(it / Hkv)];
       const auto hk = static_cast<int32_t>(it % Hkv);
-      const Pos last = pos[t];
-      const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
-      attn_item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok,
-                rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])], first, last, hk, w);
+      const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
+      if (nq == 1) { // decode: one token, no transpose worth its cost
+        const Pos last = pos[t];
+        const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
+        attn_item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, first, last,
+                  hk, w);
+      } else {
+        attn_block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t,
+                   nq, hk, w);
+      }
     }
   }
 }

@@ -266,14 +266,25 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
           c.window, c.softcap};
       Rand r(static_cast<uint32_t>(c.n_head * 31 + c.head_dim));
       int32_t done = 0;
-      for (const int32_t per_seq : {70, 3}) {
+      // prefill with the two sequences interleaved (one-token items), then each in a run of its own
+      // (query blocks), then a decode-sized batch
+      for (const auto& [per_seq, interleaved] :
+           {std::pair{37, true}, std::pair{40, false}, std::pair{3, false}}) {
         std::vector<Pos> pos;
         std::vector<SeqId> seq;
-        for (int32_t i = 0; i < per_seq; ++i)
-          for (SeqId s : {0, 1}) {
-            pos.push_back(done + i);
-            seq.push_back(s);
-          }
+        if (interleaved) {
+          for (int32_t i = 0; i < per_seq; ++i)
+            for (SeqId s : {0, 1}) {
+              pos.push_back(done + i);
+              seq.push_back(s);
+            }
+        } else {
+          for (SeqId s : {0, 1})
+            for (int32_t i = 0; i < per_seq; ++i) {
+              pos.push_back(done + i);
+              seq.push_back(s);
+            }
+        }
         const auto T = static_cast<int32_t>(pos.size());
         for (SeqId s : {0, 1}) {
           ASSERT_TRUE(kv_ref->allocate(s, per_seq));
