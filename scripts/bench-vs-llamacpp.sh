@@ -18,15 +18,18 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import llama_cpp" 2>/
   CMAKE_ARGS="-DGGML_NATIVE=ON" "$venv/bin/pip" install -q llama-cpp-python
 fi
 lver=$("$venv/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)")
+# the decode bound: read bandwidth at these threads (loom bench --bandwidth)
+bw=$("$loom" bench --bandwidth -t "$threads" -r 3 --json)
 loom_runs=(); cpp_runs=()
 for r in $(seq "$reps"); do
   echo "bench: repetition $r/$reps" >&2
   loom_runs+=("$("$loom" bench -m "$model" --pp "$pp" --tg "$tg" -r 1 -t "$threads" --set "backend.name=\"$backend\"" --json)")
   cpp_runs+=("$("$venv/bin/python" scripts/bench_llamacpp.py "$model" --threads "$threads" --pp "$pp" --tg "$tg" -r 1)")
 done
-python3 - "$model" "$threads" "$backend" "$lver" "$pp" "$tg" <<PY
+python3 - "$model" "$threads" "$backend" "$lver" "$pp" "$tg" "$bw" <<PY
 import json, statistics, sys
-model, threads, backend, lver, pp, tg = sys.argv[1:]
+model, threads, backend, lver, pp, tg, bw = sys.argv[1:]
+bw = json.loads(bw)["read_gb_s"] * 1e9
 loom = [json.loads(l) for l in """$(printf '%s\n' "${loom_runs[@]}")""".strip().splitlines()]
 cpp = [json.loads(l) for l in """$(printf '%s\n' "${cpp_runs[@]}")""".strip().splitlines()]
 def col(rows, k): return [r[k] for r in rows]
@@ -35,4 +38,14 @@ for k, name in (("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
     a, b = col(loom, k), col(cpp, k)
     ma, mb = statistics.median(a), statistics.median(b)
     print(f"{name:8s} loom {ma:9.1f} tok/s [{min(a):.1f}..{max(a):.1f}]   llama.cpp {mb:9.1f} tok/s [{min(b):.1f}..{max(b):.1f}]   ratio {ma/mb:5.2f}x")
+# decode reads (nearly) every weight byte once per token: weights / bandwidth bounds it
+mem = loom[0]["memory"]
+bound = bw / mem["weights_bytes"]
+a, b = statistics.median(col(loom, "decode_tok_s")), statistics.median(col(cpp, "decode_tok_s"))
+print(f"bound    {bw/1e9:.1f} GB/s read ({threads} threads) / {mem['weights_bytes']/2**20:.0f} MiB of weights = {bound:.1f} tok/s;"
+      f" decode at {100*a/bound:.0f}% (loom), {100*b/bound:.0f}% (llama.cpp) of it")
+kv = mem["kv_bytes"]
+for name, rows in (("loom", loom), ("llama.cpp", cpp)):
+    rss = statistics.median(col(rows, "peak_rss_bytes"))
+    print(f"rss      {name:9s} peak {rss/2**20:8.1f} MiB = {rss/(mem['file_bytes']+kv):.2f} x (file {mem['file_bytes']/2**20:.0f} MiB + KV {kv/2**20:.0f} MiB)")
 PY

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Times llama.cpp (through the PyPI package llama-cpp-python) on a GGUF the way `loom bench` times
 Loom: prefill `pp` tokens in one batch, then decode `tg` tokens one at a time. Prints one JSON object
-per repetition: {"prefill_tok_s": ..., "decode_tok_s": ...}."""
+per repetition: {"prefill_tok_s": ..., "decode_tok_s": ..., "peak_rss_bytes": ...}."""
 import argparse
 import json
 import random
+import resource
 import sys
 import time
 
@@ -37,4 +38,6 @@ for _ in range(a.repetitions):
     for _ in range(a.tg):
         llm.eval([rng.randrange(3, n_vocab)])
     t2 = time.perf_counter()
-    print(json.dumps({"prefill_tok_s": a.pp / (t1 - t0), "decode_tok_s": a.tg / (t2 - t1)}), flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(json.dumps({"prefill_tok_s": a.pp / (t1 - t0), "decode_tok_s": a.tg / (t2 - t1),
+                      "peak_rss_bytes": rss}), flush=True)

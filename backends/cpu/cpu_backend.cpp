@@ -137,13 +137,16 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
       const float* qh =
           q + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
       float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
-      std::fill(s, s + n, 0.0f);
-      for (int32_t d = 0; d < D; ++d) {
-        const float qd = qh[d];
-        const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+      { // all k_tile scores in flight at once (independent FMA chains; lanes ≥ n are discarded)
+        float a[k_tile] = {};
+        for (int32_t d = 0; d < D; ++d) {
+          const float qd = qh[d];
+          const float* ktd = kt + static_cast<size_t>(d) * k_tile;
 #pragma omp simd
-        for (int32_t jj = 0; jj < n; ++jj)
-          s[jj] += qd * ktd[jj];
+          for (int32_t l = 0; l < k_tile; ++l)
+            a[l] += qd * ktd[l];
+        }
+        std::copy(a, a + n, s);
       }
       float tmax = -INFINITY;
       for (int32_t jj = 0; jj < n; ++jj) {
@@ -183,10 +186,29 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
 
 constexpr int32_t k_qblock = 16; // query tokens per prefill block
 
-LOOM_INLINE void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
-                          const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out) {
+LOOM_AVX2 void attn_item_avx2(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                              Pos first, Pos last, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, first, last, hk, w);
+}
+void attn_item_generic(const AttentionParams& p, const float* q, float* out, const SeqRows& rows, Pos first,
+                       Pos last, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, first, last, hk, w);
+}
+LOOM_AVX2 void attn_block_avx2(const AttentionParams& p, const float* q, float* out, size_t tok,
+                               const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  attn_block(p, q, out, tok, rows, pos, nq, hk, w);
+}
+void attn_block_generic(const AttentionParams& p, const float* q, float* out, size_t tok, const SeqRows& rows,
+                        const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  attn_block(p, q, out, tok, rows, pos, nq, hk, w);
+}
+
+void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, bool avx2) {
   const int32_t Hkv = p.n_head_kv;
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
+  const auto item = avx2 ? attn_item_avx2 : attn_item_generic;
+  const auto block = avx2 ? attn_block_avx2 : attn_block_generic;
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
   for (int32_t t = 0; t < T;) {
@@ -208,101 +230,83 @@ LOOM_INLINE void attn_all(const AttentionParams& p, const float* q, int32_t T, c
       if (nq == 1) { // decode: one token, no transpose worth its cost
         const Pos last = pos[t];
         const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
-        attn_item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, first, last,
-                  hk, w);
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, first, last, hk, w);
       } else {
-        attn_block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t,
-                   nq, hk, w);
+        block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t, nq,
+              hk, w);
       }
     }
   }
-}
-
-LOOM_AVX2 void attn_all_avx2(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
-                             const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of,
-                             float* out) {
-  attn_all(p, q, T, pos, rows, row_of, out);
-}
-void attn_all_generic(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
-                      const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out) {
-  attn_all(p, q, T, pos, rows, row_of, out);
 }
 
 // ---- element-wise and row ops ----
 
-LOOM_INLINE void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float ss = 0.0f;
+// One row: y = x / rms(x) · w.
+LOOM_INLINE void rms_norm_row(const float* xr, const float* w, float* yr, int64_t n, float eps) {
+  float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i)
+    ss += xr[i] * xr[i];
+  const float sc = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  if (w) {
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-      ss += xr[i] * xr[i];
-    const float sc = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-    float* yr = y + r * n;
-    if (w) {
+      yr[i] = w[i] * (sc * xr[i]);
+  } else {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i)
-        yr[i] = w[i] * (sc * xr[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i)
-        yr[i] = sc * xr[i];
-    }
+    for (int64_t i = 0; i < n; ++i)
+      yr[i] = sc * xr[i];
   }
 }
-LOOM_AVX2 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  rms_norm_rows(x, w, y, rows, n, eps);
+// OpenMP outlines parallel regions into functions of their own, which do not inherit a target
+// attribute: so the regions stay in generic code and call these per-ISA bodies.
+LOOM_AVX2 void rms_norm_row_avx2(const float* x, const float* w, float* y, int64_t n, float eps) {
+  rms_norm_row(x, w, y, n, eps);
 }
-void rms_norm_generic(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  rms_norm_rows(x, w, y, rows, n, eps);
+void rms_norm_row_generic(const float* x, const float* w, float* y, int64_t n, float eps) {
+  rms_norm_row(x, w, y, n, eps);
 }
 
 enum class Ew { add, mul, mul_row, scale, swiglu };
 
-// dst = a (op) b over n elements; mul_row broadcasts b (length `row`) along rows.
-LOOM_INLINE void elementwise(Ew op, const float* a, const float* b, float s, float* dst, int64_t n,
-                             int64_t row) {
-  constexpr int64_t chunk = 4096;
-  const int64_t nc = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t c = 0; c < nc; ++c) {
-    const int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
-    switch (op) {
-    case Ew::add:
+// dst[i0, i1) = a (op) b; mul_row broadcasts b (length `row`) along rows.
+LOOM_INLINE void elementwise(Ew op, const float* a, const float* b, float s, float* dst, int64_t i0,
+                             int64_t i1, int64_t row) {
+  switch (op) {
+  case Ew::add:
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i)
-        dst[i] = a[i] + b[i];
-      break;
-    case Ew::mul:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = a[i] + b[i];
+    break;
+  case Ew::mul:
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i)
-        dst[i] = a[i] * b[i];
-      break;
-    case Ew::mul_row:
-      for (int64_t i = i0; i < i1; ++i)
-        dst[i] = a[i] * b[i % row];
-      break;
-    case Ew::scale:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = a[i] * b[i];
+    break;
+  case Ew::mul_row:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = a[i] * b[i % row];
+    break;
+  case Ew::scale:
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i)
-        dst[i] = a[i] * s;
-      break;
-    case Ew::swiglu:
-      for (int64_t i = i0; i < i1; ++i) {
-        const float v = a[i];
-        dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * b[i];
-      }
-      break;
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = a[i] * s;
+    break;
+  case Ew::swiglu:
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = a[i];
+      dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * b[i];
     }
+    break;
   }
 }
-LOOM_AVX2 void elementwise_avx2(Ew op, const float* a, const float* b, float s, float* dst, int64_t n,
-                                int64_t row) {
-  elementwise(op, a, b, s, dst, n, row);
+LOOM_AVX2 void elementwise_avx2(Ew op, const float* a, const float* b, float s, float* dst, int64_t i0,
+                                int64_t i1, int64_t row) {
+  elementwise(op, a, b, s, dst, i0, i1, row);
 }
-void elementwise_generic(Ew op, const float* a, const float* b, float s, float* dst, int64_t n, int64_t row) {
-  elementwise(op, a, b, s, dst, n, row);
+void elementwise_generic(Ew op, const float* a, const float* b, float s, float* dst, int64_t i0, int64_t i1,
+                         int64_t row) {
+  elementwise(op, a, b, s, dst, i0, i1, row);
 }
 
 float yarn_ramp(float low, float high, int64_t i0) {
@@ -463,7 +467,12 @@ private:
   }
 
   void ew(Ew op, const float* a, const float* b, float s, float* dst, int64_t n, int64_t row = 1) {
-    (avx2_ ? elementwise_avx2 : elementwise_generic)(op, a, b, s, dst, n, row);
+    const auto f = avx2_ ? elementwise_avx2 : elementwise_generic;
+    constexpr int64_t chunk = 4096;
+    const int64_t nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t c = 0; c < nc; ++c)
+      f(op, a, b, s, dst, c * chunk, std::min(n, (c + 1) * chunk), row);
   }
 
   void run(const Graph& g, const Node& n, const BatchView& b, KVCacheStore& kv) {
@@ -495,7 +504,12 @@ private:
       const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
       std::vector<float> tmp;
       const float* w = n.src[1] >= 0 ? vec(g, n.src[1], tmp) : nullptr;
-      (avx2_ ? rms_norm_avx2 : rms_norm_generic)(f32(n.src[0]), w, dst, s.n_rows(), s.ne[0], n.eps);
+      const auto f = avx2_ ? rms_norm_row_avx2 : rms_norm_row_generic;
+      const float* x = f32(n.src[0]);
+      const int64_t len = s.ne[0];
+#pragma omp parallel for schedule(static) if (s.n_rows() * len > 32768)
+      for (int64_t r = 0; r < s.n_rows(); ++r)
+        f(x + r * len, w, dst + r * len, len, n.eps);
       return;
     }
     case OpKind::matmul: {
@@ -686,7 +700,7 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
       r.v[static_cast<size_t>(j)] = kv.v_row(p.layer, r.seq, j);
     }
   }
-  (isa == Isa::avx2 ? attn_all_avx2 : attn_all_generic)(p, q, n_tokens, pos, rows, row_of, out);
+  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa == Isa::avx2);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt) {
