@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <immintrin.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <string>
@@ -203,11 +204,114 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
   attn_block(p, q, out, tok, rows, pos, nq, hk, w);
 }
 
+// Decode attention with AVX2 intrinsics for head dims 8·NV: q and the output accumulator live in
+// registers, eight keys' scores are reduced together (one transpose of eight partial sums instead of
+// eight horizontal sums).
+template <int NV>
+LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                                Pos first, Pos last, int32_t hk, AttnScratch& w) {
+  constexpr int32_t D = NV * 8;
+  const int32_t G = p.n_head / p.n_head_kv;
+  const size_t koff = static_cast<size_t>(hk) * D;
+  w.s.resize(k_tile);
+  float* s = w.s.data();
+  for (int32_t g = 0; g < G; ++g) {
+    const float* qh = q + static_cast<size_t>(hk * G + g) * D;
+    __m256 qv[NV], acc[NV];
+    for (int i = 0; i < NV; ++i) {
+      qv[i] = _mm256_loadu_ps(qh + 8 * i);
+      acc[i] = _mm256_setzero_ps();
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (Pos j0 = first; j0 <= last; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
+      const float* const* kr = rows.k.data() + j0;
+      int32_t jj = 0;
+      for (; jj + 8 <= n; jj += 8) {
+        __m256 d[8];
+        if (jj + 16 <= n)
+          for (int k = 8; k < 16; ++k)
+            _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff), _MM_HINT_T0);
+        for (int k = 0; k < 8; ++k) {
+          const float* kk = kr[jj + k] + koff;
+          d[k] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kk));
+          for (int i = 1; i < NV; ++i)
+            d[k] = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kk + 8 * i), d[k]);
+        }
+        const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+        const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+        const __m256 r =
+            _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
+      }
+      for (; jj < n; ++jj) {
+        const float* kk = kr[jj] + koff;
+        __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kk));
+        for (int i = 1; i < NV; ++i)
+          d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kk + 8 * i), d);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        s[jj] = _mm_cvtss_f32(h) * p.scale;
+      }
+      float tmax = -INFINITY;
+      for (jj = 0; jj < n; ++jj) {
+        if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
+        tmax = std::max(tmax, s[jj]);
+      }
+      if (tmax > m) {
+        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+        l *= c;
+        for (int i = 0; i < NV; ++i)
+          acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
+        m = tmax;
+      }
+      for (jj = 0; jj < n; ++jj) { // the exps first: a call in the loop below would spill acc
+        s[jj] = std::exp(s[jj] - m);
+        l += s[jj];
+      }
+      const float* const* vr = rows.v.data() + j0;
+      for (jj = 0; jj < n; ++jj) {
+        if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff), _MM_HINT_T0);
+        const __m256 ev = _mm256_set1_ps(s[jj]);
+        const float* vv = vr[jj] + koff;
+        for (int i = 0; i < NV; ++i)
+          acc[i] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + 8 * i), acc[i]);
+      }
+    }
+    float* o = out + static_cast<size_t>(hk * G + g) * D;
+    const __m256 inv = _mm256_set1_ps(1.0f / l);
+    for (int i = 0; i < NV; ++i)
+      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], inv));
+  }
+}
+
+using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, Pos, Pos, int32_t,
+                            AttnScratch&);
+
+AttnItemFn pick_item(bool avx2, int32_t D) {
+  if (!avx2) return attn_item_generic;
+  switch (D) {
+  case 8:
+    return attn_item_avx2_d<1>;
+  case 16:
+    return attn_item_avx2_d<2>;
+  case 32:
+    return attn_item_avx2_d<4>;
+  case 64:
+    return attn_item_avx2_d<8>;
+  case 128:
+    return attn_item_avx2_d<16>;
+  default:
+    return attn_item_avx2;
+  }
+}
+
 void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
               const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, bool avx2) {
   const int32_t Hkv = p.n_head_kv;
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
-  const auto item = avx2 ? attn_item_avx2 : attn_item_generic;
+  const AttnItemFn item = pick_item(avx2, p.head_dim);
   const auto block = avx2 ? attn_block_avx2 : attn_block_generic;
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)

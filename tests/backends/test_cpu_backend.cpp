@@ -269,7 +269,7 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
       // prefill with the two sequences interleaved (one-token items), then each in a run of its own
       // (query blocks), then a decode-sized batch
       for (const auto& [per_seq, interleaved] :
-           {std::pair{37, true}, std::pair{40, false}, std::pair{3, false}}) {
+           {std::pair{40, false}, std::pair{37, true}, std::pair{3, false}}) {
         std::vector<Pos> pos;
         std::vector<SeqId> seq;
         if (interleaved) {
