@@ -95,6 +95,66 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return s;
 }
 
+// k-quants: 256-element super-blocks; activations in the same BlockQ8 blocks of 32 (8 per super-block).
+void q4_k_scale_min(int j, const uint8_t* q, int& d, int& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K: y = d·sc·q − dmin·m per sub-block of 32 → Σ = d·sc·x.d·Σ q·xq − dmin·m·(x.d·Σ xq).
+float dot_q4_k_scalar(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, w += 144, x += 8) {
+    const float d = f16(w), dmin = f16(w + 2);
+    const uint8_t* q = w + 16;
+    for (int j = 0; j < 4; ++j, q += 32)
+      for (int h = 0; h < 2; ++h) {
+        int sc, m;
+        q4_k_scale_min(2 * j + h, w + 4, sc, m);
+        const BlockQ8& xb = x[2 * j + h];
+        int32_t acc = 0;
+        for (int l = 0; l < 32; ++l)
+          acc += (h ? q[l] >> 4 : q[l] & 0xF) * xb.qs[l];
+        s += d * static_cast<float>(sc) * xb.d * static_cast<float>(acc) -
+             dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
+      }
+  }
+  return s;
+}
+
+// The 6-bit value of Q6_K element e (0..255) of a super-block, minus 32, and its scale index.
+inline int q6_k_value(const uint8_t* w, int e, int& scale_idx) {
+  const int n = e / 128, r = e % 128, k = r / 32, l = r % 32;
+  const uint8_t* ql = w + 64 * n;
+  const uint8_t* qh = w + 128 + 32 * n;
+  const int lo = (k & 1) ? ql[l + 32] : ql[l];
+  const int nib = (k & 2) ? lo >> 4 : lo & 0xF;
+  scale_idx = 8 * n + l / 16 + 2 * k;
+  return (nib | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+}
+
+float dot_q6_k_scalar(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, w += 210, x += 8) {
+    const float d = f16(w + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+    for (int b = 0; b < 8; ++b) // activation block b = elements 32b..32b+31: two scales of 16
+      for (int h = 0; h < 2; ++h) {
+        int32_t acc = 0;
+        int si = 0;
+        for (int l = 16 * h; l < 16 * h + 16; ++l)
+          acc += q6_k_value(w, 32 * b + l, si) * x[b].qs[l];
+        s += d * static_cast<float>(sc[si]) * x[b].d * static_cast<float>(acc);
+      }
+  }
+  return s;
+}
+
 // ---- AVX2 + FMA + F16C ----
 
 #define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -191,6 +251,63 @@ LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
     const __m256i a = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(w) * x[b].d), _mm256_cvtepi32_ps(dot_i8(a, xq)), acc);
+  }
+  return hsum(acc);
+}
+
+LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+  __m256 acc = _mm256_setzero_ps();
+  float corr = 0.0f;
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < nsb; ++i, w += 144, x += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + 4 * 144), _MM_HINT_T0);
+    const float d = f16c(w), dmin = f16c(w + 2);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j));
+      const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
+      for (int h = 0; h < 2; ++h) {
+        int sc, m;
+        q4_k_scale_min(2 * j + h, w + 4, sc, m);
+        const BlockQ8& xb = x[2 * j + h];
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones); // unsigned × signed
+        acc =
+            _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot), acc);
+        corr += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
+      }
+    }
+  }
+  return hsum(acc) - corr;
+}
+
+LOOM_AVX2 float dot_q6_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nsb; ++i, w += 210, x += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + 4 * 210), _MM_HINT_T0);
+    const float d = f16c(w + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
+      const __m256i hi[4] = {_mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4)};
+      const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+      for (int k = 0; k < 4; ++k) {
+        const BlockQ8& xb = x[4 * n + k];
+        const __m256i a = _mm256_sub_epi8(_mm256_or_si256(lo[k], hi[k]), off); // −32..31
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+        const __m256 dot = _mm256_cvtepi32_ps(dot_i8(a, xq)); // lanes 0–3: elements 0–15, 4–7: 16–31
+        const __m256 scv = _mm256_set_m128(_mm_set1_ps(static_cast<float>(sc[8 * n + 2 * k + 1])),
+                                           _mm_set1_ps(static_cast<float>(sc[8 * n + 2 * k])));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d * xb.d), scv), dot, acc);
+      }
+    }
   }
   return hsum(acc);
 }
@@ -411,13 +528,15 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 }
 
 bool has_kernel(DType t) noexcept {
-  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0;
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0 ||
+         t == DType::q4_k || t == DType::q6_k;
 }
 
 void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
             int64_t T, float* y, int n_threads) {
   if (!has_kernel(type)) std::abort(); // callers check has_kernel(); reaching here is a bug
-  const bool integer = type == DType::q8_0 || type == DType::q4_0;
+  const bool kquant = type == DType::q4_k || type == DType::q6_k;
+  const bool integer = type == DType::q8_0 || type == DType::q4_0 || kquant;
   std::vector<BlockQ8> xq;
   if (integer) { // activations to q8 once per call, shared by every weight row
     xq.resize(static_cast<size_t>(T * (K / 32)));
@@ -442,11 +561,15 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
       return avx2 ? dot_q8_0_avx2(wr, xb, nb) : dot_q8_0_scalar(wr, xb, nb);
     case DType::q4_0:
       return avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
+    case DType::q4_k:
+      return avx2 ? dot_q4_k_avx2(wr, xb, nb / 8) : dot_q4_k_scalar(wr, xb, nb / 8);
+    case DType::q6_k:
+      return avx2 ? dot_q6_k_avx2(wr, xb, nb / 8) : dot_q6_k_scalar(wr, xb, nb / 8);
     default:
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
   };
-  if (avx2 && T < 4 && type != DType::bf16) { // decode: four rows at a time, one token at a time
+  if (avx2 && T < 4 && type != DType::bf16 && !kquant) { // decode: four rows at a time, one token at a time
     const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
     for (int64_t jb = 0; jb < n_blk; ++jb) {
@@ -476,7 +599,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   for (int64_t j = 0; j < N; ++j) {
     const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
     int64_t t0 = 0;
-    if (avx2 && type != DType::bf16)
+    if (avx2 && type != DType::bf16 && !kquant)
       for (; t0 + 4 <= T; t0 += 4) { // prefill below the GEMM threshold: four tokens per weight load
         float out[4];
         switch (type) {

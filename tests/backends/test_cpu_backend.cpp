@@ -202,10 +202,9 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
         }
 }
 
-TEST(CpuBackendOps, TypesWithoutAKernelMatchTheReference) {
-  // q4_1 / q5_0 / q5_1 / k-quants take the dequantize-a-row route; dequantize_row is the shared
-  // ground truth, so only the summation order differs. Blocks are built from random bytes with
-  // small, finite scales.
+TEST(CpuBackendOps, OtherWeightTypesMatchTheReference) {
+  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels; blocks are
+  // built from random bytes with small, finite scales (we cannot quantize to these types).
   auto ref = make_reference_backend();
   for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k}) {
     SCOPED_TRACE(dtype_name(t));
@@ -232,13 +231,18 @@ TEST(CpuBackendOps, TypesWithoutAKernelMatchTheReference) {
         ASSERT_TRUE(std::isfinite(v));
     }
     for (cpu::Isa isa : isas())
-      for (int32_t T : {1, 20}) {
+      for (int32_t T : {1, 2, 6, 20}) {
         Rand r(3);
         Harness h(T);
         const int32_t x = h.input(r, {K, T, 1, 1});
         const int32_t w = h.g.add_weight("w", t, {K, N, 1, 1}, bytes.data());
         const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1});
-        expect_close(h.run(*ref, y), h.run(*cpu_backend(isa), y), 1e-5, "matmul");
+        // q4_k / q6_k have decode kernels with 8-bit activations: on these random-byte weights
+        // (large, cancelling terms) that costs up to ~2 % of the largest output, hence 5e-2 (an
+        // indexing error is O(1); the exact check is CpuKernels.IntegerKernelsAreExactOn…). The
+        // rest, and every type through oneDNN at T = 20, are exact up to the order of sums.
+        const bool kernel = (t == DType::q4_k || t == DType::q6_k) && T < 16;
+        expect_close(h.run(*ref, y), h.run(*cpu_backend(isa), y), kernel ? 5e-2 : 1e-5, "matmul");
       }
   }
 }

@@ -9,8 +9,10 @@
 #include "test_util.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <gtest/gtest.h>
 #include <random>
+#include <tuple>
 
 namespace {
 
@@ -73,10 +75,73 @@ TEST_P(CpuKernels, EveryTypeMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Isa, CpuKernels, ::testing::Values(cpu::Isa::scalar, cpu::Isa::avx2),
                          [](const auto& p) { return std::string(cpu::isa_name(p.param)); });
 
-TEST(CpuKernels, UnsupportedTypesFallBack) {
-  EXPECT_FALSE(cpu::has_kernel(DType::q6_k));
-  EXPECT_FALSE(cpu::has_kernel(DType::q4_k));
-  EXPECT_TRUE(cpu::has_kernel(DType::q4_0));
+TEST(CpuKernels, WhichTypesHaveKernels) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
+    EXPECT_TRUE(cpu::has_kernel(t)) << dtype_name(t);
+  for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1})
+    EXPECT_FALSE(cpu::has_kernel(t)) << dtype_name(t);
+}
+
+// Random weight blocks of any type: random bytes with every f16-aligned pair that decodes to a
+// non-finite or large value replaced by 0.01 (so scales are small and finite).
+std::vector<uint8_t> random_blocks(DType t, int64_t K, int64_t N, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t rb = row_bytes(t, K);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng());
+  for (size_t i = 0; i + 1 < w.size(); i += 2) {
+    uint16_t h;
+    std::memcpy(&h, w.data() + i, 2);
+    if (!std::isfinite(fp16_to_fp32(h)) || std::fabs(fp16_to_fp32(h)) > 4.0f) {
+      h = fp32_to_fp16(0.01f);
+      std::memcpy(w.data() + i, &h, 2);
+    }
+  }
+  return w;
+}
+
+// The integer kernels are exact up to float rounding once the activations' own 8-bit quantization
+// (blocks of 32: scale amax/127, round to nearest) is applied to the reference too: 1e-5.
+TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
+  const cpu::Isa isa = GetParam();
+  if (isa == cpu::Isa::avx2 && cpu::detect_isa() != cpu::Isa::avx2)
+    GTEST_SKIP() << "this CPU has no AVX2+FMA+F16C";
+  for (DType t : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
+    for (const auto& [K, N, T] : {std::tuple{256, 5, 1}, std::tuple{512, 9, 2}, std::tuple{768, 6, 5}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " T=" + std::to_string(T));
+      const auto w = random_blocks(t, K, N, static_cast<uint32_t>(K + N));
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(K * T)), xq(x.size());
+      for (auto& v : x)
+        v = nd(rng);
+      for (size_t b = 0; b < x.size(); b += 32) { // the kernels' activation quantization
+        float amax = 0.0f;
+        for (size_t i = b; i < b + 32; ++i)
+          amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (size_t i = b; i < b + 32; ++i)
+          xq[i] = static_cast<float>(std::lround(x[i] * id)) * d;
+      }
+      std::vector<float> y(static_cast<size_t>(N * T), NAN), row(static_cast<size_t>(K));
+      const size_t rb = row_bytes(t, K);
+      cpu::matmul(isa, t, w.data(), rb, K, N, x.data(), T, y.data(), 2);
+      for (int64_t j = 0; j < N; ++j) {
+        dequantize_row(t, w.data() + static_cast<size_t>(j) * rb, row.data(), K);
+        for (int64_t tt = 0; tt < T; ++tt) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double p = static_cast<double>(row[static_cast<size_t>(k)]) *
+                             static_cast<double>(xq[static_cast<size_t>(tt * K + k)]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(static_cast<double>(y[static_cast<size_t>(tt * N + j)]), ref, 1e-5 * mag + 1e-6)
+              << "j=" << j << " t=" << tt;
+        }
+      }
+    }
 }
 
 // End to end through the plugin: greedy golden output on stories260K identical to the reference
