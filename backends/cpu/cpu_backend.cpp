@@ -491,8 +491,9 @@ private:
   float* f32(int32_t id) { return arena_.data() + offsets_[static_cast<size_t>(id)]; }
 
   // Places every activation in one arena, reusing the room of tensors no later node reads (first
-  // fit over a free list, neighbours merged); returns the arena's size in floats. A node's output
-  // never overlaps its inputs; the logits are never freed.
+  // fit over a free list, neighbours merged); returns the arena's size in floats. An element-wise
+  // op writes in place over an operand it reads for the last time; any other node's output never
+  // overlaps its inputs; the logits are never freed.
   size_t plan(const Graph& g) {
     const size_t nt = g.tensors.size();
     std::vector<int64_t> last(nt, -1);
@@ -508,6 +509,18 @@ private:
     };
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       const Node& n = g.nodes[i];
+      const bool elementwise =
+          n.op == OpKind::add || n.op == OpKind::mul || n.op == OpKind::scale || n.op == OpKind::swiglu;
+      if (elementwise && offsets_[static_cast<size_t>(n.dst)] == SIZE_MAX)
+        for (int32_t s : {n.src[0], n.src[1]}) { // in place over an operand read for the last time
+          if (s < 0 || g.tensors[static_cast<size_t>(s)].kind != TensorKind::activation) continue;
+          if (last[static_cast<size_t>(s)] != static_cast<int64_t>(i) || size_of(s) != size_of(n.dst) ||
+              offsets_[static_cast<size_t>(s)] == SIZE_MAX)
+            continue;
+          offsets_[static_cast<size_t>(n.dst)] = offsets_[static_cast<size_t>(s)];
+          last[static_cast<size_t>(s)] = -1; // its room is dst's now: not freed below
+          break;
+        }
       if (offsets_[static_cast<size_t>(n.dst)] == SIZE_MAX) {
         const size_t need = size_of(n.dst);
         auto it =
