@@ -5,6 +5,7 @@
 #include "cpu_backend.hpp"
 
 #include "loom/error.hpp"
+#include "loom/rope.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -413,42 +414,6 @@ void elementwise_generic(Ew op, const float* a, const float* b, float s, float* 
   elementwise(op, a, b, s, dst, i0, i1, row);
 }
 
-float yarn_ramp(float low, float high, int64_t i0) {
-  const float y = (static_cast<float>(i0 / 2) - low) / std::max(0.001f, high - low);
-  return 1.0f - std::min(1.0f, std::max(0.0f, y));
-}
-
-// cos/sin (times the YaRN magnitude) of each rotated pair at position p — the reference backend's
-// formula, computed once per token for all its heads.
-void rope_table(const RopeParams& rp, Pos p, float* cs, float* sn) {
-  const int64_t nd = rp.n_dims;
-  float corr_lo = 0.0f, corr_hi = 0.0f;
-  if (rp.ext_factor != 0.0f) {
-    const auto corr_dim = [&](float n_rot) {
-      return static_cast<float>(nd) *
-             std::log(static_cast<float>(rp.orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
-             (2.0f * std::log(rp.theta));
-    };
-    corr_lo = std::max(0.0f, std::floor(corr_dim(rp.beta_fast)));
-    corr_hi = std::min(static_cast<float>(nd - 1), std::ceil(corr_dim(rp.beta_slow)));
-  }
-  for (int64_t i0 = 0; i0 < nd; i0 += 2) {
-    const double theta_extrap =
-        static_cast<double>(p) *
-        std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
-    const double theta_interp = static_cast<double>(rp.freq_scale) * theta_extrap;
-    double theta = theta_interp;
-    double mscale = static_cast<double>(rp.attn_factor);
-    if (rp.ext_factor != 0.0f) {
-      const double mix = static_cast<double>(yarn_ramp(corr_lo, corr_hi, i0) * rp.ext_factor);
-      theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-      mscale *= 1.0 + 0.1 * std::log(1.0 / static_cast<double>(rp.freq_scale));
-    }
-    cs[i0 / 2] = static_cast<float>(std::cos(theta) * mscale);
-    sn[i0 / 2] = static_cast<float>(std::sin(theta) * mscale);
-  }
-}
-
 // ---- the executor ----
 
 class CpuBackend final : public Backend {
@@ -639,26 +604,17 @@ private:
     case OpKind::rope: {
       const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
       const auto pos = ints(g, n.src[1], b);
-      const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2], half = n.rope.n_dims / 2;
+      const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
       const float* x = f32(n.src[0]);
-      const bool neox = n.rope.neox;
 #pragma omp parallel if (T > 1)
       {
-        std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+        std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
+        for (int64_t t = 0; t < T; ++t) { // the angles once per token, for all its heads
           rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
-          for (int64_t h = 0; h < H; ++h) {
-            const float* xi = x + (t * H + h) * D;
-            float* y = dst + (t * H + h) * D;
-            std::memcpy(y, xi, static_cast<size_t>(D) * sizeof(float));
-            for (int64_t i = 0; i < half; ++i) {
-              const int64_t a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
-              const float x0 = xi[a], x1 = xi[c];
-              y[a] = x0 * cs[static_cast<size_t>(i)] - x1 * sn[static_cast<size_t>(i)];
-              y[c] = x0 * sn[static_cast<size_t>(i)] + x1 * cs[static_cast<size_t>(i)];
-            }
-          }
+          std::memcpy(dst + t * H * D, x + t * H * D, static_cast<size_t>(H * D) * sizeof(float));
+          for (int64_t h = 0; h < H; ++h)
+            rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
         }
       }
       return;

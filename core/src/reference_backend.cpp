@@ -3,6 +3,7 @@
 #include "loom/attention/reference.hpp"
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
+#include "loom/rope.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -135,9 +136,12 @@ private:
       const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
       const float* x = f32(n.src[0]);
       std::copy(x, x + s.n_elements(), dst);
-      for (int64_t t = 0; t < T; ++t)
+      std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
+      for (int64_t t = 0; t < T; ++t) {
+        rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
         for (int64_t h = 0; h < H; ++h)
-          rope_head(n.rope, pos[static_cast<size_t>(t)], dst + (t * H + h) * D);
+          rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
+      }
       return;
     }
     case OpKind::attention: {
@@ -216,47 +220,6 @@ private:
     }
     }
     fail(Errc::unsupported, "reference", std::string("op ") + op_name(n.op) + " is not implemented");
-  }
-
-  static float yarn_ramp(float low, float high, int64_t i0) {
-    const float y = (static_cast<float>(i0 / 2) - low) / std::max(0.001f, high - low);
-    return 1.0f - std::min(1.0f, std::max(0.0f, y));
-  }
-
-  // Rotates one head vector x[D] in place for position p.
-  static void rope_head(const RopeParams& rp, Pos p, float* x) {
-    const int64_t nd = rp.n_dims;
-    // YaRN correction range (dims whose wavelength fits the original context are interpolated).
-    float corr_lo = 0.0f, corr_hi = 0.0f;
-    if (rp.ext_factor != 0.0f) {
-      const auto corr_dim = [&](float n_rot) {
-        return static_cast<float>(nd) *
-               std::log(static_cast<float>(rp.orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
-               (2.0f * std::log(rp.theta));
-      };
-      corr_lo = std::max(0.0f, std::floor(corr_dim(rp.beta_fast)));
-      corr_hi = std::min(static_cast<float>(nd - 1), std::ceil(corr_dim(rp.beta_slow)));
-    }
-    for (int64_t i0 = 0; i0 < nd; i0 += 2) {
-      const double theta_extrap =
-          static_cast<double>(p) *
-          std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
-      const double theta_interp = static_cast<double>(rp.freq_scale) * theta_extrap;
-      double theta = theta_interp;
-      double mscale = static_cast<double>(rp.attn_factor);
-      if (rp.ext_factor != 0.0f) {
-        const double mix = static_cast<double>(yarn_ramp(corr_lo, corr_hi, i0) * rp.ext_factor);
-        theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-        mscale *= 1.0 + 0.1 * std::log(1.0 / static_cast<double>(rp.freq_scale));
-      }
-      const auto c = static_cast<float>(std::cos(theta) * mscale);
-      const auto s = static_cast<float>(std::sin(theta) * mscale);
-      const int64_t a = rp.neox ? i0 / 2 : i0;
-      const int64_t bb = rp.neox ? i0 / 2 + nd / 2 : i0 + 1;
-      const float x0 = x[a], x1 = x[bb];
-      x[a] = x0 * c - x1 * s;
-      x[bb] = x0 * s + x1 * c;
-    }
   }
 
   std::vector<std::vector<float>> act_;
