@@ -280,6 +280,38 @@ LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
   return hsum(acc) - corr;
 }
 
+// Q4_K, four rows against one token (decode), prefetching the next four rows like rows4_q_avx2.
+LOOM_AVX2 void rows4_q4_k_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nsb, float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float corr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const BlockQ8* xs = x + 8 * i;
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
+      for (int c = 0; c < 144; c += 64) // the next four rows, same offset
+        _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * rb + c), _MM_HINT_T0);
+      const float d = f16c(blk), dmin = f16c(blk + 2);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
+        const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
+        for (int h = 0; h < 2; ++h) {
+          int sc, m;
+          q4_k_scale_min(2 * j + h, blk + 4, sc, m);
+          const BlockQ8& xb = xs[2 * j + h];
+          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones);
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot),
+                                   acc[r]);
+          corr[r] += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    out[r] = hsum(acc[r]) - corr[r];
+}
+
 LOOM_AVX2 float dot_q6_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
   __m256 acc = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
@@ -569,7 +601,8 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
   };
-  if (avx2 && T < 4 && type != DType::bf16 && !kquant) { // decode: four rows at a time, one token at a time
+  if (avx2 && T < 4 && type != DType::bf16 &&
+      type != DType::q6_k) { // decode: four rows at a time, one token at a time
     const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
     for (int64_t jb = 0; jb < n_blk; ++jb) {
@@ -586,6 +619,8 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
           rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
         else if (type == DType::f16)
           rows4_f16_avx2(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::q4_k)
+          rows4_q4_k_avx2(wr, row_bytes, xq.data() + t * nb, nb / 8, out);
         else if (type == DType::q8_0)
           rows4_q_avx2<DType::q8_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
         else
