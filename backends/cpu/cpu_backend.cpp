@@ -423,20 +423,10 @@ public:
 
   std::string_view name() const noexcept override { return "cpu"; }
 
-  bool supports(const Graph& g, const Node& n) const noexcept override {
-    for (int32_t s : n.src) {
-      if (s < 0) continue;
-      const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
-      if (t.kind == TensorKind::weight && !dtype_traits(t.dtype).can_dequantize) return false;
-    }
-    return true;
-  }
+  bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
   void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) override {
-    LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens,
-                "batch size differs from the graph's");
-    LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
-                "output rows differ from the graph's");
+    check_batch(g, batch);
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
     const size_t total = plan(g);
     if (arena_.size() < total) arena_.resize(total);

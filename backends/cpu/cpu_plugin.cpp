@@ -5,6 +5,7 @@
 #include "cpu_backend.hpp"
 
 #include <omp.h>
+#include <string>
 
 namespace {
 
@@ -16,10 +17,12 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const loom::sdk::Config c(cfg);
   const int64_t threads = c.get_i64("threads", 0);
   if (threads < 0 || threads > 1024)
-    throw loom::sdk::Error("[backend] threads: expected 0 (all cores) .. 1024");
+    throw loom::sdk::Error("[backend] threads: expected 0 (all cores) .. 1024, found " +
+                           std::to_string(threads));
   const int64_t gemm_min = c.get_i64("gemm_min_rows", 16);
   if (gemm_min < 0 || gemm_min > 65536)
-    throw loom::sdk::Error("[backend] gemm_min_rows: expected 0 (never use oneDNN) .. 65536");
+    throw loom::sdk::Error("[backend] gemm_min_rows: expected 0 (never use oneDNN) .. 65536, found " +
+                           std::to_string(gemm_min));
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();

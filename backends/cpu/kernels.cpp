@@ -255,27 +255,32 @@ LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return hsum(acc);
 }
 
+// One Q4_K super-block (144 bytes) against its eight activation blocks, into acc (the scaled sums)
+// and corr (the mins' part, subtracted at the end).
+LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8* xs, __m256& acc, float& corr) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const float d = f16c(blk), dmin = f16c(blk + 2);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
+    const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
+    for (int h = 0; h < 2; ++h) {
+      int sc, m;
+      q4_k_scale_min(2 * j + h, blk + 4, sc, m);
+      const BlockQ8& xb = xs[2 * j + h];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones); // unsigned × signed
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot), acc);
+      corr += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
+    }
+  }
+}
+
 LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
   __m256 acc = _mm256_setzero_ps();
   float corr = 0.0f;
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < nsb; ++i, w += 144, x += 8) {
     _mm_prefetch(reinterpret_cast<const char*>(w + 4 * 144), _MM_HINT_T0);
-    const float d = f16c(w), dmin = f16c(w + 2);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j));
-      const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
-      for (int h = 0; h < 2; ++h) {
-        int sc, m;
-        q4_k_scale_min(2 * j + h, w + 4, sc, m);
-        const BlockQ8& xb = x[2 * j + h];
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones); // unsigned × signed
-        acc =
-            _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot), acc);
-        corr += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
-      }
-    }
+    q4_k_superblock_avx2(w, x, acc, corr);
   }
   return hsum(acc) - corr;
 }
@@ -284,30 +289,13 @@ LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
 LOOM_AVX2 void rows4_q4_k_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nsb, float* out) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   float corr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int64_t i = 0; i < nsb; ++i) {
-    const BlockQ8* xs = x + 8 * i;
+  for (int64_t i = 0; i < nsb; ++i)
     for (int r = 0; r < 4; ++r) {
       const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
       for (int c = 0; c < 144; c += 64) // the next four rows, same offset
         _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * rb + c), _MM_HINT_T0);
-      const float d = f16c(blk), dmin = f16c(blk + 2);
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
-        const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
-        for (int h = 0; h < 2; ++h) {
-          int sc, m;
-          q4_k_scale_min(2 * j + h, blk + 4, sc, m);
-          const BlockQ8& xb = xs[2 * j + h];
-          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones);
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot),
-                                   acc[r]);
-          corr[r] += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
-        }
-      }
+      q4_k_superblock_avx2(blk, x + 8 * i, acc[r], corr[r]);
     }
-  }
   for (int r = 0; r < 4; ++r)
     out[r] = hsum(acc[r]) - corr[r];
 }

@@ -69,7 +69,9 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
 int bandwidth_probe(const po::variables_map& vm) {
   const int threads = vm.count("threads") ? vm["threads"].as<int>() : 1;
   const int reps = vm["repetitions"].as<int>();
-  if (threads < 1 || threads > 1024 || reps < 1) throw UsageError("--threads must be 1..1024 and -r ≥ 1");
+  if (threads < 1 || threads > 1024 || reps < 1)
+    throw UsageError("--bandwidth: --threads must be 1..1024 and -r ≥ 1 (found " + std::to_string(threads) +
+                     " and " + std::to_string(reps) + ")");
   const size_t n = (size_t{512} << 20) / sizeof(uint64_t);
   std::unique_ptr<uint64_t, decltype(&std::free)> mem(
       static_cast<uint64_t*>(std::aligned_alloc(64, n * sizeof(uint64_t))), &std::free);

@@ -63,4 +63,19 @@ int32_t Graph::add_node(Node n) {
   return n.dst;
 }
 
+bool weights_dequantizable(const Graph& g, const Node& n) noexcept {
+  for (int32_t s : n.src) {
+    if (s < 0) continue;
+    const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
+    if (t.kind == TensorKind::weight && !dtype_traits(t.dtype).can_dequantize) return false;
+  }
+  return true;
+}
+
+void check_batch(const Graph& g, const BatchView& batch) {
+  LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens, "batch size differs from the graph's");
+  LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
+              "output rows differ from the graph's");
+}
+
 } // namespace loom

@@ -19,20 +19,10 @@ class ReferenceBackend final : public Backend {
 public:
   std::string_view name() const noexcept override { return "reference"; }
 
-  bool supports(const Graph& g, const Node& n) const noexcept override {
-    for (int32_t s : n.src) {
-      if (s < 0) continue;
-      const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
-      if (t.kind == TensorKind::weight && !dtype_traits(t.dtype).can_dequantize) return false;
-    }
-    return true;
-  }
+  bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
   void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) override {
-    LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens,
-                "batch size differs from the graph's");
-    LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
-                "output rows differ from the graph's");
+    check_batch(g, batch);
     act_.resize(g.tensors.size());
     size_t ws = 0;
     for (size_t i = 0; i < g.tensors.size(); ++i) {

@@ -180,3 +180,24 @@ TEST(CpuBackend, GreedyGoldenIdenticalToReference) {
 }
 
 } // namespace
+
+namespace {
+
+// Bad [backend] keys for the cpu plugin: one line naming the key, the expected range and what was found.
+TEST(CpuBackend, BadBackendKeysAreOneLineErrors) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "run -m " + model.string() + " -p Once -n 2 --set backend.name=cpu ";
+  const auto range = loom::test::run_loom(base + "--set backend.gemm_min_rows=-1", false);
+  EXPECT_EQ(range.code, 1);
+  EXPECT_NE(range.err.find("gemm_min_rows: expected 0"), std::string::npos) << range.err;
+  EXPECT_NE(range.err.find("found -1"), std::string::npos) << range.err;
+  const auto unknown = loom::test::run_loom(base + "--set backend.bogus=1", false);
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.err.find("unknown key 'bogus'"), std::string::npos) << unknown.err;
+  const auto bw = loom::test::run_loom("bench --bandwidth -t 0", false);
+  EXPECT_EQ(bw.code, 2);
+  EXPECT_NE(bw.err.find("found 0"), std::string::npos) << bw.err;
+}
+
+} // namespace

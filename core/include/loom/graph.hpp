@@ -88,6 +88,9 @@ struct Graph {
   int32_t add_node(Node n); // returns n.dst
 };
 
+// Whether every weight operand of n can be dequantized to f32 (what host-memory backends need).
+bool weights_dequantizable(const Graph& g, const Node& n) noexcept;
+
 // The tokens evaluated by one forward pass. Rows of different sequences may be mixed.
 struct BatchView {
   std::span<const TokenId> tokens;      // [n_tokens]
@@ -95,5 +98,8 @@ struct BatchView {
   std::span<const SeqId> seq_ids;       // [n_tokens]
   std::span<const int32_t> output_rows; // indices into tokens whose logits are wanted, ascending
 };
+
+// Asserts that a batch fits the graph built for it (token and output counts).
+void check_batch(const Graph& g, const BatchView& batch);
 
 } // namespace loom
