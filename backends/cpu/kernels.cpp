@@ -40,6 +40,35 @@ void quantize_x(const float* x, int64_t K, BlockQ8* out) {
   }
 }
 
+// k-quant activations: one scale per 256-element super-block (as the weights' own scales are
+// integers within a super-block, the whole super-block's dot product stays in integers), and the
+// sums of each 16 quantized values for the weights' offsets (Q4_K mins, Q6_K's −32).
+struct BlockQ8K {
+  float d;
+  int16_t bsums[16];
+  int8_t qs[256];
+};
+
+void quantize_x_k(const float* x, int64_t K, BlockQ8K* out) {
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const float* v = x + b * 256;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i)
+      amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 16 * g; i < 16 * g + 16; ++i) {
+        out[b].qs[i] = static_cast<int8_t>(std::lround(v[i] * id));
+        sum += out[b].qs[i];
+      }
+      out[b].bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -95,7 +124,7 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return s;
 }
 
-// k-quants: 256-element super-blocks; activations in the same BlockQ8 blocks of 32 (8 per super-block).
+// k-quants: 256-element super-blocks against BlockQ8K activations.
 void q4_k_scale_min(int j, const uint8_t* q, int& d, int& m) {
   if (j < 4) {
     d = q[j] & 63;
@@ -106,23 +135,23 @@ void q4_k_scale_min(int j, const uint8_t* q, int& d, int& m) {
   }
 }
 
-// Q4_K: y = d·sc·q − dmin·m per sub-block of 32 → Σ = d·sc·x.d·Σ q·xq − dmin·m·(x.d·Σ xq).
-float dot_q4_k_scalar(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+// Q4_K: y = d·sc_j·q − dmin·m_j per sub-block j of 32 →
+//   Σ = x.d · (d · Σ_j sc_j · Σ q·xq − dmin · Σ_j m_j · Σ xq), the inner sums in integers.
+float dot_q4_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
   float s = 0.0f;
-  for (int64_t i = 0; i < nsb; ++i, w += 144, x += 8) {
-    const float d = f16(w), dmin = f16(w + 2);
+  for (int64_t i = 0; i < nsb; ++i, w += 144, ++x) {
     const uint8_t* q = w + 16;
-    for (int j = 0; j < 4; ++j, q += 32)
-      for (int h = 0; h < 2; ++h) {
-        int sc, m;
-        q4_k_scale_min(2 * j + h, w + 4, sc, m);
-        const BlockQ8& xb = x[2 * j + h];
-        int32_t acc = 0;
-        for (int l = 0; l < 32; ++l)
-          acc += (h ? q[l] >> 4 : q[l] & 0xF) * xb.qs[l];
-        s += d * static_cast<float>(sc) * xb.d * static_cast<float>(acc) -
-             dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
-      }
+    int32_t sumq = 0, summ = 0;
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      q4_k_scale_min(j, w + 4, sc, m);
+      int32_t acc = 0;
+      for (int l = 0; l < 32; ++l)
+        acc += ((j & 1) ? q[32 * (j / 2) + l] >> 4 : q[32 * (j / 2) + l] & 0xF) * x->qs[32 * j + l];
+      sumq += sc * acc;
+      summ += m * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+    }
+    s += x->d * (f16(w) * static_cast<float>(sumq) - f16(w + 2) * static_cast<float>(summ));
   }
   return s;
 }
@@ -138,19 +167,20 @@ inline int q6_k_value(const uint8_t* w, int e, int& scale_idx) {
   return (nib | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
 }
 
-float dot_q6_k_scalar(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+// Q6_K: y = d·sc_g·(q − 32) per group g of 16 → Σ = x.d · d · Σ_g sc_g · Σ (q−32)·xq.
+float dot_q6_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
   float s = 0.0f;
-  for (int64_t i = 0; i < nsb; ++i, w += 210, x += 8) {
-    const float d = f16(w + 208);
+  for (int64_t i = 0; i < nsb; ++i, w += 210, ++x) {
     const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-    for (int b = 0; b < 8; ++b) // activation block b = elements 32b..32b+31: two scales of 16
-      for (int h = 0; h < 2; ++h) {
-        int32_t acc = 0;
-        int si = 0;
-        for (int l = 16 * h; l < 16 * h + 16; ++l)
-          acc += q6_k_value(w, 32 * b + l, si) * x[b].qs[l];
-        s += d * static_cast<float>(sc[si]) * x[b].d * static_cast<float>(acc);
-      }
+    int32_t sumq = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t acc = 0;
+      int si = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e)
+        acc += q6_k_value(w, e, si) * x->qs[e];
+      sumq += sc[si] * acc;
+    }
+    s += x->d * f16(w + 208) * static_cast<float>(sumq);
   }
   return s;
 }
@@ -255,83 +285,122 @@ LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return hsum(acc);
 }
 
-// One Q4_K super-block (144 bytes) against its eight activation blocks, into acc (the scaled sums)
-// and corr (the mins' part, subtracted at the end).
-LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8* xs, __m256& acc, float& corr) {
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const float d = f16c(blk), dmin = f16c(blk + 2);
+LOOM_AVX2 inline float hsum128(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+// One Q4_K super-block (144 bytes) against its BlockQ8K: the scaled nibble sums into acc, the
+// mins' part into accm (subtracted at the end). Integers throughout the super-block: the scales are
+// 6-bit integers, so each sub-block's maddubs sums are multiplied by its scale in madd, and one
+// float conversion per super-block remains.
+LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& xs, __m256& acc, __m128& accm) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  uint32_t u[3];
+  std::memcpy(u, blk + 4, 12);
+  // the 8 six-bit scales and mins (see q4_k_scale_min), as bytes
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+  const __m128i sm = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
+  const __m128i sc8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+  const __m256i scales = _mm256_set_m128i(sc8, sc8); // 8 int16 scales, both halves
+  // Σ_j m_j · (bsum_2j + bsum_2j+1): pairs of 16-sums to 32-sums, then madd with the mins
+  const __m128i bs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums));
+  const __m128i bs1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums + 8));
+  const __m128i bs32 = _mm_packs_epi32(_mm_madd_epi16(bs0, _mm_set1_epi16(1)), _mm_madd_epi16(bs1, _mm_set1_epi16(1)));
+  const float xd = xs.d;
+  accm = _mm_fmadd_ps(_mm_set1_ps(f16c(blk + 2) * xd), _mm_cvtepi32_ps(_mm_madd_epi16(sm, bs32)), accm);
+  __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
-    const __m256i nib[2] = {_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask)};
-    for (int h = 0; h < 2; ++h) {
-      int sc, m;
-      q4_k_scale_min(2 * j + h, blk + 4, sc, m);
-      const BlockQ8& xb = xs[2 * j + h];
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nib[h], xq), ones); // unsigned × signed
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * xb.d), _mm256_cvtepi32_ps(dot), acc);
-      corr += dmin * static_cast<float>(m) * (xb.s8 / 8.0f);
-    }
+    const __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+    const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
+    const __m256i p1 =
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
+    // broadcast int16 scales 2j and 2j+1 (bytes 4j..4j+3 of `scales`)
+    const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
+    const __m256i s1 =
+        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
+    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
   }
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(blk) * xd), _mm256_cvtepi32_ps(sumi), acc);
 }
 
-LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
   __m256 acc = _mm256_setzero_ps();
-  float corr = 0.0f;
-  for (int64_t i = 0; i < nsb; ++i, w += 144, x += 8) {
+  __m128 accm = _mm_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, w += 144) {
     _mm_prefetch(reinterpret_cast<const char*>(w + 4 * 144), _MM_HINT_T0);
-    q4_k_superblock_avx2(w, x, acc, corr);
+    q4_k_superblock_avx2(w, x[i], acc, accm);
   }
-  return hsum(acc) - corr;
+  return hsum(acc) - hsum128(accm);
 }
 
-// Q4_K, four rows against one token (decode), prefetching the next four rows like rows4_q_avx2.
-LOOM_AVX2 void rows4_q4_k_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nsb, float* out) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  float corr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t i = 0; i < nsb; ++i)
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
-      for (int c = 0; c < 144; c += 64) // the next four rows, same offset
-        _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * rb + c), _MM_HINT_T0);
-      q4_k_superblock_avx2(blk, x + 8 * i, acc[r], corr[r]);
+// One Q6_K super-block (210 bytes: ql[128], qh[64], 16 int8 scales, d) against its BlockQ8K: the
+// unsigned 6-bit values (0..63) into maddubs, each group of 16 times its scale in madd, and the −32
+// offset as 32 · Σ_g sc_g · bsum_g, all in integers until the one conversion per super-block.
+LOOM_AVX2 inline void q6_k_superblock_avx2(const uint8_t* w, const BlockQ8K& xs, __m256& acc) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192)));
+  const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.bsums)));
+  const __m256i sc_half[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),  // scales 0..7 in both lanes
+                              _mm256_permute2x128_si256(sc16, sc16, 0x11)}; // scales 8..15
+  __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
+  for (int n = 0; n < 2; ++n) {
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
+    const __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4))};
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) { // elements 128n + 32k ..: scale groups 8n + 2k (low lane), + 1 (high lane)
+      const __m256i p = _mm256_maddubs_epi16(
+          q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 128 * n + 32 * k)));
+      const __m256i sel = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * k + 3) << 8 | (4 * k + 2))),
+                                           _mm_set1_epi16(static_cast<short>((4 * k + 1) << 8 | 4 * k)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc_half[n], sel)));
     }
-  for (int r = 0; r < 4; ++r)
-    out[r] = hsum(acc[r]) - corr[r];
+  }
+  sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(w + 208) * xs.d), _mm256_cvtepi32_ps(sumi), acc);
 }
 
-LOOM_AVX2 float dot_q6_k_avx2(const uint8_t* w, const BlockQ8* x, int64_t nsb) {
+LOOM_AVX2 float dot_q6_k_avx2(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
   __m256 acc = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-  for (int64_t i = 0; i < nsb; ++i, w += 210, x += 8) {
+  for (int64_t i = 0; i < nsb; ++i, w += 210) {
     _mm_prefetch(reinterpret_cast<const char*>(w + 4 * 210), _MM_HINT_T0);
-    const float d = f16c(w + 208);
-    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-    for (int n = 0; n < 2; ++n) {
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
-      const __m256i hi[4] = {_mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4)};
-      const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-      for (int k = 0; k < 4; ++k) {
-        const BlockQ8& xb = x[4 * n + k];
-        const __m256i a = _mm256_sub_epi8(_mm256_or_si256(lo[k], hi[k]), off); // −32..31
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-        const __m256 dot = _mm256_cvtepi32_ps(dot_i8(a, xq)); // lanes 0–3: elements 0–15, 4–7: 16–31
-        const __m256 scv = _mm256_set_m128(_mm_set1_ps(static_cast<float>(sc[8 * n + 2 * k + 1])),
-                                           _mm_set1_ps(static_cast<float>(sc[8 * n + 2 * k])));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d * xb.d), scv), dot, acc);
-      }
-    }
+    q6_k_superblock_avx2(w, x[i], acc);
   }
   return hsum(acc);
 }
 
+// k-quants, four rows against one token (decode), prefetching the next four rows like rows4_q_avx2.
+template <DType type>
+LOOM_AVX2 void rows4_k_avx2(const uint8_t* w, size_t rb, const BlockQ8K* x, int64_t nsb, float* out) {
+  constexpr size_t bs = type == DType::q4_k ? 144 : 210;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (int64_t i = 0; i < nsb; ++i)
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * bs;
+      for (size_t c = 0; c < bs; c += 64) // the next four rows, same offset
+        _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * rb + c), _MM_HINT_T0);
+      if constexpr (type == DType::q4_k)
+        q4_k_superblock_avx2(blk, x[i], acc[r], accm[r]);
+      else
+        q6_k_superblock_avx2(blk, x[i], acc[r]);
+    }
+  for (int r = 0; r < 4; ++r)
+    out[r] = hsum(acc[r]) - hsum128(accm[r]);
+}
 // Four tokens at once (prefill): each weight chunk is loaded (and converted / unpacked) once for
 // four dot products, so the loop is bound by FMAs rather than loads.
 LOOM_AVX2 void dot4_f32_avx2(const uint8_t* w, const float* x, int64_t K, float* out) {
@@ -557,19 +626,25 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   if (!has_kernel(type)) std::abort(); // callers check has_kernel(); reaching here is a bug
   const bool kquant = type == DType::q4_k || type == DType::q6_k;
   const bool integer = type == DType::q8_0 || type == DType::q4_0 || kquant;
-  std::vector<BlockQ8> xq;
-  if (integer) { // activations to q8 once per call, shared by every weight row
-    xq.resize(static_cast<size_t>(T * (K / 32)));
+  const int64_t nb = K / 32, nsb = K / 256;
+  std::vector<BlockQ8> xq;    // q8_0 / q4_0 activations: blocks of 32
+  std::vector<BlockQ8K> xqk;  // k-quant activations: blocks of 256
+  if (kquant) { // activations quantized once per call, shared by every weight row
+    xqk.resize(static_cast<size_t>(T * nsb));
     for (int64_t t = 0; t < T; ++t)
-      quantize_x(x + t * K, K, xq.data() + t * (K / 32));
+      quantize_x_k(x + t * K, K, xqk.data() + t * nsb);
+  } else if (integer) {
+    xq.resize(static_cast<size_t>(T * nb));
+    for (int64_t t = 0; t < T; ++t)
+      quantize_x(x + t * K, K, xq.data() + t * nb);
   }
-  const int64_t nb = K / 32;
   const bool avx2 = isa == Isa::avx2;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
   // One row against one token.
   const auto one = [&](const uint8_t* wr, int64_t t) -> float {
     const float* xr = x + t * K;
-    const BlockQ8* xb = integer ? xq.data() + t * nb : nullptr;
+    const BlockQ8* xb = integer && !kquant ? xq.data() + t * nb : nullptr;
+    const BlockQ8K* xk = kquant ? xqk.data() + t * nsb : nullptr;
     switch (type) {
     case DType::f32:
       return avx2 ? dot_f32_avx2(wr, xr, K) : dot_f32_scalar(wr, xr, K);
@@ -582,15 +657,14 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
     case DType::q4_0:
       return avx2 ? dot_q4_0_avx2(wr, xb, nb) : dot_q4_0_scalar(wr, xb, nb);
     case DType::q4_k:
-      return avx2 ? dot_q4_k_avx2(wr, xb, nb / 8) : dot_q4_k_scalar(wr, xb, nb / 8);
+      return avx2 ? dot_q4_k_avx2(wr, xk, nsb) : dot_q4_k_scalar(wr, xk, nsb);
     case DType::q6_k:
-      return avx2 ? dot_q6_k_avx2(wr, xb, nb / 8) : dot_q6_k_scalar(wr, xb, nb / 8);
+      return avx2 ? dot_q6_k_avx2(wr, xk, nsb) : dot_q6_k_scalar(wr, xk, nsb);
     default:
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
   };
-  if (avx2 && T < 4 && type != DType::bf16 &&
-      type != DType::q6_k) { // decode: four rows at a time, one token at a time
+  if (avx2 && T < 4 && type != DType::bf16) { // decode: four rows at a time, one token at a time
     const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
     for (int64_t jb = 0; jb < n_blk; ++jb) {
@@ -608,7 +682,9 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
         else if (type == DType::f16)
           rows4_f16_avx2(wr, row_bytes, x + t * K, K, out);
         else if (type == DType::q4_k)
-          rows4_q4_k_avx2(wr, row_bytes, xq.data() + t * nb, nb / 8, out);
+          rows4_k_avx2<DType::q4_k>(wr, row_bytes, xqk.data() + t * nsb, nsb, out);
+        else if (type == DType::q6_k)
+          rows4_k_avx2<DType::q6_k>(wr, row_bytes, xqk.data() + t * nsb, nsb, out);
         else if (type == DType::q8_0)
           rows4_q_avx2<DType::q8_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
         else

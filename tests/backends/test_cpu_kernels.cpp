@@ -102,7 +102,8 @@ std::vector<uint8_t> random_blocks(DType t, int64_t K, int64_t N, uint32_t seed)
 }
 
 // The integer kernels are exact up to float rounding once the activations' own 8-bit quantization
-// (blocks of 32: scale amax/127, round to nearest) is applied to the reference too: 1e-5.
+// (blocks of 32, of 256 for Q4_K/Q6_K: scale amax/127, round to nearest) is applied to the
+// reference too: 1e-5.
 TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
   const cpu::Isa isa = GetParam();
   if (isa == cpu::Isa::avx2 && cpu::detect_isa() != cpu::Isa::avx2)
@@ -116,12 +117,14 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
       std::vector<float> x(static_cast<size_t>(K * T)), xq(x.size());
       for (auto& v : x)
         v = nd(rng);
-      for (size_t b = 0; b < x.size(); b += 32) { // the kernels' activation quantization
+      // the kernels' activation quantization: blocks of 32, of 256 for the k-quants
+      const size_t qb = t == DType::q4_k || t == DType::q6_k ? 256 : 32;
+      for (size_t b = 0; b < x.size(); b += qb) {
         float amax = 0.0f;
-        for (size_t i = b; i < b + 32; ++i)
+        for (size_t i = b; i < b + qb; ++i)
           amax = std::max(amax, std::fabs(x[i]));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (size_t i = b; i < b + 32; ++i)
+        for (size_t i = b; i < b + qb; ++i)
           xq[i] = static_cast<float>(std::lround(x[i] * id)) * d;
       }
       std::vector<float> y(static_cast<size_t>(N * T), NAN), row(static_cast<size_t>(K));
