@@ -11,16 +11,50 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <immintrin.h>
+#include <map>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <string>
+#include <sys/mman.h>
+#include <tuple>
+#include <unistd.h>
 #include <vector>
 
 namespace loom::cpu {
 
 namespace {
+
+// Whether [p, p + n) lies in a read-only private file mapping (a model file mapped by the GGUF
+// loader): its pages are clean page-cache pages, so dropping them loses nothing — a later read
+// simply faults them back in. Anything else (heap, writable mappings) must not be dropped.
+bool in_readonly_file_mapping(const void* p, size_t n) {
+  const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + n;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long a = 0, b = 0, inode = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %lu", &a, &b, perms, &inode) != 4) continue;
+    if (a <= lo && hi <= b) return inode != 0 && std::string(perms) == "r--p";
+  }
+  return false;
+}
+
+// Drops this process's pages lying wholly inside [p, p + n) (from such a mapping).
+void drop_pages(const void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t a = (lo + page - 1) / page * page, b = (lo + n) / page * page;
+  if (a < b) madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
+struct FreeDeleter {
+  void operator()(uint8_t* p) const noexcept { std::free(p); }
+};
 
 #define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define LOOM_INLINE inline __attribute__((always_inline))
@@ -432,6 +466,11 @@ public:
     if (arena_.size() < total) arena_.resize(total);
     for (const Node& n : g.nodes)
       run(g, n, batch, kv);
+    if (redrop_) { // the kernel's fault-around may have mapped pages of tensors repacked earlier back in
+      for (const auto& [p, n] : dropped_)
+        drop_pages(p, n);
+      redrop_ = false;
+    }
     const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
@@ -525,17 +564,26 @@ private:
     return {};
   }
 
-  // An operand as f32 (norm weights): weights dequantized into `tmp`, activations as they are.
-  const float* vec(const Graph& g, int32_t id, std::vector<float>& tmp) {
+  // An operand as f32 (norm weights, biases): a weight is copied (dequantized) once into memory of
+  // the backend and its file pages dropped, so reading it never maps the file again — a page-cache
+  // folio can be larger than the norm and would bring back pages of repacked neighbours.
+  const float* vec(const Graph& g, int32_t id) {
     const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
     if (t.kind != TensorKind::weight) return f32(id);
-    if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
-    tmp.resize(static_cast<size_t>(t.n_elements()));
+    const auto key = std::pair{t.data, t.n_elements()};
+    auto it = vectors_.find(key);
+    if (it != vectors_.end()) return it->second.data();
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
     const size_t rb = row_bytes(t.dtype, t.ne[0]);
     for (int64_t r = 0; r < t.n_rows(); ++r)
       dequantize_row(t.dtype, static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r) * rb,
-                     tmp.data() + r * t.ne[0], t.ne[0]);
-    return tmp.data();
+                     v.data() + r * t.ne[0], t.ne[0]);
+    const size_t bytes = rb * static_cast<size_t>(t.n_rows());
+    if (opt_.repack && in_readonly_file_mapping(t.data, bytes)) {
+      dropped_.emplace_back(t.data, bytes);
+      redrop_ = true;
+    }
+    return vectors_.emplace(key, std::move(v)).first->second.data();
   }
 
   void ew(Ew op, const float* a, const float* b, float s, float* dst, int64_t n, int64_t row = 1) {
@@ -574,8 +622,7 @@ private:
     }
     case OpKind::rms_norm: {
       const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
-      std::vector<float> tmp;
-      const float* w = n.src[1] >= 0 ? vec(g, n.src[1], tmp) : nullptr;
+      const float* w = n.src[1] >= 0 ? vec(g, n.src[1]) : nullptr;
       const auto f = avx2_ ? rms_norm_row_avx2 : rms_norm_row_generic;
       const float* x = f32(n.src[0]);
       const int64_t len = s.ne[0];
@@ -635,8 +682,7 @@ private:
       return;
     case OpKind::mul: {
       const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
-      std::vector<float> tmp;
-      const float* cv = vec(g, n.src[1], tmp);
+      const float* cv = vec(g, n.src[1]);
       if (c.n_rows() == 1)
         ew(Ew::mul_row, f32(n.src[0]), cv, 0.0f, dst, d.n_elements(), d.ne[0]);
       else
@@ -679,11 +725,57 @@ private:
     fail(Errc::unsupported, "cpu", std::string("op ") + op_name(n.op) + " is not implemented");
   }
 
+  // The 8-row repacked copy of a Q4_0 matrix (made on first use; the file's pages then released).
+  const uint8_t* repacked_q4_0(const TensorDesc& w) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const auto key = std::tuple{w.data, K, N};
+    auto it = repacked_.find(key);
+    if (it != repacked_.end()) return it->second.get();
+    const size_t bytes = q4_0x8_bytes(K, N);
+    std::unique_ptr<uint8_t, FreeDeleter> buf(
+        static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (!buf)
+      fail(Errc::out_of_memory, "cpu",
+           "cannot allocate " + std::to_string(bytes) + " bytes to repack '" + w.name + "'");
+    // 512 rows at a time, dropping the file's pages behind us: the peak is the model plus one chunk
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    const size_t rb = row_bytes(w.dtype, K);
+    const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
+    for (int64_t j0 = 0; j0 < N; j0 += 512) {
+      const int64_t nr = std::min<int64_t>(512, N - j0);
+      repack_q4_0x8(src + static_cast<size_t>(j0) * rb, rb, K, nr, buf.get() + q4_0x8_bytes(K, j0));
+      if (drop) drop_pages(src, rb * static_cast<size_t>(j0 + nr));
+    }
+    if (drop) {
+      dropped_.emplace_back(src, rb * static_cast<size_t>(N));
+      redrop_ = true;
+    }
+    return repacked_.emplace(key, std::move(buf)).first->second.get();
+  }
+
   // y[T][N] = x[T][K] · Wᵀ.
   void matmul(const TensorDesc& w, const float* x, int64_t T, float* y) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
+    if (opt_.repack && w.dtype == DType::q4_0 && N % 8 == 0 && K % 32 == 0 && w.ne[2] == 1 && w.ne[3] == 1) {
+      const uint8_t* wp = repacked_q4_0(w);
+      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
+        const int64_t rows = std::clamp<int64_t>((int64_t{8} << 20) / (K * 4), 16, N) / 8 * 8;
+        panel_.resize(static_cast<size_t>(rows * K));
+        for (int64_t j0 = 0; j0 < N; j0 += rows) {
+          const int64_t nr = std::min(rows, N - j0);
+          float* pw = panel_.data();
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < nr; ++r)
+            dequantize_q4_0x8(opt_.isa, wp, K, j0 + r, pw + r * K);
+          gemm(x, pw, K, T, nr, K, y + j0, N);
+        }
+      } else {
+        matmul_q4_0x8(opt_.isa, wp, K, N, x, T, y, threads_);
+      }
+      return;
+    }
     if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
       if (w.dtype == DType::f32) { // straight from the model file
         gemm(x, reinterpret_cast<const float*>(base), static_cast<int64_t>(rb / sizeof(float)), T, N, K, y,
@@ -736,6 +828,11 @@ private:
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM
+  std::map<std::tuple<const void*, int64_t, int64_t>, std::unique_ptr<uint8_t, FreeDeleter>>
+      repacked_;                                                          // by data, K, N
+  std::map<std::pair<const void*, int64_t>, std::vector<float>> vectors_; // vector weights, copied once
+  std::vector<std::pair<const void*, size_t>> dropped_; // file ranges whose pages were dropped
+  bool redrop_ = false; // a compute repacked something: drop those ranges again at its end
   size_t workspace_ = 0;
 };
 

@@ -23,13 +23,14 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   if (gemm_min < 0 || gemm_min > 65536)
     throw loom::sdk::Error("[backend] gemm_min_rows: expected 0 (never use oneDNN) .. 65536, found " +
                            std::to_string(gemm_min));
+  const bool repack = c.get_bool("repack", true);
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
   loom::sdk::log(LOOM_LOG_INFO, std::string("cpu backend: ") + loom::cpu::isa_name(isa) + ", " +
                                     std::to_string(n) + " threads");
   auto* p = new loom::backend_plugin::ExecutorPlugin();
-  p->be = loom::cpu::make_cpu_backend({n, isa, static_cast<int>(gemm_min)});
+  p->be = loom::cpu::make_cpu_backend({n, isa, static_cast<int>(gemm_min), repack});
   *out_self = p;
   *out_vtable = &Table::table;
   LOOM_SDK_CATCH

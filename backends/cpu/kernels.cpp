@@ -124,6 +124,47 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return s;
 }
 
+// ---- Q4_0 repacked in groups of 8 rows ("q4_0x8") ----
+// Per group of 8 rows and block of 32 columns, 144 bytes: the 8 rows' f16 scales (16 bytes), then
+// four 32-byte vectors V0..V3 where dword r of Vc is row r's nibble bytes 4c..4c+3: low nibbles are
+// elements 4c..4c+3, high nibbles 16+4c..16+4c+3. One vector load then serves 8 rows, the products of
+// a row land in its own dword lane, and the 8 scales convert with one instruction.
+constexpr size_t k_q4x8_block = 144;
+
+void repack_group_q4_0x8(const uint8_t* w, size_t rb, int64_t nb, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b, out += k_q4x8_block)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * 18;
+      std::memcpy(out + 2 * r, blk, 2);
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+    }
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q4_0 blocks (nb × 18 bytes).
+void unpack_row_q4_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block, out += 18) {
+    std::memcpy(out, g + 2 * r, 2);
+    for (int c = 0; c < 4; ++c)
+      std::memcpy(out + 2 + 4 * c, g + 16 + 32 * c + 4 * r, 4);
+  }
+}
+
+void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block)
+    for (int r = 0; r < 8; ++r) {
+      int32_t acc = 0;
+      for (int c = 0; c < 4; ++c)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t q = g[16 + 32 * c + 4 * r + i];
+          acc += ((q & 0x0F) - 8) * x[b].qs[4 * c + i] + ((q >> 4) - 8) * x[b].qs[16 + 4 * c + i];
+        }
+      out[r] += f16(g + 2 * r) * x[b].d * static_cast<float>(acc);
+    }
+}
+
 // k-quants: 256-element super-blocks against BlockQ8K activations.
 void q4_k_scale_min(int j, const uint8_t* q, int& d, int& m) {
   if (j < 4) {
@@ -294,7 +335,8 @@ LOOM_AVX2 inline float hsum128(__m128 v) {
 // mins' part into accm (subtracted at the end). Integers throughout the super-block: the scales are
 // 6-bit integers, so each sub-block's maddubs sums are multiplied by its scale in madd, and one
 // float conversion per super-block remains.
-LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& xs, __m256& acc, __m128& accm) {
+LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& xs, __m256& acc,
+                                           __m128& accm) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   uint32_t u[3];
   std::memcpy(u, blk + 4, 12);
@@ -303,12 +345,14 @@ LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& x
   const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
   const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
   const __m128i sm = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
-  const __m128i sc8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+  const __m128i sc8 =
+      _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
   const __m256i scales = _mm256_set_m128i(sc8, sc8); // 8 int16 scales, both halves
   // Σ_j m_j · (bsum_2j + bsum_2j+1): pairs of 16-sums to 32-sums, then madd with the mins
   const __m128i bs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums));
   const __m128i bs1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums + 8));
-  const __m128i bs32 = _mm_packs_epi32(_mm_madd_epi16(bs0, _mm_set1_epi16(1)), _mm_madd_epi16(bs1, _mm_set1_epi16(1)));
+  const __m128i bs32 =
+      _mm_packs_epi32(_mm_madd_epi16(bs0, _mm_set1_epi16(1)), _mm_madd_epi16(bs1, _mm_set1_epi16(1)));
   const float xd = xs.d;
   accm = _mm_fmadd_ps(_mm_set1_ps(f16c(blk + 2) * xd), _mm_cvtepi32_ps(_mm_madd_epi16(sm, bs32)), accm);
   __m256i sumi = _mm256_setzero_si256();
@@ -316,11 +360,13 @@ LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& x
   for (int j = 0; j < 4; ++j) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
     const __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-    const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
+    const __m256i p0 =
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
     const __m256i p1 =
         _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
     // broadcast int16 scales 2j and 2j+1 (bytes 4j..4j+3 of `scales`)
-    const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
+    const __m256i s0 =
+        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
     const __m256i s1 =
         _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
@@ -355,7 +401,8 @@ LOOM_AVX2 inline void q6_k_superblock_avx2(const uint8_t* w, const BlockQ8K& xs,
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
     const __m256i q[4] = {
         _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),
-        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4)),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
@@ -545,6 +592,34 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
+// q4_0x8: one group of 8 rows against one token. Per block: 4 loads give all 8 rows' 32 nibbles; the
+// activations' 4-byte chunks are broadcast, so each maddubs works on the same 4 columns of 8 rows;
+// 8 maddubs sums fit int16 (8 · 2 · 15 · 127 < 2^15); one madd leaves row r's Σ nibble·x in lane r.
+// The −8 offset is subtracted as s8 = 8 · x.d · Σ xq per block.
+LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block) {
+    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block + 128), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
+    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    const __m256 t = _mm256_fmsub_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)),
+                                     _mm256_set1_ps(x[b].s8));
+    acc = _mm256_fmadd_ps(dw, t, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -616,6 +691,50 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
   dequantize_row(type, w, y, n);
 }
 
+size_t q4_0x8_bytes(int64_t K, int64_t N) {
+  return static_cast<size_t>(N / 8) * static_cast<size_t>(K / 32) * k_q4x8_block;
+}
+
+void repack_q4_0x8(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out) {
+  const int64_t nb = K / 32;
+  const size_t gb = static_cast<size_t>(nb) * k_q4x8_block;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < N / 8; ++g)
+    repack_group_q4_0x8(w + static_cast<size_t>(8 * g) * row_bytes, row_bytes, nb,
+                        out + static_cast<size_t>(g) * gb);
+}
+
+void dequantize_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t row, float* y) {
+  const int64_t nb = K / 32;
+  const uint8_t* g = wp + static_cast<size_t>(row / 8) * static_cast<size_t>(nb) * k_q4x8_block;
+  uint8_t blocks[16 * 18]; // 16 GGUF blocks at a time, no allocation
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int64_t n = std::min<int64_t>(16, nb - b0);
+    unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, static_cast<int>(row % 8), blocks);
+    dequantize(isa, DType::q4_0, blocks, y + 32 * b0, 32 * n);
+  }
+}
+
+void matmul_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
+                   int n_threads) {
+  const int64_t nb = K / 32, ng = N / 8;
+  const size_t gb = static_cast<size_t>(nb) * k_q4x8_block;
+  std::vector<BlockQ8> xq(static_cast<size_t>(T * nb));
+  for (int64_t t = 0; t < T; ++t)
+    quantize_x(x + t * K, K, xq.data() + t * nb);
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens
+      float out[8];
+      if (isa == Isa::avx2)
+        gemv_q4_0x8_avx2(wp + static_cast<size_t>(g) * gb, xq.data() + t * nb, nb, out);
+      else
+        gemv_q4_0x8_scalar(wp + static_cast<size_t>(g) * gb, xq.data() + t * nb, nb, out);
+      std::memcpy(y + t * N + 8 * g, out, sizeof out);
+    }
+}
+
 bool has_kernel(DType t) noexcept {
   return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0 ||
          t == DType::q4_k || t == DType::q6_k;
@@ -627,9 +746,9 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   const bool kquant = type == DType::q4_k || type == DType::q6_k;
   const bool integer = type == DType::q8_0 || type == DType::q4_0 || kquant;
   const int64_t nb = K / 32, nsb = K / 256;
-  std::vector<BlockQ8> xq;    // q8_0 / q4_0 activations: blocks of 32
-  std::vector<BlockQ8K> xqk;  // k-quant activations: blocks of 256
-  if (kquant) { // activations quantized once per call, shared by every weight row
+  std::vector<BlockQ8> xq;   // q8_0 / q4_0 activations: blocks of 32
+  std::vector<BlockQ8K> xqk; // k-quant activations: blocks of 256
+  if (kquant) {              // activations quantized once per call, shared by every weight row
     xqk.resize(static_cast<size_t>(T * nsb));
     for (int64_t t = 0; t < T; ++t)
       quantize_x_k(x + t * K, K, xqk.data() + t * nsb);

@@ -13,8 +13,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <fcntl.h>
+#include <fstream>
 #include <gtest/gtest.h>
 #include <random>
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace {
 
@@ -122,8 +126,8 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
         << what << " at " << i;
 }
 
-std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16) {
-  return cpu::make_cpu_backend({2, isa, gemm_min});
+std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true) {
+  return cpu::make_cpu_backend({2, isa, gemm_min, repack});
 }
 
 TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
@@ -198,6 +202,8 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
           expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 ? 1e-5 : c.kernel_tol, "matmul");
           expect_close(want, h.run(*cpu_backend(isa, 1), y), 1e-5, "matmul via oneDNN");
           expect_close(want, h.run(*cpu_backend(isa, 0), y), c.kernel_tol, "matmul via our kernels");
+          // q4_0 with N = 64 runs repacked (8-row groups) above; the GGUF-layout kernels here
+          expect_close(want, h.run(*cpu_backend(isa, 0, false), y), c.kernel_tol, "matmul, not repacked");
           expect_close(h.run(*ref, rows), h.run(*cpu_backend(isa), rows), 0.0, "get_rows");
         }
 }
@@ -364,6 +370,56 @@ TEST(CpuBackendOps, ActivationsReuseTheRoomOfDeadTensors) {
   const size_t one = static_cast<size_t>(n * T) * sizeof(float);
   EXPECT_LE(cpu->activation_bytes(), 2 * one);
   EXPECT_GE(cpu->workspace_bytes(), cpu->activation_bytes());
+}
+
+// A Q4_0 matrix read from a file mapping (as the GGUF loader maps models): after the first matmul
+// repacks it, the process's pages of the file are released (weights resident once) and the
+// results and a later get_rows (which faults its row back in) are still right.
+TEST(CpuBackendOps, RepackedQ4_0ReleasesTheFilePages) {
+  auto ref = make_reference_backend();
+  Rand r(11);
+  const int64_t K = 1024, N = 256; // 144 KiB of Q4_0: whole pages to release
+  const Weight w(DType::q4_0, K, N, r, 0.1f);
+  const std::string path = testing::TempDir() + "loom_q4_0_repack.bin";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(w.bytes.data()), static_cast<std::streamsize>(w.bytes.size()));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* m = mmap(nullptr, w.bytes.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  // this process's resident KiB of the mapping (/proc/self/smaps)
+  const auto rss_kib = [m] {
+    std::ifstream smaps("/proc/self/smaps");
+    std::string line;
+    char head[32];
+    std::snprintf(head, sizeof head, "%lx-", reinterpret_cast<unsigned long>(m));
+    bool in = false;
+    while (std::getline(smaps, line)) {
+      if (line.rfind(head, 0) == 0)
+        in = true;
+      else if (in && line.rfind("Rss:", 0) == 0)
+        return std::stol(line.substr(4));
+    }
+    return -1L;
+  };
+  Harness h(1), h2(1);
+  const int32_t x = h.input(r, {K, 1, 1, 1});
+  const int32_t y = h.op(OpKind::matmul, h.g.add_weight("w", DType::q4_0, {K, N, 1, 1}, m), x, {N, 1, 1, 1});
+  h2.pos[0] = 77;
+  const int32_t row = h2.op(OpKind::get_rows, h2.g.add_weight("w", DType::q4_0, {K, N, 1, 1}, m),
+                            h2.g.in_positions, {K, 1, 1, 1});
+  const auto want = h.run(*ref, y);
+  EXPECT_GE(rss_kib(), 100); // the reference read every page
+  for (cpu::Isa isa : isas()) {
+    auto cpu = cpu_backend(isa, 0);
+    expect_close(want, h.run(*cpu, y), 1e-2, "matmul, repacked");
+    EXPECT_LE(rss_kib(), 8) << cpu::isa_name(isa) << ": the file's pages should be released after repacking";
+    expect_close(h2.run(*ref, row), h2.run(*cpu, row), 0.0, "get_rows after the release");
+    expect_close(want, h.run(*cpu, y), 1e-2, "matmul, repacked, again");
+  }
+  munmap(m, w.bytes.size());
+  std::remove(path.c_str());
 }
 
 } // namespace
