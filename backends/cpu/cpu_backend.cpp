@@ -725,13 +725,13 @@ private:
     fail(Errc::unsupported, "cpu", std::string("op ") + op_name(n.op) + " is not implemented");
   }
 
-  // The 8-row repacked copy of a Q4_0 matrix (made on first use; the file's pages then released).
-  const uint8_t* repacked_q4_0(const TensorDesc& w) {
+  // The 8-row repacked copy of a Q4_0 or Q4_K matrix (made on first use; the file's pages then dropped).
+  const uint8_t* repacked(const TensorDesc& w) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto key = std::tuple{w.data, K, N};
     auto it = repacked_.find(key);
     if (it != repacked_.end()) return it->second.get();
-    const size_t bytes = q4_0x8_bytes(K, N);
+    const size_t bytes = repacked_bytes(w.dtype, K, N);
     std::unique_ptr<uint8_t, FreeDeleter> buf(
         static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (!buf)
@@ -743,7 +743,8 @@ private:
     const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     for (int64_t j0 = 0; j0 < N; j0 += 512) {
       const int64_t nr = std::min<int64_t>(512, N - j0);
-      repack_q4_0x8(src + static_cast<size_t>(j0) * rb, rb, K, nr, buf.get() + q4_0x8_bytes(K, j0));
+      repack(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
+             buf.get() + repacked_bytes(w.dtype, K, j0));
       if (drop) drop_pages(src, rb * static_cast<size_t>(j0 + nr));
     }
     if (drop) {
@@ -758,8 +759,8 @@ private:
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
-    if (opt_.repack && w.dtype == DType::q4_0 && N % 8 == 0 && K % 32 == 0 && w.ne[2] == 1 && w.ne[3] == 1) {
-      const uint8_t* wp = repacked_q4_0(w);
+    if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
+      const uint8_t* wp = repacked(w);
       if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
         const int64_t rows = std::clamp<int64_t>((int64_t{8} << 20) / (K * 4), 16, N) / 8 * 8;
         panel_.resize(static_cast<size_t>(rows * K));
@@ -768,11 +769,11 @@ private:
           float* pw = panel_.data();
 #pragma omp parallel for schedule(static)
           for (int64_t r = 0; r < nr; ++r)
-            dequantize_q4_0x8(opt_.isa, wp, K, j0 + r, pw + r * K);
+            dequantize_repacked(opt_.isa, w.dtype, wp, K, j0 + r, pw + r * K);
           gemm(x, pw, K, T, nr, K, y + j0, N);
         }
       } else {
-        matmul_q4_0x8(opt_.isa, wp, K, N, x, T, y, threads_);
+        matmul_repacked(opt_.isa, w.dtype, wp, K, N, x, T, y, threads_);
       }
       return;
     }

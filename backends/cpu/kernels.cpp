@@ -2,6 +2,7 @@
 // at run time; both compute the same thing and are tested against the reference backend.
 #include "kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -195,6 +196,86 @@ float dot_q4_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
     s += x->d * (f16(w) * static_cast<float>(sumq) - f16(w + 2) * static_cast<float>(summ));
   }
   return s;
+}
+
+// ---- Q4_K repacked in groups of 8 rows ("q4_kx8") ----
+// Per group of 8 rows and super-block of 256 columns, 1184 bytes: d[8] and dmin[8] (f16, row r at
+// r), the 8 sub-blocks' 6-bit scales as bytes [sub-block s][row r] (64), the mins as bytes
+// [pair p][row r][s = 2p, 2p+1] (64), then per 64-column chunk j the 8 rows' 32 nibble bytes as
+// eight 32-byte vectors whose dword r is row r's bytes 4c..4c+3 (low nibbles: sub-block 2j,
+// columns 4c..4c+3; high nibbles: sub-block 2j+1). 2.8 % more than the GGUF blocks: the scales
+// and mins are stored as bytes, ready for the vector unit.
+constexpr size_t k_q4kx8_block = 1184;
+
+void q4_k_scales_mins(const uint8_t* blk, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) {
+    int a, b;
+    q4_k_scale_min(j, blk + 4, a, b);
+    sc[j] = static_cast<uint8_t>(a);
+    m[j] = static_cast<uint8_t>(b);
+  }
+}
+
+void repack_group_q4_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_q4kx8_block)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
+      std::memcpy(out + 2 * r, blk, 2);
+      std::memcpy(out + 16 + 2 * r, blk + 2, 2);
+      uint8_t sc[8], m[8];
+      q4_k_scales_mins(blk, sc, m);
+      for (int s = 0; s < 8; ++s) {
+        out[32 + 8 * s + r] = sc[s];
+        out[96 + 16 * (s / 2) + 2 * r + (s % 2)] = m[s];
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c)
+          std::memcpy(out + 160 + 256 * j + 32 * c + 4 * r, blk + 16 + 32 * j + 4 * c, 4);
+    }
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q4_K super-blocks (nsb × 144 bytes).
+void unpack_row_q4_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, out += 144) {
+    std::memcpy(out, g + 2 * r, 2);
+    std::memcpy(out + 2, g + 16 + 2 * r, 2);
+    uint8_t sc[8], m[8];
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = g[32 + 8 * s + r];
+      m[s] = g[96 + 16 * (s / 2) + 2 * r + (s % 2)];
+    }
+    uint8_t* q = out + 4; // the 6-bit packing q4_k_scale_min reads
+    for (int j = 0; j < 4; ++j) {
+      q[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+      q[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+      q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+    }
+    for (int j = 0; j < 4; ++j)
+      for (int c = 0; c < 8; ++c)
+        std::memcpy(out + 16 + 32 * j + 4 * c, g + 160 + 256 * j + 32 * c + 4 * r, 4);
+  }
+}
+
+void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, ++x)
+    for (int r = 0; r < 8; ++r) {
+      int32_t sumq = 0, summ = 0;
+      for (int s = 0; s < 8; ++s) {
+        const int j = s / 2;
+        int32_t acc = 0;
+        for (int c = 0; c < 8; ++c)
+          for (int b = 0; b < 4; ++b) {
+            const uint8_t q = g[160 + 256 * j + 32 * c + 4 * r + b];
+            acc += ((s & 1) ? q >> 4 : q & 0xF) * x->qs[32 * s + 4 * c + b];
+          }
+        sumq += g[32 + 8 * s + r] * acc;
+        summ += g[96 + 16 * (s / 2) + 2 * r + (s % 2)] * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
+      }
+      out[r] +=
+          x->d * (f16(g + 2 * r) * static_cast<float>(sumq) - f16(g + 16 + 2 * r) * static_cast<float>(summ));
+    }
 }
 
 // The 6-bit value of Q6_K element e (0..255) of a super-block, minus 32, and its scale index.
@@ -620,6 +701,55 @@ LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, 
   _mm256_storeu_ps(out, acc);
 }
 
+// q4_kx8: one group of 8 rows against one token. Per 64-column chunk: 8 loads give the 8 rows'
+// nibbles of two sub-blocks; broadcast 4-byte activation chunks into maddubs, 8 partial sums per
+// sub-block in int16 (8 · 2 · 15 · 127 < 2^15), then one madd by the rows' scales (an int16 pair
+// per row) leaves row r's scaled sum in lane r. The mins: one madd per pair of sub-blocks.
+LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, ++x) {
+    for (size_t c = 0; c < k_q4kx8_block; c += 64) // four super-blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q4kx8_block + c), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+    __m256i sumi = _mm256_setzero_si256(), summ = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) { // mins of sub-blocks 2p, 2p+1 against their activation sums
+      const __m256i m =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 96 + 16 * p)));
+      const int32_t b0 = x->bsums[4 * p] + x->bsums[4 * p + 1],
+                    b1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
+      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, _mm256_set1_epi32((b1 << 16) | (b0 & 0xFFFF))));
+    }
+    const uint8_t* q = g + 160;
+#pragma GCC unroll 1
+    for (int j = 0; j < 4; ++j, q += 256) {
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+        s0 = _mm256_add_epi16(
+            s0, _mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xw[16 * j + c])));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                                                       _mm256_set1_epi32(xw[16 * j + 8 + c])));
+      }
+      // row r's scale in both int16 halves of dword r
+      const __m256i sc0 =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 32 + 16 * j)));
+      const __m256i sc1 =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 40 + 16 * j)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s0, _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16))));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s1, _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16))));
+    }
+    const __m256 xd = _mm256_set1_ps(x->d);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sumi), acc);
+    accm = _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(summ), accm);
+  }
+  _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -691,46 +821,79 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
   dequantize_row(type, w, y, n);
 }
 
-size_t q4_0x8_bytes(int64_t K, int64_t N) {
-  return static_cast<size_t>(N / 8) * static_cast<size_t>(K / 32) * k_q4x8_block;
+bool repackable(DType type, int64_t K, int64_t N) noexcept {
+  return (type == DType::q4_0 && K % 32 == 0 && N % 8 == 0) ||
+         (type == DType::q4_k && K % 256 == 0 && N % 8 == 0);
 }
 
-void repack_q4_0x8(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out) {
-  const int64_t nb = K / 32;
-  const size_t gb = static_cast<size_t>(nb) * k_q4x8_block;
+namespace {
+size_t group_bytes(DType type, int64_t K) {
+  return type == DType::q4_0 ? static_cast<size_t>(K / 32) * k_q4x8_block
+                             : static_cast<size_t>(K / 256) * k_q4kx8_block;
+}
+} // namespace
+
+size_t repacked_bytes(DType type, int64_t K, int64_t N) {
+  return static_cast<size_t>(N / 8) * group_bytes(type, K);
+}
+
+void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out) {
+  const size_t gb = group_bytes(type, K);
 #pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < N / 8; ++g)
-    repack_group_q4_0x8(w + static_cast<size_t>(8 * g) * row_bytes, row_bytes, nb,
-                        out + static_cast<size_t>(g) * gb);
-}
-
-void dequantize_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t row, float* y) {
-  const int64_t nb = K / 32;
-  const uint8_t* g = wp + static_cast<size_t>(row / 8) * static_cast<size_t>(nb) * k_q4x8_block;
-  uint8_t blocks[16 * 18]; // 16 GGUF blocks at a time, no allocation
-  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-    const int64_t n = std::min<int64_t>(16, nb - b0);
-    unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, static_cast<int>(row % 8), blocks);
-    dequantize(isa, DType::q4_0, blocks, y + 32 * b0, 32 * n);
+  for (int64_t g = 0; g < N / 8; ++g) {
+    const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
+    if (type == DType::q4_0)
+      repack_group_q4_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
+    else
+      repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
-void matmul_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
-                   int n_threads) {
-  const int64_t nb = K / 32, ng = N / 8;
-  const size_t gb = static_cast<size_t>(nb) * k_q4x8_block;
-  std::vector<BlockQ8> xq(static_cast<size_t>(T * nb));
-  for (int64_t t = 0; t < T; ++t)
-    quantize_x(x + t * K, K, xq.data() + t * nb);
+void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y) {
+  const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
+  const int r = static_cast<int>(row % 8);
+  uint8_t blocks[16 * 144]; // a few GGUF blocks at a time, no allocation
+  if (type == DType::q4_0) {
+    for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
+      const int64_t n = std::min<int64_t>(16, K / 32 - b0);
+      unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, r, blocks);
+      dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
+    }
+  } else {
+    for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
+      const int64_t n = std::min<int64_t>(16, K / 256 - i0);
+      unpack_row_q4_kx8(g + static_cast<size_t>(i0) * k_q4kx8_block, n, r, blocks);
+      dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
+    }
+  }
+}
+
+void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
+                     float* y, int n_threads) {
+  const size_t gb = group_bytes(type, K);
+  const int64_t nb = type == DType::q4_0 ? K / 32 : K / 256;
+  std::vector<BlockQ8> xq;
+  std::vector<BlockQ8K> xqk;
+  if (type == DType::q4_0) {
+    xq.resize(static_cast<size_t>(T * nb));
+    for (int64_t t = 0; t < T; ++t)
+      quantize_x(x + t * K, K, xq.data() + t * nb);
+  } else {
+    xqk.resize(static_cast<size_t>(T * nb));
+    for (int64_t t = 0; t < T; ++t)
+      quantize_x_k(x + t * K, K, xqk.data() + t * nb);
+  }
+  const bool avx2 = isa == Isa::avx2;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
-  for (int64_t g = 0; g < ng; ++g)
+  for (int64_t g = 0; g < N / 8; ++g)
     for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens
+      const uint8_t* wg = wp + static_cast<size_t>(g) * gb;
       float out[8];
-      if (isa == Isa::avx2)
-        gemv_q4_0x8_avx2(wp + static_cast<size_t>(g) * gb, xq.data() + t * nb, nb, out);
+      if (type == DType::q4_0)
+        (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
       else
-        gemv_q4_0x8_scalar(wp + static_cast<size_t>(g) * gb, xq.data() + t * nb, nb, out);
+        (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
       std::memcpy(y + t * N + 8 * g, out, sizeof out);
     }
 }

@@ -26,14 +26,17 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n);
 void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
             int64_t T, float* y, int n_threads);
 
-// Q4_0 repacked for decode in groups of 8 rows (see kernels.cpp): N % 8 == 0, K % 32 == 0; the
-// repacked matrix has the same size as the GGUF one (q4_0x8_bytes).
-size_t q4_0x8_bytes(int64_t K, int64_t N);
-void repack_q4_0x8(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out);
-// Row `row` of a repacked matrix to f32 (dequantize_row's values).
-void dequantize_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t row, float* y);
-// matmul() on a repacked matrix: the same results as matmul() on the GGUF rows.
-void matmul_q4_0x8(Isa isa, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
-                   int n_threads);
+// Q4_0 and Q4_K repacked for decode in groups of 8 rows (layouts in kernels.cpp): N % 8 == 0.
+// The repacked Q4_0 matrix has the GGUF size, Q4_K 2.8 % more (scales stored as bytes).
+bool repackable(DType type, int64_t K, int64_t N) noexcept;
+size_t repacked_bytes(DType type, int64_t K, int64_t N);
+// Rows [0, N) of w (row_bytes apart) into `out` (repacked_bytes(type, K, N) bytes); rows
+// [8i, 8i + N) of a matrix go to offset repacked_bytes(type, K, 8i).
+void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out);
+// Row `row` of a repacked matrix to f32 (exactly dequantize_row's values).
+void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y);
+// matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
+void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
+                     float* y, int n_threads);
 
 } // namespace loom::cpu

@@ -209,12 +209,15 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
 }
 
 TEST(CpuBackendOps, OtherWeightTypesMatchTheReference) {
-  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels; blocks are
-  // built from random bytes with small, finite scales (we cannot quantize to these types).
+  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels (q4_k with 16 rows
+  // repacked); blocks are built from random bytes with small, finite scales (we cannot quantize to these
+  // types).
   auto ref = make_reference_backend();
-  for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k}) {
-    SCOPED_TRACE(dtype_name(t));
-    const int64_t K = 256, N = 9;
+  for (const auto& [t, N] :
+       {std::pair{DType::q4_1, 9}, std::pair{DType::q5_0, 9}, std::pair{DType::q5_1, 9},
+        std::pair{DType::q4_k, 9}, std::pair{DType::q4_k, 16} /* repacked */, std::pair{DType::q6_k, 9}}) {
+    SCOPED_TRACE(std::string(dtype_name(t)) + " N=" + std::to_string(N));
+    const int64_t K = 256;
     std::mt19937 rng(7);
     std::vector<uint8_t> bytes(row_bytes(t, K) * N);
     for (auto& b : bytes)

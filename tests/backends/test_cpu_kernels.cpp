@@ -147,46 +147,52 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q4_0 repacked into 8-row groups: dequantizes to exactly the GGUF rows, and its kernel is exact on
-// quantized activations like the others (1e-5), for both ISAs, one to several tokens.
-TEST_P(CpuKernels, RepackedQ4_0MatchesTheGgufRows) {
+// Q4_0 and Q4_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and the repacked
+// kernels sum the same integers as the GGUF-layout ones (1e-5: float rounding only), for both
+// ISAs, one to several tokens.
+TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (isa == cpu::Isa::avx2 && cpu::detect_isa() != cpu::Isa::avx2)
     GTEST_SKIP() << "this CPU has no AVX2+FMA+F16C";
-  for (const auto& [K, N, T] : {std::tuple{32, 8, 1}, std::tuple{96, 16, 3}, std::tuple{2048, 24, 1}}) {
-    SCOPED_TRACE("K=" + std::to_string(K) + " N=" + std::to_string(N) + " T=" + std::to_string(T));
-    const auto w = random_blocks(DType::q4_0, K, N, static_cast<uint32_t>(K * N));
-    const size_t rb = row_bytes(DType::q4_0, K);
-    std::vector<uint8_t> wp(cpu::q4_0x8_bytes(K, N));
-    ASSERT_EQ(wp.size(), w.size());
-    cpu::repack_q4_0x8(w.data(), rb, K, N, wp.data());
-    std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
-    for (int64_t j = 0; j < N; ++j) {
-      dequantize_row(DType::q4_0, w.data() + static_cast<size_t>(j) * rb, a.data(), K);
-      cpu::dequantize_q4_0x8(isa, wp.data(), K, j, b.data());
-      ASSERT_EQ(a, b) << "row " << j;
-    }
-    std::mt19937 rng(5);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(K * T));
-    for (auto& v : x)
-      v = nd(rng);
-    std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
-    cpu::matmul(isa, DType::q4_0, w.data(), rb, K, N, x.data(), T, y0.data(), 2); // the GGUF-layout kernels
-    cpu::matmul_q4_0x8(isa, wp.data(), K, N, x.data(), T, y1.data(), 2);
-    for (int64_t j = 0; j < N; ++j) {
-      dequantize_row(DType::q4_0, w.data() + static_cast<size_t>(j) * rb, a.data(), K);
-      for (int64_t t = 0; t < T; ++t) {
-        double mag = 0; // both sum the same integers per block: only float rounding differs
-        for (int64_t k = 0; k < K; ++k)
-          mag += std::fabs(static_cast<double>(a[static_cast<size_t>(k)]) *
-                           static_cast<double>(x[static_cast<size_t>(t * K + k)]));
-        const size_t i = static_cast<size_t>(t * N + j);
-        ASSERT_NEAR(static_cast<double>(y1[i]), static_cast<double>(y0[i]), 1e-5 * mag + 1e-6)
-            << "j=" << j << " t=" << t;
+  for (DType type : {DType::q4_0, DType::q4_k})
+    for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1}}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                   " T=" + std::to_string(T));
+      ASSERT_TRUE(cpu::repackable(type, K, N));
+      const auto w = random_blocks(type, K, N, static_cast<uint32_t>(K * N));
+      const size_t rb = row_bytes(type, K);
+      std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
+      ASSERT_EQ(wp.size(), type == DType::q4_0 ? w.size() : w.size() / 144 * 148);
+      cpu::repack(type, w.data(), rb, K, N, wp.data());
+      std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
+      for (int64_t j = 0; j < N; ++j) {
+        dequantize_row(type, w.data() + static_cast<size_t>(j) * rb, a.data(), K);
+        cpu::dequantize_repacked(isa, type, wp.data(), K, j, b.data());
+        ASSERT_EQ(a, b) << "row " << j;
+      }
+      std::mt19937 rng(5);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(K * T));
+      for (auto& v : x)
+        v = nd(rng);
+      std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
+      cpu::matmul(isa, type, w.data(), rb, K, N, x.data(), T, y0.data(), 2); // the GGUF-layout kernels
+      cpu::matmul_repacked(isa, type, wp.data(), K, N, x.data(), T, y1.data(), 2);
+      for (int64_t j = 0; j < N; ++j) {
+        dequantize_row(type, w.data() + static_cast<size_t>(j) * rb, a.data(), K);
+        for (int64_t t = 0; t < T; ++t) {
+          double mag = 0;
+          for (int64_t k = 0; k < K; ++k)
+            mag += std::fabs(static_cast<double>(a[static_cast<size_t>(k)]) *
+                             static_cast<double>(x[static_cast<size_t>(t * K + k)]));
+          const size_t i = static_cast<size_t>(t * N + j);
+          ASSERT_NEAR(static_cast<double>(y1[i]), static_cast<double>(y0[i]), 1e-5 * mag + 1e-6)
+              << "j=" << j << " t=" << t;
+        }
       }
     }
-  }
+  EXPECT_FALSE(cpu::repackable(DType::q4_0, 64, 12)); // rows not a multiple of 8
+  EXPECT_FALSE(cpu::repackable(DType::q8_0, 64, 16));
 }
 
 // End to end through the plugin: greedy golden output on stories260K identical to the reference

@@ -1,0 +1,85 @@
+// Google Benchmark of the cpu backend's decode kernels: one token against a matrix larger than the
+// caches (K = 2048, N = 32768), one thread, each weight type in its GGUF layout and (Q4_0, Q4_K)
+// repacked. Reports bytes/s of weights read, comparable with `loom bench --bandwidth -t 1`.
+//   build/bench/loom_bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include "../backends/cpu/kernels.hpp"
+#include "loom/dtype.hpp"
+
+#include <benchmark/benchmark.h>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using namespace loom;
+
+constexpr int64_t K = 2048, N = 32768;
+
+// Random blocks with every f16-aligned pair that decodes to a non-finite or large value replaced
+// by 0.01 (scales small and finite), as the kernel tests make them.
+std::vector<uint8_t> random_matrix(DType t) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> w(row_bytes(t, K) * static_cast<size_t>(N));
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng());
+  if (t == DType::f32) {
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    for (size_t i = 0; i + 4 <= w.size(); i += 4) {
+      const float v = nd(rng);
+      std::memcpy(w.data() + i, &v, 4);
+    }
+    return w;
+  }
+  for (size_t i = 0; i + 1 < w.size(); i += 2) {
+    uint16_t h;
+    std::memcpy(&h, w.data() + i, 2);
+    const float v = t == DType::bf16 ? bf16_to_fp32(h) : fp16_to_fp32(h);
+    if (!std::isfinite(v) || std::fabs(v) > 4.0f) {
+      h = t == DType::bf16 ? fp32_to_bf16(0.01f) : fp32_to_fp16(0.01f);
+      std::memcpy(w.data() + i, &h, 2);
+    }
+  }
+  return w;
+}
+
+void decode(benchmark::State& state, DType t, bool repacked) {
+  const auto isa = cpu::detect_isa();
+  const auto w = random_matrix(t);
+  std::vector<uint8_t> wp;
+  if (repacked) {
+    wp.resize(cpu::repacked_bytes(t, K, N));
+    cpu::repack(t, w.data(), row_bytes(t, K), K, N, wp.data());
+  }
+  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x)
+    v = nd(rng);
+  for (auto _ : state) {
+    if (repacked)
+      cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), 1, y.data(), 1);
+    else
+      cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), 1, y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(repacked ? wp.size() : w.size()));
+  state.SetLabel(cpu::isa_name(isa));
+}
+
+BENCHMARK_CAPTURE(decode, f32, DType::f32, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, f16, DType::f16, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, bf16, DType::bf16, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q8_0, DType::q8_0, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q4_0, DType::q4_0, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q4_0_repacked, DType::q4_0, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q4_k, DType::q4_k, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q4_k_repacked, DType::q4_k, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q6_k, DType::q6_k, false)->Unit(benchmark::kMillisecond);
+
+} // namespace
+
+BENCHMARK_MAIN();
