@@ -1,5 +1,5 @@
 // Google Benchmark of the cpu backend's decode kernels: one token against a matrix larger than the
-// caches (K = 2048, N = 32768), one thread, each weight type in its GGUF layout and (Q4_0, Q4_K)
+// caches (K = 2048, N = 32768), one thread, each weight type in its GGUF layout and (Q4_0, Q4_K, Q6_K)
 // repacked. Reports bytes/s of weights read, comparable with `loom bench --bandwidth -t 1`.
 //   build/bench/loom_bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include "../backends/cpu/kernels.hpp"
@@ -79,6 +79,7 @@ BENCHMARK_CAPTURE(decode, q4_0_repacked, DType::q4_0, true)->Unit(benchmark::kMi
 BENCHMARK_CAPTURE(decode, q4_k, DType::q4_k, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q4_k_repacked, DType::q4_k, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q6_k, DType::q6_k, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q6_k_repacked, DType::q6_k, true)->Unit(benchmark::kMillisecond);
 
 } // namespace
 

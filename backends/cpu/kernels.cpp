@@ -307,6 +307,72 @@ float dot_q6_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
   return s;
 }
 
+// ---- Q6_K repacked in groups of 8 rows ("q6_kx8") ----
+// Per group of 8 rows and super-block, 1680 bytes (the GGUF size): d[8] (f16); the 16 int8 scales
+// as [pair p][row r][group 2p, 2p+1] (128); per group g of 16 columns two 32-byte nibble vectors
+// (dword r, byte i of vector h: low nibble = low 4 bits of column 16g + 8h + i, high nibble = of
+// column 16g + 8h + 4 + i) (1024); per group one 32-byte vector of high bits (dword r, byte i:
+// bits 2k, 2k+1 = the top 2 bits of column 16g + 4k + i) (512).
+constexpr size_t k_q6kx8_block = 1680;
+
+void repack_group_q6_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_q6kx8_block) {
+    std::memset(out, 0, k_q6kx8_block);
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 210;
+      std::memcpy(out + 2 * r, blk + 208, 2);
+      for (int g = 0; g < 16; ++g)
+        out[16 + 16 * (g / 2) + 2 * r + g % 2] = blk[192 + g];
+      for (int col = 0; col < 256; ++col) {
+        int si = 0;
+        const int v = q6_k_value(blk, col, si) + 32; // 0..63
+        const int g = col / 16, k = (col % 16) / 4, b = col % 4;
+        out[144 + 64 * g + 32 * (k / 2) + 4 * r + b] |= static_cast<uint8_t>((v & 0xF) << (4 * (k % 2)));
+        out[1168 + 32 * g + 4 * r + b] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+      }
+    }
+  }
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q6_K super-blocks (nsb × 210 bytes).
+void unpack_row_q6_kx8(const uint8_t* g8, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g8 += k_q6kx8_block, out += 210) {
+    std::memset(out, 0, 210);
+    std::memcpy(out + 208, g8 + 2 * r, 2);
+    for (int g = 0; g < 16; ++g)
+      out[192 + g] = g8[16 + 16 * (g / 2) + 2 * r + g % 2];
+    for (int col = 0; col < 256; ++col) {
+      const int g = col / 16, k = (col % 16) / 4, b = col % 4;
+      const int lo = (g8[144 + 64 * g + 32 * (k / 2) + 4 * r + b] >> (4 * (k % 2))) & 0xF;
+      const int hi = (g8[1168 + 32 * g + 4 * r + b] >> (2 * k)) & 3;
+      // the GGUF packing q6_k_value reads
+      const int n = col / 128, kk = (col % 128) / 32, l = col % 32;
+      out[64 * n + 32 * (kk & 1) + l] |= static_cast<uint8_t>(lo << (4 * (kk >> 1)));
+      out[128 + 32 * n + l] |= static_cast<uint8_t>(hi << (2 * kk));
+    }
+  }
+}
+
+void gemv_q6_kx8_scalar(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, g8 += k_q6kx8_block, ++x)
+    for (int r = 0; r < 8; ++r) {
+      int32_t sumq = 0;
+      for (int g = 0; g < 16; ++g) {
+        int32_t acc = 0;
+        for (int c = 16 * g; c < 16 * g + 16; ++c) {
+          const int k = (c % 16) / 4, b = c % 4;
+          const int lo = (g8[144 + 64 * g + 32 * (k / 2) + 4 * r + b] >> (4 * (k % 2))) & 0xF;
+          const int hi = (g8[1168 + 32 * g + 4 * r + b] >> (2 * k)) & 3;
+          acc += ((lo | (hi << 4)) - 32) * x->qs[c];
+        }
+        sumq += static_cast<int8_t>(g8[16 + 16 * (g / 2) + 2 * r + g % 2]) * acc;
+      }
+      out[r] += x->d * f16(g8 + 2 * r) * static_cast<float>(sumq);
+    }
+}
+
 // ---- AVX2 + FMA + F16C ----
 
 #define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -750,6 +816,59 @@ LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb
   _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
 }
 
+// q6_kx8: one group of 8 rows against one token. Per group of 16 columns: two nibble vectors and
+// one high-bit vector give the 8 rows' 6-bit values (0..63) of four 4-column chunks; broadcast
+// activation chunks into maddubs; two maddubs sums fit int16 (2 · 2 · 63 · 127 < 2^15); madd by the
+// rows' scales (an int16 pair per row). The −32 offset: 32 · Σ_g sc_g · bsum_g, one madd per pair.
+LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  // byte indices (within each 128-bit lane) that copy a dword's low / high int16 over both halves
+  const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4,
+                                          5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  const __m256i dup_hi = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3,
+                                          6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, g8 += k_q6kx8_block, ++x) {
+    for (size_t c = 0; c < k_q6kx8_block; c += 64) // four super-blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g8 + 4 * k_q6kx8_block + c), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+    __m256i sumi = _mm256_setzero_si256(), off = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1
+      const __m256i sc =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8 + 16 + 16 * p)));
+      const int32_t b0 = x->bsums[2 * p], b1 = x->bsums[2 * p + 1];
+      off = _mm256_add_epi32(off, _mm256_madd_epi16(sc, _mm256_set1_epi32((b1 << 16) | (b0 & 0xFFFF))));
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e) {
+        const int g = 2 * p + e;
+        const uint8_t* v = g8 + 144 + 64 * g;
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g8 + 1168 + 32 * g));
+        const __m256i q0 =
+            _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(h, m30));
+        const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, _mm256_set1_epi32(xw[4 * g])),
+                                             _mm256_maddubs_epi16(q1, _mm256_set1_epi32(xw[4 * g + 1])));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, _mm256_set1_epi32(xw[4 * g + 2])),
+                                             _mm256_maddubs_epi16(q3, _mm256_set1_epi32(xw[4 * g + 3])));
+        const __m256i sd = _mm256_shuffle_epi8(sc, e ? dup_hi : dup_lo); // row r's scale in both halves
+        sumi =
+            _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p01, sd), _mm256_madd_epi16(p23, sd)));
+      }
+    }
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -823,13 +942,14 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 
 bool repackable(DType type, int64_t K, int64_t N) noexcept {
   return (type == DType::q4_0 && K % 32 == 0 && N % 8 == 0) ||
-         (type == DType::q4_k && K % 256 == 0 && N % 8 == 0);
+         ((type == DType::q4_k || type == DType::q6_k) && K % 256 == 0 && N % 8 == 0);
 }
 
 namespace {
 size_t group_bytes(DType type, int64_t K) {
-  return type == DType::q4_0 ? static_cast<size_t>(K / 32) * k_q4x8_block
-                             : static_cast<size_t>(K / 256) * k_q4kx8_block;
+  return type == DType::q4_0   ? static_cast<size_t>(K / 32) * k_q4x8_block
+         : type == DType::q4_k ? static_cast<size_t>(K / 256) * k_q4kx8_block
+                               : static_cast<size_t>(K / 256) * k_q6kx8_block;
 }
 } // namespace
 
@@ -844,15 +964,17 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
     if (type == DType::q4_0)
       repack_group_q4_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
-    else
+    else if (type == DType::q4_k)
       repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
+    else
+      repack_group_q6_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y) {
   const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
   const int r = static_cast<int>(row % 8);
-  uint8_t blocks[16 * 144]; // a few GGUF blocks at a time, no allocation
+  uint8_t blocks[16 * 210]; // a few GGUF blocks at a time, no allocation
   if (type == DType::q4_0) {
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
@@ -862,7 +984,10 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
   } else {
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
-      unpack_row_q4_kx8(g + static_cast<size_t>(i0) * k_q4kx8_block, n, r, blocks);
+      if (type == DType::q4_k)
+        unpack_row_q4_kx8(g + static_cast<size_t>(i0) * k_q4kx8_block, n, r, blocks);
+      else
+        unpack_row_q6_kx8(g + static_cast<size_t>(i0) * k_q6kx8_block, n, r, blocks);
       dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
     }
   }
@@ -892,8 +1017,10 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
       float out[8];
       if (type == DType::q4_0)
         (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
-      else
+      else if (type == DType::q4_k)
         (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
+      else
+        (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
       std::memcpy(y + t * N + 8 * g, out, sizeof out);
     }
 }

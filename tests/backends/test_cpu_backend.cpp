@@ -209,8 +209,8 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
 }
 
 TEST(CpuBackendOps, OtherWeightTypesMatchTheReference) {
-  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels (q4_k with 16 rows
-  // repacked); blocks are built from random bytes with small, finite scales (we cannot quantize to these
+  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels (q4_k, q6_k with 16
+  // rows repacked); blocks are built from random bytes with small, finite scales (we cannot quantize to these
   // types).
   auto ref = make_reference_backend();
   for (const auto& [t, N] :

@@ -147,14 +147,14 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q4_0 and Q4_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and the repacked
+// Q4_0, Q4_K and Q6_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and the repacked
 // kernels sum the same integers as the GGUF-layout ones (1e-5: float rounding only), for both
 // ISAs, one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (isa == cpu::Isa::avx2 && cpu::detect_isa() != cpu::Isa::avx2)
     GTEST_SKIP() << "this CPU has no AVX2+FMA+F16C";
-  for (DType type : {DType::q4_0, DType::q4_k})
+  for (DType type : {DType::q4_0, DType::q4_k, DType::q6_k})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1}}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
@@ -162,7 +162,7 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       const auto w = random_blocks(type, K, N, static_cast<uint32_t>(K * N));
       const size_t rb = row_bytes(type, K);
       std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
-      ASSERT_EQ(wp.size(), type == DType::q4_0 ? w.size() : w.size() / 144 * 148);
+      ASSERT_EQ(wp.size(), type == DType::q4_k ? w.size() / 144 * 148 : w.size());
       cpu::repack(type, w.data(), rb, K, N, wp.data());
       std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
       for (int64_t j = 0; j < N; ++j) {
