@@ -199,22 +199,13 @@ float dot_q4_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
 }
 
 // ---- Q4_K repacked in groups of 8 rows ("q4_kx8") ----
-// Per group of 8 rows and super-block of 256 columns, 1184 bytes: d[8] and dmin[8] (f16, row r at
-// r), the 8 sub-blocks' 6-bit scales as bytes [sub-block s][row r] (64), the mins as bytes
-// [pair p][row r][s = 2p, 2p+1] (64), then per 64-column chunk j the 8 rows' 32 nibble bytes as
-// eight 32-byte vectors whose dword r is row r's bytes 4c..4c+3 (low nibbles: sub-block 2j,
-// columns 4c..4c+3; high nibbles: sub-block 2j+1). 2.8 % more than the GGUF blocks: the scales
-// and mins are stored as bytes, ready for the vector unit.
-constexpr size_t k_q4kx8_block = 1184;
-
-void q4_k_scales_mins(const uint8_t* blk, uint8_t* sc, uint8_t* m) {
-  for (int j = 0; j < 8; ++j) {
-    int a, b;
-    q4_k_scale_min(j, blk + 4, a, b);
-    sc[j] = static_cast<uint8_t>(a);
-    m[j] = static_cast<uint8_t>(b);
-  }
-}
+// Per group of 8 rows and super-block of 256 columns, 1152 bytes (the GGUF size): d[8] and dmin[8]
+// (f16, row r at r); the 12 packed scale bytes of each row as three 32-byte vectors (vector u,
+// dword r = row r's bytes 4u..4u+3), so the 6-bit scales and mins of all 8 rows unpack with a few
+// vector ops; then per 64-column chunk j the 8 rows' 32 nibble bytes as eight 32-byte vectors whose
+// dword r is row r's bytes 4c..4c+3 (low nibbles: sub-block 2j, columns 4c..4c+3; high nibbles:
+// sub-block 2j+1).
+constexpr size_t k_q4kx8_block = 1152;
 
 void repack_group_q4_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
   for (int64_t i = 0; i < nsb; ++i, out += k_q4kx8_block)
@@ -222,15 +213,11 @@ void repack_group_q4_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out)
       const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
       std::memcpy(out + 2 * r, blk, 2);
       std::memcpy(out + 16 + 2 * r, blk + 2, 2);
-      uint8_t sc[8], m[8];
-      q4_k_scales_mins(blk, sc, m);
-      for (int s = 0; s < 8; ++s) {
-        out[32 + 8 * s + r] = sc[s];
-        out[96 + 16 * (s / 2) + 2 * r + (s % 2)] = m[s];
-      }
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 + 4 * u, 4);
       for (int j = 0; j < 4; ++j)
         for (int c = 0; c < 8; ++c)
-          std::memcpy(out + 160 + 256 * j + 32 * c + 4 * r, blk + 16 + 32 * j + 4 * c, 4);
+          std::memcpy(out + 128 + 256 * j + 32 * c + 4 * r, blk + 16 + 32 * j + 4 * c, 4);
     }
 }
 
@@ -239,20 +226,11 @@ void unpack_row_q4_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
   for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, out += 144) {
     std::memcpy(out, g + 2 * r, 2);
     std::memcpy(out + 2, g + 16 + 2 * r, 2);
-    uint8_t sc[8], m[8];
-    for (int s = 0; s < 8; ++s) {
-      sc[s] = g[32 + 8 * s + r];
-      m[s] = g[96 + 16 * (s / 2) + 2 * r + (s % 2)];
-    }
-    uint8_t* q = out + 4; // the 6-bit packing q4_k_scale_min reads
-    for (int j = 0; j < 4; ++j) {
-      q[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-      q[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
-      q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-    }
+    for (int u = 0; u < 3; ++u)
+      std::memcpy(out + 4 + 4 * u, g + 32 + 32 * u + 4 * r, 4);
     for (int j = 0; j < 4; ++j)
       for (int c = 0; c < 8; ++c)
-        std::memcpy(out + 16 + 32 * j + 4 * c, g + 160 + 256 * j + 32 * c + 4 * r, 4);
+        std::memcpy(out + 16 + 32 * j + 4 * c, g + 128 + 256 * j + 32 * c + 4 * r, 4);
   }
 }
 
@@ -261,17 +239,21 @@ void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
     out[r] = 0.0f;
   for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, ++x)
     for (int r = 0; r < 8; ++r) {
+      uint8_t packed[12]; // row r's GGUF scale bytes
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(packed + 4 * u, g + 32 + 32 * u + 4 * r, 4);
       int32_t sumq = 0, summ = 0;
       for (int s = 0; s < 8; ++s) {
-        const int j = s / 2;
+        int sc, m;
+        q4_k_scale_min(s, packed, sc, m);
         int32_t acc = 0;
         for (int c = 0; c < 8; ++c)
           for (int b = 0; b < 4; ++b) {
-            const uint8_t q = g[160 + 256 * j + 32 * c + 4 * r + b];
+            const uint8_t q = g[128 + 256 * (s / 2) + 32 * c + 4 * r + b];
             acc += ((s & 1) ? q >> 4 : q & 0xF) * x->qs[32 * s + 4 * c + b];
           }
-        sumq += g[32 + 8 * s + r] * acc;
-        summ += g[96 + 16 * (s / 2) + 2 * r + (s % 2)] * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
+        sumq += sc * acc;
+        summ += m * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
       }
       out[r] +=
           x->d * (f16(g + 2 * r) * static_cast<float>(sumq) - f16(g + 16 + 2 * r) * static_cast<float>(summ));
@@ -771,23 +753,49 @@ LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, 
 // nibbles of two sub-blocks; broadcast 4-byte activation chunks into maddubs, 8 partial sums per
 // sub-block in int16 (8 · 2 · 15 · 127 < 2^15), then one madd by the rows' scales (an int16 pair
 // per row) leaves row r's scaled sum in lane r. The mins: one madd per pair of sub-blocks.
+// pshufb indices putting byte b of each dword, zero-extended, in both int16 halves of that dword.
+LOOM_AVX2 inline __m256i pick_byte_pairs(int b) {
+  const __m256i base =
+      _mm256_setr_epi8(0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128, 0, -128, 0,
+                       -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128);
+  return _mm256_add_epi8(base, _mm256_set1_epi16(static_cast<short>(b))); // 0x80 + b keeps bit 7: zero
+}
+
 LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f),
+                m2 = _mm256_set1_epi32(0x30303030), lo16 = _mm256_set1_epi32(0x00FF00FF);
   __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
   for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, ++x) {
     for (size_t c = 0; c < k_q4kx8_block; c += 64) // four super-blocks ahead, every line
       _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q4kx8_block + c), _MM_HINT_T0);
-    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
-    __m256i sumi = _mm256_setzero_si256(), summ = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) { // mins of sub-blocks 2p, 2p+1 against their activation sums
-      const __m256i m =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 96 + 16 * p)));
-      const int32_t b0 = x->bsums[4 * p] + x->bsums[4 * p + 1],
-                    b1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
-      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, _mm256_set1_epi32((b1 << 16) | (b0 & 0xFFFF))));
+    // the 8 rows' 6-bit scales and mins (q4_k_scale_min, on 8 rows at once): dword r of sc[h] holds
+    // row r's scales 4h..4h+3 as bytes, of mn[h] its mins
+    const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
+    const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
+    const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 96));
+    const __m256i sc[2] = {
+        _mm256_and_si256(u0, m6),
+        _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m2))};
+    const __m256i mn[2] = {_mm256_and_si256(u1, m6),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi32(u1, 2), m2))};
+    // Σ_s m_s · (bsum_2s + bsum_2s+1): int16 lanes of mn hold (m0, m1) and (m2, m3) as byte pairs
+    int32_t b[8];
+    for (int s = 0; s < 8; ++s)
+      b[s] = x->bsums[2 * s] + x->bsums[2 * s + 1];
+    __m256i summ = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const int32_t* bh = b + 4 * h;
+      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_and_si256(mn[h], lo16),
+                                                      _mm256_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_srli_epi16(mn[h], 8),
+                                                      _mm256_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
     }
-    const uint8_t* q = g + 160;
+    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+    const uint8_t* q = g + 128;
+    __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 1
     for (int j = 0; j < 4; ++j, q += 256) {
       __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -799,13 +807,12 @@ LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb
         s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
                                                        _mm256_set1_epi32(xw[16 * j + 8 + c])));
       }
-      // row r's scale in both int16 halves of dword r
-      const __m256i sc0 =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 32 + 16 * j)));
-      const __m256i sc1 =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 40 + 16 * j)));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s0, _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16))));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s1, _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16))));
+      // row r's scale of sub-blocks 2j, 2j+1: bytes 2(j % 2) + {0, 1} of dword r of sc[j / 2], in both
+      // int16 halves of dword r
+      const __m256i& scv = sc[j / 2];
+      const __m256i sd0 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2)));
+      const __m256i sd1 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2) + 1));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
     }
     const __m256 xd = _mm256_set1_ps(x->d);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));

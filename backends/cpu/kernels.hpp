@@ -27,7 +27,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
             int64_t T, float* y, int n_threads);
 
 // Q4_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp): N % 8 == 0.
-// Repacked Q4_0 and Q6_K matrices have the GGUF size, Q4_K 2.8 % more (scales stored as bytes).
+// A repacked matrix has the GGUF size.
 bool repackable(DType type, int64_t K, int64_t N) noexcept;
 size_t repacked_bytes(DType type, int64_t K, int64_t N);
 // Rows [0, N) of w (row_bytes apart) into `out` (repacked_bytes(type, K, N) bytes); rows
