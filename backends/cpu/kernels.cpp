@@ -23,6 +23,17 @@ struct BlockQ8 {
   int8_t qs[32];
 };
 
+// std::lround(v) for |v| ≤ 127 (v clamped there first; NaN gives −127), written so that the
+// quantizers' loops vectorize instead of calling libm per element: truncate, then step away from
+// zero when the exact remainder is at least one half.
+inline int32_t round_q8(float v) {
+  v = v >= -127.0f ? v : -127.0f; // NaN too
+  v = v <= 127.0f ? v : 127.0f;
+  const auto t = static_cast<int32_t>(v);
+  const float rem = v - static_cast<float>(t);
+  return t + (rem >= 0.5f ? 1 : 0) - (rem <= -0.5f ? 1 : 0);
+}
+
 void quantize_x(const float* x, int64_t K, BlockQ8* out) {
   for (int64_t b = 0; b < K / 32; ++b) {
     const float* v = x + b * 32;
@@ -34,7 +45,7 @@ void quantize_x(const float* x, int64_t K, BlockQ8* out) {
     out[b].d = d;
     int32_t sum = 0;
     for (int i = 0; i < 32; ++i) {
-      out[b].qs[i] = static_cast<int8_t>(std::lround(v[i] * id));
+      out[b].qs[i] = static_cast<int8_t>(round_q8(v[i] * id));
       sum += out[b].qs[i];
     }
     out[b].s8 = 8.0f * d * static_cast<float>(sum);
@@ -62,7 +73,7 @@ void quantize_x_k(const float* x, int64_t K, BlockQ8K* out) {
     for (int g = 0; g < 16; ++g) {
       int sum = 0;
       for (int i = 16 * g; i < 16 * g + 16; ++i) {
-        out[b].qs[i] = static_cast<int8_t>(std::lround(v[i] * id));
+        out[b].qs[i] = static_cast<int8_t>(round_q8(v[i] * id));
         sum += out[b].qs[i];
       }
       out[b].bsums[g] = static_cast<int16_t>(sum);
