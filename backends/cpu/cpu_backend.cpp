@@ -466,7 +466,7 @@ public:
     if (arena_.size() < total) arena_.resize(total);
     for (const Node& n : g.nodes)
       run(g, n, batch, kv);
-    if (redrop_) { // the kernel's fault-around may have mapped pages of tensors repacked earlier back in
+    if (redrop_) { // reads of other tensors map whole page-cache folios, repacked neighbours included
       for (const auto& [p, n] : dropped_)
         drop_pages(p, n);
       redrop_ = false;
@@ -725,7 +725,8 @@ private:
     fail(Errc::unsupported, "cpu", std::string("op ") + op_name(n.op) + " is not implemented");
   }
 
-  // The 8-row repacked copy of a Q4_0 or Q4_K matrix (made on first use; the file's pages then dropped).
+  // The 8-row repacked copy of a Q4_0, Q4_K or Q6_K matrix (made on first use; the file's pages then
+  // dropped).
   const uint8_t* repacked(const TensorDesc& w) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto key = std::tuple{w.data, K, N};

@@ -676,7 +676,16 @@ LOOM_AVX2 void rows4_f32_avx2(const uint8_t* w, size_t rb, const float* x, int64
   }
 }
 
-LOOM_AVX2 void rows4_f16_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+// Eight 16-bit floats (f16 or bf16) to f32.
+template <DType type> LOOM_AVX2 inline __m256 half8(__m128i h) {
+  if constexpr (type == DType::f16)
+    return _mm256_cvtph_ps(h);
+  else
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <DType type> // f16 or bf16
+LOOM_AVX2 void rows4_half_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
   const uint8_t* a[4];
   for (int r = 0; r < 4; ++r)
     a[r] = w + static_cast<size_t>(r) * rb;
@@ -689,14 +698,17 @@ LOOM_AVX2 void rows4_f16_avx2(const uint8_t* w, size_t rb, const float* x, int64
     for (int r = 0; r < 4; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + 2 * k), _MM_HINT_T0); // the next four rows
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r] + 2 * k));
-      s[r][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), x0, s[r][0]);
-      s[r][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), x1, s[r][1]);
+      s[r][0] = _mm256_fmadd_ps(half8<type>(_mm256_castsi256_si128(h)), x0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(half8<type>(_mm256_extracti128_si256(h, 1)), x1, s[r][1]);
     }
   }
   for (int r = 0; r < 4; ++r) {
     out[r] = hsum(_mm256_add_ps(s[r][0], s[r][1]));
-    for (int64_t kk = k; kk < K; ++kk)
-      out[r] += f16c(a[r] + 2 * kk) * x[kk];
+    for (int64_t kk = k; kk < K; ++kk) {
+      uint16_t h;
+      std::memcpy(&h, a[r] + 2 * kk, 2);
+      out[r] += (type == DType::f16 ? _cvtsh_ss(h) : bf16_to_fp32(h)) * x[kk];
+    }
   }
 }
 
@@ -1091,7 +1103,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
   };
-  if (avx2 && T < 4 && type != DType::bf16) { // decode: four rows at a time, one token at a time
+  if (avx2 && T < 4) { // decode: four rows at a time, one token at a time
     const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
     for (int64_t jb = 0; jb < n_blk; ++jb) {
@@ -1107,7 +1119,9 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
         if (type == DType::f32)
           rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
         else if (type == DType::f16)
-          rows4_f16_avx2(wr, row_bytes, x + t * K, K, out);
+          rows4_half_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::bf16)
+          rows4_half_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
         else if (type == DType::q4_k)
           rows4_k_avx2<DType::q4_k>(wr, row_bytes, xqk.data() + t * nsb, nsb, out);
         else if (type == DType::q6_k)
