@@ -1,5 +1,6 @@
 // backends/cpu/kernels.hpp — matrix kernels of the cpu backend: weights read straight from their
-// GGUF blocks, activations quantized on the fly for the integer paths (q8_0, q4_0).
+// GGUF blocks (or, for Q4_0 / Q4_K / Q6_K, from a copy repacked 8 rows at a time), activations
+// quantized on the fly to 8 bits for the integer paths (blocks of 32; of 256 for the k-quants).
 #pragma once
 
 #include "loom/dtype.hpp"
@@ -14,7 +15,7 @@ enum class Isa { scalar, avx2 };
 Isa detect_isa() noexcept;
 const char* isa_name(Isa isa) noexcept;
 
-// Types with a direct kernel; others fall back to the reference matmul.
+// Types with a direct kernel; the backend dequantizes others (q4_1, q5_*) a row at a time.
 bool has_kernel(DType t) noexcept;
 
 // One row of n elements to f32: exactly dequantize_row's values (AVX2 for f16, q8_0, q4_0).
