@@ -1,5 +1,5 @@
 // Google Benchmark of the cpu backend's decode kernels: one token against a matrix larger than the
-// caches (K = 2048, N = 32768), one thread, each weight type in its GGUF layout and (Q4_0, Q4_K, Q6_K)
+// caches (K = 2048, N = 32768), one thread, each weight type in its GGUF layout and (Q8_0, Q4_0, Q4_K, Q6_K)
 // repacked. Reports bytes/s of weights read, comparable with `loom bench --bandwidth -t 1`.
 //   build/bench/loom_bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include "../backends/cpu/kernels.hpp"
@@ -74,6 +74,7 @@ BENCHMARK_CAPTURE(decode, f32, DType::f32, false)->Unit(benchmark::kMillisecond)
 BENCHMARK_CAPTURE(decode, f16, DType::f16, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, bf16, DType::bf16, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q8_0, DType::q8_0, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(decode, q8_0_repacked, DType::q8_0, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q4_0, DType::q4_0, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q4_0_repacked, DType::q4_0, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, q4_k, DType::q4_k, false)->Unit(benchmark::kMillisecond);

@@ -725,7 +725,7 @@ private:
     fail(Errc::unsupported, "cpu", std::string("op ") + op_name(n.op) + " is not implemented");
   }
 
-  // The 8-row repacked copy of a Q4_0, Q4_K or Q6_K matrix (made on first use; the file's pages then
+  // The 8-row repacked copy of a Q8_0, Q4_0, Q4_K or Q6_K matrix (made on first use; the file's pages then
   // dropped).
   const uint8_t* repacked(const TensorDesc& w) {
     const int64_t K = w.ne[0], N = w.ne[1];

@@ -162,6 +162,42 @@ void unpack_row_q4_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
   }
 }
 
+// ---- Q8_0 repacked in groups of 8 rows ("q8_0x8") ----
+// Per group of 8 rows and block of 32 columns, 272 bytes (the GGUF size): the 8 rows' f16 scales,
+// then eight 32-byte vectors V0..V7 whose dword r is row r's bytes 4c..4c+3 (columns 4c..4c+3).
+constexpr size_t k_q8x8_block = 272;
+
+void repack_group_q8_0x8(const uint8_t* w, size_t rb, int64_t nb, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b, out += k_q8x8_block)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * 34;
+      std::memcpy(out + 2 * r, blk, 2);
+      for (int c = 0; c < 8; ++c)
+        std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+    }
+}
+
+void unpack_row_q8_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block, out += 34) {
+    std::memcpy(out, g + 2 * r, 2);
+    for (int c = 0; c < 8; ++c)
+      std::memcpy(out + 2 + 4 * c, g + 16 + 32 * c + 4 * r, 4);
+  }
+}
+
+void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block)
+    for (int r = 0; r < 8; ++r) {
+      int32_t acc = 0;
+      for (int c = 0; c < 8; ++c)
+        for (int i = 0; i < 4; ++i)
+          acc += static_cast<int8_t>(g[16 + 32 * c + 4 * r + i]) * x[b].qs[4 * c + i];
+      out[r] += f16(g + 2 * r) * x[b].d * static_cast<float>(acc);
+    }
+}
+
 void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
   for (int r = 0; r < 8; ++r)
     out[r] = 0.0f;
@@ -748,6 +784,30 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
 // activations' 4-byte chunks are broadcast, so each maddubs works on the same 4 columns of 8 rows;
 // 8 maddubs sums fit int16 (8 · 2 · 15 · 127 < 2^15); one madd leaves row r's Σ nibble·x in lane r.
 // The −8 offset is subtracted as s8 = 8 · x.d · Σ xq per block.
+// q8_0x8: one group of 8 rows against one token. Signed × signed through maddubs with the sign
+// moved onto the activations (|w| ≤ 128, so a pair sum fits int16); each vector's products go to
+// int32 on their own (two would not fit int16 together).
+LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block) {
+    for (size_t c = 0; c < k_q8x8_block; c += 64) // four blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q8x8_block + c), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
+    __m256i s32 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * c));
+      const __m256i p =
+          _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw[c]), v));
+      s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(s32), acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
 LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
@@ -971,15 +1031,22 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 }
 
 bool repackable(DType type, int64_t K, int64_t N) noexcept {
-  return (type == DType::q4_0 && K % 32 == 0 && N % 8 == 0) ||
+  return ((type == DType::q4_0 || type == DType::q8_0) && K % 32 == 0 && N % 8 == 0) ||
          ((type == DType::q4_k || type == DType::q6_k) && K % 256 == 0 && N % 8 == 0);
 }
 
 namespace {
 size_t group_bytes(DType type, int64_t K) {
-  return type == DType::q4_0   ? static_cast<size_t>(K / 32) * k_q4x8_block
-         : type == DType::q4_k ? static_cast<size_t>(K / 256) * k_q4kx8_block
-                               : static_cast<size_t>(K / 256) * k_q6kx8_block;
+  switch (type) {
+  case DType::q4_0:
+    return static_cast<size_t>(K / 32) * k_q4x8_block;
+  case DType::q8_0:
+    return static_cast<size_t>(K / 32) * k_q8x8_block;
+  case DType::q4_k:
+    return static_cast<size_t>(K / 256) * k_q4kx8_block;
+  default:
+    return static_cast<size_t>(K / 256) * k_q6kx8_block;
+  }
 }
 } // namespace
 
@@ -994,6 +1061,8 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
     if (type == DType::q4_0)
       repack_group_q4_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
+    else if (type == DType::q8_0)
+      repack_group_q8_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
     else if (type == DType::q4_k)
       repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
     else
@@ -1005,10 +1074,13 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
   const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
   const int r = static_cast<int>(row % 8);
   uint8_t blocks[16 * 210]; // a few GGUF blocks at a time, no allocation
-  if (type == DType::q4_0) {
+  if (type == DType::q4_0 || type == DType::q8_0) {
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
-      unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, r, blocks);
+      if (type == DType::q4_0)
+        unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, r, blocks);
+      else
+        unpack_row_q8_0x8(g + static_cast<size_t>(b0) * k_q8x8_block, n, r, blocks);
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
@@ -1026,10 +1098,11 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads) {
   const size_t gb = group_bytes(type, K);
-  const int64_t nb = type == DType::q4_0 ? K / 32 : K / 256;
+  const bool kquant = type == DType::q4_k || type == DType::q6_k;
+  const int64_t nb = kquant ? K / 256 : K / 32;
   std::vector<BlockQ8> xq;
   std::vector<BlockQ8K> xqk;
-  if (type == DType::q4_0) {
+  if (!kquant) {
     xq.resize(static_cast<size_t>(T * nb));
     for (int64_t t = 0; t < T; ++t)
       quantize_x(x + t * K, K, xq.data() + t * nb);
@@ -1047,6 +1120,8 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
       float out[8];
       if (type == DType::q4_0)
         (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
+      else if (type == DType::q8_0)
+        (avx2 ? gemv_q8_0x8_avx2 : gemv_q8_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
       else if (type == DType::q4_k)
         (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
       else

@@ -1,5 +1,5 @@
 // backends/cpu/kernels.hpp — matrix kernels of the cpu backend: weights read straight from their
-// GGUF blocks (or, for Q4_0 / Q4_K / Q6_K, from a copy repacked 8 rows at a time), activations
+// GGUF blocks (or, for Q8_0 / Q4_0 / Q4_K / Q6_K, from a copy repacked 8 rows at a time), activations
 // quantized on the fly to 8 bits for the integer paths (blocks of 32; of 256 for the k-quants).
 #pragma once
 
@@ -27,7 +27,7 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n);
 void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
             int64_t T, float* y, int n_threads);
 
-// Q4_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp): N % 8 == 0.
+// Q8_0, Q4_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp): N % 8 == 0.
 // A repacked matrix has the GGUF size.
 bool repackable(DType type, int64_t K, int64_t N) noexcept;
 size_t repacked_bytes(DType type, int64_t K, int64_t N);
