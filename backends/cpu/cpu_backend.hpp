@@ -15,8 +15,8 @@ struct CpuOptions {
   int threads = 0;        // 0: every core
   Isa isa = Isa::scalar;  // our kernels' path (detect_isa())
   int gemm_min_rows = 16; // matmuls with at least this many token rows go to oneDNN (0: never)
-  // Q8_0 / Q4_0 / Q4_K / Q6_K matrices (rows a multiple of 8) repacked on first use into the 8-row layout of the
-  // decode kernel; the file's pages of a repacked tensor are released, so its weights stay resident once.
+  // Q8_0 / Q4_0 / Q4_K / Q6_K matrices (rows a multiple of 8) repacked on first use into the 8-row layout of
+  // the decode kernel; the file's pages of a repacked tensor are released, so its weights stay resident once.
   // Weight data must stay valid and unchanged for the backend's lifetime (a model's always does).
   bool repack = true;
 };
