@@ -762,20 +762,11 @@ private:
     const size_t rb = row_bytes(w.dtype, K);
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
-        const int64_t rows = std::clamp<int64_t>((int64_t{8} << 20) / (K * 4), 16, N) / 8 * 8;
-        panel_.resize(static_cast<size_t>(rows * K));
-        for (int64_t j0 = 0; j0 < N; j0 += rows) {
-          const int64_t nr = std::min(rows, N - j0);
-          float* pw = panel_.data();
-#pragma omp parallel for schedule(static)
-          for (int64_t r = 0; r < nr; ++r)
-            dequantize_repacked(opt_.isa, w.dtype, wp, K, j0 + r, pw + r * K);
-          gemm(x, pw, K, T, nr, K, y + j0, N);
-        }
-      } else {
+      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
+        gemm_panels(x, T, N, K, y,
+                    [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, j, row); });
+      else
         matmul_repacked(opt_.isa, w.dtype, wp, K, N, x, T, y, threads_);
-      }
       return;
     }
     if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
@@ -784,18 +775,9 @@ private:
              N);
         return;
       }
-      // A panel of rows dequantized to f32 (≈ 8 MiB, cache-sized), then one oneDNN sgemm on it: the
-      // conversion costs O(N·K) against the GEMM's O(T·N·K), and no second copy of the weights is kept.
-      const int64_t rows = std::clamp<int64_t>((int64_t{8} << 20) / (K * 4), 16, N);
-      panel_.resize(static_cast<size_t>(rows * K));
-      for (int64_t j0 = 0; j0 < N; j0 += rows) {
-        const int64_t nr = std::min(rows, N - j0);
-        float* pw = panel_.data();
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < nr; ++r)
-          dequantize(opt_.isa, w.dtype, base + static_cast<size_t>(j0 + r) * rb, pw + r * K, K);
-        gemm(x, pw, K, T, nr, K, y + j0, N);
-      }
+      gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) {
+        dequantize(opt_.isa, w.dtype, base + static_cast<size_t>(j) * rb, row, K);
+      });
       return;
     }
     if (has_kernel(w.dtype)) {
@@ -812,6 +794,23 @@ private:
         for (int64_t t = 0; t < T; ++t)
           y[t * N + j] = vdot(row.data(), x + t * K, static_cast<int32_t>(K));
       }
+    }
+  }
+
+  // y[T][N] = x[T][K] · Wᵀ on oneDNN's sgemm, W's rows dequantized by row(j, out) a panel at a time
+  // (≈ 8 MiB, cache-sized, a multiple of 8 rows): the conversion costs O(N·K) against the GEMM's
+  // O(T·N·K), and no second copy of the weights is kept.
+  template <class RowFn>
+  void gemm_panels(const float* x, int64_t T, int64_t N, int64_t K, float* y, RowFn row) {
+    const int64_t rows = std::min<int64_t>(std::max<int64_t>((int64_t{8} << 20) / (K * 4), 16) / 8 * 8, N);
+    panel_.resize(static_cast<size_t>(rows * K));
+    for (int64_t j0 = 0; j0 < N; j0 += rows) {
+      const int64_t nr = std::min(rows, N - j0);
+      float* pw = panel_.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < nr; ++r)
+        row(j0 + r, pw + r * K);
+      gemm(x, pw, K, T, nr, K, y + j0, N);
     }
   }
 

@@ -143,21 +143,25 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
 // a row land in its own dword lane, and the 8 scales convert with one instruction.
 constexpr size_t k_q4x8_block = 144;
 
-void repack_group_q4_0x8(const uint8_t* w, size_t rb, int64_t nb, uint8_t* out) {
-  for (int64_t b = 0; b < nb; ++b, out += k_q4x8_block)
+// Blocks of 32 (Q4_0: 16 quantized bytes, Q8_0: 32) of 8 rows into the layouts above: per block the
+// 8 f16 scales, then qs_bytes / 4 vectors whose dword r is row r's quantized bytes 4c..4c+3.
+void repack_group_b32(const uint8_t* w, size_t rb, int64_t nb, int qs_bytes, uint8_t* out) {
+  const size_t bs = 2 + static_cast<size_t>(qs_bytes), gs = 16 + 8 * static_cast<size_t>(qs_bytes);
+  for (int64_t b = 0; b < nb; ++b, out += gs)
     for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * 18;
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
       std::memcpy(out + 2 * r, blk, 2);
-      for (int c = 0; c < 4; ++c)
+      for (int c = 0; c < qs_bytes / 4; ++c)
         std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
     }
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q4_0 blocks (nb × 18 bytes).
-void unpack_row_q4_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
-  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block, out += 18) {
+// Row r (0..7) of a repacked group of such blocks back to its GGUF blocks (nb × (2 + qs_bytes)).
+void unpack_row_b32(const uint8_t* g, int64_t nb, int r, int qs_bytes, uint8_t* out) {
+  const size_t bs = 2 + static_cast<size_t>(qs_bytes), gs = 16 + 8 * static_cast<size_t>(qs_bytes);
+  for (int64_t b = 0; b < nb; ++b, g += gs, out += bs) {
     std::memcpy(out, g + 2 * r, 2);
-    for (int c = 0; c < 4; ++c)
+    for (int c = 0; c < qs_bytes / 4; ++c)
       std::memcpy(out + 2 + 4 * c, g + 16 + 32 * c + 4 * r, 4);
   }
 }
@@ -166,24 +170,6 @@ void unpack_row_q4_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
 // Per group of 8 rows and block of 32 columns, 272 bytes (the GGUF size): the 8 rows' f16 scales,
 // then eight 32-byte vectors V0..V7 whose dword r is row r's bytes 4c..4c+3 (columns 4c..4c+3).
 constexpr size_t k_q8x8_block = 272;
-
-void repack_group_q8_0x8(const uint8_t* w, size_t rb, int64_t nb, uint8_t* out) {
-  for (int64_t b = 0; b < nb; ++b, out += k_q8x8_block)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * 34;
-      std::memcpy(out + 2 * r, blk, 2);
-      for (int c = 0; c < 8; ++c)
-        std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
-    }
-}
-
-void unpack_row_q8_0x8(const uint8_t* g, int64_t nb, int r, uint8_t* out) {
-  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block, out += 34) {
-    std::memcpy(out, g + 2 * r, 2);
-    for (int c = 0; c < 8; ++c)
-      std::memcpy(out + 2 + 4 * c, g + 16 + 32 * c + 4 * r, 4);
-  }
-}
 
 void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
   for (int r = 0; r < 8; ++r)
@@ -1060,9 +1046,9 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
   for (int64_t g = 0; g < N / 8; ++g) {
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
     if (type == DType::q4_0)
-      repack_group_q4_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
+      repack_group_b32(src, row_bytes, K / 32, 16, out + static_cast<size_t>(g) * gb);
     else if (type == DType::q8_0)
-      repack_group_q8_0x8(src, row_bytes, K / 32, out + static_cast<size_t>(g) * gb);
+      repack_group_b32(src, row_bytes, K / 32, 32, out + static_cast<size_t>(g) * gb);
     else if (type == DType::q4_k)
       repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
     else
@@ -1077,10 +1063,8 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
   if (type == DType::q4_0 || type == DType::q8_0) {
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
-      if (type == DType::q4_0)
-        unpack_row_q4_0x8(g + static_cast<size_t>(b0) * k_q4x8_block, n, r, blocks);
-      else
-        unpack_row_q8_0x8(g + static_cast<size_t>(b0) * k_q8x8_block, n, r, blocks);
+      const int qs = type == DType::q4_0 ? 16 : 32;
+      unpack_row_b32(g + static_cast<size_t>(b0) * static_cast<size_t>(16 + 8 * qs), n, r, qs, blocks);
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
