@@ -34,20 +34,25 @@ inline int32_t round_q8(float v) {
   return t + (rem >= 0.5f ? 1 : 0) - (rem <= -0.5f ? 1 : 0);
 }
 
+// n values to int8 with the scale d = amax / 127, which it returns.
+inline float quantize_block(const float* v, int n, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i)
+    amax = std::max(amax, std::fabs(v[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < n; ++i)
+    q[i] = static_cast<int8_t>(round_q8(v[i] * id));
+  return d;
+}
+
 void quantize_x(const float* x, int64_t K, BlockQ8* out) {
   for (int64_t b = 0; b < K / 32; ++b) {
-    const float* v = x + b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i)
-      amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = quantize_block(x + b * 32, 32, out[b].qs);
     out[b].d = d;
     int32_t sum = 0;
-    for (int i = 0; i < 32; ++i) {
-      out[b].qs[i] = static_cast<int8_t>(round_q8(v[i] * id));
+    for (int i = 0; i < 32; ++i)
       sum += out[b].qs[i];
-    }
     out[b].s8 = 8.0f * d * static_cast<float>(sum);
   }
 }
@@ -63,19 +68,11 @@ struct BlockQ8K {
 
 void quantize_x_k(const float* x, int64_t K, BlockQ8K* out) {
   for (int64_t b = 0; b < K / 256; ++b) {
-    const float* v = x + b * 256;
-    float amax = 0.0f;
-    for (int i = 0; i < 256; ++i)
-      amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = d;
+    out[b].d = quantize_block(x + b * 256, 256, out[b].qs);
     for (int g = 0; g < 16; ++g) {
       int sum = 0;
-      for (int i = 16 * g; i < 16 * g + 16; ++i) {
-        out[b].qs[i] = static_cast<int8_t>(round_q8(v[i] * id));
+      for (int i = 16 * g; i < 16 * g + 16; ++i)
         sum += out[b].qs[i];
-      }
       out[b].bsums[g] = static_cast<int16_t>(sum);
     }
   }
