@@ -248,6 +248,9 @@ TEST(CpuBackend, BadBackendKeysAreOneLineErrors) {
   EXPECT_EQ(range.code, 1);
   EXPECT_NE(range.err.find("gemm_min_rows: expected 0"), std::string::npos) << range.err;
   EXPECT_NE(range.err.find("found -1"), std::string::npos) << range.err;
+  const auto repack = loom::test::run_loom(base + "--set backend.repack=3", false);
+  EXPECT_EQ(repack.code, 1);
+  EXPECT_NE(repack.err.find("key 'repack': expected true or false"), std::string::npos) << repack.err;
   const auto unknown = loom::test::run_loom(base + "--set backend.bogus=1", false);
   EXPECT_EQ(unknown.code, 1);
   EXPECT_NE(unknown.err.find("unknown key 'bogus'"), std::string::npos) << unknown.err;
