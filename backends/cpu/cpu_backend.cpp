@@ -475,7 +475,7 @@ public:
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
     std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
-    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float);
+    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
   }
 
   size_t workspace_bytes() const noexcept override { return workspace_; }
@@ -567,9 +567,11 @@ private:
   // An operand as f32 (norm weights, biases): a weight is copied (dequantized) once into memory of
   // the backend and its file pages dropped, so reading it never maps the file again — a page-cache
   // folio can be larger than the norm and would bring back pages of repacked neighbours.
+  // Without repacking (nothing to protect) an f32 weight is read in place, as before.
   const float* vec(const Graph& g, int32_t id) {
     const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
     if (t.kind != TensorKind::weight) return f32(id);
+    if (!opt_.repack && t.dtype == DType::f32) return static_cast<const float*>(t.data);
     const auto key = std::pair{t.data, t.n_elements()};
     auto it = vectors_.find(key);
     if (it != vectors_.end()) return it->second.data();
@@ -582,6 +584,8 @@ private:
     if (opt_.repack && in_readonly_file_mapping(t.data, bytes)) {
       dropped_.emplace_back(t.data, bytes);
       redrop_ = true;
+    } else {
+      copies_extra_ += v.size() * sizeof(float);
     }
     return vectors_.emplace(key, std::move(v)).first->second.data();
   }
@@ -751,6 +755,8 @@ private:
     if (drop) {
       dropped_.emplace_back(src, rb * static_cast<size_t>(N));
       redrop_ = true;
+    } else {
+      copies_extra_ += bytes;
     }
     return repacked_.emplace(key, std::move(buf)).first->second.get();
   }
@@ -834,6 +840,9 @@ private:
   std::map<std::pair<const void*, int64_t>, std::vector<float>> vectors_; // vector weights, copied once
   std::vector<std::pair<const void*, size_t>> dropped_; // file ranges whose pages were dropped
   bool redrop_ = false; // a compute repacked something: drop those ranges again at its end
+  // bytes of weight copies (repacked matrices, vectors) whose originals stay resident (heap weights,
+  // writable mappings): a second copy, so counted as workspace
+  size_t copies_extra_ = 0;
   size_t workspace_ = 0;
 };
 

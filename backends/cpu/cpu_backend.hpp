@@ -1,6 +1,7 @@
 // backends/cpu/cpu_backend.hpp — the cpu backend's executor: every op of the graph on one OpenMP
 // pool, matrix products on oneDNN (prefill, weights dequantized a panel at a time, never kept
-// twice) or on our own kernels (decode: weights read straight from their GGUF blocks), attention as
+// twice) or on our own kernels (decode: weights read from their GGUF blocks, or for Q8_0 / Q4_0 /
+// Q4_K / Q6_K from a copy repacked 8 rows at a time that replaces the file's pages), attention as
 // a tiled online-softmax kernel over the KV cache (FlashAttention-style, GQA-aware).
 #pragma once
 

@@ -420,7 +420,14 @@ TEST(CpuBackendOps, RepackedQ4_0ReleasesTheFilePages) {
     EXPECT_LE(rss_kib(), 8) << cpu::isa_name(isa) << ": the file's pages should be released after repacking";
     expect_close(h2.run(*ref, row), h2.run(*cpu, row), 0.0, "get_rows after the release");
     expect_close(want, h.run(*cpu, y), 1e-2, "matmul, repacked, again");
+    // the copy replaced the file's pages: it is not workspace; from heap weights it would be
+    EXPECT_LT(cpu->workspace_bytes(), w.bytes.size()) << cpu::isa_name(isa);
   }
+  Harness hh(1);
+  const int32_t yh = hh.op(OpKind::matmul, w.add(hh.g, "w"), hh.input(r, {K, 1, 1, 1}), {N, 1, 1, 1});
+  auto cpu = cpu_backend(cpu::Isa::scalar, 0);
+  hh.run(*cpu, yh);
+  EXPECT_GE(cpu->workspace_bytes(), w.bytes.size()) << "a repacked copy of heap weights is a second copy";
   munmap(m, w.bytes.size());
   std::remove(path.c_str());
 }
