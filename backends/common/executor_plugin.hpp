@@ -26,6 +26,7 @@ public:
   void truncate(loom::SeqId, int32_t) override {}
   int32_t length(loom::SeqId) const noexcept override { return 0; }
   bool contains(loom::SeqId) const noexcept override { return true; }
+  int32_t free_sequences() const noexcept override { return 0; }
   float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
     return v_.k_row(v_.ctx, layer, seq, pos);
   }
@@ -81,13 +82,16 @@ inline loom::Graph from_c(const loom_graph& c) {
 
 struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
-  std::map<const loom_graph*, loom::Graph> graphs; // converted once per host graph
+  std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
+  loom::Graph scratch;                    // a graph without identity, converted every call
 
   const loom::Graph& graph(const loom_graph* c) {
-    auto it = graphs.find(c);
-    if (it == graphs.end() || it->second.nodes.size() != c->n_nodes) {
-      if (graphs.size() > 64) graphs.clear();
-      it = graphs.insert_or_assign(c, from_c(*c)).first;
+    const bool has_id = c->struct_size >= offsetof(loom_graph, id) + sizeof(c->id) && c->id != 0;
+    if (!has_id) return scratch = from_c(*c);
+    auto it = graphs.find(c->id);
+    if (it == graphs.end()) {
+      if (graphs.size() >= 64) graphs.clear(); // bounded: prefill shapes vary per prompt
+      it = graphs.emplace(c->id, from_c(*c)).first;
     }
     return it->second;
   }

@@ -1,4 +1,7 @@
-// The step loop: admit → plan → one batched forward → update → collect finished requests.
+// The step loop: admit (scheduler) → plan (decoders) → one batched forward (scheduler's batch) →
+// update (decoders) → collect finished requests. A failure of a decoder, the backend or a decoder
+// that stops making progress ends that request with StopReason::error and a message — never the
+// engine, and never silently.
 #include "loom/engine.hpp"
 
 #include "loom/error.hpp"
@@ -13,235 +16,10 @@ using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
+// Steps in a row in which a decoder neither evaluated, appended, forked nor ended anything before
+// its request is failed (a decoder that plans nothing would otherwise spin generate_all forever).
+constexpr int k_max_stalled_steps = 3;
 } // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Sequences
-
-struct DecodeSession::Seq {
-  SeqId kv = -1;               // id in the KV store (-1 once freed)
-  std::vector<TokenId> tokens; // prompt + generated
-  int32_t n_cached = 0;        // tokens whose K/V are in the store
-  std::vector<float> logits;   // of the last evaluated token
-  bool has_logits = false;
-  std::unique_ptr<Sampler> chain; // this sequence's sampler state
-  StopTracker stop;
-  std::vector<std::unique_ptr<StopPlugin>> plugins;
-  DecodeState detok;
-  std::string text; // released text
-  std::vector<float> logprobs;
-  double logprob_sum = 0;
-  StopReason finished = StopReason::none;
-  std::string stop_string;
-  double final_score = 0;
-  bool planned = false;
-
-  explicit Seq(StopConfig cfg) : stop(std::move(cfg)) {}
-};
-
-DecodeSession::DecodeSession(Engine& e, RequestId id, std::vector<TokenId> prompt, uint64_t seed,
-                             int32_t max_new_tokens, StreamCallback cb)
-    : engine_(e), id_(id), prompt_(std::move(prompt)), rng_(seed), max_new_tokens_(max_new_tokens),
-      on_text_(std::move(cb)) {}
-
-int32_t DecodeSession::n_vocab() const noexcept {
-  return engine_.model_.config().n_vocab;
-}
-
-DecodeSession::Seq& DecodeSession::at(LocalSeq seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end())
-    fail(Errc::invalid_argument, "decoder",
-         "sequence " + std::to_string(seq) + " does not exist in this request");
-  return *it->second;
-}
-const DecodeSession::Seq& DecodeSession::at(LocalSeq seq) const {
-  return const_cast<DecodeSession*>(this)->at(seq);
-}
-
-LocalSeq DecodeSession::fork(LocalSeq parent) {
-  Seq& p = at(parent);
-  if (p.kv < 0)
-    fail(Errc::invalid_argument, "decoder", "cannot fork freed sequence " + std::to_string(parent));
-  const SeqId kv = engine_.next_kv_seq_++;
-  if (p.n_cached > 0 && !engine_.kv_.fork(p.kv, kv))
-    fail(Errc::out_of_memory, "engine",
-         "no free KV slot to fork sequence " + std::to_string(parent) +
-             " (raise [kv_cache] max_tokens or lower the decoder's width)");
-  auto c = std::make_unique<Seq>(p.stop.config());
-  c->stop = p.stop;
-  c->kv = kv;
-  c->tokens = p.tokens;
-  c->n_cached = p.n_cached;
-  c->logits = p.logits;
-  c->has_logits = p.has_logits;
-  c->chain = p.chain->clone();
-  for (const auto& sp : p.plugins)
-    c->plugins.push_back(sp->clone());
-  c->detok = p.detok;
-  c->text = p.text;
-  c->logprobs = p.logprobs;
-  c->logprob_sum = p.logprob_sum;
-  c->finished = p.finished;
-  c->stop_string = p.stop_string;
-  const LocalSeq id = next_seq_++;
-  seqs_.emplace(id, std::move(c));
-  return id;
-}
-
-void DecodeSession::free(LocalSeq seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second->kv < 0) return;
-  engine_.kv_.free(it->second->kv);
-  it->second->kv = -1;
-  if (it->second->finished == StopReason::none) it->second->finished = StopReason::cancelled;
-}
-
-void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
-  Seq& s = at(seq);
-  if (n_tokens < prompt_.size() || n_tokens > s.tokens.size())
-    fail(Errc::invalid_argument, "decoder",
-         "truncate to " + std::to_string(n_tokens) + " tokens is outside [prompt " +
-             std::to_string(prompt_.size()) + ", length " + std::to_string(s.tokens.size()) + "]");
-  const size_t n_gen = n_tokens - prompt_.size();
-  s.tokens.resize(n_tokens);
-  s.logprobs.resize(n_gen);
-  s.logprob_sum = 0;
-  for (float lp : s.logprobs)
-    s.logprob_sum += static_cast<double>(lp);
-  if (s.n_cached > static_cast<int32_t>(n_tokens)) {
-    s.n_cached = static_cast<int32_t>(n_tokens);
-    if (s.kv >= 0) engine_.kv_.truncate(s.kv, s.n_cached);
-  }
-  s.has_logits = false;
-}
-
-void DecodeSession::end_seq(Seq& s, StopReason reason) {
-  s.finished = reason;
-  if (reason != StopReason::eos && reason != StopReason::stop_string && reason != StopReason::stop_token &&
-      reason != StopReason::custom) {
-    std::string tail = s.stop.flush();
-    engine_.tok_.decode_flush(s.detok, tail);
-    if (!tail.empty()) {
-      s.text += tail;
-      if (on_text_ && stream_ >= 0 && seqs_.count(stream_) && seqs_.at(stream_).get() == &s) on_text_(tail);
-    }
-  }
-}
-
-StopReason DecodeSession::append(LocalSeq seq, TokenId token) {
-  Seq& s = at(seq);
-  if (s.finished != StopReason::none)
-    fail(Errc::invalid_argument, "decoder", "append to finished sequence " + std::to_string(seq));
-  if (token < 0 || token >= n_vocab())
-    fail(Errc::invalid_argument, "decoder", "token " + std::to_string(token) + " is outside the vocabulary");
-  const float lp = s.has_logits ? token_logprob(s.logits, token) : 0.0f;
-  s.tokens.push_back(token);
-  s.logprobs.push_back(lp);
-  s.logprob_sum += static_cast<double>(lp);
-  s.chain->accept(token);
-  s.has_logits = false;
-
-  const Tokenizer& tok = engine_.tok_;
-  std::string piece;
-  if (!tok.is_eog(token) || !s.stop.config().eos) tok.decode_step(s.detok, token, piece);
-  StopStep st = s.stop.on_token(token, piece);
-  const bool streamed = on_text_ && seqs_.count(stream_) && seqs_.at(stream_).get() == &s;
-  if (!st.emit.empty()) {
-    s.text += st.emit;
-    if (streamed) on_text_(st.emit);
-  }
-  if (st.reason == StopReason::none) {
-    const std::span<const TokenId> gen(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size());
-    for (auto& p : s.plugins) {
-      const StopReason r = p->check(gen, piece);
-      if (r != StopReason::none) {
-        st.reason = r;
-        break;
-      }
-    }
-  }
-  if (st.reason == StopReason::none && static_cast<int32_t>(s.tokens.size()) > engine_.n_ctx_)
-    st.reason = StopReason::max_context; // the token just sampled has no position left to be evaluated at
-  if (st.reason == StopReason::none && s.stop.timed_out()) st.reason = StopReason::timeout;
-  if (st.reason != StopReason::none) {
-    s.stop_string = st.matched;
-    end_seq(s, st.reason);
-    s.final_score = s.logprob_sum;
-  }
-  return st.reason;
-}
-
-const std::vector<TokenId>& DecodeSession::tokens(LocalSeq seq) const {
-  return at(seq).tokens;
-}
-size_t DecodeSession::n_generated(LocalSeq seq) const {
-  return at(seq).tokens.size() - prompt_.size();
-}
-StopReason DecodeSession::finished(LocalSeq seq) const {
-  return at(seq).finished;
-}
-
-void DecodeSession::plan(LocalSeq seq) {
-  Seq& s = at(seq);
-  if (s.finished != StopReason::none || s.kv < 0)
-    fail(Errc::invalid_argument, "decoder", "cannot plan finished sequence " + std::to_string(seq));
-  if (!s.planned) {
-    s.planned = true;
-    planned_.push_back(seq);
-  }
-}
-
-const std::vector<float>* DecodeSession::logits(LocalSeq seq) const {
-  const Seq& s = at(seq);
-  return s.has_logits ? &s.logits : nullptr;
-}
-
-TokenId DecodeSession::sample(LocalSeq seq) {
-  Seq& s = at(seq);
-  if (!s.has_logits)
-    fail(Errc::invalid_argument, "decoder",
-         "sequence " + std::to_string(seq) + " has no logits: plan it first");
-  SamplerContext ctx{
-      prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
-      &rng_};
-  Candidates c = Candidates::from_logits(s.logits);
-  s.chain->apply(c, ctx);
-  if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
-    fail(Errc::internal, "sampler", "the sampler chain selected no token");
-  return c.data[static_cast<size_t>(c.selected)].id;
-}
-
-float DecodeSession::logprob(LocalSeq seq, TokenId token) const {
-  const Seq& s = at(seq);
-  if (!s.has_logits || token < 0 || token >= n_vocab()) return -INFINITY;
-  return token_logprob(s.logits, token);
-}
-
-void DecodeSession::finish(LocalSeq seq, StopReason reason, double score) {
-  Seq& s = at(seq);
-  if (s.finished == StopReason::none) end_seq(s, reason == StopReason::none ? StopReason::custom : reason);
-  s.final_score = score;
-}
-
-double DecodeSession::score(LocalSeq seq) const {
-  return at(seq).logprob_sum;
-}
-
-std::string DecodeSession::detokenize(std::span<const TokenId> ids) const {
-  for (TokenId t : ids)
-    if (t < 0 || t >= n_vocab())
-      fail(Errc::invalid_argument, "decoder", "token " + std::to_string(t) + " is outside the vocabulary");
-  return engine_.tok_.decode(ids);
-}
-
-void DecodeSession::add_result(LocalSeq seq, double score) {
-  (void)at(seq);
-  results_.emplace_back(seq, score);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Requests and the step loop
 
 struct Engine::Request {
   RequestId id;
@@ -249,28 +27,34 @@ struct Engine::Request {
   std::unique_ptr<Decoder> decoder;
   bool started = false;
   bool cancelled = false;
-  std::string error; // a decoder or backend failure ended this request
+  std::string error; // a decoder, backend or engine failure ended this request
   uint64_t seed = 0;
+  int32_t max_new_tokens = -1;
   Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
+  uint64_t last_progress = 0;
+  int stalled = 0;
+
+  void failed(std::string why) {
+    if (error.empty()) error = std::move(why);
+    cancelled = true;
+  }
 };
 
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl)
-    : model_(model), tok_(tok), backend_(backend), kv_(kv), n_ctx_(n_ctx), tmpl_(std::move(tmpl)) {}
+    : model_(model), backend_(backend), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0},
+      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {}
 
-Engine::~Engine() {
-  for (auto& r : running_)
-    for (auto& [id, s] : r->session->seqs_)
-      if (s->kv >= 0) kv_.free(s->kv);
-}
+Engine::~Engine() = default; // sessions free their KV sequences
 
 RequestId Engine::submit(EngineRequest req) {
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->seed = req.seed;
+  r->max_new_tokens = req.max_new_tokens;
   r->t_submit = Clock::now();
-  const int32_t n_vocab = model_.config().n_vocab;
+  const int32_t n_vocab = ctx_.n_vocab;
   for (TokenId t : req.prompt)
     if (t < 0 || t >= n_vocab)
       fail(Errc::invalid_argument, "engine",
@@ -279,10 +63,9 @@ RequestId Engine::submit(EngineRequest req) {
   if (req.prompt.empty())
     fail(Errc::invalid_argument, "engine",
          "the prompt is empty and no BOS token is added: there is nothing to condition on (give a prompt or "
-         "enable "
-         "[run] add_bos)");
-  r->session = std::unique_ptr<DecodeSession>(new DecodeSession(*this, r->id, std::move(req.prompt), req.seed,
-                                                                req.max_new_tokens, std::move(req.on_text)));
+         "enable [run] add_bos)");
+  r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
+                                               req.max_new_tokens, std::move(req.on_text));
   r->decoder = tmpl_.make_decoder();
   const RequestId id = r->id;
   waiting_.push_back(std::move(r));
@@ -305,22 +88,18 @@ void Engine::cancel(RequestId id) {
 
 std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   DecodeSession& s = *r.session;
+  if (!r.error.empty()) s.end_all(StopReason::error);
   GenerationResult res;
-  res.prompt_tokens = s.prompt_;
+  res.prompt_tokens = s.prompt();
   res.seed = r.seed;
-  if (s.results_.empty() && !s.seqs_.empty())
-    s.results_.emplace_back(0, s.seqs_.begin()->second->final_score);
-  for (const auto& [seq, score] : s.results_) {
-    auto it = s.seqs_.find(seq);
-    if (it == s.seqs_.end()) continue;
-    const auto& q = *it->second;
+  for (auto& o : s.outcomes()) {
     Hypothesis h;
-    h.tokens.assign(q.tokens.begin() + static_cast<std::ptrdiff_t>(s.prompt_.size()), q.tokens.end());
-    h.text = q.text;
-    h.logprobs = q.logprobs;
-    h.stop_reason = q.finished;
-    h.stop_string = q.stop_string;
-    h.score = score;
+    h.tokens = std::move(o.tokens);
+    h.text = std::move(o.text);
+    h.logprobs = std::move(o.logprobs);
+    h.stop_reason = o.stop_reason;
+    h.stop_string = std::move(o.stop_string);
+    h.score = o.score;
     res.n_best.push_back(std::move(h));
   }
   if (!res.n_best.empty()) {
@@ -331,14 +110,14 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
     res.stop_reason = b.stop_reason;
     res.stop_string = b.stop_string;
   }
-  for (auto& [id, q] : s.seqs_)
-    if (q->kv >= 0) {
-      kv_.free(q->kv);
-      q->kv = -1;
-    }
+  if (!r.error.empty()) {
+    res.stop_reason = StopReason::error;
+    res.message = "the request failed: " + r.error;
+  }
+  s.release();
   const auto t_end = Clock::now();
   auto& m = res.metrics;
-  m.n_prompt = static_cast<int32_t>(s.prompt_.size());
+  m.n_prompt = static_cast<int32_t>(s.n_prompt());
   m.n_generated = static_cast<int32_t>(res.tokens.size());
   m.total_ms = ms_between(r.t_submit, t_end);
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
@@ -358,59 +137,59 @@ template <class R, class F> void guard(R& r, F&& f) {
   try {
     f();
   } catch (const std::exception& e) {
-    r.error = e.what();
-    r.cancelled = true;
+    r.failed(e.what());
   }
 }
 } // namespace
+
+// Starts waiting requests in order while the scheduler admits them; one that must wait for room
+// keeps its place (and the ones behind it theirs).
+void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
+  while (!waiting_.empty()) {
+    Request& head = *waiting_.front();
+    DecodeSession& s = *head.session;
+    const auto finish_now = [&](StopReason reason, std::string message) {
+      if (!s.exists(0)) (void)s.open(tmpl_); // a sequence for the result, when the store has room
+      s.end_all(reason);
+      auto res = finish_request(head);
+      if (!message.empty()) {
+        res.second.stop_reason = reason;
+        res.second.message = std::move(message);
+      }
+      done.push_back(std::move(res));
+      waiting_.pop_front();
+    };
+    if (head.cancelled) {
+      finish_now(StopReason::cancelled, "");
+      continue;
+    }
+    const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), running_.size());
+    if (d.admission == Scheduler::Admission::wait) return;
+    if (d.admission == Scheduler::Admission::never) {
+      finish_now(d.reason, d.why);
+      continue;
+    }
+    if (!s.open(tmpl_)) return; // the store refused a sequence after all: wait for room
+    if (head.max_new_tokens == 0) {
+      finish_now(StopReason::max_tokens, "");
+      continue;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
 
 std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   std::vector<std::pair<RequestId, GenerationResult>> done = std::move(early_);
   early_.clear();
 
-  // 1. Admit waiting requests; a prompt that does not fit ends at once with max_context.
-  while (!waiting_.empty() && running_.size() < max_running_) {
-    auto r = std::move(waiting_.front());
-    waiting_.pop_front();
-    DecodeSession& s = *r->session;
-    StopConfig stop_cfg = tmpl_.stop;
-    stop_cfg.max_tokens = s.max_new_tokens_;
-    auto seq = std::make_unique<DecodeSession::Seq>(std::move(stop_cfg));
-    seq->kv = next_kv_seq_++;
-    seq->tokens = s.prompt_;
-    seq->chain = tmpl_.make_chain();
-    if (tmpl_.make_stop_plugins) seq->plugins = tmpl_.make_stop_plugins();
-    { // SentencePiece's leading-space rule applies only when the prompt produced no text
-      std::string prompt_text;
-      for (TokenId t : s.prompt_)
-        tok_.decode_step(seq->detok, t, prompt_text);
-      seq->detok.pending.clear();
-    }
-    s.seqs_.emplace(s.next_seq_++, std::move(seq));
-    DecodeSession::Seq& root = *s.seqs_.at(0);
-    if (static_cast<int32_t>(s.prompt_.size()) >= n_ctx_ || r->cancelled || s.max_new_tokens_ == 0) {
-      root.finished = r->cancelled             ? StopReason::cancelled
-                      : s.max_new_tokens_ == 0 ? StopReason::max_tokens
-                                               : StopReason::max_context;
-      auto res = finish_request(*r);
-      if (root.finished == StopReason::max_context)
-        res.second.message = "the prompt has " + std::to_string(s.prompt_.size()) +
-                             " tokens but the context holds " + std::to_string(n_ctx_) +
-                             " (prompt + at least one new token); shorten the prompt or raise [model] n_ctx";
-      done.push_back(std::move(res));
-      continue;
-    }
-    running_.push_back(std::move(r));
-  }
+  // 1. Admission.
+  admit(done);
 
   // 2. Plans.
   for (auto& r : running_) {
     DecodeSession& s = *r->session;
-    if (r->cancelled) {
-      for (auto& [id, q] : s.seqs_)
-        if (q->finished == StopReason::none) s.end_seq(*q, StopReason::cancelled);
-      continue;
-    }
+    if (r->cancelled) continue;
     guard(*r, [&] {
       if (!r->started) {
         r->started = true;
@@ -421,57 +200,32 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   }
 
   // 3. One batch with every planned sequence's unevaluated tokens.
-  std::vector<TokenId> tokens;
-  std::vector<Pos> positions;
-  std::vector<SeqId> seq_ids;
-  std::vector<int32_t> out_rows;
-  struct Out {
-    DecodeSession::Seq* seq;
-    Request* req;
-  };
-  std::vector<Out> outs;
-  for (auto& r : running_) {
-    DecodeSession& s = *r->session;
-    for (LocalSeq id : s.planned_) {
-      DecodeSession::Seq& q = s.at(id);
-      q.planned = false;
-      const auto n_new = static_cast<int32_t>(q.tokens.size()) - q.n_cached;
-      if (n_new <= 0) continue; // logits already current (e.g. a fresh fork)
-      if (!kv_.allocate(q.kv, n_new)) {
-        s.end_seq(q, StopReason::max_context);
-        continue;
-      }
-      for (int32_t i = 0; i < n_new; ++i) {
-        tokens.push_back(q.tokens[static_cast<size_t>(q.n_cached + i)]);
-        positions.push_back(q.n_cached + i);
-        seq_ids.push_back(q.kv);
-      }
-      out_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
-      outs.push_back({&q, r.get()});
-      q.n_cached += n_new;
-    }
-    s.planned_.clear();
-  }
-  if (!tokens.empty()) {
-    const int32_t V = model_.config().n_vocab;
-    std::vector<float> logits(out_rows.size() * static_cast<size_t>(V));
+  std::vector<DecodeSession*> sessions;
+  for (auto& r : running_)
+    sessions.push_back(r->cancelled ? nullptr : r->session.get());
+  std::erase(sessions, nullptr);
+  std::vector<Request*> owners;
+  for (auto& r : running_)
+    if (!r->cancelled) owners.push_back(r.get());
+  const Scheduler::Batch batch = scheduler_.build(sessions);
+  if (!batch.empty()) {
+    const int32_t V = ctx_.n_vocab;
+    std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
     const auto t0 = Clock::now();
+    bool ok = true;
     try {
-      model_.forward(backend_, BatchView{tokens, positions, seq_ids, out_rows}, kv_, logits);
+      model_.forward(backend_, batch.view(), ctx_.kv, logits);
     } catch (const std::exception& e) { // a backend failure fails the requests of this batch
-      for (auto& o : outs) {
-        o.req->error = std::string("the forward pass failed: ") + e.what();
-        o.req->cancelled = true;
-      }
-      outs.clear();
+      ok = false;
+      for (const auto& o : batch.outs)
+        owners[o.session]->failed(std::string("the forward pass failed: ") + e.what());
     }
     const auto t1 = Clock::now();
-    for (size_t i = 0; i < outs.size(); ++i) {
-      DecodeSession::Seq& q = *outs[i].seq;
-      q.logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(i) * V,
-                      logits.begin() + static_cast<std::ptrdiff_t>(i + 1) * V);
-      q.has_logits = true;
-      Request& r = *outs[i].req;
+    for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
+      const auto& o = batch.outs[i];
+      sessions[o.session]->set_logits(
+          o.seq, std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
+      Request& r = *owners[o.session];
       if (!r.prefilled) {
         r.prefilled = true;
         r.t_prefill0 = t0;
@@ -480,33 +234,37 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
   }
 
-  // 4. Updates, then collect the finished requests.
+  // 4. Updates.
   for (auto& r : running_) {
     DecodeSession& s = *r->session;
     if (r->cancelled) continue;
     guard(*r, [&] {
       if (r->decoder->done(s)) return;
       r->decoder->update(s);
-      if (r->t_first == Clock::time_point{}) {
-        for (auto& [id, q] : s.seqs_)
-          if (q->tokens.size() > s.prompt_.size()) {
-            r->t_first = Clock::now();
-            break;
-          }
-      }
+      if (r->t_first == Clock::time_point{} && s.any_generated()) r->t_first = Clock::now();
     });
   }
+
+  // 5. Collect the finished requests; fail the ones whose decoder makes no progress.
   for (size_t i = 0; i < running_.size();) {
     Request& r = *running_[i];
     bool finished = r.cancelled;
     if (!finished) guard(r, [&] { finished = r.decoder->done(*r.session); });
+    if (!finished && !r.cancelled) {
+      const uint64_t p = r.session->progress();
+      r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
+      r.last_progress = p;
+      if (r.stalled >= k_max_stalled_steps)
+        r.failed("decoder '" + std::string(r.decoder->name()) + "' made no progress in " +
+                 std::to_string(k_max_stalled_steps) +
+                 " steps (it planned no sequence with tokens to evaluate and appended, forked or finished "
+                 "none); this is a bug in the decoder");
+    }
     finished = finished || r.cancelled;
     if (finished) {
       if (!r.cancelled) guard(r, [&] { r.decoder->results(*r.session); });
-      for (auto& [id, q] : r.session->seqs_)
-        if (q->finished == StopReason::none) r.session->end_seq(*q, StopReason::cancelled);
+      r.session->end_all(r.error.empty() ? StopReason::cancelled : StopReason::error);
       done.push_back(finish_request(r));
-      if (!r.error.empty()) done.back().second.message = "the request failed: " + r.error;
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 
 namespace loom {
@@ -30,7 +31,7 @@ public:
     if (it == seqs_.end()) {
       if (static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max || n_new > shape_.n_ctx) return false;
       Slab s;
-      s.data.assign(slab_elems(), 0.0f);
+      s.data = std::make_unique_for_overwrite<float[]>(slab_elems()); // untouched pages cost nothing
       s.length = n_new;
       seqs_.emplace(seq, std::move(s));
       return true;
@@ -44,7 +45,14 @@ public:
     auto it = seqs_.find(parent);
     if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max)
       return false;
-    Slab copy = it->second;
+    Slab copy;
+    copy.data = std::make_unique_for_overwrite<float[]>(slab_elems());
+    copy.length = it->second.length;
+    // Only the used positions: [kv][layer] blocks of `length` rows each.
+    const size_t used = static_cast<size_t>(copy.length) * static_cast<size_t>(shape_.row_elems());
+    const size_t stride = static_cast<size_t>(shape_.n_ctx) * static_cast<size_t>(shape_.row_elems());
+    for (size_t b = 0; b < 2 * static_cast<size_t>(shape_.n_layer); ++b)
+      std::memcpy(copy.data.get() + b * stride, it->second.data.get() + b * stride, used * sizeof(float));
     seqs_.emplace(child, std::move(copy));
     return true;
   }
@@ -57,6 +65,9 @@ public:
     return it == seqs_.end() ? 0 : it->second.length;
   }
   bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
+  int32_t free_sequences() const noexcept override {
+    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
+  }
 
   float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
   float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
@@ -68,7 +79,7 @@ public:
 
 private:
   struct Slab {
-    std::vector<float> data; // [2][n_layer][n_ctx][row]
+    std::unique_ptr<float[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
     int32_t length = 0;
   };
   size_t slab_elems() const noexcept {
@@ -85,7 +96,7 @@ private:
              static_cast<size_t>(shape_.n_ctx) +
          static_cast<size_t>(pos)) *
         static_cast<size_t>(shape_.row_elems());
-    return it->second.data.data() + idx;
+    return it->second.data.get() + idx;
   }
 
   KVShape shape_;

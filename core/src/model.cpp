@@ -28,7 +28,7 @@ const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
   const auto key = std::make_pair(n_tokens, n_outputs);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (graphs_.size() > 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
+    if (graphs_.size() >= 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
     it = graphs_.emplace(key, build_llama(n_tokens, n_outputs)).first;
   }
   return it->second;
@@ -59,6 +59,7 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
 Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
   const ModelConfig& c = cfg_;
   Graph g;
+  g.id = new_graph_id();
   g.n_tokens = n_tokens;
   g.n_outputs = n_outputs;
   const int64_t T = n_tokens, E = c.n_embd, D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv, F = c.n_ff;

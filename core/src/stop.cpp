@@ -34,6 +34,8 @@ std::string_view stop_reason_name(StopReason r) noexcept {
     return "cancelled";
   case StopReason::custom:
     return "custom";
+  case StopReason::error:
+    return "error";
   }
   return "none";
 }

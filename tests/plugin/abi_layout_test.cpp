@@ -147,6 +147,7 @@ static_assert(LOOM_STATUS_INVALID_ARGUMENT == 1 && LOOM_STATUS_NOT_FOUND == 2 &&
 static_assert(LOOM_STOP_NONE == 0 && LOOM_STOP_EOS == 1 && LOOM_STOP_STOP_TOKEN == 2 &&
               LOOM_STOP_STOP_STRING == 3 && LOOM_STOP_MAX_TOKENS == 4 && LOOM_STOP_MAX_CONTEXT == 5 &&
               LOOM_STOP_TIMEOUT == 6 && LOOM_STOP_CANCELLED == 7 && LOOM_STOP_CUSTOM == 8);
+static_assert(LOOM_STOP_ERROR == 9); // ABI 1.2
 
 // ================================================================================================
 // (ABI 1.1 and later: a new block here, asserting only the appended fields.)
@@ -184,7 +185,8 @@ LOOM_ABI_OFFSET(loom_graph, in_tokens, 48);
 LOOM_ABI_OFFSET(loom_graph, in_positions, 52);
 LOOM_ABI_OFFSET(loom_graph, in_out_ids, 56);
 LOOM_ABI_OFFSET(loom_graph, out_logits, 60);
-LOOM_ABI_SIZE(loom_graph, 64);
+LOOM_ABI_OFFSET(loom_graph, id, 64); // ABI 1.2 (appended)
+LOOM_ABI_SIZE(loom_graph, 72);
 LOOM_ABI_OFFSET(loom_batch, struct_size, 0);
 LOOM_ABI_OFFSET(loom_batch, n_tokens, 8);
 LOOM_ABI_OFFSET(loom_batch, tokens, 16);

@@ -75,6 +75,9 @@ struct Node {
 };
 
 struct Graph {
+  // Unique over the process's life (new_graph_id()): caches of converted or planned graphs key on it,
+  // never on the Graph's address (a freed graph's address comes back holding another shape).
+  uint64_t id = 0;
   std::vector<TensorDesc> tensors;
   std::vector<Node> nodes;
   int32_t n_tokens = 0;                                       // batch rows
@@ -87,6 +90,8 @@ struct Graph {
   int32_t add_activation(std::string name, std::array<int64_t, 4> ne);
   int32_t add_node(Node n); // returns n.dst
 };
+
+uint64_t new_graph_id() noexcept;
 
 // Whether every weight operand of n can be dequantized to f32 (what host-memory backends need).
 bool weights_dequantizable(const Graph& g, const Node& n) noexcept;

@@ -36,12 +36,15 @@ public:
   // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
   virtual bool allocate(SeqId seq, int32_t n_new) = 0;
   virtual void free(SeqId seq) noexcept = 0;
-  // Makes `child` a copy of `parent` (all positions). `child` must not exist.
+  // Makes `child` a copy of `parent`'s positions [0, length(parent)); false, changing nothing, when
+  // no slot is free or `child` exists. Only the used positions are copied.
   virtual bool fork(SeqId parent, SeqId child) = 0;
   // Keeps the first n positions of seq (speculative rollback).
   virtual void truncate(SeqId seq, int32_t n) = 0;
   virtual int32_t length(SeqId seq) const noexcept = 0; // 0 for an unknown sequence
   virtual bool contains(SeqId seq) const noexcept = 0;
+  // Sequences that can still be created (allocate of a new id, fork) — what admission waits for.
+  virtual int32_t free_sequences() const noexcept = 0;
 
   // Row of n_head_kv · head_dim f32 values for (layer, seq, pos); pos < length(seq).
   virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
@@ -51,7 +54,8 @@ public:
   virtual size_t bytes_capacity() const noexcept = 0;  // storage if every slot were used
 };
 
-// f32 contiguous store. Slabs are allocated when a sequence is first created.
+// f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are
+// touched (and become resident) only as positions are written or copied.
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape);
 
 } // namespace loom

@@ -28,6 +28,7 @@ enum class StopReason : uint8_t {
   timeout,     // wall-clock limit
   cancelled,   // cancelled by the caller
   custom,      // a plugin criterion
+  error,       // the request failed (GenerationResult::message says why)
 };
 std::string_view stop_reason_name(StopReason r) noexcept;
 

@@ -111,6 +111,11 @@ public:
     if (reason > static_cast<int32_t>(StopReason::custom)) return StopReason::custom;
     return static_cast<StopReason>(reason);
   }
+  size_t holdback_bytes() const override {
+    return LOOM_HAS(o_->vt, loom_stop_i, holdback_bytes) && o_->vt->holdback_bytes
+               ? o_->vt->holdback_bytes(o_->self)
+               : 0;
+  }
   std::unique_ptr<StopPlugin> clone() const override {
     void* out = nullptr;
     throw_if(o_->vt->clone(o_->self, &out), "cloning stop criterion '" + name_ + "'");

@@ -60,6 +60,7 @@ CGraph to_c(const Graph& g) {
   c.g.in_positions = g.in_positions;
   c.g.in_out_ids = g.in_out_ids;
   c.g.out_logits = g.out_logits;
+  c.g.id = g.id;
   return c;
 }
 
@@ -106,11 +107,20 @@ public:
   }
 
 private:
+  // Converted once per graph identity (Graph::id); a graph without one is converted every call.
   const CGraph& converted(const Graph& g) {
-    auto it = cache_.find(&g);
-    if (it == cache_.end() || it->second.nodes.size() != g.nodes.size()) {
-      if (cache_.size() > 64) cache_.clear();
-      it = cache_.insert_or_assign(&g, to_c(g)).first;
+    if (g.id == 0) {
+      scratch_ = to_c(g);
+      scratch_.g.tensors = scratch_.tensors.data();
+      scratch_.g.nodes = scratch_.nodes.data();
+      return scratch_;
+    }
+    auto it = cache_.find(g.id);
+    if (it == cache_.end()) {
+      if (cache_.size() >= 64) cache_.clear(); // bounded: prefill shapes vary per prompt
+      it = cache_.emplace(g.id, to_c(g)).first;
+      it->second.g.tensors = it->second.tensors.data();
+      it->second.g.nodes = it->second.nodes.data();
     }
     return it->second;
   }
@@ -118,7 +128,8 @@ private:
   void* self_;
   const loom_backend_i* vt_;
   std::string name_;
-  std::unordered_map<const Graph*, CGraph> cache_;
+  std::unordered_map<uint64_t, CGraph> cache_;
+  CGraph scratch_;
 };
 
 } // namespace

@@ -254,7 +254,7 @@ float seq_logprob(const loom_session* s, loom_seq seq, loom_token t) noexcept {
 }
 loom_status* seq_finish(loom_session* s, loom_seq seq, int32_t reason, double score) noexcept {
   return guarded([&] {
-    if (reason < 0 || reason > static_cast<int32_t>(StopReason::custom))
+    if (reason < 0 || reason > static_cast<int32_t>(StopReason::error))
       fail(Errc::invalid_argument, "decoder",
            "stop reason " + std::to_string(reason) + " is not a loom_stop_reason");
     S(s).finish(seq, static_cast<StopReason>(reason), score);

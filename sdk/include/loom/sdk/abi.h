@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 1u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 2u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -77,7 +77,8 @@ typedef enum loom_stop_reason {
   LOOM_STOP_MAX_CONTEXT = 5,
   LOOM_STOP_TIMEOUT = 6,
   LOOM_STOP_CANCELLED = 7,
-  LOOM_STOP_CUSTOM = 8
+  LOOM_STOP_CUSTOM = 8,
+  LOOM_STOP_ERROR = 9 /* ABI 1.2: the request failed (a decoder, backend or engine error) */
 } loom_stop_reason;
 
 /* ---- samplers ------------------------------------------------------------------------------ */
@@ -198,10 +199,17 @@ typedef struct loom_host_api {
   int32_t (*session_n_vocab)(const loom_session* s);
   size_t (*session_n_prompt)(const loom_session* s);
   int32_t (*session_max_new_tokens)(const loom_session* s); /* -1: until the context is full */
-  loom_status* (*seq_fork)(loom_session* s, loom_seq parent,
-                           loom_seq* child); /* copies tokens, KV, logits, sampler state */
+  /* Copies tokens, the used KV positions, logits, sampler / stop / detokenizer state and text.
+   * *child = -1 (status NULL) when the KV cache has no free sequence: recoverable — go on with fewer
+   * sequences. An error status only for a parent that does not exist. */
+  loom_status* (*seq_fork)(loom_session* s, loom_seq parent, loom_seq* child);
+  /* Releases everything the sequence holds (KV, logits, state); its id no longer exists. */
   void (*seq_free)(loom_session* s, loom_seq seq);
-  loom_status* (*seq_truncate)(loom_session* s, loom_seq seq, size_t n_tokens); /* rolls back tokens and KV */
+  /* Rolls back to n_tokens (n_prompt ≤ n ≤ length): tokens, KV, log-probs, text, stop / sampler /
+   * detokenizer state as they were at that length; a finished sequence is live again. Its logits are
+   * those of the new last token once it is planned again. Streamed text is never taken back: stream
+   * (session_set_stream) only a sequence whose tokens are committed. */
+  loom_status* (*seq_truncate)(loom_session* s, loom_seq seq, size_t n_tokens);
   /* Appends a token: records it, runs the stop criteria (max tokens, EOS, stop strings …) and, for
    * the streamed sequence, streams its text. *reason receives the stop reason (NONE = go on); a
    * stopped sequence is finished. */

@@ -105,6 +105,10 @@ typedef struct loom_graph {
   int32_t n_tokens, n_outputs;
   int32_t in_tokens, in_positions, in_out_ids; /* input tensors (i32) */
   int32_t out_logits;                          /* [n_vocab, n_outputs] */
+  /* ABI 1.2: unique over the host process's life, never reused — a backend may cache what it
+   * derives from a graph under this id (never under the graph's address, which is reused for other
+   * shapes). 0 (or a struct_size without it): no identity, derive again on every call. */
+  uint64_t id;
 } loom_graph;
 
 /* The tokens one forward pass evaluates; rows of different sequences may be mixed. */

@@ -158,6 +158,7 @@ public:
   int32_t n_vocab() const { return host().session_n_vocab(s_); }
   size_t n_prompt() const { return host().session_n_prompt(s_); }
   int32_t max_new_tokens() const { return host().session_max_new_tokens(s_); }
+  // -1 when the KV cache has no free sequence (recoverable: go on with fewer sequences).
   loom_seq fork(loom_seq parent) {
     loom_seq child = -1;
     check(host().seq_fork(s_, parent, &child));
