@@ -247,9 +247,9 @@ int cmd_run(const std::vector<std::string>& args) {
           r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
     }
   }
-  if (!r.message.empty()) {
+  if (!r.message.empty()) { // the request failed (after some tokens, perhaps): say why, exit 1
     std::cerr << "loom: " << r.message << "\n";
-    if (r.tokens.empty()) return k_exit_error;
+    return k_exit_error;
   }
   return k_exit_ok;
 }

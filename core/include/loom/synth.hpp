@@ -18,7 +18,7 @@ struct SynthShape {
   bool tied_output; // no output.weight: the embedding is the head (Llama 3.2 1B)
 };
 const std::vector<SynthShape>&
-synth_shapes(); // stories15m, stories110m, tinyllama-1.1b, llama-3.2-1b-like, llama-2-7b
+synth_shapes(); // tiny-gqa (tests), stories15m, stories110m, tinyllama-1.1b, llama-3.2-1b-like, llama-2-7b
 
 struct SynthOptions {
   std::string shape;

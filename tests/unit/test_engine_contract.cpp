@@ -1,0 +1,482 @@
+// The engine's contract as decoders and callers rely on it (issue 9): graph caches that survive
+// hundreds of batch shapes on every backend, requests that wait for KV room instead of being
+// dropped, a fork that fails recoverably and copies only used positions, a truncate that restores a
+// sequence exactly, a free that releases everything, custom stops and plugin hold-back that never
+// lose text, and failures that end a request with a reason and a message — never a hang.
+#include "loom/engine.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+#include "loom/synth.hpp"
+#include "test_util.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <random>
+
+namespace {
+
+using namespace loom;
+
+// The directory of the built plugins (next to the `loom` executable).
+std::string plugin_dir() {
+  const char* bin = std::getenv("LOOM_BIN");
+  return bin ? std::filesystem::path(bin).parent_path().string() : std::string();
+}
+
+// A model, tokenizer, backend and KV store driven through an Engine with a decoder of the test's.
+struct Rig {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KVCacheStore> kv;
+  std::unique_ptr<Engine> engine;
+  int32_t n_ctx;
+
+  Rig(const std::filesystem::path& path, int32_t ctx, int32_t n_seq,
+      std::function<std::unique_ptr<Decoder>()> dec,
+      std::vector<SamplerSpec> chain = {SamplerSpec{"greedy", {}}}, StopConfig stop = {},
+      std::function<std::vector<std::unique_ptr<StopPlugin>>()> plugins = {},
+      std::unique_ptr<Backend> be = nullptr)
+      : n_ctx(ctx) {
+    model = Model::load(path.string());
+    tok = Tokenizer::from_gguf(model->file());
+    backend = be ? std::move(be) : make_reference_backend();
+    kv = make_contiguous_kv_cache(model->kv_shape(ctx, n_seq));
+    RequestTemplate t;
+    t.make_decoder = std::move(dec);
+    t.make_chain = [chain] {
+      auto c = std::make_unique<SamplerChain>();
+      for (const auto& s : chain)
+        c->add(create_sampler(s));
+      return c;
+    };
+    t.make_stop_plugins = std::move(plugins);
+    stop.eog_tokens = tok->eog_tokens();
+    t.stop = stop;
+    engine = std::make_unique<Engine>(*model, *tok, *backend, *kv, ctx, std::move(t));
+  }
+
+  std::vector<TokenId> prompt(const std::string& text) const {
+    EncodeOptions o;
+    o.add_bos = true;
+    return tok->encode(text, o);
+  }
+
+  // Steps until every request finished (at most max_steps: a hang fails the test, not the run).
+  std::map<RequestId, GenerationResult> run(int max_steps = 2000) {
+    std::map<RequestId, GenerationResult> out;
+    for (int i = 0; i < max_steps && !engine->idle(); ++i)
+      for (auto& [id, r] : engine->step())
+        out[id] = std::move(r);
+    EXPECT_TRUE(engine->idle()) << "the engine did not finish within " << max_steps << " steps";
+    return out;
+  }
+};
+
+// A decoder given as lambdas over the session (plan / update / done); results: sequence 0.
+struct LambdaDecoder final : Decoder {
+  std::function<void(DecodeSession&)> on_plan, on_update;
+  std::function<bool(const DecodeSession&)> on_done;
+  std::string_view name() const noexcept override { return "test"; }
+  void plan(DecodeSession& s) override { on_plan(s); }
+  void update(DecodeSession& s) override { on_update(s); }
+  bool done(const DecodeSession& s) const override { return on_done(s); }
+  void results(DecodeSession& s) override { s.add_result(0, s.score(0)); }
+};
+
+// ---- 1. graph identity: hundreds of distinct batch shapes through every backend ----------------
+
+class DistinctShapes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DistinctShapes, FiveHundredPromptLengths) {
+  LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf");
+  const std::string backend = GetParam();
+  if (backend != "reference" && plugin_dir().empty())
+    GTEST_SKIP() << "LOOM_BIN is not set (run through ctest)";
+  // A one-layer model with stories260K's vocabulary: 500 prompts of 1..500 tokens cost seconds.
+  const auto model =
+      std::filesystem::temp_directory_path() / ("loom-tiny-gqa-" + std::to_string(::getpid()) + ".gguf");
+  SynthOptions so;
+  so.shape = "tiny-gqa";
+  so.vocab_from = vocab.string();
+  so.out = model.string();
+  synth_model(so);
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 512;
+  cfg.backend.name = backend;
+  cfg.backend.threads = 1;
+  cfg.plugins.paths = {plugin_dir()};
+  cfg.samplers = {SamplerSpec{"greedy", {}}};
+  cfg.stop.eos = false; // random weights: EOS may well be the greedy choice
+  auto p = Pipeline::create(cfg);
+  std::mt19937 rng(7);
+  const int32_t V = p->model().config().n_vocab;
+  std::vector<GenerationRequest> reqs;
+  std::vector<int> lengths(500);
+  for (int i = 0; i < 500; ++i)
+    lengths[static_cast<size_t>(i)] = i + 1;
+  std::shuffle(lengths.begin(), lengths.end(), rng); // shapes come back in no particular order
+  for (int len : lengths) {
+    GenerationRequest r;
+    std::vector<TokenId> toks(static_cast<size_t>(len));
+    for (auto& t : toks)
+      t = static_cast<TokenId>(3 + rng() % static_cast<uint32_t>(V - 3));
+    r.prompt_tokens = toks;
+    r.max_new_tokens = 2;
+    reqs.push_back(std::move(r));
+  }
+  const auto results = p->generate_all(reqs, 1);
+  ASSERT_EQ(results.size(), reqs.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].message.empty())
+        << "prompt of " << lengths[i] << " tokens: " << results[i].message;
+    ASSERT_EQ(results[i].tokens.size(), 2u) << "prompt of " << lengths[i] << " tokens";
+  }
+  // The same prompt alone gives the same tokens (no stale graph of another shape was used).
+  for (size_t i : {size_t{0}, size_t{250}, size_t{499}})
+    EXPECT_EQ(p->generate(reqs[i]).tokens, results[i].tokens) << "prompt of " << lengths[i] << " tokens";
+  std::filesystem::remove(model);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, DistinctShapes,
+                         ::testing::Values("reference", "reference_plugin", "cpu"));
+
+// ---- 2. KV room: requests wait, never dropped ---------------------------------------------------
+
+TEST(EngineContract, RequestsWaitForKvRoomInsteadOfEndingEmpty) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 256;
+  cfg.kv_cache.max_tokens = 512; // two sequences
+  cfg.samplers = {SamplerSpec{"greedy", {}}};
+  auto p = Pipeline::create(cfg);
+  std::vector<GenerationRequest> reqs;
+  for (const char* s : {"Once upon a time", "The dog", "Lily and Tom", "One day", "A cat", "The sun"}) {
+    GenerationRequest r;
+    r.prompt = s;
+    r.max_new_tokens = 12;
+    reqs.push_back(r);
+  }
+  const auto alone = p->generate_all(reqs, 1);
+  const auto four = p->generate_all(reqs, 4);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE(reqs[i].prompt);
+    EXPECT_TRUE(four[i].message.empty()) << four[i].message;
+    EXPECT_EQ(four[i].stop_reason, StopReason::max_tokens);
+    EXPECT_EQ(four[i].tokens.size(), 12u);
+    EXPECT_EQ(four[i].tokens, alone[i].tokens);
+  }
+}
+
+TEST(EngineContract, AForkWithoutKvRoomIsRecoverable) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  std::vector<LocalSeq> forks;
+  Rig rig(model, 128, 2, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_plan = [](DecodeSession& s) {
+      for (LocalSeq q : {0, 1, 2, 3})
+        if (s.exists(q) && s.finished(q) == StopReason::none) s.plan(q);
+    };
+    d->on_update = [&forks](DecodeSession& s) {
+      if (forks.empty() && s.logits(0))
+        for (int i = 0; i < 3; ++i)
+          forks.push_back(s.fork(0)); // room for one more sequence only
+      for (LocalSeq q : {0, 1, 2, 3})
+        if (s.exists(q) && s.finished(q) == StopReason::none && s.logits(q)) s.append(q, s.sample(q));
+    };
+    d->on_done = [](const DecodeSession& s) {
+      return s.n_generated(0) >= 5 || s.finished(0) != StopReason::none;
+    };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}});
+  auto out = rig.run();
+  ASSERT_EQ(out.size(), 1u);
+  const auto& r = out.begin()->second;
+  EXPECT_TRUE(r.message.empty()) << r.message;
+  EXPECT_EQ(r.tokens.size(), 5u);
+  ASSERT_EQ(forks.size(), 3u);
+  EXPECT_EQ(forks[0], 1);
+  EXPECT_EQ(forks[1], -1);
+  EXPECT_EQ(forks[2], -1);
+  EXPECT_EQ(rig.kv->free_sequences(), 2) << "every sequence is released when the request ends";
+}
+
+// ---- 7. truncate -------------------------------------------------------------------------------
+
+// Generates 12 greedy tokens with a repetition penalty (sampler state) and a stop string that holds
+// text back, truncates to 5 generated tokens, and generates again: the same tokens, log-probs and
+// text — the penalty's history, stop and detokenizer state were rolled back with the tokens.
+TEST(EngineContract, TruncateRestoresTheSequenceExactly) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  struct Seen {
+    std::vector<TokenId> tokens;
+    std::vector<float> logprobs;
+    std::string text;
+  } first, second;
+  int phase = 0;
+  size_t n_prompt = 0;
+  StopConfig stop;
+  stop.strings = {"e@", "a@"}; // never matched, but every 'e' and 'a' is held back until the next token
+  Rig rig(
+      model, 128, 4,
+      [&] {
+        auto d = std::make_unique<LambdaDecoder>();
+        d->on_plan = [](DecodeSession& s) {
+          if (s.finished(0) == StopReason::none) s.plan(0);
+        };
+        d->on_update = [&](DecodeSession& s) {
+          n_prompt = s.n_prompt();
+          if (!s.logits(0)) return;
+          s.append(0, s.sample(0));
+          if (s.n_generated(0) == 12 && phase == 0) {
+            first.tokens = s.tokens(0);
+            phase = 1;
+            s.truncate(0, n_prompt + 5);
+            EXPECT_EQ(s.tokens(0).size(), n_prompt + 5);
+            EXPECT_EQ(s.logits(0), nullptr) << "logits of the new last token come after a re-plan";
+            EXPECT_EQ(s.finished(0), StopReason::none);
+          }
+        };
+        d->on_done = [&](const DecodeSession& s) { return phase == 1 && s.n_generated(0) >= 12; };
+        return d;
+      },
+      {SamplerSpec{"penalties", {{"repeat", 1.5}, {"last_n", int64_t{64}}}}, SamplerSpec{"greedy", {}}},
+      stop);
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 40, {}});
+  auto out = rig.run(200);
+  ASSERT_EQ(out.size(), 1u);
+  const auto& r = out.begin()->second;
+  EXPECT_TRUE(r.message.empty()) << r.message;
+  ASSERT_EQ(phase, 1);
+  std::vector<TokenId> gen(first.tokens.begin() + static_cast<std::ptrdiff_t>(n_prompt), first.tokens.end());
+  EXPECT_EQ(r.tokens, gen);
+
+  // The reference: the same 12 tokens without a truncate, text and log-probs included.
+  Rig ref(
+      model, 128, 4,
+      [] {
+        auto d = std::make_unique<LambdaDecoder>();
+        d->on_plan = [](DecodeSession& s) {
+          if (s.finished(0) == StopReason::none) s.plan(0);
+        };
+        d->on_update = [](DecodeSession& s) {
+          if (s.logits(0)) s.append(0, s.sample(0));
+        };
+        d->on_done = [](const DecodeSession& s) { return s.n_generated(0) >= 12; };
+        return d;
+      },
+      {SamplerSpec{"penalties", {{"repeat", 1.5}, {"last_n", int64_t{64}}}}, SamplerSpec{"greedy", {}}},
+      stop);
+  ref.engine->submit({ref.prompt("Once upon a time"), 1, 40, {}});
+  auto want = ref.run(200).begin()->second;
+  EXPECT_EQ(r.tokens, want.tokens);
+  EXPECT_EQ(r.text, want.text);
+  ASSERT_EQ(r.logprobs.size(), want.logprobs.size());
+  for (size_t i = 0; i < r.logprobs.size(); ++i)
+    EXPECT_NEAR(r.logprobs[i], want.logprobs[i], 1e-5) << i;
+}
+
+TEST(EngineContract, TruncateOfAFinishedSequenceMakesItLiveAgain) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  bool truncated = false;
+  Rig rig(model, 128, 4, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_plan = [](DecodeSession& s) {
+      if (s.finished(0) == StopReason::none) s.plan(0);
+    };
+    d->on_update = [&](DecodeSession& s) {
+      if (!s.logits(0)) return;
+      const StopReason why = s.append(0, s.sample(0));
+      if (why != StopReason::none && !truncated) { // max_tokens = 4 ended it: roll back 2
+        truncated = true;
+        EXPECT_EQ(why, StopReason::max_tokens);
+        s.truncate(0, s.n_prompt() + 2);
+        EXPECT_EQ(s.finished(0), StopReason::none);
+      }
+    };
+    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}});
+  auto r = rig.run(100).begin()->second;
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(r.stop_reason, StopReason::max_tokens);
+  EXPECT_EQ(r.tokens.size(), 4u) << "the stop tracker's token count was rolled back too";
+}
+
+TEST(EngineContract, ADecoderThatMakesNoProgressFailsItsRequest) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig rig(model, 128, 4, [] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_plan = [](DecodeSession&) {}; // plans nothing, never done
+    d->on_update = [](DecodeSession&) {};
+    d->on_done = [](const DecodeSession&) { return false; };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}});
+  auto out = rig.run(50);
+  ASSERT_EQ(out.size(), 1u);
+  const auto& r = out.begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::error);
+  EXPECT_NE(r.message.find("made no progress"), std::string::npos) << r.message;
+}
+
+// ---- 8. fork copies only the used positions; free releases everything ---------------------------
+
+long resident_kib() {
+  std::ifstream f("/proc/self/statm");
+  long pages_total = 0, pages_rss = 0;
+  f >> pages_total >> pages_rss;
+  return pages_rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+TEST(EngineContract, ForkCopiesOnlyTheUsedPositions) {
+  KVShape s;
+  s.n_layer = 8;
+  s.n_head_kv = 4;
+  s.head_dim = 64;
+  s.n_ctx = 8192; // 2 × 8 × 8192 × 256 floats = 128 MiB per sequence if it were copied whole
+  s.n_seq_max = 8;
+  auto kv = make_contiguous_kv_cache(s);
+  ASSERT_TRUE(kv->allocate(0, 4));
+  for (int l = 0; l < s.n_layer; ++l)
+    for (Pos p = 0; p < 4; ++p) {
+      kv->k_row(l, 0, p)[0] = static_cast<float>(l * 10 + p);
+      kv->v_row(l, 0, p)[255] = -static_cast<float>(l * 10 + p);
+    }
+  const long before = resident_kib();
+  for (SeqId c = 1; c <= 4; ++c)
+    ASSERT_TRUE(kv->fork(0, c));
+  const long grown = resident_kib() - before;
+  EXPECT_LT(grown, 16 * 1024) << "4 forks of a 4-position sequence made " << grown << " KiB resident";
+  for (SeqId c = 1; c <= 4; ++c) {
+    EXPECT_EQ(kv->length(c), 4);
+    EXPECT_EQ(kv->k_row(7, c, 3)[0], 73.0f);
+    EXPECT_EQ(kv->v_row(2, c, 1)[255], -21.0f);
+  }
+  EXPECT_EQ(kv->free_sequences(), 3);
+  ASSERT_TRUE(kv->allocate(0, 1)); // the parent grows independently of its forks
+  EXPECT_EQ(kv->length(0), 5);
+  EXPECT_EQ(kv->length(1), 4);
+}
+
+TEST(EngineContract, FreeReleasesTheSequence) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  LocalSeq child = -1;
+  bool checked = false;
+  KVCacheStore* kvp = nullptr;
+  Rig rig(model, 128, 4, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_plan = [](DecodeSession& s) {
+      if (s.finished(0) == StopReason::none) s.plan(0);
+    };
+    d->on_update = [&](DecodeSession& s) {
+      if (!s.logits(0)) return;
+      if (child < 0) {
+        child = s.fork(0);
+        ASSERT_GE(child, 0);
+        ASSERT_NE(s.logits(child), nullptr);
+        EXPECT_EQ(kvp->free_sequences(), 2);
+        s.free(child);
+        EXPECT_FALSE(s.exists(child));
+        EXPECT_EQ(kvp->free_sequences(), 3);
+        checked = true;
+      }
+      s.append(0, s.sample(0));
+    };
+    d->on_done = [](const DecodeSession& s) { return s.n_generated(0) >= 3; };
+    return d;
+  });
+  kvp = rig.kv.get();
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}});
+  rig.run(50);
+  EXPECT_TRUE(checked);
+  EXPECT_EQ(rig.kv->free_sequences(), 4);
+}
+
+// ---- 9. custom stops and plugin hold-back never lose text --------------------------------------
+
+struct StopAfter final : StopPlugin {
+  size_t n;
+  size_t hold;
+  StopAfter(size_t n_, size_t hold_) : n(n_), hold(hold_) {}
+  StopReason check(std::span<const TokenId> generated, std::string_view) override {
+    return generated.size() >= n ? StopReason::custom : StopReason::none;
+  }
+  size_t holdback_bytes() const override { return hold; }
+  std::unique_ptr<StopPlugin> clone() const override { return std::make_unique<StopAfter>(*this); }
+};
+
+std::unique_ptr<Decoder> greedy_decoder() {
+  return make_sample_decoder();
+}
+
+TEST(EngineContract, ACustomStopReleasesTheHeldBackText) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig plain(model, 128, 2, greedy_decoder);
+  plain.engine->submit({plain.prompt("Once upon a time"), 1, 6, {}});
+  const auto want = plain.run(50).begin()->second;
+  ASSERT_EQ(want.tokens.size(), 6u);
+
+  StopConfig stop; // every printable character is the start of a stop string: the last one is held
+  for (char c = ' '; c <= '~'; ++c)
+    stop.strings.push_back(std::string(1, c) + "\x01");
+  Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, stop, [] {
+    std::vector<std::unique_ptr<StopPlugin>> v;
+    v.push_back(std::make_unique<StopAfter>(6, 0));
+    return v;
+  });
+  std::string streamed;
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 40, [&](std::string_view t) { streamed += t; }});
+  const auto r = rig.run(50).begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::custom);
+  EXPECT_EQ(r.tokens, want.tokens);
+  EXPECT_EQ(r.text, want.text);
+  EXPECT_EQ(streamed, want.text);
+}
+
+TEST(EngineContract, PluginHoldbackIsHonouredWhileStreaming) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, [] {
+    std::vector<std::unique_ptr<StopPlugin>> v;
+    v.push_back(std::make_unique<StopAfter>(1000, size_t{1} << 30)); // holds everything back
+    return v;
+  });
+  std::vector<std::string> chunks;
+  rig.engine->submit(
+      {rig.prompt("Once upon a time"), 1, 10, [&](std::string_view t) { chunks.emplace_back(t); }});
+  const auto r = rig.run(50).begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::max_tokens);
+  ASSERT_EQ(chunks.size(), 1u) << "nothing may be streamed while the plugin holds it back";
+  EXPECT_EQ(chunks[0], r.text);
+}
+
+// ---- 4. a forward failure after some tokens ends the request with a reason and a message ---------
+
+struct FailAfter final : Backend {
+  std::unique_ptr<Backend> inner = make_reference_backend();
+  int left;
+  explicit FailAfter(int n) : left(n) {}
+  std::string_view name() const noexcept override { return "fail_after"; }
+  bool supports(const Graph& g, const Node& n) const noexcept override { return inner->supports(g, n); }
+  void compute(const Graph& g, const BatchView& b, KVCacheStore& kv, std::span<float> logits) override {
+    if (left-- <= 0) fail(Errc::internal, "fail_after", "device lost");
+    inner->compute(g, b, kv, logits);
+  }
+};
+
+TEST(EngineContract, AForwardFailureAfterSomeTokensIsAnError) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, {}, std::make_unique<FailAfter>(4));
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}});
+  const auto r = rig.run(50).begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::error);
+  EXPECT_EQ(r.tokens.size(), 4u);
+  EXPECT_NE(r.message.find("device lost"), std::string::npos) << r.message;
+}
+
+} // namespace
