@@ -31,6 +31,12 @@ bool parse_args(const std::vector<std::string>& args, const po::options_descript
 // then -m MODEL as the model path.
 PipelineConfig config_from_args(const po::variables_map& vm, std::vector<ConfigOverride> overrides = {});
 
+// The whole of a text input file (-f, --prompts, --file): a directory or an unreadable path is a
+// loom::Error naming the flag and the path ("-" is not special; FIFOs such as /dev/stdin work).
+std::string read_input_file(const std::string& path, const std::string& flag);
+// A seed as --seed gives it: the rule of [run] seed (an integer 0 .. 2^63-1), else UsageError.
+uint64_t parse_seed(const std::string& text, const std::string& flag);
+
 bool stdout_is_tty();
 bool stderr_is_tty();
 

@@ -155,7 +155,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (vm.count("bandwidth")) return bandwidth_probe(vm);
   if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");
   const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
-  if (pp < 1 || tg < 1 || reps < 1) throw UsageError("--pp, --tg and -r must be ≥ 1");
+  constexpr int k_max_tokens = 1 << 20; // bounds every size below before anything is allocated
+  if (pp < 1 || tg < 1 || reps < 1 || pp > k_max_tokens || tg > k_max_tokens || reps > 1000)
+    throw UsageError("--pp and --tg must be in 1.." + std::to_string(k_max_tokens) +
+                     " and -r in 1..1000; found --pp " + std::to_string(pp) + ", --tg " + std::to_string(tg) +
+                     ", -r " + std::to_string(reps));
+  if (vm.count("threads") && (vm["threads"].as<int>() < 0 || vm["threads"].as<int>() > 1024))
+    throw UsageError("--threads must be in 0..1024 (0 = all cores, as [backend] threads); found " +
+                     std::to_string(vm["threads"].as<int>()));
 
   PipelineConfig cfg = config_from_args(vm);
   if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
@@ -183,7 +190,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     GenerationRequest w;
     w.prompt_tokens = prompt(std::min(pp, 16));
     w.max_new_tokens = 2;
-    (void)p->generate(w);
+    const auto res = p->generate(w);
+    if (!res.message.empty()) fail(Errc::device_error, "bench", "the warm-up request failed: " + res.message);
   }
   std::vector<double> pre, dec, ttft, tpot;
   for (int r = 0; r < reps; ++r) {
@@ -192,6 +200,10 @@ int cmd_bench(const std::vector<std::string>& args) {
     q.prompt_tokens = prompt(pp);
     q.max_new_tokens = tg + 1; // the first token comes from the prefill; tg more are decoded
     const auto res = p->generate(q);
+    if (!res.message.empty()) {
+      if (tty) std::fprintf(stderr, "\n");
+      fail(Errc::device_error, "bench", "repetition " + std::to_string(r + 1) + " failed: " + res.message);
+    }
     pre.push_back(res.metrics.prefill_tok_s);
     dec.push_back(res.metrics.decode_tok_s);
     ttft.push_back(res.metrics.ttft_ms);

@@ -102,7 +102,7 @@ int cmd_run(const std::vector<std::string>& args) {
     ("top-k", po::value<long>(), "top-k (0 = off)")
     ("top-p", po::value<double>(), "top-p in (0, 1]")
     ("min-p", po::value<double>(), "min-p in [0, 1]")
-    ("seed", po::value<unsigned long long>(), "RNG seed (default: random, reported with --json)")
+    ("seed", po::value<std::string>(), "RNG seed 0..2^63-1 (default: random, reported with --json)")
     ("ignore-eos", "do not stop at end-of-generation tokens")
     ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
@@ -139,7 +139,7 @@ int cmd_run(const std::vector<std::string>& args) {
       throw UsageError("-n must be ≥ -1 (-1 = until the context is full), got " + std::to_string(n));
     cfg.stop.max_tokens = n;
   }
-  if (vm.count("seed")) cfg.run.seed = vm["seed"].as<unsigned long long>();
+  if (vm.count("seed")) cfg.run.seed = parse_seed(vm["seed"].as<std::string>(), "--seed");
   if (vm.count("ignore-eos")) cfg.stop.eos = false;
   if (vm.count("special")) cfg.run.parse_special = true;
   if (vm.count("no-echo")) cfg.run.echo = false;
@@ -175,9 +175,7 @@ int cmd_run(const std::vector<std::string>& args) {
   }
 
   if (vm.count("prompts")) {
-    const std::string path = vm["prompts"].as<std::string>();
-    std::ifstream f(path);
-    if (!f) fail(Errc::not_found, "run", "cannot read prompts file '" + path + "'");
+    std::istringstream f(read_input_file(vm["prompts"].as<std::string>(), "--prompts"));
     std::vector<GenerationRequest> reqs;
     std::string line;
     while (std::getline(f, line)) {
@@ -207,12 +205,7 @@ int cmd_run(const std::vector<std::string>& args) {
   if (vm.count("prompt")) {
     prompt = vm["prompt"].as<std::string>();
   } else {
-    const std::string path = vm["file"].as<std::string>();
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail(Errc::not_found, "run", "cannot read prompt file '" + path + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    prompt = ss.str();
+    prompt = read_input_file(vm["file"].as<std::string>(), "-f");
   }
 
   auto pipeline = Pipeline::create(cfg);

@@ -37,12 +37,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   if (vm.count("text")) {
     text = vm["text"].as<std::string>();
   } else {
-    const std::string path = vm["file"].as<std::string>();
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail(Errc::not_found, "tokenize", "cannot read '" + path + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    text = read_input_file(vm["file"].as<std::string>(), "--file");
   }
   const GgufFile f = GgufFile::open(vm["model"].as<std::string>());
   const auto tok = Tokenizer::from_gguf(f);

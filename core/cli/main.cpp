@@ -2,8 +2,15 @@
 #include "cli.hpp"
 #include "loom/error.hpp"
 
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -23,6 +30,32 @@ PipelineConfig config_from_args(const po::variables_map& vm, std::vector<ConfigO
   }
   if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
   return cfg;
+}
+
+std::string read_input_file(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(Errc::invalid_argument, "cli",
+         flag + " " + user_value(path) + " is a directory; expected a text file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    fail(Errc::not_found, "cli",
+         flag + ": cannot read " + user_value(path) + ": " + std::strerror(errno) +
+             " (expected a text file)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail(Errc::invalid_argument, "cli", flag + ": reading " + user_value(path) + " failed");
+  return ss.str();
+}
+
+uint64_t parse_seed(const std::string& text, const std::string& flag) {
+  int64_t v = -1;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p != end || v < 0)
+    throw UsageError(flag + ": expected an integer in 0.." + std::to_string(INT64_MAX) +
+                     " (as [run] seed), found " + user_value(text));
+  return static_cast<uint64_t>(v);
 }
 
 bool stdout_is_tty() {

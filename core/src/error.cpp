@@ -31,6 +31,62 @@ void fail(Errc code, std::string component, const std::string& message) {
   throw Error(code, std::move(component), message);
 }
 
+namespace {
+// Length of the valid UTF-8 sequence at s[i] (1–4), or 0 when it is not one.
+size_t utf8_len(std::string_view s, size_t i) noexcept {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size() || (n == 2 && c < 0xC2)) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  if (n == 3 && ((c == 0xE0 && b(i + 1) < 0xA0) || (c == 0xED && b(i + 1) >= 0xA0))) return 0;
+  if (n == 4 && ((c == 0xF0 && b(i + 1) < 0x90) || c > 0xF4 || (c == 0xF4 && b(i + 1) >= 0x90))) return 0;
+  return n;
+}
+} // namespace
+
+std::string user_value(std::string_view value, size_t max) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  size_t i = 0;
+  for (; i < value.size() && i < max;) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    const size_t n = utf8_len(value, i);
+    if (n > 1) {
+      out.append(value.substr(i, n));
+      i += n;
+      continue;
+    }
+    switch (c) {
+    case '\n':
+      out += "\\n";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    default:
+      if (c < 0x20 || c == 0x7f || n == 0) {
+        out += "\\x";
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      } else {
+        out += static_cast<char>(c);
+      }
+    }
+    ++i;
+  }
+  if (i < value.size()) out += "…";
+  out += "'";
+  return out;
+}
+
 void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept {
   std::fprintf(stderr, "loom: internal assertion failed: %s (%s) at %s:%d\n", expr, msg ? msg : "", file,
                line);

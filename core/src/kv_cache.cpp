@@ -31,7 +31,7 @@ public:
     if (it == seqs_.end()) {
       if (static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max || n_new > shape_.n_ctx) return false;
       Slab s;
-      s.data = std::make_unique_for_overwrite<float[]>(slab_elems()); // untouched pages cost nothing
+      s.data = new_slab(); // untouched pages cost nothing
       s.length = n_new;
       seqs_.emplace(seq, std::move(s));
       return true;
@@ -46,7 +46,7 @@ public:
     if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max)
       return false;
     Slab copy;
-    copy.data = std::make_unique_for_overwrite<float[]>(slab_elems());
+    copy.data = new_slab();
     copy.length = it->second.length;
     // Only the used positions: [kv][layer] blocks of `length` rows each.
     const size_t used = static_cast<size_t>(copy.length) * static_cast<size_t>(shape_.row_elems());
@@ -82,6 +82,16 @@ private:
     std::unique_ptr<float[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
     int32_t length = 0;
   };
+  std::unique_ptr<float[]> new_slab() const {
+    try {
+      return std::make_unique_for_overwrite<float[]>(slab_elems());
+    } catch (const std::bad_alloc&) {
+      fail(Errc::out_of_memory, "kv_cache",
+           "cannot reserve " + std::to_string(slab_elems() * sizeof(float) >> 20) +
+               " MiB of KV for one sequence of " + std::to_string(shape_.n_ctx) +
+               " positions; lower [model] n_ctx (--ctx-size)");
+    }
+  }
   size_t slab_elems() const noexcept {
     return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.n_ctx) *
            static_cast<size_t>(shape_.row_elems());

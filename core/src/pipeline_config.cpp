@@ -49,7 +49,7 @@ public:
   static std::string describe(const toml::node& n) {
     std::ostringstream ss;
     if (n.is_string()) {
-      ss << "the string \"" << n.as_string()->get() << "\"";
+      ss << "the string " << user_value(n.as_string()->get());
     } else if (n.is_table()) {
       ss << "a table";
     } else if (n.is_array()) {
@@ -111,6 +111,8 @@ void read_string(const Checker& c, const toml::table& t, const std::string& sec,
   }
   if (!n->is_string()) c.error(*n, path, expected);
   out = n->as_string()->get();
+  if (out.find('\0') != std::string::npos) // a path would be cut there and open another file
+    c.error(*n, path, expected + " without NUL characters (\\u0000)");
   if (allowed.size() && std::find(allowed.begin(), allowed.end(), out) == allowed.end())
     c.error(*n, path, expected);
 }
@@ -366,17 +368,26 @@ const toml::node* apply_one(toml::table& root, const ConfigOverride& o) {
   for (const auto& p : parts)
     if (p.empty())
       fail(Errc::invalid_argument, "config",
-           "--set " + o.key + "=" + o.value + ": expected section.key=value");
+           "--set " + user_value(o.key + "=" + o.value) + ": expected section.key=value");
   if (parts.size() < 2)
     fail(Errc::invalid_argument, "config",
-         "--set " + o.key + "=" + o.value + ": expected section.key=value (e.g. stop.max_tokens=64)");
+         "--set " + user_value(o.key + "=" + o.value) +
+             ": expected section.key=value (e.g. stop.max_tokens=64)");
 
   toml::table parsed;
   bool literal = true;
   try {
     parsed = toml::parse("v = " + o.value);
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
     literal = false;
+    // A value that starts like a TOML array, table or quoted string must be one: a typo there is an
+    // error, not a literal string (a bare word such as cpu stays a string).
+    const size_t first = o.value.find_first_not_of(" \t");
+    if (first != std::string::npos &&
+        std::string_view("[{\"'").find(o.value[first]) != std::string_view::npos)
+      fail(Errc::invalid_argument, "config",
+           "--set " + o.key + "=" + user_value(o.value) + ": not a valid TOML value (" +
+               std::string(e.description()) + "); write arrays as [\"a\", \"b\"] and strings as \"text\"");
   }
   if (!literal || !parsed.get("v") || parsed.size() != 1) {
     parsed = toml::table{};
@@ -575,7 +586,7 @@ ConfigOverride parse_override(const std::string& arg) {
   const auto eq = arg.find('=');
   if (eq == std::string::npos || eq == 0)
     fail(Errc::invalid_argument, "config",
-         "--set '" + arg + "': expected section.key=value (e.g. --set stop.max_tokens=64)");
+         "--set " + user_value(arg) + ": expected section.key=value (e.g. --set stop.max_tokens=64)");
   return {arg.substr(0, eq), arg.substr(eq + 1)};
 }
 
@@ -585,10 +596,15 @@ PipelineConfig parse_pipeline(const std::string& text, const std::string& source
 }
 
 PipelineConfig load_pipeline(const std::string& path, const std::vector<ConfigOverride>& overrides) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    fail(Errc::invalid_argument, "config",
+         "pipeline file " + user_value(path) +
+             " is a directory; expected a TOML file (see configs/ for examples)");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     fail(Errc::not_found, "config",
-         "cannot read pipeline file '" + path + "': " + std::strerror(errno) +
+         "cannot read pipeline file " + user_value(path) + ": " + std::strerror(errno) +
              " (see configs/ for examples)");
   std::stringstream ss;
   ss << f.rdbuf();

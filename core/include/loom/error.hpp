@@ -38,6 +38,10 @@ private:
 
 [[noreturn]] void fail(Errc code, std::string component, const std::string& message);
 
+// A user-supplied value as messages echo it: in single quotes, on one line (control characters and
+// invalid UTF-8 escaped as \n, \xNN …), cut after `max` bytes with "…".
+std::string user_value(std::string_view value, size_t max = 160);
+
 // Programmer-error check: always on, aborts with file:line. Never used for input validation.
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept;
 
