@@ -1,5 +1,6 @@
 #include "loom/error.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -46,45 +47,41 @@ size_t utf8_len(std::string_view s, size_t i) noexcept {
 }
 } // namespace
 
-std::string user_value(std::string_view value, size_t max) {
+std::string one_line(std::string_view s) {
   static const char* hex = "0123456789abcdef";
-  std::string out = "'";
-  size_t i = 0;
-  for (; i < value.size() && i < max;) {
-    const auto c = static_cast<unsigned char>(value[i]);
-    const size_t n = utf8_len(value, i);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_len(s, i);
     if (n > 1) {
-      out.append(value.substr(i, n));
+      out.append(s.substr(i, n));
       i += n;
       continue;
     }
-    switch (c) {
-    case '\n':
+    if (c == '\n') {
       out += "\\n";
-      break;
-    case '\r':
+    } else if (c == '\r') {
       out += "\\r";
-      break;
-    case '\t':
+    } else if (c == '\t') {
       out += "\\t";
-      break;
-    case '\\':
-      out += "\\\\";
-      break;
-    default:
-      if (c < 0x20 || c == 0x7f || n == 0) {
-        out += "\\x";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-      } else {
-        out += static_cast<char>(c);
-      }
+    } else if (c < 0x20 || c == 0x7f || n == 0) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
     }
     ++i;
   }
-  if (i < value.size()) out += "…";
-  out += "'";
   return out;
+}
+
+std::string user_value(std::string_view value, size_t max) {
+  size_t cut = std::min(max, value.size());
+  while (cut < value.size() && cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xC0) == 0x80)
+    --cut; // not inside a UTF-8 character
+  return "'" + one_line(value.substr(0, cut)) + (cut < value.size() ? "…'" : "'");
 }
 
 void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept {

@@ -7,6 +7,7 @@
 
 #include "loom/sdk/abi.h"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,6 +26,11 @@ public:
   const std::string& sha256() const noexcept { return sha256_; }
   const loom_plugin& plugin() const noexcept { return *plugin_; }
   int32_t score() const noexcept { return score_; }
+  // Why factory i cannot be used ("" when it can): a kind that is none of backend, decoder, sampler,
+  // stop, or an entry whose struct_size is 0 or too small. Unusable factories are never found.
+  std::string_view factory_problem(size_t i) const noexcept {
+    return i < factory_problems_.size() ? std::string_view(factory_problems_[i]) : std::string_view();
+  }
 
 private:
   friend class PluginRegistry;
@@ -34,11 +40,13 @@ private:
   const loom_plugin* plugin_ = nullptr;
   std::string path_, sha256_;
   int32_t score_ = 1;
+  std::vector<std::string> factory_problems_; // one per factory, "" when usable
 };
 
 struct PluginFactoryInfo {
-  std::string kind; // backend | decoder | sampler | stop
+  std::string kind; // backend | decoder | sampler | stop | unknown
   std::string name;
+  std::string error; // empty when usable; else one line: why the factory is never used
 };
 
 // One file found in a plugin directory: what it is, or why it could not be used.
@@ -55,6 +63,15 @@ struct PluginInfo {
 
 std::string_view kind_name(int32_t kind) noexcept;
 
+struct DiscoverOptions {
+  // For `loom plugins`, the diagnostic command: each file's dlopen and handshake first run in a child
+  // process, so a plugin that crashes (in an ELF constructor, loom_plugin_init, …) or hangs is listed
+  // as "crashed while loading (signal N: …)" / "timed out while loading" and the listing goes on.
+  // Only a file whose probe got through is then loaded in-process. Off for pipelines (`loom run`).
+  bool probe_in_child = false;
+  std::chrono::milliseconds probe_timeout{10000};
+};
+
 class PluginRegistry {
 public:
   PluginRegistry() = default;
@@ -63,13 +80,17 @@ public:
   PluginRegistry& operator=(const PluginRegistry&) = delete;
 
   // Loads one file. Throws loom::Error with one line naming the file and the cause: missing file,
-  // not a shared object, missing loom_plugin_init, ABI mismatch, score 0, hash mismatch.
+  // symlink loop, not a regular file, not a (complete) ELF shared object for this host — checked
+  // before dlopen —, missing loom_plugin_init, ABI mismatch, struct_size 0, score 0, hash mismatch.
   std::shared_ptr<PluginLibrary> load(const std::string& path,
                                       const std::optional<std::string>& sha256_pin = {});
   // Loads every libloom-*.so in `dirs` (in order; a plugin name seen again keeps the higher score).
   // Failures are recorded in the returned list, not thrown. `pins` maps plugin name → sha256.
+  // A file is listed by its canonical path, or by the path it was found at when that does not
+  // resolve (a dangling symlink, a symlink loop).
   std::vector<PluginInfo> discover(const std::vector<std::string>& dirs,
-                                   const std::map<std::string, std::string>& pins = {});
+                                   const std::map<std::string, std::string>& pins = {},
+                                   const DiscoverOptions& options = {});
 
   struct Found {
     std::shared_ptr<PluginLibrary> lib;
@@ -89,7 +110,8 @@ private:
 // [plugins] paths (relative to the current directory), then the directory of the running executable.
 std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& configured);
 
-// sha256 of a file, lowercase hex (OpenSSL).
+// sha256 of a file, lowercase hex (OpenSSL). Reads regular files only: anything else (a FIFO, a
+// device) throws loom::Error without being opened for reading.
 std::string file_sha256(const std::string& path);
 
 // Host log sink (tests capture plugin logs through it). Default: stderr for warn and above, or the

@@ -9,7 +9,9 @@
 #include "loom/sampler.hpp"
 #include "loom/sdk/abi.h"
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,6 +30,30 @@ struct loom_config {
 };
 
 namespace loom::plugin {
+
+// Why a file cannot be a plugin, found without mapping or running it.
+struct FileProblem {
+  Errc code;
+  std::string why; // one line, without the path
+};
+// Checks `path` before dlopen(): it must resolve (a self-looping symlink is "symlink loop") to a
+// regular file (a FIFO, directory or device is rejected without being opened for reading) that holds
+// a complete 64-bit ELF shared object of this host's byte order and machine: the ELF header, the
+// program header table, every PT_LOAD/PT_DYNAMIC segment and the section header table lie inside the
+// file (a truncated file would otherwise be mapped and kill the process with SIGBUS). Reads with pread.
+std::optional<FileProblem> check_plugin_file(const std::string& path);
+// Opens `path` for reading only if it is a regular file (never blocks on a FIFO). Returns the
+// descriptor (O_CLOEXEC), or -1 with `why` set.
+int open_regular_file(const std::string& path, std::string& why);
+
+// Runs dlopen() and the handshake the registry does (loom_plugin_score, loom_plugin_init, the ABI
+// check, reading the plugin and factory tables) in a forked child process, whose stdin/stdout/stderr
+// are /dev/null. Returns "" when the child got through (loaded, or refused the plugin cleanly — the
+// in-process load then says why), else one line: "crashed while loading (signal 11: SIGSEGV, in
+// loom_plugin_init)", "exited while loading (status 3, …)" or "timed out while loading (…)"; a child
+// still running at `timeout` is killed. Run check_plugin_file() first: the child must not map a
+// truncated file either.
+std::string probe_in_child(const std::string& path, std::chrono::milliseconds timeout);
 
 // Takes ownership of a status from a plugin and throws it as loom::Error ("context: message").
 void throw_if(loom_status* s, const std::string& context);

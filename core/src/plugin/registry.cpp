@@ -4,12 +4,21 @@
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <openssl/evp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace loom {
@@ -33,6 +42,9 @@ PluginLibrary::~PluginLibrary() {
   }
 }
 
+// More factories than any plugin has: the table holds garbage (it is read before anything is used).
+constexpr size_t k_max_factories = 1 << 16;
+
 // Entries of the factory array are factories[0].struct_size apart (a newer minor may append fields).
 static const loom_factory& factory_at(const loom_plugin& p, size_t i) {
   const auto* base = reinterpret_cast<const char*>(p.factories);
@@ -55,17 +67,30 @@ std::string_view kind_name(int32_t kind) noexcept {
 }
 
 std::string file_sha256(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(Errc::not_found, "plugin", path + ": cannot read the file to hash it");
+  std::string why;
+  const int fd = plugin::open_regular_file(path, why); // never blocks on a FIFO
+  if (fd < 0) fail(Errc::not_found, "plugin", one_line(path + ": cannot read the file to hash it: " + why));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) {
     EVP_MD_CTX_free(ctx);
     fail(Errc::internal, "plugin", "OpenSSL SHA-256 is unavailable");
   }
   std::vector<char> buf(1 << 16);
-  while (f) {
-    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (f.gcount() > 0) EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(f.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      EVP_MD_CTX_free(ctx);
+      fail(Errc::not_found, "plugin",
+           one_line(path + ": cannot read the file to hash it: " + std::strerror(e)));
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(n));
   }
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
@@ -108,15 +133,18 @@ std::map<std::string, std::weak_ptr<PluginLibrary>>& loaded_libraries() {
 
 std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                                                     const std::optional<std::string>& pin) {
-  auto bad = [&](Errc c, const std::string& why) { fail(c, "plugin", path + ": " + why); };
+  // One line whatever the file name or the plugin's strings hold.
+  auto bad = [&](Errc c, const std::string& why) { fail(c, "plugin", one_line(path + ": " + why)); };
   auto check_pin = [&](const std::string& sha) {
     if (pin && *pin != sha)
       bad(Errc::invalid_argument, "sha256 is " + sha + " but the pipeline pins " + *pin +
                                       " — the file changed; rebuild it or update the pin");
   };
+  // Before anything maps the file: a regular file holding a complete ELF shared object for this host.
+  if (const auto problem = plugin::check_plugin_file(path)) bad(problem->code, problem->why);
   std::error_code ec;
-  if (!fs::exists(path, ec)) bad(Errc::not_found, "no such file");
-  const std::string canonical = fs::weakly_canonical(path, ec).string();
+  std::string canonical = fs::weakly_canonical(path, ec).string();
+  if (ec || canonical.empty()) canonical = path;
   std::lock_guard<std::mutex> lock(libraries_mutex());
   if (auto it = loaded_libraries().find(canonical); it != loaded_libraries().end())
     if (auto existing = it->second.lock()) {
@@ -156,37 +184,287 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   if (!p)
     bad(Errc::abi_mismatch, "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
                                 std::to_string(LOOM_ABI_MINOR) + "); rebuild the plugin against this SDK");
-  if (p->struct_size < sizeof(loom_plugin) || p->abi_major != LOOM_ABI_MAJOR)
+  if (p->struct_size == 0)
+    bad(Errc::abi_mismatch, "its loom_plugin table has struct_size 0: the table was not initialised (a "
+                            "hand-written table must set struct_size = sizeof(loom_plugin); "
+                            "LOOM_PLUGIN_DEFINE does)");
+  if (p->abi_major != LOOM_ABI_MAJOR)
     bad(Errc::abi_mismatch, "built for ABI " + std::to_string(p->abi_major) + "." +
                                 std::to_string(p->abi_minor) + ", the host speaks ABI " +
                                 std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
                                 " (the major must match); rebuild it against this SDK");
+  if (p->struct_size < sizeof(loom_plugin))
+    bad(Errc::abi_mismatch, "its loom_plugin table has struct_size " + std::to_string(p->struct_size) +
+                                ", smaller than ABI " + std::to_string(LOOM_ABI_MAJOR) + "'s " +
+                                std::to_string(sizeof(loom_plugin)) + " bytes; rebuild it against this SDK");
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories))
     bad(Errc::invalid_argument, "its loom_plugin table is incomplete (name, version or factories missing)");
+  if (p->n_factories > k_max_factories)
+    bad(Errc::invalid_argument, "its loom_plugin table claims " + std::to_string(p->n_factories) +
+                                    " factories (more than " + std::to_string(k_max_factories) +
+                                    "): the table is not initialised");
+  if (p->n_factories > 0 && p->factories[0].struct_size == 0)
+    bad(Errc::abi_mismatch, "its factory 0 has struct_size 0: the loom_factory entries were not initialised "
+                            "(a hand-written entry must set struct_size = sizeof(loom_factory); "
+                            "LOOM_SAMPLER() and the other SDK macros do)");
   if (p->n_factories > 0 && p->factories[0].struct_size < sizeof(loom_factory))
     bad(Errc::abi_mismatch, "its loom_factory entries are smaller than ABI 1.0's");
+  lib->factory_problems_.assign(p->n_factories, std::string());
   for (size_t i = 0; i < p->n_factories; ++i) {
     const loom_factory& f = factory_at(*p, i);
-    if (!f.name || !f.create)
+    std::string& problem = lib->factory_problems_[i];
+    if (f.struct_size == 0) {
+      problem = "struct_size is 0: the loom_factory entry was not initialised (hand-written without "
+                "sizeof(loom_factory)?)";
+    } else if (f.struct_size < sizeof(loom_factory)) {
+      problem = "struct_size " + std::to_string(f.struct_size) + " is smaller than ABI " +
+                std::to_string(LOOM_ABI_MAJOR) + "'s loom_factory (" + std::to_string(sizeof(loom_factory)) +
+                " bytes)";
+    } else if (!f.name || !f.create) {
       bad(Errc::invalid_argument, "factory " + std::to_string(i) + " has no name or create function");
+    } else if (kind_name(f.kind) == "unknown") {
+      problem = "kind " + std::to_string(f.kind) +
+                " is none of backend (1), decoder (2), sampler (3), stop (4); this host cannot use it "
+                "(built for a newer SDK?)";
+    }
   }
   lib->plugin_ = p;
   loaded_libraries()[canonical] = lib;
   return lib;
 }
 
+// ---- the child-process probe (`loom plugins`) ---------------------------------------------------
+
+namespace plugin {
+
+namespace {
+
+// Bytes the probe child writes before each step, so the parent can say where it died.
+constexpr char k_step_dlopen = 'o', k_step_score = 's', k_step_init = 'i', k_step_table = 't',
+               k_step_done = 'K';
+
+const char* step_text(char step) {
+  switch (step) {
+  case k_step_dlopen:
+    return "while dlopen ran its ELF constructors";
+  case k_step_score:
+    return "in loom_plugin_score";
+  case k_step_init:
+    return "in loom_plugin_init";
+  case k_step_table:
+    return "while its loom_plugin table was read";
+  default:
+    return nullptr;
+  }
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+  case SIGSEGV:
+    return "SIGSEGV";
+  case SIGBUS:
+    return "SIGBUS";
+  case SIGABRT:
+    return "SIGABRT";
+  case SIGILL:
+    return "SIGILL";
+  case SIGFPE:
+    return "SIGFPE";
+  case SIGTRAP:
+    return "SIGTRAP";
+  case SIGSYS:
+    return "SIGSYS";
+  case SIGKILL:
+    return "SIGKILL";
+  case SIGTERM:
+    return "SIGTERM";
+  case SIGPIPE:
+    return "SIGPIPE";
+  case SIGXCPU:
+    return "SIGXCPU";
+  case SIGXFSZ:
+    return "SIGXFSZ";
+  default:
+    return nullptr;
+  }
+}
+
+void quiet_log(int32_t, const char*, const char*) {}
+
+void put(int fd, char c) noexcept {
+  while (::write(fd, &c, 1) < 0 && errno == EINTR) {
+  }
+}
+
+[[noreturn]] void finish(int out) noexcept {
+  put(out, k_step_done);
+  ::_exit(0);
+}
+
+// The child: only dlopen/dlsym, the plugin's own code, write() and _exit() — it may have been forked
+// from a process with other threads, so nothing here allocates or takes a lock of the host's.
+[[noreturn]] void probe_child(const char* path, int out, const loom_host_api* api, pid_t parent) noexcept {
+  // Die by the signal (no sanitizer or host handler, no core file), and go with the parent.
+  for (const int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const struct rlimit no_core { 0, 0 };
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
+  // Whatever the plugin prints (or a sanitizer's report) must not reach the listing.
+  if (const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+  }
+  // The same steps, in the same order, as PluginRegistry::load(); a clean refusal is "done" too.
+  put(out, k_step_dlopen);
+  void* h = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) finish(out);
+  if (void* score = ::dlsym(h, "loom_plugin_score")) {
+    put(out, k_step_score);
+    if (reinterpret_cast<int32_t (*)()>(score)() <= 0) finish(out);
+  }
+  void* init = ::dlsym(h, "loom_plugin_init");
+  if (!init) finish(out);
+  put(out, k_step_init);
+  const loom_plugin* p = reinterpret_cast<loom_plugin_init_fn>(init)(api, LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
+  put(out, k_step_table);
+  if (!p || p->struct_size < sizeof(loom_plugin) || p->abi_major != LOOM_ABI_MAJOR) finish(out);
+  if (!p->name || !p->version || (p->n_factories > 0 && !p->factories)) finish(out);
+  volatile size_t sink = std::strlen(p->name) + std::strlen(p->version);
+  if (p->n_factories > k_max_factories ||
+      (p->n_factories > 0 && p->factories[0].struct_size < sizeof(loom_factory)))
+    finish(out);
+  for (size_t i = 0; i < p->n_factories; ++i) {
+    const loom_factory& f = factory_at(*p, i);
+    sink = sink + static_cast<size_t>(f.kind) + f.struct_size;
+    if (f.name) sink = sink + std::strlen(f.name);
+  }
+  (void)sink;
+  finish(out);
+}
+
+std::string duration_text(std::chrono::milliseconds t) {
+  const auto ms = t.count();
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+}
+
+} // namespace
+
+std::string probe_in_child(const std::string& path, std::chrono::milliseconds timeout) {
+  // Everything the child needs, made before fork(): it allocates nothing.
+  loom_host_api api = *host_api();
+  api.log = &quiet_log; // the host's sink takes a lock another thread may hold at fork time
+  const pid_t parent = ::getpid();
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return {}; // cannot probe: load in-process as pipelines do
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {};
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    probe_child(path.c_str(), fds[1], &api, parent);
+  }
+  ::close(fds[1]);
+  const int in = fds[0];
+  ::fcntl(in, F_SETFL, ::fcntl(in, F_GETFL) | O_NONBLOCK);
+
+  std::string steps;
+  auto drain = [&]() {
+    char buf[64];
+    for (;;) {
+      const ssize_t n = ::read(in, buf, sizeof buf);
+      if (n > 0) {
+        steps.append(buf, static_cast<size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        return n == 0; // true: end of file
+      }
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  bool reaped = false, timed_out = false, eof = false;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      reaped = true;
+      break;
+    }
+    if (r < 0 && errno != EINTR) break; // ECHILD: reaped elsewhere (SIGCHLD ignored); judge by the pipe
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      timed_out = true;
+      break;
+    }
+    // Wake on the child's bytes (or the end of the pipe when it exits); poll waitpid meanwhile.
+    const int wait_ms = static_cast<int>(std::min<int64_t>(left.count(), eof ? 2 : 50));
+    if (eof) {
+      const struct timespec ts { 0, static_cast<long>(wait_ms) * 1000000L };
+      ::nanosleep(&ts, nullptr);
+    } else {
+      struct pollfd pfd {
+        in, POLLIN, 0
+      };
+      if (::poll(&pfd, 1, wait_ms) > 0) eof = drain();
+    }
+  }
+  drain();
+  ::close(in);
+
+  const char last = steps.empty() ? '\0' : steps.back();
+  const char* where = step_text(last);
+  if (timed_out)
+    return "timed out while loading (no answer within " + duration_text(timeout) +
+           (where ? std::string(", ") + where : std::string()) + "; the probe process was killed)";
+  if (!reaped) return last == k_step_done ? std::string() : "the probe process that loaded it vanished";
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = signal_name(sig);
+    return "crashed while loading (signal " + std::to_string(sig) + (name ? std::string(": ") + name : "") +
+           (where ? std::string(", ") + where : std::string()) + ")";
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && last == k_step_done) return {};
+  return "exited while loading (exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+         (where ? std::string(", ") + where : std::string()) + ") instead of returning to the host";
+}
+
+} // namespace plugin
+
 std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>& dirs,
-                                                 const std::map<std::string, std::string>& pins) {
+                                                 const std::map<std::string, std::string>& pins,
+                                                 const DiscoverOptions& options) {
   std::vector<PluginInfo> out;
   std::vector<std::string> files;
   for (const auto& d : dirs) {
     std::error_code ec;
     if (!fs::is_directory(d, ec)) continue;
     std::vector<std::string> here;
-    for (const auto& e : fs::directory_iterator(d, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("libloom-", 0) == 0 && e.path().extension() == ".so")
-        here.push_back(fs::weakly_canonical(e.path(), ec).string());
+    for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path found = it->path().lexically_normal();
+      const std::string name = found.filename().string();
+      if (name.rfind("libloom-", 0) != 0 || found.extension() != ".so") continue;
+      // One entry per file however it is reached: its canonical path. A path that does not resolve
+      // (a dangling symlink, a symlink loop) is listed as found; loading it says why it is unusable.
+      std::error_code cec;
+      const fs::path canonical = fs::canonical(found, cec);
+      here.push_back(cec ? found.string() : canonical.string());
     }
     std::sort(here.begin(), here.end());
     for (auto& f : here)
@@ -196,7 +474,15 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
     PluginInfo info;
     info.path = f;
     try {
-      info.sha256 = file_sha256(f);
+      try {
+        info.sha256 = file_sha256(f); // regular files only; check_plugin_file() says why not
+      } catch (const Error&) {
+      }
+      if (const auto problem = plugin::check_plugin_file(f))
+        fail(problem->code, "plugin", one_line(f + ": " + problem->why));
+      if (options.probe_in_child)
+        if (const std::string why = plugin::probe_in_child(f, options.probe_timeout); !why.empty())
+          fail(Errc::invalid_argument, "plugin", one_line(f + ": " + why));
       // A pin is matched by plugin name once the plugin is known; load without it first.
       auto lib = load(f);
       const loom_plugin& p = lib->plugin();
@@ -205,12 +491,15 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       info.abi_major = p.abi_major;
       info.abi_minor = p.abi_minor;
       info.score = lib->score();
-      for (size_t i = 0; i < p.n_factories; ++i)
-        info.factories.push_back({std::string(kind_name(factory_at(p, i).kind)), factory_at(p, i).name});
+      for (size_t i = 0; i < p.n_factories; ++i) {
+        const loom_factory& fa = factory_at(p, i);
+        info.factories.push_back(
+            {std::string(kind_name(fa.kind)), fa.name ? fa.name : "", std::string(lib->factory_problem(i))});
+      }
       if (auto it = pins.find(info.name); it != pins.end() && it->second != info.sha256)
         fail(Errc::invalid_argument, "plugin",
-             f + ": sha256 is " + info.sha256 + " but the pipeline pins " + it->second + " for plugin '" +
-                 info.name + "' — the file changed; rebuild it or update the pin");
+             one_line(f + ": sha256 is " + info.sha256 + " but the pipeline pins " + it->second +
+                      " for plugin '" + info.name + "' — the file changed; rebuild it or update the pin"));
       // The same plugin name seen again: keep the higher score (ISA variants of one backend).
       auto same = std::find_if(libs_.begin(), libs_.end(),
                                [&](const auto& l) { return std::string(l->plugin().name) == info.name; });
@@ -223,9 +512,12 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       }
     } catch (const Error& e) {
       info.error = e.what();
-      const std::string prefix = "plugin: " + f + ": ";
+      const std::string prefix = "plugin: " + one_line(f) + ": ";
       if (info.error.rfind(prefix, 0) == 0) info.error = info.error.substr(prefix.size());
+      info.error = one_line(info.error);
       info.skipped = e.code() == Errc::unsupported;
+    } catch (const std::exception& e) { // a bug or an allocation failure: still only this file
+      info.error = one_line(e.what());
     }
     out.push_back(std::move(info));
   }
@@ -236,8 +528,11 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
 std::optional<PluginRegistry::Found> PluginRegistry::find(int32_t kind, std::string_view name) const {
   for (const auto& l : libs_) {
     const loom_plugin& p = l->plugin();
-    for (size_t i = 0; i < p.n_factories; ++i)
-      if (factory_at(p, i).kind == kind && name == factory_at(p, i).name) return Found{l, &factory_at(p, i)};
+    for (size_t i = 0; i < p.n_factories; ++i) {
+      if (!l->factory_problem(i).empty()) continue; // unknown kind, bad entry: never used
+      const loom_factory& f = factory_at(p, i);
+      if (f.kind == kind && name == f.name) return Found{l, &f};
+    }
   }
   return std::nullopt;
 }
@@ -247,8 +542,8 @@ std::string PluginRegistry::available(int32_t kind) const {
   for (const auto& l : libs_) {
     const loom_plugin& p = l->plugin();
     for (size_t i = 0; i < p.n_factories; ++i)
-      if (factory_at(p, i).kind == kind)
-        s += (s.empty() ? "" : ", ") + std::string(factory_at(p, i).name) + " (" + p.name + ")";
+      if (l->factory_problem(i).empty() && factory_at(p, i).kind == kind)
+        s += (s.empty() ? "" : ", ") + one_line(factory_at(p, i).name) + " (" + one_line(p.name) + ")";
   }
   return s.empty() ? "none" : s;
 }
@@ -256,7 +551,7 @@ std::string PluginRegistry::available(int32_t kind) const {
 std::string PluginRegistry::failures() const {
   std::string s;
   for (const auto& i : last_)
-    if (!i.error.empty() && !i.skipped) s += "\n  " + i.path + ": " + i.error;
+    if (!i.error.empty() && !i.skipped) s += "\n  " + one_line(i.path) + ": " + i.error;
   return s;
 }
 
