@@ -110,13 +110,16 @@ int cmd_inspect(const std::vector<std::string>& args) {
         md[kv.key] = kv.value.to_string(8);
       j["metadata"] = md;
     }
-    std::cout << j.dump(2) << "\n";
+    // Names and strings come from the file and need not be UTF-8: bytes that are not become U+FFFD
+    // instead of failing the dump.
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return k_exit_ok;
   }
 
   std::printf("file:          %s (GGUF v%u, %s)\n", f.path().c_str(), f.version(),
               human_bytes(f.file_size()).c_str());
-  std::printf("architecture:  %s%s%s\n", c.arch.c_str(), c.name.empty() ? "" : " — ", c.name.c_str());
+  std::printf("architecture:  %s%s%s\n", c.arch.c_str(), c.name.empty() ? "" : " — ",
+              gguf_printable(c.name).c_str());
   std::printf("parameters:    %lld (%.3f M)\n", static_cast<long long>(c.n_params),
               static_cast<double>(c.n_params) / 1e6);
   std::printf("weights:       %s (%llu bytes)\n", human_bytes(c.weight_bytes).c_str(),
@@ -146,7 +149,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   if (vm.count("metadata")) {
     std::printf("metadata:\n");
     for (const auto& kv : f.metadata())
-      std::printf("  %-44s %s\n", kv.key.c_str(), kv.value.to_string(8).c_str());
+      std::printf("  %-44s %s\n", gguf_printable(kv.key).c_str(), kv.value.to_string(8).c_str());
   }
   return k_exit_ok;
 }

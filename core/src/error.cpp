@@ -65,6 +65,8 @@ std::string one_line(std::string_view s) {
       out += "\\r";
     } else if (c == '\t') {
       out += "\\t";
+    } else if (c == '\\') {
+      out += "\\\\";
     } else if (c < 0x20 || c == 0x7f || n == 0) {
       out += "\\x";
       out += hex[c >> 4];
@@ -81,7 +83,7 @@ std::string user_value(std::string_view value, size_t max) {
   size_t cut = std::min(max, value.size());
   while (cut < value.size() && cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xC0) == 0x80)
     --cut; // not inside a UTF-8 character
-  return "'" + one_line(value.substr(0, cut)) + (cut < value.size() ? "…'" : "'");
+  return "'" + one_line(value.substr(0, cut)) + (cut < value.size() ? "...'" : "'");
 }
 
 void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept {

@@ -3,6 +3,10 @@
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
 #include <string>
 
 namespace loom {
@@ -10,7 +14,26 @@ namespace loom {
 namespace {
 
 [[noreturn]] void bad(const GgufFile& f, const std::string& msg) {
-  fail(Errc::parse_error, "model", f.path() + ": " + msg);
+  fail(Errc::parse_error, "model", gguf_printable(f.path(), 400) + ": " + msg);
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// An optional float key that must be finite, ≥ `min` and fit a float (`what`: the expected range).
+std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min,
+                                     const char* what) {
+  const std::optional<double> v = f.get_float_opt(key);
+  if (!v) return std::nullopt;
+  if (!std::isfinite(*v) || *v < min || *v > static_cast<double>(std::numeric_limits<float>::max()))
+    bad(f, "metadata '" + key + "' must be " + what + ", found " + number(*v) +
+               "; the file is corrupt — re-convert it");
+  return static_cast<float>(*v);
 }
 
 int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t max = 1 << 24) {
@@ -44,7 +67,8 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
   }
   if (!dtype_traits(t->type).can_dequantize)
     fail(Errc::unsupported, "model",
-         f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->type)) +
+         gguf_printable(f.path(), 400) + ": tensor '" + name + "' is stored as " +
+             std::string(dtype_name(t->type)) +
              ", which Loom cannot compute with yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
              "q4_k, q6_k)");
 }
@@ -56,7 +80,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.arch = f.get_string("general.architecture");
   if (c.arch != "llama")
     fail(Errc::unsupported, "model",
-         f.path() + ": architecture '" + c.arch + "' is not supported (supported: llama)");
+         gguf_printable(f.path(), 400) + ": architecture '" + gguf_printable(c.arch) +
+             "' is not supported (supported: llama)");
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch + ".";
   auto req = [&](const std::string& k) { return f.get_int(a + k); };
@@ -74,7 +99,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (auto kl = f.get_int_opt(a + "attention.key_length")) {
     c.head_dim = positive(f, a + "attention.key_length", *kl, 65536);
     if (auto vl = f.get_int_opt(a + "attention.value_length"); vl && *vl != *kl)
-      fail(Errc::unsupported, "model", f.path() + ": key_length != value_length is not supported");
+      fail(Errc::unsupported, "model",
+           gguf_printable(f.path(), 400) + ": key_length != value_length is not supported");
   } else {
     if (c.n_embd % c.n_head != 0)
       bad(f, "embedding_length (" + std::to_string(c.n_embd) + ") is not a multiple of head_count (" +
@@ -89,26 +115,35 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                            f.get_int_opt(a + "rope.dimension_count").value_or(c.head_dim), c.head_dim);
   if (c.rope.n_dims % 2 != 0)
     bad(f, "rope.dimension_count must be even, found " + std::to_string(c.rope.n_dims));
-  c.rope.theta = static_cast<float>(f.get_float_opt(a + "rope.freq_base").value_or(10000.0));
-  if (!(c.rope.theta > 1.0f)) bad(f, "rope.freq_base must be > 1, found " + std::to_string(c.rope.theta));
+  // RoPE: a NaN, infinite or non-positive value would turn every rotated query and key into NaN.
+  c.rope.theta = finite_at_least(f, a + "rope.freq_base", 0.0, "a finite number > 1 (typically 10000)")
+                     .value_or(10000.0f);
+  if (!(c.rope.theta > 1.0f))
+    bad(f, "metadata '" + a + "rope.freq_base' must be a finite number > 1 (typically 10000), found " +
+               number(static_cast<double>(c.rope.theta)) + "; the file is corrupt — re-convert it");
   const std::string scaling = f.get_string_opt(a + "rope.scaling.type").value_or("none");
-  double factor = f.get_float_opt(a + "rope.scaling.factor").value_or(0.0);
-  if (factor == 0.0)
-    if (auto lin = f.get_float_opt(a + "rope.scale_linear")) factor = *lin;
+  // The factor: rope.scaling.factor, else the older rope.scale_linear; 1 is no scaling.
+  std::string factor_key = a + "rope.scaling.factor";
+  std::optional<float> factor = finite_at_least(f, factor_key, 1.0, "a finite number ≥ 1 (1: no scaling)");
+  if (!factor) {
+    factor_key = a + "rope.scale_linear";
+    factor = finite_at_least(f, factor_key, 1.0, "a finite number ≥ 1 (1: no scaling)");
+  }
   if (scaling == "none" || (scaling.empty())) {
-    c.rope.scaling = (factor > 1.0 ? RopeScaling::linear : RopeScaling::none);
+    c.rope.scaling = (factor && *factor > 1.0f ? RopeScaling::linear : RopeScaling::none);
   } else if (scaling == "linear") {
     c.rope.scaling = RopeScaling::linear;
   } else if (scaling == "yarn") {
     c.rope.scaling = RopeScaling::yarn;
   } else {
     fail(Errc::unsupported, "model",
-         f.path() + ": rope.scaling.type '" + scaling + "' is not supported (none, linear, yarn)");
+         gguf_printable(f.path(), 400) + ": rope.scaling.type '" + gguf_printable(scaling) +
+             "' is not supported (none, linear, yarn)");
   }
-  c.rope.factor = factor > 0.0 ? static_cast<float>(factor) : 1.0f;
-  if (c.rope.factor < 1.0f) bad(f, "rope.scaling.factor must be ≥ 1, found " + std::to_string(c.rope.factor));
-  c.rope.orig_ctx =
-      static_cast<int32_t>(f.get_int_opt(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train));
+  c.rope.factor = factor.value_or(1.0f);
+  c.rope.orig_ctx = c.n_ctx_train;
+  if (auto oc = f.get_int_opt(a + "rope.scaling.original_context_length"))
+    c.rope.orig_ctx = positive(f, a + "rope.scaling.original_context_length", *oc, 1 << 24);
 
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) bad(f, "tensor 'token_embd.weight' is missing");

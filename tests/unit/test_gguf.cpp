@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <gtest/gtest.h>
+#include <memory>
 #include <random>
 
 namespace {
@@ -110,6 +111,17 @@ TEST(Gguf, TypedGettersNameTheKey) {
   EXPECT_EQ(f.get_int_opt("missing.key"), std::nullopt);
 }
 
+void expect_parse_error_in(const std::vector<uint8_t>& bytes, const GgufLimits& limits,
+                           const std::string& needle) {
+  try {
+    (void)GgufFile::parse(bytes, "bad.gguf", limits);
+    FAIL() << "expected a loom::Error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.gguf"), std::string::npos) << e.what();
+  }
+}
+
 void expect_parse_error(const std::vector<uint8_t>& bytes, const std::string& needle) {
   try {
     (void)GgufFile::parse(bytes, "bad.gguf");
@@ -118,6 +130,115 @@ void expect_parse_error(const std::vector<uint8_t>& bytes, const std::string& ne
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bad.gguf"), std::string::npos) << e.what();
   }
+}
+
+// Arrays stay in the file's bytes: numbers are read in place, strings are views.
+TEST(Gguf, ArraysAreCompactViews) {
+  GgufWriter w;
+  GgufValue f32s, i32s, bools;
+  f32s.type = i32s.type = bools.type = GgufType::array;
+  f32s.elem_type = GgufType::f32;
+  i32s.elem_type = GgufType::i32;
+  bools.elem_type = GgufType::boolean;
+  for (int k = 0; k < 1000; ++k) {
+    GgufValue e;
+    e.type = GgufType::f32;
+    e.f = k * 0.5;
+    f32s.items.push_back(e);
+    e.type = GgufType::i32;
+    e.i = -k;
+    i32s.items.push_back(e);
+    e.type = GgufType::boolean;
+    e.u = k % 2;
+    bools.items.push_back(e);
+  }
+  w.add("a.f32", f32s);
+  w.add("a.i32", i32s);
+  w.add("a.bool", bools);
+  w.add_string_array("a.str", {"x", "yz", ""});
+  auto bytes = std::make_unique<std::vector<uint8_t>>(w.serialize());
+  GgufValue copy;
+  {
+    const auto f = GgufFile::parse(*bytes, "mem");
+    const GgufArray& a = f.get_array("a.f32", GgufType::f32)->items;
+    EXPECT_TRUE(a.is_view());
+    EXPECT_EQ(a.heap_bytes(), 0u);
+    ASSERT_EQ(a.size(), 1000u);
+    EXPECT_EQ(a.as_number(999), 499.5);
+    EXPECT_EQ(a.as_int(1), std::nullopt); // not an integer array
+    const GgufArray& b = f.get_array("a.i32", GgufType::i32)->items;
+    EXPECT_EQ(b.as_int(7), -7);
+    EXPECT_EQ(b.as_number(7), -7.0);
+    EXPECT_EQ(b[7].i, -7);
+    const GgufArray& c = f.get_array("a.bool", GgufType::boolean)->items;
+    EXPECT_EQ(c.as_bool(3), true);
+    EXPECT_EQ(c.as_bool(4), false);
+    EXPECT_EQ(c.as_int(3), std::nullopt);
+    const GgufValue* s = f.get_array("a.str", GgufType::string);
+    EXPECT_EQ(s->items.heap_bytes(), 3 * sizeof(std::string_view));
+    EXPECT_EQ(s->items.str(1), "yz");
+    EXPECT_EQ(s->items.str(2), "");
+    EXPECT_EQ(s->to_string(), "[string × 3] {\"x\", \"yz\", \"\"}");
+    copy = *s;
+    copy.items.detach(); // outlives the bytes
+    EXPECT_FALSE(copy.items.is_view());
+  }
+  bytes.reset();
+  EXPECT_EQ(copy.items.str(1), "yz");
+}
+
+// What a parse may allocate is capped: an error names the key and the limit, before allocating.
+TEST(Gguf, MetadataMemoryIsCapped) {
+  GgufWriter w;
+  w.add_string_array("many.strings", std::vector<std::string>(100000, "ab"));
+  const auto bytes = w.serialize();
+  const auto f = GgufFile::parse(bytes, "many.gguf");
+  EXPECT_GE(f.metadata_bytes(), 100000 * sizeof(std::string_view));
+  EXPECT_LT(f.metadata_bytes(), 100000 * sizeof(std::string_view) + 4096);
+  try {
+    (void)GgufFile::parse(bytes, "many.gguf", GgufLimits{1 << 20});
+    FAIL() << "expected the metadata limit to refuse the file";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), Errc::parse_error);
+    EXPECT_NE(m.find("many.strings"), std::string::npos) << m;
+    EXPECT_NE(m.find("limit of 1.0 MiB"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  // Counts that fit the file but not the limit fail before the vectors are reserved.
+  std::vector<uint8_t> b = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+  const uint64_t n_tensors = 0, n_kv = 1000000;
+  b.insert(b.end(), reinterpret_cast<const uint8_t*>(&n_tensors),
+           reinterpret_cast<const uint8_t*>(&n_tensors) + 8);
+  b.insert(b.end(), reinterpret_cast<const uint8_t*>(&n_kv), reinterpret_cast<const uint8_t*>(&n_kv) + 8);
+  b.resize(b.size() + 13 * n_kv, 0);
+  expect_parse_error_in(b, GgufLimits{1 << 20}, "1000000 metadata entries");
+}
+
+TEST(Gguf, WriterOwnsWhatItIsGiven) {
+  auto bytes = std::make_unique<std::vector<uint8_t>>(small_file());
+  GgufWriter w;
+  {
+    const auto f = GgufFile::parse(*bytes, "mem");
+    for (const auto& kv : f.metadata())
+      w.add(kv.key, kv.value);
+  }
+  bytes.reset(); // the writer must not point into these bytes
+  const auto again = w.serialize();
+  const auto g = GgufFile::parse(again, "again");
+  EXPECT_EQ(g.get_array("some.strings", GgufType::string)->items.str(1), "bc");
+  EXPECT_EQ(g.find("some.nested")->items.nested(0).items.as_int(1), 2);
+  // An array's elements must all have its element type.
+  GgufValue a;
+  a.type = GgufType::array;
+  a.elem_type = GgufType::i32;
+  GgufValue e;
+  e.type = GgufType::i32;
+  a.items.push_back(e);
+  e.type = GgufType::f32;
+  EXPECT_THROW(a.items.push_back(e), Error);
+  a.elem_type = GgufType::u8;
+  EXPECT_THROW(GgufWriter().add("mixed", a), Error);
 }
 
 TEST(Gguf, WrongMagicAndVersion) {

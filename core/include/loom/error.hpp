@@ -39,10 +39,10 @@ private:
 [[noreturn]] void fail(Errc code, std::string component, const std::string& message);
 
 // Text as a one-line message may carry it: control characters and bytes that are not valid UTF-8
-// escaped (\\n, \\r, \\t, \\xNN); valid UTF-8 kept.
+// escaped (\\n, \\r, \\t, \\\\, \\xNN); valid UTF-8 kept.
 std::string one_line(std::string_view s);
 // A user-supplied value as messages echo it: in single quotes, on one line (control characters and
-// invalid UTF-8 escaped as \n, \xNN …), cut after `max` bytes with "…".
+// invalid UTF-8 escaped as \n, \xNN …), cut after `max` bytes with "...".
 std::string user_value(std::string_view value, size_t max = 160);
 
 // Programmer-error check: always on, aborts with file:line. Never used for input validation.

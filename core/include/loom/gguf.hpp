@@ -36,6 +36,61 @@ enum class GgufType : uint32_t {
 };
 std::string_view gguf_type_name(GgufType t) noexcept;
 
+struct GgufValue;
+
+// A metadata array, stored compactly. Parsed from a file, it is a view of the file's bytes: numbers
+// and bools stay where they are in the file (read with memcpy; bounds were checked at parse), strings
+// are string_views into the file (16 bytes each), and arrays of arrays (rare; bounded by the parse's
+// metadata-memory cap) are GgufValues. A view is valid while its GgufFile lives (for
+// GgufFile::parse, while the caller's bytes do); detach() copies it into storage of its own.
+// Arrays built with push_back (writer side) own their elements.
+class GgufArray {
+public:
+  GgufType elem_type() const noexcept { return type_; }
+  size_t size() const noexcept { return n_; }
+  bool empty() const noexcept { return n_ == 0; }
+
+  // Element i (i < size()). str: string arrays (asserts the type). as_int: integer arrays (nullopt
+  // for other types and for a u64 above INT64_MAX). as_number: integer or float arrays. as_bool:
+  // bool arrays. nested: arrays of arrays (asserts the type).
+  std::string_view str(size_t i) const;
+  std::optional<int64_t> as_int(size_t i) const noexcept;
+  std::optional<double> as_number(size_t i) const noexcept;
+  std::optional<bool> as_bool(size_t i) const noexcept;
+  const GgufValue& nested(size_t i) const;
+  // Element i as a standalone value of type elem_type() (copies a string; a nested array stays a
+  // view).
+  GgufValue operator[](size_t i) const;
+
+  // Appends an element of type e.type (the first element fixes elem_type(); another type is a
+  // loom::Error). The array then owns its elements.
+  void push_back(const GgufValue& e);
+  // Copies viewed elements (recursively) into storage of the array's own.
+  void detach();
+  // Whether any element points into a file's bytes.
+  bool is_view() const noexcept;
+  // Host memory the elements take beyond sizeof(GgufArray): 0 for a view of numbers.
+  uint64_t heap_bytes() const noexcept;
+
+  // Views (the parser's constructors): n numbers or bools of `type` at `data`, little-endian as in
+  // the file; strings; nested arrays (owned).
+  static GgufArray view_numbers(GgufType type, const uint8_t* data, size_t n) noexcept;
+  static GgufArray view_strings(std::vector<std::string_view> strings);
+  static GgufArray of_arrays(std::vector<GgufValue> arrays);
+
+private:
+  const uint8_t* number_bytes(size_t i) const noexcept;
+
+  GgufType type_ = GgufType::u8;
+  size_t n_ = 0;
+  bool owned_ = false;
+  const uint8_t* view_ = nullptr;      // numbers/bools, view: n_ · element size bytes
+  std::vector<uint8_t> own_bytes_;     // numbers/bools, owned
+  std::vector<std::string_view> strs_; // strings, view
+  std::vector<std::string> own_strs_;  // strings, owned
+  std::vector<GgufValue> nested_;      // arrays of arrays
+};
+
 struct GgufValue {
   GgufType type = GgufType::u8;
   // Scalars: integers in i (signed types) or u (unsigned, bool), floats in f.
@@ -43,16 +98,20 @@ struct GgufValue {
   uint64_t u = 0;
   double f = 0.0;
   std::string str;                   // type == string
-  GgufType elem_type = GgufType::u8; // type == array
-  std::vector<GgufValue> items;      // type == array (arrays may nest)
+  GgufType elem_type = GgufType::u8; // type == array (equals items.elem_type() once it has elements)
+  GgufArray items;                   // type == array (arrays may nest)
 
   bool is_integer() const noexcept;
   bool is_float() const noexcept { return type == GgufType::f32 || type == GgufType::f64; }
   // Integer value as int64 (nullopt when not an integer or a u64 above INT64_MAX).
   std::optional<int64_t> as_int() const noexcept;
   std::optional<double> as_number() const noexcept;  // integer or float
-  std::string to_string(size_t max_items = 8) const; // for `loom inspect`
+  std::string to_string(size_t max_items = 8) const; // for `loom inspect`: one line, escaped
 };
+
+// `s` made safe to echo inside a one-line message: control characters, backslashes and bytes that
+// are not valid UTF-8 become escapes (\n, \\, \xff); more than `max_bytes` are cut with "...".
+std::string gguf_printable(std::string_view s, size_t max_bytes = 200);
 
 struct GgufKV {
   std::string key;
@@ -71,12 +130,20 @@ struct GgufTensor {
   int64_t rows() const noexcept { return ne.empty() ? 0 : n_elements / ne[0]; }
 };
 
+// Limits on what a parse may allocate.
+struct GgufLimits {
+  // Host memory for the parsed metadata and tensor infos (keys, scalar strings, string views of
+  // string arrays, nested arrays, tensor names and shapes). Real models need a few MiB.
+  uint64_t max_metadata_bytes = uint64_t{1} << 30;
+};
+
 class GgufFile {
 public:
-  // Maps the file read-only and parses it. Throws loom::Error naming `path`.
-  static GgufFile open(const std::string& path);
+  // Maps the file read-only and parses it. Throws loom::Error naming `path`: also when the path
+  // holds a NUL byte or names something other than a regular file (a directory, a FIFO, a device).
+  static GgufFile open(const std::string& path, const GgufLimits& limits = {});
   // Parses bytes that stay owned by the caller (fuzzing, tests). `name` appears in messages.
-  static GgufFile parse(std::span<const uint8_t> bytes, std::string name);
+  static GgufFile parse(std::span<const uint8_t> bytes, std::string name, const GgufLimits& limits = {});
 
   GgufFile(GgufFile&&) noexcept;
   GgufFile& operator=(GgufFile&&) noexcept;
@@ -87,6 +154,8 @@ public:
   uint64_t file_size() const noexcept { return bytes_.size(); }
   uint64_t data_offset() const noexcept { return data_offset_; }
   uint32_t alignment() const noexcept { return alignment_; }
+  // Host memory the parsed metadata and tensor infos take, as estimated against GgufLimits.
+  uint64_t metadata_bytes() const noexcept { return metadata_bytes_; }
 
   const std::vector<GgufKV>& metadata() const noexcept { return kv_; }
   const std::vector<GgufTensor>& tensors() const noexcept { return tensors_; }
@@ -109,7 +178,7 @@ public:
 private:
   GgufFile() = default;
   struct Mapping;
-  void parse_all();
+  void parse_all(const GgufLimits& limits);
 
   std::shared_ptr<Mapping> mapping_;
   std::span<const uint8_t> bytes_;
@@ -117,6 +186,7 @@ private:
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   uint64_t data_offset_ = 0;
+  uint64_t metadata_bytes_ = 0;
   std::vector<GgufKV> kv_;
   std::vector<GgufTensor> tensors_;
 };
@@ -124,6 +194,7 @@ private:
 // Writer: builds a GGUF v3 file (used by `loom synth`, tests and fuzz seeds).
 class GgufWriter {
 public:
+  // Stores a copy of its own (arrays are detached from the file they came from).
   void add(std::string key, GgufValue value);
   void add_string(std::string key, std::string v);
   void add_u32(std::string key, uint32_t v);

@@ -147,14 +147,14 @@ Vocab read_vocab(const GgufFile& f) {
                " entries, more than token ids allow");
   const size_t n = tokens->items.size();
   v.pieces.reserve(n);
-  for (const GgufValue& t : tokens->items)
-    v.pieces.push_back(t.str);
+  for (size_t i = 0; i < n; ++i)
+    v.pieces.emplace_back(tokens->items.str(i));
 
   v.scores.assign(n, 0.0f);
   if (const GgufValue* a = find_array(f, v, "tokenizer.ggml.scores", is_number_type, "an array of f32")) {
     check_length(v, "tokenizer.ggml.scores", a->items.size(), n);
     for (size_t i = 0; i < n; ++i) {
-      const double x = a->items[i].as_number().value_or(0.0);
+      const double x = a->items.as_number(i).value_or(0.0);
       // NaN would break the merge order; it ranks below every real score instead.
       v.scores[i] = std::isnan(x) ? -std::numeric_limits<float>::infinity() : static_cast<float>(x);
     }
@@ -165,7 +165,7 @@ Vocab read_vocab(const GgufFile& f) {
           find_array(f, v, "tokenizer.ggml.token_type", is_integer_type, "an array of i32")) {
     check_length(v, "tokenizer.ggml.token_type", a->items.size(), n);
     for (size_t i = 0; i < n; ++i) {
-      const int64_t t = a->items[i].as_int().value_or(0);
+      const int64_t t = a->items.as_int(i).value_or(0);
       // Values llama.cpp does not know are "undefined" there too: such tokens decode to nothing.
       v.types[i] = (t >= 1 && t <= 6) ? static_cast<TokenType>(t) : TokenType::undefined;
     }
@@ -175,8 +175,8 @@ Vocab read_vocab(const GgufFile& f) {
           f, v, "tokenizer.ggml.merges", [](GgufType t) { return t == GgufType::string; },
           "an array of strings")) {
     v.merges.reserve(a->items.size());
-    for (const GgufValue& m : a->items)
-      v.merges.push_back(m.str);
+    for (size_t i = 0; i < a->items.size(); ++i)
+      v.merges.emplace_back(a->items.str(i));
   }
 
   v.bos = read_id(f, v, "tokenizer.ggml.bos_token_id");
