@@ -45,15 +45,6 @@ void set_sampler_param(std::vector<SamplerSpec>& chain, const std::string& name,
   chain.insert(it, std::move(s));
 }
 
-std::vector<SamplerSpec> default_chain_specs() {
-  return {
-      {"top_k", {{"k", int64_t{40}}}},
-      {"top_p", {{"p", 0.95}}},
-      {"min_p", {{"p", 0.05}}},
-      {"temperature", {{"value", 0.8}}},
-  };
-}
-
 nlohmann::json to_json(const GenerationResult& r) {
   nlohmann::json j;
   j["prompt_tokens"] = r.prompt_tokens;

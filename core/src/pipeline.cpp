@@ -1,4 +1,7 @@
-// A request's whole path, start to end: tokenize → prefill → (sample → stop → stream → decode)*.
+// A request's whole path, start to end: Pipeline::create builds the components a TOML pipeline
+// names; submit() tokenizes and hands the request to the Engine (engine.cpp: admission and the
+// batched step loop, via scheduler.cpp), whose DecodeSession (decode_session.cpp) appends each
+// sampled token, runs the stop rules and streams the text; the decoder drives it.
 #include "loom/pipeline.hpp"
 
 #include "loom/error.hpp"
@@ -15,18 +18,17 @@ namespace loom {
 std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->cfg_ = cfg;
+  // Capabilities that no backend has yet; the message names the backend the pipeline chose.
+  const auto unavailable = [&](const std::string& key, const std::string& value, const std::string& use) {
+    fail(Errc::unsupported, "pipeline",
+         cfg.source + ": " + key + " = " + user_value(value) + " is not available with backend " +
+             user_value(cfg.backend.name) + " (not implemented in this build); use " + use);
+  };
   if (cfg.kv_cache.store != "contiguous")
-    fail(Errc::unsupported, "pipeline",
-         cfg.source + ": [kv_cache] store = \"" + cfg.kv_cache.store +
-             "\" is not available on the reference backend; use store = \"contiguous\"");
-  if (cfg.kv_cache.dtype != "f32")
-    fail(Errc::unsupported, "pipeline",
-         cfg.source + ": [kv_cache] dtype = \"" + cfg.kv_cache.dtype +
-             "\" is not available on the reference backend; use dtype = \"f32\"");
+    unavailable("[kv_cache] store", cfg.kv_cache.store, "store = \"contiguous\"");
+  if (cfg.kv_cache.dtype != "f32") unavailable("[kv_cache] dtype", cfg.kv_cache.dtype, "dtype = \"f32\"");
   if (cfg.attention.kernel != "naive")
-    fail(Errc::unsupported, "pipeline",
-         cfg.source + ": [attention] kernel = \"" + cfg.attention.kernel +
-             "\" is not available on the reference backend; use kernel = \"naive\"");
+    unavailable("[attention] kernel", cfg.attention.kernel, "kernel = \"naive\"");
   if (cfg.model.path.empty())
     fail(Errc::invalid_argument, "pipeline", cfg.source + ": [model] path is required (a .gguf file)");
 

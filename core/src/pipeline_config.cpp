@@ -174,27 +174,6 @@ std::vector<int64_t> read_int_array(const Checker& c, const toml::table& t, cons
   return out;
 }
 
-std::string range_text(const ParamSchema& p) {
-  if (!p.help.empty()) return p.help;
-  std::string s;
-  if (p.has_min && p.has_max) {
-    std::ostringstream ss;
-    ss << "in " << (p.min_open ? "(" : "[") << p.min << ", " << p.max << (p.max_open ? ")" : "]");
-    return ss.str();
-  }
-  std::ostringstream ss;
-  if (p.has_min) ss << (p.min_open ? "> " : "≥ ") << p.min;
-  if (p.has_max) ss << (p.max_open ? "< " : "≤ ") << p.max;
-  return ss.str();
-}
-
-bool in_range(const ParamSchema& p, double v) {
-  if (std::isnan(v)) return false;
-  if (p.has_min && (p.min_open ? !(v > p.min) : !(v >= p.min))) return false;
-  if (p.has_max && (p.max_open ? !(v < p.max) : !(v <= p.max))) return false;
-  return true;
-}
-
 // Keys of a plugin's table, converted without a schema (the plugin validates through the host).
 std::vector<std::pair<std::string, ParamValue>> generic_params(const Checker& c, const toml::table& t,
                                                                const std::string& sec, std::string_view skip,
@@ -280,7 +259,7 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
     const toml::node* v = t.get(p.key);
     const std::string path = ssec + "." + p.key;
     if (!v) {
-      if (p.required) c.error(node, ssec, "the key '" + p.key + "' (" + range_text(p) + ")");
+      if (p.required) c.error(node, ssec, "the key '" + p.key + "': " + describe_param(p));
       continue;
     }
     switch (p.kind) {
@@ -289,15 +268,15 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
       spec.params.emplace_back(p.key, v->as_boolean()->get());
       break;
     case ParamSchema::Kind::integer: {
-      const std::string exp = "an integer " + range_text(p);
+      const std::string exp = describe_param(p);
       if (!v->is_integer()) c.error(*v, path, exp);
       const int64_t x = v->as_integer()->get();
-      if (!in_range(p, static_cast<double>(x))) c.error(*v, path, exp);
+      if (!schema_accepts(p, static_cast<double>(x))) c.error(*v, path, exp);
       spec.params.emplace_back(p.key, x);
       break;
     }
     case ParamSchema::Kind::number: {
-      const std::string exp = "a number " + range_text(p);
+      const std::string exp = describe_param(p);
       double x;
       if (v->is_integer()) {
         x = static_cast<double>(v->as_integer()->get());
@@ -306,16 +285,16 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
       } else {
         c.error(*v, path, exp);
       }
-      if (!in_range(p, x)) c.error(*v, path, exp);
+      if (!schema_accepts(p, x)) c.error(*v, path, exp);
       spec.params.emplace_back(p.key, x);
       break;
     }
     case ParamSchema::Kind::int_list: {
-      const std::string exp = "an array of integers " + range_text(p);
+      const std::string exp = describe_param(p);
       if (!v->is_array()) c.error(*v, path, exp);
       std::vector<int64_t> xs;
       for (const auto& e : *v->as_array()) {
-        if (!e.is_integer() || !in_range(p, static_cast<double>(e.as_integer()->get())))
+        if (!e.is_integer() || !schema_accepts(p, static_cast<double>(e.as_integer()->get())))
           c.error(e, path, exp);
         xs.push_back(e.as_integer()->get());
       }
@@ -323,7 +302,7 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
       break;
     }
     case ParamSchema::Kind::number_list: {
-      const std::string exp = "an array of numbers " + range_text(p);
+      const std::string exp = describe_param(p);
       if (!v->is_array()) c.error(*v, path, exp);
       std::vector<double> xs;
       for (const auto& e : *v->as_array()) {
@@ -335,7 +314,7 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
         } else {
           c.error(e, path, exp);
         }
-        if (!in_range(p, x)) c.error(e, path, exp);
+        if (!schema_accepts(p, x)) c.error(e, path, exp);
         xs.push_back(x);
       }
       spec.params.emplace_back(p.key, std::move(xs));

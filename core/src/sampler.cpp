@@ -498,15 +498,8 @@ std::string value_text(const ParamValue& v) {
   return value_type_name(v);
 }
 
-bool in_range(const ParamSchema& s, double x) {
-  if (s.has_min && (s.min_open ? !(x > s.min) : !(x >= s.min))) return false;
-  if (s.has_max && (s.max_open ? !(x < s.max) : !(x <= s.max))) return false;
-  return true;
-}
-
 [[noreturn]] void fail_value(const SamplerInfo& info, const ParamSchema& s, const std::string& what) {
-  fail_arg(info.name + ": " + s.key + " " + what + "; expected " + describe_expected(s) + " (" + s.help +
-           ")");
+  fail_arg(info.name + ": " + s.key + " " + what + "; expected " + describe_param(s));
 }
 
 // Checks one value against its schema (type, finiteness, range); throws with the sampler and key named.
@@ -515,7 +508,7 @@ void check_value(const SamplerInfo& info, const ParamSchema& s, const ParamValue
   const auto check_scalar = [&](double x, bool allow_inf, const std::string& shown) {
     if (std::isnan(x) || (!allow_inf && std::isinf(x)))
       fail_value(info, s, "= " + shown + " is not a finite number");
-    if (!in_range(s, x)) fail_value(info, s, "= " + shown + " is out of range");
+    if (!schema_accepts(s, x)) fail_value(info, s, "= " + shown + " is out of range");
   };
   switch (s.kind) {
   case Kind::boolean:
@@ -688,6 +681,17 @@ std::string describe_expected(const ParamSchema& s) {
   return out;
 }
 
+bool schema_accepts(const ParamSchema& s, double x) noexcept {
+  if (std::isnan(x)) return false;
+  if (s.has_min && (s.min_open ? !(x > s.min) : !(x >= s.min))) return false;
+  if (s.has_max && (s.max_open ? !(x < s.max) : !(x <= s.max))) return false;
+  return true;
+}
+
+std::string describe_param(const ParamSchema& s) {
+  return s.help.empty() ? describe_expected(s) : describe_expected(s) + " (" + s.help + ")";
+}
+
 const std::vector<SamplerInfo>& builtin_samplers() {
   static const std::vector<SamplerInfo> v = make_builtins();
   return v;
@@ -775,38 +779,39 @@ TokenId SamplerChain::sample(std::span<const float> logits, SamplerContext& ctx)
 // ---------------------------------------------------------------------------------------------
 // Default chain, log-probabilities
 
-SamplerChain make_default_chain(const SamplingParams& p) {
-  const auto spec = [](std::string name, std::vector<std::pair<std::string, ParamValue>> params) {
-    return SamplerSpec{std::move(name), std::move(params)};
-  };
+std::vector<SamplerSpec> default_chain_specs(const SamplingParams& p) {
   const auto d = [](float x) { return ParamValue{static_cast<double>(x)}; };
   const auto i = [](int32_t x) { return ParamValue{static_cast<int64_t>(x)}; };
-  // Create every sampler first so that out-of-range values throw even when they would be left out.
-  auto penalties = create_sampler(spec("penalties", {{"repeat", d(p.repeat_penalty)},
-                                                     {"frequency", d(p.frequency_penalty)},
-                                                     {"presence", d(p.presence_penalty)},
-                                                     {"last_n", i(p.penalty_last_n)}}));
-  auto top_k = create_sampler(spec("top_k", {{"k", i(p.top_k)}}));
-  auto typical = create_sampler(spec("typical_p", {{"p", d(p.typical_p)}}));
-  auto top_p = create_sampler(spec("top_p", {{"p", d(p.top_p)}}));
-  auto min_p = create_sampler(spec("min_p", {{"p", d(p.min_p)}}));
-  auto temp = create_sampler(spec("temperature", {{"value", d(p.temperature)}}));
-
-  SamplerChain chain;
+  const std::vector<SamplerSpec> all = {
+      {"penalties",
+       {{"repeat", d(p.repeat_penalty)},
+        {"frequency", d(p.frequency_penalty)},
+        {"presence", d(p.presence_penalty)},
+        {"last_n", i(p.penalty_last_n)}}},
+      {"top_k", {{"k", i(p.top_k)}}},
+      {"typical_p", {{"p", d(p.typical_p)}}},
+      {"top_p", {{"p", d(p.top_p)}}},
+      {"min_p", {{"p", d(p.min_p)}}},
+      {"temperature", {{"value", d(p.temperature)}}},
+  };
+  for (const auto& s : all) // every value is checked, also those of samplers left out below
+    (void)create_sampler(s);
   const bool penalties_on =
       p.penalty_last_n != 0 &&
       (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
-  if (penalties_on) chain.add(std::move(penalties));
-  if (p.top_k > 0) chain.add(std::move(top_k));
-  if (p.typical_p < 1.0f) chain.add(std::move(typical));
-  if (p.top_p < 1.0f) chain.add(std::move(top_p));
-  if (p.min_p > 0.0f) chain.add(std::move(min_p));
-  if (p.temperature > 0.0f) {
-    chain.add(std::move(temp));
-    chain.add(std::make_unique<Dist>());
-  } else {
-    chain.add(std::make_unique<Greedy>());
-  }
+  const bool on[] = {penalties_on, p.top_k > 0,
+                     p.typical_p<1.0f, p.top_p<1.0f, p.min_p> 0.0f, p.temperature> 0.0f};
+  std::vector<SamplerSpec> out;
+  for (size_t k = 0; k < all.size(); ++k)
+    if (on[k]) out.push_back(all[k]);
+  out.push_back(SamplerSpec{p.temperature > 0.0f ? "dist" : "greedy", {}});
+  return out;
+}
+
+SamplerChain make_default_chain(const SamplingParams& p) {
+  SamplerChain chain;
+  for (const auto& s : default_chain_specs(p))
+    chain.add(create_sampler(s));
   return chain;
 }
 

@@ -82,6 +82,11 @@ struct ParamSchema {
 // The accepted form of a parameter in words, for "expected ..." messages: "an integer ≥ 0",
 // "a number in (0, 1]", "a list of integers, each ≥ 0". Bounds of a list apply to each element.
 std::string describe_expected(const ParamSchema& s);
+// Whether a (finite) value lies in the schema's range. NaN is never accepted.
+bool schema_accepts(const ParamSchema& s, double x) noexcept;
+// describe_expected with the parameter's help text: "an integer ≥ 0 (0 = off)". The one formatter of
+// a parameter's accepted form, for the sampler factory's and the pipeline validator's messages.
+std::string describe_param(const ParamSchema& s);
 
 struct SamplerInfo {
   std::string name;
@@ -132,6 +137,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   int32_t penalty_last_n = 64;
 };
+// The default chain as specs (what `loom run`'s --temp/--top-k … edit) and built; both throw on
+// out-of-range values. The one definition of the default chain.
+std::vector<SamplerSpec> default_chain_specs(const SamplingParams& p = {});
 SamplerChain make_default_chain(const SamplingParams& p); // throws on out-of-range values
 
 // Log-probability of `token` under softmax(logits) (the model's raw distribution).
