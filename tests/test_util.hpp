@@ -32,20 +32,23 @@ inline std::string read_file(const std::filesystem::path& p) {
 }
 
 // `$LOOM_BIN args` through a shell: stdout, stderr (or both in `out` when merge_stderr) and the
-// exit code (-1 when LOOM_BIN is unset or the command could not run).
+// exit code (-1 when LOOM_BIN is unset or the command could not run). With timeout_s > 0 the
+// command is killed after that many seconds (a hang fails the test instead of stalling it): code 137.
+// A death by signal N shows as 128 + N.
 struct CliResult {
   std::string out, err;
   int code = -1;
 };
 
-inline CliResult run_loom(const std::string& args, bool merge_stderr) {
+inline CliResult run_loom(const std::string& args, bool merge_stderr, int timeout_s = 0) {
   CliResult r;
   const char* bin = std::getenv("LOOM_BIN");
   if (!bin) return r;
   const std::filesystem::path err_file =
       std::filesystem::temp_directory_path() / ("loom-test-stderr-" + std::to_string(::getpid()));
+  const std::string limit = timeout_s > 0 ? "timeout -s KILL " + std::to_string(timeout_s) + " " : "";
   const std::string cmd =
-      std::string(bin) + " " + args + (merge_stderr ? " 2>&1" : " 2>" + err_file.string());
+      limit + std::string(bin) + " " + args + (merge_stderr ? " 2>&1" : " 2>" + err_file.string());
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;
   char buf[4096];
@@ -53,10 +56,11 @@ inline CliResult run_loom(const std::string& args, bool merge_stderr) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0)
     r.out.append(buf, n);
   const int st = pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   if (!merge_stderr) {
     r.err = read_file(err_file);
-    std::filesystem::remove(err_file);
+    std::error_code ec;
+    std::filesystem::remove(err_file, ec);
   }
   return r;
 }

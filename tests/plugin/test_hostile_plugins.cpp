@@ -69,28 +69,9 @@ struct PluginDir {
   }
 };
 
-// Runs loom with a hard time limit (a hang must fail the test, not stall it). code: the exit status;
-// a death by signal N shows as 128 + N, the time limit as 137.
+// Runs loom with a hard time limit (a hang must fail the test, not stall it): see test::run_loom.
 test::CliResult loom_limited(const std::string& args, int seconds = 60) {
-  test::CliResult r;
-  const char* bin = std::getenv("LOOM_BIN");
-  if (!bin) return r;
-  const fs::path err_file = fs::temp_directory_path() / ("loom-hostile-stderr-" + std::to_string(::getpid()));
-  const std::string cmd = "timeout -s KILL " + std::to_string(seconds) + " " + std::string(bin) + " " + args +
-                          " 2>" + err_file.string();
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
-    r.out.append(buf, n);
-  const int st = ::pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  std::ifstream e(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
-  std::error_code ec;
-  fs::remove(err_file, ec);
-  return r;
+  return test::run_loom(args, false, seconds);
 }
 
 // `loom plugins --plugin-path DIR --json`: exit 0 and valid JSON (the test fails otherwise).

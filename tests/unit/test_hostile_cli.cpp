@@ -61,7 +61,7 @@ TEST(HostileCli, EachBadInputIsAClearErrorOnOneLine) {
   for (const Case& c : cases) {
     const std::string args = expand(c.args, model.string(), dir.string());
     SCOPED_TRACE(args);
-    const auto r = loom::test::run_loom("--help >/dev/null; timeout 60 $LOOM_BIN " + args, false);
+    const auto r = loom::test::run_loom(args, false, 60);
     EXPECT_EQ(r.code, c.code) << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
     if (c.code == 1) {

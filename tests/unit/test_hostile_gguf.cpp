@@ -173,22 +173,9 @@ fs::path write_file(const std::string& name, const std::vector<uint8_t>& bytes) 
   return p;
 }
 
-// `timeout 10 $LOOM_BIN args`: a hang shows as exit code 124 instead of a stuck test.
+// `$LOOM_BIN args` killed after 10 s: a hang shows as exit code 137 instead of a stuck test.
 test::CliResult loom_cli(const std::string& args, bool merge_stderr = true) {
-  test::CliResult r;
-  const char* bin = std::getenv("LOOM_BIN");
-  if (!bin) return r;
-  const std::string cmd =
-      "timeout 10 " + std::string(bin) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-    r.out.append(buf, n);
-  const int st = pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return test::run_loom(args, merge_stderr, 10);
 }
 
 size_t lines(const std::string& s) {
@@ -421,7 +408,7 @@ TEST(HostileGguf, FifoIsAnErrorNotAHang) {
   fs::remove(p);
   ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
   const auto r = loom_cli("inspect " + p.string());
-  EXPECT_NE(r.code, 124) << "loom inspect FIFO hung (killed by timeout 10)";
+  EXPECT_NE(r.code, 137) << "loom inspect FIFO hung (killed by the 10 s limit)";
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("FIFO"), std::string::npos) << r.out;
   EXPECT_LE(lines(r.out), 2u) << r.out;

@@ -1,0 +1,60 @@
+// The engine's contract seen from plugins built with the SDK alone (fixtures/contract.cpp): a
+// decoder's truncate restores the sequence exactly, and a backend that fails after some tokens makes
+// `loom run` exit 1 with its message (not 0 with a short answer).
+#include "test_util.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+loom::test::CliResult loom_run(const std::string& args) {
+  return loom::test::run_loom("run " + args + " --plugin-path " LOOM_FIXTURE_DIR, false, 60); // a spin fails
+}
+
+TEST(ContractPlugins, TruncateFromADecoderPluginRegeneratesTheSameAnswer) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  // A repetition penalty makes the continuation depend on sampler state that truncate must roll back.
+  const fs::path toml = fs::temp_directory_path() / ("loom-contract-" + std::to_string(::getpid()) + ".toml");
+  std::ofstream(toml) << "[model]\npath = \"" << model.string()
+                      << "\"\n[[sampler]]\nname = \"penalties\"\nrepeat = 1.5\nlast_n = 64\n"
+                         "[[sampler]]\nname = \"temperature\"\nvalue = 0.0\n";
+  const std::string base = "-c " + toml.string() + " -p 'Once upon a time' -n 24";
+  const auto plain = loom_run(base + " --json");
+  const auto trunc = loom_run(base + " --json --decoder fixture_truncate");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(trunc.code, 0) << trunc.err;
+  const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(trunc.out);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["text"], b["text"]);
+  EXPECT_EQ(a["stop_reason"], b["stop_reason"]);
+  EXPECT_EQ(b["tokens"].size(), 24u);
+  // Streamed: what was streamed before the truncate is not repeated after it.
+  const auto plain_text = loom_run(base), trunc_text = loom_run(base + " --decoder fixture_truncate");
+  EXPECT_EQ(trunc_text.code, 0) << trunc_text.err;
+  EXPECT_EQ(plain_text.out, trunc_text.out);
+  fs::remove(toml);
+}
+
+TEST(ContractPlugins, ABackendFailureAfterSomeTokensExitsOne) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto r =
+      loom_run("-m " + model.string() +
+               " -p 'Once upon a time' -n 10 --temp 0 --set backend.name=fixture_fail_after --json");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("device lost (fixture)"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stop_reason"], "error");
+  EXPECT_EQ(j["tokens"].size(), 3u) << "three forward passes succeeded";
+  const auto text =
+      loom_run("-m " + model.string() + " -p hi -n 10 --temp 0 --set backend.name=fixture_fail_after");
+  EXPECT_EQ(text.code, 1) << text.err;
+}
+
+} // namespace
