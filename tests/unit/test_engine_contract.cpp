@@ -76,7 +76,10 @@ struct Rig {
 
 // A decoder given as lambdas over the session (plan / update / done); results: sequence 0.
 struct LambdaDecoder final : Decoder {
-  std::function<void(DecodeSession&)> on_plan, on_update;
+  std::function<void(DecodeSession&)> on_plan = [](DecodeSession& s) { // sequence 0 while it is live
+    if (s.finished(0) == StopReason::none) s.plan(0);
+  };
+  std::function<void(DecodeSession&)> on_update;
   std::function<bool(const DecodeSession&)> on_done;
   std::string_view name() const noexcept override { return "test"; }
   void plan(DecodeSession& s) override { on_plan(s); }
@@ -225,9 +228,6 @@ TEST(EngineContract, TruncateRestoresTheSequenceExactly) {
       model, 128, 4,
       [&] {
         auto d = std::make_unique<LambdaDecoder>();
-        d->on_plan = [](DecodeSession& s) {
-          if (s.finished(0) == StopReason::none) s.plan(0);
-        };
         d->on_update = [&](DecodeSession& s) {
           n_prompt = s.n_prompt();
           if (!s.logits(0)) return;
@@ -260,9 +260,6 @@ TEST(EngineContract, TruncateRestoresTheSequenceExactly) {
       model, 128, 4,
       [] {
         auto d = std::make_unique<LambdaDecoder>();
-        d->on_plan = [](DecodeSession& s) {
-          if (s.finished(0) == StopReason::none) s.plan(0);
-        };
         d->on_update = [](DecodeSession& s) {
           if (s.logits(0)) s.append(0, s.sample(0));
         };
@@ -285,9 +282,6 @@ TEST(EngineContract, TruncateOfAFinishedSequenceMakesItLiveAgain) {
   bool truncated = false;
   Rig rig(model, 128, 4, [&] {
     auto d = std::make_unique<LambdaDecoder>();
-    d->on_plan = [](DecodeSession& s) {
-      if (s.finished(0) == StopReason::none) s.plan(0);
-    };
     d->on_update = [&](DecodeSession& s) {
       if (!s.logits(0)) return;
       const StopReason why = s.append(0, s.sample(0));
@@ -371,9 +365,6 @@ TEST(EngineContract, FreeReleasesTheSequence) {
   KVCacheStore* kvp = nullptr;
   Rig rig(model, 128, 4, [&] {
     auto d = std::make_unique<LambdaDecoder>();
-    d->on_plan = [](DecodeSession& s) {
-      if (s.finished(0) == StopReason::none) s.plan(0);
-    };
     d->on_update = [&](DecodeSession& s) {
       if (!s.logits(0)) return;
       if (child < 0) {

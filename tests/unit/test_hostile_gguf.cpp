@@ -1,6 +1,7 @@
 // Hostile GGUF files that used to be accepted, hang or exhaust memory: large arrays, overlapping
 // tensors, non-finite RoPE parameters, FIFOs and directories, invalid UTF-8, NUL bytes in the path.
 // Each case is a one-line loom::Error (exit 1 from the CLI) or, for inspect --json, valid JSON.
+#include "gguf_values.hpp"
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
@@ -22,57 +23,10 @@
 namespace {
 
 using namespace loom;
+using namespace loom::test; // gguf_values.hpp
 namespace fs = std::filesystem;
 
 // ---- crafting files ------------------------------------------------------------------------------
-
-GgufValue str_value(std::string s) {
-  GgufValue v;
-  v.type = GgufType::string;
-  v.str = std::move(s);
-  return v;
-}
-GgufValue u32_value(uint32_t x) {
-  GgufValue v;
-  v.type = GgufType::u32;
-  v.u = x;
-  return v;
-}
-GgufValue i32_value(int32_t x) {
-  GgufValue v;
-  v.type = GgufType::i32;
-  v.i = x;
-  return v;
-}
-GgufValue f32_value(float x) {
-  GgufValue v;
-  v.type = GgufType::f32;
-  v.f = static_cast<double>(x);
-  return v;
-}
-GgufValue array_of(GgufType elem, const std::vector<double>& xs) {
-  GgufValue a;
-  a.type = GgufType::array;
-  a.elem_type = elem;
-  for (double x : xs) {
-    GgufValue e;
-    e.type = elem;
-    if (elem == GgufType::f32)
-      e.f = x;
-    else
-      e.i = static_cast<int64_t>(x);
-    a.items.push_back(e);
-  }
-  return a;
-}
-GgufValue strings(const std::vector<std::string>& xs) {
-  GgufValue a;
-  a.type = GgufType::array;
-  a.elem_type = GgufType::string;
-  for (const auto& x : xs)
-    a.items.push_back(str_value(x));
-  return a;
-}
 
 using Meta = std::map<std::string, GgufValue>;
 

@@ -1,5 +1,6 @@
 // Tests of the GGUF tokenizers (loom/tokenizer.hpp) against reference tokenizations: llama.cpp's
 // vocab test cases (ids from Hugging Face tokenizers) and SentencePiece outputs for two vocabs.
+#include "gguf_values.hpp"
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/tokenizer.hpp"
@@ -26,6 +27,7 @@ using loom::GgufWriter;
 using loom::TokenId;
 using loom::Tokenizer;
 using loom::TokenType;
+using namespace loom::test; // gguf_values.hpp
 
 const EncodeOptions k_no_bos{.add_bos = false, .add_eos = false, .parse_special = false};
 
@@ -498,58 +500,12 @@ TEST(Tokenizer, LoadingLargeVocabIsFast) {
 
 // ---- malformed metadata -----------------------------------------------------------------------
 
-GgufValue array_of(GgufType elem, const std::vector<double>& xs) {
-  GgufValue a;
-  a.type = GgufType::array;
-  a.elem_type = elem;
-  for (double x : xs) {
-    GgufValue e;
-    e.type = elem;
-    if (elem == GgufType::f32)
-      e.f = x;
-    else
-      e.i = static_cast<int64_t>(x);
-    a.items.push_back(e);
-  }
-  return a;
-}
-
-GgufValue string_value(std::string s) {
-  GgufValue v;
-  v.type = GgufType::string;
-  v.str = std::move(s);
-  return v;
-}
-
-GgufValue u32_value(uint32_t x) {
-  GgufValue v;
-  v.type = GgufType::u32;
-  v.u = x;
-  return v;
-}
-
-GgufValue bool_value(bool b) {
-  GgufValue v;
-  v.type = GgufType::boolean;
-  v.u = b ? 1 : 0;
-  return v;
-}
-
-GgufValue strings(const std::vector<std::string>& xs) {
-  GgufValue a;
-  a.type = GgufType::array;
-  a.elem_type = GgufType::string;
-  for (const auto& x : xs)
-    a.items.push_back(string_value(x));
-  return a;
-}
-
 // A tiny valid SentencePiece vocabulary; `edit` changes or removes (nullopt) keys.
 using Meta = std::map<std::string, std::optional<GgufValue>>;
 
 Meta tiny_llama() {
   Meta m;
-  m["tokenizer.ggml.model"] = string_value("llama");
+  m["tokenizer.ggml.model"] = str_value("llama");
   m["tokenizer.ggml.tokens"] = strings({"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b",
                                         "\xE2\x96\x81"
                                         "a",
@@ -563,8 +519,8 @@ Meta tiny_llama() {
 
 Meta tiny_gpt2() {
   Meta m;
-  m["tokenizer.ggml.model"] = string_value("gpt2");
-  m["tokenizer.ggml.pre"] = string_value("gpt-2");
+  m["tokenizer.ggml.model"] = str_value("gpt2");
+  m["tokenizer.ggml.pre"] = str_value("gpt-2");
   m["tokenizer.ggml.tokens"] = strings({"a", "b", "\xC4\xA0", "ab",
                                         "\xC4\xA0"
                                         "a",
@@ -634,7 +590,7 @@ TEST(Tokenizer, BadMetadataIsAnError) {
   }
   {
     Meta m = tiny_llama();
-    m["tokenizer.ggml.tokens"] = string_value("abc");
+    m["tokenizer.ggml.tokens"] = str_value("abc");
     expect_error(m, Errc::parse_error, "tokenizer.ggml.tokens should be an array of strings");
   }
   {
@@ -664,7 +620,7 @@ TEST(Tokenizer, BadMetadataIsAnError) {
   }
   {
     Meta m = tiny_llama();
-    m["tokenizer.ggml.model"] = string_value("bert");
+    m["tokenizer.ggml.model"] = str_value("bert");
     expect_error(m, Errc::unsupported, "tokenizer.ggml.model is 'bert'");
   }
   {
@@ -685,12 +641,12 @@ TEST(Tokenizer, BadMetadataIsAnError) {
   }
   {
     Meta m = tiny_llama();
-    m["tokenizer.ggml.eos_token_id"] = string_value("2");
+    m["tokenizer.ggml.eos_token_id"] = str_value("2");
     expect_error(m, Errc::parse_error, "tokenizer.ggml.eos_token_id should be an integer token id");
   }
   {
     Meta m = tiny_llama();
-    m["tokenizer.ggml.add_bos_token"] = string_value("yes");
+    m["tokenizer.ggml.add_bos_token"] = str_value("yes");
     expect_error(m, Errc::parse_error, "tokenizer.ggml.add_bos_token should be a bool");
   }
   {
@@ -701,7 +657,7 @@ TEST(Tokenizer, BadMetadataIsAnError) {
   }
   {
     Meta m = tiny_gpt2();
-    m["tokenizer.ggml.pre"] = string_value("nonsense-7b");
+    m["tokenizer.ggml.pre"] = str_value("nonsense-7b");
     expect_error(m, Errc::unsupported,
                  "unknown pre-tokenizer tokenizer.ggml.pre = 'nonsense-7b'; known: default, gpt-2");
     expect_error(m, Errc::unsupported, "llama-bpe");
@@ -735,7 +691,7 @@ TEST(Tokenizer, EveryKnownPreTokenizerCompilesAndSplits) {
   const std::string text = "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～ \n\n  3.14 'RE x\xFF\xC3";
   for (const char* name : names) {
     Meta m = tiny_gpt2();
-    m["tokenizer.ggml.pre"] = string_value(name);
+    m["tokenizer.ggml.pre"] = str_value(name);
     const auto t = build(m);
     EXPECT_EQ(t->pre(), name);
     (void)t->encode(text, k_no_bos);
