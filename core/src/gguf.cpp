@@ -1,5 +1,6 @@
 #include "loom/gguf.hpp"
 
+#include "file_type.hpp"
 #include "loom/error.hpp"
 
 #include <algorithm>
@@ -580,17 +581,9 @@ GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
 GgufFile::~GgufFile() = default;
 
 namespace {
-const char* file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
 [[noreturn]] void not_regular(const std::string& shown, mode_t m) {
   fail(Errc::invalid_argument, "gguf",
-       "'" + shown + "' is " + file_kind(m) +
+       "'" + shown + "' is " + file_type_name(m) +
            ": expected a regular GGUF model file; give the path of the .gguf file");
 }
 } // namespace

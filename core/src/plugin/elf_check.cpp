@@ -5,6 +5,7 @@
 // truncated or partly written file is mapped anyway, and touching it kills the process with SIGBUS.
 // So every PT_LOAD (and PT_DYNAMIC) range is checked against the file size here, by reading the
 // headers with pread() (never mmap).
+#include "../file_type.hpp"
 #include "plugin_internal.hpp"
 
 #include <cerrno>
@@ -62,15 +63,6 @@ const char* machine_name(uint16_t m) {
 std::string machine_text(uint16_t m) {
   const char* n = machine_name(m);
   return (n ? std::string(n) + " " : std::string()) + "(e_machine " + std::to_string(m) + ")";
-}
-
-const char* file_type_name(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a plain file";
 }
 
 std::string truncated(const std::string& what, uint64_t end, uint64_t size) {
