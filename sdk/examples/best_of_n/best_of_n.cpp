@@ -48,8 +48,11 @@ public:
   void update(Session& s) override {
     if (!forked_) {
       if (s.finished(0) != LOOM_STOP_NONE || s.logits(0).empty()) return; // the prompt is not evaluated yet
-      for (int i = 1; i < n_; ++i)
-        seqs_.push_back(s.fork(0));
+      for (int i = 1; i < n_; ++i) {
+        const loom_seq child = s.fork(0);
+        if (child < 0) break; // the KV cache has no free sequence: best of fewer
+        seqs_.push_back(child);
+      }
       forked_ = true;
     }
     for (const loom_seq seq : seqs_) {
