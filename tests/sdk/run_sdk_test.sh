@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# run_sdk_test.sh BUILD_DIR SOURCE_DIR — the SDK works out of tree.
+# run_sdk_test.sh BUILD_DIR SOURCE_DIR [EXAMPLE] — the SDK works out of tree.
 #
 #  1. installs the `sdk` component of BUILD_DIR into a fresh prefix;
-#  2. configures and builds sdk/examples/best_of_n against that prefix only (CMAKE_PREFIX_PATH),
-#     failing if its compile commands reach into the source tree (core/, or sdk/include/ in place
-#     of the installed headers);
+#  2. configures and builds sdk/examples/EXAMPLE (default best_of_n) against that prefix only
+#     (CMAKE_PREFIX_PATH; warnings are errors), failing if its compile commands reach into the
+#     source tree (core/, or sdk/include/ in place of the installed headers);
 #  3. checks the example's exports (tests/plugin/check_exports.sh);
-#  4. runs `loom run --decoder best_of_n --set decoder.n=3` with it and checks the JSON: three
-#     n_best hypotheses and a stop_reason.
+#  4. runs it:
+#     best_of_n: `loom run --decoder best_of_n --set decoder.n=3`; the JSON must have three n_best
+#       hypotheses and a stop_reason;
+#     naive_backend: greedy `loom run --set backend.name="naive"` on several prompts at once (mixed
+#       sequences in a batch) must produce exactly the tokens of the built-in reference backend.
 # Models: $LOOM_TEST_MODELS, else $LOOM_TEST_MODELS_DEFAULT (set by CMake). Without
 # stories260K.gguf it prints SKIPPED and exits 77 (ctest's SKIP_RETURN_CODE).
 set -euo pipefail
 
-if [ $# -ne 2 ]; then
-  echo "usage: run_sdk_test.sh BUILD_DIR SOURCE_DIR" >&2
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
+  echo "usage: run_sdk_test.sh BUILD_DIR SOURCE_DIR [best_of_n|naive_backend]" >&2
   exit 2
 fi
 build_dir=$(cd "$1" && pwd)
 source_dir=$(cd "$2" && pwd)
+example="${3:-best_of_n}"
+case "$example" in
+best_of_n) plugin_file=libloom-decoder-best_of_n.so ;;
+naive_backend) plugin_file=libloom-backend-naive.so ;;
+*)
+  echo "run_sdk_test.sh: unknown example '$example'" >&2
+  exit 2
+  ;;
+esac
 models="${LOOM_TEST_MODELS:-${LOOM_TEST_MODELS_DEFAULT:-$source_dir/../shared/models}}"
 model="$models/stories260K.gguf"
 loom="$build_dir/bin/loom"
@@ -37,7 +49,7 @@ command -v python3 >/dev/null || fail "python3 is needed to check the JSON outpu
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom-sdk-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
-example_build="$work/best_of_n"
+example_build="$work/$example"
 
 echo "== install the SDK component into $prefix"
 cmake --install "$build_dir" --component sdk --prefix "$prefix" >"$work/install.log" 2>&1 ||
@@ -49,14 +61,14 @@ if [ -d "$prefix/include/loom" ] && find "$prefix/include/loom" -maxdepth 1 -typ
   fail "the sdk component installs core headers: $(find "$prefix/include/loom" -maxdepth 1 -type f | tr '\n' ' ')"
 fi
 
-echo "== build sdk/examples/best_of_n against the installed SDK"
+echo "== build sdk/examples/$example against the installed SDK"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n 1)
 compiler=()
 [ -n "$cxx" ] && compiler=(-DCMAKE_CXX_COMPILER="$cxx")
-cmake -S "$source_dir/sdk/examples/best_of_n" -B "$example_build" "${generator[@]}" "${compiler[@]}" \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+cmake -S "$source_dir/sdk/examples/$example" -B "$example_build" "${generator[@]}" "${compiler[@]}" \
+  -DCMAKE_CXX_FLAGS="-Wall -Wextra -Wpedantic -Wshadow -Werror" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
   >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; fail "configuring the example"; }
 cmake --build "$example_build" >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; fail "building the example"; }
 
@@ -69,9 +81,37 @@ if grep -q -e "/core/" -e "$source_dir/sdk/include" "$commands"; then
 fi
 grep -q -e "$prefix/include" "$commands" || { cat "$commands" >&2; fail "the example does not use $prefix/include"; }
 
-plugin="$example_build/libloom-decoder-best_of_n.so"
+plugin="$example_build/$plugin_file"
 [ -f "$plugin" ] || fail "the example did not produce $plugin"
 bash "$source_dir/tests/plugin/check_exports.sh" "$plugin"
+
+if [ "$example" = naive_backend ]; then
+  echo "== loom run --set backend.name=\"naive\" against the reference backend (greedy)"
+  printf '%s\n' "Once upon a time" "The little dog" "Lily and Tom went to the park" "One day" >"$work/prompts.txt"
+  for backend in reference naive; do
+    "$loom" run -m "$model" --prompts "$work/prompts.txt" --parallel 4 -n 48 --temp 0 --json \
+      --set "backend.name=\"$backend\"" --plugin-path "$example_build" >"$work/$backend.json" 2>"$work/$backend.err" ||
+      { cat "$work/$backend.json" "$work/$backend.err" >&2; fail "loom run with backend $backend exited with $?"; }
+  done
+  python3 - "$work/reference.json" "$work/naive.json" <<'PY' || { cat "$work/naive.err" >&2; exit 1; }
+import json, sys
+def results(path):
+    out = [json.loads(l) for l in open(path, encoding="utf-8").read().splitlines() if l.strip().startswith("{")]
+    if len(out) != 4:
+        sys.exit(f"FAIL: {path}: expected 4 results (one per prompt), got {len(out)}")
+    return out
+ref, naive = results(sys.argv[1]), results(sys.argv[2])
+for i, (a, b) in enumerate(zip(ref, naive)):
+    if not a.get("tokens"):
+        sys.exit(f"FAIL: the reference backend generated nothing for prompt {i}: {a!r}")
+    if a["tokens"] != b.get("tokens"):
+        sys.exit(f"FAIL: prompt {i}: naive {b.get('tokens')} differs from reference {a['tokens']}")
+print(f"ok: naive matches the reference backend on {len(ref)} prompts "
+      f"({sum(len(r['tokens']) for r in ref)} tokens)")
+PY
+  echo "== SDK test passed"
+  exit 0
+fi
 
 echo "== loom run --decoder best_of_n"
 out="$work/run.json"
