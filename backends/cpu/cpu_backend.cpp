@@ -4,8 +4,8 @@
 // one detect_isa() chose. Tested op by op against the reference backend (tests/backends/).
 #include "cpu_backend.hpp"
 
-#include "loom/error.hpp"
-#include "loom/rope.hpp"
+#include "loom/sdk/error.hpp"
+#include "loom/sdk/rope.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -459,7 +459,7 @@ public:
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
-  void compute(const Graph& g, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) override {
     check_batch(g, batch);
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
     const size_t total = plan(g);
@@ -599,7 +599,7 @@ private:
       f(op, a, b, s, dst, c * chunk, std::min(n, (c + 1) * chunk), row);
   }
 
-  void run(const Graph& g, const Node& n, const BatchView& b, KVCacheStore& kv) {
+  void run(const Graph& g, const Node& n, const BatchView& b, KVRows& kv) {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);
     switch (n.op) {
@@ -849,7 +849,7 @@ private:
 } // namespace
 
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                     const SeqId* seq, KVCacheStore& kv, float* out, Isa isa) {
+                     const SeqId* seq, KVRows& kv, float* out, Isa isa) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   // The K/V row addresses of every sequence in the batch, fetched once for all heads and tokens.
   std::vector<SeqRows> rows;

@@ -1,8 +1,8 @@
 // The `cpu` backend plugin: the cpu executor (cpu_backend.hpp) behind the backend ABI — prefill
 // GEMMs on oneDNN, decode on our own AVX2/FMA/F16C kernels (chosen at run time; scalar otherwise),
 // tiled online-softmax attention, every op on one OpenMP pool.
-#include "../common/executor_plugin.hpp"
 #include "cpu_backend.hpp"
+#include "loom/sdk/executor_plugin.hpp"
 
 #include <omp.h>
 #include <string>
@@ -10,7 +10,7 @@
 namespace {
 
 constexpr char k_name[] = "cpu";
-using Table = loom::backend_plugin::ExecutorTable<k_name>;
+using Table = loom::sdk::ExecutorTable<k_name>;
 
 loom_status* create(const loom_config* cfg, void** out_self, const void** out_vtable) noexcept {
   LOOM_SDK_TRY
@@ -29,7 +29,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
   loom::sdk::log(LOOM_LOG_INFO, std::string("cpu backend: ") + loom::cpu::isa_name(isa) + ", " +
                                     std::to_string(n) + " threads");
-  auto* p = new loom::backend_plugin::ExecutorPlugin();
+  auto* p = new loom::sdk::ExecutorPlugin();
   p->be = loom::cpu::make_cpu_backend({n, isa, static_cast<int>(gemm_min), repack});
   *out_self = p;
   *out_vtable = &Table::table;

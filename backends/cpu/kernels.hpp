@@ -3,7 +3,7 @@
 // quantized on the fly to 8 bits for the integer paths (blocks of 32; of 256 for the k-quants).
 #pragma once
 
-#include "loom/dtype.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -28,10 +28,6 @@ std::string_view errc_name(Errc c) noexcept {
   return "unknown";
 }
 
-void fail(Errc code, std::string component, const std::string& message) {
-  throw Error(code, std::move(component), message);
-}
-
 namespace {
 // Length of the valid UTF-8 sequence at s[i] (1–4), or 0 when it is not one.
 size_t utf8_len(std::string_view s, size_t i) noexcept {
@@ -84,12 +80,6 @@ std::string user_value(std::string_view value, size_t max) {
   while (cut < value.size() && cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xC0) == 0x80)
     --cut; // not inside a UTF-8 character
   return "'" + one_line(value.substr(0, cut)) + (cut < value.size() ? "...'" : "'");
-}
-
-void assert_fail(const char* expr, const char* file, int line, const char* msg) noexcept {
-  std::fprintf(stderr, "loom: internal assertion failed: %s (%s) at %s:%d\n", expr, msg ? msg : "", file,
-               line);
-  std::abort();
 }
 
 } // namespace loom

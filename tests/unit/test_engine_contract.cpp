@@ -454,7 +454,7 @@ struct FailAfter final : Backend {
   explicit FailAfter(int n) : left(n) {}
   std::string_view name() const noexcept override { return "fail_after"; }
   bool supports(const Graph& g, const Node& n) const noexcept override { return inner->supports(g, n); }
-  void compute(const Graph& g, const BatchView& b, KVCacheStore& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
     if (left-- <= 0) fail(Errc::internal, "fail_after", "device lost");
     inner->compute(g, b, kv, logits);
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "loom/dtype.hpp"
+#include "loom/sdk/executor.hpp"
 #include "loom/types.hpp"
 
 #include <cstddef>
@@ -26,9 +27,10 @@ struct KVShape {
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
-class KVCacheStore {
+// The rows themselves (k_row / v_row: n_head_kv · head_dim f32 values for (layer, seq, pos), pos <
+// length(seq)) are the KVRows interface of the SDK, which backends see.
+class KVCacheStore : public KVRows {
 public:
-  virtual ~KVCacheStore() = default;
   virtual std::string_view name() const noexcept = 0;
   virtual const KVShape& shape() const noexcept = 0;
 
@@ -45,10 +47,6 @@ public:
   virtual bool contains(SeqId seq) const noexcept = 0;
   // Sequences that can still be created (allocate of a new id, fork) — what admission waits for.
   virtual int32_t free_sequences() const noexcept = 0;
-
-  // Row of n_head_kv · head_dim f32 values for (layer, seq, pos); pos < length(seq).
-  virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
-  virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
 
   virtual size_t bytes_allocated() const noexcept = 0; // storage currently held
   virtual size_t bytes_capacity() const noexcept = 0;  // storage if every slot were used

@@ -1,12 +1,4 @@
-// loom/types.hpp — common vocabulary.
+// loom/types.hpp — common vocabulary (TokenId, SeqId, Pos: defined in the SDK, loom/sdk/types.hpp).
 #pragma once
 
-#include <cstdint>
-
-namespace loom {
-
-using TokenId = int32_t; // index into the vocabulary
-using SeqId = int32_t;   // one sequence (a request has one or more: beams, samples)
-using Pos = int32_t;     // position in a sequence, 0-based
-
-} // namespace loom
+#include "loom/sdk/types.hpp"

@@ -65,10 +65,10 @@ CGraph to_c(const Graph& g) {
 }
 
 float* kv_k_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVCacheStore*>(ctx)->k_row(layer, seq, pos);
+  return static_cast<KVRows*>(ctx)->k_row(layer, seq, pos);
 }
 float* kv_v_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVCacheStore*>(ctx)->v_row(layer, seq, pos);
+  return static_cast<KVRows*>(ctx)->v_row(layer, seq, pos);
 }
 
 class PluginBackend final : public Backend {
@@ -89,7 +89,7 @@ public:
       return false;
     }
   }
-  void compute(const Graph& g, const BatchView& b, KVCacheStore& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
     const CGraph& c = converted(g);
     loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),     b.positions.data(),
                   b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data()};

@@ -1,22 +1,87 @@
-#include "loom/dtype.hpp"
+// loom/sdk/dtype.hpp — element types of tensors (GGML numbering, as GGUF stores them) and their
+// conversions to f32 (header-only: the host and every backend plugin share this one definition).
+#pragma once
 
-#include "loom/error.hpp"
+#include "loom/sdk/error.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 namespace loom {
-namespace {
+
+// Values are GGML's type ids (ggml.h `enum ggml_type`), so a GGUF tensor type maps 1:1.
+enum class DType : uint32_t {
+  f32 = 0,
+  f16 = 1,
+  q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
+  q8_0 = 8,
+  q8_1 = 9,
+  q2_k = 10,
+  q3_k = 11,
+  q4_k = 12,
+  q5_k = 13,
+  q6_k = 14,
+  q8_k = 15,
+  i8 = 24,
+  i16 = 25,
+  i32 = 26,
+  i64 = 27,
+  f64 = 28,
+  bf16 = 30,
+};
+
+struct DTypeTraits {
+  std::string_view name;
+  int64_t block_size;  // elements per block (1 for plain types)
+  size_t block_bytes;  // bytes per block
+  bool can_dequantize; // loom can convert it to f32
+};
+
+// nullopt for an id GGML does not define (or that Loom does not know the size of).
+inline std::optional<DTypeTraits> dtype_traits(uint32_t id) noexcept;
+inline DTypeTraits dtype_traits(DType t) noexcept;
+inline std::string_view dtype_name(DType t) noexcept;
+inline std::optional<DType>
+dtype_from_name(std::string_view name) noexcept; // "f32", "q4_0", ... (case-insensitive)
+
+// Bytes of one row of n elements; n must be a multiple of the block size (checked by callers).
+inline size_t row_bytes(DType t, int64_t n) noexcept;
+
+inline float fp16_to_fp32(uint16_t h) noexcept;
+inline uint16_t fp32_to_fp16(float f) noexcept;
+inline float bf16_to_fp32(uint16_t h) noexcept {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t fp32_to_bf16(float f) noexcept; // round to nearest even, NaN kept
+
+// Converts n elements (a multiple of the block size) of type t at src into f32. Throws
+// loom::Error(unsupported) for a type that cannot be dequantized.
+inline void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Quantizes n floats (a multiple of the block size) into type t (f32, f16, bf16, q8_0, q4_0).
+inline void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+namespace dtype_detail {
 
 struct Entry {
   uint32_t id;
   DTypeTraits traits;
 };
 
-constexpr Entry k_types[] = {
+inline constexpr Entry k_types[] = {
     {0, {"f32", 1, 4, true}},        {1, {"f16", 1, 2, true}},        {2, {"q4_0", 32, 18, true}},
     {3, {"q4_1", 32, 20, true}},     {6, {"q5_0", 32, 22, true}},     {7, {"q5_1", 32, 24, true}},
     {8, {"q8_0", 32, 34, true}},     {9, {"q8_1", 32, 36, false}},    {10, {"q2_k", 256, 84, false}},
@@ -32,7 +97,7 @@ inline float load_f16(const uint8_t* p) {
   return fp16_to_fp32(h);
 }
 
-void dequant_q4_0(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q4_0(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 18, y += 32) {
     const float d = load_f16(b);
     const uint8_t* qs = b + 2;
@@ -43,7 +108,7 @@ void dequant_q4_0(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-void dequant_q4_1(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q4_1(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 20, y += 32) {
     const float d = load_f16(b), m = load_f16(b + 2);
     const uint8_t* qs = b + 4;
@@ -54,7 +119,7 @@ void dequant_q4_1(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-void dequant_q5_0(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q5_0(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 22, y += 32) {
     const float d = load_f16(b);
     uint32_t qh;
@@ -69,7 +134,7 @@ void dequant_q5_0(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-void dequant_q5_1(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q5_1(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 24, y += 32) {
     const float d = load_f16(b), m = load_f16(b + 2);
     uint32_t qh;
@@ -84,7 +149,7 @@ void dequant_q5_1(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-void dequant_q8_0(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q8_0(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 34, y += 32) {
     const float d = load_f16(b);
     const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
@@ -104,7 +169,7 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
   }
 }
 
-void dequant_q4_k(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q4_k(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 144) {
     const float d = load_f16(b), dmin = load_f16(b + 2);
     const uint8_t* scales = b + 4;
@@ -126,7 +191,7 @@ void dequant_q4_k(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-void dequant_q6_k(const uint8_t* b, float* y, int64_t nb) {
+inline void dequant_q6_k(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 210) {
     const uint8_t* ql = b;
     const uint8_t* qh = b + 128;
@@ -152,39 +217,39 @@ void dequant_q6_k(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-} // namespace
+} // namespace dtype_detail
 
-std::optional<DTypeTraits> dtype_traits(uint32_t id) noexcept {
-  for (const auto& e : k_types)
+inline std::optional<DTypeTraits> dtype_traits(uint32_t id) noexcept {
+  for (const auto& e : dtype_detail::k_types)
     if (e.id == id) return e.traits;
   return std::nullopt;
 }
 
-DTypeTraits dtype_traits(DType t) noexcept {
+inline DTypeTraits dtype_traits(DType t) noexcept {
   auto tr = dtype_traits(static_cast<uint32_t>(t));
   LOOM_ASSERT(tr.has_value(), "DType value outside the known table");
   return *tr;
 }
 
-std::string_view dtype_name(DType t) noexcept {
+inline std::string_view dtype_name(DType t) noexcept {
   auto tr = dtype_traits(static_cast<uint32_t>(t));
   return tr ? tr->name : std::string_view("unknown");
 }
 
-std::optional<DType> dtype_from_name(std::string_view name) noexcept {
+inline std::optional<DType> dtype_from_name(std::string_view name) noexcept {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (const auto& e : k_types)
+  for (const auto& e : dtype_detail::k_types)
     if (e.traits.name == lower) return static_cast<DType>(e.id);
   return std::nullopt;
 }
 
-size_t row_bytes(DType t, int64_t n) noexcept {
+inline size_t row_bytes(DType t, int64_t n) noexcept {
   const auto tr = dtype_traits(t);
   return static_cast<size_t>(n / tr.block_size) * tr.block_bytes;
 }
 
-float fp16_to_fp32(uint16_t h) noexcept {
+inline float fp16_to_fp32(uint16_t h) noexcept {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t mant = h & 0x3FFu;
@@ -211,7 +276,7 @@ float fp16_to_fp32(uint16_t h) noexcept {
   return f;
 }
 
-uint16_t fp32_to_fp16(float f) noexcept {
+inline uint16_t fp32_to_fp16(float f) noexcept {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
@@ -234,14 +299,14 @@ uint16_t fp32_to_fp16(float f) noexcept {
   return static_cast<uint16_t>(sign | (r >> 13));
 }
 
-uint16_t fp32_to_bf16(float f) noexcept {
+inline uint16_t fp32_to_bf16(float f) noexcept {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 64u);
   return static_cast<uint16_t>((u + (0x7FFFu + ((u >> 16) & 1u))) >> 16);
 }
 
-void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+inline void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const uint8_t*>(src);
   const auto tr = dtype_traits(t);
   LOOM_ASSERT(n % tr.block_size == 0, "row length not a multiple of the block size");
@@ -252,7 +317,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     return;
   case DType::f16:
     for (int64_t i = 0; i < n; ++i)
-      dst[i] = load_f16(b + 2 * i);
+      dst[i] = dtype_detail::load_f16(b + 2 * i);
     return;
   case DType::bf16:
     for (int64_t i = 0; i < n; ++i) {
@@ -262,25 +327,25 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     }
     return;
   case DType::q4_0:
-    dequant_q4_0(b, dst, nb);
+    dtype_detail::dequant_q4_0(b, dst, nb);
     return;
   case DType::q4_1:
-    dequant_q4_1(b, dst, nb);
+    dtype_detail::dequant_q4_1(b, dst, nb);
     return;
   case DType::q5_0:
-    dequant_q5_0(b, dst, nb);
+    dtype_detail::dequant_q5_0(b, dst, nb);
     return;
   case DType::q5_1:
-    dequant_q5_1(b, dst, nb);
+    dtype_detail::dequant_q5_1(b, dst, nb);
     return;
   case DType::q8_0:
-    dequant_q8_0(b, dst, nb);
+    dtype_detail::dequant_q8_0(b, dst, nb);
     return;
   case DType::q4_k:
-    dequant_q4_k(b, dst, nb);
+    dtype_detail::dequant_q4_k(b, dst, nb);
     return;
   case DType::q6_k:
-    dequant_q6_k(b, dst, nb);
+    dtype_detail::dequant_q6_k(b, dst, nb);
     return;
   default:
     break;
@@ -290,7 +355,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
            " to f32; supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k");
 }
 
-void quantize_row(DType t, const float* x, void* dst, int64_t n) {
+inline void quantize_row(DType t, const float* x, void* dst, int64_t n) {
   auto* out = static_cast<uint8_t*>(dst);
   const auto tr = dtype_traits(t);
   LOOM_ASSERT(n % tr.block_size == 0, "row length not a multiple of the block size");

@@ -1,46 +1,56 @@
-// backends/common/executor_plugin.hpp — shared by the backend plugins that run the host's graph
-// with Loom's own executor (reference ops, optionally with fast kernels plugged in): the ABI graph
-// converted back to the executor's form (once per host graph), and the KV cache seen through the
-// ABI's row view.
+// loom/sdk/executor_plugin.hpp — a loom::Backend executor (loom/sdk/executor.hpp) behind the backend
+// ABI (header-only): the ABI's loom_graph converted back to a loom::Graph (once per host graph
+// identity, loom_graph::id), the KV cache seen through the ABI's row view, exceptions turned into
+// statuses. A backend plugin writes its executor and a factory:
+//
+//   constexpr char k_name[] = "mine";
+//   loom_status* create(const loom_config* cfg, void** self, const void** vtable) noexcept {
+//     LOOM_SDK_TRY
+//     auto* p = new loom::sdk::ExecutorPlugin();
+//     p->be = std::make_unique<MyExecutor>(loom::sdk::Config(cfg));
+//     *self = p;
+//     *vtable = &loom::sdk::ExecutorTable<k_name>::table;
+//     LOOM_SDK_CATCH
+//   }
+//   LOOM_PLUGIN_DEFINE("mine", "1.0.0", loom_factory{sizeof(loom_factory), LOOM_KIND_BACKEND, "mine",
+//   &create})
 #pragma once
 
-#include "loom/backend.hpp"
 #include "loom/sdk/backend.h"
+#include "loom/sdk/executor.hpp"
+#include "loom/sdk/graph.hpp"
 #include "loom/sdk/plugin.hpp"
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
 
-namespace loom::backend_plugin {
+namespace loom::sdk {
+
+// OpKind and DType values are the ABI's (append-only on both sides).
+static_assert(static_cast<int32_t>(loom::OpKind::get_rows) == LOOM_OP_GET_ROWS &&
+              static_cast<int32_t>(loom::OpKind::attention) == LOOM_OP_ATTENTION &&
+              static_cast<int32_t>(loom::OpKind::mul) == LOOM_OP_MUL);
+static_assert(static_cast<uint32_t>(loom::DType::q4_k) == LOOM_DTYPE_Q4_K &&
+              static_cast<uint32_t>(loom::DType::bf16) == LOOM_DTYPE_BF16);
 
 // The host's KV cache seen through the ABI's row view.
-class KVView final : public loom::KVCacheStore {
+class KVView final : public loom::KVRows {
 public:
   explicit KVView(const loom_kv_view& v) : v_(v) {}
-  std::string_view name() const noexcept override { return "abi-view"; }
-  const loom::KVShape& shape() const noexcept override { return shape_; }
-  bool allocate(loom::SeqId, int32_t) override { return false; }
-  void free(loom::SeqId) noexcept override {}
-  bool fork(loom::SeqId, loom::SeqId) override { return false; }
-  void truncate(loom::SeqId, int32_t) override {}
-  int32_t length(loom::SeqId) const noexcept override { return 0; }
-  bool contains(loom::SeqId) const noexcept override { return true; }
-  int32_t free_sequences() const noexcept override { return 0; }
   float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
     return v_.k_row(v_.ctx, layer, seq, pos);
   }
   float* v_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
     return v_.v_row(v_.ctx, layer, seq, pos);
   }
-  size_t bytes_allocated() const noexcept override { return 0; }
-  size_t bytes_capacity() const noexcept override { return 0; }
 
 private:
   loom_kv_view v_;
-  loom::KVShape shape_;
 };
 
+// The ABI's graph as the executor's loom::Graph (tensor data pointers are borrowed).
 inline loom::Graph from_c(const loom_graph& c) {
   loom::Graph g;
   for (size_t i = 0; i < c.n_tensors; ++i) {
@@ -80,6 +90,7 @@ inline loom::Graph from_c(const loom_graph& c) {
   return g;
 }
 
+// The object behind an ExecutorTable: the executor and its converted graphs.
 struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
   std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
@@ -142,4 +153,4 @@ template <const char* NAME> struct ExecutorTable {
                                            &activation_fn};
 };
 
-} // namespace loom::backend_plugin
+} // namespace loom::sdk

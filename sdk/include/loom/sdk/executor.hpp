@@ -1,0 +1,45 @@
+// loom/sdk/executor.hpp — the C++ side of a backend (header-only): an executor runs a whole
+// loom::Graph for one batch over the KV cache's rows. The host's built-in backends implement it, and
+// a backend plugin exposes one through loom/sdk/executor_plugin.hpp (ExecutorTable), so the same
+// executor code runs built in or behind the ABI.
+#pragma once
+
+#include "loom/sdk/graph.hpp"
+#include "loom/sdk/types.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace loom {
+
+// The K/V rows of the cache: n_head_kv · head_dim f32 values for (layer, seq, pos). Positions a
+// batch writes are allocated by the host before compute(). In a plugin the rows come through the
+// ABI's loom_kv_view; the host's KVCacheStore is one.
+class KVRows {
+public:
+  virtual ~KVRows() = default;
+  virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
+  virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
+};
+
+// One device that executes model graphs.
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const noexcept = 0;
+  // Whether the backend can run this node (op + dtypes); the model falls back otherwise.
+  virtual bool supports(const Graph& g, const Node& n) const noexcept = 0;
+  // Runs `g` for one batch: inputs from `batch`; each attention node first writes the batch's K/V
+  // rows into `kv` (positions must already be allocated there), then attends causally over the
+  // sequence's cached positions. Writes logits of batch.output_rows to `logits`, row-major
+  // [n_outputs][n_vocab].
+  virtual void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) = 0;
+  // Bytes of activations + workspace the last compute used (memory accounting).
+  virtual size_t workspace_bytes() const noexcept { return 0; }
+  // Of workspace_bytes(), the bytes holding activations (the rest is scratch: GEMM panels, …).
+  virtual size_t activation_bytes() const noexcept { return workspace_bytes(); }
+};
+
+} // namespace loom

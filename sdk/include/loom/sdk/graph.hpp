@@ -1,0 +1,172 @@
+// loom/sdk/graph.hpp — the node list a model builds once per batch shape and a backend executes
+// (header-only: the host builds it, backend plugins get it back from the ABI's loom_graph).
+//
+// Tensors are described, not allocated: weights point at their bytes in the model file, inputs are
+// filled from the batch, activations are f32 and owned by the backend that runs the graph.
+// Shapes use GGML's order: ne[0] is the fastest-varying dimension (a row).
+#pragma once
+
+#include "loom/sdk/dtype.hpp"
+#include "loom/sdk/error.hpp"
+#include "loom/sdk/types.hpp"
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+// Append-only: values are part of the backend ABI.
+enum class OpKind : int32_t {
+  get_rows = 0, // dst[:, r] = src0[:, src1[r]] (dequantizing)   src0 [n, rows] any, src1 [k] i32 → [n, k]
+  rms_norm = 1, // dst = src0 / rms(src0) * src1                   src0 [n, T], src1 [n] → [n, T]   (eps)
+  matmul = 2, // dst = src0ᵀ · src1                              src0 [K, N] weights, src1 [K, T] → [N, T]
+  rope = 3,   // rotary embedding at positions src1              src0 [D, H, T], src1 [T] i32 → [D, H, T]
+  attention = 4, // causal attention over the KV cache              q [D, Hq, T], k,v [D, Hkv, T] → [D·Hq, T]
+  swiglu = 5,    // dst = silu(src0) ⊙ src1                         [n, T] × [n, T] → [n, T]
+  add = 6,       // dst = src0 + src1                               same shapes
+  scale = 7,     // dst = src0 · scale
+  softmax = 8,   // row-wise softmax
+  copy = 9,      // dst = src0 (dtype conversion)
+  mul = 10,      // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
+};
+inline const char* op_name(OpKind op) noexcept {
+  switch (op) {
+  case OpKind::get_rows:
+    return "get_rows";
+  case OpKind::rms_norm:
+    return "rms_norm";
+  case OpKind::matmul:
+    return "matmul";
+  case OpKind::rope:
+    return "rope";
+  case OpKind::attention:
+    return "attention";
+  case OpKind::swiglu:
+    return "swiglu";
+  case OpKind::add:
+    return "add";
+  case OpKind::scale:
+    return "scale";
+  case OpKind::softmax:
+    return "softmax";
+  case OpKind::copy:
+    return "copy";
+  case OpKind::mul:
+    return "mul";
+  }
+  return "unknown";
+}
+
+enum class TensorKind : uint8_t { weight, input, activation };
+
+struct TensorDesc {
+  std::string name;
+  TensorKind kind = TensorKind::activation;
+  DType dtype = DType::f32;
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+  const void* data = nullptr; // weight: bytes as stored (row_bytes(dtype, ne[0]) per row)
+
+  int64_t n_elements() const noexcept { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  int64_t n_rows() const noexcept { return ne[1] * ne[2] * ne[3]; }
+};
+
+struct RopeParams {
+  int32_t n_dims = 0; // rotated dims per head
+  float theta = 10000.0f;
+  bool neox = false;
+  float freq_scale = 1.0f; // 1 / linear factor
+  float ext_factor = 0.0f; // YaRN: 1 enables the ramp mix
+  float attn_factor = 1.0f;
+  int32_t orig_ctx = 0;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+};
+
+struct AttentionParams {
+  int32_t layer = 0;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 1.0f;   // usually 1/sqrt(head_dim)
+  int32_t window = 0;   // sliding window in tokens (0 = full causal)
+  float softcap = 0.0f; // tanh soft-capping of scores (0 = off)
+};
+
+struct Node {
+  OpKind op = OpKind::copy;
+  std::array<int32_t, 3> src{-1, -1, -1};
+  int32_t dst = -1;
+  float eps = 0.0f;   // rms_norm
+  float scale = 1.0f; // scale
+  RopeParams rope;
+  AttentionParams attn;
+};
+
+struct Graph {
+  // Unique over the process's life (the host's new_graph_id(); 0: none): caches of converted or planned
+  // graphs key on it, never on the Graph's address (a freed graph's address comes back holding another
+  // shape).
+  uint64_t id = 0;
+  std::vector<TensorDesc> tensors;
+  std::vector<Node> nodes;
+  int32_t n_tokens = 0;                                       // batch rows
+  int32_t n_outputs = 0;                                      // rows whose logits are produced
+  int32_t in_tokens = -1, in_positions = -1, in_out_ids = -1; // input tensors (i32)
+  int32_t out_logits = -1;                                    // [n_vocab, n_outputs]
+
+  int32_t add_tensor(TensorDesc t) {
+    tensors.push_back(std::move(t));
+    return static_cast<int32_t>(tensors.size() - 1);
+  }
+  int32_t add_weight(std::string name, DType dtype, std::array<int64_t, 4> ne, const void* data) {
+    TensorDesc t;
+    t.name = std::move(name);
+    t.kind = TensorKind::weight;
+    t.dtype = dtype;
+    t.ne = ne;
+    t.data = data;
+    return add_tensor(std::move(t));
+  }
+  int32_t add_activation(std::string name, std::array<int64_t, 4> ne) {
+    TensorDesc t;
+    t.name = std::move(name);
+    t.kind = TensorKind::activation;
+    t.ne = ne;
+    return add_tensor(std::move(t));
+  }
+  int32_t add_node(Node n) { // returns n.dst
+    LOOM_ASSERT(n.dst >= 0 && n.dst < static_cast<int32_t>(tensors.size()), "node without a valid dst");
+    for (int32_t s : n.src)
+      LOOM_ASSERT(s < static_cast<int32_t>(tensors.size()), "node src out of range");
+    nodes.push_back(n);
+    return n.dst;
+  }
+};
+
+// Whether every weight operand of n can be dequantized to f32 (what host-memory backends need).
+inline bool weights_dequantizable(const Graph& g, const Node& n) noexcept {
+  for (int32_t s : n.src) {
+    if (s < 0) continue;
+    const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
+    if (t.kind == TensorKind::weight && !dtype_traits(t.dtype).can_dequantize) return false;
+  }
+  return true;
+}
+
+// The tokens evaluated by one forward pass. Rows of different sequences may be mixed.
+struct BatchView {
+  std::span<const TokenId> tokens;      // [n_tokens]
+  std::span<const Pos> positions;       // [n_tokens]
+  std::span<const SeqId> seq_ids;       // [n_tokens]
+  std::span<const int32_t> output_rows; // indices into tokens whose logits are wanted, ascending
+};
+
+// Asserts that a batch fits the graph built for it (token and output counts).
+inline void check_batch(const Graph& g, const BatchView& batch) {
+  LOOM_ASSERT(static_cast<int32_t>(batch.tokens.size()) == g.n_tokens, "batch size differs from the graph's");
+  LOOM_ASSERT(static_cast<int32_t>(batch.output_rows.size()) == g.n_outputs,
+              "output rows differ from the graph's");
+}
+
+} // namespace loom

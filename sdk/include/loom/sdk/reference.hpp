@@ -1,0 +1,281 @@
+// loom/sdk/reference.hpp — the reference executor: plain F32 C++, one op at a time, no tricks
+// (header-only). It is the ground truth of every test: the host's built-in `reference` backend, the
+// `reference_plugin` backend plugin and every fast kernel's tests run this very code. Accumulation
+// order is sequential (as llama2.c's run.c), so results are reproducible. A third-party backend may
+// use it as the fallback for ops it does not implement, or as the definition of each op.
+#pragma once
+
+#include "loom/sdk/error.hpp"
+#include "loom/sdk/executor.hpp"
+#include "loom/sdk/graph.hpp"
+#include "loom/sdk/rope.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+namespace attention {
+
+// The plain attention kernel every backend's kernel is tested against. Standard (causal) and
+// sliding-window variants; MHA/MQA/GQA follow from n_head_kv. For each batch row t (sequence
+// seq[t] at position pos[t]) and head h:
+//   out[t][h] = softmax_j( scale · q[t][h] · K[seq, j][h / n_gqa] ) · V[seq, j][h / n_gqa]
+// over cached positions j ∈ [max(0, pos − window + 1), pos] (window 0 = all j ≤ pos).
+// Scores are materialized per row, in f32 with a max-subtracted softmax.
+//   q   [n_tokens][n_head][head_dim]
+//   out [n_tokens][n_head][head_dim]
+inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
+                                const SeqId* seq, KVRows& kv, float* out) {
+  LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
+  const int32_t D = p.head_dim;
+  const int32_t n_gqa = p.n_head / p.n_head_kv;
+  std::vector<float> scores;
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    const Pos last = pos[t];
+    const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
+    const auto n_keys = static_cast<size_t>(last - first + 1);
+    scores.resize(n_keys);
+    for (int32_t h = 0; h < p.n_head; ++h) {
+      const int32_t hk = h / n_gqa;
+      const float* qh =
+          q + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
+                  static_cast<size_t>(D);
+      float max_s = -INFINITY;
+      for (Pos j = first; j <= last; ++j) {
+        const float* k = kv.k_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
+        float s = 0.0f;
+        for (int32_t d = 0; d < D; ++d)
+          s += qh[d] * k[d];
+        s *= p.scale;
+        if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+        scores[static_cast<size_t>(j - first)] = s;
+        max_s = std::max(max_s, s);
+      }
+      float sum = 0.0f;
+      for (auto& s : scores) {
+        s = std::exp(s - max_s);
+        sum += s;
+      }
+      float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
+                           static_cast<size_t>(D);
+      std::fill(o, o + D, 0.0f);
+      for (Pos j = first; j <= last; ++j) {
+        const float w = scores[static_cast<size_t>(j - first)] / sum;
+        const float* v = kv.v_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
+        for (int32_t d = 0; d < D; ++d)
+          o[d] += w * v[d];
+      }
+    }
+  }
+}
+
+} // namespace attention
+
+// Runs every op of the graph (weights of any dequantizable type, a row at a time).
+class ReferenceBackend final : public Backend {
+public:
+  std::string_view name() const noexcept override { return "reference"; }
+
+  bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
+
+  void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) override {
+    check_batch(g, batch);
+    act_.resize(g.tensors.size());
+    size_t ws = 0;
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      const TensorDesc& t = g.tensors[i];
+      if (t.kind == TensorKind::activation) {
+        act_[i].resize(static_cast<size_t>(t.n_elements()));
+        ws += act_[i].size() * sizeof(float);
+      }
+    }
+    workspace_ = ws;
+    for (const Node& n : g.nodes)
+      run(g, n, batch, kv);
+    const auto& out = act_[static_cast<size_t>(g.out_logits)];
+    LOOM_ASSERT(logits.size() >= out.size(), "logits buffer too small");
+    std::copy(out.begin(), out.end(), logits.begin());
+  }
+
+  size_t workspace_bytes() const noexcept override { return workspace_; }
+
+private:
+  float* f32(int32_t id) { return act_[static_cast<size_t>(id)].data(); }
+
+  std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
+    if (id == g.in_tokens) return b.tokens;
+    if (id == g.in_positions) return b.positions;
+    if (id == g.in_out_ids) return b.output_rows;
+    LOOM_ASSERT(false, "integer tensor that is not a graph input");
+    return {};
+  }
+
+  // Row r of tensor id as f32 (dequantized into `tmp` for weights).
+  const float* row(const Graph& g, int32_t id, int64_t r, std::vector<float>& tmp) {
+    const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
+    if (t.kind == TensorKind::weight) {
+      const auto* base = static_cast<const uint8_t*>(t.data);
+      const size_t rb = row_bytes(t.dtype, t.ne[0]);
+      if (t.dtype == DType::f32) return reinterpret_cast<const float*>(base + static_cast<size_t>(r) * rb);
+      tmp.resize(static_cast<size_t>(t.ne[0]));
+      dequantize_row(t.dtype, base + static_cast<size_t>(r) * rb, tmp.data(), t.ne[0]);
+      return tmp.data();
+    }
+    return act_[static_cast<size_t>(id)].data() + r * t.ne[0];
+  }
+
+  void run(const Graph& g, const Node& n, const BatchView& b, KVRows& kv) {
+    const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+    float* dst = f32(n.dst);
+    switch (n.op) {
+    case OpKind::get_rows: {
+      const auto idx = ints(g, n.src[1], b);
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      std::vector<float> tmp;
+      for (size_t r = 0; r < idx.size(); ++r) {
+        LOOM_ASSERT(idx[r] >= 0 && idx[r] < s.n_rows(), "get_rows index out of range");
+        const float* src = row(g, n.src[0], idx[r], tmp);
+        std::copy(src, src + s.ne[0], dst + static_cast<int64_t>(r) * s.ne[0]);
+      }
+      return;
+    }
+    case OpKind::rms_norm: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const int64_t len = s.ne[0];
+      std::vector<float> tmp;
+      const float* w = n.src[1] >= 0 ? row(g, n.src[1], 0, tmp) : nullptr;
+      for (int64_t r = 0; r < s.n_rows(); ++r) {
+        const float* x = f32(n.src[0]) + r * len;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < len; ++i)
+          ss += x[i] * x[i];
+        ss /= static_cast<float>(len);
+        ss += n.eps;
+        ss = 1.0f / std::sqrt(ss);
+        float* y = dst + r * len;
+        for (int64_t i = 0; i < len; ++i)
+          y[i] = (w ? w[i] : 1.0f) * (ss * x[i]);
+      }
+      return;
+    }
+    case OpKind::matmul: {
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      const int64_t K = w.ne[0], N = w.ne[1], T = x.n_rows();
+      LOOM_ASSERT(x.ne[0] == K, "matmul inner dimensions differ");
+      const float* xs = f32(n.src[1]);
+      std::vector<float> tmp;
+      for (int64_t j = 0; j < N; ++j) {
+        const float* wr = row(g, n.src[0], j, tmp);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xr = xs + t * K;
+          float v = 0.0f;
+          for (int64_t k = 0; k < K; ++k)
+            v += wr[k] * xr[k];
+          dst[t * N + j] = v;
+        }
+      }
+      return;
+    }
+    case OpKind::rope: {
+      const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
+      const auto pos = ints(g, n.src[1], b);
+      const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
+      const float* x = f32(n.src[0]);
+      std::copy(x, x + s.n_elements(), dst);
+      std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
+      for (int64_t t = 0; t < T; ++t) {
+        rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
+        for (int64_t h = 0; h < H; ++h)
+          rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
+      }
+      return;
+    }
+    case OpKind::attention: {
+      const TensorDesc& q = g.tensors[static_cast<size_t>(n.src[0])];
+      const AttentionParams& p = n.attn;
+      const int64_t T = q.ne[2];
+      const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
+      const float* k = f32(n.src[1]);
+      const float* v = f32(n.src[2]);
+      for (int64_t t = 0; t < T; ++t) { // store this batch's K/V rows first
+        const SeqId s = b.seq_ids[static_cast<size_t>(t)];
+        const Pos ps = b.positions[static_cast<size_t>(t)];
+        std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
+        std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems,
+                    row_elems * sizeof(float));
+      }
+      attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(),
+                                     b.seq_ids.data(), kv, dst);
+      return;
+    }
+    case OpKind::swiglu: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      for (int64_t i = 0; i < d.n_elements(); ++i) {
+        const float v = a[i];
+        dst[i] = v * (1.0f / (1.0f + std::exp(-v))) * c[i];
+      }
+      return;
+    }
+    case OpKind::add: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = a[i] + c[i];
+      return;
+    }
+    case OpKind::mul: {
+      const float* a = f32(n.src[0]);
+      const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
+      std::vector<float> tmp;
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* cr = row(g, n.src[1], c.n_rows() == 1 ? 0 : r, tmp);
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          dst[r * d.ne[0] + i] = a[r * d.ne[0] + i] * cr[i];
+      }
+      return;
+    }
+    case OpKind::scale: {
+      const float* a = f32(n.src[0]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = a[i] * n.scale;
+      return;
+    }
+    case OpKind::softmax: {
+      const float* a = f32(n.src[0]);
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* x = a + r * d.ne[0];
+        float* y = dst + r * d.ne[0];
+        const float m = *std::max_element(x, x + d.ne[0]);
+        float sum = 0.0f;
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          sum += (y[i] = std::exp(x[i] - m));
+        for (int64_t i = 0; i < d.ne[0]; ++i)
+          y[i] /= sum;
+      }
+      return;
+    }
+    case OpKind::copy: {
+      std::vector<float> tmp;
+      for (int64_t r = 0; r < d.n_rows(); ++r) {
+        const float* s = row(g, n.src[0], r, tmp);
+        std::copy(s, s + d.ne[0], dst + r * d.ne[0]);
+      }
+      return;
+    }
+    }
+    fail(Errc::unsupported, "reference", std::string("op ") + op_name(n.op) + " is not implemented");
+  }
+
+  std::vector<std::vector<float>> act_;
+  size_t workspace_ = 0;
+};
+
+} // namespace loom
