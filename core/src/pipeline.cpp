@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <unistd.h>
 
 namespace loom {
 
@@ -107,6 +108,19 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
              " tokens but the model's embedding has " + std::to_string(mc.n_vocab) + " rows");
   if (cfg.attention.variant == "sliding_window") p->model_->set_attention_window(cfg.attention.window);
   p->n_ctx_ = cfg.model.n_ctx > 0 ? cfg.model.n_ctx : std::min(mc.n_ctx_train, 4096);
+  { // one sequence's KV must fit in this machine's memory: refuse up front, before any allocation
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double need =
+        static_cast<double>(p->n_ctx_) * static_cast<double>(mc.kv_bytes_per_token(DType::f32));
+    const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+    if (have > 0 && need > have)
+      fail(Errc::out_of_memory, "pipeline",
+           cfg.source + ": a sequence of " + std::to_string(p->n_ctx_) + " positions needs " +
+               std::to_string(static_cast<uint64_t>(need / (1 << 30))) +
+               " GiB of KV cache but this machine has " +
+               std::to_string(static_cast<uint64_t>(have / (1 << 30))) +
+               " GiB; lower [model] n_ctx (--ctx-size)");
+  }
   // Sequences that can live at once: [kv_cache] max_tokens / n_ctx (default 64 slabs, allocated lazily).
   p->n_seq_max_ = cfg.kv_cache.max_tokens > 0 ? std::max(1, cfg.kv_cache.max_tokens / p->n_ctx_) : 64;
   KVShape shape = p->model_->kv_shape(p->n_ctx_, p->n_seq_max_);

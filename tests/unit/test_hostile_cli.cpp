@@ -53,7 +53,7 @@ TEST(HostileCli, EachBadInputIsAClearErrorOnOneLine) {
       {"bench -m {M} --threads -1", 2, "--threads must be in 0..1024"},
       {"bench -m {M} --pp 2147483647 --tg 1", 2, "--pp and --tg must be in 1.."},
       {"bench -m {M} --pp 1 --tg 2147483647", 2, "--pp and --tg must be in 1.."},
-      {"run -m {M} -p hi -n 2 --ctx-size 2000000000", 1, "lower [model] n_ctx"},
+      {"run -m {M} -p hi -n 2 --ctx-size 2000000000", 1, "lower [model] n_ctx"}, // before allocating
       // a capability error names the backend the pipeline chose, not the reference backend
       {"run -m {M} -p hi -n 2 --set backend.name=cpu --set kv_cache.store=paged", 1, "with backend 'cpu'"},
       {"run -m {M} -p hi -n 2 --set 'stop.strings=\"a\nb'", 1, "'\"a\\nb'"}, // a newline echoed as \n
