@@ -57,4 +57,19 @@ TEST(ContractPlugins, ABackendFailureAfterSomeTokensExitsOne) {
   EXPECT_EQ(text.code, 1) << text.err;
 }
 
+TEST(ContractPlugins, ABenchWhoseRequestFailsExitsOne) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  // The warm-up (prefill + 1 decode) passes; the first measured repetition fails.
+  const auto r =
+      loom::test::run_loom("bench -m " + model.string() +
+                               " --pp 8 --tg 4 -r 2 --set backend.name=fixture_fail_after "
+                               "--set backend.ok=2 --set 'plugins.paths=[\"" LOOM_FIXTURE_DIR "\"]'",
+                           false, 60);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("repetition 1 failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("device lost (fixture)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("tok/s"), std::string::npos) << "no numbers for a failed benchmark: " << r.out;
+}
+
 } // namespace
