@@ -63,7 +63,7 @@ nlohmann::json to_json(const GenerationResult& r) {
                     {"text", h.text},
                     {"score", h.score},
                     {"stop_reason", std::string(stop_reason_name(h.stop_reason))}});
-    j["n_best"] = nb;
+    j["hypotheses"] = nb; // best first; tokens/text above are the best one's
   }
   if (!r.message.empty()) j["message"] = r.message;
   j["seed"] = r.seed;

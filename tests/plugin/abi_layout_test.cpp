@@ -84,7 +84,7 @@ LOOM_ABI_OFFSET(loom_host_api, seq_score, 200);
 LOOM_ABI_OFFSET(loom_host_api, session_set_stream, 208);
 LOOM_ABI_OFFSET(loom_host_api, detokenize, 216);
 LOOM_ABI_OFFSET(loom_host_api, session_add_result, 224);
-LOOM_ABI_SIZE(loom_host_api, 232);
+// sizeof(loom_host_api) was 232 in ABI 1.0–1.1; 1.2 appends config_type (asserted below).
 
 // loom_sampler_i
 LOOM_ABI_OFFSET(loom_sampler_i, struct_size, 0);
@@ -148,6 +148,10 @@ static_assert(LOOM_STOP_NONE == 0 && LOOM_STOP_EOS == 1 && LOOM_STOP_STOP_TOKEN 
               LOOM_STOP_STOP_STRING == 3 && LOOM_STOP_MAX_TOKENS == 4 && LOOM_STOP_MAX_CONTEXT == 5 &&
               LOOM_STOP_TIMEOUT == 6 && LOOM_STOP_CANCELLED == 7 && LOOM_STOP_CUSTOM == 8);
 static_assert(LOOM_STOP_ERROR == 9); // ABI 1.2
+static_assert(LOOM_CONFIG_NONE == 0 && LOOM_CONFIG_BOOL == 1 && LOOM_CONFIG_STRING == 4 &&
+              LOOM_CONFIG_FLOAT_ARRAY == 6);
+LOOM_ABI_OFFSET(loom_host_api, config_type, 232); // ABI 1.2 (appended)
+LOOM_ABI_SIZE(loom_host_api, 240);
 
 // ================================================================================================
 // (ABI 1.1 and later: a new block here, asserting only the appended fields.)
@@ -220,7 +224,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_host_api), 232u);
+  EXPECT_EQ(sizeof(loom_host_api), 240u); // ABI 1.2 appended config_type
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

@@ -8,7 +8,7 @@
 #     source tree (core/, or sdk/include/ in place of the installed headers);
 #  3. checks the plugins' exports (tests/plugin/check_exports.sh);
 #  4. runs them:
-#     best_of_n: `loom run --decoder best_of_n --set decoder.n=3`; the JSON must have three n_best
+#     best_of_n: `loom run --decoder best_of_n --set decoder.n=3`; the JSON must have three hypotheses
 #       hypotheses and a stop_reason;
 #     naive_backend: greedy `loom run --set backend.name="naive"` on several prompts at once (mixed
 #       sequences in a batch) must produce exactly the tokens of the built-in reference backend;
@@ -177,12 +177,12 @@ except ValueError as e:
     sys.exit(f"FAIL: the last line of loom run --json is not JSON: {e}")
 if "stop_reason" not in r:
     sys.exit("FAIL: no stop_reason in the result")
-nb = r.get("n_best")
+nb = r.get("hypotheses")
 if not isinstance(nb, list) or len(nb) != 3:
-    sys.exit(f"FAIL: expected n_best with 3 entries (decoder.n=3), got {nb!r}")
+    sys.exit(f"FAIL: expected hypotheses with 3 entries (decoder.n=3), got {nb!r}")
 for i, h in enumerate(nb):
     if "stop_reason" not in h:
-        sys.exit(f"FAIL: n_best[{i}] has no stop_reason: {h!r}")
-print(f"ok: n_best has 3 hypotheses, stop_reason {r['stop_reason']}")
+        sys.exit(f"FAIL: hypotheses[{i}] has no stop_reason: {h!r}")
+print(f"ok: 3 hypotheses, stop_reason {r['stop_reason']}")
 PY
 echo "== SDK test passed"

@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <variant>
 
 namespace loom {
 
@@ -164,6 +165,18 @@ int32_t config_has(const loom_config* cfg, const char* key) noexcept {
   return 0;
 }
 
+int32_t config_type(const loom_config* cfg, const char* key) noexcept {
+  if (!cfg || !key || !cfg->params) return LOOM_CONFIG_NONE;
+  for (const auto& [k, v] : *cfg->params)
+    if (k == key) {
+      static_assert(std::variant_size_v<ParamValue> == 6, "one LOOM_CONFIG_* per ParamValue alternative");
+      constexpr int32_t types[] = {LOOM_CONFIG_BOOL,   LOOM_CONFIG_INT,       LOOM_CONFIG_FLOAT,
+                                   LOOM_CONFIG_STRING, LOOM_CONFIG_INT_ARRAY, LOOM_CONFIG_FLOAT_ARRAY};
+      return types[v.index()];
+    }
+  return LOOM_CONFIG_NONE;
+}
+
 double rng_uniform(void* state) noexcept {
   if (!state) return 0.0;
   auto& rng = *static_cast<std::mt19937_64*>(state);
@@ -283,38 +296,37 @@ loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noe
   return guarded([&] { S(s).add_result(seq, score); });
 }
 
-const loom_host_api k_host = {
-    sizeof(loom_host_api),
-    LOOM_ABI_MAJOR,
-    LOOM_ABI_MINOR,
-    &host_log,
-    &status_create,
-    &config_get_i64,
-    &config_get_f64,
-    &config_get_bool,
-    &config_get_str,
-    &config_has,
-    &rng_uniform,
-    &session_n_vocab,
-    &session_n_prompt,
-    &session_max_new_tokens,
-    &seq_fork,
-    &seq_free,
-    &seq_truncate,
-    &seq_append,
-    &seq_tokens,
-    &seq_n_generated,
-    &seq_finished,
-    &session_plan,
-    &seq_logits,
-    &seq_sample,
-    &seq_logprob,
-    &seq_finish,
-    &seq_score,
-    &session_set_stream,
-    &detokenize,
-    &session_add_result,
-};
+const loom_host_api k_host = {sizeof(loom_host_api),
+                              LOOM_ABI_MAJOR,
+                              LOOM_ABI_MINOR,
+                              &host_log,
+                              &status_create,
+                              &config_get_i64,
+                              &config_get_f64,
+                              &config_get_bool,
+                              &config_get_str,
+                              &config_has,
+                              &rng_uniform,
+                              &session_n_vocab,
+                              &session_n_prompt,
+                              &session_max_new_tokens,
+                              &seq_fork,
+                              &seq_free,
+                              &seq_truncate,
+                              &seq_append,
+                              &seq_tokens,
+                              &seq_n_generated,
+                              &seq_finished,
+                              &session_plan,
+                              &seq_logits,
+                              &seq_sample,
+                              &seq_logprob,
+                              &seq_finish,
+                              &seq_score,
+                              &session_set_stream,
+                              &detokenize,
+                              &session_add_result,
+                              &config_type};
 
 } // namespace
 

@@ -236,7 +236,21 @@ typedef struct loom_host_api {
   size_t (*detokenize)(const loom_session* s, const loom_token* tokens, size_t n, char* buf, size_t cap);
   /* Reports a hypothesis from results(), best first. */
   loom_status* (*session_add_result)(loom_session* s, loom_seq seq, double score);
+
+  /* ABI 1.2: the type of a key's value (LOOM_CONFIG_*; LOOM_CONFIG_NONE when absent), so a key may
+   * take more than one type (e.g. true / false / "never") without a failing typed getter. */
+  int32_t (*config_type)(const loom_config* cfg, const char* key);
 } loom_host_api;
+
+typedef enum loom_config_type {
+  LOOM_CONFIG_NONE = 0,
+  LOOM_CONFIG_BOOL = 1,
+  LOOM_CONFIG_INT = 2,
+  LOOM_CONFIG_FLOAT = 3,
+  LOOM_CONFIG_STRING = 4,
+  LOOM_CONFIG_INT_ARRAY = 5,
+  LOOM_CONFIG_FLOAT_ARRAY = 6
+} loom_config_type;
 
 /* The exports. */
 typedef const loom_plugin* (*loom_plugin_init_fn)(const loom_host_api* host, uint32_t abi_major,

@@ -115,6 +115,14 @@ public:
     return v ? v : "";
   }
   bool has(const char* key) const { return host().config_has(c_, key) != 0; }
+  // The value's type (LOOM_CONFIG_*), for keys that accept several; LOOM_CONFIG_NONE when absent or
+  // when the host predates ABI 1.2. Reading the value still goes through a typed getter.
+  int32_t type(const char* key) const {
+    const loom_host_api& h = host();
+    if (h.struct_size < offsetof(loom_host_api, config_type) + sizeof(h.config_type) || !h.config_type)
+      return LOOM_CONFIG_NONE;
+    return h.config_type(c_, key);
+  }
 
 private:
   const loom_config* c_;
