@@ -65,6 +65,8 @@ nlohmann::json to_json(const GenerationResult& r) {
                     {"stop_reason", std::string(stop_reason_name(h.stop_reason))}});
     j["hypotheses"] = nb; // best first; tokens/text above are the best one's
   }
+  for (const auto& [k, v] : r.outputs) // decoder fields, validated by the host
+    j[k] = nlohmann::json::parse(v, nullptr, false);
   if (!r.message.empty()) j["message"] = r.message;
   j["seed"] = r.seed;
   j["metrics"] = {{"ttft_ms", r.metrics.ttft_ms},

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 namespace loom {
 
@@ -309,6 +310,23 @@ std::string DecodeSession::detokenize(std::span<const TokenId> ids) const {
 void DecodeSession::add_result(LocalSeq seq, double score) {
   (void)at(seq);
   results_.emplace_back(seq, score);
+}
+
+void DecodeSession::set_output(const std::string& key, const std::string& json) {
+  static const char* reserved[] = {"prompt_tokens", "tokens",     "text",    "logprobs", "stop_reason",
+                                   "stop_string",   "hypotheses", "message", "seed",     "metrics"};
+  if (key.empty() || std::find(std::begin(reserved), std::end(reserved), key) != std::end(reserved))
+    fail(Errc::invalid_argument, "decoder",
+         "set_output: key " + user_value(key) + " is empty or one of the result's own fields");
+  if (!nlohmann::json::accept(json))
+    fail(Errc::invalid_argument, "decoder",
+         "set_output: the value of " + user_value(key) + " is not one JSON value: " + user_value(json, 80));
+  for (auto& [k, v] : outputs_)
+    if (k == key) {
+      v = json;
+      return;
+    }
+  outputs_.emplace_back(key, json);
 }
 
 // ---- engine-facing ----

@@ -110,6 +110,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
     res.stop_reason = b.stop_reason;
     res.stop_string = b.stop_string;
   }
+  res.outputs = s.outputs();
   if (!r.error.empty()) {
     res.stop_reason = StopReason::error;
     res.message = "the request failed: " + r.error;

@@ -85,7 +85,11 @@ struct LambdaDecoder final : Decoder {
   void plan(DecodeSession& s) override { on_plan(s); }
   void update(DecodeSession& s) override { on_update(s); }
   bool done(const DecodeSession& s) const override { return on_done(s); }
-  void results(DecodeSession& s) override { s.add_result(0, s.score(0)); }
+  std::function<void(DecodeSession&)> on_results;
+  void results(DecodeSession& s) override {
+    s.add_result(0, s.score(0));
+    if (on_results) on_results(s);
+  }
 };
 
 // ---- 1. graph identity: hundreds of distinct batch shapes through every backend ----------------
@@ -468,6 +472,34 @@ TEST(EngineContract, AForwardFailureAfterSomeTokensIsAnError) {
   EXPECT_EQ(r.stop_reason, StopReason::error);
   EXPECT_EQ(r.tokens.size(), 4u);
   EXPECT_NE(r.message.find("device lost"), std::string::npos) << r.message;
+}
+
+// ---- decoder outputs (ABI 1.2 session_set_output) ------------------------------------------------
+
+TEST(EngineContract, DecoderOutputsAreValidatedJsonUnderTheirOwnKeys) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig rig(model, 128, 2, [] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [](DecodeSession& s) {
+      if (s.logits(0)) s.append(0, s.sample(0));
+    };
+    d->on_done = [](const DecodeSession& s) { return s.n_generated(0) >= 2; };
+    d->on_results = [](DecodeSession& s) {
+      EXPECT_THROW(s.set_output("tokens", "[1]"), Error) << "a field of the result itself";
+      EXPECT_THROW(s.set_output("answer", "{not json"), Error);
+      EXPECT_THROW(s.set_output("answer", "1 2"), Error) << "one value";
+      s.set_output("answer", "\"first\"");
+      s.set_output("votes", "[{\"answer\": \"x\", \"count\": 2}]");
+      s.set_output("answer", "\"42\""); // replaces
+    };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}});
+  const auto r = rig.run(20).begin()->second;
+  EXPECT_TRUE(r.message.empty()) << r.message;
+  ASSERT_EQ(r.outputs.size(), 2u);
+  EXPECT_EQ(r.outputs[0], (std::pair<std::string, std::string>{"answer", "\"42\""}));
+  EXPECT_EQ(r.outputs[1].first, "votes");
 }
 
 } // namespace

@@ -95,6 +95,10 @@ public:
   void set_stream(LocalSeq seq) noexcept { stream_ = seq; }
   std::string detokenize(std::span<const TokenId> ids) const;
   void add_result(LocalSeq seq, double score);
+  // A field the decoder adds to the result: one JSON value (validated) under a key that is not one of
+  // the result's own fields.
+  void set_output(const std::string& key, const std::string& json);
+  const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
   std::mt19937_64& rng() noexcept { return rng_; }
   RequestId id() const noexcept { return id_; }
 
@@ -154,7 +158,8 @@ private:
   size_t streamed_ = 0; // bytes of the streamed sequence's text already handed to on_text_
   std::vector<LocalSeq> planned_;
   std::vector<std::pair<LocalSeq, double>> results_;
-  uint64_t events_ = 0; // progress counter
+  std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
+  uint64_t events_ = 0;                                      // progress counter
 };
 
 } // namespace loom

@@ -63,6 +63,7 @@ struct GenerationResult {
   uint64_t seed = 0;
   GenerationMetrics metrics;
   std::vector<Hypothesis> n_best; // every hypothesis the decoder reported, best first
+  std::vector<std::pair<std::string, std::string>> outputs; // decoder fields: (key, JSON text)
 };
 
 // The per-request pieces the engine clones from: decoder, and per sequence sampler chain and stop

@@ -292,6 +292,12 @@ size_t detokenize(const loom_session* s, const loom_token* tokens, size_t n, cha
     return 0;
   }
 }
+loom_status* session_set_output(loom_session* s, const char* key, const char* json) noexcept {
+  return guarded([&] {
+    if (!key || !json) fail(Errc::invalid_argument, "decoder", "set_output: key and json must not be NULL");
+    S(s).set_output(key, json);
+  });
+}
 loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noexcept {
   return guarded([&] { S(s).add_result(seq, score); });
 }
@@ -326,7 +332,8 @@ const loom_host_api k_host = {sizeof(loom_host_api),
                               &session_set_stream,
                               &detokenize,
                               &session_add_result,
-                              &config_type};
+                              &config_type,
+                              &session_set_output};
 
 } // namespace
 

@@ -240,6 +240,10 @@ typedef struct loom_host_api {
   /* ABI 1.2: the type of a key's value (LOOM_CONFIG_*; LOOM_CONFIG_NONE when absent), so a key may
    * take more than one type (e.g. true / false / "never") without a failing typed getter. */
   int32_t (*config_type)(const loom_config* cfg, const char* key);
+  /* ABI 1.2: a field the decoder adds to the request's result (`loom run --json` prints it at the top
+   * level): `json` is one JSON value; `key` must not be one of the result's own fields (tokens, text,
+   * hypotheses, metrics, …). Setting a key again replaces it. */
+  loom_status* (*session_set_output)(loom_session* s, const char* key, const char* json);
 } loom_host_api;
 
 typedef enum loom_config_type {

@@ -214,6 +214,15 @@ public:
     return out;
   }
   void add_result(loom_seq seq, double score) { check(host().session_add_result(s_, seq, score)); }
+  // A field of the result (`--json` top level): `json` is one JSON value (ABI 1.2; a host that
+  // predates it drops the field).
+  void set_output(const std::string& key, const std::string& json) {
+    const loom_host_api& h = host();
+    if (h.struct_size < offsetof(loom_host_api, session_set_output) + sizeof(h.session_set_output) ||
+        !h.session_set_output)
+      return;
+    check(h.session_set_output(s_, key.c_str(), json.c_str()));
+  }
   loom_session* raw() const { return s_; }
 
 private:
