@@ -3,12 +3,13 @@
 // keys as one-line errors.
 #include "test_util.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <gtest/gtest.h>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <optional>
 #include <sstream>
 
 namespace {
@@ -18,7 +19,19 @@ loom::test::CliResult loom_run(const std::string& args) {
 }
 
 // The sample's first word: stories260K continues these prompts differently across samples.
+// first_word() is the same rule, written out (the decoder's regex engine is not used to check it).
 const char* k_regex = "^\\\\s*([A-Za-z]+)";
+
+std::optional<std::string> first_word(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
+    ++i;
+  size_t j = i;
+  while (j < text.size() && std::isalpha(static_cast<unsigned char>(text[j])))
+    ++j;
+  if (j == i) return std::nullopt;
+  return text.substr(i, j - i);
+}
 
 std::string base(const std::string& model, const std::string& prompt = "Once upon a time, there was a") {
   return "-m " + model + " -p '" + prompt + "' -n 12 --seed 11 --temp 1.0" +
@@ -33,15 +46,13 @@ TEST(SelfConsistency, VotesCountTheExtractedAnswers) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["candidates"].size(), 8u) << r.out;
-  const std::regex rx("^\\s*([A-Za-z]+)");
   std::map<std::string, int> counts;
   int voters = 0;
   for (const auto& c : j["candidates"]) {
-    std::smatch m;
     const std::string text = c["text"];
-    if (std::regex_search(text, m, rx)) {
-      EXPECT_EQ(c["answer"], m[1].str()) << text;
-      ++counts[m[1].str()];
+    if (const auto w = first_word(text)) {
+      EXPECT_EQ(c["answer"], *w) << text;
+      ++counts[*w];
       ++voters;
     } else {
       EXPECT_TRUE(c["answer"].is_null()) << text;
@@ -60,10 +71,9 @@ TEST(SelfConsistency, VotesCountTheExtractedAnswers) {
   EXPECT_EQ(j["votes"][0]["answer"], j["answer"]);
   // The top-level text is a candidate that gave the winning answer; hypotheses list every sample.
   ASSERT_EQ(j["hypotheses"].size(), 8u);
-  std::smatch m;
-  const std::string text = j["text"];
-  ASSERT_TRUE(std::regex_search(text, m, rx)) << text;
-  EXPECT_EQ(m[1].str(), j["answer"]);
+  const auto w = first_word(j["text"].get<std::string>());
+  ASSERT_TRUE(w) << j["text"];
+  EXPECT_EQ(*w, j["answer"]);
 }
 
 TEST(SelfConsistency, SameInABatchAsAlone) {
