@@ -72,4 +72,30 @@ TEST(ContractPlugins, ABenchWhoseRequestFailsExitsOne) {
   EXPECT_EQ(r.out.find("tok/s"), std::string::npos) << "no numbers for a failed benchmark: " << r.out;
 }
 
+TEST(ContractPlugins, AnAbi10PluginStillLoadsAndRuns) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto list = loom::test::run_loom("plugins --plugin-path " LOOM_FIXTURE_DIR " --json", false, 60);
+  ASSERT_EQ(list.code, 0) << list.err;
+  bool found = false;
+  for (const auto& p : nlohmann::json::parse(list.out))
+    if (p.value("name", "") == "fixture_abi10") {
+      found = true;
+      EXPECT_EQ(p.value("abi", ""), "1.0") << p;
+      EXPECT_FALSE(p.contains("error") && !p["error"].is_null() && p["error"] != "") << p;
+    }
+  EXPECT_TRUE(found) << list.out;
+  // Its decoder (greedy over the logits) gives the built-in greedy tokens.
+  const std::string base = "-m " + model.string() + " -p 'Once upon a time' -n 16 --ignore-eos --json";
+  const auto greedy = loom_run(base + " --temp 0");
+  const auto old = loom_run(base + " --decoder fixture_abi10_greedy");
+  ASSERT_EQ(old.code, 0) << old.err;
+  EXPECT_EQ(nlohmann::json::parse(greedy.out)["tokens"], nlohmann::json::parse(old.out)["tokens"]);
+  // Its backend has 1.0's table (no activation_bytes, never read): it runs.
+  const auto zeros = loom_run("-m " + model.string() + " -p hi -n 4 --temp 0 --ignore-eos --json" +
+                              " --set backend.name=fixture_abi10_zeros");
+  ASSERT_EQ(zeros.code, 0) << zeros.err;
+  EXPECT_EQ(nlohmann::json::parse(zeros.out)["tokens"], (std::vector<int>{0, 0, 0, 0}));
+}
+
 } // namespace
