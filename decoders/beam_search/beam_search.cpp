@@ -55,6 +55,7 @@ public:
   }
 
   void start(Session& s) override {
+    max_new_ = s.max_new_tokens();
     s.set_stream(-1); // the answer is known only at the end
     beams_.assign(1, Beam{0, 0.0});
     done_.clear();
@@ -103,25 +104,33 @@ public:
     }
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.sum > b.sum; });
 
-    // 2. The next beams, in rank order; candidates that end their sequence become hypotheses.
+    // 2. The next beams, in rank order. A candidate that ends its sequence by EOS, a stop string or a
+    // stop token becomes a hypothesis when it ranks among the first W (HF's process()); one that
+    // reaches the token budget takes a beam's place and becomes a hypothesis (HF's finalize()).
+    const size_t cur_len = s.n_generated(beams_.front().seq); // before this step's token
     std::vector<Beam> next;
-    for (size_t rank = 0; rank < cands.size() && next.size() < width_; ++rank) {
+    size_t taken = 0;
+    for (size_t rank = 0; rank < cands.size() && taken < width_; ++rank) {
       const Cand& c = cands[rank];
       const loom_seq child = s.fork(beams_[c.beam].seq);
       if (child < 0) continue; // no free KV sequence: a narrower beam this step
-      if (s.append(child, c.token) != LOOM_STOP_NONE) {
-        if (rank < width_)
-          add_done(s, child, c.sum);
-        else
-          s.free(child);
-        continue;
+      const int32_t why = s.append(child, c.token);
+      if (why == LOOM_STOP_NONE) {
+        next.push_back(Beam{child, c.sum});
+        ++taken;
+      } else if (why == LOOM_STOP_MAX_TOKENS || why == LOOM_STOP_MAX_CONTEXT || why == LOOM_STOP_TIMEOUT) {
+        add_done(s, child, c.sum);
+        ++taken;
+      } else if (rank < width_) {
+        add_done(s, child, c.sum);
+      } else {
+        s.free(child);
       }
-      next.push_back(Beam{child, c.sum});
     }
     for (const Beam& b : beams_)
       s.free(b.seq);
     beams_ = std::move(next);
-    if (is_done(s)) finish(s);
+    if (is_done(cur_len)) finish(s);
   }
 
   bool done(const Session&) const override { return finished_; }
@@ -158,28 +167,25 @@ private:
     }
   }
 
-  // HF's BeamHypotheses.is_done: W hypotheses are finished and no live beam can beat the worst.
-  bool is_done(const Session& s) const {
+  // HF's BeamHypotheses.is_done, with HF's lengths: `cur_len` is the generated length before this
+  // step's token; "never" bounds by the longest a beam may become (the token budget).
+  bool is_done(size_t cur_len) const {
     if (beams_.empty()) return true;
     if (done_.size() < width_) return false;
     if (early_ == Early::yes) return true;
     double best = -std::numeric_limits<double>::infinity();
     for (const Beam& b : beams_)
       best = std::max(best, b.sum);
-    const size_t cur = s.n_generated(beams_.front().seq);
-    size_t len = cur;
-    if (early_ == Early::never && alpha_ > 0 && s.max_new_tokens() > 0)
-      len = static_cast<size_t>(s.max_new_tokens()); // the longest a beam may still become
-    return done_.back().score >= score_of(best, len);
+    size_t len = cur_len;
+    if (early_ == Early::never && alpha_ > 0 && max_new_ > 0) len = static_cast<size_t>(max_new_);
+    return done_.back().score >= best / std::pow(static_cast<double>(len), alpha_);
   }
 
-  // Ends the search: live beams join the hypotheses (HF's finalize), the rest are released.
+  // Ends the search (HF: a finished batch adds no live beam); the live beams are released.
   void finish(Session& s) {
     finished_ = true;
-    for (const Beam& b : beams_) {
-      s.finish(b.seq, LOOM_STOP_CUSTOM, score_of(b.sum, s.n_generated(b.seq)));
-      add_done(s, b.seq, b.sum);
-    }
+    for (const Beam& b : beams_)
+      s.free(b.seq);
     beams_.clear();
   }
 
@@ -187,6 +193,7 @@ private:
   double alpha_ = 1.0;
   Early early_ = Early::no;
   size_t num_return_ = 1;
+  int32_t max_new_ = -1;
   std::vector<Beam> beams_;
   std::vector<Hyp> done_;
   bool finished_ = false;

@@ -1,6 +1,7 @@
 // decoders/beam_search through `loom run`: width 1 is greedy; with a width as large as the
 // vocabulary, two-token search is exhaustive, so its n-best must be the exact top pairs by log-prob
 // (computed here with the reference backend over every first token); bad keys are one-line errors.
+#include "fixtures/scripted_model.hpp"
 #include "loom/backend.hpp"
 #include "loom/model.hpp"
 #include "loom/sampler.hpp"
@@ -8,8 +9,10 @@
 #include "test_util.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace {
 
@@ -132,6 +135,165 @@ TEST(BeamSearch, EarlyStoppingModesAndMoreBeamsNeverScoreWorse) {
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_FALSE(j["tokens"].empty()) << e;
   }
+}
+
+// On the scripted model (three live tokens, EOS among them) every hypothesis of up to four tokens
+// can be enumerated: with length_penalty 1 and early_stopping "never", a beam wide enough to hold
+// every prefix must return exactly the best five by score — EOS-ended ones of every length included.
+TEST(BeamSearch, ExactNBestOnAScriptedModel) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto r = test::run_loom(
+      "run -m " + model.string() + " -p hi -n 4 --json --set backend.name=fixture_scripted --plugin-path " +
+          LOOM_FIXTURE_DIR + " --plugin-path " LOOM_BUILD_BIN_DIR +
+          " --decoder beam_search --set decoder.beam_width=27 --set decoder.num_return=5"
+          " --set decoder.length_penalty=1.0 --set 'decoder.early_stopping=\"never\"'",
+      false, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::vector<int32_t> prompt = j["prompt_tokens"];
+
+  struct Hyp {
+    double score;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Hyp> all;
+  // Every sequence over {2, 3, 4} of length 1..4 in which EOS (2) can only be last; shorter than 4
+  // only when it ends with EOS (else the budget of 4 ends it).
+  std::vector<std::vector<int32_t>> frontier{{}};
+  for (int len = 1; len <= 4; ++len) {
+    std::vector<std::vector<int32_t>> next;
+    for (const auto& pre : frontier)
+      for (int32_t t : scripted::k_tokens) {
+        auto seq = pre;
+        seq.push_back(t);
+        if (t == 2 || len == 4) {
+          std::vector<int32_t> h = prompt;
+          double sum = 0;
+          for (int32_t x : seq) {
+            sum += scripted::logprob(h, x);
+            h.push_back(x);
+          }
+          all.push_back({sum / static_cast<double>(seq.size()), seq});
+        } else {
+          next.push_back(seq);
+        }
+      }
+    frontier = std::move(next);
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Hyp& a, const Hyp& b) { return a.score > b.score; });
+  ASSERT_EQ(j["hypotheses"].size(), 5u) << r.out;
+  bool eos_ended = false;
+  for (size_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE("hypothesis " + std::to_string(i));
+    const auto& h = j["hypotheses"][i];
+    EXPECT_EQ(h["tokens"].get<std::vector<int32_t>>(), all[i].tokens);
+    EXPECT_NEAR(h["score"].get<double>(), all[i].score, 1e-5);
+    eos_ended = eos_ended || h["stop_reason"] == "eos";
+  }
+  EXPECT_TRUE(eos_ended) << "the case should rank an EOS-ended hypothesis among the best five";
+}
+
+// Hugging Face's beam search (BeamSearchScorer.process / BeamHypotheses.is_done / finalize, lengths
+// counted in generated tokens) written out over the scripted model, for the early_stopping modes.
+struct RefHyp {
+  double score;
+  std::vector<int32_t> tokens;
+};
+std::vector<RefHyp> hf_beam_search(const std::vector<int32_t>& prompt, size_t W, double alpha,
+                                   const std::string& early, size_t max_new) {
+  struct Beam {
+    std::vector<int32_t> gen;
+    double sum;
+  };
+  std::vector<Beam> beams{{{}, 0.0}};
+  std::vector<RefHyp> hyps; // best first, at most W
+  auto add = [&](const std::vector<int32_t>& gen, double sum) {
+    hyps.push_back({sum / std::pow(static_cast<double>(gen.size()), alpha), gen});
+    std::stable_sort(hyps.begin(), hyps.end(),
+                     [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
+    if (hyps.size() > W) hyps.pop_back();
+  };
+  for (size_t cur_len = 0; cur_len < max_new; ++cur_len) {
+    struct Cand {
+      double sum;
+      size_t beam;
+      int32_t token;
+    };
+    std::vector<Cand> cands;
+    for (size_t b = 0; b < beams.size(); ++b) {
+      std::vector<int32_t> h = prompt;
+      h.insert(h.end(), beams[b].gen.begin(), beams[b].gen.end());
+      for (int32_t t : scripted::k_tokens)
+        cands.push_back({beams[b].sum + scripted::logprob(h, t), b, t});
+    }
+    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+      if (a.sum != b.sum) return a.sum > b.sum;
+      return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
+    });
+    std::vector<Beam> next;
+    for (size_t rank = 0; rank < cands.size() && next.size() < W; ++rank) {
+      auto gen = beams[cands[rank].beam].gen;
+      gen.push_back(cands[rank].token);
+      if (cands[rank].token == 2) { // EOS
+        if (rank < W) add(gen, cands[rank].sum);
+        continue;
+      }
+      next.push_back({gen, cands[rank].sum});
+    }
+    beams = std::move(next);
+    if (cur_len + 1 == max_new) { // finalize: the live beams join the hypotheses
+      for (const Beam& b : beams)
+        add(b.gen, b.sum);
+      break;
+    }
+    // is_done
+    if (beams.empty()) break;
+    if (hyps.size() < W) continue;
+    if (early == "true") break;
+    double best = -1e300;
+    for (const Beam& b : beams)
+      best = std::max(best, b.sum);
+    const double len =
+        early == "never" && alpha > 0 ? static_cast<double>(max_new) : static_cast<double>(cur_len);
+    if (hyps.back().score >= best / std::pow(len, alpha)) break;
+  }
+  return hyps;
+}
+
+TEST(BeamSearch, EarlyStoppingFollowsHuggingFace) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  std::set<std::string> distinct; // the modes must differ somewhere, or the case tests nothing
+  for (size_t w : {2, 3})
+    for (double alpha : {1.0, 2.0, -1.0})
+      for (std::string early : {"true", "false", "never"}) {
+        const std::string tag =
+            "w=" + std::to_string(w) + " alpha=" + std::to_string(alpha) + " early=" + early;
+        SCOPED_TRACE(tag);
+        const std::string e = early == "never" ? "'\"never\"'" : early;
+        const auto r =
+            test::run_loom("run -m " + model.string() +
+                               " -p hi -n 6 --json --set backend.name=fixture_scripted --plugin-path " +
+                               LOOM_FIXTURE_DIR + " --plugin-path " LOOM_BUILD_BIN_DIR +
+                               " --decoder beam_search --set decoder.beam_width=" + std::to_string(w) +
+                               " --set decoder.num_return=" + std::to_string(w) +
+                               " --set decoder.length_penalty=" + std::to_string(alpha) +
+                               " --set decoder.early_stopping=" + e,
+                           false, 60);
+        ASSERT_EQ(r.code, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        const auto want = hf_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), w, alpha, early, 6);
+        ASSERT_EQ(j["hypotheses"].size(), want.size()) << r.out;
+        std::string got;
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_EQ(j["hypotheses"][i]["tokens"].get<std::vector<int32_t>>(), want[i].tokens) << i;
+          EXPECT_NEAR(j["hypotheses"][i]["score"].get<double>(), want[i].score, 1e-5) << i;
+          got += j["hypotheses"][i]["tokens"].dump();
+        }
+        if (w == 2 && alpha == 2.0) distinct.insert(got);
+      }
+  EXPECT_EQ(distinct.size(), 3u) << "at width 2 and length_penalty 2 the three modes give three answers";
 }
 
 } // namespace
