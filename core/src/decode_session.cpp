@@ -329,6 +329,13 @@ void DecodeSession::set_output(const std::string& key, const std::string& json) 
   outputs_.emplace_back(key, json);
 }
 
+double DecodeSession::verify(std::string_view text) const {
+  if (!ctx_.verify)
+    fail(Errc::not_found, "decoder",
+         "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
+  return ctx_.verify(ctx_.tok.decode(prompt_), text);
+}
+
 // ---- engine-facing ----
 
 std::vector<DecodeSession::Work> DecodeSession::take_work() {

@@ -43,8 +43,10 @@ struct Engine::Request {
 
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl)
-    : model_(model), backend_(backend), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0},
-      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {}
+    : model_(model), backend_(backend), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}},
+      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
+  ctx_.verify = tmpl_.verify;
+}
 
 Engine::~Engine() = default; // sessions free their KV sequences
 

@@ -40,7 +40,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     return std::any_of(builtin.begin(), builtin.end(), [&](const SamplerInfo& i) { return i.name == n; });
   };
   const bool needs_plugins = cfg.backend.name != "reference" || cfg.decoder.name != "sample" ||
-                             !cfg.stop_criteria.empty() ||
+                             !cfg.verifier.name.empty() || !cfg.stop_criteria.empty() ||
                              std::any_of(cfg.samplers.begin(), cfg.samplers.end(),
                                          [&](const SamplerSpec& s) { return !is_builtin(s.name); });
   std::vector<std::string> dirs;
@@ -132,6 +132,13 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   p->kv_ = make_contiguous_kv_cache(shape);
   RequestTemplate tmpl;
   tmpl.make_decoder = make_decoder;
+  if (!cfg.verifier.name.empty()) {
+    if (auto f = p->registry_->find(LOOM_KIND_VERIFIER, cfg.verifier.name))
+      tmpl.verify =
+          plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
+    else
+      missing(LOOM_KIND_VERIFIER, "verifier", cfg.verifier.name, "none");
+  }
   tmpl.make_stop_plugins = [pp = p.get()] {
     std::vector<std::unique_ptr<StopPlugin>> v;
     for (const auto& sp : pp->stop_plugins_)

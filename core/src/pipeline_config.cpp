@@ -432,8 +432,8 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   cfg.source = source;
   cfg.base_dir = base_dir;
   c.only_keys(root, "the pipeline",
-              {"model", "backend", "attention", "kv_cache", "decoder", "sampler", "stop_criterion", "stop",
-               "run", "plugins"});
+              {"model", "backend", "attention", "kv_cache", "decoder", "verifier", "sampler",
+               "stop_criterion", "stop", "run", "plugins"});
 
   if (const auto* t = section(c, root, "model")) {
     c.only_keys(*t, "[model]", {"path", "n_ctx"});
@@ -468,6 +468,13 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
     cfg.kv_cache.max_tokens =
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+  }
+  if (const auto* t = section(c, root, "verifier")) {
+    read_string(c, *t, "verifier", "name", cfg.verifier.name);
+    if (cfg.verifier.name.empty())
+      c.error(*root.get("verifier"), "verifier.name", "the name of a verifier plugin");
+    cfg.verifier.where = c.where(*root.get("verifier"));
+    cfg.verifier.params = generic_params(c, *t, "verifier", "name");
   }
   if (const auto* t = section(c, root, "decoder")) {
     read_string(c, *t, "decoder", "name", cfg.decoder.name);
@@ -717,6 +724,12 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("name", toml_string(cfg.decoder.name));
   for (const auto& [k, v] : cfg.decoder.params)
     kv(k.c_str(), toml_value(v));
+  if (!cfg.verifier.name.empty()) {
+    o << "\n[verifier]\n";
+    kv("name", toml_string(cfg.verifier.name));
+    for (const auto& [k, v] : cfg.verifier.params)
+      kv(k.c_str(), toml_value(v));
+  }
   for (const auto& s : cfg.samplers) {
     o << "\n[[sampler]]\n";
     kv("name", toml_string(s.name));

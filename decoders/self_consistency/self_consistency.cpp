@@ -7,6 +7,9 @@
 //   samples = 8                  # completions, forked from the evaluated prompt (1..256)
 //   answer_regex = "= (\\d+)"    # one capture group: the answer; or "last_number" (the default)
 //   weighting = "count"          # "count": one vote each; "logprob": each vote weighs exp(mean log-prob)
+//   verifier = "none"            # "weight": a vote also weighs the pipeline's [verifier] score;
+//                                # "filter": candidates scoring below verifier_min do not vote
+//   verifier_min = 0.5
 //
 // Every completion is sampled with the request's sampler chain and seeded RNG and ends by the
 // request's stop rules. A completion without an answer does not vote. The winner has the largest
@@ -88,9 +91,20 @@ public:
       throw loom::sdk::Error("self_consistency: weighting must be \"count\" or \"logprob\", got \"" + w +
                              "\"");
     by_logprob_ = w == "logprob";
+    verifier_ = cfg.get_str("verifier", "none");
+    if (verifier_ != "none" && verifier_ != "weight" && verifier_ != "filter")
+      throw loom::sdk::Error("self_consistency: verifier must be \"none\", \"weight\" or \"filter\", got \"" +
+                             verifier_ + "\"");
+    verifier_min_ = cfg.get_f64("verifier_min", 0.5);
+    if (!(verifier_min_ >= 0 && verifier_min_ <= 1))
+      throw loom::sdk::Error("self_consistency: verifier_min must be in [0, 1], got " +
+                             std::to_string(verifier_min_));
   }
 
   void start(Session& s) override {
+    if (verifier_ != "none" && !s.has_verifier())
+      throw loom::sdk::Error("self_consistency: verifier = \"" + verifier_ +
+                             "\" needs a verifier in the pipeline: add a [verifier] section");
     s.set_stream(-1); // the answer is known only when every sample has finished
     seqs_.assign(1, 0);
     forked_ = false;
@@ -126,6 +140,7 @@ public:
       std::string text;
       std::optional<std::string> answer;
       double mean_lp;
+      std::optional<double> verified; // the verifier's score, when one is used
     };
     std::vector<Cand> cands;
     const size_t n_prompt = s.n_prompt();
@@ -133,7 +148,8 @@ public:
       const auto toks = s.tokens(q);
       const std::string text = s.detokenize(toks.subspan(n_prompt));
       const size_t n = std::max<size_t>(1, s.n_generated(q));
-      cands.push_back({q, text, extract(text), s.score(q) / static_cast<double>(n)});
+      cands.push_back({q, text, extract(text), s.score(q) / static_cast<double>(n), std::nullopt});
+      if (verifier_ != "none") cands.back().verified = s.verify(text);
     }
     // Votes: weight per answer; ties by the answer's mean log-prob over its candidates.
     struct Tally {
@@ -142,14 +158,15 @@ public:
     };
     std::map<std::string, Tally> tally;
     int voters = 0;
-    for (const Cand& c : cands)
-      if (c.answer) {
-        Tally& t = tally[*c.answer];
-        ++t.count;
-        ++voters;
-        t.weight += by_logprob_ ? std::exp(c.mean_lp) : 1.0;
-        t.lp_sum += c.mean_lp;
-      }
+    for (const Cand& c : cands) {
+      if (!c.answer) continue;
+      if (verifier_ == "filter" && *c.verified < verifier_min_) continue; // filtered out: no vote
+      Tally& t = tally[*c.answer];
+      ++t.count;
+      ++voters;
+      t.weight += (by_logprob_ ? std::exp(c.mean_lp) : 1.0) * (verifier_ == "weight" ? *c.verified : 1.0);
+      t.lp_sum += c.mean_lp;
+    }
     std::vector<std::pair<std::string, Tally>> ranked(tally.begin(), tally.end());
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
       if (a.second.weight != b.second.weight) return a.second.weight > b.second.weight;
@@ -181,7 +198,9 @@ public:
     for (size_t i = 0; i < cands.size(); ++i)
       list += (i ? "," : "") + std::string("{\"text\":") + json_string(cands[i].text) +
               ",\"answer\":" + (cands[i].answer ? json_string(*cands[i].answer) : "null") +
-              ",\"mean_logprob\":" + json_number(cands[i].mean_lp) + "}";
+              ",\"mean_logprob\":" + json_number(cands[i].mean_lp) +
+              (cands[i].verified ? ",\"verifier_score\":" + json_number(*cands[i].verified) : std::string()) +
+              "}";
     s.set_output("candidates", list + "]");
   }
 
@@ -202,6 +221,8 @@ private:
   std::regex regex_;
   bool last_ = true;
   bool by_logprob_ = false;
+  std::string verifier_ = "none";
+  double verifier_min_ = 0.5;
   std::vector<loom_seq> seqs_{0};
   bool forked_ = false;
 };

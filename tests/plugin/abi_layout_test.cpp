@@ -152,7 +152,9 @@ static_assert(LOOM_CONFIG_NONE == 0 && LOOM_CONFIG_BOOL == 1 && LOOM_CONFIG_STRI
               LOOM_CONFIG_FLOAT_ARRAY == 6);
 LOOM_ABI_OFFSET(loom_host_api, config_type, 232);        // ABI 1.2 (appended)
 LOOM_ABI_OFFSET(loom_host_api, session_set_output, 240); // ABI 1.2 (appended)
-LOOM_ABI_SIZE(loom_host_api, 248);
+LOOM_ABI_OFFSET(loom_host_api, session_verify, 248);     // ABI 1.2 (appended)
+LOOM_ABI_SIZE(loom_host_api, 256);
+static_assert(LOOM_KIND_VERIFIER == 5);
 
 // ================================================================================================
 // (ABI 1.1 and later: a new block here, asserting only the appended fields.)
@@ -225,7 +227,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_host_api), 248u); // ABI 1.2 appended config_type, session_set_output
+  EXPECT_EQ(sizeof(loom_host_api), 256u); // ABI 1.2 appended config_type, session_set_output, session_verify
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

@@ -10,6 +10,8 @@
 #  4. runs them:
 #     best_of_n: `loom run --decoder best_of_n --set decoder.n=3`; the JSON must have three hypotheses
 #       hypotheses and a stop_reason;
+#     length_verifier: self_consistency (first-party, next to loom) weighted by this verifier; every
+#       candidate's verifier_score must equal the formula computed here from its text;
 #     naive_backend: greedy `loom run --set backend.name="naive"` on several prompts at once (mixed
 #       sequences in a batch) must produce exactly the tokens of the built-in reference backend;
 #     backends: a copy of `loom` that sees only these out-of-tree builds runs reference_plugin
@@ -19,14 +21,14 @@
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  echo "usage: run_sdk_test.sh BUILD_DIR SOURCE_DIR [best_of_n|naive_backend|backends]" >&2
+  echo "usage: run_sdk_test.sh BUILD_DIR SOURCE_DIR [best_of_n|naive_backend|length_verifier|backends]" >&2
   exit 2
 fi
 build_dir=$(cd "$1" && pwd)
 source_dir=$(cd "$2" && pwd)
 example="${3:-best_of_n}"
 case "$example" in
-best_of_n | naive_backend | backends) ;;
+best_of_n | naive_backend | length_verifier | backends) ;;
 *)
   echo "run_sdk_test.sh: unknown example '$example'" >&2
   exit 2
@@ -147,6 +149,7 @@ fi
 
 case "$example" in
 best_of_n) plugin_file=libloom-decoder-best_of_n.so ;;
+length_verifier) plugin_file=libloom-verifier-length.so ;;
 *) plugin_file=libloom-backend-naive.so ;;
 esac
 build_plugin "$source_dir/sdk/examples/$example" "$example_build" "$plugin_file"
@@ -156,6 +159,29 @@ if [ "$example" = naive_backend ]; then
   run_greedy reference "$work/reference.json"
   run_greedy naive "$work/naive.json" --plugin-path "$example_build"
   same_tokens "$work/reference.json" "$work/naive.json" naive
+  echo "== SDK test passed"
+  exit 0
+fi
+
+if [ "$example" = length_verifier ]; then
+  echo "== loom run --decoder self_consistency with the out-of-tree length_verifier"
+  out="$work/sc.json"
+  "$loom" run -m "$model" -p "One day, a little" -n 12 --seed 11 --temp 1.0 --json --decoder self_consistency \
+    --set decoder.samples=6 --set 'decoder.answer_regex="^\\s*([A-Za-z]+)"' --set 'decoder.verifier="weight"' \
+    --set 'verifier.name="length_verifier"' --set verifier.target_words=6 --plugin-path "$example_build" \
+    >"$out" 2>"$work/sc.err" || { cat "$out" "$work/sc.err" >&2; fail "loom run exited with $?"; }
+  python3 - "$out" <<'PY' || { cat "$out" "$work/sc.err" >&2; exit 1; }
+import json, sys
+r = json.loads(open(sys.argv[1], encoding="utf-8").read().splitlines()[-1])
+cands = r.get("candidates", [])
+if len(cands) != 6:
+    sys.exit(f"FAIL: expected 6 candidates, got {len(cands)}")
+for c in cands:
+    want = max(0.0, 1.0 - abs(len(c["text"].split()) - 6) / 6)
+    if abs(c.get("verifier_score", -1) - want) > 1e-4:
+        sys.exit(f"FAIL: verifier_score {c.get('verifier_score')} for {c['text']!r}, expected {want}")
+print(f"ok: 6 candidates scored by length_verifier, answer {r.get('answer')!r}")
+PY
   echo "== SDK test passed"
   exit 0
 fi

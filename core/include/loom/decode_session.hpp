@@ -56,6 +56,8 @@ struct SessionContext {
   int32_t n_ctx = 0;
   int32_t n_vocab = 0;
   SeqId next_kv_seq = 0; // KV store ids, unique over the engine's life
+  // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
+  std::function<double(std::string_view prompt, std::string_view text)> verify;
 };
 
 // The per-sequence state a new request starts from.
@@ -98,6 +100,8 @@ public:
   // A field the decoder adds to the result: one JSON value (validated) under a key that is not one of
   // the result's own fields.
   void set_output(const std::string& key, const std::string& json);
+  bool has_verifier() const noexcept { return static_cast<bool>(ctx_.verify); }
+  double verify(std::string_view text) const; // the pipeline's verifier on this request's prompt + text
   const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
   std::mt19937_64& rng() noexcept { return rng_; }
   RequestId id() const noexcept { return id_; }

@@ -70,6 +70,7 @@ struct GenerationResult {
 // rules.
 struct RequestTemplate : SequenceTemplate {
   std::function<std::unique_ptr<Decoder>()> make_decoder;
+  std::function<double(std::string_view prompt, std::string_view text)> verify; // [verifier]; may be empty
 };
 
 struct EngineRequest {

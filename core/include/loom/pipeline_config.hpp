@@ -43,6 +43,11 @@ struct PipelineConfig {
     std::vector<std::pair<std::string, ParamValue>> params; // the other keys: the decoder plugin reads them
     std::string where;                                      // "p.toml:7:1"
   } decoder;
+  struct VerifierSection { // [verifier]: a verifier plugin decoders may consult (session_verify)
+    std::string name;      // "" = none
+    std::vector<std::pair<std::string, ParamValue>> params;
+    std::string where;
+  } verifier;
   std::vector<SamplerSpec> samplers;      // [[sampler]] in order; empty = the default chain
   std::vector<SamplerSpec> stop_criteria; // [[stop_criterion]]: plugin stop criteria (name + keys)
   struct StopSection {

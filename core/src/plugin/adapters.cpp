@@ -174,6 +174,24 @@ std::unique_ptr<StopPlugin> make_plugin_stop(const PluginRegistry::Found& f, con
   return std::make_unique<PluginStopAdapter>(std::shared_ptr<Object<loom_stop_i>>(std::move(o)), spec.name);
 }
 
+std::function<double(std::string_view, std::string_view)>
+make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
+                     const std::vector<std::pair<std::string, ParamValue>>& params,
+                     const std::string& where) {
+  std::shared_ptr<Object<loom_verifier_i>> o = create_object<loom_verifier_i>(
+      f, name, params, where, {offsetof(loom_verifier_i, score), offsetof(loom_verifier_i, destroy)});
+  return [o, name](std::string_view prompt, std::string_view text) {
+    double v = -1;
+    throw_if(o->vt->score(o->self, prompt.data(), prompt.size(), text.data(), text.size(), &v),
+             "verifier '" + name + "'");
+    if (!(v >= 0.0 && v <= 1.0))
+      fail(Errc::invalid_argument, "plugin",
+           "verifier '" + name + "' returned the score " + std::to_string(v) +
+               "; expected a number in [0, 1]");
+    return v;
+  };
+}
+
 std::function<std::unique_ptr<Decoder>()>
 make_plugin_decoder_factory(const PluginRegistry::Found& f, std::string name,
                             std::vector<std::pair<std::string, ParamValue>> params, std::string where) {

@@ -298,6 +298,16 @@ loom_status* session_set_output(loom_session* s, const char* key, const char* js
     S(s).set_output(key, json);
   });
 }
+loom_status* session_verify(loom_session* s, const char* text, size_t len, double* score) noexcept {
+  return guarded([&] {
+    if (!text) { // only asks whether there is one
+      if (score) *score = S(s).has_verifier() ? 1.0 : 0.0;
+      return;
+    }
+    const double v = S(s).verify(std::string_view(text, len)); // NOT_FOUND without a verifier
+    if (score) *score = v;
+  });
+}
 loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noexcept {
   return guarded([&] { S(s).add_result(seq, score); });
 }
@@ -333,7 +343,8 @@ const loom_host_api k_host = {sizeof(loom_host_api),
                               &detokenize,
                               &session_add_result,
                               &config_type,
-                              &session_set_output};
+                              &session_set_output,
+                              &session_verify};
 
 } // namespace
 

@@ -61,6 +61,8 @@ std::string_view kind_name(int32_t kind) noexcept {
     return "sampler";
   case LOOM_KIND_STOP:
     return "stop";
+  case LOOM_KIND_VERIFIER:
+    return "verifier";
   default:
     return "unknown";
   }

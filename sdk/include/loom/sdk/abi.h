@@ -47,7 +47,8 @@ typedef enum loom_kind {
   LOOM_KIND_BACKEND = 1,
   LOOM_KIND_DECODER = 2,
   LOOM_KIND_SAMPLER = 3,
-  LOOM_KIND_STOP = 4
+  LOOM_KIND_STOP = 4,
+  LOOM_KIND_VERIFIER = 5 /* ABI 1.2: scores a candidate text in [0, 1] (loom_verifier_i) */
 } loom_kind;
 
 typedef enum loom_log_level {
@@ -132,6 +133,17 @@ typedef struct loom_stop_i {
   loom_status* (*clone)(const void* self, void** out_self); /* required */
   void (*destroy)(void* self);                              /* required */
 } loom_stop_i;
+
+/* ---- verifiers (ABI 1.2) -------------------------------------------------------------------- */
+
+/* Scores a candidate answer: *score in [0, 1] (1 = certainly right). Decoders reach the pipeline's
+ * verifier through host->session_verify; a verifier must be safe to call for any text. */
+typedef struct loom_verifier_i {
+  uint32_t struct_size;
+  loom_status* (*score)(void* self, const char* prompt, size_t prompt_len, const char* text, size_t text_len,
+                        double* score);
+  void (*destroy)(void* self); /* required */
+} loom_verifier_i;
 
 /* ---- decoders ------------------------------------------------------------------------------ */
 
@@ -244,6 +256,10 @@ typedef struct loom_host_api {
    * level): `json` is one JSON value; `key` must not be one of the result's own fields (tokens, text,
    * hypotheses, metrics, …). Setting a key again replaces it. */
   loom_status* (*session_set_output)(loom_session* s, const char* key, const char* json);
+  /* ABI 1.2: the pipeline's verifier ([verifier]) on a text of this request (its prompt is passed
+   * along): *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier.
+   * text NULL only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
+  loom_status* (*session_verify)(loom_session* s, const char* text, size_t len, double* score);
 } loom_host_api;
 
 typedef enum loom_config_type {

@@ -16,6 +16,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -157,6 +158,15 @@ public:
   virtual std::unique_ptr<StopCriterion> clone() const = 0;
 };
 
+// ---- verifiers (ABI 1.2) ------------------------------------------------------------------
+
+// Scores a candidate answer in [0, 1] given the prompt it answers.
+class Verifier {
+public:
+  virtual ~Verifier() = default;
+  virtual double score(std::string_view prompt, std::string_view text) = 0;
+};
+
 // ---- decoders -----------------------------------------------------------------------------
 
 // One request as its decoder sees it. Sequence 0 holds the prompt.
@@ -214,6 +224,27 @@ public:
     return out;
   }
   void add_result(loom_seq seq, double score) { check(host().session_add_result(s_, seq, score)); }
+  // The pipeline's verifier ([verifier]) on a text: a score in [0, 1], or nothing when the pipeline
+  // names none (or the host predates ABI 1.2).
+  std::optional<double> verify(std::string_view text) {
+    const loom_host_api& h = host();
+    if (h.struct_size < offsetof(loom_host_api, session_verify) + sizeof(h.session_verify) ||
+        !h.session_verify)
+      return std::nullopt;
+    double v = 0;
+    loom_status* st = h.session_verify(s_, text.data(), text.size(), &v);
+    if (st) throw StatusError(st); // also "no verifier": a decoder that needs one says so at start
+    return v;
+  }
+  bool has_verifier() {
+    const loom_host_api& h = host();
+    if (h.struct_size < offsetof(loom_host_api, session_verify) + sizeof(h.session_verify) ||
+        !h.session_verify)
+      return false;
+    double v = 0;
+    check(h.session_verify(s_, nullptr, 0, &v)); // a NULL text only asks
+    return v == 1.0;
+  }
   // A field of the result (`--json` top level): `json` is one JSON value (ABI 1.2; a host that
   // predates it drops the field).
   void set_output(const std::string& key, const std::string& json) {
@@ -352,6 +383,17 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   LOOM_SDK_CATCH
 }
 
+template <class T> struct VerifierTable {
+  static loom_status* score_fn(void* self, const char* prompt, size_t prompt_len, const char* text,
+                               size_t len, double* out) noexcept {
+    LOOM_SDK_TRY
+    *out = static_cast<T*>(self)->score(std::string_view(prompt, prompt_len), std::string_view(text, len));
+    LOOM_SDK_CATCH
+  }
+  static void destroy(void* self) noexcept { delete static_cast<Verifier*>(static_cast<T*>(self)); }
+  static constexpr loom_verifier_i table = {sizeof(loom_verifier_i), &score_fn, &destroy};
+};
+
 } // namespace detail
 
 template <class T> constexpr loom_factory sampler_factory(const char* name) {
@@ -363,12 +405,16 @@ template <class T> constexpr loom_factory stop_factory(const char* name) {
 template <class T> constexpr loom_factory decoder_factory(const char* name) {
   return {sizeof(loom_factory), LOOM_KIND_DECODER, name, &detail::create<T, detail::DecoderTable<T>>};
 }
+template <class T> constexpr loom_factory verifier_factory(const char* name) {
+  return {sizeof(loom_factory), LOOM_KIND_VERIFIER, name, &detail::create<T, detail::VerifierTable<T>>};
+}
 
 } // namespace loom::sdk
 
 #define LOOM_SAMPLER(NAME, TYPE) ::loom::sdk::sampler_factory<TYPE>(NAME)
 #define LOOM_STOP(NAME, TYPE) ::loom::sdk::stop_factory<TYPE>(NAME)
 #define LOOM_DECODER(NAME, TYPE) ::loom::sdk::decoder_factory<TYPE>(NAME)
+#define LOOM_VERIFIER(NAME, TYPE) ::loom::sdk::verifier_factory<TYPE>(NAME)
 
 // Defines the two exports. SCORE is an expression evaluated by loom_plugin_score() (0 = cannot run
 // here, higher wins among variants of one plugin); SHUTDOWN is a `void(void)` function or nullptr,
