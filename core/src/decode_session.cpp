@@ -333,7 +333,8 @@ double DecodeSession::verify(std::string_view text) const {
   if (!ctx_.verify)
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
-  return ctx_.verify(ctx_.tok.decode(prompt_), text);
+  if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
+  return ctx_.verify(*prompt_text_, text);
 }
 
 // ---- engine-facing ----

@@ -471,8 +471,10 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   }
   if (const auto* t = section(c, root, "verifier")) {
     read_string(c, *t, "verifier", "name", cfg.verifier.name);
-    if (cfg.verifier.name.empty())
-      c.error(*root.get("verifier"), "verifier.name", "the name of a verifier plugin");
+    if (cfg.verifier.name.empty()) {
+      if (const toml::node* n = t->get("name")) c.error(*n, "verifier.name", "the name of a verifier plugin");
+      c.error(*root.get("verifier"), "verifier", "the key 'name' (a verifier plugin)");
+    }
     cfg.verifier.where = c.where(*root.get("verifier"));
     cfg.verifier.params = generic_params(c, *t, "verifier", "name");
   }

@@ -38,14 +38,18 @@ public:
     if (!std::isfinite(alpha_))
       throw loom::sdk::Error("beam_search: length_penalty must be a finite number, got " +
                              std::to_string(alpha_));
-    if (cfg.type("early_stopping") == LOOM_CONFIG_STRING) { // true / false, or the string "never"
+    const int32_t es = cfg.type("early_stopping"); // true / false, or the string "never"
+    if (es == LOOM_CONFIG_STRING) {
       const std::string v = cfg.get_str("early_stopping", "");
       if (v != "never")
         throw loom::sdk::Error("beam_search: early_stopping must be true, false or \"never\", got \"" + v +
                                "\"");
       early_ = Early::never;
-    } else {
+    } else if (es == LOOM_CONFIG_BOOL || es == LOOM_CONFIG_NONE) {
       early_ = cfg.get_bool("early_stopping", false) ? Early::yes : Early::no;
+    } else {
+      throw loom::sdk::Error(
+          "beam_search: early_stopping must be true, false or \"never\", got a number or a list");
     }
     const int64_t n = cfg.get_i64("num_return", 1);
     if (n < 1 || static_cast<size_t>(n) > width_)

@@ -56,6 +56,8 @@ TEST(HostileCli, EachBadInputIsAClearErrorOnOneLine) {
       {"run -m {M} -p hi -n 2 --ctx-size 2000000000", 1, "lower [model] n_ctx"}, // before allocating
       // a capability error names the backend the pipeline chose, not the reference backend
       {"run -m {M} -p hi -n 2 --set backend.name=cpu --set kv_cache.store=paged", 1, "with backend 'cpu'"},
+      {"run -m {M} -p hi -n 2 --set 'verifier.name=\"\"'", 1,
+       "verifier.name: expected the name of a verifier plugin, found the string ''"},
       {"run -m {M} -p hi -n 2 --set 'stop.strings=\"a\nb'", 1, "'\"a\\nb'"}, // a newline echoed as \n
   };
   for (const Case& c : cases) {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -164,6 +165,7 @@ private:
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   uint64_t events_ = 0;                                      // progress counter
+  mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
 };
 
 } // namespace loom
