@@ -76,6 +76,8 @@ nlohmann::json to_json(const GenerationResult& r) {
                   {"total_ms", r.metrics.total_ms},
                   {"n_prompt", r.metrics.n_prompt},
                   {"n_generated", r.metrics.n_generated}};
+  for (const auto& [k, v] : r.metrics.decoder) // a decoder's own (speculative: draft_tokens, …)
+    if (!j["metrics"].contains(k)) j["metrics"][k] = v;
   return j;
 }
 

@@ -23,11 +23,17 @@ struct DecodeSession::Checkpoint {
 };
 
 struct DecodeSession::Seq {
-  SeqId kv = -1;               // id in the KV store
-  std::vector<TokenId> tokens; // prompt + generated
-  int32_t n_cached = 0;        // tokens whose K/V are in the store
-  std::vector<float> logits;   // of the last evaluated token
-  bool has_logits = false;
+  int model = 0;               // 0: the target; 1: the pipeline's draft model
+  SeqId kv = -1;               // id in that model's KV store
+  std::vector<TokenId> tokens; // committed: prompt + generated
+  std::vector<TokenId> draft;  // uncommitted tokens after `tokens` (not streamed, not seen by stop rules)
+  int32_t n_cached = 0;        // of tokens + draft, those whose K/V are in the store
+  // Logits rows: row j (j = 0..n_rows-1) is the distribution after tokens + draft[0..j), stored at
+  // rows[(row_off + j) * n_vocab].
+  std::vector<float> rows;
+  size_t row_off = 0;
+  size_t n_rows = 0;
+  bool has_logits() const noexcept { return n_rows > 0; }
   std::unique_ptr<Sampler> chain; // this sequence's sampler state
   StopTracker stop;
   std::vector<std::unique_ptr<StopPlugin>> plugins;
@@ -100,17 +106,24 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
 
 LocalSeq DecodeSession::fork(LocalSeq parent) {
   Seq& p = at(parent);
+  KVCacheStore& store = kv_of(p.model);
   const SeqId kv = ctx_.next_kv_seq;
-  const bool ok = p.n_cached > 0 ? ctx_.kv.fork(p.kv, kv) : ctx_.kv.allocate(kv, 0);
+  const bool ok = p.n_cached > 0 ? store.fork(p.kv, kv) : store.allocate(kv, 0);
   if (!ok) return -1; // no free KV sequence: the decoder goes on with fewer
   ++ctx_.next_kv_seq;
   auto c = std::make_unique<Seq>(p.stop.config());
+  c->model = p.model;
   c->stop = p.stop;
   c->kv = kv;
   c->tokens = p.tokens;
+  c->draft = p.draft;
   c->n_cached = p.n_cached;
-  c->logits = p.logits;
-  c->has_logits = p.has_logits;
+  if (p.n_rows > 0) {
+    const auto V = static_cast<size_t>(n_vocab());
+    c->rows.assign(p.rows.begin() + static_cast<std::ptrdiff_t>(p.row_off * V),
+                   p.rows.begin() + static_cast<std::ptrdiff_t>((p.row_off + p.n_rows) * V));
+    c->n_rows = p.n_rows;
+  }
   c->chain = p.chain->clone();
   for (const auto& sp : p.plugins)
     c->plugins.push_back(sp->clone());
@@ -128,10 +141,64 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   return id;
 }
 
+LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
+  Seq& p = at(parent);
+  if (!ctx_.draft_kv)
+    fail(Errc::not_found, "decoder",
+         "the pipeline has no draft model; name one with [decoder] draft = \"x.gguf\"");
+  if (p.model != 0) fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
+  const SeqId kv = ctx_.next_kv_seq;
+  if (!ctx_.draft_kv->allocate(kv, 0)) return -1; // no free draft KV sequence: recoverable
+  ++ctx_.next_kv_seq;
+  auto c = std::make_unique<Seq>(p.stop.config());
+  c->model = 1;
+  c->stop = p.stop;
+  c->kv = kv;
+  c->tokens = p.tokens; // committed tokens only; none evaluated on the draft model yet
+  c->chain = p.chain->clone();
+  for (const auto& sp : p.plugins)
+    c->plugins.push_back(sp->clone());
+  c->detok = p.detok;
+  c->text = p.text;
+  c->logprobs = p.logprobs;
+  c->logprob_sum = p.logprob_sum;
+  c->finished = p.finished;
+  c->stop_string = p.stop_string;
+  c->history = p.history;
+  const LocalSeq id = next_seq_++;
+  seqs_.emplace(id, std::move(c));
+  ++events_;
+  return id;
+}
+
+void DecodeSession::set_metric(const std::string& key, double value) {
+  if (key.empty()) fail(Errc::invalid_argument, "decoder", "set_metric: the key is empty");
+  if (!std::isfinite(value))
+    fail(Errc::invalid_argument, "decoder", "set_metric: " + user_value(key) + " is not a finite number");
+  for (auto& [k, v] : metrics_)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  metrics_.emplace_back(key, value);
+}
+
+double DecodeSession::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int DecodeSession::model_of(LocalSeq seq) const {
+  return at(seq).model;
+}
+
+KVCacheStore& DecodeSession::kv_of(int model) const {
+  return model == 0 ? ctx_.kv : *ctx_.draft_kv;
+}
+
 void DecodeSession::free(LocalSeq seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  if (it->second->kv >= 0) ctx_.kv.free(it->second->kv);
+  if (it->second->kv >= 0) kv_of(it->second->model).free(it->second->kv);
   seqs_.erase(it);
   planned_.erase(std::remove(planned_.begin(), planned_.end(), seq), planned_.end());
   std::erase_if(results_, [seq](const auto& r) { return r.first == seq; });
@@ -145,6 +212,7 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
     fail(Errc::invalid_argument, "decoder",
          "truncate to " + std::to_string(n_tokens) + " tokens is outside [prompt " +
              std::to_string(prompt_.size()) + ", length " + std::to_string(s.tokens.size()) + "]");
+  drop_draft(s);
   if (n_tokens == s.tokens.size()) return;
   const size_t k = n_tokens - prompt_.size();
   LOOM_ASSERT(k < s.history.size(), "a checkpoint per generated length");
@@ -166,12 +234,8 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   s.stop_string.clear();
   s.final_score = 0;
   // The logits of the new last token: evaluated again when the sequence is next planned.
-  s.has_logits = false;
-  const auto keep = static_cast<int32_t>(n_tokens) - 1;
-  if (s.n_cached > keep) {
-    s.n_cached = keep;
-    ctx_.kv.truncate(s.kv, keep);
-  }
+  s.n_rows = 0;
+  uncache(s, static_cast<int32_t>(n_tokens) - 1);
   ++events_;
 }
 
@@ -207,12 +271,38 @@ StopReason DecodeSession::append(LocalSeq seq, TokenId token) {
     fail(Errc::invalid_argument, "decoder", "append to finished sequence " + std::to_string(seq));
   if (token < 0 || token >= n_vocab())
     fail(Errc::invalid_argument, "decoder", "token " + std::to_string(token) + " is outside the vocabulary");
-  const float lp = s.has_logits ? token_logprob(s.logits, token) : 0.0f;
+  drop_draft(s); // an append replaces whatever was drafted after the committed tokens
+  return commit_token(s, token);
+}
+
+void DecodeSession::drop_draft(Seq& s) {
+  if (s.draft.empty()) return;
+  s.draft.clear();
+  s.n_rows = std::min<size_t>(s.n_rows, 1); // row 0 (after the committed tokens) stays valid
+  uncache(s, static_cast<int32_t>(s.tokens.size()));
+}
+
+void DecodeSession::uncache(Seq& s, int32_t keep) {
+  if (s.n_cached > keep) {
+    s.n_cached = keep;
+    kv_of(s.model).truncate(s.kv, keep);
+  }
+}
+
+// Commits `token` as the next token of s (the first draft token, when commit() calls it): its
+// log-prob under row 0, the sampler chain's accept, the stop rules, streaming and a checkpoint.
+StopReason DecodeSession::commit_token(Seq& s, TokenId token) {
+  const auto V = static_cast<size_t>(n_vocab());
+  const float lp =
+      s.has_logits() ? token_logprob(std::span<const float>(s.rows.data() + s.row_off * V, V), token) : 0.0f;
   s.tokens.push_back(token);
   s.logprobs.push_back(lp);
   s.logprob_sum += static_cast<double>(lp);
   s.chain->accept(token);
-  s.has_logits = false;
+  if (s.n_rows > 0) { // the next row (after this token) becomes row 0, if it was evaluated
+    ++s.row_off;
+    --s.n_rows;
+  }
   ++events_;
 
   const Tokenizer& tok = ctx_.tok;
@@ -235,6 +325,7 @@ StopReason DecodeSession::append(LocalSeq seq, TokenId token) {
   if (st.reason == StopReason::none && s.stop.timed_out()) st.reason = StopReason::timeout;
   checkpoint(s);
   if (st.reason != StopReason::none) {
+    drop_draft(s); // tokens drafted after a stop are never committed
     s.stop_string = st.matched;
     end_seq(s, st.reason);
     s.final_score = s.logprob_sum;
@@ -264,20 +355,75 @@ void DecodeSession::plan(LocalSeq seq) {
   }
 }
 
-const std::vector<float>* DecodeSession::logits(LocalSeq seq) const {
+const float* DecodeSession::logits(LocalSeq seq) const {
+  return logits_at(seq, 0);
+}
+
+const float* DecodeSession::logits_at(LocalSeq seq, size_t row) const {
   const Seq& s = at(seq);
-  return s.has_logits ? &s.logits : nullptr;
+  return row < s.n_rows ? s.rows.data() + (s.row_off + row) * static_cast<size_t>(n_vocab()) : nullptr;
+}
+
+size_t DecodeSession::n_draft(LocalSeq seq) const {
+  return at(seq).draft.size();
+}
+
+size_t DecodeSession::set_draft(LocalSeq seq, std::span<const TokenId> tokens) {
+  Seq& s = at(seq);
+  if (s.finished != StopReason::none)
+    fail(Errc::invalid_argument, "decoder", "cannot draft after finished sequence " + std::to_string(seq));
+  for (TokenId t : tokens)
+    if (t < 0 || t >= n_vocab())
+      fail(Errc::invalid_argument, "decoder", "draft token " + std::to_string(t) + " is outside the vocabulary");
+  drop_draft(s);
+  // Positions the context has left (the committed tokens' last one is evaluated at tokens.size() - 1).
+  const size_t room = static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(s.tokens.size())));
+  const size_t n = std::min(tokens.size(), room);
+  s.draft.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
+  ++events_;
+  return n;
+}
+
+StopReason DecodeSession::commit(LocalSeq seq, size_t n) {
+  Seq& s = at(seq);
+  if (n > s.draft.size())
+    fail(Errc::invalid_argument, "decoder",
+         "commit of " + std::to_string(n) + " tokens but sequence " + std::to_string(seq) + " has " +
+             std::to_string(s.draft.size()) + " drafted");
+  StopReason r = StopReason::none;
+  for (size_t i = 0; i < n && r == StopReason::none; ++i) {
+    if (s.finished != StopReason::none)
+      fail(Errc::invalid_argument, "decoder", "commit to finished sequence " + std::to_string(seq));
+    const TokenId t = s.draft.front();
+    s.draft.erase(s.draft.begin());
+    r = commit_token(s, t);
+  }
+  return r;
+}
+
+void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
+  Seq& s = at(seq);
+  if (!s.has_logits())
+    fail(Errc::invalid_argument, "decoder",
+         "sequence " + std::to_string(seq) + " has no logits: plan it first");
+  const auto V = static_cast<size_t>(n_vocab());
+  if (out.size() < V) fail(Errc::invalid_argument, "decoder", "probs: the output holds fewer than n_vocab values");
+  SamplerContext sc{
+      prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
+      &rng_};
+  sampling_distribution(*s.chain, std::span<const float>(s.rows.data() + s.row_off * V, V), sc, out.first(V));
 }
 
 TokenId DecodeSession::sample(LocalSeq seq) {
   Seq& s = at(seq);
-  if (!s.has_logits)
+  if (!s.has_logits())
     fail(Errc::invalid_argument, "decoder",
          "sequence " + std::to_string(seq) + " has no logits: plan it first");
   SamplerContext sc{
       prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
       &rng_};
-  Candidates c = Candidates::from_logits(s.logits);
+  const auto V = static_cast<size_t>(n_vocab());
+  Candidates c = Candidates::from_logits(std::span<const float>(s.rows.data() + s.row_off * V, V));
   s.chain->apply(c, sc);
   if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
     fail(Errc::internal, "sampler", "the sampler chain selected no token");
@@ -285,9 +431,9 @@ TokenId DecodeSession::sample(LocalSeq seq) {
 }
 
 float DecodeSession::logprob(LocalSeq seq, TokenId token) const {
-  const Seq& s = at(seq);
-  if (!s.has_logits || token < 0 || token >= n_vocab()) return -INFINITY;
-  return token_logprob(s.logits, token);
+  const float* l = logits(seq);
+  if (!l || token < 0 || token >= n_vocab()) return -INFINITY;
+  return token_logprob(std::span<const float>(l, static_cast<size_t>(n_vocab())), token);
 }
 
 void DecodeSession::finish(LocalSeq seq, StopReason reason, double score) {
@@ -341,36 +487,57 @@ double DecodeSession::verify(std::string_view text) const {
 
 std::vector<DecodeSession::Work> DecodeSession::take_work() {
   std::vector<Work> out;
+  const auto V = static_cast<size_t>(n_vocab());
   for (LocalSeq id : planned_) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;
     Seq& q = *it->second;
     q.planned = false;
     if (q.finished != StopReason::none || q.kv < 0) continue;
-    auto n_new = static_cast<int32_t>(q.tokens.size()) - q.n_cached;
-    if (n_new <= 0) {
-      if (q.has_logits) continue;                             // logits already current (e.g. a fresh fork)
-      q.n_cached = static_cast<int32_t>(q.tokens.size()) - 1; // evaluate the last token again
-      ctx_.kv.truncate(q.kv, q.n_cached);
-      n_new = 1;
-    }
-    if (!ctx_.kv.allocate(q.kv, n_new)) {
+    const auto n_committed = static_cast<int32_t>(q.tokens.size());
+    const auto n_all = n_committed + static_cast<int32_t>(q.draft.size());
+    const size_t rows_wanted = q.draft.size() + 1; // after the committed tokens and after each draft
+    if (q.n_rows >= rows_wanted) continue;         // everything this plan asks is current (e.g. a fresh fork)
+    // Rows come from positions out_from .. n_all-1: the committed last token's (unless row 0 is
+    // current) and every draft token's. Positions already cached produce no rows: evaluate again.
+    const int32_t out_from = q.n_rows >= 1 ? n_committed : n_committed - 1;
+    uncache(q, out_from);
+    if (q.n_rows > 1) q.n_rows = 1;
+    const int32_t n_new = n_all - q.n_cached;
+    LOOM_ASSERT(n_new > 0, "a plan evaluates at least one token");
+    if (!kv_of(q.model).allocate(q.kv, n_new)) {
       end_seq(q, StopReason::max_context);
       continue;
     }
-    out.push_back({id, q.kv, q.n_cached,
-                   std::span<const TokenId>(q.tokens.data() + q.n_cached, static_cast<size_t>(n_new))});
-    q.n_cached += n_new;
+    Work w;
+    w.seq = id;
+    w.model = q.model;
+    w.kv = q.kv;
+    w.first_pos = q.n_cached;
+    w.out_from = out_from;
+    w.first_row = out_from - (n_committed - 1);
+    for (int32_t p = q.n_cached; p < n_all; ++p)
+      w.tokens.push_back(p < n_committed ? q.tokens[static_cast<size_t>(p)]
+                                         : q.draft[static_cast<size_t>(p - n_committed)]);
+    // Rows buffer: row 0 kept (moved to the front), room for every row this pass writes.
+    if (q.n_rows == 1 && q.row_off > 0)
+      std::copy_n(q.rows.begin() + static_cast<std::ptrdiff_t>(q.row_off * V), V, q.rows.begin());
+    q.row_off = 0;
+    q.rows.resize(rows_wanted * V);
+    q.n_rows = rows_wanted;
+    q.n_cached = n_all;
+    out.push_back(std::move(w));
     ++events_;
   }
   planned_.clear();
   return out;
 }
 
-void DecodeSession::set_logits(LocalSeq seq, std::span<const float> logits) {
+void DecodeSession::set_logits(LocalSeq seq, size_t row, std::span<const float> logits) {
   Seq& s = at(seq);
-  s.logits.assign(logits.begin(), logits.end());
-  s.has_logits = true;
+  const auto V = static_cast<size_t>(n_vocab());
+  LOOM_ASSERT(logits.size() == V && row < s.n_rows && s.row_off == 0, "a row take_work() prepared");
+  std::copy(logits.begin(), logits.end(), s.rows.begin() + static_cast<std::ptrdiff_t>(row * V));
 }
 
 void DecodeSession::end_all(StopReason reason) {
@@ -408,7 +575,7 @@ std::vector<DecodeSession::Outcome> DecodeSession::outcomes() const {
 void DecodeSession::release() {
   for (auto& [id, q] : seqs_)
     if (q->kv >= 0) {
-      ctx_.kv.free(q->kv);
+      kv_of(q->model).free(q->kv);
       q->kv = -1;
     }
 }

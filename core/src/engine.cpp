@@ -42,10 +42,17 @@ struct Engine::Request {
 };
 
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
-               RequestTemplate tmpl)
-    : model_(model), backend_(backend), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}},
+               RequestTemplate tmpl, std::optional<DraftModel> draft)
+    : model_(model), backend_(backend), draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}},
       tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
+  if (draft_) {
+    if (draft_->model.config().n_vocab != ctx_.n_vocab)
+      fail(Errc::invalid_argument, "engine",
+           "the draft model has " + std::to_string(draft_->model.config().n_vocab) +
+               " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
+    ctx_.draft_kv = &draft_->kv;
+  }
 }
 
 Engine::~Engine() = default; // sessions free their KV sequences
@@ -113,6 +120,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
     res.stop_string = b.stop_string;
   }
   res.outputs = s.outputs();
+  res.metrics.decoder = s.metrics();
   if (!r.error.empty()) {
     res.stop_reason = StopReason::error;
     res.message = "the request failed: " + r.error;
@@ -210,26 +218,34 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   std::vector<Request*> owners;
   for (auto& r : running_)
     if (!r->cancelled) owners.push_back(r.get());
-  const Scheduler::Batch batch = scheduler_.build(sessions);
-  if (!batch.empty()) {
+  const std::array<Scheduler::Batch, 2> batches = scheduler_.build(sessions);
+  for (int m = 0; m < 2; ++m) {
+    const Scheduler::Batch& batch = batches[static_cast<size_t>(m)];
+    if (batch.empty()) continue;
+    LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
     const int32_t V = ctx_.n_vocab;
     std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
     const auto t0 = Clock::now();
     bool ok = true;
     try {
-      model_.forward(backend_, batch.view(), ctx_.kv, logits);
+      if (m == 0)
+        model_.forward(backend_, batch.view(), ctx_.kv, logits);
+      else
+        draft_->model.forward(draft_->backend, batch.view(), draft_->kv, logits);
     } catch (const std::exception& e) { // a backend failure fails the requests of this batch
       ok = false;
       for (const auto& o : batch.outs)
-        owners[o.session]->failed(std::string("the forward pass failed: ") + e.what());
+        owners[o.session]->failed(std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
+                                  e.what());
     }
     const auto t1 = Clock::now();
     for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
       const auto& o = batch.outs[i];
       sessions[o.session]->set_logits(
-          o.seq, std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
+          o.seq, o.row,
+          std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
       Request& r = *owners[o.session];
-      if (!r.prefilled) {
+      if (m == 0 && !r.prefilled) {
         r.prefilled = true;
         r.t_prefill0 = t0;
         r.t_prefill1 = t1;

@@ -153,18 +153,53 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   tmpl.stop.strings = cfg.stop.strings;
   tmpl.stop.max_tokens = cfg.stop.max_tokens;
   tmpl.stop.timeout_ms = cfg.stop.timeout_ms;
-  if (cfg.backend.name == "reference") {
-    p->backend_ = make_reference_backend();
-  } else if (auto f = p->registry_->find(LOOM_KIND_BACKEND, cfg.backend.name)) {
-    std::vector<std::pair<std::string, ParamValue>> params;
-    params.emplace_back("threads", int64_t{cfg.backend.threads});
-    params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
-    p->backend_ = plugin::make_plugin_backend(*f, cfg.backend.name, params, cfg.source + ": [backend]");
-  } else {
-    missing(LOOM_KIND_BACKEND, "backend", cfg.backend.name, "reference");
+  const auto make_backend = [&](const std::string& name, int32_t threads, bool with_params,
+                                const std::string& where) -> std::unique_ptr<Backend> {
+    if (name == "reference") return make_reference_backend();
+    if (auto f = p->registry_->find(LOOM_KIND_BACKEND, name)) {
+      std::vector<std::pair<std::string, ParamValue>> params;
+      params.emplace_back("threads", int64_t{threads});
+      if (with_params) params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
+      return plugin::make_plugin_backend(*f, name, params, where);
+    }
+    missing(LOOM_KIND_BACKEND, "backend", name, "reference");
+    return nullptr; // not reached: missing() throws
+  };
+  p->backend_ = make_backend(cfg.backend.name, cfg.backend.threads, true, cfg.source + ": [backend]");
+  std::optional<DraftModel> draft;
+  if (!cfg.decoder.draft.empty()) {
+    const std::string path = cfg.resolved_draft_path();
+    const std::string what = cfg.source + ": [decoder] draft = " + user_value(cfg.decoder.draft);
+    if (!std::filesystem::is_regular_file(path))
+      fail(Errc::not_found, "pipeline",
+           what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
+               "; give the path of a GGUF model with the target's vocabulary");
+    try {
+      p->draft_model_ = Model::load(path);
+    } catch (const Error& e) {
+      fail(e.code(), "pipeline", what + " cannot be loaded: " + e.what());
+    }
+    const auto draft_tok = Tokenizer::from_gguf(p->draft_model_->file());
+    const int32_t dv = p->draft_model_->config().n_vocab;
+    if (dv != mc.n_vocab || draft_tok->vocab_size() != p->tok_->vocab_size())
+      fail(Errc::invalid_argument, "pipeline",
+           what + " has a vocabulary of " + std::to_string(dv) + " tokens but the target (" +
+               cfg.resolved_model_path() + ") has " + std::to_string(mc.n_vocab) +
+               "; a draft must share the target's tokenizer");
+    for (TokenId i = 0; i < dv; ++i)
+      if (draft_tok->piece(i) != p->tok_->piece(i))
+        fail(Errc::invalid_argument, "pipeline",
+             what + ": token " + std::to_string(i) + " is " + user_value(draft_tok->piece(i), 40) +
+                 " in the draft but " + user_value(p->tok_->piece(i), 40) +
+                 " in the target; a draft must share the target's tokenizer");
+    const std::string be = cfg.decoder.draft_backend.empty() ? cfg.backend.name : cfg.decoder.draft_backend;
+    p->draft_backend_ = make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
+                                     be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
+    p->draft_kv_ = make_contiguous_kv_cache(p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_));
+    draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
-  p->engine_ =
-      std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_, std::move(tmpl));
+  p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_, std::move(tmpl),
+                                        draft);
   for (int64_t id : cfg.stop.token_ids)
     if (id >= mc.n_vocab)
       fail(Errc::invalid_argument, "pipeline",

@@ -483,8 +483,20 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     cfg.decoder.where = c.where(*root.get("decoder"));
     if (cfg.decoder.name == "sample") {
       c.only_keys(*t, "[decoder] \"sample\"", {"name"});
-    } else { // a plugin decoder reads its own keys through the host
+    } else { // a plugin decoder reads its own keys through the host …
       cfg.decoder.params = generic_params(c, *t, "decoder", "name");
+      // … except the draft model, which the host loads once for every request.
+      read_string(c, *t, "decoder", "draft", cfg.decoder.draft);
+      read_string(c, *t, "decoder", "draft_backend", cfg.decoder.draft_backend);
+      cfg.decoder.draft_threads = static_cast<int32_t>(
+          read_int(c, *t, "decoder", "draft_threads", 0, 0, 1024, "in 0..1024 (0 = the [backend]'s)"));
+      if (cfg.decoder.draft.empty())
+        for (const char* k : {"draft_backend", "draft_threads"})
+          if (const toml::node* n = t->get(k))
+            c.error(*n, std::string("decoder.") + k, "a [decoder] draft = \"x.gguf\" for it to apply to");
+      std::erase_if(cfg.decoder.params, [](const auto& kv) {
+        return kv.first == "draft" || kv.first == "draft_backend" || kv.first == "draft_threads";
+      });
     }
   }
   if (const toml::node* s = root.get("sampler")) {
@@ -561,9 +573,17 @@ PipelineConfig parse_impl(const std::string& text, const std::string& source, co
 
 } // namespace
 
+std::string PipelineConfig::resolved_draft_path() const {
+  return resolve_path(decoder.draft);
+}
+
 std::string PipelineConfig::resolved_model_path() const {
-  if (model.path.empty()) return model.path;
-  fs::path p(model.path);
+  return resolve_path(model.path);
+}
+
+std::string PipelineConfig::resolve_path(const std::string& path) const {
+  if (path.empty()) return path;
+  fs::path p(path);
   if (p.is_absolute() || fs::exists(p) || base_dir.empty()) return p.string();
   fs::path alt = fs::path(base_dir) / p;
   if (fs::exists(alt)) return alt.string();
@@ -724,6 +744,11 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));
+  if (!cfg.decoder.draft.empty()) {
+    kv("draft", toml_string(cfg.decoder.draft));
+    if (!cfg.decoder.draft_backend.empty()) kv("draft_backend", toml_string(cfg.decoder.draft_backend));
+    if (cfg.decoder.draft_threads > 0) kv("draft_threads", std::to_string(cfg.decoder.draft_threads));
+  }
   for (const auto& [k, v] : cfg.decoder.params)
     kv(k.c_str(), toml_value(v));
   if (!cfg.verifier.name.empty()) {

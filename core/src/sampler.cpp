@@ -383,6 +383,11 @@ public:
   bool selects() const noexcept override { return true; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<Dist>(*this); }
   void apply(Candidates& c, SamplerContext& ctx) override { dist_select(c, ctx); }
+  bool distribution(Candidates& c, SamplerContext& /*ctx*/) override {
+    compute_probs(c.data);
+    c.has_probs = true;
+    return true;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -774,6 +779,35 @@ TokenId SamplerChain::sample(std::span<const float> logits, SamplerContext& ctx)
   if (c.selected < 0 || static_cast<size_t>(c.selected) >= c.data.size())
     fail(Errc::internal, "sampler", "the sampler chain selected no token");
   return c.data[static_cast<size_t>(c.selected)].id;
+}
+
+bool SamplerChain::distribution(Candidates& c, SamplerContext& ctx) {
+  for (auto& s : samplers_)
+    if (s->distribution(c, ctx)) return true;
+  return false;
+}
+
+void sampling_distribution(Sampler& sampler, std::span<const float> logits, SamplerContext& ctx,
+                           std::span<float> out) {
+  if (logits.empty() || out.size() < logits.size()) fail_arg("distribution: empty vocabulary or short output");
+  Candidates c = Candidates::from_logits(logits);
+  const bool final = sampler.distribution(c, ctx);
+  std::fill(out.begin(), out.end(), 0.0f);
+  if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size()) {
+    out[static_cast<size_t>(c.data[static_cast<size_t>(c.selected)].id)] = 1.0f;
+    return;
+  }
+  if (c.data.empty()) fail(Errc::internal, "sampler", "the sampler chain removed every candidate");
+  if (!final || !c.has_probs) compute_probs(c.data); // the chain ends with dist
+  double total = 0;
+  for (const auto& t : c.data)
+    total += static_cast<double>(t.p);
+  if (!(total > 0)) { // every p is 0 (NaN logits): dist would take the arg-max
+    out[static_cast<size_t>(c.data[best_index(c.data)].id)] = 1.0f;
+    return;
+  }
+  for (const auto& t : c.data)
+    out[static_cast<size_t>(t.id)] = t.p;
 }
 
 // ---------------------------------------------------------------------------------------------

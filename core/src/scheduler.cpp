@@ -21,19 +21,24 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, size_t n_running) cons
   return {Admission::admit, StopReason::none, {}};
 }
 
-Scheduler::Batch Scheduler::build(std::span<DecodeSession* const> sessions) const {
-  Batch b;
+std::array<Scheduler::Batch, 2> Scheduler::build(std::span<DecodeSession* const> sessions) const {
+  std::array<Batch, 2> out;
   for (size_t i = 0; i < sessions.size(); ++i)
     for (const DecodeSession::Work& w : sessions[i]->take_work()) {
+      Batch& b = out[w.model == 0 ? 0 : 1];
+      size_t row = static_cast<size_t>(w.first_row);
       for (size_t k = 0; k < w.tokens.size(); ++k) {
+        const Pos pos = w.first_pos + static_cast<Pos>(k);
         b.tokens.push_back(w.tokens[k]);
-        b.positions.push_back(w.first_pos + static_cast<Pos>(k));
+        b.positions.push_back(pos);
         b.seq_ids.push_back(w.kv);
+        if (pos >= w.out_from) {
+          b.out_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+          b.outs.push_back({i, w.seq, row++});
+        }
       }
-      b.out_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-      b.outs.push_back({i, w.seq});
     }
-  return b;
+  return out;
 }
 
 } // namespace loom

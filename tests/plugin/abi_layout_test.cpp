@@ -153,7 +153,16 @@ static_assert(LOOM_CONFIG_NONE == 0 && LOOM_CONFIG_BOOL == 1 && LOOM_CONFIG_STRI
 LOOM_ABI_OFFSET(loom_host_api, config_type, 232);        // ABI 1.2 (appended)
 LOOM_ABI_OFFSET(loom_host_api, session_set_output, 240); // ABI 1.2 (appended)
 LOOM_ABI_OFFSET(loom_host_api, session_verify, 248);     // ABI 1.2 (appended)
-LOOM_ABI_SIZE(loom_host_api, 256);
+LOOM_ABI_OFFSET(loom_host_api, seq_set_draft, 256);      // ABI 1.3 (appended)
+LOOM_ABI_OFFSET(loom_host_api, seq_commit, 264);
+LOOM_ABI_OFFSET(loom_host_api, seq_n_draft, 272);
+LOOM_ABI_OFFSET(loom_host_api, seq_logits_at, 280);
+LOOM_ABI_OFFSET(loom_host_api, seq_probs, 288);
+LOOM_ABI_OFFSET(loom_host_api, session_has_draft, 296);
+LOOM_ABI_OFFSET(loom_host_api, seq_fork_draft, 304);
+LOOM_ABI_OFFSET(loom_host_api, session_set_metric, 312);
+LOOM_ABI_OFFSET(loom_host_api, session_uniform, 320);
+LOOM_ABI_SIZE(loom_host_api, 328);
 static_assert(LOOM_KIND_VERIFIER == 5);
 
 // ================================================================================================
@@ -227,7 +236,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_host_api), 256u); // ABI 1.2 appended config_type, session_set_output, session_verify
+  EXPECT_EQ(sizeof(loom_host_api), 328u); // 1.2 appended config_type … session_verify; 1.3 seq_set_draft … session_uniform
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

@@ -56,7 +56,8 @@ struct SessionContext {
   KVCacheStore& kv;
   int32_t n_ctx = 0;
   int32_t n_vocab = 0;
-  SeqId next_kv_seq = 0; // KV store ids, unique over the engine's life
+  SeqId next_kv_seq = 0; // KV store ids, unique over the engine's life (both stores)
+  KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text)> verify;
 };
@@ -82,15 +83,37 @@ public:
   int32_t max_new_tokens() const noexcept { return max_new_tokens_; }
 
   LocalSeq fork(LocalSeq parent); // -1: no free KV sequence (recoverable)
+  // A sequence on the draft model holding parent's committed tokens (none evaluated there yet) and
+  // a copy of its sampler/stop state. -1: the draft store has no free sequence (recoverable).
+  LocalSeq fork_draft(LocalSeq parent);
+  bool has_draft_model() const noexcept { return ctx_.draft_kv != nullptr; }
+  int model_of(LocalSeq seq) const; // 0 target, 1 draft
   void free(LocalSeq seq);
-  void truncate(LocalSeq seq, size_t n_tokens);
-  StopReason append(LocalSeq seq, TokenId token);
-  const std::vector<TokenId>& tokens(LocalSeq seq) const;
+  void truncate(LocalSeq seq, size_t n_tokens); // also drops the draft
+  StopReason append(LocalSeq seq, TokenId token); // drops any draft first
+  // Uncommitted tokens after the committed ones: evaluated by the next plan, which then yields a
+  // logits row after the committed tokens and after each draft token (logits_at 0..n). Not streamed,
+  // not seen by stop rules or the sampler chain until commit(). Replaces an earlier draft; keeps
+  // what the context has room for and returns that count.
+  size_t set_draft(LocalSeq seq, std::span<const TokenId> tokens);
+  size_t n_draft(LocalSeq seq) const;
+  // Commits the first n draft tokens in order, as append would (stop rules, streaming, sampler
+  // accept); stops early when one ends the sequence (the rest are dropped). Row 1 becomes row 0, ….
+  StopReason commit(LocalSeq seq, size_t n);
+  // The distribution the request's sampler chain draws seq's next token from (its state, row 0):
+  // out[n_vocab], zeros for tokens the chain removed; one-hot for a deterministic selector.
+  void probs(LocalSeq seq, std::span<float> out);
+  const float* logits_at(LocalSeq seq, size_t row) const; // nullptr unless evaluated
+  // A decoder metric (`run --json` → metrics): replaces an earlier value of the key.
+  void set_metric(const std::string& key, double value);
+  const std::vector<std::pair<std::string, double>>& metrics() const noexcept { return metrics_; }
+  double uniform(); // [0, 1) from the request's RNG
+  const std::vector<TokenId>& tokens(LocalSeq seq) const; // committed
   size_t n_generated(LocalSeq seq) const;
   StopReason finished(LocalSeq seq) const;
   bool exists(LocalSeq seq) const noexcept { return seqs_.count(seq) != 0; }
   void plan(LocalSeq seq);
-  const std::vector<float>* logits(LocalSeq seq) const; // nullptr if none
+  const float* logits(LocalSeq seq) const; // [n_vocab] of the last committed token; nullptr if none
   TokenId sample(LocalSeq seq);
   float logprob(LocalSeq seq, TokenId token) const;
   void finish(LocalSeq seq, StopReason reason, double score);
@@ -115,14 +138,17 @@ public:
   // One planned sequence's unevaluated tokens, for the scheduler's batch.
   struct Work {
     LocalSeq seq;
-    SeqId kv;
-    Pos first_pos;                   // position of tokens[0]
-    std::span<const TokenId> tokens; // to evaluate
+    int model = 0; // 0 target, 1 draft
+    SeqId kv = -1;
+    Pos first_pos = 0;           // position of tokens[0]
+    std::vector<TokenId> tokens; // to evaluate
+    Pos out_from = 0;            // positions ≥ out_from produce logits rows …
+    int32_t first_row = 0;       // … rows first_row, first_row + 1, … (set_logits)
   };
   // Takes this step's plans: every planned sequence with tokens to evaluate. A sequence whose
   // positions the store cannot hold ends with max_context. Marks the tokens as evaluated.
   std::vector<Work> take_work();
-  void set_logits(LocalSeq seq, std::span<const float> logits);
+  void set_logits(LocalSeq seq, size_t row, std::span<const float> logits);
   // Ends every live sequence with `reason` (cancel, failure).
   void end_all(StopReason reason);
   // A number that changes whenever the decoder does something (appends, evaluates, ends, forks).
@@ -150,6 +176,10 @@ private:
   void end_seq(Seq& s, StopReason reason);
   void stream(Seq& s, bool final);
   void checkpoint(Seq& s);
+  StopReason commit_token(Seq& s, TokenId token);
+  void drop_draft(Seq& s);
+  void uncache(Seq& s, int32_t keep); // K/V of positions ≥ keep dropped
+  KVCacheStore& kv_of(int model) const;
 
   SessionContext& ctx_;
   RequestId id_;
@@ -164,6 +194,7 @@ private:
   std::vector<LocalSeq> planned_;
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
+  std::vector<std::pair<std::string, double>> metrics_;     // decoder metrics
   uint64_t events_ = 0;                                      // progress counter
   mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
 };

@@ -41,6 +41,7 @@ struct GenerationMetrics {
   double total_ms = 0;
   int32_t n_prompt = 0;
   int32_t n_generated = 0;
+  std::vector<std::pair<std::string, double>> decoder; // what the decoder reported (set_metric)
 };
 
 struct Hypothesis {
@@ -80,10 +81,18 @@ struct EngineRequest {
   StreamCallback on_text;
 };
 
+// A second model decoders may drive sequences on ([decoder] draft): its own backend and KV store,
+// the target's vocabulary and context length.
+struct DraftModel {
+  Model& model;
+  Backend& backend;
+  KVCacheStore& kv;
+};
+
 class Engine {
 public:
   Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
-         RequestTemplate tmpl);
+         RequestTemplate tmpl, std::optional<DraftModel> draft = std::nullopt);
   ~Engine();
 
   RequestId submit(EngineRequest req);
@@ -102,6 +111,7 @@ private:
 
   Model& model_;
   Backend& backend_;
+  std::optional<DraftModel> draft_;
   SessionContext ctx_;
   RequestTemplate tmpl_;
   Scheduler scheduler_;

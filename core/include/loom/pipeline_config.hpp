@@ -42,6 +42,12 @@ struct PipelineConfig {
     std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain); else a plugin
     std::vector<std::pair<std::string, ParamValue>> params; // the other keys: the decoder plugin reads them
     std::string where;                                      // "p.toml:7:1"
+    // A second model the host loads for the decoder (speculative decoding's draft): a GGUF with the
+    // target's vocabulary, run on draft_backend (default: [backend] name) with draft_threads
+    // (0 = [backend] threads).
+    std::string draft;
+    std::string draft_backend;
+    int32_t draft_threads = 0;
   } decoder;
   struct VerifierSection { // [verifier]: a verifier plugin decoders may consult (session_verify)
     std::string name;      // "" = none
@@ -71,6 +77,8 @@ struct PipelineConfig {
 
   // Resolved model path (see ModelSection::path).
   std::string resolved_model_path() const;
+  std::string resolved_draft_path() const; // [decoder] draft, resolved like [model] path
+  std::string resolve_path(const std::string& path) const; // as given, else relative to base_dir
 };
 
 // "section.key=value" (or "sampler.N.key=value" for the N-th [[sampler]], 0-based).

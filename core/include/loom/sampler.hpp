@@ -56,6 +56,15 @@ public:
   virtual void reset() {}
   virtual std::unique_ptr<Sampler> clone() const = 0;
   virtual bool selects() const noexcept { return false; } // true for greedy / dist
+  // For speculative sampling: apply(), except that a sampler drawing from an explicit distribution
+  // (dist) leaves that distribution in c (has_probs) instead of drawing. True when c now holds the
+  // chain's final distribution: probabilities over c.data, or c.selected (one-hot). A sampler whose
+  // draw is opaque (a selecting plugin) draws here: one-hot at its draw is exact for speculative
+  // sampling, only less often accepted.
+  virtual bool distribution(Candidates& c, SamplerContext& ctx) {
+    apply(c, ctx);
+    return c.selected >= 0;
+  }
 };
 
 // Parameter values as they come from TOML (or the CLI).
@@ -110,6 +119,7 @@ public:
   void add(std::unique_ptr<Sampler> s); // takes ownership
   std::string_view name() const noexcept override { return "chain"; }
   void apply(Candidates& c, SamplerContext& ctx) override; // runs all; appends dist if none selected
+  bool distribution(Candidates& c, SamplerContext& ctx) override; // each sampler's in order, to the final one
   void accept(TokenId token) override;
   void reset() override;
   std::unique_ptr<Sampler> clone() const override;
@@ -119,6 +129,7 @@ public:
 
   // Convenience: candidates from logits, apply, return the selected id.
   TokenId sample(std::span<const float> logits, SamplerContext& ctx);
+
 
 private:
   std::vector<std::unique_ptr<Sampler>> samplers_;
@@ -141,6 +152,12 @@ struct SamplingParams {
 // out-of-range values. The one definition of the default chain.
 std::vector<SamplerSpec> default_chain_specs(const SamplingParams& p = {});
 SamplerChain make_default_chain(const SamplingParams& p); // throws on out-of-range values
+
+// The distribution sampler.apply() would draw the next token from (distribution(), then dist's when
+// no sampler was final): out[i] = probability of token i, 0 for the tokens the chain removed, one-hot
+// at a deterministic (or opaque) selection.
+void sampling_distribution(Sampler& sampler, std::span<const float> logits, SamplerContext& ctx,
+                           std::span<float> out);
 
 // Log-probability of `token` under softmax(logits) (the model's raw distribution).
 float token_logprob(std::span<const float> logits, TokenId token);

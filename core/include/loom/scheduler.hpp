@@ -7,6 +7,7 @@
 #include "loom/graph.hpp"
 #include "loom/kv_cache.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -35,8 +36,9 @@ public:
   // For the request at the head of the queue, with a prompt of n_prompt tokens.
   Decision admission(size_t n_prompt, size_t n_running) const;
 
-  // One forward pass: every planned sequence's unevaluated tokens, the last row of each produces
-  // logits for its sequence.
+  // The forward passes of one step, one per model: every planned sequence's unevaluated tokens; the
+  // rows from each sequence's Work::out_from on produce logits (its last row only, unless drafts
+  // were evaluated).
   struct Batch {
     std::vector<TokenId> tokens;
     std::vector<Pos> positions;
@@ -45,12 +47,14 @@ public:
     struct Out {
       size_t session; // index into the sessions passed to build()
       LocalSeq seq;
+      size_t row; // the sequence's logits row (DecodeSession::set_logits)
     };
     std::vector<Out> outs;
     bool empty() const noexcept { return tokens.empty(); }
     BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
   };
-  Batch build(std::span<DecodeSession* const> sessions) const;
+  // [0]: the target model's batch; [1]: the draft model's.
+  std::array<Batch, 2> build(std::span<DecodeSession* const> sessions) const;
 
 private:
   KVCacheStore& kv_;

@@ -249,8 +249,7 @@ loom_status* session_plan(loom_session* s, loom_seq seq) noexcept {
 }
 const float* seq_logits(const loom_session* s, loom_seq seq) noexcept {
   try {
-    const auto* l = S(s).logits(seq);
-    return l ? l->data() : nullptr;
+    return S(s).logits(seq);
   } catch (...) {
     return nullptr;
   }
@@ -311,6 +310,55 @@ loom_status* session_verify(loom_session* s, const char* text, size_t len, doubl
 loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noexcept {
   return guarded([&] { S(s).add_result(seq, score); });
 }
+loom_status* seq_set_draft(loom_session* s, loom_seq seq, const loom_token* tokens, size_t n,
+                           size_t* n_kept) noexcept {
+  return guarded([&] {
+    if (!tokens && n) fail(Errc::invalid_argument, "decoder", "set_draft: tokens is NULL");
+    const size_t k = S(s).set_draft(seq, std::span<const TokenId>(tokens, n));
+    if (n_kept) *n_kept = k;
+  });
+}
+loom_status* seq_commit(loom_session* s, loom_seq seq, size_t n, int32_t* reason) noexcept {
+  return guarded([&] {
+    const StopReason r = S(s).commit(seq, n);
+    if (reason) *reason = static_cast<int32_t>(r);
+  });
+}
+size_t seq_n_draft(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return S(s).n_draft(seq);
+  } catch (...) {
+    return 0;
+  }
+}
+const float* seq_logits_at(const loom_session* s, loom_seq seq, size_t row) noexcept {
+  try {
+    return S(s).logits_at(seq, row);
+  } catch (...) {
+    return nullptr;
+  }
+}
+loom_status* seq_probs(loom_session* s, loom_seq seq, float* out, size_t n) noexcept {
+  return guarded([&] {
+    if (!out) fail(Errc::invalid_argument, "decoder", "probs: out is NULL");
+    S(s).probs(seq, std::span<float>(out, n));
+  });
+}
+int32_t session_has_draft(const loom_session* s) noexcept {
+  return S(s).has_draft_model() ? 1 : 0;
+}
+loom_status* seq_fork_draft(loom_session* s, loom_seq parent, loom_seq* child) noexcept {
+  return guarded([&] { *child = S(s).fork_draft(parent); });
+}
+loom_status* session_set_metric(loom_session* s, const char* key, double value) noexcept {
+  return guarded([&] {
+    if (!key) fail(Errc::invalid_argument, "decoder", "set_metric: key is NULL");
+    S(s).set_metric(key, value);
+  });
+}
+double session_uniform(loom_session* s) noexcept {
+  return S(s).uniform();
+}
 
 const loom_host_api k_host = {sizeof(loom_host_api),
                               LOOM_ABI_MAJOR,
@@ -344,7 +392,16 @@ const loom_host_api k_host = {sizeof(loom_host_api),
                               &session_add_result,
                               &config_type,
                               &session_set_output,
-                              &session_verify};
+                              &session_verify,
+                              &seq_set_draft,
+                              &seq_commit,
+                              &seq_n_draft,
+                              &seq_logits_at,
+                              &seq_probs,
+                              &session_has_draft,
+                              &seq_fork_draft,
+                              &session_set_metric,
+                              &session_uniform};
 
 } // namespace
 

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 2u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 3u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -260,6 +260,40 @@ typedef struct loom_host_api {
    * along): *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier.
    * text NULL only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
   loom_status* (*session_verify)(loom_session* s, const char* text, size_t len, double* score);
+
+  /* ABI 1.3: speculative decoding — uncommitted tokens, rows of logits, a second model. */
+  /* Sets seq's uncommitted (draft) tokens after its committed ones, replacing earlier drafts. The next
+   * session_plan evaluates them in the same forward pass and yields a logits row after the committed
+   * tokens (row 0) and after each draft token (rows 1..n). Drafts are not streamed and not seen by
+   * stop rules or the sampler chain until committed. *n_kept (may be NULL): how many the context had
+   * room for. n = 0 drops the draft (its K/V rolled back). */
+  loom_status* (*seq_set_draft)(loom_session* s, loom_seq seq, const loom_token* tokens, size_t n,
+                                size_t* n_kept);
+  /* Commits the first n draft tokens in order, each exactly as seq_append would (log-prob under its
+   * row, stop rules, streaming, sampler accept); row 1 becomes row 0, and so on. Stops at a token that
+   * ends the sequence (*reason, may be NULL) and drops the rest. seq_append, seq_truncate and
+   * seq_set_draft drop the drafts still uncommitted (tokens, K/V, rows). */
+  loom_status* (*seq_commit)(loom_session* s, loom_seq seq, size_t n, int32_t* reason);
+  size_t (*seq_n_draft)(const loom_session* s, loom_seq seq);
+  /* Logits row `row` [n_vocab] (0: after the committed tokens, the same as seq_logits; i: after i
+   * draft tokens); NULL unless evaluated. Valid until the sequence changes. */
+  const float* (*seq_logits_at)(const loom_session* s, loom_seq seq, size_t row);
+  /* The distribution the request's sampler chain draws seq's next token from, at row 0 and with seq's
+   * sampler state: out[0..n_vocab) (n ≥ n_vocab), 0 for tokens the chain removes, one-hot for a
+   * deterministic selector (greedy, temperature 0) and at the draw of a selecting plugin sampler.
+   * Samplers that use the RNG (dist excepted) draw from the request's RNG as they would when sampling. */
+  loom_status* (*seq_probs)(loom_session* s, loom_seq seq, float* out, size_t n);
+  /* 1 when the pipeline names a draft model ([decoder] draft = "x.gguf"). */
+  int32_t (*session_has_draft)(const loom_session* s);
+  /* A sequence on the draft model with parent's committed tokens (none evaluated there yet) and a copy
+   * of its sampler / stop / detokenizer state. Driven with the same calls (plan, logits, append,
+   * truncate, free); all requests' draft sequences are evaluated in one draft forward pass per step.
+   * *child = -1 (status NULL) when the draft model's KV cache has no free sequence. */
+  loom_status* (*seq_fork_draft)(loom_session* s, loom_seq parent, loom_seq* child);
+  /* A number in the request's metrics (`loom run --json` → metrics.KEY); setting it again replaces it. */
+  loom_status* (*session_set_metric)(loom_session* s, const char* key, double value);
+  /* Uniform in [0, 1) from the request's seeded RNG. */
+  double (*session_uniform)(loom_session* s);
 } loom_host_api;
 
 typedef enum loom_config_type {

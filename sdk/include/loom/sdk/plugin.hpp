@@ -254,9 +254,53 @@ public:
       return;
     check(h.session_set_output(s_, key.c_str(), json.c_str()));
   }
+  // ---- ABI 1.3: speculative decoding (a host before 1.3 throws Error(UNSUPPORTED) here) ----
+  // Whether the host has the 1.3 session calls (draft tokens, probs, draft model, metrics).
+  static bool has_speculative_api() {
+    const loom_host_api& h = host();
+    return h.struct_size >= offsetof(loom_host_api, session_uniform) + sizeof(h.session_uniform) &&
+           h.session_uniform;
+  }
+  // Uncommitted tokens after the committed ones, evaluated by the next plan with a logits row after
+  // each (logits_at). Returns how many the context had room for.
+  size_t set_draft(loom_seq seq, std::span<const loom_token> toks) {
+    size_t kept = 0;
+    check(need().seq_set_draft(s_, seq, toks.data(), toks.size(), &kept));
+    return kept;
+  }
+  // Commits the first n draft tokens (as append would); returns the stop reason they caused.
+  int32_t commit(loom_seq seq, size_t n) {
+    int32_t reason = 0;
+    check(need().seq_commit(s_, seq, n, &reason));
+    return reason;
+  }
+  size_t n_draft(loom_seq seq) const { return need().seq_n_draft(s_, seq); }
+  std::span<const float> logits_at(loom_seq seq, size_t row) const {
+    const float* p = need().seq_logits_at(s_, seq, row);
+    return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
+  }
+  // The sampler chain's distribution of seq's next token (row 0): out.size() ≥ n_vocab.
+  void probs(loom_seq seq, std::span<float> out) { check(need().seq_probs(s_, seq, out.data(), out.size())); }
+  bool has_draft_model() const { return has_speculative_api() && host().session_has_draft(s_) == 1; }
+  // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
+  loom_seq fork_draft(loom_seq parent) {
+    loom_seq child = -1;
+    check(need().seq_fork_draft(s_, parent, &child));
+    return child;
+  }
+  void set_metric(const std::string& key, double value) {
+    check(need().session_set_metric(s_, key.c_str(), value));
+  }
+  double uniform() { return need().session_uniform(s_); } // [0, 1), the request's RNG
   loom_session* raw() const { return s_; }
 
 private:
+  static const loom_host_api& need() {
+    if (!has_speculative_api())
+      throw Error("this Loom host predates ABI 1.3 (draft tokens, probs, draft models); upgrade Loom",
+                  LOOM_STATUS_UNSUPPORTED);
+    return host();
+  }
   loom_session* s_;
 };
 
