@@ -46,6 +46,7 @@ int cmd_inspect(const std::vector<std::string>& args);
 int cmd_config(const std::vector<std::string>& args);
 int cmd_plugins(const std::vector<std::string>& args);
 int cmd_synth(const std::vector<std::string>& args);
+int cmd_quantize(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 
 } // namespace loom::cli

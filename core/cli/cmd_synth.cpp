@@ -48,4 +48,44 @@ int cmd_synth(const std::vector<std::string>& args) {
   return k_exit_ok;
 }
 
+int cmd_quantize(const std::vector<std::string>& args) {
+  po::options_description desc("loom quantize options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("input", po::value<std::string>(), "the GGUF model to convert")
+    ("type", po::value<std::string>(), "f32 | f16 | bf16 | q8_0 | q4_0 (of the 2-D weights)")
+    ("output,o", po::value<std::string>(), "output .gguf");
+  // clang-format on
+  po::positional_options_description pos;
+  pos.add("input", 1);
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm,
+                  "usage: loom quantize IN.gguf --type T -o OUT.gguf\n"
+                  "Writes a copy of a model with its 2-D weight matrices in another type (norms stay f32, as\n"
+                  "llama-quantize does); every metadata key is copied. Use it for a draft model of a speculative\n"
+                  "decoder (its vocabulary is the original's) or to compare types on the same weights.",
+                  &pos))
+    return k_exit_ok;
+  if (!vm.count("input")) throw UsageError("give the input model: loom quantize IN.gguf --type T -o OUT.gguf");
+  if (!vm.count("type")) throw UsageError("give --type (f32, f16, bf16, q8_0, q4_0)");
+  if (!vm.count("output")) throw UsageError("give the output file with -o OUT.gguf");
+  QuantizeOptions o;
+  o.in = vm["input"].as<std::string>();
+  const auto t = dtype_from_name(vm["type"].as<std::string>());
+  if (!t)
+    throw UsageError("unknown --type '" + vm["type"].as<std::string>() + "' (f32, f16, bf16, q8_0, q4_0)");
+  o.type = *t;
+  o.out = vm["output"].as<std::string>();
+  if (stderr_is_tty())
+    o.progress = [last = -1](double f) mutable {
+      const int pct = static_cast<int>(f * 100);
+      if (pct != last) std::fprintf(stderr, "\rquantize: %3d%%", last = pct);
+    };
+  quantize_model(o);
+  if (stderr_is_tty()) std::fprintf(stderr, "\n");
+  std::cout << o.out << "\n";
+  return k_exit_ok;
+}
+
 } // namespace loom::cli

@@ -4,6 +4,7 @@
 #include "loom/gguf.hpp"
 
 #include <cmath>
+#include <filesystem>
 
 namespace loom {
 
@@ -20,6 +21,11 @@ const std::vector<SynthShape>& synth_shapes() {
 }
 
 namespace {
+
+bool fs_same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::exists(b, ec) && std::filesystem::equivalent(a, b, ec);
+}
 
 // llama.cpp's llama_ftype for general.file_type.
 uint32_t file_type(DType t) {
@@ -163,6 +169,51 @@ void synth_model(const SynthOptions& o) {
     }
     done += cols * rows;
     if (o.progress) o.progress(static_cast<double>(done) / static_cast<double>(total));
+  });
+}
+
+void quantize_model(const QuantizeOptions& o) {
+  if (o.type != DType::f32 && o.type != DType::f16 && o.type != DType::bf16 && o.type != DType::q8_0 &&
+      o.type != DType::q4_0)
+    fail(Errc::invalid_argument, "quantize",
+         "type " + std::string(dtype_name(o.type)) + " is not offered; use f32, f16, bf16, q8_0 or q4_0");
+  const GgufFile in = GgufFile::open(o.in);
+  GgufWriter w;
+  for (const auto& kv : in.metadata()) {
+    if (kv.key == "general.file_type" || kv.key == "general.quantization_version") continue;
+    w.add(kv.key, kv.value);
+  }
+  w.add_u32("general.file_type", file_type(o.type));
+  if (o.type == DType::q8_0 || o.type == DType::q4_0) w.add_u32("general.quantization_version", 2);
+  std::vector<GgufWriter::TensorSpec> specs;
+  uint64_t total = 0, done = 0;
+  for (const auto& t : in.tensors()) {
+    if (!dtype_traits(t.type).can_dequantize)
+      fail(Errc::unsupported, "quantize",
+           o.in + ": tensor " + t.name + " has type " + std::string(dtype_name(t.type)) + ", which loom cannot read");
+    const bool matrix = t.ne.size() == 2 && t.ne[0] % dtype_traits(o.type).block_size == 0;
+    specs.push_back({t.name, matrix ? o.type : t.type, t.ne});
+    total += static_cast<uint64_t>(t.n_elements);
+  }
+  if (fs_same_file(o.in, o.out))
+    fail(Errc::invalid_argument, "quantize", "the output " + o.out + " is the input; write to another file");
+  w.write_streaming(o.out, specs, [&](size_t i, std::vector<uint8_t>& bytes) {
+    const GgufTensor& t = in.tensors()[i];
+    const DType to = specs[i].type;
+    if (to == t.type) {
+      bytes.assign(t.data, t.data + t.n_bytes);
+    } else {
+      const int64_t cols = t.ne[0], rows = t.rows();
+      const size_t rb_in = row_bytes(t.type, cols), rb = row_bytes(to, cols);
+      bytes.resize(rb * static_cast<size_t>(rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row(t.type, t.data + static_cast<size_t>(r) * rb_in, row.data(), cols);
+        quantize_row(to, row.data(), bytes.data() + static_cast<size_t>(r) * rb, cols);
+      }
+    }
+    done += static_cast<uint64_t>(t.n_elements);
+    if (o.progress) o.progress(static_cast<double>(done) / static_cast<double>(std::max<uint64_t>(total, 1)));
   });
 }
 

@@ -30,6 +30,9 @@ struct Rig {
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<KVCacheStore> kv;
+  std::unique_ptr<Model> draft_model;
+  std::unique_ptr<Backend> draft_backend;
+  std::unique_ptr<KVCacheStore> draft_kv;
   std::unique_ptr<Engine> engine;
   int32_t n_ctx;
 
@@ -37,12 +40,19 @@ struct Rig {
       std::function<std::unique_ptr<Decoder>()> dec,
       std::vector<SamplerSpec> chain = {SamplerSpec{"greedy", {}}}, StopConfig stop = {},
       std::function<std::vector<std::unique_ptr<StopPlugin>>()> plugins = {},
-      std::unique_ptr<Backend> be = nullptr)
+      std::unique_ptr<Backend> be = nullptr, std::unique_ptr<Backend> draft_be = nullptr)
       : n_ctx(ctx) {
     model = Model::load(path.string());
     tok = Tokenizer::from_gguf(model->file());
     backend = be ? std::move(be) : make_reference_backend();
     kv = make_contiguous_kv_cache(model->kv_shape(ctx, n_seq));
+    std::optional<DraftModel> draft;
+    if (draft_be) { // the same file as a draft model, on its own backend and KV store
+      draft_model = Model::load(path.string());
+      draft_backend = std::move(draft_be);
+      draft_kv = make_contiguous_kv_cache(draft_model->kv_shape(ctx, n_seq));
+      draft.emplace(DraftModel{*draft_model, *draft_backend, *draft_kv});
+    }
     RequestTemplate t;
     t.make_decoder = std::move(dec);
     t.make_chain = [chain] {
@@ -54,7 +64,7 @@ struct Rig {
     t.make_stop_plugins = std::move(plugins);
     stop.eog_tokens = tok->eog_tokens();
     t.stop = stop;
-    engine = std::make_unique<Engine>(*model, *tok, *backend, *kv, ctx, std::move(t));
+    engine = std::make_unique<Engine>(*model, *tok, *backend, *kv, ctx, std::move(t), draft);
   }
 
   std::vector<TokenId> prompt(const std::string& text) const {
@@ -500,6 +510,204 @@ TEST(EngineContract, DecoderOutputsAreValidatedJsonUnderTheirOwnKeys) {
   ASSERT_EQ(r.outputs.size(), 2u);
   EXPECT_EQ(r.outputs[0], (std::pair<std::string, std::string>{"answer", "\"42\""}));
   EXPECT_EQ(r.outputs[1].first, "votes");
+}
+
+// ---- ABI 1.3: draft tokens, rows of logits, commit, rollback, a draft model ------------------------
+
+// Greedy decoding of n tokens with the logits seen before each token.
+struct GreedyTrace {
+  std::vector<TokenId> tokens;
+  std::vector<std::vector<float>> logits; // [i]: before tokens[i]
+};
+GreedyTrace greedy_trace(const std::filesystem::path& model, size_t n, StopConfig stop = {}) {
+  GreedyTrace tr;
+  Rig ref(model, 128, 2, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      const float* l = s.logits(0);
+      if (!l) return;
+      tr.logits.emplace_back(l, l + s.n_vocab());
+      const TokenId t = s.sample(0);
+      tr.tokens.push_back(t);
+      s.append(0, t);
+    };
+    d->on_done = [n](const DecodeSession& s) { return s.n_generated(0) >= n || s.finished(0) != StopReason::none; };
+    return d;
+  }, {SamplerSpec{"greedy", {}}}, stop);
+  ref.engine->submit({ref.prompt("Once upon a time"), 1, 64, {}});
+  (void)ref.run(200);
+  return tr;
+}
+
+void expect_rows_equal(const float* got, const std::vector<float>& want, const char* what) {
+  ASSERT_NE(got, nullptr) << what;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+  EXPECT_LT(worst, 1e-4) << what;
+}
+
+TEST(EngineContract, DraftRowsEqualOneTokenAtATimeAndRejectedDraftsRollBack) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const GreedyTrace ref = greedy_trace(model, 6);
+  ASSERT_EQ(ref.tokens.size(), 6u);
+  int phase = 0;
+  std::string streamed;
+  std::string streamed_before_commit = "unset";
+  Rig rig(model, 128, 2, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      const int32_t V = s.n_vocab();
+      if (phase == 0) { // the prompt's row; then r0 r1 and two wrong tokens as a draft
+        expect_rows_equal(s.logits(0), ref.logits[0], "prompt row");
+        const TokenId w = (ref.tokens[2] + 1) % V, w2 = (ref.tokens[3] + 7) % V;
+        EXPECT_EQ(s.set_draft(0, std::vector<TokenId>{ref.tokens[0], ref.tokens[1], w, w2}), 4u);
+        EXPECT_EQ(s.n_draft(0), 4u);
+        EXPECT_EQ(s.n_generated(0), 0u) << "drafts are not committed";
+        phase = 1;
+      } else if (phase == 1) { // one forward gave a row after each draft token
+        ASSERT_NE(s.logits_at(0, 4), nullptr);
+        EXPECT_EQ(s.logits_at(0, 5), nullptr);
+        expect_rows_equal(s.logits_at(0, 0), ref.logits[0], "row 0");
+        expect_rows_equal(s.logits_at(0, 1), ref.logits[1], "row 1 (after r0)");
+        expect_rows_equal(s.logits_at(0, 2), ref.logits[2], "row 2 (after r0 r1)");
+        streamed_before_commit = streamed;
+        EXPECT_EQ(s.commit(0, 2), StopReason::none);
+        EXPECT_EQ(s.n_generated(0), 2u);
+        EXPECT_EQ(s.n_draft(0), 2u);
+        expect_rows_equal(s.logits(0), ref.logits[2], "row 2 is row 0 after two commits");
+        s.append(0, ref.tokens[2]); // the correction: w and w2 are dropped, their K/V rolled back
+        EXPECT_EQ(s.n_draft(0), 0u);
+        EXPECT_EQ(s.logits(0), nullptr);
+        phase = 2;
+      } else if (phase == 2) { // attends over r0 r1 r2 only: w2's stale position must be gone
+        expect_rows_equal(s.logits(0), ref.logits[3], "after the rollback");
+        s.append(0, s.sample(0));
+        phase = 3;
+      }
+    };
+    d->on_done = [&](const DecodeSession&) { return phase == 3; };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 64, [&](std::string_view t) { streamed += t; }});
+  auto out = rig.run(50);
+  ASSERT_EQ(out.size(), 1u);
+  const auto& r = out.begin()->second;
+  EXPECT_TRUE(r.message.empty()) << r.message;
+  EXPECT_EQ(streamed_before_commit, "") << "uncommitted tokens are never streamed";
+  EXPECT_EQ(r.tokens, std::vector<TokenId>(ref.tokens.begin(), ref.tokens.begin() + 4));
+  EXPECT_EQ(streamed, r.text);
+  ASSERT_EQ(r.logprobs.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) // committed drafts get their log-prob from their own row
+    EXPECT_NEAR(r.logprobs[i], token_logprob(ref.logits[i], ref.tokens[i]), 1e-4) << i;
+}
+
+TEST(EngineContract, CommitRunsTheStopRulesAndDropsTheRest) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const GreedyTrace ref = greedy_trace(model, 4);
+  StopConfig stop;
+  stop.stop_tokens = {ref.tokens[1]};
+  bool checked = false;
+  Rig rig(model, 128, 2, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      if (s.n_draft(0) == 0) {
+        s.set_draft(0, std::vector<TokenId>{ref.tokens[0], ref.tokens[1], ref.tokens[2]});
+        return;
+      }
+      EXPECT_EQ(s.commit(0, 3), StopReason::stop_token);
+      EXPECT_EQ(s.n_generated(0), 2u) << "the token after the stop is not committed";
+      EXPECT_EQ(s.n_draft(0), 0u);
+      EXPECT_EQ(s.finished(0), StopReason::stop_token);
+      checked = true;
+    };
+    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+    return d;
+  }, {SamplerSpec{"greedy", {}}}, stop);
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 64, {}});
+  auto out = rig.run(50);
+  ASSERT_TRUE(checked);
+  EXPECT_EQ(out.begin()->second.stop_reason, StopReason::stop_token);
+}
+
+TEST(EngineContract, DraftContextRoomIsReportedNotOverrun) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  size_t kept = 99;
+  Rig rig(model, 16, 2, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      if (!s.logits(0)) return;
+      if (s.n_generated(0) == 8 && kept == 99) kept = s.set_draft(0, std::vector<TokenId>(10, 300));
+      else s.append(0, s.sample(0));
+    };
+    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+    return d;
+  });
+  const auto prompt = rig.prompt("Once upon a time");
+  rig.engine->submit({prompt, 1, -1, {}});
+  auto out = rig.run(100);
+  EXPECT_EQ(kept, 16 - (prompt.size() + 8)) << "the draft keeps what the context has room for";
+  EXPECT_EQ(out.begin()->second.stop_reason, StopReason::max_context);
+}
+
+// A backend that counts its forward passes (the draft model's, here).
+class CountingBackend final : public Backend {
+public:
+  explicit CountingBackend(int* calls) : inner_(make_reference_backend()), calls_(calls) {}
+  std::string_view name() const noexcept override { return "counting"; }
+  bool supports(const Graph& g, const Node& n) const noexcept override { return inner_->supports(g, n); }
+  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+    ++*calls_;
+    inner_->compute(g, b, kv, logits);
+  }
+
+private:
+  std::unique_ptr<Backend> inner_;
+  int* calls_;
+};
+
+TEST(EngineContract, DraftSequencesOfAllRequestsShareOneDraftForwardPerStep) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  int draft_calls = 0, steps_with_draft_work = 0;
+  Rig rig(model, 128, 8, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    auto draft = std::make_shared<LocalSeq>(-1);
+    d->on_plan = [draft](DecodeSession& s) {
+      if (*draft < 0) {
+        *draft = s.fork_draft(0);
+        EXPECT_EQ(s.model_of(*draft), 1);
+      }
+      if (s.finished(0) == StopReason::none) {
+        s.plan(0);
+        s.plan(*draft);
+      }
+    };
+    d->on_update = [draft](DecodeSession& s) {
+      if (!s.logits(0) || !s.logits(*draft)) return;
+      // The draft is the same file: the same logits on its own backend and KV.
+      for (int32_t i = 0; i < s.n_vocab(); ++i)
+        ASSERT_NEAR(s.logits(0)[i], s.logits(*draft)[i], 1e-4);
+      const TokenId t = s.sample(0);
+      s.append(0, t);
+      s.append(*draft, t);
+    };
+    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+    return d;
+  }, {SamplerSpec{"greedy", {}}}, {}, {}, nullptr, std::make_unique<CountingBackend>(&draft_calls));
+  rig.engine->set_max_running(4);
+  for (const char* p : {"Once upon a time", "The dog", "Lily", "One day"})
+    rig.engine->submit({rig.prompt(p), 1, 10, {}});
+  while (!rig.engine->idle()) {
+    const int before = draft_calls;
+    auto done = rig.engine->step();
+    for (auto& [id, r] : done) {
+      EXPECT_TRUE(r.message.empty()) << r.message;
+      EXPECT_EQ(r.tokens.size(), 10u);
+    }
+    EXPECT_LE(draft_calls - before, 1) << "one draft forward per step, whatever the number of requests";
+    steps_with_draft_work += draft_calls - before;
+  }
+  EXPECT_EQ(steps_with_draft_work, 10) << "4 requests × 10 tokens in 10 draft forwards";
 }
 
 } // namespace

@@ -32,4 +32,14 @@ struct SynthOptions {
 // Writes the model; throws loom::Error for an unknown shape, an unsupported type or I/O errors.
 void synth_model(const SynthOptions& o);
 
+// `loom quantize`: a copy of a GGUF model with its 2-D weight matrices converted to `type` (rows whose
+// length is not a multiple of the type's block stay as they are; 1-D tensors such as norms stay f32,
+// as llama-quantize does). Every metadata key is copied; general.file_type is updated.
+struct QuantizeOptions {
+  std::string in, out;
+  DType type = DType::q8_0;
+  std::function<void(double fraction)> progress; // optional
+};
+void quantize_model(const QuantizeOptions& o);
+
 } // namespace loom

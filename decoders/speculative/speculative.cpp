@@ -1,0 +1,284 @@
+// decoders/speculative — speculative decoding with exact speculative sampling, a decoder plugin built
+// against the SDK alone.
+//
+//   [decoder]
+//   name = "speculative"
+//   draft = "draft.gguf"   # read by the host: a draft model with the target's vocabulary
+//   drafter = "auto"       # "model" (the draft above) | "ngram" (prompt lookup) | "auto" (model if any)
+//   k = 4                  # draft tokens per round
+//   adaptive = false       # k shrinks by one after a rejection, grows by one after a full acceptance
+//   k_min = 1              # adaptive bounds
+//   k_max = 16
+//   ngram_min = 1          # n-gram drafter: suffix lengths tried, longest first
+//   ngram_max = 3
+//
+// A round: the drafter proposes d1..dk (a draft model samples them one forward at a time from its q,
+// taken after the request's sampler chain; the n-gram drafter copies what followed the latest earlier
+// occurrence of the context's last n tokens, q one-hot). The target evaluates all k + 1 positions in
+// one forward (the drafts are uncommitted tokens: seq_set_draft), and for i = 1..k, with p the
+// target's distribution after the sampler chain (seq_probs, in the chain's state after d1..d(i-1)):
+// di is accepted with probability min(1, p(di) / q(di)) and committed through the stop rules; on the
+// first rejection a token is drawn from norm(max(0, p − q)) and appended (the rest of the draft is
+// dropped, K/V rolled back); after k acceptances a bonus token is drawn from p. Every token is thus
+// distributed exactly as the sampler chain alone would draw it (Leviathan et al. 2023; Chen et al.
+// 2023); with a greedy chain p is one-hot and the output equals the target's own greedy output.
+// The draft model's sequence is brought back to the committed tokens by truncate + append.
+#include "loom/sdk/plugin.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+using loom::sdk::Error;
+using loom::sdk::Session;
+
+// The index drawn from the weights w (not necessarily normalised) with u in [0, 1); never a zero weight.
+size_t draw(std::span<const float> w, double u) {
+  double total = 0;
+  for (float x : w)
+    total += static_cast<double>(std::max(x, 0.0f));
+  const double target = u * total;
+  double cum = 0;
+  size_t last = w.size();
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!(w[i] > 0.0f)) continue;
+    last = i;
+    cum += static_cast<double>(w[i]);
+    if (cum > target) return i;
+  }
+  return last; // rounding left the total just under the target
+}
+
+class Speculative final : public loom::sdk::Decoder {
+public:
+  explicit Speculative(const loom::sdk::Config& cfg) {
+    const std::string d = cfg.get_str("drafter", "auto");
+    if (d == "auto")
+      drafter_ = Drafter::auto_;
+    else if (d == "model")
+      drafter_ = Drafter::model;
+    else if (d == "ngram")
+      drafter_ = Drafter::ngram;
+    else
+      throw Error("speculative: drafter must be \"model\", \"ngram\" or \"auto\", got \"" + d + "\"");
+    const auto bounded = [&](const char* key, int64_t def, int64_t lo, int64_t hi) {
+      const int64_t v = cfg.get_i64(key, def);
+      if (v < lo || v > hi)
+        throw Error("speculative: " + std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "], got " + std::to_string(v));
+      return static_cast<size_t>(v);
+    };
+    k_ = bounded("k", 4, 1, 64);
+    adaptive_ = cfg.get_bool("adaptive", false);
+    k_min_ = bounded("k_min", 1, 1, 64);
+    k_max_ = bounded("k_max", static_cast<int64_t>(std::max<size_t>(16, k_)), 1, 64);
+    if (k_min_ > k_ || k_ > k_max_)
+      throw Error("speculative: expected k_min ≤ k ≤ k_max, got k_min = " + std::to_string(k_min_) +
+                  ", k = " + std::to_string(k_) + ", k_max = " + std::to_string(k_max_));
+    ngram_min_ = bounded("ngram_min", 1, 1, 32);
+    ngram_max_ = bounded("ngram_max", 3, 1, 32);
+    if (ngram_min_ > ngram_max_)
+      throw Error("speculative: expected ngram_min ≤ ngram_max, got " + std::to_string(ngram_min_) + " > " +
+                  std::to_string(ngram_max_));
+  }
+
+  void start(Session& s) override {
+    if (!Session::has_speculative_api())
+      throw Error("speculative: this Loom host predates ABI 1.3 (draft tokens); upgrade Loom",
+                  LOOM_STATUS_UNSUPPORTED);
+    V_ = static_cast<size_t>(s.n_vocab());
+    p_.assign(V_, 0.0f);
+    r_.assign(V_, 0.0f);
+    k_cur_ = k_;
+    if (drafter_ == Drafter::auto_) drafter_ = s.has_draft_model() ? Drafter::model : Drafter::ngram;
+    if (drafter_ == Drafter::model) {
+      if (!s.has_draft_model())
+        throw Error("speculative: drafter = \"model\" needs a draft model: add draft = \"x.gguf\" to [decoder] "
+                    "(or use drafter = \"ngram\")");
+      draft_seq_ = s.fork_draft(0);
+      if (draft_seq_ < 0) { // the draft model's KV cache is full: decode without drafts
+        loom::sdk::log(LOOM_LOG_WARN, "speculative: no free sequence in the draft model's KV cache; this "
+                                      "request decodes without drafts");
+        drafter_ = Drafter::none;
+      }
+    }
+    phase_ = Phase::verify; // the first target pass is the prompt's, with no drafts
+  }
+
+  void plan(Session& s) override {
+    if (s.finished(0) != LOOM_STOP_NONE) return;
+    if (phase_ == Phase::verify) {
+      s.plan(0);
+      if (!prefilled_ && draft_seq_ >= 0) s.plan(draft_seq_); // both prompts in the first step
+    } else {
+      s.plan(draft_seq_);
+    }
+  }
+
+  void update(Session& s) override {
+    if (s.finished(0) != LOOM_STOP_NONE) return;
+    if (phase_ == Phase::draft) {
+      draft_step(s);
+      return;
+    }
+    if (s.logits_at(0, s.n_draft(0)).empty()) return; // not evaluated yet
+    prefilled_ = true;
+    ++target_forwards_;
+    verify(s);
+    if (s.finished(0) != LOOM_STOP_NONE) return;
+    next_round(s);
+  }
+
+  bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
+
+  void results(Session& s) override {
+    s.set_metric("draft_tokens", static_cast<double>(draft_tokens_));
+    s.set_metric("accepted_tokens", static_cast<double>(accepted_));
+    s.set_metric("acceptance_rate",
+                 draft_tokens_ ? static_cast<double>(accepted_) / static_cast<double>(draft_tokens_) : 0.0);
+    s.set_metric("mean_accepted_len",
+                 rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
+    s.set_metric("target_forwards", static_cast<double>(target_forwards_));
+    s.set_metric("draft_forwards", static_cast<double>(draft_forwards_));
+    s.set_metric("tokens_per_target_forward",
+                 target_forwards_ ? static_cast<double>(s.n_generated(0)) / static_cast<double>(target_forwards_)
+                                  : 0.0);
+    s.set_metric("k", static_cast<double>(k_cur_));
+    s.add_result(0, s.score(0));
+  }
+
+private:
+  enum class Drafter { auto_, model, ngram, none };
+  enum class Phase { draft, verify };
+
+  // One draft-model step: q after the chain (the draft sequence's own chain state), a token drawn
+  // from it, appended to the draft sequence. After k (or when the draft sequence stops) the drafts go
+  // to the target.
+  void draft_step(Session& s) {
+    if (s.logits(draft_seq_).empty()) return;
+    ++draft_forwards_;
+    q_.resize(drafts_.size() + 1);
+    q_.back().resize(V_);
+    s.probs(draft_seq_, q_.back());
+    const auto d = static_cast<loom_token>(draw(q_.back(), s.uniform()));
+    drafts_.push_back(d);
+    const int32_t reason = s.append(draft_seq_, d);
+    if (reason != LOOM_STOP_NONE || drafts_.size() >= k_cur_) submit_drafts(s);
+  }
+
+  void submit_drafts(Session& s) {
+    const size_t kept = s.set_draft(0, drafts_);
+    drafts_.resize(kept);
+    phase_ = Phase::verify;
+  }
+
+  // Accept / reject the drafts against the target's rows, then one more token (correction or bonus).
+  void verify(Session& s) {
+    const size_t m = drafts_.size();
+    size_t a = 0;
+    bool rejected = false;
+    for (; a < m; ++a) {
+      s.probs(0, p_);
+      const loom_token d = drafts_[a];
+      const auto di = static_cast<size_t>(d);
+      const double qd = drafter_ == Drafter::model ? static_cast<double>(q_[a][di]) : 1.0;
+      const double pd = static_cast<double>(p_[di]);
+      const double u = s.uniform();
+      if (u < std::min(1.0, pd / qd)) {
+        if (s.commit(0, 1) != LOOM_STOP_NONE) {
+          ++a;
+          record(m, a);
+          return;
+        }
+        continue;
+      }
+      // Rejected: draw from norm(max(0, p − q)).
+      double mass = 0;
+      if (drafter_ == Drafter::model) {
+        for (size_t i = 0; i < V_; ++i)
+          mass += static_cast<double>(r_[i] = std::max(0.0f, p_[i] - q_[a][i]));
+      } else {
+        r_ = p_;
+        r_[di] = 0.0f;
+        for (float x : r_)
+          mass += static_cast<double>(x);
+      }
+      const std::vector<float>& from = mass > 0 ? r_ : p_; // mass 0 only by rounding
+      s.append(0, static_cast<loom_token>(draw(from, s.uniform())));
+      rejected = true;
+      break;
+    }
+    if (!rejected) { // every draft accepted: the bonus token from the row after the last one
+      s.probs(0, p_);
+      s.append(0, static_cast<loom_token>(draw(p_, s.uniform())));
+    }
+    record(m, a);
+  }
+
+  void record(size_t m, size_t a) {
+    if (m == 0) return;
+    draft_tokens_ += m;
+    accepted_ += a;
+    ++rounds_;
+    if (adaptive_) k_cur_ = a == m ? std::min(k_cur_ + 1, k_max_) : std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
+  }
+
+  void next_round(Session& s) {
+    drafts_.clear();
+    q_.clear();
+    if (drafter_ == Drafter::model) {
+      // The draft sequence holds the old committed tokens + its drafts: back to the accepted ones,
+      // then the target's last token (no re-prefill: only that token and at most one draft are new).
+      const auto toks = s.tokens(0);
+      s.truncate(draft_seq_, toks.size() - 1);
+      if (s.append(draft_seq_, toks.back()) != LOOM_STOP_NONE) {
+        drafter_ = Drafter::none; // the draft stopped where the target did not (a timeout): go on without
+        phase_ = Phase::verify;
+        return;
+      }
+      phase_ = Phase::draft;
+      return;
+    }
+    if (drafter_ == Drafter::ngram) {
+      lookup(s.tokens(0));
+      if (!drafts_.empty()) submit_drafts(s);
+    }
+    phase_ = Phase::verify;
+  }
+
+  // Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens
+  // (n = ngram_max .. ngram_min), at most k of them.
+  void lookup(std::span<const loom_token> t) {
+    const size_t len = t.size();
+    for (size_t n = std::min(ngram_max_, len > 0 ? len - 1 : 0); n >= ngram_min_ && n > 0; --n) {
+      const std::span<const loom_token> suffix = t.subspan(len - n);
+      for (size_t j = len - n; j-- > 0;) { // start of an earlier occurrence, latest first
+        if (!std::equal(suffix.begin(), suffix.end(), t.begin() + static_cast<std::ptrdiff_t>(j))) continue;
+        const size_t from = j + n, to = std::min(len, from + k_cur_);
+        drafts_.assign(t.begin() + static_cast<std::ptrdiff_t>(from), t.begin() + static_cast<std::ptrdiff_t>(to));
+        return;
+      }
+    }
+  }
+
+  Drafter drafter_ = Drafter::auto_;
+  size_t k_ = 4, k_min_ = 1, k_max_ = 16, k_cur_ = 4;
+  bool adaptive_ = false;
+  size_t ngram_min_ = 1, ngram_max_ = 3;
+  size_t V_ = 0;
+  loom_seq draft_seq_ = -1;
+  Phase phase_ = Phase::verify;
+  bool prefilled_ = false;
+  std::vector<loom_token> drafts_;
+  std::vector<std::vector<float>> q_; // q_[i]: the draft distribution drafts_[i] was drawn from
+  std::vector<float> p_, r_;
+  size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, target_forwards_ = 0, draft_forwards_ = 0;
+};
+
+} // namespace
+
+LOOM_PLUGIN_DEFINE("speculative", "1.0.0", LOOM_DECODER("speculative", Speculative));

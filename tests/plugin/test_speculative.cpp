@@ -1,0 +1,339 @@
+// decoders/speculative: greedy output token-identical to the target alone (target as its own draft,
+// its Q8_0 and Q4_0 copies, the n-gram drafter; stories260K and a synth model; reference and cpu
+// backends); exact speculative sampling — the output distribution over many seeds equals the sampler
+// chain's own, by a chi-square test on a scripted model whose p and q are known (with a top-k /
+// temperature chain too); acceptance 100% when draft == target; bad keys and draft files are one-line
+// errors; every decoder gives inside a `--parallel 4` batch what it gives alone.
+#include "fixtures/scripted_model.hpp"
+#include "loom/pipeline.hpp"
+#include "loom/pipeline_config.hpp"
+#include "test_util.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace loom;
+namespace fs = std::filesystem;
+
+test::CliResult loom_cli(const std::string& args) {
+  const bool plugins = args.rfind("run ", 0) == 0;
+  return test::run_loom(args + (plugins ? " --plugin-path " LOOM_BUILD_BIN_DIR : ""), false, 300);
+}
+
+fs::path tmp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("loom-spec-" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+nlohmann::json run_json(const std::string& args) {
+  const auto r = loom_cli("run " + args + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json();
+}
+
+// Greedy speculative output vs the target alone, for each drafter.
+void expect_greedy_identity(const fs::path& model, const std::vector<std::pair<std::string, std::string>>& drafters,
+                            const std::string& backend, int n) {
+  const std::string base = "-m " + model.string() + " -p 'Once upon a time' -n " + std::to_string(n) +
+                           " --ignore-eos --temp 0 --set backend.name='\"" + backend + "\"'";
+  const auto alone = run_json(base);
+  ASSERT_TRUE(alone.contains("tokens"));
+  ASSERT_EQ(alone["tokens"].size(), static_cast<size_t>(n));
+  for (const auto& [label, set] : drafters) {
+    SCOPED_TRACE(label + " on " + backend);
+    const auto spec = run_json(base + " --decoder speculative " + set);
+    ASSERT_TRUE(spec.contains("tokens"));
+    EXPECT_EQ(spec["tokens"], alone["tokens"]);
+    EXPECT_EQ(spec["text"], alone["text"]);
+    const auto& m = spec["metrics"];
+    for (const char* k : {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_len",
+                          "target_forwards"})
+      EXPECT_TRUE(m.contains(k)) << k;
+    EXPECT_GT(m["draft_tokens"].get<double>(), 0);
+    EXPECT_LE(m["target_forwards"].get<double>(), n + 1.0);
+    if (label == "self") {
+      EXPECT_EQ(m["acceptance_rate"].get<double>(), 1.0) << "a draft equal to the target is always accepted";
+      EXPECT_LT(m["target_forwards"].get<double>(), n / 2.0);
+    }
+  }
+}
+
+std::string quantize(const fs::path& in, const std::string& type, const std::string& name) {
+  const fs::path out = tmp_dir() / name;
+  if (!fs::exists(out)) {
+    const auto r = loom_cli("quantize " + in.string() + " --type " + type + " -o " + out.string());
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+  return out.string();
+}
+
+TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string q8 = quantize(model, "q8_0", "s260-q8_0.gguf"), q4 = quantize(model, "q4_0", "s260-q4_0.gguf");
+  const std::vector<std::pair<std::string, std::string>> drafters = {
+      {"self", "--set decoder.draft='\"" + model.string() + "\"'"},
+      {"q8_0", "--set decoder.draft='\"" + q8 + "\"'"},
+      {"q4_0", "--set decoder.draft='\"" + q4 + "\"' --set decoder.k=6"},
+      {"q4_0 adaptive", "--set decoder.draft='\"" + q4 + "\"' --set decoder.adaptive=true"},
+      {"ngram", "--set decoder.drafter='\"ngram\"' --set decoder.ngram_min=2"},
+  };
+  expect_greedy_identity(model, drafters, "reference", 120);
+  expect_greedy_identity(model, drafters, "cpu", 120);
+}
+
+TEST(Speculative, GreedyIsTheTargetsOwnOutputOnASynthModel) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf");
+  const fs::path d = tmp_dir();
+  std::map<std::string, std::string> files;
+  for (const char* t : {"f16", "q8_0", "q4_0"}) { // the same seed: the same weights in three types
+    const fs::path out = d / ("synth-" + std::string(t) + ".gguf");
+    const auto r = loom_cli("synth --shape tiny-gqa --type " + std::string(t) + " --seed 7 --vocab-from " +
+                            vocab.string() + " -o " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    files[t] = out.string();
+  }
+  const std::vector<std::pair<std::string, std::string>> drafters = {
+      {"self", "--set decoder.draft='\"" + files["f16"] + "\"'"},
+      {"q8_0", "--set decoder.draft='\"" + files["q8_0"] + "\"'"},
+      {"q4_0", "--set decoder.draft='\"" + files["q4_0"] + "\"'"},
+      {"ngram", "--set decoder.drafter='\"ngram\"'"},
+  };
+  expect_greedy_identity(files["f16"], drafters, "cpu", 48);
+}
+
+// ---- the distribution -------------------------------------------------------------------------
+
+struct Chain {
+  std::string name;
+  std::string toml; // [[sampler]] entries
+  int top_k = 0;    // 0 = all three tokens
+  double temp = 1.0;
+};
+
+// p(token | history) of the chain on the scripted model: top-k by logit (ties: lower id), then
+// softmax of logit / temp.
+std::map<int32_t, double> chain_probs(const std::vector<int32_t>& history, const Chain& c) {
+  std::vector<std::pair<float, int32_t>> l;
+  for (int32_t t : scripted::k_tokens)
+    l.emplace_back(scripted::logit(history, t), t);
+  std::sort(l.begin(), l.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  if (c.top_k > 0) l.resize(static_cast<size_t>(c.top_k));
+  double z = 0;
+  for (const auto& [x, t] : l)
+    z += std::exp(static_cast<double>(x) / c.temp);
+  std::map<int32_t, double> p;
+  for (const auto& [x, t] : l)
+    p[t] = std::exp(static_cast<double>(x) / c.temp) / z;
+  return p;
+}
+
+struct Counts {
+  std::map<std::vector<int32_t>, int> seen;
+  double acceptance = 0;
+};
+
+Counts sample_many(const fs::path& model, const Chain& chain, const std::string& decoder, int n, int len,
+                   std::vector<TokenId>* prompt_out) {
+  const std::string toml = "[model]\npath = \"" + model.string() +
+                           "\"\nn_ctx = 32\n[backend]\nname = \"fixture_scripted\"\n"
+                           "[kv_cache]\nmax_tokens = 2048\n[stop]\neos = false\nmax_tokens = " +
+                           std::to_string(len) + "\n[plugins]\npaths = [\"" LOOM_FIXTURE_DIR "\", \"" LOOM_BUILD_BIN_DIR
+                           "\"]\n" + decoder + chain.toml;
+  auto p = Pipeline::create(parse_pipeline(toml, "chi2.toml"));
+  std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    reqs[static_cast<size_t>(i)].prompt = "hi";
+    reqs[static_cast<size_t>(i)].seed = 1000 + static_cast<uint64_t>(i);
+  }
+  const auto res = p->generate_all(reqs, 64);
+  Counts c;
+  double acc = 0;
+  for (const auto& r : res) {
+    EXPECT_TRUE(r.message.empty()) << r.message;
+    EXPECT_EQ(r.tokens.size(), static_cast<size_t>(len));
+    ++c.seen[std::vector<int32_t>(r.tokens.begin(), r.tokens.end())];
+    for (const auto& [k, v] : r.metrics.decoder)
+      if (k == "acceptance_rate") acc += v;
+  }
+  c.acceptance = acc / n;
+  if (prompt_out) *prompt_out = res.front().prompt_tokens;
+  return c;
+}
+
+// Pearson's chi-square of the observed sequences against the chain's exact distribution; cells with
+// an expected count under 5 are pooled.
+double chi_square(const Counts& c, const Chain& chain, const std::vector<TokenId>& prompt, int n, int len,
+                  int* dof) {
+  std::vector<std::pair<std::vector<int32_t>, double>> cells{{{}, 1.0}};
+  for (int step = 0; step < len; ++step) {
+    std::vector<std::pair<std::vector<int32_t>, double>> next;
+    for (const auto& [seq, pr] : cells) {
+      std::vector<int32_t> h(prompt.begin(), prompt.end());
+      h.insert(h.end(), seq.begin(), seq.end());
+      for (const auto& [t, q] : chain_probs(h, chain)) {
+        auto s2 = seq;
+        s2.push_back(t);
+        next.emplace_back(s2, pr * q);
+      }
+    }
+    cells = std::move(next);
+  }
+  double chi = 0, pooled_e = 0, pooled_o = 0;
+  int k = 0, seen_total = 0;
+  for (const auto& [seq, pr] : cells) {
+    const double e = pr * n;
+    const auto it = c.seen.find(seq);
+    const double o = it == c.seen.end() ? 0 : it->second;
+    seen_total += static_cast<int>(o);
+    if (e < 5) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    chi += (o - e) * (o - e) / e;
+    ++k;
+  }
+  if (pooled_e > 0) {
+    chi += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    ++k;
+  }
+  EXPECT_EQ(seen_total, n) << "every observed sequence is one the chain can produce";
+  *dof = k - 1;
+  return chi;
+}
+
+// Upper 0.1% point of chi-square with `dof` degrees of freedom (Wilson–Hilferty).
+double chi_square_critical(int dof) {
+  const double z = 3.0902; // standard normal 0.999 quantile
+  const double d = dof;
+  const double a = 1 - 2 / (9 * d) + z * std::sqrt(2 / (9 * d));
+  return d * a * a * a;
+}
+
+TEST(Speculative, SamplingPreservesTheChainsDistribution) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const int n = 6000, len = 3;
+  const std::vector<Chain> chains = {
+      {"dist (temperature 1)", "[[sampler]]\nname = \"dist\"\n", 0, 1.0},
+      {"top_k 2, temperature 0.7",
+       "[[sampler]]\nname = \"top_k\"\nk = 2\n[[sampler]]\nname = \"temperature\"\nvalue = 0.7\n", 2, 0.7},
+  };
+  const std::vector<std::pair<std::string, std::string>> decoders = {
+      {"plain sampling", "[decoder]\nname = \"sample\"\n"},
+      {"draft model (q != p)",
+       "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
+           "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\n"},
+      {"n-gram drafter", "[decoder]\nname = \"speculative\"\ndrafter = \"ngram\"\nk = 2\n"},
+  };
+  for (const auto& chain : chains)
+    for (const auto& [label, dec] : decoders) {
+      SCOPED_TRACE(label + " with " + chain.name);
+      std::vector<TokenId> prompt;
+      const Counts c = sample_many(model, chain, dec, n, len, &prompt);
+      int dof = 0;
+      const double chi = chi_square(c, chain, prompt, n, len, &dof);
+      EXPECT_LT(chi, chi_square_critical(dof)) << "chi-square " << chi << " with " << dof << " degrees of freedom";
+      if (label.rfind("draft", 0) == 0) { // q differs from p: some drafts are rejected, many accepted
+        EXPECT_GT(c.acceptance, 0.2);
+        EXPECT_LT(c.acceptance, 0.999);
+      }
+    }
+}
+
+TEST(Speculative, DraftEqualToTargetIsAlwaysAccepted) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const Chain chain{"top_k 2", "[[sampler]]\nname = \"top_k\"\nk = 2\n", 2, 1.0};
+  const Counts c = sample_many(model, chain,
+                               "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
+                                   "\"\ndraft_backend = \"fixture_scripted\"\nk = 4\n",
+                               200, 3, nullptr);
+  EXPECT_EQ(c.acceptance, 1.0);
+}
+
+// ---- bad input ----------------------------------------------------------------------------------
+
+TEST(Speculative, BadKeysAndDraftFilesAreOneLineErrors) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const fs::path d = tmp_dir();
+  { std::ofstream(d / "not.gguf") << "hello, not a model\n"; }
+  const std::string base = "run -m " + model.string() + " -p hi -n 4 --decoder speculative";
+  const auto other_vocab = test::models_dir() / "llama-2-tiny-random.gguf";
+  struct Case {
+    std::string args, expect;
+  };
+  std::vector<Case> cases = {
+      {" --set decoder.k=0", "k must be an integer in [1, 64], got 0"},
+      {" --set decoder.drafter='\"tree\"'", "drafter must be \"model\", \"ngram\" or \"auto\""},
+      {" --set decoder.k_min=5 --set decoder.k=2", "expected k_min ≤ k ≤ k_max"},
+      {" --set decoder.ngram_min=4", "expected ngram_min ≤ ngram_max"},
+      {" --set decoder.kk=3", "kk"},
+      {" --set decoder.draft='\"/nonexistent/d.gguf\"'", "no such file"},
+      {" --set decoder.draft='\"" + (d / "not.gguf").string() + "\"'", "cannot be loaded"},
+      {" --set decoder.draft_backend='\"cpu\"'", "a [decoder] draft = \"x.gguf\" for it to apply to"},
+      {" --set decoder.drafter='\"model\"'", "needs a draft model"},
+  };
+  if (fs::exists(other_vocab))
+    cases.push_back({" --set decoder.draft='\"" + other_vocab.string() + "\"'", "a draft must share the target's tokenizer"});
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const auto r = loom_cli(base + c.args);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  }
+}
+
+// ---- in a batch ---------------------------------------------------------------------------------
+
+TEST(Decoders, EachGivesInAParallelBatchWhatItGivesAlone) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const fs::path d = tmp_dir();
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Ben", "One day"};
+  {
+    std::ofstream f(d / "prompts.txt");
+    for (const auto& p : prompts)
+      f << p << "\n";
+  }
+  const std::vector<std::pair<std::string, std::string>> decoders = {
+      {"beam_search", "--decoder beam_search --set decoder.beam_width=3 --set decoder.num_return=2"},
+      {"self_consistency", "--decoder self_consistency --set decoder.samples=3 --temp 0.9"},
+      {"speculative greedy", "--decoder speculative --set decoder.draft='\"" + model.string() + "\"' --temp 0"},
+      {"speculative sampling", "--decoder speculative --set decoder.drafter='\"ngram\"' --temp 0.8"},
+  };
+  for (const auto& [label, args] : decoders) {
+    SCOPED_TRACE(label);
+    const std::string common = " -m " + model.string() + " -n 20 --seed 5 " + args;
+    const auto batch = loom_cli("run --prompts " + (d / "prompts.txt").string() + " --parallel 4 --json" + common);
+    ASSERT_EQ(batch.code, 0) << batch.err;
+    std::istringstream lines(batch.out);
+    std::string line;
+    for (const auto& p : prompts) {
+      ASSERT_TRUE(static_cast<bool>(std::getline(lines, line)));
+      const auto in_batch = nlohmann::json::parse(line);
+      const auto alone = run_json("-p '" + p + "'" + common);
+      EXPECT_EQ(in_batch["tokens"], alone["tokens"]) << p;
+      EXPECT_EQ(in_batch["text"], alone["text"]) << p;
+      if (alone.contains("hypotheses")) {
+        EXPECT_EQ(in_batch["hypotheses"], alone["hypotheses"]) << p;
+      }
+      if (alone.contains("votes")) {
+        EXPECT_EQ(in_batch["votes"], alone["votes"]) << p;
+      }
+    }
+  }
+}
+
+} // namespace
