@@ -33,6 +33,12 @@ TEST(Configs, EveryConfigLoadsAndRuns) {
     } else {
       cfg.model.path = in_repo.string();
     }
+    if (!cfg.decoder.draft.empty()) { // a draft model, found the same way
+      const std::filesystem::path d = std::filesystem::path(LOOM_SOURCE_DIR) / cfg.decoder.draft;
+      cfg.decoder.draft =
+          std::filesystem::exists(d) ? d.string()
+                                     : (test::models_dir() / std::filesystem::path(cfg.decoder.draft).filename()).string();
+    }
     auto p = Pipeline::create(cfg);
     GenerationRequest req;
     req.prompt = "Once upon a time";

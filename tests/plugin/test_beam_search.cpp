@@ -12,6 +12,7 @@
 #include <cmath>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 namespace {
@@ -297,6 +298,168 @@ TEST(BeamSearch, EarlyStoppingFollowsHuggingFace) {
         if (w == 2 && alpha == 2.0) distinct.insert(got);
       }
   EXPECT_EQ(distinct.size(), 3u) << "at width 2 and length_penalty 2 the three modes give three answers";
+}
+
+// Hugging Face's group (diverse) beam search over the scripted model: G groups of W/G beams take
+// turns each step; a group's log-probs are lowered by `penalty` per earlier group's new beam with
+// that token (HammingDiversityLogitsProcessor), per-group hypotheses and is_done; all hypotheses are
+// ranked together at the end (early_stopping false).
+std::vector<RefHyp> hf_group_beam_search(const std::vector<int32_t>& prompt, size_t W, size_t G, double penalty,
+                                         double alpha, size_t max_new) {
+  struct Beam {
+    std::vector<int32_t> gen;
+    double sum;
+  };
+  struct Group {
+    std::vector<Beam> beams{{{}, 0.0}};
+    std::vector<RefHyp> hyps;
+    bool done = false;
+  };
+  const size_t GW = W / G;
+  std::vector<Group> groups(G);
+  auto add = [&](Group& g, const std::vector<int32_t>& gen, double sum) {
+    g.hyps.push_back({sum / std::pow(static_cast<double>(gen.size()), alpha), gen});
+    std::stable_sort(g.hyps.begin(), g.hyps.end(), [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
+    if (g.hyps.size() > GW) g.hyps.pop_back();
+  };
+  for (size_t cur_len = 0; cur_len < max_new; ++cur_len) {
+    std::map<int32_t, int> chosen;
+    for (Group& g : groups) {
+      if (g.done) continue;
+      struct Cand {
+        double sum;
+        size_t beam;
+        int32_t token;
+      };
+      std::vector<Cand> cands;
+      for (size_t b = 0; b < g.beams.size(); ++b) {
+        std::vector<int32_t> h = prompt;
+        h.insert(h.end(), g.beams[b].gen.begin(), g.beams[b].gen.end());
+        for (int32_t t : scripted::k_tokens)
+          cands.push_back({g.beams[b].sum + scripted::logprob(h, t) - penalty * chosen[t], b, t});
+      }
+      std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
+        if (a.sum != b.sum) return a.sum > b.sum;
+        return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
+      });
+      std::vector<Beam> next;
+      for (size_t rank = 0; rank < cands.size() && next.size() < GW; ++rank) {
+        auto gen = g.beams[cands[rank].beam].gen;
+        gen.push_back(cands[rank].token);
+        if (cands[rank].token == 2) { // EOS
+          if (rank < GW) add(g, gen, cands[rank].sum);
+          continue;
+        }
+        next.push_back({gen, cands[rank].sum});
+        ++chosen[cands[rank].token];
+      }
+      g.beams = std::move(next);
+      if (cur_len + 1 == max_new) {
+        for (const Beam& b : g.beams)
+          add(g, b.gen, b.sum);
+        g.done = true;
+        continue;
+      }
+      if (g.beams.empty()) {
+        g.done = true;
+        continue;
+      }
+      if (g.hyps.size() < GW) continue;
+      double best = -1e300;
+      for (const Beam& b : g.beams)
+        best = std::max(best, b.sum);
+      if (g.hyps.back().score >= best / std::pow(static_cast<double>(cur_len), alpha)) g.done = true;
+    }
+  }
+  std::vector<RefHyp> all;
+  for (const Group& g : groups)
+    all.insert(all.end(), g.hyps.begin(), g.hyps.end());
+  std::stable_sort(all.begin(), all.end(), [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
+  return all;
+}
+
+TEST(BeamSearch, DiverseGroupsFollowHuggingFace) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  std::set<std::string> distinct;
+  for (double penalty : {0.0, 0.4, 3.0})
+    for (size_t groups : {2, 4}) {
+      SCOPED_TRACE("penalty " + std::to_string(penalty) + " groups " + std::to_string(groups));
+      const auto r = test::run_loom(
+          "run -m " + model.string() + " -p hi -n 5 --json --set backend.name=fixture_scripted --plugin-path " +
+              LOOM_FIXTURE_DIR + " --plugin-path " LOOM_BUILD_BIN_DIR +
+              " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4 --set decoder.groups=" +
+              std::to_string(groups) + " --set decoder.diversity_penalty=" + std::to_string(penalty),
+          false, 60);
+      ASSERT_EQ(r.code, 0) << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      auto want = hf_group_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), 4, groups, penalty, 1.0, 5);
+      if (want.size() > 4) want.resize(4);
+      ASSERT_EQ(j["hypotheses"].size(), want.size()) << r.out;
+      std::string got;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(j["hypotheses"][i]["tokens"].get<std::vector<int32_t>>(), want[i].tokens) << i;
+        EXPECT_NEAR(j["hypotheses"][i]["score"].get<double>(), want[i].score, 1e-5) << i;
+        got += j["hypotheses"][i]["tokens"].dump();
+      }
+      distinct.insert(got);
+    }
+  EXPECT_GE(distinct.size(), 3u) << "the diversity penalty must change the hypotheses";
+}
+
+TEST(BeamSearch, DiversityPenaltySpreadsTheGroupsOnStories260K) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto first_tokens = [&](double penalty) {
+    const auto r = loom_run("-m " + model.string() + " -p 'Once upon a time' -n 8 --ignore-eos --json" +
+                            " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4" +
+                            " --set decoder.groups=4 --set decoder.diversity_penalty=" + std::to_string(penalty));
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::set<int32_t> firsts;
+    const auto j = nlohmann::json::parse(r.out);
+    for (const auto& h : j["hypotheses"])
+      firsts.insert(h["tokens"][0].get<int32_t>());
+    return firsts.size();
+  };
+  EXPECT_EQ(first_tokens(0.0), 1u) << "without a penalty the four one-beam groups are the same greedy search";
+  EXPECT_EQ(first_tokens(50.0), 4u) << "a large penalty makes every group start differently";
+}
+
+TEST(BeamSearch, SampleModeDrawsThroughTheSamplerChain) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "-m " + model.string() +
+                           " -p 'Once upon a time' -n 12 --ignore-eos --json --decoder beam_search"
+                           " --set decoder.beam_width=3 --set decoder.num_return=3 --set decoder.sample=true";
+  // Seeded: the same seed gives the same hypotheses; other seeds give others.
+  // A flat chain (temperature 3, no truncation), so that the draws matter.
+  const std::string flat = " --temp 3 --top-k 0 --top-p 1 --min-p 0";
+  const auto a = loom_run(base + " --seed 1" + flat), b = loom_run(base + " --seed 1" + flat);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["hypotheses"], nlohmann::json::parse(b.out)["hypotheses"]);
+  std::set<std::string> texts;
+  for (int seed = 1; seed <= 4; ++seed)
+    texts.insert(nlohmann::json::parse(loom_run(base + " --seed " + std::to_string(seed) + flat).out)["text"]);
+  EXPECT_GE(texts.size(), 3u) << "beam-sample draws: seeds must matter";
+  // Through the chain: with top_k 1 every beam has a single candidate, so the search is greedy.
+  const auto g = loom_run("-m " + model.string() + " -p 'Once upon a time' -n 12 --ignore-eos --json --temp 0");
+  const auto k1 = loom_run(base + " --seed 3 --top-k 1");
+  ASSERT_EQ(k1.code, 0) << k1.err;
+  EXPECT_EQ(nlohmann::json::parse(k1.out)["tokens"], nlohmann::json::parse(g.out)["tokens"]);
+}
+
+TEST(BeamSearch, BadGroupKeysAreOneLineErrors) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "-m " + model.string() + " -p hi -n 4 --decoder beam_search --set decoder.beam_width=4";
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {" --set decoder.groups=3", "groups must divide beam_width = 4"},
+           {" --set decoder.diversity_penalty=-1 --set decoder.groups=2", "diversity_penalty must be a finite number ≥ 0"},
+           {" --set decoder.diversity_penalty=1", "set groups ≥ 2"}}) {
+    const auto r = loom_run(base + args);
+    EXPECT_EQ(r.code, 1) << args;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  }
 }
 
 } // namespace
