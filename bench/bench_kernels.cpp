@@ -70,6 +70,35 @@ void decode(benchmark::State& state, DType t, bool repacked) {
   state.SetLabel(cpu::isa_name(isa));
 }
 
+// A small batch of T tokens (speculative verification of k + 1 positions, beams): the time should
+// stay near one token's while the weights dominate (the counter `vs_one_token` is time / T=1 time
+// only when read side by side; Google Benchmark reports each T on its own line).
+void small_batch(benchmark::State& state, DType t, bool repacked) {
+  const int64_t T = state.range(0);
+  const auto isa = cpu::detect_isa();
+  const auto w = random_matrix(t);
+  std::vector<uint8_t> wp;
+  if (repacked) {
+    wp.resize(cpu::repacked_bytes(t, K, N));
+    cpu::repack(t, w.data(), row_bytes(t, K), K, N, wp.data());
+  }
+  std::vector<float> x(static_cast<size_t>(K * T)), y(static_cast<size_t>(N * T));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x)
+    v = nd(rng);
+  for (auto _ : state) {
+    if (repacked)
+      cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), T, y.data(), 1);
+    else
+      cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), T, y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T); // tokens/s
+  state.SetLabel(cpu::isa_name(isa));
+}
+
 BENCHMARK_CAPTURE(decode, f32, DType::f32, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, f16, DType::f16, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, bf16, DType::bf16, false)->Unit(benchmark::kMillisecond);
@@ -83,5 +112,30 @@ BENCHMARK_CAPTURE(decode, q6_k, DType::q6_k, false)->Unit(benchmark::kMillisecon
 BENCHMARK_CAPTURE(decode, q6_k_repacked, DType::q6_k, true)->Unit(benchmark::kMillisecond);
 
 } // namespace
+
+BENCHMARK_CAPTURE(small_batch, f16, DType::f16, false)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(5)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, bf16, DType::bf16, false)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(5)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, q8_0_repacked, DType::q8_0, true)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(5)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, q4_0_repacked, DType::q4_0, true)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(5)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

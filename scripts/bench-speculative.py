@@ -6,9 +6,17 @@ usage: scripts/bench-speculative.py LOOM TARGET.gguf [--draft NAME=FILE]... [--n
 
 For each drafter it reports the target's tok/s alone and with speculative decoding (median and
 range over the runs), the acceptance rate alpha, the mean accepted length per round, the draft/target
-cost ratio c (the draft model's own decode time per token over the target's, measured here; 0 for
-the n-gram drafter), the speed-up alpha and c predict, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
-and the measured speed-up. Greedy (--temp 0), --ignore-eos, the same prompt in every run.
+cost ratio c (0 for the n-gram drafter), the speed-up alpha and c predict, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
+and the measured speed-up. c is measured inside the run: the mean draft forward over the target's
+mean one-token forward when it decodes alone (`metrics.forward_ms`, `draft_forward_ms`). That
+formula takes the target's forward of k + 1 positions to cost one decode step; v, the mean
+verification forward over the one-token forward, is measured the same way, and the prediction with
+it, (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)), is what the forwards alone allow: what is left between
+it and the measurement is the engine's and the decoder's own work (last column: the share of the wall
+time spent outside forward passes). The forwards' accounting column is the speed-up the forward
+times alone allow with the acceptance as it happened (tokens per target forward over the forwards'
+cost per target forward, in one-token target forwards); it differs from the α formula where
+acceptances are not independent (they come in runs). Greedy (--temp 0), --ignore-eos, the same prompt in every run.
 Markdown on stdout; --json for the raw numbers.
 """
 import argparse
@@ -54,17 +62,17 @@ def main():
     if a.ngram:
         drafters.append(("n-gram", None))
 
-    alone = {"tok_s": []}
-    own = {path: [] for _, path in drafters if path}  # the draft model's own decode tok/s
-    spec = {name: {"tok_s": [], "alpha": [], "len": [], "tf": []} for name, _ in drafters}
+    alone = {"tok_s": [], "t1": [], "other": []}
+    spec = {name: {"tok_s": [], "alpha": [], "len": [], "c": [], "v": [], "other": [], "acct": []}
+            for name, _ in drafters}
     ref_tokens = None
     for r in range(a.runs):  # interleaved: every configuration once per round
         m, toks = run(a.loom, a.target, a, a.n, a.threads, a.backend, [])
         alone["tok_s"].append(m["decode_tok_s"])
+        alone["t1"].append(m["forward_ms"] / a.n)  # the prompt's forward and n - 1 one-token ones
+        alone["other"].append(1 - m["forward_ms"] / m["total_ms"])
         ref_tokens = ref_tokens or toks
-        for path in own:
-            m, _ = run(a.loom, path, a, a.n, a.threads, a.backend, [])
-            own[path].append(m["decode_tok_s"])
+        t1 = statistics.median(alone["t1"])
         for name, path in drafters:
             extra = ["--decoder", "speculative", "--set", f"decoder.k={a.k}"]
             extra += ["--set", f'decoder.draft="{path}"'] if path else ["--set", 'decoder.drafter="ngram"']
@@ -75,32 +83,42 @@ def main():
             s["tok_s"].append(m["decode_tok_s"])
             s["alpha"].append(m["acceptance_rate"])
             s["len"].append(m["mean_accepted_len"])
-            s["tf"].append(m["target_forwards"])
+            draft_ms = m.get("draft_forward_ms", 0.0)
+            s["c"].append(draft_ms / max(m["draft_forwards"], 1) / t1 if path else 0.0)
+            s["v"].append(m["forward_ms"] / m["target_forwards"] / t1)
+            s["other"].append(1 - (m["forward_ms"] + draft_ms) / m["total_ms"])
+            # Accounting: tokens per target forward over the forwards' cost per target forward.
+            tf = m["target_forwards"]
+            s["acct"].append(m["tokens_per_target_forward"] / (m["draft_forwards"] / tf * s["c"][-1] + s["v"][-1]))
 
     base = statistics.median(alone["tok_s"])
     rows = []
-    for name, path in drafters:
+    k = a.k
+    for name, _ in drafters:
         s = spec[name]
-        alpha = statistics.median(s["alpha"])
-        c = base / statistics.median(own[path]) if path else 0.0
-        k = a.k
-        pred = (k + 1) / (k * c + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
-        meas = statistics.median(s["tok_s"]) / base
+        alpha, c, v = (statistics.median(s[x]) for x in ("alpha", "c", "v"))
+        gain = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
         rows.append({"drafter": name, "alpha": alpha, "mean_accepted_len": statistics.median(s["len"]),
-                     "c": c, "predicted": pred, "measured": meas, "tok_s": med(s["tok_s"]),
-                     "target_forwards": statistics.median(s["tf"])})
+                     "c": c, "v": v, "predicted": gain / (k * c + 1), "predicted_v": gain / (k * c + v),
+                     "accounting": statistics.median(s["acct"]),
+                     "measured": statistics.median(s["tok_s"]) / base, "tok_s": med(s["tok_s"]),
+                     "other_share": statistics.median(s["other"])})
     if a.json:
-        print(json.dumps({"target": a.target, "alone_tok_s": med(alone["tok_s"]), "k": a.k, "rows": rows}, indent=1))
+        print(json.dumps({"target": a.target, "alone_tok_s": med(alone["tok_s"]), "k": a.k,
+                          "alone_other_share": statistics.median(alone["other"]), "rows": rows}, indent=1))
         return
     lo, hi = min(alone["tok_s"]), max(alone["tok_s"])
-    print(f"target {a.target}: {base:.1f} tok/s alone ({lo:.1f}–{hi:.1f}), k = {a.k}, {a.runs} runs, "
-          f"{a.threads} threads, backend {a.backend}\n")
-    print("| drafter | tok/s speculative | α | mean accepted / round | c | predicted × | measured × |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"target {a.target}: {base:.1f} tok/s alone ({lo:.1f}–{hi:.1f}; "
+          f"{100 * statistics.median(alone['other']):.1f}% of the time outside forwards), k = {a.k}, "
+          f"{a.runs} runs, {a.threads} threads, backend {a.backend}\n")
+    print("| drafter | tok/s speculative | α | accepted / round | c | v | predicted × (v = 1) | "
+          "predicted × (c, v as measured) | forwards' accounting × | measured × | time outside forwards |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["tok_s"]
         print(f"| {r['drafter']} | {t[0]:.1f} ({t[1]:.1f}–{t[2]:.1f}) | {r['alpha']:.3f} | "
-              f"{r['mean_accepted_len']:.2f} | {r['c']:.3f} | {r['predicted']:.2f} | {r['measured']:.2f} |")
+              f"{r['mean_accepted_len']:.2f} | {r['c']:.3f} | {r['v']:.2f} | {r['predicted']:.2f} | "
+              f"{r['predicted_v']:.2f} | {r['accounting']:.2f} | {r['measured']:.2f} | {100 * r['other_share']:.1f}% |")
 
 
 if __name__ == "__main__":

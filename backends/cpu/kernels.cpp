@@ -731,6 +731,58 @@ LOOM_AVX2 void rows4_half_avx2(const uint8_t* w, size_t rb, const float* x, int6
   }
 }
 
+// Four rows against two tokens (x: token 0, then token 1 at x + K): out[r], out[4 + r]. Eight
+// independent accumulators and each weight vector loaded (and converted) once for both tokens, so
+// a small batch (speculative verification, beams) costs about what one token does.
+template <DType type> LOOM_AVX2 inline __m256 wload8(const uint8_t* row, int64_t k) {
+  if constexpr (type == DType::f32)
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  else
+    return half8<type>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+}
+template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
+  if constexpr (type == DType::f32) {
+    float f;
+    std::memcpy(&f, row + 4 * k, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    return type == DType::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+  }
+}
+template <DType type> // f32, f16 or bf16
+LOOM_AVX2 void rows4x2_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+  const uint8_t* a[4];
+  for (int r = 0; r < 4; ++r)
+    a[r] = w + static_cast<size_t>(r) * rb;
+  __m256 s[4][2];
+  for (auto& v : s)
+    v[0] = v[1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + K + k);
+    for (int r = 0; r < 4; ++r) {
+      if ((k & 15) == 0) // the next four rows, one cache line per row per 64 bytes of weights
+        _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb) +
+                         k * static_cast<int64_t>(sizeof(float)) / (type == DType::f32 ? 1 : 2),
+                     _MM_HINT_T0);
+      const __m256 wv = wload8<type>(a[r], k);
+      s[r][0] = _mm256_fmadd_ps(wv, x0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(wv, x1, s[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    out[r] = hsum(s[r][0]);
+    out[4 + r] = hsum(s[r][1]);
+    for (int64_t kk = k; kk < K; ++kk) {
+      const float wf = wscalar<type>(a[r], kk);
+      out[r] += wf * x[kk];
+      out[4 + r] += wf * x[K + kk];
+    }
+  }
+}
+
 template <DType type>
 LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -1159,6 +1211,44 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
   };
+  const bool plain = type == DType::f32 || type == DType::f16 || type == DType::bf16;
+  if (avx2 && plain && T >= 2) { // a small batch: four rows against two tokens per weight load
+    const int64_t n_blk = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+    for (int64_t jb = 0; jb < n_blk; ++jb) {
+      const int64_t j = jb * 4;
+      const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+      if (j + 4 > N) {
+        for (int64_t r = j; r < N; ++r)
+          for (int64_t t = 0; t < T; ++t)
+            y[t * N + r] = one(w + static_cast<size_t>(r) * row_bytes, t);
+        continue;
+      }
+      int64_t t = 0;
+      for (; t + 2 <= T; t += 2) {
+        float out[8];
+        if (type == DType::f32)
+          rows4x2_avx2<DType::f32>(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::f16)
+          rows4x2_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
+        else
+          rows4x2_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
+        std::memcpy(y + t * N + j, out, 4 * sizeof(float));
+        std::memcpy(y + (t + 1) * N + j, out + 4, 4 * sizeof(float));
+      }
+      if (t < T) {
+        float out[4];
+        if (type == DType::f32)
+          rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
+        else if (type == DType::f16)
+          rows4_half_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
+        else
+          rows4_half_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
+        std::memcpy(y + t * N + j, out, sizeof out);
+      }
+    }
+    return;
+  }
   if (avx2 && T < 4) { // decode: four rows at a time, one token at a time
     const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)

@@ -60,14 +60,16 @@ int cmd_quantize(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("input", 1);
   po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "usage: loom quantize IN.gguf --type T -o OUT.gguf\n"
-                  "Writes a copy of a model with its 2-D weight matrices in another type (norms stay f32, as\n"
-                  "llama-quantize does); every metadata key is copied. Use it for a draft model of a speculative\n"
-                  "decoder (its vocabulary is the original's) or to compare types on the same weights.",
-                  &pos))
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom quantize IN.gguf --type T -o OUT.gguf\n"
+          "Writes a copy of a model with its 2-D weight matrices in another type (norms stay f32, as\n"
+          "llama-quantize does); every metadata key is copied. Use it for a draft model of a speculative\n"
+          "decoder (its vocabulary is the original's) or to compare types on the same weights.",
+          &pos))
     return k_exit_ok;
-  if (!vm.count("input")) throw UsageError("give the input model: loom quantize IN.gguf --type T -o OUT.gguf");
+  if (!vm.count("input"))
+    throw UsageError("give the input model: loom quantize IN.gguf --type T -o OUT.gguf");
   if (!vm.count("type")) throw UsageError("give --type (f32, f16, bf16, q8_0, q4_0)");
   if (!vm.count("output")) throw UsageError("give the output file with -o OUT.gguf");
   QuantizeOptions o;

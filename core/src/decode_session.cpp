@@ -146,7 +146,8 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   if (!ctx_.draft_kv)
     fail(Errc::not_found, "decoder",
          "the pipeline has no draft model; name one with [decoder] draft = \"x.gguf\"");
-  if (p.model != 0) fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
+  if (p.model != 0)
+    fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
   const SeqId kv = ctx_.next_kv_seq;
   if (!ctx_.draft_kv->allocate(kv, 0)) return -1; // no free draft KV sequence: recoverable
   ++ctx_.next_kv_seq;
@@ -374,10 +375,12 @@ size_t DecodeSession::set_draft(LocalSeq seq, std::span<const TokenId> tokens) {
     fail(Errc::invalid_argument, "decoder", "cannot draft after finished sequence " + std::to_string(seq));
   for (TokenId t : tokens)
     if (t < 0 || t >= n_vocab())
-      fail(Errc::invalid_argument, "decoder", "draft token " + std::to_string(t) + " is outside the vocabulary");
+      fail(Errc::invalid_argument, "decoder",
+           "draft token " + std::to_string(t) + " is outside the vocabulary");
   drop_draft(s);
   // Positions the context has left (the committed tokens' last one is evaluated at tokens.size() - 1).
-  const size_t room = static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(s.tokens.size())));
+  const size_t room =
+      static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(s.tokens.size())));
   const size_t n = std::min(tokens.size(), room);
   s.draft.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
   ++events_;
@@ -407,7 +410,8 @@ void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
     fail(Errc::invalid_argument, "decoder",
          "sequence " + std::to_string(seq) + " has no logits: plan it first");
   const auto V = static_cast<size_t>(n_vocab());
-  if (out.size() < V) fail(Errc::invalid_argument, "decoder", "probs: the output holds fewer than n_vocab values");
+  if (out.size() < V)
+    fail(Errc::invalid_argument, "decoder", "probs: the output holds fewer than n_vocab values");
   SamplerContext sc{
       prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
       &rng_};
@@ -526,6 +530,7 @@ std::vector<DecodeSession::Work> DecodeSession::take_work() {
     q.rows.resize(rows_wanted * V);
     q.n_rows = rows_wanted;
     q.n_cached = n_all;
+    evaluated_[q.model == 0 ? 0 : 1] += static_cast<size_t>(n_new);
     out.push_back(std::move(w));
     ++events_;
   }

@@ -32,6 +32,8 @@ struct Engine::Request {
   int32_t max_new_tokens = -1;
   Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
+  double forward_ms[2] = {0, 0}; // wall time of the forwards (target, draft) this request took part in
+  size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran
   uint64_t last_progress = 0;
   int stalled = 0;
 
@@ -43,8 +45,9 @@ struct Engine::Request {
 
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
-    : model_(model), backend_(backend), draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}},
-      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
+    : model_(model), backend_(backend),
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}}, tmpl_(std::move(tmpl)),
+      scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
   if (draft_) {
     if (draft_->model.config().n_vocab != ctx_.n_vocab)
@@ -131,6 +134,12 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.n_prompt = static_cast<int32_t>(s.n_prompt());
   m.n_generated = static_cast<int32_t>(res.tokens.size());
   m.total_ms = ms_between(r.t_submit, t_end);
+  m.forward_ms = r.forward_ms[0];
+  m.tokens_evaluated = s.evaluated(0);
+  m.draft_tokens_evaluated = s.evaluated(1);
+  m.kv_reserved_peak_bytes = r.kv_reserved_peak;
+  m.kv_used_peak_bytes = r.kv_used_peak;
+  m.draft_forward_ms = r.forward_ms[1];
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
   const double prefill_s = std::chrono::duration<double>(r.t_prefill1 - r.t_prefill0).count();
   m.prefill_tok_s = prefill_s > 0 ? m.n_prompt / prefill_s : 0;
@@ -235,10 +244,14 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     } catch (const std::exception& e) { // a backend failure fails the requests of this batch
       ok = false;
       for (const auto& o : batch.outs)
-        owners[o.session]->failed(std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
-                                  e.what());
+        owners[o.session]->failed(
+            std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
+            e.what());
     }
     const auto t1 = Clock::now();
+    for (size_t i = 0; i < batch.outs.size(); ++i) // each request in the batch once
+      if (i == 0 || batch.outs[i].session != batch.outs[i - 1].session)
+        owners[batch.outs[i].session]->forward_ms[m] += ms_between(t0, t1);
     for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
       const auto& o = batch.outs[i];
       sessions[o.session]->set_logits(
@@ -253,6 +266,10 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
   }
 
+  // The KV store's written positions at their fullest (after the forward) while each request runs.
+  for (auto& r : running_)
+    r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv.bytes_used());
+
   // 4. Updates.
   for (auto& r : running_) {
     DecodeSession& s = *r->session;
@@ -263,6 +280,11 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       if (r->t_first == Clock::time_point{} && s.any_generated()) r->t_first = Clock::now();
     });
   }
+
+  // The slabs held at their most during this step (forks inside update() included).
+  for (auto& r : running_)
+    r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv.bytes_allocated_peak());
+  ctx_.kv.reset_peak();
 
   // 5. Collect the finished requests; fail the ones whose decoder makes no progress.
   for (size_t i = 0; i < running_.size();) {

@@ -34,6 +34,7 @@ public:
       s.data = new_slab(); // untouched pages cost nothing
       s.length = n_new;
       seqs_.emplace(seq, std::move(s));
+      peak_seqs_ = std::max(peak_seqs_, seqs_.size());
       return true;
     }
     if (it->second.length + n_new > shape_.n_ctx) return false;
@@ -54,6 +55,7 @@ public:
     for (size_t b = 0; b < 2 * static_cast<size_t>(shape_.n_layer); ++b)
       std::memcpy(copy.data.get() + b * stride, it->second.data.get() + b * stride, used * sizeof(float));
     seqs_.emplace(child, std::move(copy));
+    peak_seqs_ = std::max(peak_seqs_, seqs_.size());
     return true;
   }
   void truncate(SeqId seq, int32_t n) override {
@@ -73,11 +75,21 @@ public:
   float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
   size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_elems() * sizeof(float); }
+  size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_elems() * sizeof(float); }
+  void reset_peak() noexcept override { peak_seqs_ = seqs_.size(); }
+  size_t bytes_used() const noexcept override {
+    size_t n = 0;
+    for (const auto& [id, slab] : seqs_)
+      n += static_cast<size_t>(slab.length);
+    return n * 2 * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.row_elems()) *
+           sizeof(float);
+  }
   size_t bytes_capacity() const noexcept override {
     return static_cast<size_t>(shape_.n_seq_max) * slab_elems() * sizeof(float);
   }
 
 private:
+  size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
   struct Slab {
     std::unique_ptr<float[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
     int32_t length = 0;

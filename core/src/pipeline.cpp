@@ -193,13 +193,14 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                  " in the draft but " + user_value(p->tok_->piece(i), 40) +
                  " in the target; a draft must share the target's tokenizer");
     const std::string be = cfg.decoder.draft_backend.empty() ? cfg.backend.name : cfg.decoder.draft_backend;
-    p->draft_backend_ = make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
-                                     be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
+    p->draft_backend_ =
+        make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
+                     be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
     p->draft_kv_ = make_contiguous_kv_cache(p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_));
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
-  p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_, std::move(tmpl),
-                                        draft);
+  p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,
+                                        std::move(tmpl), draft);
   for (int64_t id : cfg.stop.token_ids)
     if (id >= mc.n_vocab)
       fail(Errc::invalid_argument, "pipeline",

@@ -789,7 +789,8 @@ bool SamplerChain::distribution(Candidates& c, SamplerContext& ctx) {
 
 void sampling_distribution(Sampler& sampler, std::span<const float> logits, SamplerContext& ctx,
                            std::span<float> out) {
-  if (logits.empty() || out.size() < logits.size()) fail_arg("distribution: empty vocabulary or short output");
+  if (logits.empty() || out.size() < logits.size())
+    fail_arg("distribution: empty vocabulary or short output");
   Candidates c = Candidates::from_logits(logits);
   const bool final = sampler.distribution(c, ctx);
   std::fill(out.begin(), out.end(), 0.0f);

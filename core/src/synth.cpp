@@ -190,7 +190,8 @@ void quantize_model(const QuantizeOptions& o) {
   for (const auto& t : in.tensors()) {
     if (!dtype_traits(t.type).can_dequantize)
       fail(Errc::unsupported, "quantize",
-           o.in + ": tensor " + t.name + " has type " + std::string(dtype_name(t.type)) + ", which loom cannot read");
+           o.in + ": tensor " + t.name + " has type " + std::string(dtype_name(t.type)) +
+               ", which loom cannot read");
     const bool matrix = t.ne.size() == 2 && t.ne[0] % dtype_traits(o.type).block_size == 0;
     specs.push_back({t.name, matrix ? o.type : t.type, t.ne});
     total += static_cast<uint64_t>(t.n_elements);

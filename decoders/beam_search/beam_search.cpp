@@ -176,7 +176,8 @@ private:
       if (sample_) {
         s.probs(g.beams[i].seq, probs);
         for (size_t t = 0; t < V; ++t)
-          lp[t] = probs[t] > 0 ? std::log(static_cast<double>(probs[t])) : -std::numeric_limits<double>::infinity();
+          lp[t] = probs[t] > 0 ? std::log(static_cast<double>(probs[t]))
+                               : -std::numeric_limits<double>::infinity();
       } else {
         const auto logits = s.logits(g.beams[i].seq);
         double mx = -std::numeric_limits<double>::infinity();

@@ -68,8 +68,8 @@ public:
     const auto bounded = [&](const char* key, int64_t def, int64_t lo, int64_t hi) {
       const int64_t v = cfg.get_i64(key, def);
       if (v < lo || v > hi)
-        throw Error("speculative: " + std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "], got " + std::to_string(v));
+        throw Error("speculative: " + std::string(key) + " must be an integer in [" + std::to_string(lo) +
+                    ", " + std::to_string(hi) + "], got " + std::to_string(v));
       return static_cast<size_t>(v);
     };
     k_ = bounded("k", 4, 1, 64);
@@ -97,8 +97,9 @@ public:
     if (drafter_ == Drafter::auto_) drafter_ = s.has_draft_model() ? Drafter::model : Drafter::ngram;
     if (drafter_ == Drafter::model) {
       if (!s.has_draft_model())
-        throw Error("speculative: drafter = \"model\" needs a draft model: add draft = \"x.gguf\" to [decoder] "
-                    "(or use drafter = \"ngram\")");
+        throw Error(
+            "speculative: drafter = \"model\" needs a draft model: add draft = \"x.gguf\" to [decoder] "
+            "(or use drafter = \"ngram\")");
       draft_seq_ = s.fork_draft(0);
       if (draft_seq_ < 0) { // the draft model's KV cache is full: decode without drafts
         loom::sdk::log(LOOM_LOG_WARN, "speculative: no free sequence in the draft model's KV cache; this "
@@ -144,9 +145,9 @@ public:
                  rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
     s.set_metric("target_forwards", static_cast<double>(target_forwards_));
     s.set_metric("draft_forwards", static_cast<double>(draft_forwards_));
-    s.set_metric("tokens_per_target_forward",
-                 target_forwards_ ? static_cast<double>(s.n_generated(0)) / static_cast<double>(target_forwards_)
-                                  : 0.0);
+    s.set_metric("tokens_per_target_forward", target_forwards_ ? static_cast<double>(s.n_generated(0)) /
+                                                                     static_cast<double>(target_forwards_)
+                                                               : 0.0);
     s.set_metric("k", static_cast<double>(k_cur_));
     s.add_result(0, s.score(0));
   }
@@ -224,7 +225,8 @@ private:
     draft_tokens_ += m;
     accepted_ += a;
     ++rounds_;
-    if (adaptive_) k_cur_ = a == m ? std::min(k_cur_ + 1, k_max_) : std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
+    if (adaptive_)
+      k_cur_ = a == m ? std::min(k_cur_ + 1, k_max_) : std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
   }
 
   void next_round(Session& s) {
@@ -259,7 +261,8 @@ private:
       for (size_t j = len - n; j-- > 0;) { // start of an earlier occurrence, latest first
         if (!std::equal(suffix.begin(), suffix.end(), t.begin() + static_cast<std::ptrdiff_t>(j))) continue;
         const size_t from = j + n, to = std::min(len, from + k_cur_);
-        drafts_.assign(t.begin() + static_cast<std::ptrdiff_t>(from), t.begin() + static_cast<std::ptrdiff_t>(to));
+        drafts_.assign(t.begin() + static_cast<std::ptrdiff_t>(from),
+                       t.begin() + static_cast<std::ptrdiff_t>(to));
         return;
       }
     }

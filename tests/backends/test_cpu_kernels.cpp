@@ -74,6 +74,10 @@ TEST_P(CpuKernels, EveryTypeMatchesTheReference) {
     check(isa, c, 1056, 19, 17, seed++); // prefill-shaped, K not a multiple of 64
     if (c.type == DType::f32 || c.type == DType::f16 || c.type == DType::bf16)
       check(isa, c, 200, 9, 1, seed++); // decode, K not a multiple of 16: the kernels' scalar tails
+    for (int64_t T : {2, 3, 5, 15}) {   // small batches (speculative verification, beams)
+      const bool plain = c.type == DType::f32 || c.type == DType::f16 || c.type == DType::bf16;
+      check(isa, c, plain ? 204 : 224, 10, T, seed++); // 204: the two-token kernel's scalar tail
+    }
   }
 }
 

@@ -36,8 +36,9 @@ TEST(Configs, EveryConfigLoadsAndRuns) {
     if (!cfg.decoder.draft.empty()) { // a draft model, found the same way
       const std::filesystem::path d = std::filesystem::path(LOOM_SOURCE_DIR) / cfg.decoder.draft;
       cfg.decoder.draft =
-          std::filesystem::exists(d) ? d.string()
-                                     : (test::models_dir() / std::filesystem::path(cfg.decoder.draft).filename()).string();
+          std::filesystem::exists(d)
+              ? d.string()
+              : (test::models_dir() / std::filesystem::path(cfg.decoder.draft).filename()).string();
     }
     auto p = Pipeline::create(cfg);
     GenerationRequest req;

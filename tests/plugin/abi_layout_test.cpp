@@ -236,7 +236,8 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_host_api), 328u); // 1.2 appended config_type … session_verify; 1.3 seq_set_draft … session_uniform
+  EXPECT_EQ(sizeof(loom_host_api),
+            328u); // 1.2 appended config_type … session_verify; 1.3 seq_set_draft … session_uniform
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 namespace {
@@ -304,8 +304,8 @@ TEST(BeamSearch, EarlyStoppingFollowsHuggingFace) {
 // turns each step; a group's log-probs are lowered by `penalty` per earlier group's new beam with
 // that token (HammingDiversityLogitsProcessor), per-group hypotheses and is_done; all hypotheses are
 // ranked together at the end (early_stopping false).
-std::vector<RefHyp> hf_group_beam_search(const std::vector<int32_t>& prompt, size_t W, size_t G, double penalty,
-                                         double alpha, size_t max_new) {
+std::vector<RefHyp> hf_group_beam_search(const std::vector<int32_t>& prompt, size_t W, size_t G,
+                                         double penalty, double alpha, size_t max_new) {
   struct Beam {
     std::vector<int32_t> gen;
     double sum;
@@ -319,7 +319,8 @@ std::vector<RefHyp> hf_group_beam_search(const std::vector<int32_t>& prompt, siz
   std::vector<Group> groups(G);
   auto add = [&](Group& g, const std::vector<int32_t>& gen, double sum) {
     g.hyps.push_back({sum / std::pow(static_cast<double>(gen.size()), alpha), gen});
-    std::stable_sort(g.hyps.begin(), g.hyps.end(), [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
+    std::stable_sort(g.hyps.begin(), g.hyps.end(),
+                     [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
     if (g.hyps.size() > GW) g.hyps.pop_back();
   };
   for (size_t cur_len = 0; cur_len < max_new; ++cur_len) {
@@ -374,7 +375,8 @@ std::vector<RefHyp> hf_group_beam_search(const std::vector<int32_t>& prompt, siz
   std::vector<RefHyp> all;
   for (const Group& g : groups)
     all.insert(all.end(), g.hyps.begin(), g.hyps.end());
-  std::stable_sort(all.begin(), all.end(), [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
+  std::stable_sort(all.begin(), all.end(),
+                   [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
   return all;
 }
 
@@ -386,14 +388,17 @@ TEST(BeamSearch, DiverseGroupsFollowHuggingFace) {
     for (size_t groups : {2, 4}) {
       SCOPED_TRACE("penalty " + std::to_string(penalty) + " groups " + std::to_string(groups));
       const auto r = test::run_loom(
-          "run -m " + model.string() + " -p hi -n 5 --json --set backend.name=fixture_scripted --plugin-path " +
-              LOOM_FIXTURE_DIR + " --plugin-path " LOOM_BUILD_BIN_DIR +
-              " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4 --set decoder.groups=" +
+          "run -m " + model.string() +
+              " -p hi -n 5 --json --set backend.name=fixture_scripted --plugin-path " + LOOM_FIXTURE_DIR +
+              " --plugin-path " LOOM_BUILD_BIN_DIR +
+              " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4 --set "
+              "decoder.groups=" +
               std::to_string(groups) + " --set decoder.diversity_penalty=" + std::to_string(penalty),
           false, 60);
       ASSERT_EQ(r.code, 0) << r.err;
       const auto j = nlohmann::json::parse(r.out);
-      auto want = hf_group_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), 4, groups, penalty, 1.0, 5);
+      auto want =
+          hf_group_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), 4, groups, penalty, 1.0, 5);
       if (want.size() > 4) want.resize(4);
       ASSERT_EQ(j["hypotheses"].size(), want.size()) << r.out;
       std::string got;
@@ -411,9 +416,10 @@ TEST(BeamSearch, DiversityPenaltySpreadsTheGroupsOnStories260K) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   auto first_tokens = [&](double penalty) {
-    const auto r = loom_run("-m " + model.string() + " -p 'Once upon a time' -n 8 --ignore-eos --json" +
-                            " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4" +
-                            " --set decoder.groups=4 --set decoder.diversity_penalty=" + std::to_string(penalty));
+    const auto r =
+        loom_run("-m " + model.string() + " -p 'Once upon a time' -n 8 --ignore-eos --json" +
+                 " --decoder beam_search --set decoder.beam_width=4 --set decoder.num_return=4" +
+                 " --set decoder.groups=4 --set decoder.diversity_penalty=" + std::to_string(penalty));
     EXPECT_EQ(r.code, 0) << r.err;
     std::set<int32_t> firsts;
     const auto j = nlohmann::json::parse(r.out);
@@ -439,10 +445,12 @@ TEST(BeamSearch, SampleModeDrawsThroughTheSamplerChain) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["hypotheses"], nlohmann::json::parse(b.out)["hypotheses"]);
   std::set<std::string> texts;
   for (int seed = 1; seed <= 4; ++seed)
-    texts.insert(nlohmann::json::parse(loom_run(base + " --seed " + std::to_string(seed) + flat).out)["text"]);
+    texts.insert(
+        nlohmann::json::parse(loom_run(base + " --seed " + std::to_string(seed) + flat).out)["text"]);
   EXPECT_GE(texts.size(), 3u) << "beam-sample draws: seeds must matter";
   // Through the chain: with top_k 1 every beam has a single candidate, so the search is greedy.
-  const auto g = loom_run("-m " + model.string() + " -p 'Once upon a time' -n 12 --ignore-eos --json --temp 0");
+  const auto g =
+      loom_run("-m " + model.string() + " -p 'Once upon a time' -n 12 --ignore-eos --json --temp 0");
   const auto k1 = loom_run(base + " --seed 3 --top-k 1");
   ASSERT_EQ(k1.code, 0) << k1.err;
   EXPECT_EQ(nlohmann::json::parse(k1.out)["tokens"], nlohmann::json::parse(g.out)["tokens"]);
@@ -451,10 +459,12 @@ TEST(BeamSearch, SampleModeDrawsThroughTheSamplerChain) {
 TEST(BeamSearch, BadGroupKeysAreOneLineErrors) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  const std::string base = "-m " + model.string() + " -p hi -n 4 --decoder beam_search --set decoder.beam_width=4";
+  const std::string base =
+      "-m " + model.string() + " -p hi -n 4 --decoder beam_search --set decoder.beam_width=4";
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {" --set decoder.groups=3", "groups must divide beam_width = 4"},
-           {" --set decoder.diversity_penalty=-1 --set decoder.groups=2", "diversity_penalty must be a finite number ≥ 0"},
+           {" --set decoder.diversity_penalty=-1 --set decoder.groups=2",
+            "diversity_penalty must be a finite number ≥ 0"},
            {" --set decoder.diversity_penalty=1", "set groups ≥ 2"}}) {
     const auto r = loom_run(base + args);
     EXPECT_EQ(r.code, 1) << args;

@@ -178,4 +178,29 @@ TEST(SelfConsistency, BadKeysAreOneLineErrors) {
   }
 }
 
+// The prompt is evaluated once for all samples (they are forks of it), and each sample's KV holds
+// the prompt's positions plus its own tokens. With the contiguous store a fork copies the prompt's
+// positions, so written KV is N × (prompt + generated) positions; the paged store (issue 12) shares
+// them. Both counts are exact.
+TEST(SelfConsistency, ThePromptIsEvaluatedOnceAndForkedToEverySample) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const size_t n = 10;
+  for (size_t samples : {1, 4, 8}) {
+    SCOPED_TRACE(samples);
+    const auto r =
+        loom_run("-m " + model.string() + " -p 'Once upon a time' -n " + std::to_string(n) +
+                 " --ignore-eos --seed 3 --json --decoder self_consistency --set decoder.samples=" +
+                 std::to_string(samples));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const auto& m = j["metrics"];
+    const size_t n_prompt = j["prompt_tokens"].size();
+    // Every sample generated n tokens: the prompt once, then each sample's tokens but its last.
+    EXPECT_EQ(m["tokens_evaluated"].get<size_t>(), n_prompt + samples * (n - 1));
+    const size_t bytes_per_position = 2 * 5 * 32 * 4; // stories260K: 5 layers, n_head_kv·head_dim = 32, f32
+    EXPECT_EQ(m["kv_used_peak_bytes"].get<size_t>(), samples * (n_prompt + n - 1) * bytes_per_position);
+  }
+}
+
 } // namespace

@@ -39,7 +39,8 @@ nlohmann::json run_json(const std::string& args) {
 }
 
 // Greedy speculative output vs the target alone, for each drafter.
-void expect_greedy_identity(const fs::path& model, const std::vector<std::pair<std::string, std::string>>& drafters,
+void expect_greedy_identity(const fs::path& model,
+                            const std::vector<std::pair<std::string, std::string>>& drafters,
                             const std::string& backend, int n) {
   const std::string base = "-m " + model.string() + " -p 'Once upon a time' -n " + std::to_string(n) +
                            " --ignore-eos --temp 0 --set backend.name='\"" + backend + "\"'";
@@ -53,14 +54,19 @@ void expect_greedy_identity(const fs::path& model, const std::vector<std::pair<s
     EXPECT_EQ(spec["tokens"], alone["tokens"]);
     EXPECT_EQ(spec["text"], alone["text"]);
     const auto& m = spec["metrics"];
-    for (const char* k : {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_len",
-                          "target_forwards"})
+    for (const char* k :
+         {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_len", "target_forwards"})
       EXPECT_TRUE(m.contains(k)) << k;
     EXPECT_GT(m["draft_tokens"].get<double>(), 0);
     EXPECT_LE(m["target_forwards"].get<double>(), n + 1.0);
     if (label == "self") {
       EXPECT_EQ(m["acceptance_rate"].get<double>(), 1.0) << "a draft equal to the target is always accepted";
       EXPECT_LT(m["target_forwards"].get<double>(), n / 2.0);
+      // No re-prefill: each model evaluates the prompt once and each token about once (the last
+      // round's unused draft at most).
+      const size_t n_prompt = spec["prompt_tokens"].size();
+      EXPECT_LE(m["tokens_evaluated"].get<size_t>(), n_prompt + static_cast<size_t>(n) + 4);
+      EXPECT_LE(m["draft_tokens_evaluated"].get<size_t>(), n_prompt + static_cast<size_t>(n) + 4);
     }
   }
 }
@@ -77,7 +83,8 @@ std::string quantize(const fs::path& in, const std::string& type, const std::str
 TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  const std::string q8 = quantize(model, "q8_0", "s260-q8_0.gguf"), q4 = quantize(model, "q4_0", "s260-q4_0.gguf");
+  const std::string q8 = quantize(model, "q8_0", "s260-q8_0.gguf"),
+                    q4 = quantize(model, "q4_0", "s260-q4_0.gguf");
   const std::vector<std::pair<std::string, std::string>> drafters = {
       {"self", "--set decoder.draft='\"" + model.string() + "\"'"},
       {"q8_0", "--set decoder.draft='\"" + q8 + "\"'"},
@@ -125,7 +132,9 @@ std::map<int32_t, double> chain_probs(const std::vector<int32_t>& history, const
   std::vector<std::pair<float, int32_t>> l;
   for (int32_t t : scripted::k_tokens)
     l.emplace_back(scripted::logit(history, t), t);
-  std::sort(l.begin(), l.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::sort(l.begin(), l.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
   if (c.top_k > 0) l.resize(static_cast<size_t>(c.top_k));
   double z = 0;
   for (const auto& [x, t] : l)
@@ -146,8 +155,9 @@ Counts sample_many(const fs::path& model, const Chain& chain, const std::string&
   const std::string toml = "[model]\npath = \"" + model.string() +
                            "\"\nn_ctx = 32\n[backend]\nname = \"fixture_scripted\"\n"
                            "[kv_cache]\nmax_tokens = 2048\n[stop]\neos = false\nmax_tokens = " +
-                           std::to_string(len) + "\n[plugins]\npaths = [\"" LOOM_FIXTURE_DIR "\", \"" LOOM_BUILD_BIN_DIR
-                           "\"]\n" + decoder + chain.toml;
+                           std::to_string(len) +
+                           "\n[plugins]\npaths = [\"" LOOM_FIXTURE_DIR "\", \"" LOOM_BUILD_BIN_DIR "\"]\n" +
+                           decoder + chain.toml;
   auto p = Pipeline::create(parse_pipeline(toml, "chi2.toml"));
   std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
@@ -230,9 +240,8 @@ TEST(Speculative, SamplingPreservesTheChainsDistribution) {
   };
   const std::vector<std::pair<std::string, std::string>> decoders = {
       {"plain sampling", "[decoder]\nname = \"sample\"\n"},
-      {"draft model (q != p)",
-       "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
-           "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\n"},
+      {"draft model (q != p)", "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
+                                   "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\n"},
       {"n-gram drafter", "[decoder]\nname = \"speculative\"\ndrafter = \"ngram\"\nk = 2\n"},
   };
   for (const auto& chain : chains)
@@ -242,7 +251,8 @@ TEST(Speculative, SamplingPreservesTheChainsDistribution) {
       const Counts c = sample_many(model, chain, dec, n, len, &prompt);
       int dof = 0;
       const double chi = chi_square(c, chain, prompt, n, len, &dof);
-      EXPECT_LT(chi, chi_square_critical(dof)) << "chi-square " << chi << " with " << dof << " degrees of freedom";
+      EXPECT_LT(chi, chi_square_critical(dof))
+          << "chi-square " << chi << " with " << dof << " degrees of freedom";
       if (label.rfind("draft", 0) == 0) { // q differs from p: some drafts are rejected, many accepted
         EXPECT_GT(c.acceptance, 0.2);
         EXPECT_LT(c.acceptance, 0.999);
@@ -285,7 +295,8 @@ TEST(Speculative, BadKeysAndDraftFilesAreOneLineErrors) {
       {" --set decoder.drafter='\"model\"'", "needs a draft model"},
   };
   if (fs::exists(other_vocab))
-    cases.push_back({" --set decoder.draft='\"" + other_vocab.string() + "\"'", "a draft must share the target's tokenizer"});
+    cases.push_back({" --set decoder.draft='\"" + other_vocab.string() + "\"'",
+                     "a draft must share the target's tokenizer"});
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
     const auto r = loom_cli(base + c.args);
@@ -310,13 +321,15 @@ TEST(Decoders, EachGivesInAParallelBatchWhatItGivesAlone) {
   const std::vector<std::pair<std::string, std::string>> decoders = {
       {"beam_search", "--decoder beam_search --set decoder.beam_width=3 --set decoder.num_return=2"},
       {"self_consistency", "--decoder self_consistency --set decoder.samples=3 --temp 0.9"},
-      {"speculative greedy", "--decoder speculative --set decoder.draft='\"" + model.string() + "\"' --temp 0"},
+      {"speculative greedy",
+       "--decoder speculative --set decoder.draft='\"" + model.string() + "\"' --temp 0"},
       {"speculative sampling", "--decoder speculative --set decoder.drafter='\"ngram\"' --temp 0.8"},
   };
   for (const auto& [label, args] : decoders) {
     SCOPED_TRACE(label);
     const std::string common = " -m " + model.string() + " -n 20 --seed 5 " + args;
-    const auto batch = loom_cli("run --prompts " + (d / "prompts.txt").string() + " --parallel 4 --json" + common);
+    const auto batch =
+        loom_cli("run --prompts " + (d / "prompts.txt").string() + " --parallel 4 --json" + common);
     ASSERT_EQ(batch.code, 0) << batch.err;
     std::istringstream lines(batch.out);
     std::string line;

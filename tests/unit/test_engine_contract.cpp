@@ -521,19 +521,24 @@ struct GreedyTrace {
 };
 GreedyTrace greedy_trace(const std::filesystem::path& model, size_t n, StopConfig stop = {}) {
   GreedyTrace tr;
-  Rig ref(model, 128, 2, [&] {
-    auto d = std::make_unique<LambdaDecoder>();
-    d->on_update = [&](DecodeSession& s) {
-      const float* l = s.logits(0);
-      if (!l) return;
-      tr.logits.emplace_back(l, l + s.n_vocab());
-      const TokenId t = s.sample(0);
-      tr.tokens.push_back(t);
-      s.append(0, t);
-    };
-    d->on_done = [n](const DecodeSession& s) { return s.n_generated(0) >= n || s.finished(0) != StopReason::none; };
-    return d;
-  }, {SamplerSpec{"greedy", {}}}, stop);
+  Rig ref(
+      model, 128, 2,
+      [&] {
+        auto d = std::make_unique<LambdaDecoder>();
+        d->on_update = [&](DecodeSession& s) {
+          const float* l = s.logits(0);
+          if (!l) return;
+          tr.logits.emplace_back(l, l + s.n_vocab());
+          const TokenId t = s.sample(0);
+          tr.tokens.push_back(t);
+          s.append(0, t);
+        };
+        d->on_done = [n](const DecodeSession& s) {
+          return s.n_generated(0) >= n || s.finished(0) != StopReason::none;
+        };
+        return d;
+      },
+      {SamplerSpec{"greedy", {}}}, stop);
   ref.engine->submit({ref.prompt("Once upon a time"), 1, 64, {}});
   (void)ref.run(200);
   return tr;
@@ -608,22 +613,25 @@ TEST(EngineContract, CommitRunsTheStopRulesAndDropsTheRest) {
   StopConfig stop;
   stop.stop_tokens = {ref.tokens[1]};
   bool checked = false;
-  Rig rig(model, 128, 2, [&] {
-    auto d = std::make_unique<LambdaDecoder>();
-    d->on_update = [&](DecodeSession& s) {
-      if (s.n_draft(0) == 0) {
-        s.set_draft(0, std::vector<TokenId>{ref.tokens[0], ref.tokens[1], ref.tokens[2]});
-        return;
-      }
-      EXPECT_EQ(s.commit(0, 3), StopReason::stop_token);
-      EXPECT_EQ(s.n_generated(0), 2u) << "the token after the stop is not committed";
-      EXPECT_EQ(s.n_draft(0), 0u);
-      EXPECT_EQ(s.finished(0), StopReason::stop_token);
-      checked = true;
-    };
-    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
-    return d;
-  }, {SamplerSpec{"greedy", {}}}, stop);
+  Rig rig(
+      model, 128, 2,
+      [&] {
+        auto d = std::make_unique<LambdaDecoder>();
+        d->on_update = [&](DecodeSession& s) {
+          if (s.n_draft(0) == 0) {
+            s.set_draft(0, std::vector<TokenId>{ref.tokens[0], ref.tokens[1], ref.tokens[2]});
+            return;
+          }
+          EXPECT_EQ(s.commit(0, 3), StopReason::stop_token);
+          EXPECT_EQ(s.n_generated(0), 2u) << "the token after the stop is not committed";
+          EXPECT_EQ(s.n_draft(0), 0u);
+          EXPECT_EQ(s.finished(0), StopReason::stop_token);
+          checked = true;
+        };
+        d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+        return d;
+      },
+      {SamplerSpec{"greedy", {}}}, stop);
   rig.engine->submit({rig.prompt("Once upon a time"), 1, 64, {}});
   auto out = rig.run(50);
   ASSERT_TRUE(checked);
@@ -637,8 +645,10 @@ TEST(EngineContract, DraftContextRoomIsReportedNotOverrun) {
     auto d = std::make_unique<LambdaDecoder>();
     d->on_update = [&](DecodeSession& s) {
       if (!s.logits(0)) return;
-      if (s.n_generated(0) == 8 && kept == 99) kept = s.set_draft(0, std::vector<TokenId>(10, 300));
-      else s.append(0, s.sample(0));
+      if (s.n_generated(0) == 8 && kept == 99)
+        kept = s.set_draft(0, std::vector<TokenId>(10, 300));
+      else
+        s.append(0, s.sample(0));
     };
     d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
     return d;
@@ -669,31 +679,34 @@ private:
 TEST(EngineContract, DraftSequencesOfAllRequestsShareOneDraftForwardPerStep) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   int draft_calls = 0, steps_with_draft_work = 0;
-  Rig rig(model, 128, 8, [&] {
-    auto d = std::make_unique<LambdaDecoder>();
-    auto draft = std::make_shared<LocalSeq>(-1);
-    d->on_plan = [draft](DecodeSession& s) {
-      if (*draft < 0) {
-        *draft = s.fork_draft(0);
-        EXPECT_EQ(s.model_of(*draft), 1);
-      }
-      if (s.finished(0) == StopReason::none) {
-        s.plan(0);
-        s.plan(*draft);
-      }
-    };
-    d->on_update = [draft](DecodeSession& s) {
-      if (!s.logits(0) || !s.logits(*draft)) return;
-      // The draft is the same file: the same logits on its own backend and KV.
-      for (int32_t i = 0; i < s.n_vocab(); ++i)
-        ASSERT_NEAR(s.logits(0)[i], s.logits(*draft)[i], 1e-4);
-      const TokenId t = s.sample(0);
-      s.append(0, t);
-      s.append(*draft, t);
-    };
-    d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
-    return d;
-  }, {SamplerSpec{"greedy", {}}}, {}, {}, nullptr, std::make_unique<CountingBackend>(&draft_calls));
+  Rig rig(
+      model, 128, 8,
+      [&] {
+        auto d = std::make_unique<LambdaDecoder>();
+        auto draft = std::make_shared<LocalSeq>(-1);
+        d->on_plan = [draft](DecodeSession& s) {
+          if (*draft < 0) {
+            *draft = s.fork_draft(0);
+            EXPECT_EQ(s.model_of(*draft), 1);
+          }
+          if (s.finished(0) == StopReason::none) {
+            s.plan(0);
+            s.plan(*draft);
+          }
+        };
+        d->on_update = [draft](DecodeSession& s) {
+          if (!s.logits(0) || !s.logits(*draft)) return;
+          // The draft is the same file: the same logits on its own backend and KV.
+          for (int32_t i = 0; i < s.n_vocab(); ++i)
+            ASSERT_NEAR(s.logits(0)[i], s.logits(*draft)[i], 1e-4);
+          const TokenId t = s.sample(0);
+          s.append(0, t);
+          s.append(*draft, t);
+        };
+        d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
+        return d;
+      },
+      {SamplerSpec{"greedy", {}}}, {}, {}, nullptr, std::make_unique<CountingBackend>(&draft_calls));
   rig.engine->set_max_running(4);
   for (const char* p : {"Once upon a time", "The dog", "Lily", "One day"})
     rig.engine->submit({rig.prompt(p), 1, 10, {}});

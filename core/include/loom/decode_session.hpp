@@ -15,6 +15,12 @@
 //             once the sequence has been planned again. Text already streamed is never taken back:
 //             a decoder streams (set_stream) only a sequence whose tokens it has committed.
 //   free      releases everything the sequence holds (KV, logits, state); its id no longer exists.
+//   draft     (ABI 1.3) uncommitted tokens after the committed ones: the next plan evaluates them in
+//             the same forward with a logits row after each; commit(n) takes the first n through the
+//             stop rules exactly as append would; append / truncate / set_draft drop the rest (tokens,
+//             KV positions, rows). Drafts are never streamed nor seen by stop rules or the chain.
+//   models    a sequence lives on the target (0) or on the pipeline's draft model (1, fork_draft);
+//             both kinds are planned alike and each model gets one batched forward per step.
 #pragma once
 
 #include "loom/kv_cache.hpp"
@@ -56,7 +62,7 @@ struct SessionContext {
   KVCacheStore& kv;
   int32_t n_ctx = 0;
   int32_t n_vocab = 0;
-  SeqId next_kv_seq = 0; // KV store ids, unique over the engine's life (both stores)
+  SeqId next_kv_seq = 0;            // KV store ids, unique over the engine's life (both stores)
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text)> verify;
@@ -89,7 +95,7 @@ public:
   bool has_draft_model() const noexcept { return ctx_.draft_kv != nullptr; }
   int model_of(LocalSeq seq) const; // 0 target, 1 draft
   void free(LocalSeq seq);
-  void truncate(LocalSeq seq, size_t n_tokens); // also drops the draft
+  void truncate(LocalSeq seq, size_t n_tokens);   // also drops the draft
   StopReason append(LocalSeq seq, TokenId token); // drops any draft first
   // Uncommitted tokens after the committed ones: evaluated by the next plan, which then yields a
   // logits row after the committed tokens and after each draft token (logits_at 0..n). Not streamed,
@@ -107,7 +113,7 @@ public:
   // A decoder metric (`run --json` → metrics): replaces an earlier value of the key.
   void set_metric(const std::string& key, double value);
   const std::vector<std::pair<std::string, double>>& metrics() const noexcept { return metrics_; }
-  double uniform(); // [0, 1) from the request's RNG
+  double uniform();                                       // [0, 1) from the request's RNG
   const std::vector<TokenId>& tokens(LocalSeq seq) const; // committed
   size_t n_generated(LocalSeq seq) const;
   StopReason finished(LocalSeq seq) const;
@@ -153,6 +159,8 @@ public:
   void end_all(StopReason reason);
   // A number that changes whenever the decoder does something (appends, evaluates, ends, forks).
   uint64_t progress() const noexcept;
+  // Token rows evaluated for this request so far, on the target (0) and on the draft model (1).
+  size_t evaluated(int model) const noexcept { return evaluated_[model == 0 ? 0 : 1]; }
   bool any_generated() const noexcept;
 
   struct Outcome {
@@ -194,9 +202,10 @@ private:
   std::vector<LocalSeq> planned_;
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
-  std::vector<std::pair<std::string, double>> metrics_;     // decoder metrics
-  uint64_t events_ = 0;                                      // progress counter
-  mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
+  std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
+  size_t evaluated_[2] = {0, 0};
+  uint64_t events_ = 0;                            // progress counter
+  mutable std::optional<std::string> prompt_text_; // decoded once, for the verifier
 };
 
 } // namespace loom

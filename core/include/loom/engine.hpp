@@ -41,6 +41,16 @@ struct GenerationMetrics {
   double total_ms = 0;
   int32_t n_prompt = 0;
   int32_t n_generated = 0;
+  // Wall time of the forward passes the request took part in (shared with its batch-mates): the rest
+  // of total_ms is the engine's and the decoder's own work, and waiting.
+  double forward_ms = 0;
+  double draft_forward_ms = 0; // on the draft model ([decoder] draft)
+  // The target KV store's peak while the request ran (of every request then running): slabs held,
+  // and of them the positions written.
+  size_t kv_reserved_peak_bytes = 0;
+  size_t tokens_evaluated = 0;       // token rows the target evaluated for this request (prompt once)
+  size_t draft_tokens_evaluated = 0; // on the draft model
+  size_t kv_used_peak_bytes = 0;
   std::vector<std::pair<std::string, double>> decoder; // what the decoder reported (set_metric)
 };
 

@@ -49,7 +49,11 @@ public:
   virtual int32_t free_sequences() const noexcept = 0;
 
   virtual size_t bytes_allocated() const noexcept = 0; // storage currently held
-  virtual size_t bytes_capacity() const noexcept = 0;  // storage if every slot were used
+  virtual size_t bytes_used() const noexcept = 0;      // of it, the positions written (Σ lengths)
+  // The most storage held at once since reset_peak() (forks within a decoder step included).
+  virtual size_t bytes_allocated_peak() const noexcept = 0;
+  virtual void reset_peak() noexcept = 0;
+  virtual size_t bytes_capacity() const noexcept = 0; // storage if every slot were used
 };
 
 // f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are

@@ -77,7 +77,7 @@ struct PipelineConfig {
 
   // Resolved model path (see ModelSection::path).
   std::string resolved_model_path() const;
-  std::string resolved_draft_path() const; // [decoder] draft, resolved like [model] path
+  std::string resolved_draft_path() const;                 // [decoder] draft, resolved like [model] path
   std::string resolve_path(const std::string& path) const; // as given, else relative to base_dir
 };
 

@@ -118,7 +118,7 @@ public:
   SamplerChain() = default;
   void add(std::unique_ptr<Sampler> s); // takes ownership
   std::string_view name() const noexcept override { return "chain"; }
-  void apply(Candidates& c, SamplerContext& ctx) override; // runs all; appends dist if none selected
+  void apply(Candidates& c, SamplerContext& ctx) override;        // runs all; appends dist if none selected
   bool distribution(Candidates& c, SamplerContext& ctx) override; // each sampler's in order, to the final one
   void accept(TokenId token) override;
   void reset() override;
@@ -129,7 +129,6 @@ public:
 
   // Convenience: candidates from logits, apply, return the selected id.
   TokenId sample(std::span<const float> logits, SamplerContext& ctx);
-
 
 private:
   std::vector<std::unique_ptr<Sampler>> samplers_;
