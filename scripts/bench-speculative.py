@@ -5,7 +5,9 @@ usage: scripts/bench-speculative.py LOOM TARGET.gguf [--draft NAME=FILE]... [--n
                                    [-k 4] [-n 64] [--threads 2] [--runs 3] [--backend cpu]
 
 For each drafter it reports the target's tok/s alone and with speculative decoding (median and
-range over the runs), the acceptance rate alpha, the mean accepted length per round, the draft/target
+range over the runs), alpha (the per-position acceptance probability: accepted / (accepted +
+rejections), since a round tests drafts only up to its first rejection) beside the decoder's
+acceptance_rate (accepted / all drafted), the mean accepted length per round, the draft/target
 cost ratio c (0 for the n-gram drafter), the speed-up alpha and c predict, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
 and the measured speed-up. c is measured inside the run: the mean draft forward over the target's
 mean one-token forward when it decodes alone (`metrics.forward_ms`, `draft_forward_ms`). That
@@ -63,7 +65,7 @@ def main():
         drafters.append(("n-gram", None))
 
     alone = {"tok_s": [], "t1": [], "other": []}
-    spec = {name: {"tok_s": [], "alpha": [], "len": [], "c": [], "v": [], "other": [], "acct": []}
+    spec = {name: {"tok_s": [], "alpha": [], "rate": [], "len": [], "c": [], "v": [], "other": [], "acct": []}
             for name, _ in drafters}
     ref_tokens = None
     for r in range(a.runs):  # interleaved: every configuration once per round
@@ -81,7 +83,10 @@ def main():
                 print(f"warning: {name}: greedy output differs from the target's", file=sys.stderr)
             s = spec[name]
             s["tok_s"].append(m["decode_tok_s"])
-            s["alpha"].append(m["acceptance_rate"])
+            # α per tested position: a round tests drafts until the first rejection
+            tested = m["accepted_tokens"] + m["rejections"]
+            s["alpha"].append(m["accepted_tokens"] / tested if tested else 0.0)
+            s["rate"].append(m["acceptance_rate"])
             s["len"].append(m["mean_accepted_len"])
             draft_ms = m.get("draft_forward_ms", 0.0)
             s["c"].append(draft_ms / max(m["draft_forwards"], 1) / t1 if path else 0.0)
@@ -98,7 +103,8 @@ def main():
         s = spec[name]
         alpha, c, v = (statistics.median(s[x]) for x in ("alpha", "c", "v"))
         gain = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-        rows.append({"drafter": name, "alpha": alpha, "mean_accepted_len": statistics.median(s["len"]),
+        rows.append({"drafter": name, "alpha": alpha, "acceptance_rate": statistics.median(s["rate"]),
+                     "mean_accepted_len": statistics.median(s["len"]),
                      "c": c, "v": v, "predicted": gain / (k * c + 1), "predicted_v": gain / (k * c + v),
                      "accounting": statistics.median(s["acct"]),
                      "measured": statistics.median(s["tok_s"]) / base, "tok_s": med(s["tok_s"]),
@@ -111,12 +117,12 @@ def main():
     print(f"target {a.target}: {base:.1f} tok/s alone ({lo:.1f}–{hi:.1f}; "
           f"{100 * statistics.median(alone['other']):.1f}% of the time outside forwards), k = {a.k}, "
           f"{a.runs} runs, {a.threads} threads, backend {a.backend}\n")
-    print("| drafter | tok/s speculative | α | accepted / round | c | v | predicted × (v = 1) | "
+    print("| drafter | tok/s speculative | α | acceptance_rate | accepted / round | c | v | predicted × (v = 1) | "
           "predicted × (c, v as measured) | forwards' accounting × | measured × | time outside forwards |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["tok_s"]
-        print(f"| {r['drafter']} | {t[0]:.1f} ({t[1]:.1f}–{t[2]:.1f}) | {r['alpha']:.3f} | "
+        print(f"| {r['drafter']} | {t[0]:.1f} ({t[1]:.1f}–{t[2]:.1f}) | {r['alpha']:.3f} | {r['acceptance_rate']:.3f} | "
               f"{r['mean_accepted_len']:.2f} | {r['c']:.3f} | {r['v']:.2f} | {r['predicted']:.2f} | "
               f"{r['predicted_v']:.2f} | {r['accounting']:.2f} | {r['measured']:.2f} | {100 * r['other_share']:.1f}% |")
 

@@ -214,7 +214,7 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
          "truncate to " + std::to_string(n_tokens) + " tokens is outside [prompt " +
              std::to_string(prompt_.size()) + ", length " + std::to_string(s.tokens.size()) + "]");
   drop_draft(s);
-  if (n_tokens == s.tokens.size()) return;
+  if (n_tokens == s.tokens.size() && s.finished == StopReason::none) return;
   const size_t k = n_tokens - prompt_.size();
   LOOM_ASSERT(k < s.history.size(), "a checkpoint per generated length");
   const Checkpoint& cp = *s.history[k];
@@ -234,9 +234,10 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   s.finished = StopReason::none;
   s.stop_string.clear();
   s.final_score = 0;
-  // The logits of the new last token: evaluated again when the sequence is next planned.
+  // The logits of the new last token: evaluated again when the sequence is next planned (take_work
+  // drops its K/V then); a decoder that appends first pays only for the new token.
   s.n_rows = 0;
-  uncache(s, static_cast<int32_t>(n_tokens) - 1);
+  uncache(s, static_cast<int32_t>(n_tokens));
   ++events_;
 }
 

@@ -782,8 +782,19 @@ TokenId SamplerChain::sample(std::span<const float> logits, SamplerContext& ctx)
 }
 
 bool SamplerChain::distribution(Candidates& c, SamplerContext& ctx) {
-  for (auto& s : samplers_)
-    if (s->distribution(c, ctx)) return true;
+  for (size_t i = 0; i < samplers_.size(); ++i) {
+    if (!samplers_[i]->distribution(c, ctx)) continue;
+    if (i + 1 == samplers_.size()) return true; // the chain's last stage: its distribution is the chain's
+    // Samplers after a selecting one still run in apply() (they may filter the selection away, and
+    // the chain then ends with dist): do exactly what apply() does — draw here if that stage left a
+    // distribution, run the rest, dist if nothing is selected — and give one-hot at that draw,
+    // which is exact for speculative sampling (the draw is the chain's own).
+    if (c.selected < 0) dist_select(c, ctx);
+    for (size_t j = i + 1; j < samplers_.size(); ++j)
+      samplers_[j]->apply(c, ctx);
+    if (c.selected < 0) dist_select(c, ctx);
+    return true;
+  }
   return false;
 }
 

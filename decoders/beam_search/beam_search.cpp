@@ -256,6 +256,7 @@ private:
       } else if (why == LOOM_STOP_MAX_TOKENS || why == LOOM_STOP_MAX_CONTEXT || why == LOOM_STOP_TIMEOUT) {
         add_done(s, g, child, c.sum);
         ++taken;
+        if (!chosen.empty()) ++chosen[static_cast<size_t>(c.token)]; // a beam to HF until finalize()
       } else if (rank < W) {
         add_done(s, g, child, c.sum);
       } else {

@@ -126,7 +126,8 @@ public:
       draft_step(s);
       return;
     }
-    if (s.logits_at(0, s.n_draft(0)).empty()) return; // not evaluated yet
+    if (s.logits_at(0, s.n_draft(0)).empty()) return;      // not evaluated yet
+    if (!prefilled_ && draft_seq_ >= 0) ++draft_forwards_; // the draft's prompt, beside the target's
     prefilled_ = true;
     ++target_forwards_;
     verify(s);
@@ -141,6 +142,10 @@ public:
     s.set_metric("accepted_tokens", static_cast<double>(accepted_));
     s.set_metric("acceptance_rate",
                  draft_tokens_ ? static_cast<double>(accepted_) / static_cast<double>(draft_tokens_) : 0.0);
+    // Rounds that ended on a rejected draft: accepted / (accepted + rejections) estimates the
+    // per-position acceptance probability α of the speed-up formula (acceptance_rate also counts
+    // the drafts after a rejection, which were never tested).
+    s.set_metric("rejections", static_cast<double>(rejections_));
     s.set_metric("mean_accepted_len",
                  rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
     s.set_metric("target_forwards", static_cast<double>(target_forwards_));
@@ -192,7 +197,7 @@ private:
       if (u < std::min(1.0, pd / qd)) {
         if (s.commit(0, 1) != LOOM_STOP_NONE) {
           ++a;
-          record(m, a);
+          record(m, a, false);
           return;
         }
         continue;
@@ -217,16 +222,20 @@ private:
       s.probs(0, p_);
       s.append(0, static_cast<loom_token>(draw(p_, s.uniform())));
     }
-    record(m, a);
+    record(m, a, rejected);
   }
 
-  void record(size_t m, size_t a) {
+  void record(size_t m, size_t a, bool rejected) {
     if (m == 0) return;
     draft_tokens_ += m;
     accepted_ += a;
     ++rounds_;
-    if (adaptive_)
-      k_cur_ = a == m ? std::min(k_cur_ + 1, k_max_) : std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
+    if (rejected) ++rejections_;
+    if (!adaptive_) return;
+    if (rejected)
+      k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
+    else if (a == k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
+      k_cur_ = std::min(k_cur_ + 1, k_max_);
   }
 
   void next_round(Session& s) {
@@ -239,6 +248,8 @@ private:
       s.truncate(draft_seq_, toks.size() - 1);
       if (s.append(draft_seq_, toks.back()) != LOOM_STOP_NONE) {
         drafter_ = Drafter::none; // the draft stopped where the target did not (a timeout): go on without
+        s.free(draft_seq_);
+        draft_seq_ = -1;
         phase_ = Phase::verify;
         return;
       }
@@ -279,7 +290,8 @@ private:
   std::vector<loom_token> drafts_;
   std::vector<std::vector<float>> q_; // q_[i]: the draft distribution drafts_[i] was drawn from
   std::vector<float> p_, r_;
-  size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, target_forwards_ = 0, draft_forwards_ = 0;
+  size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
+         draft_forwards_ = 0;
 };
 
 } // namespace

@@ -316,6 +316,36 @@ TEST(EngineContract, TruncateOfAFinishedSequenceMakesItLiveAgain) {
   EXPECT_EQ(r.tokens.size(), 4u) << "the stop tracker's token count was rolled back too";
 }
 
+TEST(EngineContract, TruncateToItsOwnLengthRevivesAFinishedSequence) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  int phase = 0;
+  Rig rig(model, 128, 4, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      if (phase == 1) { // live again at 4 tokens: end it another way
+        s.finish(0, StopReason::custom, 0.0);
+        phase = 2;
+        return;
+      }
+      if (!s.logits(0)) return;
+      if (s.append(0, s.sample(0)) != StopReason::none) { // max_tokens = 4 ended it
+        s.truncate(0, s.tokens(0).size());
+        EXPECT_EQ(s.finished(0), StopReason::none) << "truncate promises a live sequence, whatever n";
+        phase = 1;
+      }
+    };
+    d->on_plan = [&](DecodeSession& s) {
+      if (phase == 0 && s.finished(0) == StopReason::none) s.plan(0);
+    };
+    d->on_done = [&](const DecodeSession&) { return phase == 2; };
+    return d;
+  });
+  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}});
+  auto r = rig.run(100).begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::custom);
+  EXPECT_EQ(r.tokens.size(), 4u);
+}
+
 TEST(EngineContract, ADecoderThatMakesNoProgressFailsItsRequest) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   Rig rig(model, 128, 4, [] {

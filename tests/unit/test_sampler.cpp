@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -554,6 +555,92 @@ TEST(TokenLogprob, HandComputed) {
               1e-6);
   EXPECT_EQ(token_logprob(std::vector<float>{0.0f, -kInf}, 1), -kInf);
   EXPECT_THROW((void)token_logprob(std::vector<float>{0.0f}, 1), Error);
+}
+
+// ---- sampling_distribution: what speculative sampling and beam-sample take as the chain's p ----
+
+SamplerChain chain_of(const std::vector<SamplerSpec>& specs) {
+  SamplerChain c;
+  for (const auto& sp : specs)
+    c.add(create_sampler(sp));
+  return c;
+}
+
+std::vector<float> random_logits(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> l(n);
+  for (auto& x : l)
+    x = nd(g);
+  return l;
+}
+
+// For chains that end in their selecting stage, the distribution is what apply() draws from: the
+// frequencies of 40000 draws agree with it (5 standard deviations), and no token outside it is drawn.
+TEST(SamplingDistribution, IsWhatTheChainDraws) {
+  const auto logits = random_logits(40, 7);
+  const std::vector<TokenId> prompt{1, 2, 3}, generated{5, 5, 9};
+  const std::vector<std::vector<SamplerSpec>> chains = {
+      {spec("dist")},
+      {spec("top_k", {{"k", int64_t{5}}}), spec("temperature", {{"value", 0.7}})},
+      {spec("top_p", {{"p", 0.8}}), spec("min_p", {{"p", 0.05}}), spec("temperature", {{"value", 1.3}})},
+      {spec("typical_p", {{"p", 0.9}}), spec("dist")},
+      {spec("penalties", {{"repeat", 1.5}, {"frequency", 0.2}, {"last_n", int64_t{-1}}}), spec("dist")},
+      {spec("logit_bias",
+            {{"tokens", std::vector<int64_t>{0, 1}}, {"values", std::vector<double>{5.0, -100.0}}})},
+      {spec("greedy")},
+      {spec("temperature", {{"value", 0.0}}), spec("top_k", {{"k", int64_t{3}}})},
+  };
+  for (size_t ci = 0; ci < chains.size(); ++ci) {
+    SCOPED_TRACE("chain " + std::to_string(ci));
+    SamplerChain chain = chain_of(chains[ci]);
+    std::mt19937_64 rng(1);
+    SamplerContext ctx{prompt, generated, &rng};
+    std::vector<float> p(logits.size());
+    sampling_distribution(chain, logits, ctx, p);
+    double total = 0;
+    for (float x : p)
+      total += static_cast<double>(x);
+    EXPECT_NEAR(total, 1.0, 1e-5);
+    const int n = 40000;
+    std::vector<int> count(logits.size());
+    for (int i = 0; i < n; ++i)
+      ++count[static_cast<size_t>(chain.sample(logits, ctx))];
+    for (size_t t = 0; t < logits.size(); ++t) {
+      const double pt = static_cast<double>(p[t]);
+      if (pt == 0) {
+        EXPECT_EQ(count[t], 0) << "token " << t << " is outside the distribution but was drawn";
+        continue;
+      }
+      const double sd = std::sqrt(n * pt * (1 - pt));
+      EXPECT_NEAR(count[t], n * pt, 5 * sd + 1) << "token " << t;
+    }
+  }
+}
+
+// A sampler after the selecting one (apply() still runs it): the distribution is one-hot at the
+// very token apply() draws with the same RNG state.
+TEST(SamplingDistribution, SamplersAfterASelectorGiveOneHotAtTheChainsOwnDraw) {
+  const auto logits = random_logits(30, 3);
+  for (const auto& specs :
+       std::vector<std::vector<SamplerSpec>>{{spec("greedy"), spec("dist")},
+                                             {spec("dist"), spec("greedy")},
+                                             {spec("dist"), spec("top_k", {{"k", int64_t{1}}})}}) {
+    SamplerChain chain = chain_of(specs);
+    std::set<TokenId> seen;
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      std::mt19937_64 a(seed), b(seed);
+      SamplerContext ca{{}, {}, &a}, cb{{}, {}, &b};
+      std::vector<float> p(logits.size());
+      sampling_distribution(chain, logits, ca, p);
+      const TokenId drawn = chain.sample(logits, cb);
+      EXPECT_EQ(p[static_cast<size_t>(drawn)], 1.0f) << "seed " << seed;
+      seen.insert(drawn);
+    }
+    if (specs.front().name == "greedy") {
+      EXPECT_GT(seen.size(), 3u) << "greedy then dist: apply() redraws from the softmax";
+    }
+  }
 }
 
 } // namespace
