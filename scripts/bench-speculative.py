@@ -10,7 +10,8 @@ rejections), since a round tests drafts only up to its first rejection) beside t
 acceptance_rate (accepted / all drafted), the mean accepted length per round, the draft/target
 cost ratio c (0 for the n-gram drafter), the speed-up alpha and c predict, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
 and the measured speed-up. c is measured inside the run: the mean draft forward over the target's
-mean one-token forward when it decodes alone (`metrics.forward_ms`, `draft_forward_ms`). That
+mean one-token forward when it decodes alone (`metrics.forward_ms`, `draft_forward_ms`, less each
+model's first forward, the prompt's: `prefill_ms`, `draft_prefill_ms`). That
 formula takes the target's forward of k + 1 positions to cost one decode step; v, the mean
 verification forward over the one-token forward, is measured the same way, and the prediction with
 it, (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)), is what the forwards alone allow: what is left between
@@ -71,7 +72,7 @@ def main():
     for r in range(a.runs):  # interleaved: every configuration once per round
         m, toks = run(a.loom, a.target, a, a.n, a.threads, a.backend, [])
         alone["tok_s"].append(m["decode_tok_s"])
-        alone["t1"].append(m["forward_ms"] / a.n)  # the prompt's forward and n - 1 one-token ones
+        alone["t1"].append((m["forward_ms"] - m["prefill_ms"]) / (a.n - 1))  # the n - 1 one-token forwards
         alone["other"].append(1 - m["forward_ms"] / m["total_ms"])
         ref_tokens = ref_tokens or toks
         t1 = statistics.median(alone["t1"])
@@ -89,12 +90,14 @@ def main():
             s["rate"].append(m["acceptance_rate"])
             s["len"].append(m["mean_accepted_len"])
             draft_ms = m.get("draft_forward_ms", 0.0)
-            s["c"].append(draft_ms / max(m["draft_forwards"], 1) / t1 if path else 0.0)
-            s["v"].append(m["forward_ms"] / m["target_forwards"] / t1)
+            # Per forward after the prompt's (each model's first forward is its prompt)
+            s["c"].append((draft_ms - m.get("draft_prefill_ms", 0.0)) / max(m["draft_forwards"] - 1, 1) / t1
+                          if path else 0.0)
+            s["v"].append((m["forward_ms"] - m["prefill_ms"]) / max(m["target_forwards"] - 1, 1) / t1)
             s["other"].append(1 - (m["forward_ms"] + draft_ms) / m["total_ms"])
             # Accounting: tokens per target forward over the forwards' cost per target forward.
-            tf = m["target_forwards"]
-            s["acct"].append(m["tokens_per_target_forward"] / (m["draft_forwards"] / tf * s["c"][-1] + s["v"][-1]))
+            tf, df = m["target_forwards"] - 1, max(m["draft_forwards"] - 1, 0)
+            s["acct"].append((a.n - 1) / tf / (df / tf * s["c"][-1] + s["v"][-1]))
 
     base = statistics.median(alone["tok_s"])
     rows = []

@@ -77,12 +77,16 @@ nlohmann::json to_json(const GenerationResult& r) {
                   {"n_prompt", r.metrics.n_prompt},
                   {"n_generated", r.metrics.n_generated},
                   {"forward_ms", r.metrics.forward_ms},
+                  {"prefill_ms", r.metrics.prefill_ms},
                   {"kv_reserved_peak_bytes", r.metrics.kv_reserved_peak_bytes},
                   {"kv_used_peak_bytes", r.metrics.kv_used_peak_bytes},
                   {"tokens_evaluated", r.metrics.tokens_evaluated}};
   if (r.metrics.draft_tokens_evaluated > 0)
     j["metrics"]["draft_tokens_evaluated"] = r.metrics.draft_tokens_evaluated;
-  if (r.metrics.draft_forward_ms > 0) j["metrics"]["draft_forward_ms"] = r.metrics.draft_forward_ms;
+  if (r.metrics.draft_forward_ms > 0) {
+    j["metrics"]["draft_forward_ms"] = r.metrics.draft_forward_ms;
+    j["metrics"]["draft_prefill_ms"] = r.metrics.draft_prefill_ms;
+  }
   for (const auto& [k, v] : r.metrics.decoder) // a decoder's own (speculative: draft_tokens, …)
     if (!j["metrics"].contains(k)) j["metrics"][k] = v;
   return j;

@@ -33,6 +33,8 @@ struct Engine::Request {
   Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
   double forward_ms[2] = {0, 0}; // wall time of the forwards (target, draft) this request took part in
+  double first_forward_ms[2] = {0, 0}; // of them, the first (the prompt's)
+  bool forwarded[2] = {false, false};
   size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran
   uint64_t last_progress = 0;
   int stalled = 0;
@@ -140,6 +142,8 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.kv_reserved_peak_bytes = r.kv_reserved_peak;
   m.kv_used_peak_bytes = r.kv_used_peak;
   m.draft_forward_ms = r.forward_ms[1];
+  m.prefill_ms = r.first_forward_ms[0];
+  m.draft_prefill_ms = r.first_forward_ms[1];
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
   const double prefill_s = std::chrono::duration<double>(r.t_prefill1 - r.t_prefill0).count();
   m.prefill_tok_s = prefill_s > 0 ? m.n_prompt / prefill_s : 0;
@@ -250,8 +254,12 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
     const auto t1 = Clock::now();
     for (size_t i = 0; i < batch.outs.size(); ++i) // each request in the batch once
-      if (i == 0 || batch.outs[i].session != batch.outs[i - 1].session)
-        owners[batch.outs[i].session]->forward_ms[m] += ms_between(t0, t1);
+      if (i == 0 || batch.outs[i].session != batch.outs[i - 1].session) {
+        Request& r = *owners[batch.outs[i].session];
+        r.forward_ms[m] += ms_between(t0, t1);
+        if (!r.forwarded[m]) r.first_forward_ms[m] = ms_between(t0, t1);
+        r.forwarded[m] = true;
+      }
     for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
       const auto& o = batch.outs[i];
       sessions[o.session]->set_logits(

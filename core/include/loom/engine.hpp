@@ -45,6 +45,7 @@ struct GenerationMetrics {
   // of total_ms is the engine's and the decoder's own work, and waiting.
   double forward_ms = 0;
   double draft_forward_ms = 0; // on the draft model ([decoder] draft)
+  double prefill_ms = 0, draft_prefill_ms = 0; // of them, each model's first forward (the prompt's)
   // The target KV store's peak while the request ran (of every request then running): slabs held,
   // and of them the positions written.
   size_t kv_reserved_peak_bytes = 0;
