@@ -32,7 +32,7 @@ struct Engine::Request {
   int32_t max_new_tokens = -1;
   Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
-  double forward_ms[2] = {0, 0}; // wall time of the forwards (target, draft) this request took part in
+  double forward_ms[2] = {0, 0};       // wall time of the forwards (target, draft) this request took part in
   double first_forward_ms[2] = {0, 0}; // of them, the first (the prompt's)
   bool forwarded[2] = {false, false};
   size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran

@@ -44,7 +44,7 @@ struct GenerationMetrics {
   // Wall time of the forward passes the request took part in (shared with its batch-mates): the rest
   // of total_ms is the engine's and the decoder's own work, and waiting.
   double forward_ms = 0;
-  double draft_forward_ms = 0; // on the draft model ([decoder] draft)
+  double draft_forward_ms = 0;                 // on the draft model ([decoder] draft)
   double prefill_ms = 0, draft_prefill_ms = 0; // of them, each model's first forward (the prompt's)
   // The target KV store's peak while the request ran (of every request then running): slabs held,
   // and of them the positions written.
