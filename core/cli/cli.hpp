@@ -36,6 +36,11 @@ PipelineConfig config_from_args(const po::variables_map& vm, std::vector<ConfigO
 std::string read_input_file(const std::string& path, const std::string& flag);
 // A seed as --seed gives it: the rule of [run] seed (an integer 0 .. 2^63-1), else UsageError.
 uint64_t parse_seed(const std::string& text, const std::string& flag);
+// The pipeline `loom run`'s flags describe (-c/-m, --decoder, --set, -n, --temp/--top-k/--top-p/--min-p,
+// --seed, --ignore-eos, --ctx-size, --plugin-path, …); absent flags leave the file's values.
+PipelineConfig run_config_from_args(const po::variables_map& vm);
+int cmd_explain(const std::vector<std::string>& args);
+int cmd_ab(const std::vector<std::string>& args);
 
 bool stdout_is_tty();
 bool stderr_is_tty();

@@ -94,42 +94,7 @@ nlohmann::json to_json(const GenerationResult& r) {
 
 } // namespace
 
-int cmd_run(const std::vector<std::string>& args) {
-  po::options_description desc("loom run options");
-  // clang-format off
-  desc.add_options()
-    ("help,h", "show this help")
-    ("config,c", po::value<std::string>(), "pipeline TOML file")
-    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
-    ("prompt,p", po::value<std::string>(), "prompt text")
-    ("file,f", po::value<std::string>(), "read the prompt from a file")
-    ("n-predict,n", po::value<int>(), "number of new tokens (-1 = until the context is full)")
-    ("temp", po::value<double>(), "temperature (0 = greedy)")
-    ("top-k", po::value<long>(), "top-k (0 = off)")
-    ("top-p", po::value<double>(), "top-p in (0, 1]")
-    ("min-p", po::value<double>(), "min-p in [0, 1]")
-    ("seed", po::value<std::string>(), "RNG seed 0..2^63-1 (default: random, reported with --json)")
-    ("ignore-eos", "do not stop at end-of-generation tokens")
-    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
-    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
-    ("no-echo", "do not print the prompt before the generated text")
-    ("special", "parse special-token text (e.g. <s>) in the prompt")
-    ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
-    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
-    ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
-    ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
-    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
-             "--prompts one object per line, in input order");
-  // clang-format on
-  po::variables_map vm;
-  if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
-  if (!vm.count("config") && !vm.count("model"))
-    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
-  const int n_sources = static_cast<int>(vm.count("prompt") + vm.count("file") + vm.count("prompts"));
-  if (n_sources > 1) throw UsageError("give the prompt with one of -p, -f or --prompts");
-  if (n_sources == 0) throw UsageError("give a prompt with -p TEXT (or -f FILE, or --prompts FILE)");
-  if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
-
+PipelineConfig run_config_from_args(const po::variables_map& vm) {
   std::vector<ConfigOverride> overrides;
   if (vm.count("decoder")) // first, so that --set decoder.KEY=V applies to this decoder
     overrides.push_back({"decoder.name", nlohmann::json(vm["decoder"].as<std::string>()).dump()});
@@ -179,6 +144,46 @@ int cmd_run(const std::vector<std::string>& args) {
       (void)create_sampler(s); // validate
     cfg.samplers = chain;
   }
+  return cfg;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  po::options_description desc("loom run options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
+    ("prompt,p", po::value<std::string>(), "prompt text")
+    ("file,f", po::value<std::string>(), "read the prompt from a file")
+    ("n-predict,n", po::value<int>(), "number of new tokens (-1 = until the context is full)")
+    ("temp", po::value<double>(), "temperature (0 = greedy)")
+    ("top-k", po::value<long>(), "top-k (0 = off)")
+    ("top-p", po::value<double>(), "top-p in (0, 1]")
+    ("min-p", po::value<double>(), "min-p in [0, 1]")
+    ("seed", po::value<std::string>(), "RNG seed 0..2^63-1 (default: random, reported with --json)")
+    ("ignore-eos", "do not stop at end-of-generation tokens")
+    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("no-echo", "do not print the prompt before the generated text")
+    ("special", "parse special-token text (e.g. <s>) in the prompt")
+    ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
+    ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
+    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
+             "--prompts one object per line, in input order");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
+  if (!vm.count("config") && !vm.count("model"))
+    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
+  const int n_sources = static_cast<int>(vm.count("prompt") + vm.count("file") + vm.count("prompts"));
+  if (n_sources > 1) throw UsageError("give the prompt with one of -p, -f or --prompts");
+  if (n_sources == 0) throw UsageError("give a prompt with -p TEXT (or -f FILE, or --prompts FILE)");
+  if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
+
+  PipelineConfig cfg = run_config_from_args(vm);
 
   if (vm.count("prompts")) {
     std::istringstream f(read_input_file(vm["prompts"].as<std::string>(), "--prompts"));

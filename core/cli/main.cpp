@@ -100,6 +100,8 @@ commands:
   bench      prefill/decode throughput, TTFT, TPOT, peak RSS (median and spread over repetitions)
   synth      write a random-weight model of a named shape (loads in llama.cpp too)
   quantize   copy a model with its weight matrices in another type (f16, bf16, q8_0, q4_0)
+  explain    the sampler chain step by step: candidates and probabilities after each stage
+  ab         A/B comparison of pipelines on the same prompts and seeds: speed and quality, with CIs
 
 Run 'loom <command> --help' for the options of a command.
 Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
@@ -131,6 +133,8 @@ int main(int argc, char** argv) {
     if (cmd == "plugins") return cmd_plugins(rest);
     if (cmd == "synth") return cmd_synth(rest);
     if (cmd == "quantize") return cmd_quantize(rest);
+    if (cmd == "explain") return cmd_explain(rest);
+    if (cmd == "ab") return cmd_ab(rest);
     if (cmd == "bench") return cmd_bench(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;

@@ -435,6 +435,26 @@ TokenId DecodeSession::sample(LocalSeq seq) {
   return c.data[static_cast<size_t>(c.selected)].id;
 }
 
+TokenId
+DecodeSession::sample_traced(LocalSeq seq,
+                             const std::function<void(size_t, const Sampler*, const Candidates&)>& after) {
+  Seq& s = at(seq);
+  auto* chain = dynamic_cast<SamplerChain*>(s.chain.get());
+  if (!chain) fail(Errc::internal, "decoder", "sample_traced: the sequence's sampler is not a chain");
+  if (!s.has_logits())
+    fail(Errc::invalid_argument, "decoder",
+         "sequence " + std::to_string(seq) + " has no logits: plan it first");
+  SamplerContext sc{
+      prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
+      &rng_};
+  const auto V = static_cast<size_t>(n_vocab());
+  Candidates c = Candidates::from_logits(std::span<const float>(s.rows.data() + s.row_off * V, V));
+  chain->apply_traced(c, sc, after);
+  if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
+    fail(Errc::internal, "sampler", "the sampler chain selected no token");
+  return c.data[static_cast<size_t>(c.selected)].id;
+}
+
 float DecodeSession::logprob(LocalSeq seq, TokenId token) const {
   const float* l = logits(seq);
   if (!l || token < 0 || token >= n_vocab()) return -INFINITY;

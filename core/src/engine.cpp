@@ -80,7 +80,7 @@ RequestId Engine::submit(EngineRequest req) {
          "enable [run] add_bos)");
   r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
                                                req.max_new_tokens, std::move(req.on_text));
-  r->decoder = tmpl_.make_decoder();
+  r->decoder = req.decoder ? req.decoder() : tmpl_.make_decoder();
   const RequestId id = r->id;
   waiting_.push_back(std::move(r));
   return id;

@@ -11,10 +11,29 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <unistd.h>
 
 namespace loom {
+
+namespace {
+// One loaded Model per file (and attention window) in the process: pipelines that name the same
+// file — `loom ab`'s variants, a draft that is the target — share its mapping, graphs and repacks.
+std::shared_ptr<Model> shared_model(const std::string& path, int32_t window) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int32_t>, std::weak_ptr<Model>> cache;
+  std::error_code ec;
+  const std::string key = std::filesystem::weakly_canonical(path, ec).string();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[{ec ? path : key, window}];
+  if (auto m = slot.lock()) return m;
+  std::shared_ptr<Model> m = Model::load(path);
+  if (window > 0) m->set_attention_window(window);
+  slot = m;
+  return m;
+}
+} // namespace
 
 std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   std::unique_ptr<Pipeline> p(new Pipeline());
@@ -99,14 +118,14 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     }
   }
 
-  p->model_ = Model::load(cfg.resolved_model_path());
+  const int32_t window = cfg.attention.variant == "sliding_window" ? cfg.attention.window : 0;
+  p->model_ = shared_model(cfg.resolved_model_path(), window);
   p->tok_ = Tokenizer::from_gguf(p->model_->file());
   const ModelConfig& mc = p->model_->config();
   if (p->tok_->vocab_size() != mc.n_vocab)
     fail(Errc::parse_error, "pipeline",
          cfg.resolved_model_path() + ": the tokenizer has " + std::to_string(p->tok_->vocab_size()) +
              " tokens but the model's embedding has " + std::to_string(mc.n_vocab) + " rows");
-  if (cfg.attention.variant == "sliding_window") p->model_->set_attention_window(cfg.attention.window);
   p->n_ctx_ = cfg.model.n_ctx > 0 ? cfg.model.n_ctx : std::min(mc.n_ctx_train, 4096);
   { // one sequence's KV must fit in this machine's memory: refuse up front, before any allocation
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -175,7 +194,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
            what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
                "; give the path of a GGUF model with the target's vocabulary");
     try {
-      p->draft_model_ = Model::load(path);
+      p->draft_model_ = shared_model(path, 0);
     } catch (const Error& e) {
       fail(e.code(), "pipeline", what + " cannot be loaded: " + e.what());
     }
@@ -232,6 +251,7 @@ RequestId Pipeline::submit(const GenerationRequest& req, StreamCallback on_text)
   er.seed = req.seed ? *req.seed : cfg_.run.seed ? *cfg_.run.seed : std::random_device{}();
   er.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens : cfg_.stop.max_tokens;
   er.on_text = std::move(on_text);
+  er.decoder = req.decoder;
   return engine_->submit(std::move(er));
 }
 

@@ -755,6 +755,18 @@ void SamplerChain::apply(Candidates& c, SamplerContext& ctx) {
   if (c.selected < 0) dist_select(c, ctx); // nothing selected: the chain ends with `dist`
 }
 
+void SamplerChain::apply_traced(Candidates& c, SamplerContext& ctx,
+                                const std::function<void(size_t, const Sampler*, const Candidates&)>& after) {
+  for (size_t i = 0; i < samplers_.size(); ++i) {
+    samplers_[i]->apply(c, ctx);
+    after(i, samplers_[i].get(), c);
+  }
+  if (c.selected < 0) {
+    dist_select(c, ctx);
+    after(samplers_.size(), nullptr, c);
+  }
+}
+
 void SamplerChain::accept(TokenId token) {
   for (auto& s : samplers_)
     s->accept(token);

@@ -121,6 +121,10 @@ public:
   void plan(LocalSeq seq);
   const float* logits(LocalSeq seq) const; // [n_vocab] of the last committed token; nullptr if none
   TokenId sample(LocalSeq seq);
+  // sample() with the chain's stages reported (SamplerChain::apply_traced); the same token and RNG.
+  TokenId
+  sample_traced(LocalSeq seq,
+                const std::function<void(size_t stage, const Sampler* s, const Candidates& c)>& after);
   float logprob(LocalSeq seq, TokenId token) const;
   void finish(LocalSeq seq, StopReason reason, double score);
   double score(LocalSeq seq) const;

@@ -90,6 +90,7 @@ struct EngineRequest {
   uint64_t seed = 0;
   int32_t max_new_tokens = -1;
   StreamCallback on_text;
+  std::function<std::unique_ptr<Decoder>()> decoder; // this request's decoder; empty = the pipeline's
 };
 
 // A second model decoders may drive sequences on ([decoder] draft): its own backend and KV store,

@@ -27,6 +27,7 @@ struct GenerationRequest {
   std::optional<std::vector<TokenId>> prompt_tokens; // used instead of `prompt` when set
   std::optional<int32_t> max_new_tokens;             // overrides [stop] max_tokens
   std::optional<uint64_t> seed;                      // overrides [run] seed
+  std::function<std::unique_ptr<Decoder>()> decoder; // overrides [decoder] (`loom explain`'s tracer)
 };
 
 struct MemoryReport {
@@ -62,13 +63,13 @@ private:
   Pipeline() = default;
   std::unique_ptr<PluginRegistry> registry_; // first: destroyed last, after every plugin object
   PipelineConfig cfg_;
-  std::unique_ptr<Model> model_;
+  std::shared_ptr<Model> model_; // shared by the pipelines of one process that load the same file
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KVCacheStore> kv_;
   SamplerChain chain_;
   std::vector<std::unique_ptr<StopPlugin>> stop_plugins_; // prototypes, cloned per sequence
-  std::unique_ptr<Model> draft_model_;                    // [decoder] draft (speculative decoding)
+  std::shared_ptr<Model> draft_model_;                    // [decoder] draft (speculative decoding)
   std::unique_ptr<Backend> draft_backend_;
   std::unique_ptr<KVCacheStore> draft_kv_;
   std::unique_ptr<Engine> engine_;

@@ -10,6 +10,7 @@
 #include "loom/types.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -120,6 +121,10 @@ public:
   std::string_view name() const noexcept override { return "chain"; }
   void apply(Candidates& c, SamplerContext& ctx) override;        // runs all; appends dist if none selected
   bool distribution(Candidates& c, SamplerContext& ctx) override; // each sampler's in order, to the final one
+  // apply(), calling `after(stage, sampler, c)` after each stage — the implicit final dist included
+  // (sampler nullptr) — with exactly apply()'s effect and RNG draws (`loom explain`).
+  void apply_traced(Candidates& c, SamplerContext& ctx,
+                    const std::function<void(size_t stage, const Sampler* s, const Candidates& c)>& after);
   void accept(TokenId token) override;
   void reset() override;
   std::unique_ptr<Sampler> clone() const override;

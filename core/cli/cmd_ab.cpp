@@ -1,0 +1,696 @@
+// `loom ab`: A/B comparison of pipelines on the same prompts and seeds. Every variant runs every
+// prompt R times, run r of prompt i with seed S + i·R + r, so comparisons are paired; per variant the
+// speed and quality metrics, per pair (each variant against the first) the differences with paired
+// bootstrap CIs, sign-flip permutation p-values, McNemar's exact test on exact match, win/tie/loss by
+// mean log-prob, output agreement and a verdict. A terminal table, --json with every row (so every
+// aggregate can be recomputed: tests/ab/check_ab_json.py does), --html OUT (one self-contained file).
+#include "cli.hpp"
+#include "loom/ab_stats.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+namespace loom::cli {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+}
+
+struct PromptItem {
+  std::string id, prompt;
+  std::optional<std::string> expected;
+};
+
+// Plain text (one prompt a line; blank lines skipped) or JSONL (`prompt`, optional `expected`, `id`).
+std::vector<PromptItem> load_prompts(const std::string& path) {
+  const std::string text = read_input_file(path, "--prompts");
+  std::istringstream in(text);
+  std::string line;
+  std::vector<PromptItem> out;
+  bool jsonl = false, decided = false;
+  size_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (!decided) {
+      jsonl = line[line.find_first_not_of(" \t")] == '{';
+      decided = true;
+    }
+    const std::string where = path + ":" + std::to_string(lineno);
+    if (!jsonl) {
+      out.push_back({std::to_string(out.size() + 1), line, std::nullopt});
+      continue;
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      throw UsageError(where +
+                       ": not a JSON object (JSONL: one {\"prompt\": …} a line, as the first line is)");
+    }
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+      throw UsageError(where +
+                       ": expected an object with a string \"prompt\" (and optional \"expected\", \"id\")");
+    PromptItem p;
+    p.prompt = j["prompt"].get<std::string>();
+    p.id = std::to_string(out.size() + 1);
+    if (j.contains("id")) p.id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+    if (j.contains("expected")) {
+      if (j["expected"].is_string())
+        p.expected = j["expected"].get<std::string>();
+      else if (j["expected"].is_number())
+        p.expected = j["expected"].dump();
+      else
+        throw UsageError(where + ": \"expected\" must be a string or a number");
+    }
+    for (const auto& [k, v] : j.items())
+      if (k != "prompt" && k != "expected" && k != "id")
+        throw UsageError(where + ": unknown key \"" + k + "\" (expected prompt, expected, id)");
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) throw UsageError(path + ": no prompts (expected one prompt a line, or JSONL)");
+  return out;
+}
+
+// The metrics compared. `better`: +1 higher is better, -1 lower is better, 0 neither.
+struct MetricDef {
+  const char* name;
+  int better;
+};
+const MetricDef k_metrics[] = {
+    {"ttft_ms", -1},    {"tpot_ms", -1},    {"tok_s", +1},        {"tokens", 0},       {"mean_logprob", +1},
+    {"distinct_1", +1}, {"distinct_2", +1}, {"repetition_4", -1}, {"exact_match", +1},
+};
+
+struct Row {
+  size_t variant = 0, prompt = 0, run = 0;
+  uint64_t seed = 0;
+  bool ok = false;
+  std::string error;
+  GenerationResult result;
+  std::map<std::string, double> metrics;
+  std::string answer;
+  std::optional<bool> correct;
+};
+
+std::map<std::string, double> row_metrics(const GenerationResult& r, const std::optional<bool>& correct) {
+  std::map<std::string, double> m;
+  m["ttft_ms"] = r.metrics.ttft_ms;
+  m["tpot_ms"] = r.metrics.tpot_ms;
+  m["tok_s"] = r.metrics.total_ms > 0 ? 1000.0 * r.metrics.n_generated / r.metrics.total_ms : 0.0;
+  m["tokens"] = static_cast<double>(r.tokens.size());
+  double lp = 0;
+  for (float x : r.logprobs)
+    lp += static_cast<double>(x);
+  m["mean_logprob"] = r.logprobs.empty() ? 0.0 : lp / static_cast<double>(r.logprobs.size());
+  m["distinct_1"] = ab::distinct_n(r.tokens, 1);
+  m["distinct_2"] = ab::distinct_n(r.tokens, 2);
+  m["repetition_4"] = ab::repetition_rate(r.tokens, 4);
+  if (correct) m["exact_match"] = *correct ? 1.0 : 0.0;
+  for (const auto& [k, v] : r.metrics.decoder)
+    m["decoder." + k] = v;
+  return m;
+}
+
+std::string html_escape(std::string_view s) {
+  std::string o;
+  for (char ch : s) {
+    switch (ch) {
+    case '&':
+      o += "&amp;";
+      break;
+    case '<':
+      o += "&lt;";
+      break;
+    case '>':
+      o += "&gt;";
+      break;
+    case '"':
+      o += "&quot;";
+      break;
+    default:
+      o += ch;
+    }
+  }
+  return o;
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> w;
+  std::string cur;
+  for (char ch : s) {
+    cur += ch;
+    if (ch == ' ' || ch == '\n') {
+      w.push_back(cur);
+      cur.clear();
+    }
+  }
+  if (!cur.empty()) w.push_back(cur);
+  return w;
+}
+
+// `b` as HTML with the words not in the longest common subsequence with `a` marked.
+std::string marked_diff(const std::string& a, const std::string& b) {
+  const auto wa = words(a), wb = words(b);
+  const size_t n = wa.size(), m = wb.size();
+  if (n * m > 4'000'000) return html_escape(b); // too long to align: shown plain
+  std::vector<std::vector<uint32_t>> L(n + 1, std::vector<uint32_t>(m + 1, 0));
+  for (size_t i = n; i-- > 0;)
+    for (size_t j = m; j-- > 0;)
+      L[i][j] = wa[i] == wb[j] ? L[i + 1][j + 1] + 1 : std::max(L[i + 1][j], L[i][j + 1]);
+  std::string out;
+  size_t i = 0, j = 0;
+  while (j < m) {
+    if (i < n && wa[i] == wb[j]) {
+      out += html_escape(wb[j]);
+      ++i, ++j;
+    } else if (i < n && L[i + 1][j] >= L[i][j + 1]) {
+      ++i;
+    } else {
+      out += "<mark>" + html_escape(wb[j]) + "</mark>";
+      ++j;
+    }
+  }
+  return out;
+}
+
+std::string fmt(double v, int prec = 3) {
+  if (!std::isfinite(v)) return "—";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+// A strip plot of per-prompt values per variant (inline SVG).
+std::string svg_strip(const std::string& title, const std::vector<std::string>& names,
+                      const std::vector<std::vector<double>>& values) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto& v : values)
+    for (double x : v)
+      if (std::isfinite(x)) lo = std::min(lo, x), hi = std::max(hi, x);
+  if (!std::isfinite(lo)) lo = 0, hi = 1;
+  if (hi == lo) hi = lo + 1;
+  const int W = 560, row = 28, left = 140, H = 40 + row * static_cast<int>(names.size());
+  std::ostringstream o;
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' role='img'><title>"
+    << html_escape(title) << "</title><text x='4' y='16' font-size='13'>" << html_escape(title) << "</text>";
+  const auto X = [&](double x) { return left + (x - lo) / (hi - lo) * (W - left - 20); };
+  for (size_t v = 0; v < names.size(); ++v) {
+    const int y = 40 + row * static_cast<int>(v);
+    o << "<text x='4' y='" << y + 4 << "' font-size='12'>" << html_escape(names[v]) << "</text>";
+    o << "<line x1='" << left << "' x2='" << W - 20 << "' y1='" << y << "' y2='" << y << "' stroke='#ddd'/>";
+    std::vector<double> xs;
+    for (double x : values[v])
+      if (std::isfinite(x)) {
+        xs.push_back(x);
+        o << "<circle cx='" << X(x) << "' cy='" << y << "' r='3' fill='#3060c0' fill-opacity='0.5'/>";
+      }
+    if (!xs.empty()) {
+      const double mu = ab::mean(xs);
+      o << "<line x1='" << X(mu) << "' x2='" << X(mu) << "' y1='" << y - 9 << "' y2='" << y + 9
+        << "' stroke='#c03030' stroke-width='2'/>";
+    }
+  }
+  o << "<text x='" << left << "' y='" << H - 4 << "' font-size='11'>" << fmt(lo) << "</text><text x='"
+    << W - 80 << "' y='" << H - 4 << "' font-size='11'>" << fmt(hi) << "</text></svg>";
+  return o.str();
+}
+
+} // namespace
+
+int cmd_ab(const std::vector<std::string>& args) {
+  po::options_description desc("loom ab options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::vector<std::string>>()->composing(), "a variant's pipeline TOML (give two or more)")
+    ("prompts", po::value<std::string>(), "prompts: one a line, or JSONL {prompt, expected?, id?}")
+    ("runs", po::value<int>()->default_value(1), "runs per prompt and variant (seeds S + i·R + r)")
+    ("seed", po::value<std::string>()->default_value("0"), "base seed S")
+    ("n-predict,n", po::value<int>(), "new tokens per run (overrides each [stop] max_tokens)")
+    ("bootstrap", po::value<int>()->default_value(1000), "bootstrap resamples")
+    ("ci", po::value<std::string>()->default_value("percentile"), "percentile | bca")
+    ("answer-regex", po::value<std::string>()->default_value("last_number"),
+     "answer extraction for exact match: a regex with one capture group, or last_number")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a key in every variant: section.key=value")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("html", po::value<std::string>(), "write a self-contained HTML report")
+    ("json", "print one JSON object with every row and aggregate");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom ab -c A.toml -c B.toml [-c C.toml …] --prompts FILE [--runs R] [--seed S] [--json]\n"
+          "               [--html OUT] [--bootstrap N] [--ci percentile|bca] [--set …]\n"
+          "Runs every variant on the same prompts with the same seeds and compares each with the first:\n"
+          "speed (TTFT, TPOT, tok/s) and quality (mean log-prob, distinct-n, repetition, exact match),\n"
+          "with paired bootstrap confidence intervals and permutation tests."))
+    return k_exit_ok;
+  const auto configs =
+      vm.count("config") ? vm["config"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if (configs.size() < 2)
+    throw UsageError("give at least two pipelines to compare (-c A.toml -c B.toml), got " +
+                     std::to_string(configs.size()));
+  if (!vm.count("prompts")) throw UsageError("give the prompts with --prompts FILE");
+  const int runs = vm["runs"].as<int>(), boots = vm["bootstrap"].as<int>();
+  if (runs < 1 || runs > 1000) throw UsageError("--runs must be in 1..1000, got " + std::to_string(runs));
+  if (boots < 100 || boots > 1'000'000)
+    throw UsageError("--bootstrap must be in 100..1000000, got " + std::to_string(boots));
+  const std::string ci_name = vm["ci"].as<std::string>();
+  if (ci_name != "percentile" && ci_name != "bca")
+    throw UsageError("--ci must be percentile or bca, got '" + ci_name + "'");
+  const ab::CiMethod ci = ci_name == "bca" ? ab::CiMethod::bca : ab::CiMethod::percentile;
+  const uint64_t S = parse_seed(vm["seed"].as<std::string>(), "--seed");
+  const std::string answer_regex = vm["answer-regex"].as<std::string>();
+  (void)ab::extract_answer("", answer_regex); // a regex that does not compile fails here, before any run
+  const auto prompts = load_prompts(vm["prompts"].as<std::string>());
+
+  // Variants: one pipeline each (pipelines that name the same model file share it).
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<Pipeline>> pipes;
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("set"))
+    for (const auto& s : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(s));
+  for (const auto& path : configs) {
+    PipelineConfig cfg = load_pipeline(path, overrides);
+    if (vm.count("n-predict")) {
+      const int n = vm["n-predict"].as<int>();
+      if (n < 1) throw UsageError("-n must be ≥ 1, got " + std::to_string(n));
+      cfg.stop.max_tokens = n;
+    }
+    if (vm.count("plugin-path"))
+      for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
+        cfg.plugins.paths.push_back(d);
+    std::string name = std::filesystem::path(path).stem().string();
+    for (int k = 2; std::find(names.begin(), names.end(), name) != names.end(); ++k)
+      name = std::filesystem::path(path).stem().string() + "#" + std::to_string(k);
+    names.push_back(name);
+    pipes.push_back(Pipeline::create(cfg));
+  }
+  const Tokenizer& tok0 = pipes[0]->tokenizer();
+  for (size_t v = 1; v < pipes.size(); ++v) {
+    const Tokenizer& t = pipes[v]->tokenizer();
+    bool same = t.vocab_size() == tok0.vocab_size();
+    for (TokenId i = 0; same && i < t.vocab_size(); ++i)
+      same = t.piece(i) == tok0.piece(i);
+    if (!same)
+      fail(Errc::invalid_argument, "ab",
+           configs[v] + " uses a model whose vocabulary differs from " + configs[0] +
+               "'s: token metrics (distinct-n, repetition) and log-probs would not compare; give variants of "
+               "one "
+               "model family");
+  }
+
+  // Runs: per prompt, per run, every variant (interleaved, so drift on the machine hits all alike).
+  g_interrupted = false;
+  auto old_handler = std::signal(SIGINT, on_sigint);
+  const bool tty = stderr_is_tty();
+  const size_t V = pipes.size(), P = prompts.size(), R = static_cast<size_t>(runs);
+  std::vector<Row> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t done = 0;
+  const size_t total = V * P * R;
+  for (size_t i = 0; i < P && !g_interrupted; ++i)
+    for (size_t r = 0; r < R && !g_interrupted; ++r)
+      for (size_t v = 0; v < V && !g_interrupted; ++v) {
+        if (tty) {
+          const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const double eta = done ? el / static_cast<double>(done) * static_cast<double>(total - done) : 0;
+          std::fprintf(stderr, "\r[%zu/%zu] %-16.16s prompt %zu/%zu run %zu/%zu  ETA %.0fs   ", done + 1,
+                       total, names[v].c_str(), i + 1, P, r + 1, R, eta);
+        }
+        Row row;
+        row.variant = v, row.prompt = i, row.run = r;
+        row.seed = S + i * R + r;
+        GenerationRequest req;
+        req.prompt = prompts[i].prompt;
+        req.seed = row.seed;
+        try {
+          row.result = pipes[v]->generate(req);
+          row.ok = row.result.message.empty();
+          row.error = row.result.message;
+        } catch (const std::exception& e) {
+          row.ok = false;
+          row.error = e.what();
+        }
+        if (row.ok) {
+          if (prompts[i].expected) {
+            row.answer = ab::extract_answer(row.result.text, answer_regex);
+            std::string want = *prompts[i].expected;
+            if (answer_regex == "last_number") {
+              const std::string w = ab::extract_answer(want, "last_number");
+              if (!w.empty()) want = w;
+            }
+            row.correct = !row.answer.empty() && row.answer == want;
+          }
+          row.metrics = row_metrics(row.result, row.correct);
+        }
+        rows.push_back(std::move(row));
+        ++done;
+      }
+  std::signal(SIGINT, old_handler);
+  if (tty) std::fprintf(stderr, "\r%*s\r", 90, "");
+  const bool interrupted = g_interrupted.load();
+
+  // Per prompt: the mean over its successful runs, per variant and metric (NaN: none).
+  std::vector<std::string> metric_names;
+  for (const auto& m : k_metrics)
+    metric_names.push_back(m.name);
+  for (const auto& row : rows)
+    for (const auto& [k, v] : row.metrics)
+      if (k.rfind("decoder.", 0) == 0 &&
+          std::find(metric_names.begin(), metric_names.end(), k) == metric_names.end())
+        metric_names.push_back(k);
+  const auto better_of = [](const std::string& m) {
+    for (const auto& d : k_metrics)
+      if (m == d.name) return d.better;
+    return 0;
+  };
+  std::map<std::string, std::vector<std::vector<double>>> pp; // metric → [variant][prompt]
+  for (const auto& m : metric_names) {
+    auto& t = pp[m];
+    t.assign(V, std::vector<double>(P, NAN));
+    std::vector<std::vector<std::pair<double, int>>> acc(V, std::vector<std::pair<double, int>>(P, {0.0, 0}));
+    for (const auto& row : rows) {
+      auto it = row.metrics.find(m);
+      if (!row.ok || it == row.metrics.end()) continue;
+      acc[row.variant][row.prompt].first += it->second;
+      ++acc[row.variant][row.prompt].second;
+    }
+    for (size_t v = 0; v < V; ++v)
+      for (size_t i = 0; i < P; ++i)
+        if (acc[v][i].second > 0) t[v][i] = acc[v][i].first / acc[v][i].second;
+  }
+
+  nlohmann::json J;
+  J["settings"] = {{"seed", S},
+                   {"runs", runs},
+                   {"bootstrap", boots},
+                   {"ci", ci_name},
+                   {"level", 0.95},
+                   {"rng", "splitmix64"},
+                   {"answer_regex", answer_regex},
+                   {"seed_rule", "run r of prompt i: seed + i*runs + r"},
+                   {"bootstrap_seed_rule", "seed + 1000003*(pair+1) + metric index (in metric_names)"}};
+  J["interrupted"] = interrupted;
+  J["metric_names"] = metric_names;
+  J["variants"] = nlohmann::json::array();
+  for (size_t v = 0; v < V; ++v)
+    J["variants"].push_back({{"name", names[v]}, {"config", configs[v]}});
+  J["prompts"] = nlohmann::json::array();
+  for (const auto& p : prompts)
+    J["prompts"].push_back({{"id", p.id},
+                            {"prompt", p.prompt},
+                            {"expected", p.expected ? nlohmann::json(*p.expected) : nlohmann::json()}});
+  J["rows"] = nlohmann::json::array();
+  for (const auto& row : rows) {
+    nlohmann::json jr = {{"variant", row.variant},
+                         {"prompt", row.prompt},
+                         {"run", row.run},
+                         {"seed", row.seed},
+                         {"ok", row.ok}};
+    if (!row.ok) jr["error"] = row.error;
+    jr["text"] = row.result.text;
+    jr["tokens"] = row.result.tokens;
+    jr["stop_reason"] = std::string(stop_reason_name(row.result.stop_reason));
+    jr["metrics"] = row.metrics;
+    if (row.correct) {
+      jr["answer"] = row.answer;
+      jr["correct"] = *row.correct;
+    }
+    J["rows"].push_back(jr);
+  }
+  const auto nullable = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); };
+  J["per_prompt"] = nlohmann::json::object();
+  for (const auto& m : metric_names) {
+    nlohmann::json a = nlohmann::json::array();
+    for (size_t v = 0; v < V; ++v) {
+      nlohmann::json col = nlohmann::json::array();
+      for (double x : pp[m][v])
+        col.push_back(nullable(x));
+      a.push_back(col);
+    }
+    J["per_prompt"][m] = a;
+  }
+  J["aggregates"] = nlohmann::json::array();
+  for (size_t v = 0; v < V; ++v) {
+    nlohmann::json agg = {{"variant", names[v]}};
+    for (const auto& m : metric_names) {
+      std::vector<double> xs;
+      for (double x : pp[m][v])
+        if (std::isfinite(x)) xs.push_back(x);
+      agg["metrics"][m] = {{"mean", xs.empty() ? nlohmann::json() : nlohmann::json(ab::mean(xs))},
+                           {"sd", ab::stddev(xs)},
+                           {"n", xs.size()}};
+    }
+    std::map<std::string, int> stops;
+    size_t failed = 0;
+    for (const auto& row : rows)
+      if (row.variant == v) {
+        if (!row.ok) ++failed;
+        ++stops[row.ok ? std::string(stop_reason_name(row.result.stop_reason)) : "failed"];
+      }
+    agg["stop_reasons"] = stops;
+    agg["failed_runs"] = failed;
+    J["aggregates"].push_back(agg);
+  }
+  J["pairs"] = nlohmann::json::array();
+  for (size_t b = 1; b < V; ++b) {
+    nlohmann::json pr = {{"a", names[0]}, {"b", names[b]}};
+    for (size_t mi = 0; mi < metric_names.size(); ++mi) {
+      const std::string& m = metric_names[mi];
+      std::vector<double> d;
+      for (size_t i = 0; i < P; ++i)
+        if (std::isfinite(pp[m][0][i]) && std::isfinite(pp[m][b][i])) d.push_back(pp[m][b][i] - pp[m][0][i]);
+      if (d.empty()) continue;
+      const uint64_t bseed = S + 1000003ull * b + mi;
+      const double diff = ab::mean(d);
+      const ab::Interval iv = ab::bootstrap_mean_ci(d, boots, bseed, 0.95, ci);
+      const double p = ab::sign_flip_p(d, boots, bseed);
+      const int dir = better_of(m);
+      std::string verdict = "inconclusive", note;
+      if (!iv.covers(0)) {
+        const bool up = iv.lo > 0;
+        verdict = dir == 0 ? (up ? "higher" : "lower") : ((up ? 1 : -1) == dir ? "better" : "worse");
+      } else if (diff != 0) {
+        const int64_t need = ab::prompts_to_resolve(ab::stddev(d), diff);
+        if (need > static_cast<int64_t>(d.size()))
+          note = "underpowered: about " + std::to_string(need) + " prompts would resolve ±" +
+                 fmt(std::fabs(diff), 4);
+      }
+      pr["metrics"][m] = {{"diff", diff},           {"ci", {iv.lo, iv.hi}}, {"p", p},
+                          {"n", d.size()},          {"verdict", verdict},   {"note", note},
+                          {"bootstrap_seed", bseed}};
+    }
+    // McNemar on exact match, over (prompt, run) pairs; agreement; win/tie/loss by mean log-prob.
+    int64_t mb = 0, mc = 0, same = 0, both = 0;
+    std::map<std::pair<size_t, size_t>, const Row*> a_rows;
+    for (const auto& row : rows)
+      if (row.variant == 0) a_rows[{row.prompt, row.run}] = &row;
+    for (const auto& row : rows) {
+      if (row.variant != b) continue;
+      auto it = a_rows.find({row.prompt, row.run});
+      if (it == a_rows.end() || !it->second->ok || !row.ok) continue;
+      ++both;
+      if (it->second->result.text == row.result.text) ++same;
+      if (row.correct && it->second->correct) {
+        if (*it->second->correct && !*row.correct) ++mb;
+        if (!*it->second->correct && *row.correct) ++mc;
+      }
+    }
+    pr["mcnemar"] = {{"a_only_correct", mb}, {"b_only_correct", mc}, {"p", ab::mcnemar_exact_p(mb, mc)}};
+    pr["agreement"] = both ? static_cast<double>(same) / static_cast<double>(both) : 0.0;
+    int w = 0, t = 0, l = 0;
+    for (size_t i = 0; i < P; ++i) {
+      const double x = pp["mean_logprob"][0][i], y = pp["mean_logprob"][b][i];
+      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      (y > x ? w : y < x ? l : t)++;
+    }
+    pr["logprob_win_tie_loss"] = {w, t, l};
+    J["pairs"].push_back(pr);
+  }
+
+  // Output. Metrics no variant has (exact_match without `expected`) are left out of the tables.
+  const auto has_data = [&](const std::string& m) {
+    for (size_t v = 0; v < V; ++v)
+      if (!J["aggregates"][v]["metrics"][m]["mean"].is_null()) return true;
+    return false;
+  };
+  if (vm.count("html")) {
+    std::ostringstream h;
+    h << "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>loom ab</title><style>"
+         "body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:"
+         "12px 0}"
+         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}"
+         "td.l{text-align:left}.better{background:#e3f6e3}.worse{background:#fbe3e3}mark{background:#ffe28a}"
+         ".out{white-space:pre-wrap;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
+         "</style></head><body><h1>loom ab</h1>";
+    h << "<p>" << P << " prompts × " << runs << " runs × " << V << " variants; seeds " << S << " + i·" << runs
+      << " + r; " << boots << " bootstrap resamples (" << ci_name << "), 95% intervals"
+      << (interrupted ? "; <b>interrupted</b>: partial results" : "") << ".</p>";
+    h << "<table id='summary'><tr><th>metric</th>";
+    for (const auto& n : names)
+      h << "<th>" << html_escape(n) << "</th>";
+    for (size_t b = 1; b < V; ++b)
+      h << "<th>" << html_escape(names[b]) << " − " << html_escape(names[0]) << " [95% CI]</th>";
+    h << "</tr>";
+    for (const auto& m : metric_names) {
+      if (!has_data(m)) continue;
+      h << "<tr><td class='l'>" << html_escape(m) << "</td>";
+      for (size_t v = 0; v < V; ++v) {
+        const auto& mm = J["aggregates"][v]["metrics"][m]["mean"];
+        h << "<td>" << (mm.is_null() ? "—" : fmt(mm.get<double>())) << "</td>";
+      }
+      for (size_t b = 1; b < V; ++b) {
+        const auto& pm = J["pairs"][b - 1]["metrics"];
+        if (!pm.contains(m)) {
+          h << "<td>—</td>";
+          continue;
+        }
+        const auto& x = pm[m];
+        const std::string verdict = x["verdict"].get<std::string>();
+        h << "<td class='" << verdict << "'>" << fmt(x["diff"].get<double>()) << " ["
+          << fmt(x["ci"][0].get<double>()) << ", " << fmt(x["ci"][1].get<double>()) << "] "
+          << html_escape(verdict) << "</td>";
+      }
+      h << "</tr>";
+    }
+    h << "</table>";
+    std::vector<std::vector<double>> tpot(V), len(V);
+    for (size_t v = 0; v < V; ++v) {
+      tpot[v] = pp["tpot_ms"][v];
+      len[v] = pp["tokens"][v];
+    }
+    h << "<h2>Distributions (per prompt; red: mean)</h2>" << svg_strip("TPOT (ms)", names, tpot)
+      << svg_strip("output length (tokens)", names, len);
+    // CI bars of the differences, one panel per pair.
+    for (size_t b = 1; b < V; ++b) {
+      const auto& pm = J["pairs"][b - 1]["metrics"];
+      std::ostringstream o;
+      const int W = 620, row = 24, left = 170, H = 40 + row * static_cast<int>(pm.size());
+      o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+        << "' role='img'><title>"
+        << "differences " << html_escape(names[b]) << " − " << html_escape(names[0]) << "</title>";
+      int k = 0;
+      for (const auto& [m, x] : pm.items()) {
+        const double lo = x["ci"][0].get<double>(), hi = x["ci"][1].get<double>(),
+                     d = x["diff"].get<double>();
+        const double span = std::max({std::fabs(lo), std::fabs(hi), std::fabs(d), 1e-12});
+        const auto X = [&](double v) { return left + (v / span * 0.5 + 0.5) * (W - left - 20); };
+        const int y = 30 + row * k++;
+        const std::string color = x["verdict"] == "better"  ? "#2a8a2a"
+                                  : x["verdict"] == "worse" ? "#b02a2a"
+                                                            : "#666";
+        o << "<text x='4' y='" << y + 4 << "' font-size='12'>" << html_escape(m) << "</text>"
+          << "<line x1='" << X(0) << "' x2='" << X(0) << "' y1='" << y - 10 << "' y2='" << y + 10
+          << "' stroke='#aaa'/><line x1='" << X(lo) << "' x2='" << X(hi) << "' y1='" << y << "' y2='" << y
+          << "' stroke='" << color << "' stroke-width='3'/><circle cx='" << X(d) << "' cy='" << y
+          << "' r='4' fill='" << color << "'/>";
+      }
+      o << "</svg>";
+      h << "<h2>" << html_escape(names[b]) << " − " << html_escape(names[0])
+        << " (95% CI; each metric scaled to its own range, the grey line is 0)</h2>" << o.str();
+      const auto& pr = J["pairs"][b - 1];
+      h << "<p>agreement (same text): " << fmt(pr["agreement"].get<double>())
+        << "; win/tie/loss by mean log-prob: " << pr["logprob_win_tie_loss"][0] << "/"
+        << pr["logprob_win_tie_loss"][1] << "/" << pr["logprob_win_tie_loss"][2]
+        << "; McNemar exact p on exact match: " << fmt(pr["mcnemar"]["p"].get<double>()) << "</p>";
+    }
+    h << "<h2>Outputs (run 1; marked: words not in " << html_escape(names[0])
+      << "'s output)</h2><table id='outputs'><tr><th>prompt</th>";
+    for (const auto& n : names)
+      h << "<th>" << html_escape(n) << "</th>";
+    h << "</tr>";
+    for (size_t i = 0; i < P; ++i) {
+      std::vector<const Row*> rr(V, nullptr);
+      for (const auto& row : rows)
+        if (row.prompt == i && row.run == 0) rr[row.variant] = &row;
+      h << "<tr><td class='out'>" << html_escape(prompts[i].prompt) << "</td>";
+      for (size_t v = 0; v < V; ++v) {
+        if (!rr[v]) {
+          h << "<td class='out'>—</td>";
+        } else if (!rr[v]->ok) {
+          h << "<td class='out'>failed: " << html_escape(rr[v]->error) << "</td>";
+        } else {
+          const std::string base = rr[0] && rr[0]->ok ? rr[0]->result.text : std::string();
+          h << "<td class='out'>"
+            << (v == 0 ? html_escape(rr[v]->result.text) : marked_diff(base, rr[v]->result.text)) << "</td>";
+        }
+      }
+      h << "</tr>";
+    }
+    h << "</table></body></html>\n";
+    std::ofstream f(vm["html"].as<std::string>(), std::ios::binary);
+    if (!f) throw UsageError("cannot write --html " + vm["html"].as<std::string>());
+    f << h.str();
+  }
+  if (vm.count("json")) {
+    std::cout << J.dump() << "\n";
+  } else {
+    std::printf("%-32s", "metric");
+    for (const auto& n : names)
+      std::printf(" %14.14s", n.c_str());
+    for (size_t b = 1; b < V; ++b)
+      std::printf("   %-34.34s", (names[b] + " − " + names[0] + " [95% CI]").c_str());
+    std::printf("\n");
+    for (const auto& m : metric_names) {
+      if (!has_data(m)) continue;
+      std::printf("%-32.32s", m.c_str());
+      for (size_t v = 0; v < V; ++v) {
+        const auto& mm = J["aggregates"][v]["metrics"][m]["mean"];
+        std::printf(" %14s", mm.is_null() ? "-" : fmt(mm.get<double>()).c_str());
+      }
+      for (size_t b = 1; b < V; ++b) {
+        const auto& pm = J["pairs"][b - 1]["metrics"];
+        if (!pm.contains(m)) {
+          std::printf("   %-34s", "-");
+          continue;
+        }
+        const auto& x = pm[m];
+        const bool sig = !(x["ci"][0].get<double>() <= 0 && 0 <= x["ci"][1].get<double>());
+        const std::string cell = (sig ? "*" : " ") + fmt(x["diff"].get<double>()) + " [" +
+                                 fmt(x["ci"][0].get<double>()) + ", " + fmt(x["ci"][1].get<double>()) + "] " +
+                                 x["verdict"].get<std::string>();
+        std::printf("   %-34s", cell.c_str());
+      }
+      std::printf("\n");
+    }
+    for (size_t b = 1; b < V; ++b) {
+      const auto& pr = J["pairs"][b - 1];
+      std::printf("\n%s vs %s: agreement %.3f, mean log-prob win/tie/loss %d/%d/%d, McNemar p %.4f\n",
+                  names[b].c_str(), names[0].c_str(), pr["agreement"].get<double>(),
+                  pr["logprob_win_tie_loss"][0].get<int>(), pr["logprob_win_tie_loss"][1].get<int>(),
+                  pr["logprob_win_tie_loss"][2].get<int>(), pr["mcnemar"]["p"].get<double>());
+      for (const auto& [m, x] : pr["metrics"].items())
+        if (!x["note"].get<std::string>().empty())
+          std::printf("  %s: %s\n", m.c_str(), x["note"].get<std::string>().c_str());
+    }
+    std::printf("* the 95%% interval excludes 0. %zu prompts × %d runs; seeds %llu + i·%d + r.%s\n", P, runs,
+                static_cast<unsigned long long>(S), runs,
+                interrupted ? " Interrupted: partial results." : "");
+  }
+  for (const auto& row : rows)
+    if (!row.ok)
+      std::cerr << "loom: " << names[row.variant] << ", prompt " << row.prompt + 1 << ": " << row.error
+                << "\n";
+  return interrupted ? 130 : k_exit_ok;
+}
+
+} // namespace loom::cli

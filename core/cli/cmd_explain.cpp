@@ -1,0 +1,243 @@
+// `loom explain`: the request's sampler chain step by step — for each generated token the top
+// candidates with raw logit, softmax probability and probability after every stage of the chain,
+// which stage cut which candidate, and the token chosen. The tokens are exactly `loom run`'s with the
+// same pipeline and seed: the stages are the chain's own apply(), traced (SamplerChain::apply_traced).
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "loom/pipeline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace loom::cli {
+
+namespace {
+
+// Probabilities of the candidates still in the list: softmax of their (transformed) logits, as a
+// dist at that point would draw them. -inf logits have probability 0.
+std::map<TokenId, double> stage_probs(const Candidates& c) {
+  std::map<TokenId, double> p;
+  double mx = -INFINITY;
+  for (const auto& t : c.data)
+    if (!std::isnan(t.logit)) mx = std::max(mx, static_cast<double>(t.logit));
+  double z = 0;
+  for (const auto& t : c.data) {
+    const double e =
+        std::isfinite(mx) && !std::isnan(t.logit) ? std::exp(static_cast<double>(t.logit) - mx) : 0.0;
+    p[t.id] = e;
+    z += e;
+  }
+  for (auto& [id, v] : p)
+    v = z > 0 ? v / z : 0.0;
+  return p;
+}
+
+struct Stage {
+  std::string name;
+  std::map<TokenId, double> probs; // the survivors
+  TokenId selected = -1;           // a selecting stage's choice
+};
+struct Step {
+  std::vector<float> logits;
+  std::vector<Stage> stages;
+  TokenId chosen = -1;
+};
+
+class ExplainDecoder final : public Decoder {
+public:
+  explicit ExplainDecoder(std::vector<Step>* out) : out_(out) {}
+  std::string_view name() const noexcept override { return "explain"; }
+  void plan(DecodeSession& s) override {
+    if (s.finished(0) == StopReason::none) s.plan(0);
+  }
+  void update(DecodeSession& s) override {
+    if (s.finished(0) != StopReason::none || !s.logits(0)) return;
+    Step st;
+    st.logits.assign(s.logits(0), s.logits(0) + s.n_vocab());
+    const TokenId t = s.sample_traced(0, [&](size_t, const Sampler* smp, const Candidates& c) {
+      Stage stage;
+      stage.name = smp ? std::string(smp->name()) : "dist (chain end)";
+      stage.probs = stage_probs(c);
+      if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size())
+        stage.selected = c.data[static_cast<size_t>(c.selected)].id;
+      st.stages.push_back(std::move(stage));
+    });
+    st.chosen = t;
+    out_->push_back(std::move(st));
+    s.append(0, t);
+  }
+  bool done(const DecodeSession& s) const override { return s.finished(0) != StopReason::none; }
+  void results(DecodeSession& s) override { s.add_result(0, s.score(0)); }
+
+private:
+  std::vector<Step>* out_;
+};
+
+std::string shown(const Tokenizer& tok, TokenId id) {
+  std::string piece = tok.piece(id);
+  std::string out = "'";
+  for (unsigned char ch : piece) {
+    if (ch == '\n')
+      out += "\\n";
+    else if (ch < 0x20)
+      out += "?";
+    else
+      out += static_cast<char>(ch);
+  }
+  return out + "'";
+}
+
+// s padded with spaces to `width` code points (UTF-8), or cut to width − 1 and an ellipsis.
+std::string pad(const std::string& s, size_t width) {
+  std::vector<size_t> starts; // byte offset of each code point
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) starts.push_back(i);
+  if (starts.size() > width) return s.substr(0, starts[width - 1]) + "…";
+  return s + std::string(width - starts.size(), ' ');
+}
+
+} // namespace
+
+int cmd_explain(const std::vector<std::string>& args) {
+  po::options_description desc("loom explain options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
+    ("prompt,p", po::value<std::string>(), "prompt text")
+    ("steps", po::value<int>()->default_value(5), "generated tokens to explain")
+    ("top", po::value<int>()->default_value(8), "candidates listed per step (by raw logit)")
+    ("temp", po::value<double>(), "temperature (0 = greedy)")
+    ("top-k", po::value<long>(), "top-k (0 = off)")
+    ("top-p", po::value<double>(), "top-p in (0, 1]")
+    ("min-p", po::value<double>(), "min-p in [0, 1]")
+    ("seed", po::value<std::string>(), "RNG seed (default: the pipeline's, else random; reported)")
+    ("ignore-eos", "do not stop at end-of-generation tokens")
+    ("ctx-size", po::value<int>(), "context window (tokens)")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("json", "print one JSON object: every step's stages and candidates");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom explain (-c PIPELINE.toml | -m MODEL.gguf) -p TEXT [--steps N] [--top N] [--json]\n"
+          "For each generated token: the top candidates with their raw logit, softmax probability and\n"
+          "probability after each stage of the request's sampler chain, the stage that cut each one, and\n"
+          "the token chosen. The tokens are those `loom run` gives with the same pipeline and seed."))
+    return k_exit_ok;
+  if (!vm.count("config") && !vm.count("model"))
+    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
+  if (!vm.count("prompt")) throw UsageError("give a prompt with -p TEXT");
+  const int steps = vm["steps"].as<int>(), top = vm["top"].as<int>();
+  if (steps < 1 || steps > 4096) throw UsageError("--steps must be in 1..4096, got " + std::to_string(steps));
+  if (top < 1) throw UsageError("--top must be ≥ 1, got " + std::to_string(top));
+  PipelineConfig cfg = run_config_from_args(vm);
+  cfg.stop.max_tokens = steps;
+  if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
+  auto pipeline = Pipeline::create(cfg);
+  const Tokenizer& tok = pipeline->tokenizer();
+
+  std::vector<Step> trace;
+  GenerationRequest req;
+  req.prompt = vm["prompt"].as<std::string>();
+  req.decoder = [&trace] { return std::make_unique<ExplainDecoder>(&trace); };
+  const GenerationResult r = pipeline->generate(req);
+  if (!r.message.empty()) {
+    std::cerr << "loom: " << r.message << "\n";
+    return k_exit_error;
+  }
+
+  // Per step: the `top` candidates by raw logit, plus the chosen one if it is not among them.
+  nlohmann::json out = {{"prompt", req.prompt}, {"seed", *cfg.run.seed}, {"steps", nlohmann::json::array()}};
+  for (size_t si = 0; si < trace.size(); ++si) {
+    const Step& st = trace[si];
+    std::vector<TokenId> ids(st.logits.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<TokenId>(i);
+    const size_t n = std::min(ids.size(), static_cast<size_t>(top));
+    std::partial_sort(
+        ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](TokenId a, TokenId b) {
+          const float la = st.logits[static_cast<size_t>(a)], lb = st.logits[static_cast<size_t>(b)];
+          return la > lb || (la == lb && a < b);
+        });
+    ids.resize(n);
+    if (std::find(ids.begin(), ids.end(), st.chosen) == ids.end()) ids.push_back(st.chosen);
+    double mx = -INFINITY;
+    for (float l : st.logits)
+      mx = std::max(mx, static_cast<double>(l));
+    double z = 0;
+    for (float l : st.logits)
+      z += std::exp(static_cast<double>(l) - mx);
+
+    nlohmann::json js = {{"step", si + 1}, {"chosen", st.chosen}, {"chosen_text", tok.piece(st.chosen)}};
+    js["stages"] = nlohmann::json::array();
+    for (const Stage& sg : st.stages)
+      js["stages"].push_back(
+          {{"name", sg.name},
+           {"survivors", sg.probs.size()},
+           {"selected", sg.selected >= 0 ? nlohmann::json(sg.selected) : nlohmann::json()}});
+    js["candidates"] = nlohmann::json::array();
+    for (TokenId id : ids) {
+      nlohmann::json c = {{"id", id},
+                          {"text", tok.piece(id)},
+                          {"logit", st.logits[static_cast<size_t>(id)]},
+                          {"p", std::exp(static_cast<double>(st.logits[static_cast<size_t>(id)]) - mx) / z}};
+      c["after"] = nlohmann::json::array();
+      nlohmann::json cut_by;
+      for (const Stage& sg : st.stages) {
+        auto it = sg.probs.find(id);
+        if (it == sg.probs.end() || (it->second == 0 && cut_by.is_null())) {
+          if (cut_by.is_null()) cut_by = sg.name;
+          c["after"].push_back(nullptr);
+        } else {
+          c["after"].push_back(it->second);
+        }
+      }
+      c["cut_by"] = cut_by;
+      c["chosen"] = id == st.chosen;
+      js["candidates"].push_back(c);
+    }
+    out["steps"].push_back(js);
+  }
+  out["text"] = r.text;
+  out["tokens"] = r.tokens;
+  if (vm.count("json")) {
+    std::cout << out.dump() << "\n";
+    return k_exit_ok;
+  }
+
+  std::cout << "prompt: " << req.prompt << "   (seed " << *cfg.run.seed << ")\n";
+  for (const auto& js : out["steps"]) {
+    std::cout << "\nstep " << js["step"].get<size_t>() << ": chose "
+              << shown(tok, js["chosen"].get<TokenId>()) << " (" << js["chosen"].get<TokenId>() << ")\n";
+    std::printf("  %-16s %8s %8s", "candidate", "logit", "p");
+    for (const auto& sg : js["stages"])
+      std::printf(" %12.12s", sg["name"].get<std::string>().c_str());
+    std::printf("\n");
+    for (const auto& c : js["candidates"]) {
+      const std::string label = pad(shown(tok, c["id"].get<TokenId>()), 16);
+      std::printf("%s %s %8.3f %8.4f", c["chosen"].get<bool>() ? "*" : " ", label.c_str(),
+                  c["logit"].get<double>(), c["p"].get<double>());
+      bool cut = false;
+      for (const auto& a : c["after"]) {
+        if (a.is_null()) {
+          std::printf(" %12s", cut ? "" : "cut");
+          cut = true;
+        } else {
+          std::printf(" %12.4f", a.get<double>());
+        }
+      }
+      std::printf("\n");
+    }
+  }
+  std::cout << "\ntext: " << r.text << "\n";
+  return k_exit_ok;
+}
+
+} // namespace loom::cli

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# tests/ab/run_checks.sh LOOM SOURCE_DIR OUT_DIR — `loom ab` end to end on stories260K:
+#   1. every aggregate and interval of --json is recomputed from the rows by check_ab_json.py
+#      (three variants, two runs, JSONL prompts with expected answers; percentile and BCa);
+#   2. the --html report is opened in headless Chromium: the rendered DOM must hold the summary
+#      table and the SVG plots, the console must be free of errors; a screenshot is saved in OUT_DIR.
+# Exit 77 (skipped, with the reason) when the model or Chromium is missing.
+set -euo pipefail
+loom="$1"
+src="$2"
+out="$3"
+models="${LOOM_TEST_MODELS:-$src/models}"
+model="$models/stories260K.gguf"
+if [ ! -f "$model" ]; then
+  echo "SKIPPED: $model is missing (set LOOM_TEST_MODELS)"
+  exit 77
+fi
+mkdir -p "$out"
+set_model=(--set "model.path=\"$model\"")
+cfg="$src/configs"
+
+cat > "$out/ab_prompts.jsonl" <<'EOF'
+{"prompt": "Once upon a time", "expected": "1", "id": "first"}
+{"prompt": "Tom had 2 apples and", "expected": "3"}
+{"prompt": "The little dog", "expected": "2"}
+{"prompt": "Lily and Ben", "expected": "5"}
+{"prompt": "One day", "expected": "1"}
+EOF
+"$loom" ab -c "$cfg/greedy.toml" -c "$cfg/sampling.toml" -c "$cfg/quickstart.toml" --prompts "$out/ab_prompts.jsonl" \
+  --runs 2 -n 24 --json "${set_model[@]}" > "$out/ab_percentile.json"
+python3 "$src/tests/ab/check_ab_json.py" "$out/ab_percentile.json"
+"$loom" ab -c "$cfg/greedy.toml" -c "$cfg/sampling.toml" --prompts "$src/tests/data/ab_prompts.txt" --ci bca -n 24 \
+  --json --html "$out/ab.html" "${set_model[@]}" > "$out/ab_bca.json"
+python3 "$src/tests/ab/check_ab_json.py" "$out/ab_bca.json"
+
+chromium=""
+for c in chromium chromium-browser google-chrome; do
+  command -v "$c" >/dev/null && chromium="$c" && break
+done
+if [ -z "$chromium" ]; then
+  echo "SKIPPED (HTML part): no chromium (scripts/setup.sh --deps installs it); the JSON checks passed"
+  exit 77
+fi
+flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir="$out/chromium-profile")
+"$chromium" "${flags[@]}" --enable-logging=stderr --v=0 --dump-dom "file://$out/ab.html" > "$out/ab.dom.html" \
+  2> "$out/chromium.log" || { cat "$out/chromium.log"; exit 1; }
+grep -q "<table id=\"summary\"" "$out/ab.dom.html" || { echo "the rendered DOM has no summary table"; exit 1; }
+grep -q "<table id=\"outputs\"" "$out/ab.dom.html" || { echo "the rendered DOM has no outputs table"; exit 1; }
+n_svg=$(grep -o "<svg" "$out/ab.dom.html" | wc -l)
+[ "$n_svg" -ge 3 ] || { echo "expected 3 SVG plots (TPOT, length, CI bars), found $n_svg"; exit 1; }
+if grep -E "CONSOLE|Uncaught|SyntaxError" "$out/chromium.log"; then
+  echo "the console has errors (above)"
+  exit 1
+fi
+"$chromium" "${flags[@]}" --screenshot="$out/ab.png" --window-size=1280,2000 "file://$out/ab.html" \
+  > /dev/null 2>&1 || { echo "the screenshot failed"; exit 1; }
+[ -s "$out/ab.png" ] || { echo "no screenshot written"; exit 1; }
+echo "ab: JSON recomputed; HTML rendered by $chromium ($n_svg SVG plots, no console errors); screenshot $out/ab.png"
