@@ -500,7 +500,7 @@ int cmd_ab(const std::vector<std::string>& args) {
                           {"bootstrap_seed", bseed}};
     }
     // McNemar on exact match, over (prompt, run) pairs; agreement; win/tie/loss by mean log-prob.
-    int64_t mb = 0, mc = 0, same = 0, both = 0;
+    int64_t mb = 0, mc = 0, same = 0, both = 0, same_answer = 0, both_answered = 0;
     std::map<std::pair<size_t, size_t>, const Row*> a_rows;
     for (const auto& row : rows)
       if (row.variant == 0) a_rows[{row.prompt, row.run}] = &row;
@@ -513,10 +513,16 @@ int cmd_ab(const std::vector<std::string>& args) {
       if (row.correct && it->second->correct) {
         if (*it->second->correct && !*row.correct) ++mb;
         if (!*it->second->correct && *row.correct) ++mc;
+        ++both_answered;
+        if (row.answer == it->second->answer) ++same_answer;
       }
     }
     pr["mcnemar"] = {{"a_only_correct", mb}, {"b_only_correct", mc}, {"p", ab::mcnemar_exact_p(mb, mc)}};
     pr["agreement"] = both ? static_cast<double>(same) / static_cast<double>(both) : 0.0;
+    // With `expected`: runs whose extracted answers are equal (none extracted counts as equal).
+    pr["answer_agreement"] =
+        both_answered ? nlohmann::json(static_cast<double>(same_answer) / static_cast<double>(both_answered))
+                      : nlohmann::json();
     int w = 0, t = 0, l = 0;
     for (size_t i = 0; i < P; ++i) {
       const double x = pp["mean_logprob"][0][i], y = pp["mean_logprob"][b][i];

@@ -165,7 +165,7 @@ def main():
             check(x["verdict"] == want, f"verdict {m}: {x['verdict']} vs {want}")
         # McNemar, agreement, win/tie/loss
         a_rows = {(r["prompt"], r["run"]): r for r in rep["rows"] if r["variant"] == 0}
-        mb = mc = same = both = 0
+        mb = mc = same = both = same_ans = both_ans = 0
         for r in rep["rows"]:
             if r["variant"] != b:
                 continue
@@ -177,9 +177,12 @@ def main():
             if "correct" in a and "correct" in r:
                 mb += a["correct"] and not r["correct"]
                 mc += (not a["correct"]) and r["correct"]
+                both_ans += 1
+                same_ans += a["answer"] == r["answer"]
         check(pr["mcnemar"]["a_only_correct"] == mb and pr["mcnemar"]["b_only_correct"] == mc, "mcnemar counts")
         check(close(pr["mcnemar"]["p"], mcnemar(mb, mc)), "mcnemar p")
         check(close(pr["agreement"], same / both if both else 0.0), "agreement")
+        check(close(pr["answer_agreement"], same_ans / both_ans if both_ans else None), "answer agreement")
         w = t = l = 0
         for i in range(P):
             x, y = per["mean_logprob"][0][i], per["mean_logprob"][b][i]

@@ -33,6 +33,25 @@ python3 "$src/tests/ab/check_ab_json.py" "$out/ab_percentile.json"
   --json --html "$out/ab.html" "${set_model[@]}" > "$out/ab_bca.json"
 python3 "$src/tests/ab/check_ab_json.py" "$out/ab_bca.json"
 
+# Ctrl-C: the run stops after the current generation and still reports what it measured (exit 130).
+for i in $(seq 1 60); do echo "Once upon a time $i"; done > "$out/many.txt"
+"$loom" ab -c "$cfg/greedy.toml" -c "$cfg/sampling.toml" --prompts "$out/many.txt" -n 300 --json "${set_model[@]}" \
+  > "$out/ab_interrupted.json" &
+pid=$!
+sleep 1
+kill -INT "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 130 ] || { echo "an interrupted ab exits 130, got $rc"; exit 1; }
+python3 - "$out/ab_interrupted.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["interrupted"] is True, "interrupted flag"
+assert 0 < len(r["rows"]) < 120, f"partial rows: {len(r['rows'])}"
+print(f"ab: interrupted after {len(r['rows'])} of 120 runs; the report was written")
+PYEOF
+python3 "$src/tests/ab/check_ab_json.py" "$out/ab_interrupted.json"
+
 chromium=""
 for c in chromium chromium-browser google-chrome; do
   command -v "$c" >/dev/null && chromium="$c" && break
