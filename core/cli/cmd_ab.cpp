@@ -29,6 +29,7 @@ namespace {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) {
   g_interrupted.store(true);
+  std::signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once (signal() is async-signal-safe)
 }
 
 struct PromptItem {
@@ -47,6 +48,7 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
   while (std::getline(in, line)) {
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3); // a UTF-8 byte-order mark
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (!decided) {
       jsonl = line[line.find_first_not_of(" \t")] == '{';
@@ -74,9 +76,13 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
     if (j.contains("expected")) {
       if (j["expected"].is_string())
         p.expected = j["expected"].get<std::string>();
-      else if (j["expected"].is_number())
+      else if (j["expected"].is_number_integer())
         p.expected = j["expected"].dump();
-      else
+      else if (j["expected"].is_number()) { // 3.0 → "3", as a text's last number would read
+        const double x = j["expected"].get<double>();
+        p.expected = x == std::floor(x) && std::fabs(x) < 1e15 ? std::to_string(static_cast<int64_t>(x))
+                                                               : j["expected"].dump();
+      } else
         throw UsageError(where + ": \"expected\" must be a string or a number");
     }
     for (const auto& [k, v] : j.items())
@@ -111,17 +117,22 @@ struct Row {
 
 std::map<std::string, double> row_metrics(const GenerationResult& r, const std::optional<bool>& correct) {
   std::map<std::string, double> m;
-  m["ttft_ms"] = r.metrics.ttft_ms;
-  m["tpot_ms"] = r.metrics.tpot_ms;
-  m["tok_s"] = r.metrics.total_ms > 0 ? 1000.0 * r.metrics.n_generated / r.metrics.total_ms : 0.0;
-  m["tokens"] = static_cast<double>(r.tokens.size());
-  double lp = 0;
-  for (float x : r.logprobs)
-    lp += static_cast<double>(x);
-  m["mean_logprob"] = r.logprobs.empty() ? 0.0 : lp / static_cast<double>(r.logprobs.size());
-  m["distinct_1"] = ab::distinct_n(r.tokens, 1);
-  m["distinct_2"] = ab::distinct_n(r.tokens, 2);
-  m["repetition_4"] = ab::repetition_rate(r.tokens, 4);
+  // A metric that is undefined for this output (TPOT of one token, log-prob or distinct-n of an output
+  // too short) is left out — missing, not a perfect score.
+  const size_t n = r.tokens.size();
+  if (r.metrics.n_generated > 0) m["ttft_ms"] = r.metrics.ttft_ms;
+  if (r.metrics.n_generated > 1) m["tpot_ms"] = r.metrics.tpot_ms;
+  if (r.metrics.total_ms > 0) m["tok_s"] = 1000.0 * r.metrics.n_generated / r.metrics.total_ms;
+  m["tokens"] = static_cast<double>(n);
+  if (!r.logprobs.empty()) {
+    double lp = 0;
+    for (float x : r.logprobs)
+      lp += static_cast<double>(x);
+    m["mean_logprob"] = lp / static_cast<double>(r.logprobs.size());
+  }
+  if (n >= 1) m["distinct_1"] = ab::distinct_n(r.tokens, 1);
+  if (n >= 2) m["distinct_2"] = ab::distinct_n(r.tokens, 2);
+  if (n >= 4) m["repetition_4"] = ab::repetition_rate(r.tokens, 4);
   if (correct) m["exact_match"] = *correct ? 1.0 : 0.0;
   for (const auto& [k, v] : r.metrics.decoder)
     m["decoder." + k] = v;
@@ -281,6 +292,14 @@ int cmd_ab(const std::vector<std::string>& args) {
   (void)ab::extract_answer("", answer_regex); // a regex that does not compile fails here, before any run
   const auto prompts = load_prompts(vm["prompts"].as<std::string>());
 
+  if (vm.count("html")) { // refuse an unwritable report path before any run
+    std::ofstream probe(vm["html"].as<std::string>(), std::ios::binary | std::ios::app);
+    if (!probe) throw UsageError("cannot write --html " + vm["html"].as<std::string>());
+  }
+  // From here Ctrl-C stops after the current generation and the report covers what was measured.
+  g_interrupted = false;
+  auto old_handler = std::signal(SIGINT, on_sigint);
+
   // Variants: one pipeline each (pipelines that name the same model file share it).
   std::vector<std::string> names;
   std::vector<std::unique_ptr<Pipeline>> pipes;
@@ -319,8 +338,6 @@ int cmd_ab(const std::vector<std::string>& args) {
   }
 
   // Runs: per prompt, per run, every variant (interleaved, so drift on the machine hits all alike).
-  g_interrupted = false;
-  auto old_handler = std::signal(SIGINT, on_sigint);
   const bool tty = stderr_is_tty();
   const size_t V = pipes.size(), P = prompts.size(), R = static_cast<size_t>(runs);
   std::vector<Row> rows;
@@ -329,7 +346,10 @@ int cmd_ab(const std::vector<std::string>& args) {
   const size_t total = V * P * R;
   for (size_t i = 0; i < P && !g_interrupted; ++i)
     for (size_t r = 0; r < R && !g_interrupted; ++r)
-      for (size_t v = 0; v < V && !g_interrupted; ++v) {
+      for (size_t k = 0; k < V && !g_interrupted; ++k) {
+        // The variants' order rotates per (prompt, run): whichever runs first pays for what the
+        // others then find warm (a prompt length's graph in a shared model, caches), in turn.
+        const size_t v = (k + i * R + r) % V;
         if (tty) {
           const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           const double eta = done ? el / static_cast<double>(done) * static_cast<double>(total - done) : 0;
@@ -471,14 +491,27 @@ int cmd_ab(const std::vector<std::string>& args) {
     agg["failed_runs"] = failed;
     J["aggregates"].push_back(agg);
   }
+  // A pair compares a prompt only where both variants completed all R runs of it (an interrupted run,
+  // or a failed one, would otherwise pair means over different seeds).
+  std::vector<std::vector<size_t>> ok_runs(V, std::vector<size_t>(P, 0));
+  for (const auto& row : rows)
+    if (row.ok) ++ok_runs[row.variant][row.prompt];
   J["pairs"] = nlohmann::json::array();
   for (size_t b = 1; b < V; ++b) {
     nlohmann::json pr = {{"a", names[0]}, {"b", names[b]}};
+    std::vector<bool> paired(P);
+    size_t n_paired = 0;
+    for (size_t i = 0; i < P; ++i) {
+      paired[i] = ok_runs[0][i] == R && ok_runs[b][i] == R;
+      n_paired += paired[i] ? 1 : 0;
+    }
+    pr["prompts_paired"] = n_paired;
     for (size_t mi = 0; mi < metric_names.size(); ++mi) {
       const std::string& m = metric_names[mi];
       std::vector<double> d;
       for (size_t i = 0; i < P; ++i)
-        if (std::isfinite(pp[m][0][i]) && std::isfinite(pp[m][b][i])) d.push_back(pp[m][b][i] - pp[m][0][i]);
+        if (paired[i] && std::isfinite(pp[m][0][i]) && std::isfinite(pp[m][b][i]))
+          d.push_back(pp[m][b][i] - pp[m][0][i]);
       if (d.empty()) continue;
       const uint64_t bseed = S + 1000003ull * b + mi;
       const double diff = ab::mean(d);
@@ -486,11 +519,15 @@ int cmd_ab(const std::vector<std::string>& args) {
       const double p = ab::sign_flip_p(d, boots, bseed);
       const int dir = better_of(m);
       std::string verdict = "inconclusive", note;
-      if (!iv.covers(0)) {
+      // Resolved when the interval excludes 0 and the permutation test agrees (p < 0.05): with a
+      // handful of same-sign differences every bootstrap mean has that sign, but p = 2/2^n says the
+      // sign could still be chance.
+      if (!iv.covers(0) && p < 0.05) {
         const bool up = iv.lo > 0;
         verdict = dir == 0 ? (up ? "higher" : "lower") : ((up ? 1 : -1) == dir ? "better" : "worse");
       } else if (diff != 0) {
-        const int64_t need = ab::prompts_to_resolve(ab::stddev(d), diff);
+        const int64_t need =
+            std::max<int64_t>(ab::prompts_to_resolve(ab::stddev(d), diff), 6); // 2/2^6 < 0.05
         if (need > static_cast<int64_t>(d.size()))
           note = "underpowered: about " + std::to_string(need) + " prompts would resolve ±" +
                  fmt(std::fabs(diff), 4);
@@ -499,8 +536,17 @@ int cmd_ab(const std::vector<std::string>& args) {
                           {"n", d.size()},          {"verdict", verdict},   {"note", note},
                           {"bootstrap_seed", bseed}};
     }
-    // McNemar on exact match, over (prompt, run) pairs; agreement; win/tie/loss by mean log-prob.
+    // McNemar on exact match, per paired prompt (correct: at least half of its runs were, so repeated
+    // runs of a deterministic variant do not count as independent evidence); agreement and answer
+    // agreement over (prompt, run); win/tie/loss by mean log-prob over paired prompts.
     int64_t mb = 0, mc = 0, same = 0, both = 0, same_answer = 0, both_answered = 0;
+    for (size_t i = 0; i < P; ++i) {
+      const double x = pp["exact_match"][0][i], y = pp["exact_match"][b][i];
+      if (!paired[i] || !std::isfinite(x) || !std::isfinite(y)) continue;
+      const bool ca = x >= 0.5, cb = y >= 0.5;
+      if (ca && !cb) ++mb;
+      if (!ca && cb) ++mc;
+    }
     std::map<std::pair<size_t, size_t>, const Row*> a_rows;
     for (const auto& row : rows)
       if (row.variant == 0) a_rows[{row.prompt, row.run}] = &row;
@@ -511,14 +557,13 @@ int cmd_ab(const std::vector<std::string>& args) {
       ++both;
       if (it->second->result.text == row.result.text) ++same;
       if (row.correct && it->second->correct) {
-        if (*it->second->correct && !*row.correct) ++mb;
-        if (!*it->second->correct && *row.correct) ++mc;
         ++both_answered;
         if (row.answer == it->second->answer) ++same_answer;
       }
     }
     pr["mcnemar"] = {{"a_only_correct", mb}, {"b_only_correct", mc}, {"p", ab::mcnemar_exact_p(mb, mc)}};
-    pr["agreement"] = both ? static_cast<double>(same) / static_cast<double>(both) : 0.0;
+    pr["agreement"] =
+        both ? nlohmann::json(static_cast<double>(same) / static_cast<double>(both)) : nlohmann::json();
     // With `expected`: runs whose extracted answers are equal (none extracted counts as equal).
     pr["answer_agreement"] =
         both_answered ? nlohmann::json(static_cast<double>(same_answer) / static_cast<double>(both_answered))
@@ -526,7 +571,7 @@ int cmd_ab(const std::vector<std::string>& args) {
     int w = 0, t = 0, l = 0;
     for (size_t i = 0; i < P; ++i) {
       const double x = pp["mean_logprob"][0][i], y = pp["mean_logprob"][b][i];
-      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      if (!paired[i] || !std::isfinite(x) || !std::isfinite(y)) continue;
       (y > x ? w : y < x ? l : t)++;
     }
     pr["logprob_win_tie_loss"] = {w, t, l};
@@ -565,11 +610,12 @@ int cmd_ab(const std::vector<std::string>& args) {
         h << "<td>" << (mm.is_null() ? "—" : fmt(mm.get<double>())) << "</td>";
       }
       for (size_t b = 1; b < V; ++b) {
-        const auto& pm = J["pairs"][b - 1]["metrics"];
-        if (!pm.contains(m)) {
+        const nlohmann::json& pr_b = std::as_const(J)["pairs"][b - 1];
+        if (!pr_b.contains("metrics") || !pr_b["metrics"].contains(m)) {
           h << "<td>—</td>";
           continue;
         }
+        const auto& pm = pr_b["metrics"];
         const auto& x = pm[m];
         const std::string verdict = x["verdict"].get<std::string>();
         h << "<td class='" << verdict << "'>" << fmt(x["diff"].get<double>()) << " ["
@@ -588,7 +634,8 @@ int cmd_ab(const std::vector<std::string>& args) {
       << svg_strip("output length (tokens)", names, len);
     // CI bars of the differences, one panel per pair.
     for (size_t b = 1; b < V; ++b) {
-      const auto& pm = J["pairs"][b - 1]["metrics"];
+      const nlohmann::json& prb = std::as_const(J)["pairs"][b - 1];
+      const nlohmann::json pm = prb.contains("metrics") ? prb["metrics"] : nlohmann::json::object();
       std::ostringstream o;
       const int W = 620, row = 24, left = 170, H = 40 + row * static_cast<int>(pm.size());
       o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
@@ -614,7 +661,8 @@ int cmd_ab(const std::vector<std::string>& args) {
       h << "<h2>" << html_escape(names[b]) << " − " << html_escape(names[0])
         << " (95% CI; each metric scaled to its own range, the grey line is 0)</h2>" << o.str();
       const auto& pr = J["pairs"][b - 1];
-      h << "<p>agreement (same text): " << fmt(pr["agreement"].get<double>())
+      h << "<p>agreement (same text): "
+        << (pr["agreement"].is_null() ? std::string("—") : fmt(pr["agreement"].get<double>()))
         << "; win/tie/loss by mean log-prob: " << pr["logprob_win_tie_loss"][0] << "/"
         << pr["logprob_win_tie_loss"][1] << "/" << pr["logprob_win_tie_loss"][2]
         << "; McNemar exact p on exact match: " << fmt(pr["mcnemar"]["p"].get<double>()) << "</p>";
@@ -648,7 +696,7 @@ int cmd_ab(const std::vector<std::string>& args) {
     f << h.str();
   }
   if (vm.count("json")) {
-    std::cout << J.dump() << "\n";
+    std::cout << J.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::printf("%-32s", "metric");
     for (const auto& n : names)
@@ -664,13 +712,14 @@ int cmd_ab(const std::vector<std::string>& args) {
         std::printf(" %14s", mm.is_null() ? "-" : fmt(mm.get<double>()).c_str());
       }
       for (size_t b = 1; b < V; ++b) {
-        const auto& pm = J["pairs"][b - 1]["metrics"];
-        if (!pm.contains(m)) {
+        const nlohmann::json& pr_b = std::as_const(J)["pairs"][b - 1];
+        if (!pr_b.contains("metrics") || !pr_b["metrics"].contains(m)) {
           std::printf("   %-34s", "-");
           continue;
         }
+        const auto& pm = pr_b["metrics"];
         const auto& x = pm[m];
-        const bool sig = !(x["ci"][0].get<double>() <= 0 && 0 <= x["ci"][1].get<double>());
+        const bool sig = x["verdict"] != "inconclusive"; // the interval excludes 0 and p < 0.05
         const std::string cell = (sig ? "*" : " ") + fmt(x["diff"].get<double>()) + " [" +
                                  fmt(x["ci"][0].get<double>()) + ", " + fmt(x["ci"][1].get<double>()) + "] " +
                                  x["verdict"].get<std::string>();
@@ -679,16 +728,18 @@ int cmd_ab(const std::vector<std::string>& args) {
       std::printf("\n");
     }
     for (size_t b = 1; b < V; ++b) {
-      const auto& pr = J["pairs"][b - 1];
+      const nlohmann::json& pr = std::as_const(J)["pairs"][b - 1];
       std::printf("\n%s vs %s: agreement %.3f, mean log-prob win/tie/loss %d/%d/%d, McNemar p %.4f\n",
-                  names[b].c_str(), names[0].c_str(), pr["agreement"].get<double>(),
+                  names[b].c_str(), names[0].c_str(),
+                  pr["agreement"].is_null() ? std::nan("") : pr["agreement"].get<double>(),
                   pr["logprob_win_tie_loss"][0].get<int>(), pr["logprob_win_tie_loss"][1].get<int>(),
                   pr["logprob_win_tie_loss"][2].get<int>(), pr["mcnemar"]["p"].get<double>());
-      for (const auto& [m, x] : pr["metrics"].items())
-        if (!x["note"].get<std::string>().empty())
-          std::printf("  %s: %s\n", m.c_str(), x["note"].get<std::string>().c_str());
+      if (pr.contains("metrics"))
+        for (const auto& [m, x] : pr["metrics"].items())
+          if (!x["note"].get<std::string>().empty())
+            std::printf("  %s: %s\n", m.c_str(), x["note"].get<std::string>().c_str());
     }
-    std::printf("* the 95%% interval excludes 0. %zu prompts × %d runs; seeds %llu + i·%d + r.%s\n", P, runs,
+    std::printf("* resolved: the 95%% interval excludes 0 and the permutation p < 0.05. %zu prompts × %d runs; seeds %llu + i·%d + r.%s\n", P, runs,
                 static_cast<unsigned long long>(S), runs,
                 interrupted ? " Interrupted: partial results." : "");
   }

@@ -12,61 +12,98 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace loom::cli {
 
 namespace {
 
-// Probabilities of the candidates still in the list: softmax of their (transformed) logits, as a
-// dist at that point would draw them. -inf logits have probability 0.
-std::map<TokenId, double> stage_probs(const Candidates& c) {
-  std::map<TokenId, double> p;
-  double mx = -INFINITY;
-  for (const auto& t : c.data)
-    if (!std::isnan(t.logit)) mx = std::max(mx, static_cast<double>(t.logit));
-  double z = 0;
-  for (const auto& t : c.data) {
-    const double e =
-        std::isfinite(mx) && !std::isnan(t.logit) ? std::exp(static_cast<double>(t.logit) - mx) : 0.0;
-    p[t.id] = e;
-    z += e;
-  }
-  for (auto& [id, v] : p)
-    v = z > 0 ? v / z : 0.0;
-  return p;
-}
-
+// After a stage, the candidates still in play: those in the list with a logit above -inf. Their
+// probabilities are the softmax of their (transformed) logits, as a dist at that point would draw
+// them; a stage that selected without a distribution (greedy, temperature 0) is a point mass at its
+// pick; +inf logits share the mass, as the samplers' softmax does.
 struct Stage {
   std::string name;
-  std::map<TokenId, double> probs; // the survivors
-  TokenId selected = -1;           // a selecting stage's choice
+  std::map<TokenId, double> probs; // of the listed candidates that survive it
+  size_t survivors = 0;
+  TokenId selected = -1; // a selecting stage's choice
 };
 struct Step {
-  std::vector<float> logits;
+  std::vector<TokenId> listed;               // top `top` by raw logit (+ the chosen one)
+  std::vector<std::pair<float, double>> raw; // their logit and softmax probability
   std::vector<Stage> stages;
   TokenId chosen = -1;
 };
 
+void fill_stage(Stage& st, const Candidates& c, const std::vector<TokenId>& listed) {
+  const bool point = c.selected >= 0 && !c.has_probs && static_cast<size_t>(c.selected) < c.data.size();
+  double mx = -INFINITY;
+  size_t survivors = 0;
+  for (const auto& t : c.data)
+    if (!std::isnan(t.logit) && t.logit > -INFINITY) {
+      ++survivors;
+      mx = std::max(mx, static_cast<double>(t.logit));
+    }
+  std::map<TokenId, double> want;
+  for (TokenId id : listed)
+    want[id] = -1;
+  double z = 0;
+  for (const auto& t : c.data) {
+    if (std::isnan(t.logit) || t.logit == -INFINITY) continue;
+    const double e = std::isinf(mx) ? (static_cast<double>(t.logit) == mx ? 1.0 : 0.0)
+                                    : std::exp(static_cast<double>(t.logit) - mx);
+    z += e;
+    if (auto it = want.find(t.id); it != want.end()) it->second = e;
+  }
+  const TokenId pick = point ? c.data[static_cast<size_t>(c.selected)].id : -1;
+  for (const auto& [id, e] : want)
+    if (e >= 0) st.probs[id] = point ? (id == pick ? 1.0 : 0.0) : (z > 0 ? e / z : 0.0);
+  st.survivors = point ? 1 : survivors;
+}
+
 class ExplainDecoder final : public Decoder {
 public:
-  explicit ExplainDecoder(std::vector<Step>* out) : out_(out) {}
+  ExplainDecoder(std::vector<Step>* out, size_t top) : out_(out), top_(top) {}
   std::string_view name() const noexcept override { return "explain"; }
   void plan(DecodeSession& s) override {
     if (s.finished(0) == StopReason::none) s.plan(0);
   }
   void update(DecodeSession& s) override {
     if (s.finished(0) != StopReason::none || !s.logits(0)) return;
+    const float* l = s.logits(0);
+    const auto V = static_cast<size_t>(s.n_vocab());
+    std::vector<TokenId> ids(V);
+    for (size_t i = 0; i < V; ++i)
+      ids[i] = static_cast<TokenId>(i);
+    const size_t n = std::min(V, top_);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                      [&](TokenId a, TokenId b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    ids.resize(n);
+    // The stages' snapshots live for this step only (the chosen token is known after the draw);
+    // what is kept is O(top) per stage, not O(vocabulary).
     Step st;
-    st.logits.assign(s.logits(0), s.logits(0) + s.n_vocab());
+    std::vector<Candidates> snapshots;
     const TokenId t = s.sample_traced(0, [&](size_t, const Sampler* smp, const Candidates& c) {
       Stage stage;
       stage.name = smp ? std::string(smp->name()) : "dist (chain end)";
-      stage.probs = stage_probs(c);
       if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size())
         stage.selected = c.data[static_cast<size_t>(c.selected)].id;
       st.stages.push_back(std::move(stage));
+      snapshots.push_back(c);
     });
     st.chosen = t;
+    if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
+    for (size_t k = 0; k < snapshots.size(); ++k)
+      fill_stage(st.stages[k], snapshots[k], ids);
+    double mx = -INFINITY;
+    for (size_t i = 0; i < V; ++i)
+      mx = std::max(mx, static_cast<double>(l[i]));
+    double z = 0;
+    for (size_t i = 0; i < V; ++i)
+      z += std::exp(static_cast<double>(l[i]) - mx);
+    st.listed = ids;
+    for (TokenId id : ids)
+      st.raw.emplace_back(l[id], std::exp(static_cast<double>(l[id]) - mx) / z);
     out_->push_back(std::move(st));
     s.append(0, t);
   }
@@ -75,6 +112,7 @@ public:
 
 private:
   std::vector<Step>* out_;
+  size_t top_;
 };
 
 std::string shown(const Tokenizer& tok, TokenId id) {
@@ -138,6 +176,11 @@ int cmd_explain(const std::vector<std::string>& args) {
   if (steps < 1 || steps > 4096) throw UsageError("--steps must be in 1..4096, got " + std::to_string(steps));
   if (top < 1) throw UsageError("--top must be ≥ 1, got " + std::to_string(top));
   PipelineConfig cfg = run_config_from_args(vm);
+  if (cfg.decoder.name != "sample")
+    throw UsageError(
+        "loom explain traces the built-in sample decoder (one sequence through the sampler chain); this "
+        "pipeline's decoder is '" +
+        cfg.decoder.name + "': use a pipeline with [decoder] name = \"sample\"");
   cfg.stop.max_tokens = steps;
   if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
   auto pipeline = Pipeline::create(cfg);
@@ -146,53 +189,33 @@ int cmd_explain(const std::vector<std::string>& args) {
   std::vector<Step> trace;
   GenerationRequest req;
   req.prompt = vm["prompt"].as<std::string>();
-  req.decoder = [&trace] { return std::make_unique<ExplainDecoder>(&trace); };
+  req.decoder = [&trace, top] { return std::make_unique<ExplainDecoder>(&trace, static_cast<size_t>(top)); };
   const GenerationResult r = pipeline->generate(req);
   if (!r.message.empty()) {
     std::cerr << "loom: " << r.message << "\n";
     return k_exit_error;
   }
 
-  // Per step: the `top` candidates by raw logit, plus the chosen one if it is not among them.
   nlohmann::json out = {{"prompt", req.prompt}, {"seed", *cfg.run.seed}, {"steps", nlohmann::json::array()}};
   for (size_t si = 0; si < trace.size(); ++si) {
     const Step& st = trace[si];
-    std::vector<TokenId> ids(st.logits.size());
-    for (size_t i = 0; i < ids.size(); ++i)
-      ids[i] = static_cast<TokenId>(i);
-    const size_t n = std::min(ids.size(), static_cast<size_t>(top));
-    std::partial_sort(
-        ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](TokenId a, TokenId b) {
-          const float la = st.logits[static_cast<size_t>(a)], lb = st.logits[static_cast<size_t>(b)];
-          return la > lb || (la == lb && a < b);
-        });
-    ids.resize(n);
-    if (std::find(ids.begin(), ids.end(), st.chosen) == ids.end()) ids.push_back(st.chosen);
-    double mx = -INFINITY;
-    for (float l : st.logits)
-      mx = std::max(mx, static_cast<double>(l));
-    double z = 0;
-    for (float l : st.logits)
-      z += std::exp(static_cast<double>(l) - mx);
-
     nlohmann::json js = {{"step", si + 1}, {"chosen", st.chosen}, {"chosen_text", tok.piece(st.chosen)}};
     js["stages"] = nlohmann::json::array();
     for (const Stage& sg : st.stages)
       js["stages"].push_back(
           {{"name", sg.name},
-           {"survivors", sg.probs.size()},
+           {"survivors", sg.survivors},
            {"selected", sg.selected >= 0 ? nlohmann::json(sg.selected) : nlohmann::json()}});
     js["candidates"] = nlohmann::json::array();
-    for (TokenId id : ids) {
-      nlohmann::json c = {{"id", id},
-                          {"text", tok.piece(id)},
-                          {"logit", st.logits[static_cast<size_t>(id)]},
-                          {"p", std::exp(static_cast<double>(st.logits[static_cast<size_t>(id)]) - mx) / z}};
+    for (size_t li = 0; li < st.listed.size(); ++li) {
+      const TokenId id = st.listed[li];
+      nlohmann::json c = {
+          {"id", id}, {"text", tok.piece(id)}, {"logit", st.raw[li].first}, {"p", st.raw[li].second}};
       c["after"] = nlohmann::json::array();
       nlohmann::json cut_by;
       for (const Stage& sg : st.stages) {
         auto it = sg.probs.find(id);
-        if (it == sg.probs.end() || (it->second == 0 && cut_by.is_null())) {
+        if (it == sg.probs.end() || !cut_by.is_null()) { // cut here or earlier: out for good
           if (cut_by.is_null()) cut_by = sg.name;
           c["after"].push_back(nullptr);
         } else {
@@ -208,7 +231,7 @@ int cmd_explain(const std::vector<std::string>& args) {
   out["text"] = r.text;
   out["tokens"] = r.tokens;
   if (vm.count("json")) {
-    std::cout << out.dump() << "\n";
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return k_exit_ok;
   }
 

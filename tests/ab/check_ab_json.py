@@ -10,6 +10,7 @@ seeds), sign-flip permutation p-value, verdict, McNemar's exact test, agreement 
 """
 import json
 import math
+import re
 import statistics
 import sys
 
@@ -101,6 +102,24 @@ def mcnemar(b, c):
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n)
 
 
+def distinct(t, n):
+    if len(t) < n:
+        return None
+    grams = [tuple(t[i:i + n]) for i in range(len(t) - n + 1)]
+    return len(set(grams)) / len(grams)
+
+
+def repetition(t, n=4):
+    if len(t) < n:
+        return None
+    seen, rep_ = set(), 0
+    for i in range(len(t) - n + 1):
+        g = tuple(t[i:i + n])
+        rep_ += g in seen
+        seen.add(g)
+    return rep_ / (len(t) - n + 1)
+
+
 def close(a, b, tol=1e-9):
     if a is None or b is None:
         return a is None and b is None
@@ -118,6 +137,38 @@ def main():
     st = rep["settings"]
     V, P = len(rep["variants"]), len(rep["prompts"])
     names = rep["metric_names"]
+    R = st["runs"]
+    # the text metrics from each row's tokens (present only where defined)
+    for r in rep["rows"]:
+        if not r["ok"]:
+            continue
+        t = r["tokens"]
+        for key, want in (("tokens", float(len(t))), ("distinct_1", distinct(t, 1)), ("distinct_2", distinct(t, 2)),
+                          ("repetition_4", repetition(t, 4))):
+            got = r["metrics"].get(key)
+            check(close(got, want), f"{key} of row v{r['variant']} p{r['prompt']} r{r['run']}: {got} vs {want}")
+    # answers and exact match from the text (last_number, the default extraction)
+    if st["answer_regex"] == "last_number":
+        num = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+        for r in rep["rows"]:
+            exp = rep["prompts"][r["prompt"]]["expected"]
+            if not r["ok"] or exp is None:
+                continue
+            found = num.findall(r["text"])
+            answer = found[-1] if found else ""
+            want_found = num.findall(exp)
+            want = want_found[-1] if want_found else exp
+            check(r.get("answer") == answer, f"answer of row {r['variant']},{r['prompt']},{r['run']}")
+            check(r.get("correct") == (answer != "" and answer == want), "correct")
+            check(close(r["metrics"].get("exact_match"), 1.0 if r.get("correct") else 0.0), "exact_match")
+    # the grid: every (variant, prompt, run) once, unless interrupted
+    cells = {(r["variant"], r["prompt"], r["run"]) for r in rep["rows"]}
+    check(len(cells) == len(rep["rows"]), "a (variant, prompt, run) cell twice")
+    if not rep["interrupted"]:
+        check(len(cells) == V * P * R, f"{len(cells)} cells, expected {V * P * R}")
+    ok_runs = [[0] * P for _ in range(V)]
+    for r in rep["rows"]:
+        ok_runs[r["variant"]][r["prompt"]] += 1 if r["ok"] else 0
     # per prompt
     per = {}
     for m in names:
@@ -144,8 +195,11 @@ def main():
     # pairs
     for b in range(1, V):
         pr = rep["pairs"][b - 1]
+        paired = [ok_runs[0][i] == R and ok_runs[b][i] == R for i in range(P)]
+        check(pr["prompts_paired"] == sum(paired), "prompts_paired")
         for mi, m in enumerate(names):
-            d = [per[m][b][i] - per[m][0][i] for i in range(P) if per[m][0][i] is not None and per[m][b][i] is not None]
+            d = [per[m][b][i] - per[m][0][i] for i in range(P)
+                 if paired[i] and per[m][0][i] is not None and per[m][b][i] is not None]
             if not d:
                 check(m not in pr.get("metrics", {}), f"pair {b} {m} without data")
                 continue
@@ -155,10 +209,11 @@ def main():
             check(close(x["diff"], sum(d) / len(d)), f"diff {m}")
             lo, hi = bootstrap(d, st["bootstrap"], seed, st["level"], st["ci"])
             check(close(x["ci"][0], lo, 1e-7) and close(x["ci"][1], hi, 1e-7), f"ci {m}: {x['ci']} vs {[lo, hi]}")
-            check(close(x["p"], sign_flip(d, st["bootstrap"], seed)), f"p {m}")
+            p = sign_flip(d, st["bootstrap"], seed)
+            check(close(x["p"], p), f"p {m}")
             covers = lo <= 0 <= hi
             want = "inconclusive"
-            if not covers:
+            if not covers and p < 0.05:
                 up = lo > 0
                 bt = BETTER.get(m, 0)
                 want = ("higher" if up else "lower") if bt == 0 else ("better" if (1 if up else -1) == bt else "worse")
@@ -166,6 +221,12 @@ def main():
         # McNemar, agreement, win/tie/loss
         a_rows = {(r["prompt"], r["run"]): r for r in rep["rows"] if r["variant"] == 0}
         mb = mc = same = both = same_ans = both_ans = 0
+        for i in range(P):  # McNemar per paired prompt: correct when at least half its runs were
+            x, y = per["exact_match"][0][i], per["exact_match"][b][i]
+            if not paired[i] or x is None or y is None:
+                continue
+            mb += x >= 0.5 and y < 0.5
+            mc += x < 0.5 and y >= 0.5
         for r in rep["rows"]:
             if r["variant"] != b:
                 continue
@@ -175,18 +236,16 @@ def main():
             both += 1
             same += a["text"] == r["text"]
             if "correct" in a and "correct" in r:
-                mb += a["correct"] and not r["correct"]
-                mc += (not a["correct"]) and r["correct"]
                 both_ans += 1
                 same_ans += a["answer"] == r["answer"]
         check(pr["mcnemar"]["a_only_correct"] == mb and pr["mcnemar"]["b_only_correct"] == mc, "mcnemar counts")
         check(close(pr["mcnemar"]["p"], mcnemar(mb, mc)), "mcnemar p")
-        check(close(pr["agreement"], same / both if both else 0.0), "agreement")
+        check(close(pr["agreement"], same / both if both else None), "agreement")
         check(close(pr["answer_agreement"], same_ans / both_ans if both_ans else None), "answer agreement")
         w = t = l = 0
         for i in range(P):
             x, y = per["mean_logprob"][0][i], per["mean_logprob"][b][i]
-            if x is None or y is None:
+            if not paired[i] or x is None or y is None:
                 continue
             if y > x:
                 w += 1
