@@ -739,8 +739,9 @@ int cmd_ab(const std::vector<std::string>& args) {
           if (!x["note"].get<std::string>().empty())
             std::printf("  %s: %s\n", m.c_str(), x["note"].get<std::string>().c_str());
     }
-    std::printf("* resolved: the 95%% interval excludes 0 and the permutation p < 0.05. %zu prompts × %d runs; seeds %llu + i·%d + r.%s\n", P, runs,
-                static_cast<unsigned long long>(S), runs,
+    std::printf("* resolved: the 95%% interval excludes 0 and the permutation p < 0.05. %zu prompts × %d "
+                "runs; seeds %llu + i·%d + r.%s\n",
+                P, runs, static_cast<unsigned long long>(S), runs,
                 interrupted ? " Interrupted: partial results." : "");
   }
   for (const auto& row : rows)
