@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -211,7 +212,7 @@ std::string fmt(double v, int prec = 3) {
 // A strip plot of per-prompt values per variant (inline SVG).
 std::string svg_strip(const std::string& title, const std::vector<std::string>& names,
                       const std::vector<std::vector<double>>& values) {
-  double lo = INFINITY, hi = -INFINITY;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (const auto& v : values)
     for (double x : v)
       if (std::isfinite(x)) lo = std::min(lo, x), hi = std::max(hi, x);
@@ -406,7 +407,7 @@ int cmd_ab(const std::vector<std::string>& args) {
   std::map<std::string, std::vector<std::vector<double>>> pp; // metric → [variant][prompt]
   for (const auto& m : metric_names) {
     auto& t = pp[m];
-    t.assign(V, std::vector<double>(P, NAN));
+    t.assign(V, std::vector<double>(P, std::numeric_limits<double>::quiet_NaN()));
     std::vector<std::vector<std::pair<double, int>>> acc(V, std::vector<std::pair<double, int>>(P, {0.0, 0}));
     for (const auto& row : rows) {
       auto it = row.metrics.find(m);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -37,10 +38,10 @@ struct Step {
 
 void fill_stage(Stage& st, const Candidates& c, const std::vector<TokenId>& listed) {
   const bool point = c.selected >= 0 && !c.has_probs && static_cast<size_t>(c.selected) < c.data.size();
-  double mx = -INFINITY;
+  double mx = -std::numeric_limits<double>::infinity();
   size_t survivors = 0;
   for (const auto& t : c.data)
-    if (!std::isnan(t.logit) && t.logit > -INFINITY) {
+    if (!std::isnan(t.logit) && t.logit > -std::numeric_limits<float>::infinity()) {
       ++survivors;
       mx = std::max(mx, static_cast<double>(t.logit));
     }
@@ -49,7 +50,7 @@ void fill_stage(Stage& st, const Candidates& c, const std::vector<TokenId>& list
     want[id] = -1;
   double z = 0;
   for (const auto& t : c.data) {
-    if (std::isnan(t.logit) || t.logit == -INFINITY) continue;
+    if (std::isnan(t.logit) || t.logit == -std::numeric_limits<float>::infinity()) continue;
     const double e = std::isinf(mx) ? (static_cast<double>(t.logit) == mx ? 1.0 : 0.0)
                                     : std::exp(static_cast<double>(t.logit) - mx);
     z += e;
@@ -95,7 +96,7 @@ public:
     if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
     for (size_t k = 0; k < snapshots.size(); ++k)
       fill_stage(st.stages[k], snapshots[k], ids);
-    double mx = -INFINITY;
+    double mx = -std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < V; ++i)
       mx = std::max(mx, static_cast<double>(l[i]));
     double z = 0;

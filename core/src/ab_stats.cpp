@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
@@ -33,7 +34,8 @@ double normal_cdf(double z) {
 }
 
 double normal_quantile(double p) {
-  if (!(p > 0 && p < 1)) return p <= 0 ? -INFINITY : INFINITY;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  if (!(p > 0 && p < 1)) return p <= 0 ? -inf : inf;
   double lo = -40, hi = 40; // bisection on the CDF: 100 halvings reach double precision
   for (int i = 0; i < 100; ++i) {
     const double mid = 0.5 * (lo + hi);
