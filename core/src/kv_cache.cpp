@@ -125,10 +125,181 @@ private:
   std::map<SeqId, Slab> seqs_;
 };
 
+// Blocks of `block_size` positions from one pool, a block table per sequence, reference counts:
+// fork shares the parent's blocks (no copy); a block is copied only when a sequence is about to
+// write into one it shares (copy-on-write at allocate); truncate and free return blocks to the pool.
+// A block holds K and V of every layer: [kv][layer][block_size][n_head_kv · head_dim] f32.
+class PagedKVCache final : public KVCacheStore {
+public:
+  explicit PagedKVCache(const KVShape& s) : shape_(s) {
+    if (s.dtype != DType::f32)
+      fail(Errc::unsupported, "kv_cache",
+           "the paged store holds f32 only in this build, asked for " + std::string(dtype_name(s.dtype)));
+    if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
+        s.block_size <= 0)
+      fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
+    blocks_per_seq_ = (s.n_ctx + s.block_size - 1) / s.block_size;
+    n_blocks_ = s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq_) * s.n_seq_max;
+  }
+  std::string_view name() const noexcept override { return "paged"; }
+  const KVShape& shape() const noexcept override { return shape_; }
+
+  bool allocate(SeqId seq, int32_t n_new) override {
+    if (n_new < 0) return false;
+    auto it = seqs_.find(seq);
+    const bool fresh = it == seqs_.end();
+    if (fresh && static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max) return false;
+    const int32_t len = fresh ? 0 : it->second.length;
+    if (len + n_new > shape_.n_ctx) return false;
+    const std::vector<int32_t> none;
+    const std::vector<int32_t>& table = fresh ? none : it->second.blocks;
+    // Blocks needed: the ones the new positions reach beyond the table, plus a private copy of the
+    // last block when the first new position lands in a block this sequence shares.
+    const int32_t need_blocks = (len + n_new + shape_.block_size - 1) / shape_.block_size;
+    int64_t fresh_blocks = std::max<int64_t>(0, need_blocks - static_cast<int64_t>(table.size()));
+    const bool cow = n_new > 0 && len % shape_.block_size != 0 &&
+                     refs_[static_cast<size_t>(table[static_cast<size_t>(len / shape_.block_size)])] > 1;
+    if (free_blocks() < fresh_blocks + (cow ? 1 : 0)) return false;
+    if (fresh) it = seqs_.emplace(seq, Seq{}).first;
+    Seq& q = it->second;
+    if (cow) {
+      const size_t at = static_cast<size_t>(len / shape_.block_size);
+      const int32_t copy = take_block();
+      std::memcpy(block(copy), block(q.blocks[at]), block_elems() * sizeof(float));
+      release(q.blocks[at]);
+      q.blocks[at] = copy;
+    }
+    for (; fresh_blocks > 0; --fresh_blocks)
+      q.blocks.push_back(take_block());
+    q.length = len + n_new;
+    peak_blocks_ = std::max(peak_blocks_, in_use_);
+    return true;
+  }
+  void free(SeqId seq) noexcept override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return;
+    for (int32_t b : it->second.blocks)
+      release(b);
+    seqs_.erase(it);
+  }
+  bool fork(SeqId parent, SeqId child) override {
+    auto it = seqs_.find(parent);
+    if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max)
+      return false;
+    Seq c = it->second; // the same blocks, shared
+    for (int32_t b : c.blocks)
+      ++refs_[static_cast<size_t>(b)];
+    seqs_.emplace(child, std::move(c));
+    return true;
+  }
+  void truncate(SeqId seq, int32_t n) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return;
+    Seq& q = it->second;
+    q.length = std::clamp(n, 0, q.length);
+    const auto keep = static_cast<size_t>((q.length + shape_.block_size - 1) / shape_.block_size);
+    while (q.blocks.size() > keep) {
+      release(q.blocks.back());
+      q.blocks.pop_back();
+    }
+  }
+  int32_t length(SeqId seq) const noexcept override {
+    auto it = seqs_.find(seq);
+    return it == seqs_.end() ? 0 : it->second.length;
+  }
+  bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
+  int32_t free_sequences() const noexcept override {
+    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
+  }
+
+  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
+  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
+
+  size_t bytes_allocated() const noexcept override { return static_cast<size_t>(in_use_) * block_bytes(); }
+  size_t bytes_used() const noexcept override {
+    size_t n = 0;
+    for (const auto& [id, q] : seqs_)
+      n += static_cast<size_t>(q.length);
+    return n * 2 * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.row_elems()) *
+           sizeof(float);
+  }
+  size_t bytes_allocated_peak() const noexcept override {
+    return static_cast<size_t>(peak_blocks_) * block_bytes();
+  }
+  void reset_peak() noexcept override { peak_blocks_ = in_use_; }
+  size_t bytes_capacity() const noexcept override { return static_cast<size_t>(n_blocks_) * block_bytes(); }
+
+  int64_t blocks_in_use() const noexcept { return in_use_; }
+
+private:
+  struct Seq {
+    std::vector<int32_t> blocks;
+    int32_t length = 0;
+  };
+  size_t block_elems() const noexcept {
+    return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.block_size) *
+           static_cast<size_t>(shape_.row_elems());
+  }
+  size_t block_bytes() const noexcept { return block_elems() * sizeof(float); }
+  int64_t free_blocks() const noexcept { return n_blocks_ - in_use_; }
+  float* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
+  int32_t take_block() {
+    int32_t b;
+    if (!free_list_.empty()) {
+      b = free_list_.back();
+      free_list_.pop_back();
+    } else {
+      b = static_cast<int32_t>(storage_.size());
+      try {
+        storage_.push_back(std::make_unique_for_overwrite<float[]>(block_elems()));
+      } catch (const std::bad_alloc&) {
+        fail(Errc::out_of_memory, "kv_cache",
+             "cannot allocate a KV block of " + std::to_string(block_bytes()) + " bytes");
+      }
+      refs_.push_back(0);
+    }
+    refs_[static_cast<size_t>(b)] = 1;
+    ++in_use_;
+    return b;
+  }
+  void release(int32_t b) noexcept {
+    if (--refs_[static_cast<size_t>(b)] == 0) {
+      free_list_.push_back(b);
+      --in_use_;
+    }
+  }
+  float* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
+    auto it = seqs_.find(seq);
+    LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
+    LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
+    LOOM_ASSERT(layer >= 0 && layer < shape_.n_layer, "KV layer out of range");
+    const int32_t b = it->second.blocks[static_cast<size_t>(pos / shape_.block_size)];
+    const size_t idx =
+        ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
+             static_cast<size_t>(shape_.block_size) +
+         static_cast<size_t>(pos % shape_.block_size)) *
+        static_cast<size_t>(shape_.row_elems());
+    return block(b) + idx;
+  }
+
+  KVShape shape_;
+  int32_t blocks_per_seq_ = 0;
+  int64_t n_blocks_ = 0;
+  std::vector<std::unique_ptr<float[]>> storage_; // blocks made so far (reused through free_list_)
+  std::vector<int32_t> refs_;
+  std::vector<int32_t> free_list_;
+  int64_t in_use_ = 0, peak_blocks_ = 0;
+  std::map<SeqId, Seq> seqs_;
+};
+
 } // namespace
 
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape) {
   return std::make_unique<ContiguousKVCache>(shape);
+}
+
+std::unique_ptr<KVCacheStore> make_paged_kv_cache(const KVShape& shape) {
+  return std::make_unique<PagedKVCache>(shape);
 }
 
 } // namespace loom

@@ -44,8 +44,6 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
          cfg.source + ": " + key + " = " + user_value(value) + " is not available with backend " +
              user_value(cfg.backend.name) + " (not implemented in this build); use " + use);
   };
-  if (cfg.kv_cache.store != "contiguous")
-    unavailable("[kv_cache] store", cfg.kv_cache.store, "store = \"contiguous\"");
   if (cfg.kv_cache.dtype != "f32") unavailable("[kv_cache] dtype", cfg.kv_cache.dtype, "dtype = \"f32\"");
   if (cfg.attention.kernel != "naive")
     unavailable("[attention] kernel", cfg.attention.kernel, "kernel = \"naive\"");
@@ -148,7 +146,11 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
          cfg.source + ": [kv_cache] max_tokens = " + std::to_string(cfg.kv_cache.max_tokens) +
              " is smaller than the context (" + std::to_string(p->n_ctx_) +
              "); raise it or lower [model] n_ctx");
-  p->kv_ = make_contiguous_kv_cache(shape);
+  shape.block_size = cfg.kv_cache.block_size;
+  const auto make_store = [&](const KVShape& sh) {
+    return cfg.kv_cache.store == "paged" ? make_paged_kv_cache(sh) : make_contiguous_kv_cache(sh);
+  };
+  p->kv_ = make_store(shape);
   RequestTemplate tmpl;
   tmpl.make_decoder = make_decoder;
   if (!cfg.verifier.name.empty()) {
@@ -215,7 +217,9 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     p->draft_backend_ =
         make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
                      be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
-    p->draft_kv_ = make_contiguous_kv_cache(p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_));
+    KVShape dshape = p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_);
+    dshape.block_size = cfg.kv_cache.block_size;
+    p->draft_kv_ = make_store(dshape);
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
   p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,

@@ -463,8 +463,10 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   if (const auto* t = section(c, root, "kv_cache")) {
     c.only_keys(*t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens"});
     read_string(c, *t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
-    cfg.kv_cache.block_size =
-        static_cast<int32_t>(read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "in 1..4096"));
+    cfg.kv_cache.block_size = static_cast<int32_t>(
+        read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "a power of two in 1..4096"));
+    if ((cfg.kv_cache.block_size & (cfg.kv_cache.block_size - 1)) != 0)
+      c.error(*t->get("block_size"), "kv_cache.block_size", "a power of two in 1..4096");
     read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
     cfg.kv_cache.max_tokens =
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));

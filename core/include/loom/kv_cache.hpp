@@ -1,8 +1,8 @@
 // loom/kv_cache.hpp — K/V storage for all sequences.
 //
-// `contiguous`: one max-length slab per sequence. Positions [0, length(seq)) of a sequence are
-// valid; allocate() reserves room for new positions and returns false when there is none (an
-// expected outcome: the caller stops or preempts the request, it is not an error).
+// `contiguous`: one max-length slab per sequence. `paged`: blocks shared by forks (below). Positions [0,
+// length(seq)) of a sequence are valid; allocate() reserves room for new positions and returns false when
+// there is none (an expected outcome: the caller stops or preempts the request, it is not an error).
 #pragma once
 
 #include "loom/dtype.hpp"
@@ -24,6 +24,8 @@ struct KVShape {
   int32_t n_ctx = 0;     // positions per sequence
   int32_t n_seq_max = 1; // sequences that can live at once
   DType dtype = DType::f32;
+  int32_t block_size = 16; // paged store: positions per block
+  int64_t n_blocks = 0;    // paged store: blocks in the pool (0: enough for n_seq_max full sequences)
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
@@ -59,5 +61,10 @@ public:
 // f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are
 // touched (and become resident) only as positions are written or copied.
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape);
+
+// f32 paged store: a pool of blocks of `block_size` positions, a block table per sequence, fork by
+// sharing blocks (reference counts; copy-on-write when a sequence writes into a block it shares),
+// truncate and free returning blocks. Blocks are made as needed and reused.
+std::unique_ptr<KVCacheStore> make_paged_kv_cache(const KVShape& shape);
 
 } // namespace loom
