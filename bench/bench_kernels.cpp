@@ -44,37 +44,8 @@ std::vector<uint8_t> random_matrix(DType t) {
   return w;
 }
 
-void decode(benchmark::State& state, DType t, bool repacked) {
-  const auto isa = cpu::detect_isa();
-  const auto w = random_matrix(t);
-  std::vector<uint8_t> wp;
-  if (repacked) {
-    wp.resize(cpu::repacked_bytes(t, K, N));
-    cpu::repack(t, w.data(), row_bytes(t, K), K, N, wp.data());
-  }
-  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : x)
-    v = nd(rng);
-  for (auto _ : state) {
-    if (repacked)
-      cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), 1, y.data(), 1);
-    else
-      cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), 1, y.data(), 1);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
-                          static_cast<int64_t>(repacked ? wp.size() : w.size()));
-  state.SetLabel(cpu::isa_name(isa));
-}
-
-// A small batch of T tokens (speculative verification of k + 1 positions, beams): the time should
-// stay near one token's while the weights dominate (the counter `vs_one_token` is time / T=1 time
-// only when read side by side; Google Benchmark reports each T on its own line).
-void small_batch(benchmark::State& state, DType t, bool repacked) {
-  const int64_t T = state.range(0);
+// T tokens against the matrix (decode: T = 1), in its GGUF layout or repacked.
+void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
   const auto isa = cpu::detect_isa();
   const auto w = random_matrix(t);
   std::vector<uint8_t> wp;
@@ -95,8 +66,25 @@ void small_batch(benchmark::State& state, DType t, bool repacked) {
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(repacked ? wp.size() : w.size()));
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T); // tokens/s
   state.SetLabel(cpu::isa_name(isa));
+}
+
+void decode(benchmark::State& state, DType t, bool repacked) {
+  run_matmul(state, t, repacked, 1);
+}
+
+// A small batch of T tokens (speculative verification of k + 1 positions, beams): compare each T's
+// time with T = 1's — while the weights dominate it should stay near one token's.
+void small_batch(benchmark::State& state, DType t, bool repacked) {
+  run_matmul(state, t, repacked, state.range(0));
+}
+
+void batch_sizes(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 2, 5, 8})
+    b->Arg(t);
 }
 
 BENCHMARK_CAPTURE(decode, f32, DType::f32, false)->Unit(benchmark::kMillisecond);
@@ -113,29 +101,13 @@ BENCHMARK_CAPTURE(decode, q6_k_repacked, DType::q6_k, true)->Unit(benchmark::kMi
 
 } // namespace
 
-BENCHMARK_CAPTURE(small_batch, f16, DType::f16, false)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(5)
-    ->Arg(8)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(small_batch, bf16, DType::bf16, false)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(5)
-    ->Arg(8)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, f16, DType::f16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, bf16, DType::bf16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, q8_0_repacked, DType::q8_0, true)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(5)
-    ->Arg(8)
+    ->Apply(batch_sizes)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, q4_0_repacked, DType::q4_0, true)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(5)
-    ->Arg(8)
+    ->Apply(batch_sizes)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

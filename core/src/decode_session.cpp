@@ -113,7 +113,6 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   ++ctx_.next_kv_seq;
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = p.model;
-  c->stop = p.stop;
   c->kv = kv;
   c->tokens = p.tokens;
   c->draft = p.draft;
@@ -124,19 +123,30 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
                    p.rows.begin() + static_cast<std::ptrdiff_t>((p.row_off + p.n_rows) * V));
     c->n_rows = p.n_rows;
   }
-  c->chain = p.chain->clone();
+  copy_state(p, *c);
+  return adopt(std::move(c));
+}
+
+// What a fork carries besides tokens, K/V and logits: sampler / stop / detokenizer state, text,
+// log-probs, the end state and the per-length checkpoints.
+void DecodeSession::copy_state(const Seq& p, Seq& c) {
+  c.stop = p.stop;
+  c.chain = p.chain->clone();
   for (const auto& sp : p.plugins)
-    c->plugins.push_back(sp->clone());
-  c->detok = p.detok;
-  c->text = p.text;
-  c->logprobs = p.logprobs;
-  c->logprob_sum = p.logprob_sum;
-  c->finished = p.finished;
-  c->stop_string = p.stop_string;
-  c->final_score = p.final_score;
-  c->history = p.history;
+    c.plugins.push_back(sp->clone());
+  c.detok = p.detok;
+  c.text = p.text;
+  c.logprobs = p.logprobs;
+  c.logprob_sum = p.logprob_sum;
+  c.finished = p.finished;
+  c.stop_string = p.stop_string;
+  c.final_score = p.final_score;
+  c.history = p.history;
+}
+
+LocalSeq DecodeSession::adopt(std::unique_ptr<Seq> s) {
   const LocalSeq id = next_seq_++;
-  seqs_.emplace(id, std::move(c));
+  seqs_.emplace(id, std::move(s));
   ++events_;
   return id;
 }
@@ -153,23 +163,10 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   ++ctx_.next_kv_seq;
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = 1;
-  c->stop = p.stop;
   c->kv = kv;
   c->tokens = p.tokens; // committed tokens only; none evaluated on the draft model yet
-  c->chain = p.chain->clone();
-  for (const auto& sp : p.plugins)
-    c->plugins.push_back(sp->clone());
-  c->detok = p.detok;
-  c->text = p.text;
-  c->logprobs = p.logprobs;
-  c->logprob_sum = p.logprob_sum;
-  c->finished = p.finished;
-  c->stop_string = p.stop_string;
-  c->history = p.history;
-  const LocalSeq id = next_seq_++;
-  seqs_.emplace(id, std::move(c));
-  ++events_;
-  return id;
+  copy_state(p, *c);
+  return adopt(std::move(c));
 }
 
 void DecodeSession::set_metric(const std::string& key, double value) {

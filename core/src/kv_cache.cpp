@@ -12,6 +12,14 @@ namespace loom {
 
 namespace {
 
+// Bytes of K and V at the written positions of every sequence (Σ lengths), whatever the layout.
+template <class Map> size_t positions_bytes(const KVShape& s, const Map& seqs) noexcept {
+  size_t n = 0;
+  for (const auto& kv : seqs)
+    n += static_cast<size_t>(kv.second.length);
+  return n * 2 * static_cast<size_t>(s.n_layer) * static_cast<size_t>(s.row_elems()) * sizeof(float);
+}
+
 // One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] f32.
 class ContiguousKVCache final : public KVCacheStore {
 public:
@@ -77,13 +85,7 @@ public:
   size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_elems() * sizeof(float); }
   size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_elems() * sizeof(float); }
   void reset_peak() noexcept override { peak_seqs_ = seqs_.size(); }
-  size_t bytes_used() const noexcept override {
-    size_t n = 0;
-    for (const auto& [id, slab] : seqs_)
-      n += static_cast<size_t>(slab.length);
-    return n * 2 * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.row_elems()) *
-           sizeof(float);
-  }
+  size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
   size_t bytes_capacity() const noexcept override {
     return static_cast<size_t>(shape_.n_seq_max) * slab_elems() * sizeof(float);
   }
@@ -216,13 +218,7 @@ public:
   float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
   size_t bytes_allocated() const noexcept override { return static_cast<size_t>(in_use_) * block_bytes(); }
-  size_t bytes_used() const noexcept override {
-    size_t n = 0;
-    for (const auto& [id, q] : seqs_)
-      n += static_cast<size_t>(q.length);
-    return n * 2 * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.row_elems()) *
-           sizeof(float);
-  }
+  size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
   size_t bytes_allocated_peak() const noexcept override {
     return static_cast<size_t>(peak_blocks_) * block_bytes();
   }

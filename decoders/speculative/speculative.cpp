@@ -167,10 +167,10 @@ private:
   void draft_step(Session& s) {
     if (s.logits(draft_seq_).empty()) return;
     ++draft_forwards_;
-    q_.resize(drafts_.size() + 1);
-    q_.back().resize(V_);
-    s.probs(draft_seq_, q_.back());
-    const auto d = static_cast<loom_token>(draw(q_.back(), s.uniform()));
+    const size_t i = drafts_.size();
+    if (q_.size() <= i) q_.emplace_back(V_); // kept across rounds: no allocation per draft token
+    s.probs(draft_seq_, q_[i]);
+    const auto d = static_cast<loom_token>(draw(q_[i], s.uniform()));
     drafts_.push_back(d);
     const int32_t reason = s.append(draft_seq_, d);
     if (reason != LOOM_STOP_NONE || drafts_.size() >= k_cur_) submit_drafts(s);
@@ -240,7 +240,6 @@ private:
 
   void next_round(Session& s) {
     drafts_.clear();
-    q_.clear();
     if (drafter_ == Drafter::model) {
       // The draft sequence holds the old committed tokens + its drafts: back to the accepted ones,
       // then the target's last token (no re-prefill: only that token and at most one draft are new).
@@ -288,7 +287,7 @@ private:
   Phase phase_ = Phase::verify;
   bool prefilled_ = false;
   std::vector<loom_token> drafts_;
-  std::vector<std::vector<float>> q_; // q_[i]: the draft distribution drafts_[i] was drawn from
+  std::vector<std::vector<float>> q_; // q_[i]: the draft distribution drafts_[i] was drawn from (this round)
   std::vector<float> p_, r_;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
          draft_forwards_ = 0;

@@ -265,6 +265,17 @@ std::vector<RefHyp> hf_beam_search(const std::vector<int32_t>& prompt, size_t W,
   return hyps;
 }
 
+// The reported hypotheses equal `want` (tokens, scores within 1e-5); returns them as one string.
+std::string expect_hypotheses(const nlohmann::json& j, const std::vector<RefHyp>& want) {
+  std::string got;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(j["hypotheses"][i]["tokens"].get<std::vector<int32_t>>(), want[i].tokens) << i;
+    EXPECT_NEAR(j["hypotheses"][i]["score"].get<double>(), want[i].score, 1e-5) << i;
+    got += j["hypotheses"][i]["tokens"].dump();
+  }
+  return got;
+}
+
 TEST(BeamSearch, EarlyStoppingFollowsHuggingFace) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
@@ -289,12 +300,7 @@ TEST(BeamSearch, EarlyStoppingFollowsHuggingFace) {
         const auto j = nlohmann::json::parse(r.out);
         const auto want = hf_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), w, alpha, early, 6);
         ASSERT_EQ(j["hypotheses"].size(), want.size()) << r.out;
-        std::string got;
-        for (size_t i = 0; i < want.size(); ++i) {
-          EXPECT_EQ(j["hypotheses"][i]["tokens"].get<std::vector<int32_t>>(), want[i].tokens) << i;
-          EXPECT_NEAR(j["hypotheses"][i]["score"].get<double>(), want[i].score, 1e-5) << i;
-          got += j["hypotheses"][i]["tokens"].dump();
-        }
+        const std::string got = expect_hypotheses(j, want);
         if (w == 2 && alpha == 2.0) distinct.insert(got);
       }
   EXPECT_EQ(distinct.size(), 3u) << "at width 2 and length_penalty 2 the three modes give three answers";
@@ -401,12 +407,7 @@ TEST(BeamSearch, DiverseGroupsFollowHuggingFace) {
           hf_group_beam_search(j["prompt_tokens"].get<std::vector<int32_t>>(), 4, groups, penalty, 1.0, 5);
       if (want.size() > 4) want.resize(4);
       ASSERT_EQ(j["hypotheses"].size(), want.size()) << r.out;
-      std::string got;
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_EQ(j["hypotheses"][i]["tokens"].get<std::vector<int32_t>>(), want[i].tokens) << i;
-        EXPECT_NEAR(j["hypotheses"][i]["score"].get<double>(), want[i].score, 1e-5) << i;
-        got += j["hypotheses"][i]["tokens"].dump();
-      }
+      const std::string got = expect_hypotheses(j, want);
       distinct.insert(got);
     }
   EXPECT_GE(distinct.size(), 3u) << "the diversity penalty must change the hypotheses";

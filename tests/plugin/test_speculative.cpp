@@ -288,7 +288,7 @@ TEST(Speculative, BadKeysAndDraftFilesAreOneLineErrors) {
       {" --set decoder.drafter='\"tree\"'", "drafter must be \"model\", \"ngram\" or \"auto\""},
       {" --set decoder.k_min=5 --set decoder.k=2", "expected k_min ≤ k ≤ k_max"},
       {" --set decoder.ngram_min=4", "expected ngram_min ≤ ngram_max"},
-      {" --set decoder.kk=3", "kk"},
+      {" --set decoder.kk=3", "unknown key 'kk' for decoder 'speculative'"},
       {" --set decoder.draft='\"/nonexistent/d.gguf\"'", "no such file"},
       {" --set decoder.draft='\"" + (d / "not.gguf").string() + "\"'", "cannot be loaded"},
       {" --set decoder.draft_backend='\"cpu\"'", "a [decoder] draft = \"x.gguf\" for it to apply to"},

@@ -189,6 +189,8 @@ private:
   void stream(Seq& s, bool final);
   void checkpoint(Seq& s);
   StopReason commit_token(Seq& s, TokenId token);
+  void copy_state(const Seq& p, Seq& c);
+  LocalSeq adopt(std::unique_ptr<Seq> s);
   void drop_draft(Seq& s);
   void uncache(Seq& s, int32_t keep); // K/V of positions ≥ keep dropped
   KVCacheStore& kv_of(int model) const;
