@@ -80,7 +80,13 @@ nlohmann::json to_json(const GenerationResult& r) {
                   {"prefill_ms", r.metrics.prefill_ms},
                   {"kv_reserved_peak_bytes", r.metrics.kv_reserved_peak_bytes},
                   {"kv_used_peak_bytes", r.metrics.kv_used_peak_bytes},
-                  {"tokens_evaluated", r.metrics.tokens_evaluated}};
+                  {"tokens_evaluated", r.metrics.tokens_evaluated},
+                  {"queue_ms", r.metrics.queue_ms},
+                  {"itl_p50_ms", r.metrics.itl_p50_ms},
+                  {"itl_p90_ms", r.metrics.itl_p90_ms},
+                  {"itl_max_ms", r.metrics.itl_max_ms},
+                  {"e2e_ms", r.metrics.total_ms},
+                  {"preemptions", r.metrics.preemptions}};
   if (r.metrics.draft_tokens_evaluated > 0)
     j["metrics"]["draft_tokens_evaluated"] = r.metrics.draft_tokens_evaluated;
   if (r.metrics.draft_forward_ms > 0) {

@@ -45,6 +45,10 @@ struct DecodeSession::Seq {
   std::string stop_string;
   double final_score = 0;
   bool planned = false;
+  // Pending work (begin_work): positions [n_cached, target) to evaluate, rows from position out_from.
+  bool pending = false;
+  bool in_flight = false; // a chunk taken this step, its forward not yet run
+  int32_t target = 0, out_from = 0;
   std::vector<std::shared_ptr<const Checkpoint>> history; // [k]: after k generated tokens
 
   explicit Seq(StopConfig cfg) : stop(std::move(cfg)) {}
@@ -231,7 +235,7 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   s.finished = StopReason::none;
   s.stop_string.clear();
   s.final_score = 0;
-  // The logits of the new last token: evaluated again when the sequence is next planned (take_work
+  // The logits of the new last token: evaluated again when the sequence is next planned (begin_work
   // drops its K/V then); a decoder that appends first pays only for the new token.
   s.n_rows = 0;
   uncache(s, static_cast<int32_t>(n_tokens));
@@ -507,8 +511,7 @@ double DecodeSession::verify(std::string_view text) const {
 
 // ---- engine-facing ----
 
-std::vector<DecodeSession::Work> DecodeSession::take_work() {
-  std::vector<Work> out;
+void DecodeSession::begin_work() {
   const auto V = static_cast<size_t>(n_vocab());
   for (LocalSeq id : planned_) {
     auto it = seqs_.find(id);
@@ -525,41 +528,117 @@ std::vector<DecodeSession::Work> DecodeSession::take_work() {
     const int32_t out_from = q.n_rows >= 1 ? n_committed : n_committed - 1;
     uncache(q, out_from);
     if (q.n_rows > 1) q.n_rows = 1;
-    const int32_t n_new = n_all - q.n_cached;
-    LOOM_ASSERT(n_new > 0, "a plan evaluates at least one token");
-    if (!kv_of(q.model).allocate(q.kv, n_new)) {
-      end_seq(q, StopReason::max_context);
-      continue;
-    }
-    Work w;
-    w.seq = id;
-    w.model = q.model;
-    w.kv = q.kv;
-    w.first_pos = q.n_cached;
-    w.out_from = out_from;
-    w.first_row = out_from - (n_committed - 1);
-    for (int32_t p = q.n_cached; p < n_all; ++p)
-      w.tokens.push_back(p < n_committed ? q.tokens[static_cast<size_t>(p)]
-                                         : q.draft[static_cast<size_t>(p - n_committed)]);
-    // Rows buffer: row 0 kept (moved to the front), room for every row this pass writes.
+    LOOM_ASSERT(n_all - q.n_cached > 0, "a plan evaluates at least one token");
+    // Rows buffer: row 0 kept (moved to the front), room for every row this plan writes.
     if (q.n_rows == 1 && q.row_off > 0)
       std::copy_n(q.rows.begin() + static_cast<std::ptrdiff_t>(q.row_off * V), V, q.rows.begin());
     q.row_off = 0;
     q.rows.resize(rows_wanted * V);
     q.n_rows = rows_wanted;
-    q.n_cached = n_all;
-    evaluated_[q.model == 0 ? 0 : 1] += static_cast<size_t>(n_new);
-    out.push_back(std::move(w));
+    q.pending = true;
+    q.target = n_all;
+    q.out_from = out_from;
     ++events_;
   }
   planned_.clear();
+}
+
+bool DecodeSession::work_pending() const noexcept {
+  for (const auto& [id, q] : seqs_)
+    if (q->pending) return true;
+  return false;
+}
+
+std::vector<DecodeSession::Pending> DecodeSession::pending() const {
+  std::vector<Pending> out;
+  for (const auto& [id, q] : seqs_)
+    if (q->pending) out.push_back({id, q->model, q->target - q->n_cached});
   return out;
+}
+
+std::optional<DecodeSession::Work> DecodeSession::take_chunk(LocalSeq seq, int32_t n) {
+  Seq& q = at(seq);
+  LOOM_ASSERT(q.pending && !evicted_ && n > 0, "a chunk of pending work");
+  n = std::min(n, q.target - q.n_cached);
+  if (!kv_of(q.model).allocate(q.kv, n)) return std::nullopt;
+  const auto n_committed = static_cast<int32_t>(q.tokens.size());
+  Work w;
+  w.seq = seq;
+  w.model = q.model;
+  w.kv = q.kv;
+  w.first_pos = q.n_cached;
+  w.out_from = q.out_from;
+  w.first_row = std::max(q.n_cached, q.out_from) - (n_committed - 1);
+  for (int32_t p = q.n_cached; p < q.n_cached + n; ++p)
+    w.tokens.push_back(p < n_committed ? q.tokens[static_cast<size_t>(p)]
+                                       : q.draft[static_cast<size_t>(p - n_committed)]);
+  q.n_cached += n;
+  q.in_flight = true;
+  if (q.n_cached == q.target) q.pending = false;
+  evaluated_[q.model == 0 ? 0 : 1] += static_cast<size_t>(n);
+  ++events_;
+  return w;
+}
+
+void DecodeSession::end_pending(LocalSeq seq, StopReason reason) {
+  Seq& q = at(seq);
+  q.pending = false;
+  q.n_rows = 0;
+  if (q.finished == StopReason::none) end_seq(q, reason);
+}
+
+void DecodeSession::chunks_evaluated() noexcept {
+  for (auto& [id, q] : seqs_)
+    q->in_flight = false;
+}
+
+void DecodeSession::evict() {
+  for (auto& [id, q] : seqs_) {
+    if (q->kv >= 0) kv_of(q->model).free(q->kv);
+    q->n_cached = 0;
+    if (q->in_flight) q->pending = true; // its chunk never ran: its rows are still owed
+    q->in_flight = false;
+  }
+  evicted_ = true;
+  ++events_;
+}
+
+bool DecodeSession::restore() {
+  if (!evicted_) return true;
+  std::vector<Seq*> done;
+  for (auto& [id, q] : seqs_) {
+    if (q->kv < 0) continue;
+    if (!kv_of(q->model).allocate(q->kv, 0)) {
+      for (Seq* d : done)
+        kv_of(d->model).free(d->kv);
+      return false;
+    }
+    done.push_back(q.get());
+  }
+  evicted_ = false;
+  return true;
+}
+
+int64_t DecodeSession::positions_needed() const noexcept {
+  int64_t n = 0;
+  for (const auto& [id, q] : seqs_)
+    if (q->kv >= 0 && q->model == 0)
+      n += q->pending ? q->target
+                      : (q->finished == StopReason::none ? static_cast<int64_t>(q->tokens.size()) : 0);
+  return n;
+}
+
+size_t DecodeSession::max_generated() const noexcept {
+  size_t n = 0;
+  for (const auto& [id, q] : seqs_)
+    n = std::max(n, q->tokens.size() - prompt_.size());
+  return n;
 }
 
 void DecodeSession::set_logits(LocalSeq seq, size_t row, std::span<const float> logits) {
   Seq& s = at(seq);
   const auto V = static_cast<size_t>(n_vocab());
-  LOOM_ASSERT(logits.size() == V && row < s.n_rows && s.row_off == 0, "a row take_work() prepared");
+  LOOM_ASSERT(logits.size() == V && row < s.n_rows && s.row_off == 0, "a row begin_work() prepared");
   std::copy(logits.begin(), logits.end(), s.rows.begin() + static_cast<std::ptrdiff_t>(row * V));
 }
 

@@ -1,7 +1,8 @@
-// The step loop: admit (scheduler) → plan (decoders) → one batched forward (scheduler's batch) →
-// update (decoders) → collect finished requests. A failure of a decoder, the backend or a decoder
-// that stops making progress ends that request with StopReason::error and a message — never the
-// engine, and never silently.
+// The step loop: take submitted/cancelled → admit (scheduler) → plan (decoders) → the scheduler's
+// batch (decodes first, prefill chunks in the token budget, preemption when KV runs out) → one
+// forward per model → update (decoders whose plan is fully evaluated) → collect finished requests.
+// A failure of a decoder, the backend or a decoder that stops making progress ends that request with
+// StopReason::error and a message — never the engine, and never silently.
 #include "loom/engine.hpp"
 
 #include "loom/error.hpp"
@@ -19,23 +20,40 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 // Steps in a row in which a decoder neither evaluated, appended, forked nor ended anything before
 // its request is failed (a decoder that plans nothing would otherwise spin generate_all forever).
 constexpr int k_max_stalled_steps = 3;
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
 } // namespace
 
 struct Engine::Request {
   RequestId id;
   std::unique_ptr<DecodeSession> session;
+  std::function<std::unique_ptr<Decoder>()> make_decoder; // called at the first admission (stepping thread)
   std::unique_ptr<Decoder> decoder;
+  std::function<void(RequestId, const GenerationResult&)> on_finish;
   bool started = false;
   bool cancelled = false;
-  std::string error; // a decoder, backend or engine failure ended this request
+  bool admitted = false;
+  bool awaiting_update = false; // planned; its update comes once the plan's work is evaluated
+  bool recompute = false;       // preempted: its evicted positions are being evaluated again
+  std::string error;            // a decoder, backend or engine failure ended this request
   uint64_t seed = 0;
   int32_t max_new_tokens = -1;
-  Clock::time_point t_submit, t_first{}, t_prefill0{}, t_prefill1{};
+  Clock::time_point t_submit, t_admit{}, t_first{}, t_last{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
   double forward_ms[2] = {0, 0};       // wall time of the forwards (target, draft) this request took part in
   double first_forward_ms[2] = {0, 0}; // of them, the first (the prompt's)
   bool forwarded[2] = {false, false};
   size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran
+  size_t n_generated = 0;                        // at the last step (inter-token latency)
+  std::vector<double> itl_ms;
+  int32_t preemptions = 0;
   uint64_t last_progress = 0;
   int stalled = 0;
 
@@ -63,11 +81,6 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
 Engine::~Engine() = default; // sessions free their KV sequences
 
 RequestId Engine::submit(EngineRequest req) {
-  auto r = std::make_unique<Request>();
-  r->id = next_id_++;
-  r->seed = req.seed;
-  r->max_new_tokens = req.max_new_tokens;
-  r->t_submit = Clock::now();
   const int32_t n_vocab = ctx_.n_vocab;
   for (TokenId t : req.prompt)
     if (t < 0 || t >= n_vocab)
@@ -78,26 +91,69 @@ RequestId Engine::submit(EngineRequest req) {
     fail(Errc::invalid_argument, "engine",
          "the prompt is empty and no BOS token is added: there is nothing to condition on (give a prompt or "
          "enable [run] add_bos)");
+  auto r = std::make_unique<Request>();
+  r->seed = req.seed;
+  r->max_new_tokens = req.max_new_tokens;
+  r->t_submit = Clock::now();
+  r->make_decoder = req.decoder ? std::move(req.decoder) : tmpl_.make_decoder;
+  r->on_finish = std::move(req.on_finish);
+  std::lock_guard lock(mu_);
+  r->id = next_id_++;
+  // The session only keeps references here; the KV store is touched at admission (stepping thread).
   r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
                                                req.max_new_tokens, std::move(req.on_text));
-  r->decoder = req.decoder ? req.decoder() : tmpl_.make_decoder();
   const RequestId id = r->id;
-  waiting_.push_back(std::move(r));
+  incoming_.push_back(std::move(r));
+  cv_.notify_all();
   return id;
 }
 
+void Engine::cancel(RequestId id) {
+  std::lock_guard lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_all();
+}
+
+bool Engine::wait_for_work(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return !incoming_.empty() || !cancels_.empty(); });
+}
+
+// Brings in what other threads submitted or cancelled since the last step.
+void Engine::take_incoming() {
+  std::vector<std::unique_ptr<Request>> in;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard lock(mu_);
+    in.swap(incoming_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : in)
+    waiting_.push_back(std::move(r));
+  for (RequestId id : cancels) {
+    for (auto& r : running_)
+      if (r->id == id) r->cancelled = true;
+    for (auto& r : waiting_)
+      if (r->id == id) r->cancelled = true;
+  }
+}
+
+// A preempted request goes back to the queue at its arrival place (ahead of those that came later).
+void Engine::requeue(std::unique_ptr<Request> r) {
+  auto at = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id > r->id; });
+  waiting_.insert(at, std::move(r));
+}
+
 bool Engine::idle() const noexcept {
-  return waiting_.empty() && running_.empty() && early_.empty();
+  std::lock_guard lock(mu_);
+  return waiting_.empty() && running_.empty() && early_.empty() && incoming_.empty();
 }
 size_t Engine::n_running() const noexcept {
   return running_.size();
 }
-
-void Engine::cancel(RequestId id) {
-  for (auto& r : running_)
-    if (r->id == id) r->cancelled = true;
-  for (auto& r : waiting_)
-    if (r->id == id) r->cancelled = true;
+size_t Engine::n_waiting() const noexcept {
+  std::lock_guard lock(mu_);
+  return waiting_.size() + incoming_.size();
 }
 
 std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
@@ -145,6 +201,15 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.prefill_ms = r.first_forward_ms[0];
   m.draft_prefill_ms = r.first_forward_ms[1];
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
+  m.queue_ms = ms_between(r.t_submit, r.t_admit != Clock::time_point{} ? r.t_admit : t_end);
+  m.itl_ms = r.itl_ms;
+  m.itl_p50_ms = percentile(r.itl_ms, 0.5);
+  m.itl_p90_ms = percentile(r.itl_ms, 0.9);
+  m.itl_max_ms = r.itl_ms.empty() ? 0 : *std::max_element(r.itl_ms.begin(), r.itl_ms.end());
+  m.preemptions = r.preemptions;
+  ++stats_.finished;
+  stats_.prompt_tokens += static_cast<size_t>(m.n_prompt);
+  stats_.output_tokens += static_cast<size_t>(m.n_generated);
   const double prefill_s = std::chrono::duration<double>(r.t_prefill1 - r.t_prefill0).count();
   m.prefill_tok_s = prefill_s > 0 ? m.n_prompt / prefill_s : 0;
   if (m.n_generated > 1 && r.t_first != Clock::time_point{}) {
@@ -167,36 +232,52 @@ template <class R, class F> void guard(R& r, F&& f) {
 } // namespace
 
 // Starts waiting requests in order while the scheduler admits them; one that must wait for room
-// keeps its place (and the ones behind it theirs).
+// keeps its place (and the ones behind it theirs). A preempted request gets its KV sequences back
+// and continues its pending work from position 0.
 void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
   while (!waiting_.empty()) {
     Request& head = *waiting_.front();
     DecodeSession& s = *head.session;
     const auto finish_now = [&](StopReason reason, std::string message) {
-      if (!s.exists(0)) (void)s.open(tmpl_); // a sequence for the result, when the store has room
+      if (!head.admitted && !s.exists(0))
+        (void)s.open(tmpl_); // a sequence for the result, when there is room
       s.end_all(reason);
       auto res = finish_request(head);
       if (!message.empty()) {
         res.second.stop_reason = reason;
         res.second.message = std::move(message);
       }
+      if (head.on_finish) head.on_finish(res.first, res.second);
       done.push_back(std::move(res));
       waiting_.pop_front();
     };
     if (head.cancelled) {
-      finish_now(StopReason::cancelled, "");
+      finish_now(head.error.empty() ? StopReason::cancelled : StopReason::error, "");
       continue;
     }
-    const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), running_.size());
+    const int64_t needed = head.admitted ? s.positions_needed() : static_cast<int64_t>(s.n_prompt());
+    const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), needed, running_.size());
     if (d.admission == Scheduler::Admission::wait) return;
     if (d.admission == Scheduler::Admission::never) {
       finish_now(d.reason, d.why);
       continue;
     }
-    if (!s.open(tmpl_)) return; // the store refused a sequence after all: wait for room
-    if (head.max_new_tokens == 0) {
-      finish_now(StopReason::max_tokens, "");
-      continue;
+    if (head.admitted) {
+      if (!s.restore()) return; // no free KV sequences after all: wait
+    } else {
+      if (!s.open(tmpl_)) return; // the store refused a sequence after all: wait for room
+      head.admitted = true;
+      head.t_admit = Clock::now();
+      if (head.max_new_tokens == 0) {
+        finish_now(StopReason::max_tokens, "");
+        continue;
+      }
+      guard(head, [&] { head.decoder = head.make_decoder(); });
+      if (!head.decoder) {
+        head.failed("the decoder could not be made");
+        finish_now(StopReason::error, "");
+        continue;
+      }
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -204,38 +285,55 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
 }
 
 std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
+  const auto t_step = Clock::now();
   std::vector<std::pair<RequestId, GenerationResult>> done = std::move(early_);
   early_.clear();
 
-  // 1. Admission.
+  // 1. What other threads submitted and cancelled; admission.
+  take_incoming();
   admit(done);
 
-  // 2. Plans.
-  for (auto& r : running_) {
-    DecodeSession& s = *r->session;
-    if (r->cancelled) continue;
-    guard(*r, [&] {
-      if (!r->started) {
-        r->started = true;
-        r->decoder->start(s);
+  // 2. Plans, from the requests whose last plan is fully evaluated (the others continue theirs).
+  std::vector<char> called(running_.size(), 0);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    DecodeSession& s = *r.session;
+    if (r.cancelled || r.awaiting_update) continue;
+    called[i] = 1;
+    guard(r, [&] {
+      if (!r.started) {
+        r.started = true;
+        r.decoder->start(s);
       }
-      if (!r->decoder->done(s)) r->decoder->plan(s);
+      if (r.decoder->done(s)) return;
+      r.decoder->plan(s);
+      s.begin_work();
+      r.awaiting_update = true;
     });
   }
 
-  // 3. One batch with every planned sequence's unevaluated tokens.
-  std::vector<DecodeSession*> sessions;
-  for (auto& r : running_)
-    sessions.push_back(r->cancelled ? nullptr : r->session.get());
-  std::erase(sessions, nullptr);
+  // 3. The scheduler's batch: chunks of pending work within the token budget; preemption for room.
   std::vector<Request*> owners;
+  std::vector<Scheduler::Candidate> cands;
   for (auto& r : running_)
-    if (!r->cancelled) owners.push_back(r.get());
-  const std::array<Scheduler::Batch, 2> batches = scheduler_.build(sessions);
+    if (!r->cancelled) {
+      owners.push_back(r.get());
+      cands.push_back({r->session.get(), r->prefilled && !r->recompute});
+    }
+  const Scheduler::Step plan = scheduler_.build(cands);
+  for (size_t j : plan.preempted) {
+    owners[j]->recompute = true;
+    ++owners[j]->preemptions;
+    ++stats_.preemptions;
+  }
+  bool any_forward = false;
   for (int m = 0; m < 2; ++m) {
-    const Scheduler::Batch& batch = batches[static_cast<size_t>(m)];
+    const Scheduler::Batch& batch = plan.batches[static_cast<size_t>(m)];
     if (batch.empty()) continue;
     LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
+    any_forward = true;
+    ++stats_.forwards;
+    stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
     const int32_t V = ctx_.n_vocab;
     std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
     const auto t0 = Clock::now();
@@ -253,40 +351,58 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
             e.what());
     }
     const auto t1 = Clock::now();
-    for (size_t i = 0; i < batch.outs.size(); ++i) // each request in the batch once
-      if (i == 0 || batch.outs[i].session != batch.outs[i - 1].session) {
-        Request& r = *owners[batch.outs[i].session];
+    std::vector<char> seen(owners.size(), 0);
+    for (const auto& o : batch.outs) // each request with rows in the batch once
+      if (!seen[o.session]) {
+        seen[o.session] = 1;
+        Request& r = *owners[o.session];
         r.forward_ms[m] += ms_between(t0, t1);
         if (!r.forwarded[m]) r.first_forward_ms[m] = ms_between(t0, t1);
         r.forwarded[m] = true;
       }
     for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
       const auto& o = batch.outs[i];
-      sessions[o.session]->set_logits(
+      owners[o.session]->session->set_logits(
           o.seq, o.row,
           std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
-      Request& r = *owners[o.session];
-      if (m == 0 && !r.prefilled) {
-        r.prefilled = true;
-        r.t_prefill0 = t0;
-        r.t_prefill1 = t1;
-      }
     }
   }
+  const auto t_forward = Clock::now();
+  for (Request* r : owners)
+    r->session->chunks_evaluated();
 
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   for (auto& r : running_)
     r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv.bytes_used());
+  stats_.peak_kv_units = std::max(stats_.peak_kv_units, ctx_.kv.units_in_use());
 
-  // 4. Updates.
-  for (auto& r : running_) {
-    DecodeSession& s = *r->session;
-    if (r->cancelled) continue;
-    guard(*r, [&] {
-      if (r->decoder->done(s)) return;
-      r->decoder->update(s);
-      if (r->t_first == Clock::time_point{} && s.any_generated()) r->t_first = Clock::now();
+  // 4. Updates: the requests whose plan is now fully evaluated.
+  for (Request* rp : owners) {
+    Request& r = *rp;
+    DecodeSession& s = *r.session;
+    if (r.cancelled || s.evicted() || s.work_pending()) continue;
+    if (!r.prefilled) {
+      r.prefilled = true;
+      r.t_prefill0 = r.t_admit;
+      r.t_prefill1 = t_forward;
+    }
+    r.recompute = false;
+    if (!r.awaiting_update) continue;
+    r.awaiting_update = false;
+    guard(r, [&] {
+      if (r.decoder->done(s)) return;
+      r.decoder->update(s);
     });
+    const size_t g = s.max_generated();
+    if (g > r.n_generated) {
+      const auto now = Clock::now();
+      if (r.t_first == Clock::time_point{})
+        r.t_first = now;
+      else
+        r.itl_ms.push_back(ms_between(r.t_last, now));
+      r.t_last = now;
+      r.n_generated = g;
+    }
   }
 
   // The slabs held at their most during this step (forks inside update() included).
@@ -294,12 +410,14 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv.bytes_allocated_peak());
   ctx_.kv.reset_peak();
 
-  // 5. Collect the finished requests; fail the ones whose decoder makes no progress.
-  for (size_t i = 0; i < running_.size();) {
+  // 5. Collect the finished requests; fail the ones whose decoder makes no progress; the preempted
+  // ones go back to the queue.
+  const size_t n_running_step = running_.size();
+  for (size_t i = 0, k = 0; i < running_.size(); ++k) {
     Request& r = *running_[i];
     bool finished = r.cancelled;
-    if (!finished) guard(r, [&] { finished = r.decoder->done(*r.session); });
-    if (!finished && !r.cancelled) {
+    if (!finished && !r.awaiting_update) guard(r, [&] { finished = r.decoder->done(*r.session); });
+    if (!finished && !r.cancelled && k < called.size() && called[k]) {
       const uint64_t p = r.session->progress();
       r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
       r.last_progress = p;
@@ -313,11 +431,24 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     if (finished) {
       if (!r.cancelled) guard(r, [&] { r.decoder->results(*r.session); });
       r.session->end_all(r.error.empty() ? StopReason::cancelled : StopReason::error);
-      done.push_back(finish_request(r));
+      auto res = finish_request(r);
+      if (r.on_finish) r.on_finish(res.first, res.second);
+      done.push_back(std::move(res));
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (r.session->evicted()) {
+      auto owned = std::move(running_[i]);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      requeue(std::move(owned));
     } else {
       ++i;
     }
+  }
+
+  ++stats_.steps;
+  if (any_forward) {
+    const double ms = ms_between(t_step, Clock::now());
+    stats_.busy_ms += ms;
+    stats_.running_ms_integral += ms * static_cast<double>(n_running_step);
   }
   return done;
 }

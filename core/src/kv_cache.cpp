@@ -89,6 +89,9 @@ public:
   size_t bytes_capacity() const noexcept override {
     return static_cast<size_t>(shape_.n_seq_max) * slab_elems() * sizeof(float);
   }
+  int64_t n_units() const noexcept override { return shape_.n_seq_max; }
+  int64_t units_in_use() const noexcept override { return static_cast<int64_t>(seqs_.size()); }
+  int32_t positions_per_unit() const noexcept override { return shape_.n_ctx; }
 
 private:
   size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
@@ -225,7 +228,9 @@ public:
   void reset_peak() noexcept override { peak_blocks_ = in_use_; }
   size_t bytes_capacity() const noexcept override { return static_cast<size_t>(n_blocks_) * block_bytes(); }
 
-  int64_t blocks_in_use() const noexcept { return in_use_; }
+  int64_t n_units() const noexcept override { return n_blocks_; }
+  int64_t units_in_use() const noexcept override { return in_use_; }
+  int32_t positions_per_unit() const noexcept override { return shape_.block_size; }
 
 private:
   struct Seq {

@@ -138,14 +138,26 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                std::to_string(static_cast<uint64_t>(have / (1 << 30))) +
                " GiB; lower [model] n_ctx (--ctx-size)");
   }
-  // Sequences that can live at once: [kv_cache] max_tokens / n_ctx (default 64 slabs, allocated lazily).
-  p->n_seq_max_ = cfg.kv_cache.max_tokens > 0 ? std::max(1, cfg.kv_cache.max_tokens / p->n_ctx_) : 64;
+  // contiguous: sequences that can live at once, [kv_cache] max_tokens / n_ctx slabs (default 64,
+  // allocated lazily). paged: max_tokens / block_size blocks shared by any number of sequences.
+  const bool paged = cfg.kv_cache.store == "paged";
+  if (paged) {
+    p->n_seq_max_ = 4096;
+  } else {
+    p->n_seq_max_ = cfg.kv_cache.max_tokens > 0 ? std::max(1, cfg.kv_cache.max_tokens / p->n_ctx_) : 64;
+    if (cfg.kv_cache.max_tokens > 0 && cfg.kv_cache.max_tokens < p->n_ctx_)
+      fail(Errc::invalid_argument, "pipeline",
+           cfg.source + ": [kv_cache] max_tokens = " + std::to_string(cfg.kv_cache.max_tokens) +
+               " is smaller than the context (" + std::to_string(p->n_ctx_) +
+               ") for the contiguous store; raise it, lower [model] n_ctx, or use store = \"paged\"");
+  }
   KVShape shape = p->model_->kv_shape(p->n_ctx_, p->n_seq_max_);
-  if (cfg.kv_cache.max_tokens > 0 && cfg.kv_cache.max_tokens < p->n_ctx_)
-    fail(Errc::invalid_argument, "pipeline",
-         cfg.source + ": [kv_cache] max_tokens = " + std::to_string(cfg.kv_cache.max_tokens) +
-             " is smaller than the context (" + std::to_string(p->n_ctx_) +
-             "); raise it or lower [model] n_ctx");
+  const auto blocks_for = [&](int64_t positions) {
+    return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
+  };
+  if (paged)
+    shape.n_blocks =
+        cfg.kv_cache.max_tokens > 0 ? blocks_for(cfg.kv_cache.max_tokens) : 64 * blocks_for(p->n_ctx_);
   shape.block_size = cfg.kv_cache.block_size;
   const auto make_store = [&](const KVShape& sh) {
     return cfg.kv_cache.store == "paged" ? make_paged_kv_cache(sh) : make_contiguous_kv_cache(sh);
@@ -219,11 +231,14 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                      be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
     KVShape dshape = p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_);
     dshape.block_size = cfg.kv_cache.block_size;
+    dshape.n_blocks = shape.n_blocks;
     p->draft_kv_ = make_store(dshape);
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
   p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,
                                         std::move(tmpl), draft);
+  p->engine_->set_max_running(static_cast<size_t>(cfg.scheduler.max_sequences));
+  p->engine_->set_max_batch_tokens(cfg.scheduler.max_batch_tokens);
   for (int64_t id : cfg.stop.token_ids)
     if (id >= mc.n_vocab)
       fail(Errc::invalid_argument, "pipeline",

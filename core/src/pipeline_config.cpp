@@ -432,7 +432,7 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   cfg.source = source;
   cfg.base_dir = base_dir;
   c.only_keys(root, "the pipeline",
-              {"model", "backend", "attention", "kv_cache", "decoder", "verifier", "sampler",
+              {"model", "backend", "attention", "kv_cache", "scheduler", "decoder", "verifier", "sampler",
                "stop_criterion", "stop", "run", "plugins"});
 
   if (const auto* t = section(c, root, "model")) {
@@ -470,6 +470,13 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
     cfg.kv_cache.max_tokens =
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+  }
+  if (const auto* t = section(c, root, "scheduler")) {
+    c.only_keys(*t, "[scheduler]", {"max_batch_tokens", "max_sequences"});
+    cfg.scheduler.max_batch_tokens = static_cast<int32_t>(
+        read_int(c, *t, "scheduler", "max_batch_tokens", 2048, 1, 1 << 20, "in 1..1048576"));
+    cfg.scheduler.max_sequences =
+        static_cast<int32_t>(read_int(c, *t, "scheduler", "max_sequences", 64, 1, 4096, "in 1..4096"));
   }
   if (const auto* t = section(c, root, "verifier")) {
     read_string(c, *t, "verifier", "name", cfg.verifier.name);
@@ -744,6 +751,9 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("block_size", std::to_string(cfg.kv_cache.block_size));
   kv("dtype", toml_string(cfg.kv_cache.dtype));
   kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
+  o << "\n[scheduler]\n";
+  kv("max_batch_tokens", std::to_string(cfg.scheduler.max_batch_tokens));
+  kv("max_sequences", std::to_string(cfg.scheduler.max_sequences));
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));
   if (!cfg.decoder.draft.empty()) {

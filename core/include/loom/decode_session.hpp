@@ -155,9 +155,37 @@ public:
     Pos out_from = 0;            // positions ≥ out_from produce logits rows …
     int32_t first_row = 0;       // … rows first_row, first_row + 1, … (set_logits)
   };
-  // Takes this step's plans: every planned sequence with tokens to evaluate. A sequence whose
-  // positions the store cannot hold ends with max_context. Marks the tokens as evaluated.
-  std::vector<Work> take_work();
+  // Turns this step's plans into pending work: each planned sequence's tokens without K/V (the
+  // committed ones a truncate or a preemption dropped, the new ones, the drafts) and the logits rows
+  // it owes. Reserves nothing: the scheduler takes the work in chunks (take_chunk) as its token budget
+  // and the KV store allow, over one step or several; the decoder is called again only when
+  // work_pending() is false.
+  void begin_work();
+  bool work_pending() const noexcept;
+  struct Pending {
+    LocalSeq seq;
+    int model = 0;
+    int32_t remaining = 0; // tokens left to evaluate
+  };
+  std::vector<Pending> pending() const;
+  // The next (at most n) tokens of a pending sequence, their KV positions reserved; nullopt, changing
+  // nothing, when the store has no room for them.
+  std::optional<Work> take_chunk(LocalSeq seq, int32_t n);
+  // The forward passes of this step's chunks ran (their rows are set).
+  void chunks_evaluated() noexcept;
+  // Ends a pending sequence that cannot get KV room even with the engine to itself.
+  void end_pending(LocalSeq seq, StopReason reason);
+  // Preemption: every sequence's K/V and KV sequence id are given back (logits rows, tokens and all
+  // other state stay); its pending work, and any later plan, evaluates from position 0 once restore()
+  // got the ids back.
+  void evict();
+  bool evicted() const noexcept { return evicted_; }
+  bool restore(); // false, holding nothing, when the stores lack free sequences
+  // Positions the live sequences hold or will need once their pending work is done (admission of a
+  // preempted request).
+  int64_t positions_needed() const noexcept;
+  // Tokens generated so far by the sequence with the most (metrics: inter-token latency).
+  size_t max_generated() const noexcept;
   void set_logits(LocalSeq seq, size_t row, std::span<const float> logits);
   // Ends every live sequence with `reason` (cancel, failure).
   void end_all(StopReason reason);
@@ -206,6 +234,7 @@ private:
   LocalSeq stream_ = 0;
   size_t streamed_ = 0; // bytes of the streamed sequence's text already handed to on_text_
   std::vector<LocalSeq> planned_;
+  bool evicted_ = false;
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics

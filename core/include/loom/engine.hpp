@@ -19,11 +19,14 @@
 #include "loom/stop.hpp"
 #include "loom/tokenizer.hpp"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -52,6 +55,11 @@ struct GenerationMetrics {
   size_t tokens_evaluated = 0;       // token rows the target evaluated for this request (prompt once)
   size_t draft_tokens_evaluated = 0; // on the draft model
   size_t kv_used_peak_bytes = 0;
+  double queue_ms = 0; // submit → first admitted (waiting for a running slot or KV room)
+  // Inter-token latency: the gaps between the steps that gave the request new tokens, after the first.
+  std::vector<double> itl_ms;
+  double itl_p50_ms = 0, itl_p90_ms = 0, itl_max_ms = 0;
+  int32_t preemptions = 0; // times its KV was taken back to make room (then recomputed)
   std::vector<std::pair<std::string, double>> decoder; // what the decoder reported (set_metric)
 };
 
@@ -91,6 +99,20 @@ struct EngineRequest {
   int32_t max_new_tokens = -1;
   StreamCallback on_text;
   std::function<std::unique_ptr<Decoder>()> decoder; // this request's decoder; empty = the pipeline's
+  // Called on the stepping thread when the request ends (besides step() returning it).
+  std::function<void(RequestId, const GenerationResult&)> on_finish;
+};
+
+// What the engine did since it was made (or reset_stats()): the per-run numbers of `loom bench`.
+struct EngineStats {
+  size_t finished = 0;
+  size_t prompt_tokens = 0, output_tokens = 0; // of the finished requests
+  size_t preemptions = 0;
+  size_t steps = 0, forwards = 0;
+  double busy_ms = 0;             // wall time of steps that ran a forward
+  double running_ms_integral = 0; // Σ running requests × step time (mean concurrency = this / busy_ms)
+  int64_t peak_kv_units = 0;      // the KV store's blocks (paged) or slabs (contiguous) at their most
+  size_t peak_batch_tokens = 0;
 };
 
 // A second model decoders may drive sequences on ([decoder] draft): its own backend and KV store,
@@ -101,25 +123,35 @@ struct DraftModel {
   KVCacheStore& kv;
 };
 
+// Threads: submit(), cancel() and wait_for_work() may be called from any thread; everything else,
+// step() above all, from one stepping thread. Streaming and finish callbacks run on that thread.
 class Engine {
 public:
   Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
          RequestTemplate tmpl, std::optional<DraftModel> draft = std::nullopt);
   ~Engine();
 
-  RequestId submit(EngineRequest req);
+  RequestId submit(EngineRequest req); // thread-safe
   // Runs one batched forward pass over every running request; returns the requests that finished.
   std::vector<std::pair<RequestId, GenerationResult>> step();
   bool idle() const noexcept;
-  void cancel(RequestId id);
+  // Ends a waiting or running request (stop_reason cancelled) at the next step, freeing its KV then.
+  void cancel(RequestId id); // thread-safe; an unknown or finished id is ignored
+  // Blocks until a request was submitted or cancelled since the last step, or the timeout passed.
+  bool wait_for_work(std::chrono::milliseconds timeout);
   size_t n_running() const noexcept;
-  size_t n_waiting() const noexcept { return waiting_.size(); }
+  size_t n_waiting() const noexcept;
   void set_max_running(size_t n) { scheduler_.set_max_running(n); }
+  void set_max_batch_tokens(int32_t n) { scheduler_.set_max_batch_tokens(n); }
+  const EngineStats& stats() const noexcept { return stats_; }
+  void reset_stats() noexcept { stats_ = {}; }
 
 private:
   struct Request;
   std::pair<RequestId, GenerationResult> finish_request(Request& r);
   void admit(std::vector<std::pair<RequestId, GenerationResult>>& done);
+  void take_incoming();
+  void requeue(std::unique_ptr<Request> r);
 
   Model& model_;
   Backend& backend_;
@@ -127,10 +159,16 @@ private:
   SessionContext ctx_;
   RequestTemplate tmpl_;
   Scheduler scheduler_;
-  RequestId next_id_ = 1;
-  std::deque<std::unique_ptr<Request>> waiting_;
+  EngineStats stats_;
+  std::deque<std::unique_ptr<Request>> waiting_; // arrival order (preempted requests at their place)
   std::vector<std::unique_ptr<Request>> running_;
   std::vector<std::pair<RequestId, GenerationResult>> early_; // finished at admission
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  RequestId next_id_ = 1;
+  std::vector<std::unique_ptr<Request>> incoming_;
+  std::vector<RequestId> cancels_;
 };
 
 } // namespace loom

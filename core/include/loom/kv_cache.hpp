@@ -56,6 +56,20 @@ public:
   virtual size_t bytes_allocated_peak() const noexcept = 0;
   virtual void reset_peak() noexcept = 0;
   virtual size_t bytes_capacity() const noexcept = 0; // storage if every slot were used
+
+  // Positions in units of the store's allocation (paged: blocks of block_size positions; contiguous:
+  // slabs of n_ctx positions). What admission and preemption reason with.
+  virtual int64_t n_units() const noexcept = 0;      // in the pool
+  virtual int64_t units_in_use() const noexcept = 0; // held by some sequence
+  virtual int32_t positions_per_unit() const noexcept = 0;
+  // New positions the store can still hand out (free units × positions per unit; a partly filled
+  // unit's rest is not counted). A sequence also needs a free sequence id (free_sequences()).
+  int64_t free_positions() const noexcept {
+    return (n_units() - units_in_use()) * static_cast<int64_t>(positions_per_unit());
+  }
+  int64_t capacity_positions() const noexcept {
+    return n_units() * static_cast<int64_t>(positions_per_unit());
+  }
 };
 
 // f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are

@@ -57,6 +57,7 @@ public:
   const Tokenizer& tokenizer() const noexcept { return *tok_; }
   int32_t n_ctx() const noexcept { return n_ctx_; }
   MemoryReport memory() const noexcept;
+  const KVCacheStore& kv_store() const noexcept { return *kv_; }
   std::vector<TokenId> tokenize(std::string_view text) const; // with the [run] BOS/special settings
 
 private:

@@ -36,8 +36,14 @@ struct PipelineConfig {
     std::string store = "contiguous"; // contiguous | paged
     int32_t block_size = 16;
     std::string dtype = "f32";
-    int32_t max_tokens = 0; // 0 = n_ctx × max sequences
+    // Positions the store holds in all. contiguous: max_tokens / n_ctx slabs (at least one); paged:
+    // max_tokens / block_size blocks (a request may then get less than n_ctx). 0 = 64 sequences of n_ctx.
+    int32_t max_tokens = 0;
   } kv_cache;
+  struct SchedulerSection {
+    int32_t max_batch_tokens = 2048; // token rows per forward: decodes first, then prefill chunks
+    int32_t max_sequences = 64;      // requests running at once (`--parallel` sets it for a run)
+  } scheduler;
   struct DecoderSection {
     std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain); else a plugin
     std::vector<std::pair<std::string, ParamValue>> params; // the other keys: the decoder plugin reads them

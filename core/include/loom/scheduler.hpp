@@ -22,6 +22,9 @@ public:
 
   void set_max_running(size_t n) noexcept { max_running_ = n > 0 ? n : 1; }
   size_t max_running() const noexcept { return max_running_; }
+  // Token rows per forward pass (each model's): decodes first, then prefill chunks with the rest.
+  void set_max_batch_tokens(int32_t n) noexcept { max_batch_tokens_ = n > 0 ? n : 1; }
+  int32_t max_batch_tokens() const noexcept { return max_batch_tokens_; }
 
   enum class Admission {
     admit, // start it now
@@ -33,19 +36,19 @@ public:
     StopReason reason = StopReason::none; // for `never`
     std::string why;
   };
-  // For the request at the head of the queue, with a prompt of n_prompt tokens.
-  Decision admission(size_t n_prompt, size_t n_running) const;
+  // For the request at the head of the queue: a prompt of n_prompt tokens, `needed` positions of KV
+  // to hold its sequences again (a preempted request; n_prompt for a new one).
+  Decision admission(size_t n_prompt, int64_t needed, size_t n_running) const;
 
-  // The forward passes of one step, one per model: every planned sequence's unevaluated tokens; the
-  // rows from each sequence's Work::out_from on produce logits (its last row only, unless drafts
-  // were evaluated).
+  // The forward passes of one step, one per model: chunks of the running requests' pending work; the
+  // rows from each sequence's Work::out_from on produce logits.
   struct Batch {
     std::vector<TokenId> tokens;
     std::vector<Pos> positions;
     std::vector<SeqId> seq_ids;
     std::vector<int32_t> out_rows;
     struct Out {
-      size_t session; // index into the sessions passed to build()
+      size_t session; // index into the candidates passed to build()
       LocalSeq seq;
       size_t row; // the sequence's logits row (DecodeSession::set_logits)
     };
@@ -53,13 +56,26 @@ public:
     bool empty() const noexcept { return tokens.empty(); }
     BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
   };
-  // [0]: the target model's batch; [1]: the draft model's.
-  std::array<Batch, 2> build(std::span<DecodeSession* const> sessions) const;
+  struct Candidate {
+    DecodeSession* session;
+    bool decoding; // past its prompt: scheduled before the prefills
+  };
+  struct Step {
+    std::array<Batch, 2> batches;  // [0]: the target model's; [1]: the draft model's
+    std::vector<size_t> preempted; // candidates evicted to make room (newest first): back to the queue
+  };
+  // Candidates in admission order (oldest first). Decodes go first, then prefill chunks, within the
+  // token budget. When the KV store has no room for a chunk, the newest candidate not yet in the
+  // batch is preempted (evicted: its KV freed, recomputed when it runs again); with none newer, a
+  // decode preempts itself and a prefill waits for the next step; a request alone that still
+  // does not fit ends that sequence with max_context.
+  Step build(std::span<const Candidate> candidates) const;
 
 private:
   KVCacheStore& kv_;
   int32_t n_ctx_;
   size_t max_running_ = 64;
+  int32_t max_batch_tokens_ = 2048;
 };
 
 } // namespace loom
