@@ -2,11 +2,12 @@
 # Runs Loom's tests — the command the README gives and CI runs:
 #   1. default (Release) preset: build, then every ctest test (unit, golden, configs, fuzz replays);
 #   2. asan preset (ASan + UBSan): build, then the same tests under the sanitizers;
-#   3. fuzz preset (clang + libFuzzer): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
+#   3. tsan preset (ThreadSanitizer): the engine's scheduling and threading tests;
+#   4. fuzz preset (clang + libFuzzer): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
 #      seed corpus; a crash fails the run and leaves its input in tests/fuzz/corpus/<target>/ to commit.
 # Golden tests read models from LOOM_TEST_MODELS (default ../shared/models); without them they
 # print SKIPPED with the reason.
-#   scripts/test.sh            # all three
+#   scripts/test.sh            # all four
 #   scripts/test.sh --quick    # only the default preset
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ quick=0
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +39,11 @@ echo "== asan preset (ASan + UBSan)"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+echo "== tsan preset (ThreadSanitizer: submit / cancel from other threads while one steps)"
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan -j "$jobs"
+ctest --preset tsan -j "$jobs"
 
 echo "== fuzz preset (libFuzzer, ${LOOM_FUZZ_SECONDS:-20} s per target)"
 cmake --preset fuzz >/dev/null

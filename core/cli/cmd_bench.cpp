@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -126,6 +127,196 @@ std::string mib(uint64_t b) {
   return buf;
 }
 
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+// `loom bench --requests N`: many requests through the engine at once, closed loop or Poisson.
+int load_bench(const po::variables_map& vm) {
+  const int n_req = vm["requests"].as<int>(), conc = vm["concurrency"].as<int>();
+  const int plen = vm["prompt-len"].as<int>(), glen = vm["gen-len"].as<int>();
+  const int prefix = vm["shared-prefix"].as<int>();
+  const double rate = vm["rate"].as<double>();
+  if (n_req < 1 || n_req > 1'000'000 || conc < 1 || conc > 4096 || plen < 1 || plen > (1 << 20) || glen < 1 ||
+      glen > (1 << 20) || prefix < 0 || prefix > plen || !(rate >= 0) || !std::isfinite(rate))
+    throw UsageError("--requests must be in 1..1000000, --concurrency in 1..4096, --prompt-len and --gen-len "
+                     "in 1..1048576, --shared-prefix in 0..prompt-len and --rate ≥ 0 (found --requests " +
+                     std::to_string(n_req) + ", --concurrency " + std::to_string(conc) + ", --prompt-len " +
+                     std::to_string(plen) + ", --gen-len " + std::to_string(glen) + ", --shared-prefix " +
+                     std::to_string(prefix) + ")");
+  PipelineConfig cfg = config_from_args(vm);
+  if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
+  cfg.model.n_ctx = std::max(cfg.model.n_ctx, plen + glen + 8);
+  cfg.samplers = {SamplerSpec{"greedy", {}}};
+  cfg.stop.eos = false;
+  cfg.stop.strings.clear();
+  cfg.stop.token_ids.clear();
+  cfg.stop.max_tokens = glen;
+  cfg.run.seed = 1;
+  cfg.scheduler.max_sequences = conc;
+  auto p = Pipeline::create(cfg);
+  Engine& engine = p->engine();
+  const int32_t n_vocab = p->model().config().n_vocab;
+  std::mt19937_64 rng(vm["seed"].as<uint64_t>());
+  std::uniform_int_distribution<int32_t> tok(3, n_vocab - 1);
+  std::vector<TokenId> shared;
+  shared.push_back(p->tokenizer().bos() >= 0 ? p->tokenizer().bos() : 1);
+  while (static_cast<int>(shared.size()) < std::max(prefix, 1))
+    shared.push_back(tok(rng));
+  std::vector<std::vector<TokenId>> prompts(static_cast<size_t>(n_req));
+  for (auto& pr : prompts) {
+    pr.assign(shared.begin(), shared.begin() + std::max(prefix, 1));
+    while (static_cast<int>(pr.size()) < plen)
+      pr.push_back(tok(rng));
+  }
+  std::vector<double> arrival(static_cast<size_t>(n_req), 0.0); // seconds after the start
+  if (rate > 0) {
+    std::exponential_distribution<double> gap(rate);
+    double t = 0;
+    for (auto& a : arrival)
+      a = (t += gap(rng));
+  }
+  { // warm-up: page in the weights, build the graphs
+    GenerationRequest w;
+    w.prompt_tokens = std::vector<TokenId>(prompts[0].begin(), prompts[0].begin() + std::min(plen, 16));
+    w.max_new_tokens = 2;
+    const auto res = p->generate(w);
+    if (!res.message.empty()) fail(Errc::device_error, "bench", "the warm-up request failed: " + res.message);
+  }
+  engine.reset_stats();
+  const bool tty = stderr_is_tty() && !vm.count("json");
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  std::vector<GenerationResult> results;
+  size_t next = 0, in_flight = 0, failed = 0;
+  const auto submit_due = [&] {
+    while (next < prompts.size() && static_cast<int>(in_flight) < conc && arrival[next] <= since()) {
+      GenerationRequest q;
+      q.prompt_tokens = prompts[next];
+      q.max_new_tokens = glen;
+      q.seed = next;
+      (void)p->submit(q);
+      ++next;
+      ++in_flight;
+    }
+  };
+  int last_shown = -1;
+  while (results.size() < prompts.size()) {
+    submit_due();
+    if (engine.idle() && next < prompts.size()) { // nothing to run until the next arrival
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, arrival[next] - since())));
+      continue;
+    }
+    for (auto& [id, res] : engine.step()) {
+      if (!res.message.empty()) ++failed;
+      results.push_back(std::move(res));
+      --in_flight;
+    }
+    if (tty && static_cast<int>(results.size()) != last_shown) {
+      last_shown = static_cast<int>(results.size());
+      const int w = 30, fill = static_cast<int>(w * results.size() / prompts.size());
+      std::fprintf(stderr, "\rbench: [%s%s] %zu/%zu requests", std::string(static_cast<size_t>(fill), '#').c_str(),
+                   std::string(static_cast<size_t>(w - fill), '.').c_str(), results.size(), prompts.size());
+    }
+  }
+  const double wall = since();
+  if (tty) std::fprintf(stderr, "\n");
+  if (failed > 0)
+    fail(Errc::device_error, "bench",
+         std::to_string(failed) + " of " + std::to_string(n_req) + " requests failed: " +
+             std::find_if(results.begin(), results.end(), [](const auto& r) { return !r.message.empty(); })->message);
+  std::vector<double> ttft, tpot, itl, e2e, queue;
+  size_t out_tokens = 0, in_tokens = 0;
+  int preemptions = 0;
+  for (const auto& r : results) {
+    ttft.push_back(r.metrics.ttft_ms);
+    tpot.push_back(r.metrics.tpot_ms);
+    e2e.push_back(r.metrics.total_ms);
+    queue.push_back(r.metrics.queue_ms);
+    itl.insert(itl.end(), r.metrics.itl_ms.begin(), r.metrics.itl_ms.end());
+    out_tokens += static_cast<size_t>(r.metrics.n_generated);
+    in_tokens += static_cast<size_t>(r.metrics.n_prompt);
+    preemptions += r.metrics.preemptions;
+  }
+  const EngineStats& st = engine.stats();
+  const KVCacheStore& kv = p->kv_store();
+  const uint64_t unit_bytes = kv.n_units() > 0 ? kv.bytes_capacity() / static_cast<uint64_t>(kv.n_units()) : 0;
+  const uint64_t kv_peak = static_cast<uint64_t>(st.peak_kv_units) * unit_bytes;
+  const MemoryReport mem = p->memory();
+  const uint64_t rss = peak_rss_bytes();
+  const uint64_t accounted = mem.weights + kv_peak + mem.activations + mem.workspace;
+  const double mean_conc = st.busy_ms > 0 ? st.running_ms_integral / st.busy_ms : 0;
+  const auto pct = [&](const std::vector<double>& v) {
+    return nlohmann::json{{"p50", percentile(v, 0.5)}, {"p90", percentile(v, 0.9)}, {"p99", percentile(v, 0.99)}};
+  };
+  if (vm.count("json")) {
+    nlohmann::json j = {{"model", cfg.resolved_model_path()},
+                        {"backend", cfg.backend.name},
+                        {"threads", cfg.backend.threads},
+                        {"kv_store", cfg.kv_cache.store},
+                        {"requests", n_req},
+                        {"concurrency", conc},
+                        {"rate", rate},
+                        {"prompt_len", plen},
+                        {"gen_len", glen},
+                        {"shared_prefix", prefix},
+                        {"wall_s", wall},
+                        {"requests_per_s", n_req / wall},
+                        {"output_tok_s", static_cast<double>(out_tokens) / wall},
+                        {"total_tok_s", static_cast<double>(out_tokens + in_tokens) / wall},
+                        {"mean_concurrency", mean_conc},
+                        {"ttft_ms", pct(ttft)},
+                        {"tpot_ms", pct(tpot)},
+                        {"itl_ms", pct(itl)},
+                        {"e2e_ms", pct(e2e)},
+                        {"queue_ms", pct(queue)},
+                        {"preemptions", preemptions},
+                        {"peak_kv_units", st.peak_kv_units},
+                        {"kv_units", kv.n_units()},
+                        {"peak_kv_bytes", kv_peak},
+                        {"peak_batch_tokens", st.peak_batch_tokens},
+                        {"peak_rss_bytes", rss},
+                        {"memory",
+                         {{"weights_bytes", mem.weights},
+                          {"kv_bytes", kv_peak},
+                          {"activations_bytes", mem.activations},
+                          {"workspace_bytes", mem.workspace},
+                          {"accounted_bytes", accounted}}}};
+    std::cout << j.dump() << "\n";
+    return k_exit_ok;
+  }
+  const auto line = [&](const char* name, const std::vector<double>& v) {
+    std::printf("%-9s p50 %8.2f  p90 %8.2f  p99 %8.2f ms\n", name, percentile(v, 0.5), percentile(v, 0.9),
+                percentile(v, 0.99));
+  };
+  std::printf("model:    %s, backend %s, threads %d, KV store %s\n", cfg.resolved_model_path().c_str(),
+              cfg.backend.name.c_str(), cfg.backend.threads, cfg.kv_cache.store.c_str());
+  std::printf("load:     %d requests, concurrency %d, %s, prompt %d, gen %d, shared prefix %d\n", n_req, conc,
+              rate > 0 ? ("Poisson " + std::to_string(rate) + "/s").c_str() : "closed loop", plen, glen, prefix);
+  std::printf("through:  %.2f req/s, %.1f output tok/s, %.1f total tok/s in %.2f s; mean concurrency %.1f\n",
+              n_req / wall, static_cast<double>(out_tokens) / wall,
+              static_cast<double>(out_tokens + in_tokens) / wall, wall, mean_conc);
+  line("TTFT:", ttft);
+  line("TPOT:", tpot);
+  line("ITL:", itl);
+  line("E2E:", e2e);
+  line("queue:", queue);
+  std::printf("KV:       peak %lld of %lld %s (%s); %d preemptions; largest batch %zu tokens\n",
+              static_cast<long long>(st.peak_kv_units), static_cast<long long>(kv.n_units()),
+              cfg.kv_cache.store == "paged" ? "blocks" : "slabs", mib(kv_peak).c_str(), preemptions,
+              st.peak_batch_tokens);
+  std::printf("memory:   weights %s + KV %s + activations %s + workspace %s = %s; peak RSS %s\n",
+              mib(mem.weights).c_str(), mib(kv_peak).c_str(), mib(mem.activations).c_str(),
+              mib(mem.workspace).c_str(), mib(accounted).c_str(), mib(rss).c_str());
+  return k_exit_ok;
+}
+
 } // namespace
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -140,6 +331,13 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("tg", po::value<int>()->default_value(128), "tokens to generate")
     ("repetitions,r", po::value<int>()->default_value(5), "repetitions (median and spread are reported)")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("requests", po::value<int>(), "load benchmark: N requests through the engine (see below)")
+    ("concurrency", po::value<int>()->default_value(16), "load: requests in flight at most")
+    ("rate", po::value<double>()->default_value(0.0), "load: Poisson arrivals per second (0 = closed loop)")
+    ("prompt-len", po::value<int>()->default_value(128), "load: prompt tokens per request (BOS included)")
+    ("gen-len", po::value<int>()->default_value(128), "load: tokens generated per request")
+    ("shared-prefix", po::value<int>()->default_value(0), "load: leading prompt tokens every request shares")
+    ("seed", po::value<uint64_t>()->default_value(1), "load: seed of the prompts and arrival times")
     ("bandwidth", "measure memory read bandwidth instead (the decode bound): 512 MiB read by --threads "
                   "threads, -r times")
     ("json", "print one JSON object");
@@ -149,11 +347,17 @@ int cmd_bench(const std::vector<std::string>& args) {
           args, desc, vm,
           "usage: loom bench (-m MODEL.gguf | -c PIPELINE.toml) [--threads N] [--pp N] [--tg N] [-r R] "
           "[--json]\n"
+          "       loom bench (-m MODEL.gguf | -c PIPELINE.toml) --requests N [--concurrency C] [--rate R]\n"
+          "                  [--prompt-len L] [--gen-len G] [--shared-prefix P] [--seed S] [--json]\n"
           "Prefill (pp) and decode (tg) throughput, TTFT, TPOT and peak RSS, over R repetitions after one\n"
-          "warm-up; prompts are random token ids, decoding is greedy with EOS ignored."))
+          "warm-up; prompts are random token ids, decoding is greedy with EOS ignored.\n"
+          "With --requests: a load benchmark through the engine's scheduler — N requests, at most C in\n"
+          "flight (closed loop: a new one as one ends), or arriving as a Poisson process at R per second;\n"
+          "TTFT / TPOT / inter-token latency percentiles, throughput, mean concurrency, peak KV, preemptions."))
     return k_exit_ok;
   if (vm.count("bandwidth")) return bandwidth_probe(vm);
   if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");
+  if (vm.count("requests")) return load_bench(vm);
   const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
   constexpr int k_max_tokens = 1 << 20; // bounds every size below before anything is allocated
   if (pp < 1 || tg < 1 || reps < 1 || pp > k_max_tokens || tg > k_max_tokens || reps > 1000)

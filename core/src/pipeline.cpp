@@ -282,7 +282,13 @@ std::vector<GenerationResult> Pipeline::generate_all(const std::vector<Generatio
                                                      size_t parallel, const StreamCallback& on_text) {
   std::vector<GenerationResult> out(reqs.size());
   std::map<RequestId, size_t> index;
+  const size_t was = engine_->max_running(); // this call's limit only
   engine_->set_max_running(std::max<size_t>(1, parallel));
+  struct Restore {
+    Engine& e;
+    size_t n;
+    ~Restore() { e.set_max_running(n); }
+  } restore{*engine_, was};
   for (size_t i = 0; i < reqs.size(); ++i)
     index[submit(reqs[i], reqs.size() == 1 ? on_text : StreamCallback{})] = i;
   size_t n_done = 0;

@@ -27,7 +27,11 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   }
   // Room for what it holds at once: a new request's prompt, a preempted one's sequences. With
   // nothing running it starts anyway (what does not fit then ends with max_context).
-  if (n_running > 0 && kv_.free_positions() < needed) return {Admission::wait, StopReason::none, {}};
+  // A paged store also keeps a block of headroom per running request, so that what it admits does not
+  // preempt the running ones as soon as they grow (a slab holds its sequence's whole context).
+  const int64_t headroom =
+      kv_.positions_per_unit() < n_ctx_ ? static_cast<int64_t>(n_running) * kv_.positions_per_unit() : 0;
+  if (n_running > 0 && kv_.free_positions() - headroom < needed) return {Admission::wait, StopReason::none, {}};
   return {Admission::admit, StopReason::none, {}};
 }
 

@@ -211,6 +211,7 @@ TEST(Scheduler, SubmitAndCancelFromFourThreads) {
   EXPECT_EQ(p->kv_store().units_in_use(), 0) << "every block is back in the pool";
 }
 
+#ifndef LOOM_NO_CLI
 // The Done-when command of issue 12 — `loom run --prompts F --parallel 8` on a 320-token paged store
 // — and the same for every decoder (multi-sequence ones on 400 tokens, prefill in chunks of 16):
 // preempted requests are recomputed to exactly the tokens they get alone.
@@ -249,5 +250,7 @@ TEST(Scheduler, RunPromptsParallelOnASmallPagedStoreMatchesEachAlone) {
     EXPECT_GT(preemptions, 0) << "the budget was meant to force preemption";
   }
 }
+
+#endif
 
 } // namespace

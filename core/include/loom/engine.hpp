@@ -142,6 +142,7 @@ public:
   size_t n_running() const noexcept;
   size_t n_waiting() const noexcept;
   void set_max_running(size_t n) { scheduler_.set_max_running(n); }
+  size_t max_running() const noexcept { return scheduler_.max_running(); }
   void set_max_batch_tokens(int32_t n) { scheduler_.set_max_batch_tokens(n); }
   const EngineStats& stats() const noexcept { return stats_; }
   void reset_stats() noexcept { stats_ = {}; }
