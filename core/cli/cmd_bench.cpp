@@ -221,7 +221,8 @@ int load_bench(const po::variables_map& vm) {
     if (tty && static_cast<int>(results.size()) != last_shown) {
       last_shown = static_cast<int>(results.size());
       const int w = 30, fill = static_cast<int>(w * results.size() / prompts.size());
-      std::fprintf(stderr, "\rbench: [%s%s] %zu/%zu requests", std::string(static_cast<size_t>(fill), '#').c_str(),
+      std::fprintf(stderr, "\rbench: [%s%s] %zu/%zu requests",
+                   std::string(static_cast<size_t>(fill), '#').c_str(),
                    std::string(static_cast<size_t>(w - fill), '.').c_str(), results.size(), prompts.size());
     }
   }
@@ -229,8 +230,10 @@ int load_bench(const po::variables_map& vm) {
   if (tty) std::fprintf(stderr, "\n");
   if (failed > 0)
     fail(Errc::device_error, "bench",
-         std::to_string(failed) + " of " + std::to_string(n_req) + " requests failed: " +
-             std::find_if(results.begin(), results.end(), [](const auto& r) { return !r.message.empty(); })->message);
+         std::to_string(failed) + " of " + std::to_string(n_req) +
+             " requests failed: " + std::find_if(results.begin(), results.end(), [](const auto& r) {
+                                      return !r.message.empty();
+                                    })->message);
   std::vector<double> ttft, tpot, itl, e2e, queue;
   size_t out_tokens = 0, in_tokens = 0;
   int preemptions = 0;
@@ -246,14 +249,16 @@ int load_bench(const po::variables_map& vm) {
   }
   const EngineStats& st = engine.stats();
   const KVCacheStore& kv = p->kv_store();
-  const uint64_t unit_bytes = kv.n_units() > 0 ? kv.bytes_capacity() / static_cast<uint64_t>(kv.n_units()) : 0;
+  const uint64_t unit_bytes =
+      kv.n_units() > 0 ? kv.bytes_capacity() / static_cast<uint64_t>(kv.n_units()) : 0;
   const uint64_t kv_peak = static_cast<uint64_t>(st.peak_kv_units) * unit_bytes;
   const MemoryReport mem = p->memory();
   const uint64_t rss = peak_rss_bytes();
   const uint64_t accounted = mem.weights + kv_peak + mem.activations + mem.workspace;
   const double mean_conc = st.busy_ms > 0 ? st.running_ms_integral / st.busy_ms : 0;
   const auto pct = [&](const std::vector<double>& v) {
-    return nlohmann::json{{"p50", percentile(v, 0.5)}, {"p90", percentile(v, 0.9)}, {"p99", percentile(v, 0.99)}};
+    return nlohmann::json{
+        {"p50", percentile(v, 0.5)}, {"p90", percentile(v, 0.9)}, {"p99", percentile(v, 0.99)}};
   };
   if (vm.count("json")) {
     nlohmann::json j = {{"model", cfg.resolved_model_path()},
@@ -298,7 +303,8 @@ int load_bench(const po::variables_map& vm) {
   std::printf("model:    %s, backend %s, threads %d, KV store %s\n", cfg.resolved_model_path().c_str(),
               cfg.backend.name.c_str(), cfg.backend.threads, cfg.kv_cache.store.c_str());
   std::printf("load:     %d requests, concurrency %d, %s, prompt %d, gen %d, shared prefix %d\n", n_req, conc,
-              rate > 0 ? ("Poisson " + std::to_string(rate) + "/s").c_str() : "closed loop", plen, glen, prefix);
+              rate > 0 ? ("Poisson " + std::to_string(rate) + "/s").c_str() : "closed loop", plen, glen,
+              prefix);
   std::printf("through:  %.2f req/s, %.1f output tok/s, %.1f total tok/s in %.2f s; mean concurrency %.1f\n",
               n_req / wall, static_cast<double>(out_tokens) / wall,
               static_cast<double>(out_tokens + in_tokens) / wall, wall, mean_conc);
@@ -353,7 +359,8 @@ int cmd_bench(const std::vector<std::string>& args) {
           "warm-up; prompts are random token ids, decoding is greedy with EOS ignored.\n"
           "With --requests: a load benchmark through the engine's scheduler — N requests, at most C in\n"
           "flight (closed loop: a new one as one ends), or arriving as a Poisson process at R per second;\n"
-          "TTFT / TPOT / inter-token latency percentiles, throughput, mean concurrency, peak KV, preemptions."))
+          "TTFT / TPOT / inter-token latency percentiles, throughput, mean concurrency, peak KV, "
+          "preemptions."))
     return k_exit_ok;
   if (vm.count("bandwidth")) return bandwidth_probe(vm);
   if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 namespace loom::cli {
 
@@ -27,6 +28,38 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
+// "512MiB", "2GiB", "1.5G", "1000000": bytes; nullopt for anything else.
+std::optional<uint64_t> parse_byte_size(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string unit = s.substr(used);
+  double mult = 1;
+  if (unit == "" || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else
+    return std::nullopt;
+  const double b = v * mult;
+  if (!(b >= 1) || b > 1e15) return std::nullopt;
+  return static_cast<uint64_t>(b);
+}
+
 } // namespace
 
 int cmd_inspect(const std::vector<std::string>& args) {
@@ -36,6 +69,10 @@ int cmd_inspect(const std::vector<std::string>& args) {
     ("help,h", "show this help")
     ("model", po::value<std::string>(), "model file (GGUF)")
     ("ctx-size", po::value<int>(), "context for the KV total (default: the model's training context)")
+    ("kv-memory", po::value<std::string>(), "KV budget: memory for the KV cache (e.g. 512MiB, 2GiB): the "
+                                            "tokens that fit")
+    ("kv-dtype", po::value<std::string>()->default_value("f16"), "KV budget: storage type (f32, f16, bf16, q8_0)")
+    ("block-size", po::value<int>()->default_value(16), "KV budget: positions per block (paged store)")
     ("metadata", "list every metadata key")
     ("json", "print one JSON object");
   // clang-format on
@@ -44,9 +81,11 @@ int cmd_inspect(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(
           args, desc, vm,
-          "usage: loom inspect MODEL.gguf [--ctx-size N] [--metadata] [--json]\n"
+          "usage: loom inspect MODEL.gguf [--ctx-size N] [--kv-memory SIZE [--kv-dtype T] [--block-size B]]\n"
+          "                    [--metadata] [--json]\n"
           "Architecture, parameter count, tensor types, weight bytes, KV bytes per token and for the full\n"
-          "context (2·L·S·H_kv·D·b, for f32 and f16 KV).",
+          "context (2·L·S·H_kv·D·b, for f32 and f16 KV); with --kv-memory, the KV budget: the tokens (and\n"
+          "full-context sequences) that SIZE holds in whole blocks of B positions of type T.",
           &pos))
     return k_exit_ok;
   if (!vm.count("model")) throw UsageError("give a model file: loom inspect MODEL.gguf");
@@ -69,6 +108,33 @@ int cmd_inspect(const std::vector<std::string>& args) {
     s.bytes += t.n_bytes;
   }
   const uint64_t kv32 = c.kv_bytes_per_token(DType::f32), kv16 = c.kv_bytes_per_token(DType::f16);
+  // The KV budget: whole blocks of block_size positions in kv-memory bytes.
+  std::optional<nlohmann::json> budget;
+  if (vm.count("kv-memory")) {
+    const std::string mem_s = vm["kv-memory"].as<std::string>();
+    const auto mem = parse_byte_size(mem_s);
+    if (!mem)
+      throw UsageError("--kv-memory " + mem_s + ": expected a size such as 512MiB, 2GiB or 1000000 (bytes)");
+    const std::string dt = vm["kv-dtype"].as<std::string>();
+    const auto t = dtype_from_name(dt);
+    if (!t || (*t != DType::f32 && *t != DType::f16 && *t != DType::bf16 && *t != DType::q8_0))
+      throw UsageError("--kv-dtype " + dt + ": expected f32, f16, bf16 or q8_0");
+    const int bs = vm["block-size"].as<int>();
+    if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0)
+      throw UsageError("--block-size " + std::to_string(bs) + ": expected a power of two in 1..4096");
+    const uint64_t per_token = c.kv_bytes_per_token(*t);
+    const uint64_t per_block = per_token * static_cast<uint64_t>(bs);
+    const uint64_t blocks = per_block > 0 ? *mem / per_block : 0;
+    const uint64_t tokens = blocks * static_cast<uint64_t>(bs);
+    budget = nlohmann::json{{"memory_bytes", *mem},
+                            {"dtype", dt},
+                            {"block_size", bs},
+                            {"bytes_per_token", per_token},
+                            {"blocks", blocks},
+                            {"tokens", tokens},
+                            {"bytes_used", blocks * per_block},
+                            {"full_context_sequences", tokens / static_cast<uint64_t>(ctx)}};
+  }
 
   if (vm.count("json")) {
     nlohmann::json j;
@@ -104,6 +170,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
                {"f16_bytes_per_token", kv16},
                {"f32_bytes", kv32 * static_cast<uint64_t>(ctx)},
                {"f16_bytes", kv16 * static_cast<uint64_t>(ctx)}};
+    if (budget) j["kv_budget"] = *budget;
     if (vm.count("metadata")) {
       nlohmann::json md = nlohmann::json::object();
       for (const auto& kv : f.metadata())
@@ -146,6 +213,16 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::printf("               at %lld tokens: f32 %s, f16 %s\n", static_cast<long long>(ctx),
               human_bytes(kv32 * static_cast<uint64_t>(ctx)).c_str(),
               human_bytes(kv16 * static_cast<uint64_t>(ctx)).c_str());
+  if (budget) {
+    const auto& b = *budget;
+    std::printf(
+        "KV budget:     %s of %s KV in blocks of %d: %llu blocks, %llu tokens (%llu sequences of %lld)\n",
+        human_bytes(b["memory_bytes"].get<uint64_t>()).c_str(), b["dtype"].get<std::string>().c_str(),
+        b["block_size"].get<int>(), static_cast<unsigned long long>(b["blocks"].get<uint64_t>()),
+        static_cast<unsigned long long>(b["tokens"].get<uint64_t>()),
+        static_cast<unsigned long long>(b["full_context_sequences"].get<uint64_t>()),
+        static_cast<long long>(ctx));
+  }
   if (vm.count("metadata")) {
     std::printf("metadata:\n");
     for (const auto& kv : f.metadata())

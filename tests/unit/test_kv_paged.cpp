@@ -4,6 +4,7 @@
 // speculative decoding, self-consistency) give the same tokens on either store, the paged one
 // holding the prompt's KV once for all forks.
 #include "loom/kv_cache.hpp"
+#include "loom/model.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -196,6 +197,43 @@ TEST(PagedKvPipeline, SamplesHoldThePromptOnceAndGrowByTheirOwnTokens) {
   const size_t peak = j["metrics"]["kv_reserved_peak_bytes"].get<size_t>();
   EXPECT_LE(peak, (n_prompt + 4 * 8) * per_pos) << "prompt once + 4 × 8 own tokens at most";
   EXPECT_GE(peak, (n_prompt + 4 * 6) * per_pos);
+}
+
+// The KV budget `loom inspect --kv-memory` reports (2·L·H_kv·D·b per token, whole blocks) is what a
+// store of that many blocks allocates once full, and its capacity in positions.
+TEST(KvBudget, InspectsFormulaIsWhatTheStoreAllocates) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto r = test::run_loom("inspect " + model.string() +
+                                    " --kv-memory 1MiB --kv-dtype f32 --block-size 16 "
+                                    "--ctx-size 128 --json",
+                                false, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto b = nlohmann::json::parse(r.out)["kv_budget"];
+  const auto m = Model::load(model.string());
+  const uint64_t per_token = m->config().kv_bytes_per_token(DType::f32);
+  EXPECT_EQ(b["bytes_per_token"].get<uint64_t>(), per_token);
+  const auto blocks = b["blocks"].get<int64_t>();
+  EXPECT_EQ(static_cast<uint64_t>(blocks), (1u << 20) / (per_token * 16));
+  EXPECT_EQ(b["full_context_sequences"].get<int64_t>(), blocks * 16 / 128);
+  KVShape shape = m->kv_shape(128, 4096);
+  shape.n_blocks = blocks;
+  const auto kv = make_paged_kv_cache(shape);
+  EXPECT_EQ(kv->capacity_positions(), b["tokens"].get<int64_t>());
+  EXPECT_EQ(kv->bytes_capacity(), b["bytes_used"].get<uint64_t>());
+  // Fill it: sequences of the full context until no block is left.
+  SeqId seq = 0;
+  while (kv->allocate(seq, 128))
+    ++seq;
+  while (kv->allocate(seq, 16)) {
+  }
+  EXPECT_EQ(kv->free_positions(), 0);
+  EXPECT_EQ(kv->bytes_allocated(), b["bytes_used"].get<uint64_t>());
+  EXPECT_EQ(kv->bytes_used(), static_cast<size_t>(b["tokens"].get<int64_t>()) * per_token);
+  // The contiguous store: slabs of n_ctx positions by the same formula.
+  const auto flat = make_contiguous_kv_cache(m->kv_shape(128, 3));
+  EXPECT_EQ(flat->bytes_capacity(), 3u * 128u * per_token);
+  EXPECT_EQ(flat->capacity_positions(), 3 * 128);
 }
 
 } // namespace
