@@ -768,7 +768,7 @@ private:
     const size_t rb = row_bytes(w.dtype, K);
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
+      if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant)
         gemm_panels(x, T, N, K, y,
                     [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, j, row); });
       else

@@ -15,7 +15,11 @@ namespace loom::cpu {
 struct CpuOptions {
   int threads = 0;        // 0: every core
   Isa isa = Isa::scalar;  // our kernels' path (detect_isa())
-  int gemm_min_rows = 16; // matmuls with at least this many token rows go to oneDNN (0: never)
+  int gemm_min_rows = 16; // f32/f16/bf16 matmuls with at least this many token rows go to oneDNN (0: never)
+  // Repacked quantized matrices: our integer kernel reads the weights once for every row, oneDNN needs
+  // them dequantized first, which pays off only for long batches (on Q4_0 tinyllama, 2 threads: 80 vs
+  // 22 tok/s at 16 rows, even at 128, 100 vs 74 at 512).
+  int gemm_min_rows_quant = 256;
   // Q8_0 / Q4_0 / Q4_K / Q6_K matrices (rows a multiple of 8) repacked on first use into the 8-row layout of
   // the decode kernel; the file's pages of a repacked tensor are released, so its weights stay resident once.
   // Weight data must stay valid and unchanged for the backend's lifetime (a model's always does).

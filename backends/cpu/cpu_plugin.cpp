@@ -23,6 +23,10 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   if (gemm_min < 0 || gemm_min > 65536)
     throw loom::sdk::Error("[backend] gemm_min_rows: expected 0 (never use oneDNN) .. 65536, found " +
                            std::to_string(gemm_min));
+  const int64_t gemm_min_quant = c.get_i64("gemm_min_rows_quant", 256);
+  if (gemm_min_quant < 0 || gemm_min_quant > 65536)
+    throw loom::sdk::Error("[backend] gemm_min_rows_quant: expected 0 (never use oneDNN) .. 65536, found " +
+                           std::to_string(gemm_min_quant));
   const bool repack = c.get_bool("repack", true);
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
@@ -30,7 +34,13 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   loom::sdk::log(LOOM_LOG_INFO, std::string("cpu backend: ") + loom::cpu::isa_name(isa) + ", " +
                                     std::to_string(n) + " threads");
   auto* p = new loom::sdk::ExecutorPlugin();
-  p->be = loom::cpu::make_cpu_backend({n, isa, static_cast<int>(gemm_min), repack});
+  loom::cpu::CpuOptions o;
+  o.threads = n;
+  o.isa = isa;
+  o.gemm_min_rows = static_cast<int>(gemm_min);
+  o.gemm_min_rows_quant = static_cast<int>(gemm_min_quant);
+  o.repack = repack;
+  p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;
   LOOM_SDK_CATCH

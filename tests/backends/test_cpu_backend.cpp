@@ -126,8 +126,15 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
         << what << " at " << i;
 }
 
+// gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true) {
-  return cpu::make_cpu_backend({2, isa, gemm_min, repack});
+  cpu::CpuOptions o;
+  o.threads = 2;
+  o.isa = isa;
+  o.gemm_min_rows = gemm_min;
+  o.gemm_min_rows_quant = gemm_min;
+  o.repack = repack;
+  return cpu::make_cpu_backend(o);
 }
 
 TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
