@@ -237,6 +237,7 @@ int load_bench(const po::variables_map& vm) {
   std::vector<double> ttft, tpot, itl, e2e, queue;
   size_t out_tokens = 0, in_tokens = 0;
   int preemptions = 0;
+  size_t cached = 0;
   for (const auto& r : results) {
     ttft.push_back(r.metrics.ttft_ms);
     tpot.push_back(r.metrics.tpot_ms);
@@ -246,15 +247,18 @@ int load_bench(const po::variables_map& vm) {
     out_tokens += static_cast<size_t>(r.metrics.n_generated);
     in_tokens += static_cast<size_t>(r.metrics.n_prompt);
     preemptions += r.metrics.preemptions;
+    cached += static_cast<size_t>(r.metrics.cached_prompt_tokens);
   }
+  const double hit_rate = in_tokens > 0 ? static_cast<double>(cached) / static_cast<double>(in_tokens) : 0;
   const EngineStats& st = engine.stats();
   const KVCacheStore& kv = p->kv_store();
   const uint64_t unit_bytes =
       kv.n_units() > 0 ? kv.bytes_capacity() / static_cast<uint64_t>(kv.n_units()) : 0;
-  const uint64_t kv_peak = static_cast<uint64_t>(st.peak_kv_units) * unit_bytes;
+  const uint64_t kv_peak = static_cast<uint64_t>(st.peak_kv_units) * unit_bytes; // held by requests
+  const uint64_t kv_resident = std::max<uint64_t>(kv_peak, kv.bytes_resident()); // with cached blocks
   const MemoryReport mem = p->memory();
   const uint64_t rss = peak_rss_bytes();
-  const uint64_t accounted = mem.weights + kv_peak + mem.activations + mem.workspace;
+  const uint64_t accounted = mem.weights + kv_resident + mem.activations + mem.workspace;
   const double mean_conc = st.busy_ms > 0 ? st.running_ms_integral / st.busy_ms : 0;
   const auto pct = [&](const std::vector<double>& v) {
     return nlohmann::json{
@@ -282,6 +286,9 @@ int load_bench(const po::variables_map& vm) {
                         {"e2e_ms", pct(e2e)},
                         {"queue_ms", pct(queue)},
                         {"preemptions", preemptions},
+                        {"prefix_cache", p->kv_store().shape().prefix_cache},
+                        {"cached_prompt_tokens", cached},
+                        {"prefix_cache_hit_rate", hit_rate},
                         {"peak_kv_units", st.peak_kv_units},
                         {"kv_units", kv.n_units()},
                         {"peak_kv_bytes", kv_peak},
@@ -289,7 +296,7 @@ int load_bench(const po::variables_map& vm) {
                         {"peak_rss_bytes", rss},
                         {"memory",
                          {{"weights_bytes", mem.weights},
-                          {"kv_bytes", kv_peak},
+                          {"kv_bytes", kv_resident},
                           {"activations_bytes", mem.activations},
                           {"workspace_bytes", mem.workspace},
                           {"accounted_bytes", accounted}}}};
@@ -317,8 +324,11 @@ int load_bench(const po::variables_map& vm) {
               static_cast<long long>(st.peak_kv_units), static_cast<long long>(kv.n_units()),
               cfg.kv_cache.store == "paged" ? "blocks" : "slabs", mib(kv_peak).c_str(), preemptions,
               st.peak_batch_tokens);
+  if (kv.shape().prefix_cache)
+    std::printf("prefix:   %.1f%% of prompt tokens found in the cache (%zu of %zu)\n", 100.0 * hit_rate,
+                cached, in_tokens);
   std::printf("memory:   weights %s + KV %s + activations %s + workspace %s = %s; peak RSS %s\n",
-              mib(mem.weights).c_str(), mib(kv_peak).c_str(), mib(mem.activations).c_str(),
+              mib(mem.weights).c_str(), mib(kv_resident).c_str(), mib(mem.activations).c_str(),
               mib(mem.workspace).c_str(), mib(accounted).c_str(), mib(rss).c_str());
   return k_exit_ok;
 }

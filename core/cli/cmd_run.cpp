@@ -86,7 +86,8 @@ nlohmann::json to_json(const GenerationResult& r) {
                   {"itl_p90_ms", r.metrics.itl_p90_ms},
                   {"itl_max_ms", r.metrics.itl_max_ms},
                   {"e2e_ms", r.metrics.total_ms},
-                  {"preemptions", r.metrics.preemptions}};
+                  {"preemptions", r.metrics.preemptions},
+                  {"cached_prompt_tokens", r.metrics.cached_prompt_tokens}};
   if (r.metrics.draft_tokens_evaluated > 0)
     j["metrics"]["draft_tokens_evaluated"] = r.metrics.draft_tokens_evaluated;
   if (r.metrics.draft_forward_ms > 0) {

@@ -96,6 +96,10 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   auto seq = std::make_unique<Seq>(std::move(stop_cfg));
   seq->kv = kv;
   seq->tokens = prompt_;
+  // Blocks of an earlier request with the same leading tokens (the last prompt token is evaluated
+  // here in any case: its logits are the first distribution).
+  cached_prompt_ = ctx_.kv.reuse_prefix(kv, prompt_, static_cast<int32_t>(prompt_.size()) - 1);
+  seq->n_cached = cached_prompt_;
   seq->chain = tmpl.make_chain();
   if (tmpl.make_stop_plugins) seq->plugins = tmpl.make_stop_plugins();
   // SentencePiece's leading-space rule applies only when the prompt produced no text.
@@ -587,9 +591,11 @@ void DecodeSession::end_pending(LocalSeq seq, StopReason reason) {
   if (q.finished == StopReason::none) end_seq(q, reason);
 }
 
-void DecodeSession::chunks_evaluated() noexcept {
-  for (auto& [id, q] : seqs_)
+void DecodeSession::chunks_evaluated() {
+  for (auto& [id, q] : seqs_) {
+    if (q->in_flight && q->kv >= 0) kv_of(q->model).register_prefix(q->kv, q->tokens); // findable by content
     q->in_flight = false;
+  }
 }
 
 void DecodeSession::evict() {
@@ -616,6 +622,15 @@ bool DecodeSession::restore() {
     done.push_back(q.get());
   }
   evicted_ = false;
+  // What is still cached of each live sequence's positions comes back without evaluation: up to the
+  // first position whose logits row is owed (pending), or all its committed tokens.
+  for (Seq* q : done) {
+    if (q->finished != StopReason::none) continue;
+    const auto n_committed = static_cast<int32_t>(q->tokens.size());
+    const int32_t cap = q->pending ? std::min(q->out_from, n_committed) : n_committed;
+    q->n_cached = kv_of(q->model).reuse_prefix(q->kv, q->tokens, cap);
+    if (q->pending && q->n_cached >= q->target) q->pending = false;
+  }
   return true;
 }
 

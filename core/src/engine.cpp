@@ -207,6 +207,8 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.itl_p90_ms = percentile(r.itl_ms, 0.9);
   m.itl_max_ms = r.itl_ms.empty() ? 0 : *std::max_element(r.itl_ms.begin(), r.itl_ms.end());
   m.preemptions = r.preemptions;
+  m.cached_prompt_tokens = s.cached_prompt();
+  stats_.cached_prompt_tokens += static_cast<size_t>(m.cached_prompt_tokens);
   ++stats_.finished;
   stats_.prompt_tokens += static_cast<size_t>(m.n_prompt);
   stats_.output_tokens += static_cast<size_t>(m.n_generated);

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 namespace loom {
 
@@ -162,8 +164,11 @@ public:
     // last block when the first new position lands in a block this sequence shares.
     const int32_t need_blocks = (len + n_new + shape_.block_size - 1) / shape_.block_size;
     int64_t fresh_blocks = std::max<int64_t>(0, need_blocks - static_cast<int64_t>(table.size()));
-    const bool cow = n_new > 0 && len % shape_.block_size != 0 &&
-                     refs_[static_cast<size_t>(table[static_cast<size_t>(len / shape_.block_size)])] > 1;
+    // A block findable by content is never written in place either (a truncate left it part full).
+    const auto last = n_new > 0 && len % shape_.block_size != 0
+                          ? static_cast<size_t>(table[static_cast<size_t>(len / shape_.block_size)])
+                          : size_t{0};
+    const bool cow = n_new > 0 && len % shape_.block_size != 0 && (refs_[last] > 1 || cached_of_[last] != 0);
     if (free_blocks() < fresh_blocks + (cow ? 1 : 0)) return false;
     if (fresh) it = seqs_.emplace(seq, Seq{}).first;
     Seq& q = it->second;
@@ -202,6 +207,7 @@ public:
     if (it == seqs_.end()) return;
     Seq& q = it->second;
     q.length = std::clamp(n, 0, q.length);
+    q.hashes.resize(std::min(q.hashes.size(), static_cast<size_t>(q.length / shape_.block_size)));
     const auto keep = static_cast<size_t>((q.length + shape_.block_size - 1) / shape_.block_size);
     while (q.blocks.size() > keep) {
       release(q.blocks.back());
@@ -228,6 +234,60 @@ public:
   void reset_peak() noexcept override { peak_blocks_ = in_use_; }
   size_t bytes_capacity() const noexcept override { return static_cast<size_t>(n_blocks_) * block_bytes(); }
 
+  void register_prefix(SeqId seq, std::span<const TokenId> tokens) override {
+    if (!shape_.prefix_cache) return;
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return;
+    Seq& q = it->second;
+    const auto B = static_cast<size_t>(shape_.block_size);
+    const size_t full = std::min(static_cast<size_t>(q.length), tokens.size()) / B;
+    for (size_t i = q.hashes.size(); i < full; ++i) {
+      const uint64_t parent = i == 0 ? 0 : q.hashes[i - 1];
+      const std::span<const TokenId> toks = tokens.subspan(i * B, B);
+      const uint64_t h = block_hash(parent, toks);
+      q.hashes.push_back(h);
+      const auto b = static_cast<size_t>(q.blocks[i]);
+      if (cached_.count(h) || cached_of_[b] != 0) continue; // this content is findable already
+      cached_.emplace(h, q.blocks[i]);
+      cached_of_[b] = h;
+      block_tokens_[b].assign(toks.begin(), toks.end());
+      block_parent_[b] = parent;
+    }
+  }
+  int32_t reuse_prefix(SeqId seq, std::span<const TokenId> tokens, int32_t max_positions) override {
+    if (!shape_.prefix_cache) return 0;
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || it->second.length != 0 || !it->second.blocks.empty()) return 0;
+    Seq& q = it->second;
+    const auto B = static_cast<size_t>(shape_.block_size);
+    const size_t limit =
+        std::min(tokens.size(), static_cast<size_t>(std::clamp(max_positions, 0, shape_.n_ctx))) / B;
+    uint64_t parent = 0;
+    for (size_t i = 0; i < limit; ++i) {
+      const std::span<const TokenId> toks = tokens.subspan(i * B, B);
+      const uint64_t h = block_hash(parent, toks);
+      auto c = cached_.find(h);
+      if (c == cached_.end()) break;
+      const auto b = static_cast<size_t>(c->second);
+      if (block_parent_[b] != parent ||
+          !std::equal(toks.begin(), toks.end(), block_tokens_[b].begin(), block_tokens_[b].end()))
+        break;             // a hash collision: not this content
+      if (refs_[b] == 0) { // back from the evictable list
+        lru_.erase(lru_pos_[b]);
+        ++in_use_;
+      }
+      ++refs_[b];
+      q.blocks.push_back(c->second);
+      q.hashes.push_back(h);
+      parent = h;
+    }
+    q.length = static_cast<int32_t>(q.blocks.size() * B);
+    peak_blocks_ = std::max(peak_blocks_, in_use_);
+    return q.length;
+  }
+  int64_t cached_blocks() const noexcept override { return static_cast<int64_t>(cached_.size()); }
+  size_t bytes_resident() const noexcept override { return storage_.size() * block_bytes(); }
+
   int64_t n_units() const noexcept override { return n_blocks_; }
   int64_t units_in_use() const noexcept override { return in_use_; }
   int32_t positions_per_unit() const noexcept override { return shape_.block_size; }
@@ -235,6 +295,7 @@ public:
 private:
   struct Seq {
     std::vector<int32_t> blocks;
+    std::vector<uint64_t> hashes; // content hashes of the first full blocks (register/reuse_prefix)
     int32_t length = 0;
   };
   size_t block_elems() const noexcept {
@@ -244,12 +305,14 @@ private:
   size_t block_bytes() const noexcept { return block_elems() * sizeof(float); }
   int64_t free_blocks() const noexcept { return n_blocks_ - in_use_; }
   float* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
+  // A free block: one returned earlier, else a new one while the pool has room, else the least
+  // recently used cached block nobody references (it stops being findable).
   int32_t take_block() {
     int32_t b;
     if (!free_list_.empty()) {
       b = free_list_.back();
       free_list_.pop_back();
-    } else {
+    } else if (static_cast<int64_t>(storage_.size()) < n_blocks_ || lru_.empty()) {
       b = static_cast<int32_t>(storage_.size());
       try {
         storage_.push_back(std::make_unique_for_overwrite<float[]>(block_elems()));
@@ -258,16 +321,44 @@ private:
              "cannot allocate a KV block of " + std::to_string(block_bytes()) + " bytes");
       }
       refs_.push_back(0);
+      cached_of_.push_back(0);
+      block_tokens_.emplace_back();
+      block_parent_.push_back(0);
+      lru_pos_.emplace_back();
+    } else {
+      b = lru_.front();
+      lru_.pop_front();
+      const auto i = static_cast<size_t>(b);
+      cached_.erase(cached_of_[i]);
+      cached_of_[i] = 0;
+      block_tokens_[i].clear();
     }
     refs_[static_cast<size_t>(b)] = 1;
     ++in_use_;
     return b;
   }
   void release(int32_t b) noexcept {
-    if (--refs_[static_cast<size_t>(b)] == 0) {
-      free_list_.push_back(b);
+    const auto i = static_cast<size_t>(b);
+    if (--refs_[i] == 0) {
       --in_use_;
+      if (cached_of_[i] != 0) { // still findable: evictable, the most recently used last
+        lru_.push_back(b);
+        lru_pos_[i] = std::prev(lru_.end());
+      } else {
+        free_list_.push_back(b);
+      }
     }
+  }
+  static uint64_t mix(uint64_t z) noexcept { // SplitMix64's finalizer
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  static uint64_t block_hash(uint64_t parent, std::span<const TokenId> toks) noexcept {
+    uint64_t h = mix(parent + 0x9e3779b97f4a7c15ULL);
+    for (TokenId t : toks)
+      h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
+    return h == 0 ? 1 : h; // 0 marks "not cached"
   }
   float* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
     auto it = seqs_.find(seq);
@@ -289,6 +380,13 @@ private:
   std::vector<std::unique_ptr<float[]>> storage_; // blocks made so far (reused through free_list_)
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_list_;
+  // Prefix cache: content hash → block, and per block its hash (0: none), tokens and parent hash.
+  std::unordered_map<uint64_t, int32_t> cached_;
+  std::vector<uint64_t> cached_of_;
+  std::vector<std::vector<TokenId>> block_tokens_;
+  std::vector<uint64_t> block_parent_;
+  std::list<int32_t> lru_; // cached blocks with no reference, least recently used first
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
   int64_t in_use_ = 0, peak_blocks_ = 0;
   std::map<SeqId, Seq> seqs_;
 };

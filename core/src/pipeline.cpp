@@ -155,6 +155,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   const auto blocks_for = [&](int64_t positions) {
     return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
   };
+  shape.prefix_cache = paged && cfg.kv_cache.prefix_cache;
   if (paged)
     shape.n_blocks =
         cfg.kv_cache.max_tokens > 0 ? blocks_for(cfg.kv_cache.max_tokens) : 64 * blocks_for(p->n_ctx_);
@@ -232,6 +233,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     KVShape dshape = p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_);
     dshape.block_size = cfg.kv_cache.block_size;
     dshape.n_blocks = shape.n_blocks;
+    dshape.prefix_cache = shape.prefix_cache;
     p->draft_kv_ = make_store(dshape);
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }

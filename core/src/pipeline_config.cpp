@@ -461,7 +461,7 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     }
   }
   if (const auto* t = section(c, root, "kv_cache")) {
-    c.only_keys(*t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens"});
+    c.only_keys(*t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens", "prefix_cache"});
     read_string(c, *t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
     cfg.kv_cache.block_size = static_cast<int32_t>(
         read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "a power of two in 1..4096"));
@@ -470,6 +470,7 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
     cfg.kv_cache.max_tokens =
         static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+    cfg.kv_cache.prefix_cache = read_bool(c, *t, "kv_cache", "prefix_cache", true);
   }
   if (const auto* t = section(c, root, "scheduler")) {
     c.only_keys(*t, "[scheduler]", {"max_batch_tokens", "max_sequences"});
@@ -751,6 +752,7 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("block_size", std::to_string(cfg.kv_cache.block_size));
   kv("dtype", toml_string(cfg.kv_cache.dtype));
   kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
+  kv("prefix_cache", b(cfg.kv_cache.prefix_cache));
   o << "\n[scheduler]\n";
   kv("max_batch_tokens", std::to_string(cfg.scheduler.max_batch_tokens));
   kv("max_sequences", std::to_string(cfg.scheduler.max_sequences));

@@ -7,9 +7,11 @@
 #include "loom/model.hpp"
 #include "test_util.hpp"
 
+#include <fstream>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 namespace {
 
@@ -142,6 +144,82 @@ TEST(PagedKv, RowsEqualTheContiguousStoreUnderRandomOperations) {
   }
 }
 
+// ---- prefix cache ----------------------------------------------------------------------------------
+
+TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
+  KVShape sh = small_shape(4, 6);
+  sh.prefix_cache = true;
+  auto kv = make_paged_kv_cache(sh);
+  const std::vector<TokenId> toks = {1, 5, 9, 2, 7, 7, 3, 8, 4, 4};
+  ASSERT_TRUE(kv->allocate(0, 10));
+  write(*kv, 0, 0, 10, 1.0f);
+  kv->register_prefix(0, toks); // blocks 0..1 are full (positions 0..7)
+  EXPECT_EQ(kv->cached_blocks(), 2);
+  ASSERT_TRUE(kv->allocate(1, 0));
+  EXPECT_EQ(kv->reuse_prefix(1, toks, 9), 8);
+  EXPECT_EQ(kv->length(1), 8);
+  EXPECT_EQ(kv->units_in_use(), 3) << "two blocks shared, one of seq 0's own";
+  for (Pos p = 0; p < 8; ++p)
+    EXPECT_EQ(kv->k_row(1, 1, p), kv->k_row(1, 0, p)) << "the same storage at " << p;
+  // A different second block: only the first is found; a limit below one block finds nothing.
+  std::vector<TokenId> other = toks;
+  other[5] = 6;
+  ASSERT_TRUE(kv->allocate(2, 0));
+  EXPECT_EQ(kv->reuse_prefix(2, other, 10), 4);
+  ASSERT_TRUE(kv->allocate(3, 0));
+  EXPECT_EQ(kv->reuse_prefix(3, toks, 3), 0);
+  // The same first tokens after another first block: nothing (a block's hash covers its prefix).
+  std::vector<TokenId> shifted = {9, 9, 9, 9, 1, 5, 9, 2};
+  ASSERT_TRUE(kv->allocate(4, 0));
+  EXPECT_EQ(kv->reuse_prefix(4, shifted, 8), 0);
+}
+
+TEST(PagedKvPrefix, UnreferencedCachedBlocksAreEvictedLeastRecentlyUsedFirst) {
+  KVShape sh = small_shape(4, 3);
+  sh.prefix_cache = true;
+  auto kv = make_paged_kv_cache(sh);
+  const std::vector<TokenId> a = {1, 1, 1, 1}, b = {2, 2, 2, 2}, c = {3, 3, 3, 3};
+  for (auto [seq, toks] : {std::pair{0, a}, std::pair{1, b}}) {
+    ASSERT_TRUE(kv->allocate(seq, 4));
+    write(*kv, seq, 0, 4, static_cast<float>(seq));
+    kv->register_prefix(seq, toks);
+    kv->free(seq); // unreferenced, still findable
+  }
+  EXPECT_EQ(kv->units_in_use(), 0);
+  EXPECT_EQ(kv->free_positions(), 12) << "cached blocks nobody holds count as free";
+  // a is used again (most recent now); then two fresh blocks are needed: the third block of the
+  // pool and then the least recently used cached one, b.
+  ASSERT_TRUE(kv->allocate(2, 0));
+  EXPECT_EQ(kv->reuse_prefix(2, a, 4), 4);
+  kv->free(2);
+  ASSERT_TRUE(kv->allocate(3, 8));
+  kv->register_prefix(3, std::vector<TokenId>{3, 3, 3, 3, 4, 4, 4, 4});
+  ASSERT_TRUE(kv->allocate(4, 0));
+  EXPECT_EQ(kv->reuse_prefix(4, b, 4), 0) << "b was evicted";
+  ASSERT_TRUE(kv->allocate(5, 0));
+  EXPECT_EQ(kv->reuse_prefix(5, a, 4), 4) << "a was used more recently and stays";
+  ASSERT_TRUE(kv->allocate(6, 0));
+  EXPECT_EQ(kv->reuse_prefix(6, c, 4), 4);
+}
+
+TEST(PagedKvPrefix, ACachedBlockIsNeverWrittenInPlace) {
+  KVShape sh = small_shape(4, 8);
+  sh.prefix_cache = true;
+  auto kv = make_paged_kv_cache(sh);
+  const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(kv->allocate(0, 8));
+  write(*kv, 0, 0, 8, 1.0f);
+  kv->register_prefix(0, toks);
+  const float before = kv->k_row(0, 0, 5)[0];
+  kv->truncate(0, 6); // into the second (cached) block; seq 0 alone holds it
+  ASSERT_TRUE(kv->allocate(0, 1));
+  kv->k_row(0, 0, 6)[0] = -123.0f; // writes a private copy
+  ASSERT_TRUE(kv->allocate(1, 0));
+  ASSERT_EQ(kv->reuse_prefix(1, toks, 8), 8);
+  EXPECT_EQ(kv->k_row(0, 1, 5)[0], before);
+  EXPECT_NE(kv->k_row(0, 1, 6)[0], -123.0f) << "the cached block kept its content";
+}
+
 // ---- whole pipelines -------------------------------------------------------------------------------
 
 nlohmann::json run_json(const std::string& args) {
@@ -177,6 +255,46 @@ TEST(PagedKvPipeline, EveryDecoderGivesTheSameTokensOnEitherStore) {
         }
       }
     }
+}
+
+// A repeated prompt finds its full blocks in the prefix cache: fewer tokens evaluated, the same
+// output (greedy and seeded sampling), and the cache off evaluates everything.
+TEST(PagedKvPipeline, PrefixReuseCutsThePrefillOfARepeatedPrompt) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string file = testing::TempDir() + "/loom_prefix_prompts.txt";
+  {
+    std::ofstream f(file);
+    const std::string p = "Once upon a time there was a little girl named Lily who loved to play in the park";
+    f << p << "\n" << p << "\n" << p << " with her dog\n";
+  }
+  for (const char* sampling : {"--temp 0", "--temp 0.9"}) {
+    SCOPED_TRACE(sampling);
+    const std::string common = "run -m " + model.string() + " --prompts " + file + " -n 24 --seed 5 --json " +
+                               sampling + " --set 'kv_cache.store=\"paged\"' --set kv_cache.block_size=4";
+    std::vector<nlohmann::json> on, off;
+    for (auto [flag, out] : {std::pair{"true", &on}, std::pair{"false", &off}}) {
+      const auto r = test::run_loom(common + " --set kv_cache.prefix_cache=" + flag, false, 60);
+      ASSERT_EQ(r.code, 0) << r.err;
+      std::istringstream in(r.out);
+      for (std::string l; std::getline(in, l);)
+        out->push_back(nlohmann::json::parse(l));
+    }
+    ASSERT_EQ(on.size(), 3u);
+    ASSERT_EQ(off.size(), 3u);
+    const int n_prompt = on[0]["metrics"]["n_prompt"].get<int>();
+    EXPECT_EQ(on[0]["metrics"]["cached_prompt_tokens"], 0);
+    EXPECT_EQ(on[1]["metrics"]["cached_prompt_tokens"].get<int>(), (n_prompt - 1) / 4 * 4);
+    EXPECT_GE(on[2]["metrics"]["cached_prompt_tokens"].get<int>(), (n_prompt - 1) / 4 * 4);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(on[i]["tokens"], off[i]["tokens"]) << i;
+      EXPECT_EQ(off[i]["metrics"]["cached_prompt_tokens"], 0);
+      EXPECT_EQ(on[i]["metrics"]["tokens_evaluated"].get<int>() +
+                    on[i]["metrics"]["cached_prompt_tokens"].get<int>(),
+                off[i]["metrics"]["tokens_evaluated"].get<int>())
+          << i;
+    }
+  }
 }
 
 TEST(PagedKvPipeline, SamplesHoldThePromptOnceAndGrowByTheirOwnTokens) {

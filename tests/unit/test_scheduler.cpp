@@ -65,20 +65,26 @@ TEST(Scheduler, PreemptionKeepsEveryRequestsTokens) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   const auto reqs = requests(8, 60);
   const auto ref = alone(model, reqs);
-  // 8 requests of ~66 positions need ~530; the store holds 160 (10 blocks).
-  auto p = Pipeline::create(paged_config(model, 160));
-  const auto got = p->generate_all(reqs, 8);
-  int preemptions = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_EQ(got[i].tokens, ref[i].tokens);
-    EXPECT_EQ(got[i].stop_reason, StopReason::max_tokens);
-    EXPECT_TRUE(got[i].message.empty()) << got[i].message;
-    preemptions += got[i].metrics.preemptions;
+  // 8 requests of ~66 positions need ~530; the store holds 160 (10 blocks). With the prefix cache a
+  // preempted request finds what is left of its blocks; without it, it evaluates everything again.
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
+    PipelineConfig c = paged_config(model, 160);
+    c.kv_cache.prefix_cache = cache;
+    auto p = Pipeline::create(c);
+    const auto got = p->generate_all(reqs, 8);
+    int preemptions = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(got[i].tokens, ref[i].tokens);
+      EXPECT_EQ(got[i].stop_reason, StopReason::max_tokens);
+      EXPECT_TRUE(got[i].message.empty()) << got[i].message;
+      preemptions += got[i].metrics.preemptions;
+    }
+    EXPECT_GT(preemptions, 0) << "the budget was meant to force preemption";
+    EXPECT_EQ(static_cast<size_t>(preemptions), p->engine().stats().preemptions);
+    EXPECT_LE(p->engine().stats().peak_kv_units, 10);
   }
-  EXPECT_GT(preemptions, 0) << "the budget was meant to force preemption";
-  EXPECT_EQ(static_cast<size_t>(preemptions), p->engine().stats().preemptions);
-  EXPECT_LE(p->engine().stats().peak_kv_units, 10);
 }
 
 TEST(Scheduler, ChunkSizeConcurrencyAndArrivalOrderChangeNoSeededResult) {

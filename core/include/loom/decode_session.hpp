@@ -171,8 +171,11 @@ public:
   // The next (at most n) tokens of a pending sequence, their KV positions reserved; nullopt, changing
   // nothing, when the store has no room for them.
   std::optional<Work> take_chunk(LocalSeq seq, int32_t n);
-  // The forward passes of this step's chunks ran (their rows are set).
-  void chunks_evaluated() noexcept;
+  // The forward passes of this step's chunks ran (their rows are set; their full blocks become
+  // findable by content for later requests).
+  void chunks_evaluated();
+  // Prompt positions found in the prefix cache when the request started (not evaluated again).
+  int32_t cached_prompt() const noexcept { return cached_prompt_; }
   // Ends a pending sequence that cannot get KV room even with the engine to itself.
   void end_pending(LocalSeq seq, StopReason reason);
   // Preemption: every sequence's K/V and KV sequence id are given back (logits rows, tokens and all
@@ -235,6 +238,7 @@ private:
   size_t streamed_ = 0; // bytes of the streamed sequence's text already handed to on_text_
   std::vector<LocalSeq> planned_;
   bool evicted_ = false;
+  int32_t cached_prompt_ = 0;
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics

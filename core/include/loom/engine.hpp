@@ -59,7 +59,8 @@ struct GenerationMetrics {
   // Inter-token latency: the gaps between the steps that gave the request new tokens, after the first.
   std::vector<double> itl_ms;
   double itl_p50_ms = 0, itl_p90_ms = 0, itl_max_ms = 0;
-  int32_t preemptions = 0; // times its KV was taken back to make room (then recomputed)
+  int32_t preemptions = 0;          // times its KV was taken back to make room (then recomputed)
+  int32_t cached_prompt_tokens = 0; // prompt positions found in the prefix cache (not evaluated)
   std::vector<std::pair<std::string, double>> decoder; // what the decoder reported (set_metric)
 };
 
@@ -108,6 +109,7 @@ struct EngineStats {
   size_t finished = 0;
   size_t prompt_tokens = 0, output_tokens = 0; // of the finished requests
   size_t preemptions = 0;
+  size_t cached_prompt_tokens = 0; // of prompt_tokens, found in the prefix cache
   size_t steps = 0, forwards = 0;
   double busy_ms = 0;             // wall time of steps that ran a forward
   double running_ms_integral = 0; // Σ running requests × step time (mean concurrency = this / busy_ms)

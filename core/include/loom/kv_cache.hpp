@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -24,8 +25,9 @@ struct KVShape {
   int32_t n_ctx = 0;     // positions per sequence
   int32_t n_seq_max = 1; // sequences that can live at once
   DType dtype = DType::f32;
-  int32_t block_size = 16; // paged store: positions per block
-  int64_t n_blocks = 0;    // paged store: blocks in the pool (0: enough for n_seq_max full sequences)
+  int32_t block_size = 16;   // paged store: positions per block
+  int64_t n_blocks = 0;      // paged store: blocks in the pool (0: enough for n_seq_max full sequences)
+  bool prefix_cache = false; // paged store: full blocks are kept by content for later requests
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
@@ -70,6 +72,23 @@ public:
   int64_t capacity_positions() const noexcept {
     return n_units() * static_cast<int64_t>(positions_per_unit());
   }
+
+  // Prefix reuse across requests (paged store with shape().prefix_cache; others: no-ops).
+  // register_prefix: positions [0, min(length, tokens.size())) of seq hold the K/V of `tokens` (all
+  // evaluated): each full block among them becomes findable by its content (the hash of its tokens and
+  // of every block before it). A cached block nobody references stays in the pool, evicted least
+  // recently used first when a block is needed (it counts as free).
+  virtual void register_prefix(SeqId /*seq*/, std::span<const TokenId> /*tokens*/) {}
+  // For an empty sequence: attaches the cached blocks holding the longest prefix of `tokens` in whole
+  // blocks, at most max_positions, and returns the positions it now has (0: none found).
+  virtual int32_t reuse_prefix(SeqId /*seq*/, std::span<const TokenId> /*tokens*/,
+                               int32_t /*max_positions*/) {
+    return 0;
+  }
+  virtual int64_t cached_blocks() const noexcept { return 0; } // findable by content (held or not)
+  // Memory the store holds now: paged, every block made so far (free and cached ones are kept for
+  // reuse); contiguous, the live slabs.
+  virtual size_t bytes_resident() const noexcept { return bytes_allocated(); }
 };
 
 // f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are

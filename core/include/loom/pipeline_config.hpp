@@ -36,6 +36,7 @@ struct PipelineConfig {
     std::string store = "contiguous"; // contiguous | paged
     int32_t block_size = 16;
     std::string dtype = "f32";
+    bool prefix_cache = true; // paged: full blocks found again by content (prompts with a common prefix)
     // Positions the store holds in all. contiguous: max_tokens / n_ctx slabs (at least one); paged:
     // max_tokens / block_size blocks (a request may then get less than n_ctx). 0 = 64 sequences of n_ctx.
     int32_t max_tokens = 0;
