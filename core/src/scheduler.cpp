@@ -31,7 +31,8 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   // preempt the running ones as soon as they grow (a slab holds its sequence's whole context).
   const int64_t headroom =
       kv_.positions_per_unit() < n_ctx_ ? static_cast<int64_t>(n_running) * kv_.positions_per_unit() : 0;
-  if (n_running > 0 && kv_.free_positions() - headroom < needed) return {Admission::wait, StopReason::none, {}};
+  if (n_running > 0 && kv_.free_positions() - headroom < needed)
+    return {Admission::wait, StopReason::none, {}};
   return {Admission::admit, StopReason::none, {}};
 }
 
