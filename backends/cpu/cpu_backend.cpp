@@ -85,15 +85,42 @@ LOOM_INLINE void vscale(float* y, float a, int32_t n) {
 
 constexpr int32_t k_tile = 64;
 
+// A sequence's K/V rows in the cache's stored type dt (f32, f16, bf16, q8_0), read in place: the
+// f32/f16/bf16 decode kernels load them directly; the other paths convert one tile of one head at a
+// time into scratch (tile_rows), never the whole cache.
 struct SeqRows {
   SeqId seq;
   Pos n_pos; // rows [0, n_pos)
-  std::vector<const float*> k, v;
+  std::vector<const uint8_t*> k, v;
+  DType dt = DType::f32;
 };
 
 struct AttnScratch {
   std::vector<float> s, acc, m, l;
+  std::vector<float> ks, vs;        // a tile of K / V rows of one head, as f32 (non-f32 caches)
+  std::vector<const float*> kp, vp; // the tile's rows of that head
 };
+
+// Rows j0 .. j0+n-1 of kv head hk (values [koff, koff + D)) as f32 pointers: into the cache itself for
+// f32, else into `stage` after conversion.
+LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src, DType dt, Pos j0, int32_t n,
+                                          size_t koff, int32_t D, std::vector<float>& stage,
+                                          std::vector<const float*>& ptrs) {
+  ptrs.resize(static_cast<size_t>(n));
+  if (dt == DType::f32) {
+    for (int32_t jj = 0; jj < n; ++jj)
+      ptrs[static_cast<size_t>(jj)] =
+          reinterpret_cast<const float*>(src[static_cast<size_t>(j0 + jj)]) + koff;
+  } else {
+    stage.resize(static_cast<size_t>(n) * static_cast<size_t>(D));
+    for (int32_t jj = 0; jj < n; ++jj) {
+      float* dst = stage.data() + static_cast<size_t>(jj) * static_cast<size_t>(D);
+      kv_load(dt, src[static_cast<size_t>(j0 + jj)], static_cast<int64_t>(koff), D, dst);
+      ptrs[static_cast<size_t>(jj)] = dst;
+    }
+  }
+  return ptrs.data();
+}
 
 // One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys [first, last].
 LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
@@ -106,12 +133,14 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
   const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
   for (Pos j0 = first; j0 <= last; j0 += k_tile) {
     const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
+    const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
+    const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
     for (int32_t g = 0; g < G; ++g) {
       const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
       float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
       float tmax = -INFINITY;
       for (int32_t jj = 0; jj < n; ++jj) {
-        float v = vdot(qh, rows.k[static_cast<size_t>(j0 + jj)] + koff, D) * p.scale;
+        float v = vdot(qh, kt[jj], D) * p.scale;
         if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
         s[jj] = v;
         tmax = std::max(tmax, v);
@@ -128,7 +157,7 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
       for (int32_t jj = 0; jj < n; ++jj) {
         const float e = std::exp(s[jj] - m);
         l += e;
-        vaxpy(acc, e, rows.v[static_cast<size_t>(j0 + jj)] + koff, D);
+        vaxpy(acc, e, vt[jj], D);
       }
     }
   }
@@ -161,8 +190,10 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
   }
   for (Pos j0 = lo; j0 <= hi; j0 += k_tile) {
     const int32_t n = std::min<int32_t>(k_tile, hi - j0 + 1);
+    const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
+    const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
     for (int32_t jj = 0; jj < n; ++jj) {
-      const float* kr = rows.k[static_cast<size_t>(j0 + jj)] + koff;
+      const float* kr = ktr[jj];
       for (int32_t d = 0; d < D; ++d)
         kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
     }
@@ -206,7 +237,7 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
         if (s[jj] == -INFINITY) continue;
         const float e = std::exp(s[jj] - m);
         l += e;
-        vaxpy(acc, e, rows.v[static_cast<size_t>(j0 + jj)] + koff, D);
+        vaxpy(acc, e, vtr[jj], D);
       }
     }
   }
@@ -242,10 +273,23 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
 // Decode attention with AVX2 intrinsics for head dims 8·NV: q and the output accumulator live in
 // registers, eight keys' scores are reduced together (one transpose of eight partial sums instead of
 // eight horizontal sums).
-template <int NV>
+// Eight values of a KV row from element `at` on: f32 (KT 0), f16 (1, F16C) or bf16 (2) storage.
+template <int KT> LOOM_AVX2 inline __m256 load8(const uint8_t* row, size_t at) {
+  if constexpr (KT == 0) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + at);
+  } else if constexpr (KT == 1) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+template <int NV, int KT>
 LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
                                 Pos first, Pos last, int32_t hk, AttnScratch& w) {
   constexpr int32_t D = NV * 8;
+  constexpr size_t esize = KT == 0 ? 4 : 2;
   const int32_t G = p.n_head / p.n_head_kv;
   const size_t koff = static_cast<size_t>(hk) * D;
   w.s.resize(k_tile);
@@ -260,18 +304,18 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
     float m = -INFINITY, l = 0.0f;
     for (Pos j0 = first; j0 <= last; j0 += k_tile) {
       const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
-      const float* const* kr = rows.k.data() + j0;
+      const uint8_t* const* kr = rows.k.data() + j0;
       int32_t jj = 0;
       for (; jj + 8 <= n; jj += 8) {
         __m256 d[8];
         if (jj + 16 <= n)
           for (int k = 8; k < 16; ++k)
-            _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
         for (int k = 0; k < 8; ++k) {
-          const float* kk = kr[jj + k] + koff;
-          d[k] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kk));
+          const uint8_t* kk = kr[jj + k];
+          d[k] = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
           for (int i = 1; i < NV; ++i)
-            d[k] = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kk + 8 * i), d[k]);
+            d[k] = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d[k]);
         }
         const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
         const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
@@ -280,10 +324,10 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
         _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
       }
       for (; jj < n; ++jj) {
-        const float* kk = kr[jj] + koff;
-        __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kk));
+        const uint8_t* kk = kr[jj];
+        __m256 d = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
         for (int i = 1; i < NV; ++i)
-          d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kk + 8 * i), d);
+          d = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d);
         __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
         h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         h = _mm_add_ss(h, _mm_movehdup_ps(h));
@@ -305,13 +349,13 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
         s[jj] = std::exp(s[jj] - m);
         l += s[jj];
       }
-      const float* const* vr = rows.v.data() + j0;
+      const uint8_t* const* vr = rows.v.data() + j0;
       for (jj = 0; jj < n; ++jj) {
-        if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff), _MM_HINT_T0);
+        if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
         const __m256 ev = _mm256_set1_ps(s[jj]);
-        const float* vv = vr[jj] + koff;
+        const uint8_t* vv = vr[jj];
         for (int i = 0; i < NV; ++i)
-          acc[i] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + 8 * i), acc[i]);
+          acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
       }
     }
     float* o = out + static_cast<size_t>(hk * G + g) * D;
@@ -324,20 +368,33 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
 using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, Pos, Pos, int32_t,
                             AttnScratch&);
 
-AttnItemFn pick_item(bool avx2, int32_t D) {
-  if (!avx2) return attn_item_generic;
+template <int KT> AttnItemFn pick_item_typed(int32_t D) {
   switch (D) {
   case 8:
-    return attn_item_avx2_d<1>;
+    return attn_item_avx2_d<1, KT>;
   case 16:
-    return attn_item_avx2_d<2>;
+    return attn_item_avx2_d<2, KT>;
   case 32:
-    return attn_item_avx2_d<4>;
+    return attn_item_avx2_d<4, KT>;
   case 64:
-    return attn_item_avx2_d<8>;
+    return attn_item_avx2_d<8, KT>;
   case 128:
-    return attn_item_avx2_d<16>;
+    return attn_item_avx2_d<16, KT>;
   default:
+    return attn_item_avx2;
+  }
+}
+
+AttnItemFn pick_item(bool avx2, int32_t D, DType dt) {
+  if (!avx2) return attn_item_generic;
+  switch (dt) {
+  case DType::f32:
+    return pick_item_typed<0>(D);
+  case DType::f16:
+    return pick_item_typed<1>(D);
+  case DType::bf16:
+    return pick_item_typed<2>(D);
+  default: // q8_0: converted a tile at a time
     return attn_item_avx2;
   }
 }
@@ -346,7 +403,7 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
               const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, bool avx2) {
   const int32_t Hkv = p.n_head_kv;
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
-  const AttnItemFn item = pick_item(avx2, p.head_dim);
+  const AttnItemFn item = pick_item(avx2, p.head_dim, rows.empty() ? DType::f32 : rows.front().dt);
   const auto block = avx2 ? attn_block_avx2 : attn_block_generic;
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
@@ -456,6 +513,7 @@ public:
       : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(o.isa == Isa::avx2) {}
 
   std::string_view name() const noexcept override { return "cpu"; }
+  bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
@@ -670,10 +728,10 @@ private:
       for (int32_t t = 0; t < T; ++t) { // this batch's K/V rows first
         const SeqId s = b.seq_ids[static_cast<size_t>(t)];
         const Pos ps = b.positions[static_cast<size_t>(t)];
-        std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems,
-                    row_elems * sizeof(float));
-        std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems,
-                    row_elems * sizeof(float));
+        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems, kv.k_data(p.layer, s, ps),
+                 static_cast<int64_t>(row_elems));
+        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems, kv.v_data(p.layer, s, ps),
+                 static_cast<int64_t>(row_elems));
       }
       flash_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst, opt_.isa);
       return;
@@ -858,7 +916,7 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
     size_t i = 0;
     while (i < rows.size() && rows[i].seq != seq[t])
       ++i;
-    if (i == rows.size()) rows.push_back({seq[t], 0, {}, {}});
+    if (i == rows.size()) rows.push_back({seq[t], 0, {}, {}, kv.kv_dtype()});
     rows[i].n_pos = std::max(rows[i].n_pos, pos[t] + 1);
     row_of[static_cast<size_t>(t)] = static_cast<int32_t>(i);
   }
@@ -866,8 +924,8 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
     r.k.resize(static_cast<size_t>(r.n_pos));
     r.v.resize(static_cast<size_t>(r.n_pos));
     for (Pos j = 0; j < r.n_pos; ++j) {
-      r.k[static_cast<size_t>(j)] = kv.k_row(p.layer, r.seq, j);
-      r.v[static_cast<size_t>(j)] = kv.v_row(p.layer, r.seq, j);
+      r.k[static_cast<size_t>(j)] = static_cast<const uint8_t*>(kv.k_data(p.layer, r.seq, j));
+      r.v[static_cast<size_t>(j)] = static_cast<const uint8_t*>(kv.v_data(p.layer, r.seq, j));
     }
   }
   attn_all(p, q, n_tokens, pos, rows, row_of, out, isa == Isa::avx2);

@@ -269,6 +269,9 @@ int load_bench(const po::variables_map& vm) {
                         {"backend", cfg.backend.name},
                         {"threads", cfg.backend.threads},
                         {"kv_store", cfg.kv_cache.store},
+                        {"kv_dtype", cfg.kv_cache.dtype},
+                        {"kv_capacity_tokens", kv.capacity_positions()},
+                        {"kv_capacity_bytes", kv.bytes_capacity()},
                         {"requests", n_req},
                         {"concurrency", conc},
                         {"rate", rate},
@@ -307,8 +310,12 @@ int load_bench(const po::variables_map& vm) {
     std::printf("%-9s p50 %8.2f  p90 %8.2f  p99 %8.2f ms\n", name, percentile(v, 0.5), percentile(v, 0.9),
                 percentile(v, 0.99));
   };
-  std::printf("model:    %s, backend %s, threads %d, KV store %s\n", cfg.resolved_model_path().c_str(),
-              cfg.backend.name.c_str(), cfg.backend.threads, cfg.kv_cache.store.c_str());
+  std::printf("model:    %s, backend %s, threads %d\n", cfg.resolved_model_path().c_str(),
+              cfg.backend.name.c_str(), cfg.backend.threads);
+  std::printf("KV:       %s store of %s rows: %lld %s of %d positions = %lld tokens (%s)\n",
+              cfg.kv_cache.store.c_str(), cfg.kv_cache.dtype.c_str(), static_cast<long long>(kv.n_units()),
+              cfg.kv_cache.store == "paged" ? "blocks" : "slabs", kv.positions_per_unit(),
+              static_cast<long long>(kv.capacity_positions()), mib(kv.bytes_capacity()).c_str());
   std::printf("load:     %d requests, concurrency %d, %s, prompt %d, gen %d, shared prefix %d\n", n_req, conc,
               rate > 0 ? ("Poisson " + std::to_string(rate) + "/s").c_str() : "closed loop", plen, glen,
               prefix);
@@ -320,7 +327,7 @@ int load_bench(const po::variables_map& vm) {
   line("ITL:", itl);
   line("E2E:", e2e);
   line("queue:", queue);
-  std::printf("KV:       peak %lld of %lld %s (%s); %d preemptions; largest batch %zu tokens\n",
+  std::printf("KV use:   peak %lld of %lld %s (%s); %d preemptions; largest batch %zu tokens\n",
               static_cast<long long>(st.peak_kv_units), static_cast<long long>(kv.n_units()),
               cfg.kv_cache.store == "paged" ? "blocks" : "slabs", mib(kv_peak).c_str(), preemptions,
               st.peak_batch_tokens);

@@ -14,23 +14,38 @@ namespace loom {
 
 namespace {
 
+// Bytes of one stored K (or V) row.
+size_t kv_row_bytes(const KVShape& s) noexcept {
+  return row_bytes(s.dtype, s.row_elems());
+}
+
+// The storage types a store accepts: f32, f16, bf16, q8_0 (its blocks of 32 run along the row).
+void check_dtype(const KVShape& s) {
+  if (!kv_dtype_valid(s.dtype))
+    fail(Errc::unsupported, "kv_cache",
+         "KV rows cannot be stored as " + std::string(dtype_name(s.dtype)) + "; use f32, f16, bf16 or q8_0");
+  if (s.dtype == DType::q8_0 && s.row_elems() % 32 != 0)
+    fail(Errc::unsupported, "kv_cache",
+         "q8_0 KV needs n_head_kv · head_dim to be a multiple of 32, this model has " +
+             std::to_string(s.row_elems()) + "; use f16 or bf16");
+}
+
 // Bytes of K and V at the written positions of every sequence (Σ lengths), whatever the layout.
 template <class Map> size_t positions_bytes(const KVShape& s, const Map& seqs) noexcept {
   size_t n = 0;
   for (const auto& kv : seqs)
     n += static_cast<size_t>(kv.second.length);
-  return n * 2 * static_cast<size_t>(s.n_layer) * static_cast<size_t>(s.row_elems()) * sizeof(float);
+  return n * 2 * static_cast<size_t>(s.n_layer) * kv_row_bytes(s);
 }
 
 // One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] f32.
 class ContiguousKVCache final : public KVCacheStore {
 public:
   explicit ContiguousKVCache(const KVShape& s) : shape_(s) {
-    if (s.dtype != DType::f32)
-      fail(Errc::unsupported, "kv_cache",
-           "the contiguous store holds f32 only, asked for " + std::string(dtype_name(s.dtype)));
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
       fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
+    check_dtype(s);
+    rb_ = kv_row_bytes(s);
   }
   std::string_view name() const noexcept override { return "contiguous"; }
   const KVShape& shape() const noexcept override { return shape_; }
@@ -60,10 +75,10 @@ public:
     copy.data = new_slab();
     copy.length = it->second.length;
     // Only the used positions: [kv][layer] blocks of `length` rows each.
-    const size_t used = static_cast<size_t>(copy.length) * static_cast<size_t>(shape_.row_elems());
-    const size_t stride = static_cast<size_t>(shape_.n_ctx) * static_cast<size_t>(shape_.row_elems());
+    const size_t used = static_cast<size_t>(copy.length) * rb_;
+    const size_t stride = static_cast<size_t>(shape_.n_ctx) * rb_;
     for (size_t b = 0; b < 2 * static_cast<size_t>(shape_.n_layer); ++b)
-      std::memcpy(copy.data.get() + b * stride, it->second.data.get() + b * stride, used * sizeof(float));
+      std::memcpy(copy.data.get() + b * stride, it->second.data.get() + b * stride, used);
     seqs_.emplace(child, std::move(copy));
     peak_seqs_ = std::max(peak_seqs_, seqs_.size());
     return true;
@@ -81,15 +96,22 @@ public:
     return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
   }
 
-  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
-  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
+  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(row(layer, seq, pos, 0));
+  }
+  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(row(layer, seq, pos, 1));
+  }
+  DType kv_dtype() const noexcept override { return shape_.dtype; }
+  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
+  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
-  size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_elems() * sizeof(float); }
-  size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_elems() * sizeof(float); }
+  size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_bytes(); }
+  size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_bytes(); }
   void reset_peak() noexcept override { peak_seqs_ = seqs_.size(); }
   size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
   size_t bytes_capacity() const noexcept override {
-    return static_cast<size_t>(shape_.n_seq_max) * slab_elems() * sizeof(float);
+    return static_cast<size_t>(shape_.n_seq_max) * slab_bytes();
   }
   int64_t n_units() const noexcept override { return shape_.n_seq_max; }
   int64_t units_in_use() const noexcept override { return static_cast<int64_t>(seqs_.size()); }
@@ -98,24 +120,25 @@ public:
 private:
   size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
   struct Slab {
-    std::unique_ptr<float[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
+    std::unique_ptr<uint8_t[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
     int32_t length = 0;
   };
-  std::unique_ptr<float[]> new_slab() const {
+  std::unique_ptr<uint8_t[]> new_slab() const {
     try {
-      return std::make_unique_for_overwrite<float[]>(slab_elems());
+      return std::make_unique_for_overwrite<uint8_t[]>(slab_bytes());
     } catch (const std::bad_alloc&) {
       fail(Errc::out_of_memory, "kv_cache",
-           "cannot reserve " + std::to_string(slab_elems() * sizeof(float) >> 20) +
-               " MiB of KV for one sequence of " + std::to_string(shape_.n_ctx) +
-               " positions; lower [model] n_ctx (--ctx-size)");
+           "cannot reserve " + std::to_string(slab_bytes() >> 20) + " MiB of KV for one sequence of " +
+               std::to_string(shape_.n_ctx) + " positions; lower [model] n_ctx (--ctx-size)");
     }
   }
-  size_t slab_elems() const noexcept {
-    return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.n_ctx) *
-           static_cast<size_t>(shape_.row_elems());
+  size_t slab_bytes() const noexcept {
+    return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.n_ctx) * rb_;
   }
-  float* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
+  float* as_f32(uint8_t* p) const noexcept {
+    return shape_.dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
+  }
+  uint8_t* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
     auto it = seqs_.find(seq);
     LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
     LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
@@ -124,11 +147,12 @@ private:
         ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
              static_cast<size_t>(shape_.n_ctx) +
          static_cast<size_t>(pos)) *
-        static_cast<size_t>(shape_.row_elems());
+        rb_;
     return it->second.data.get() + idx;
   }
 
   KVShape shape_;
+  size_t rb_ = 0; // bytes of one stored row
   std::map<SeqId, Slab> seqs_;
 };
 
@@ -139,12 +163,11 @@ private:
 class PagedKVCache final : public KVCacheStore {
 public:
   explicit PagedKVCache(const KVShape& s) : shape_(s) {
-    if (s.dtype != DType::f32)
-      fail(Errc::unsupported, "kv_cache",
-           "the paged store holds f32 only in this build, asked for " + std::string(dtype_name(s.dtype)));
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
         s.block_size <= 0)
       fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
+    check_dtype(s);
+    rb_ = kv_row_bytes(s);
     blocks_per_seq_ = (s.n_ctx + s.block_size - 1) / s.block_size;
     n_blocks_ = s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq_) * s.n_seq_max;
   }
@@ -175,7 +198,7 @@ public:
     if (cow) {
       const size_t at = static_cast<size_t>(len / shape_.block_size);
       const int32_t copy = take_block();
-      std::memcpy(block(copy), block(q.blocks[at]), block_elems() * sizeof(float));
+      std::memcpy(block(copy), block(q.blocks[at]), block_bytes());
       release(q.blocks[at]);
       q.blocks[at] = copy;
     }
@@ -223,8 +246,15 @@ public:
     return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
   }
 
-  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
-  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
+  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(row(layer, seq, pos, 0));
+  }
+  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(row(layer, seq, pos, 1));
+  }
+  DType kv_dtype() const noexcept override { return shape_.dtype; }
+  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
+  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
   size_t bytes_allocated() const noexcept override { return static_cast<size_t>(in_use_) * block_bytes(); }
   size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
@@ -298,13 +328,14 @@ private:
     std::vector<uint64_t> hashes; // content hashes of the first full blocks (register/reuse_prefix)
     int32_t length = 0;
   };
-  size_t block_elems() const noexcept {
-    return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.block_size) *
-           static_cast<size_t>(shape_.row_elems());
+  size_t block_bytes() const noexcept {
+    return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.block_size) * rb_;
   }
-  size_t block_bytes() const noexcept { return block_elems() * sizeof(float); }
   int64_t free_blocks() const noexcept { return n_blocks_ - in_use_; }
-  float* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
+  uint8_t* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
+  float* as_f32(uint8_t* p) const noexcept {
+    return shape_.dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
+  }
   // A free block: one returned earlier, else a new one while the pool has room, else the least
   // recently used cached block nobody references (it stops being findable).
   int32_t take_block() {
@@ -315,7 +346,7 @@ private:
     } else if (static_cast<int64_t>(storage_.size()) < n_blocks_ || lru_.empty()) {
       b = static_cast<int32_t>(storage_.size());
       try {
-        storage_.push_back(std::make_unique_for_overwrite<float[]>(block_elems()));
+        storage_.push_back(std::make_unique_for_overwrite<uint8_t[]>(block_bytes()));
       } catch (const std::bad_alloc&) {
         fail(Errc::out_of_memory, "kv_cache",
              "cannot allocate a KV block of " + std::to_string(block_bytes()) + " bytes");
@@ -360,7 +391,7 @@ private:
       h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
     return h == 0 ? 1 : h; // 0 marks "not cached"
   }
-  float* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
+  uint8_t* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
     auto it = seqs_.find(seq);
     LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
     LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
@@ -370,14 +401,15 @@ private:
         ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
              static_cast<size_t>(shape_.block_size) +
          static_cast<size_t>(pos % shape_.block_size)) *
-        static_cast<size_t>(shape_.row_elems());
+        rb_;
     return block(b) + idx;
   }
 
   KVShape shape_;
+  size_t rb_ = 0; // bytes of one stored row
   int32_t blocks_per_seq_ = 0;
   int64_t n_blocks_ = 0;
-  std::vector<std::unique_ptr<float[]>> storage_; // blocks made so far (reused through free_list_)
+  std::vector<std::unique_ptr<uint8_t[]>> storage_; // blocks made so far (reused through free_list_)
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_list_;
   // Prefix cache: content hash → block, and per block its hash (0: none), tokens and parent hash.

@@ -44,7 +44,6 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
          cfg.source + ": " + key + " = " + user_value(value) + " is not available with backend " +
              user_value(cfg.backend.name) + " (not implemented in this build); use " + use);
   };
-  if (cfg.kv_cache.dtype != "f32") unavailable("[kv_cache] dtype", cfg.kv_cache.dtype, "dtype = \"f32\"");
   if (cfg.attention.kernel != "naive")
     unavailable("[attention] kernel", cfg.attention.kernel, "kernel = \"naive\"");
   if (cfg.model.path.empty())
@@ -156,6 +155,12 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
   };
   shape.prefix_cache = paged && cfg.kv_cache.prefix_cache;
+  const auto kv_type = dtype_from_name(cfg.kv_cache.dtype);
+  if (!kv_type || !kv_dtype_valid(*kv_type))
+    fail(Errc::invalid_argument, "pipeline",
+         cfg.source + ": [kv_cache] dtype = " + user_value(cfg.kv_cache.dtype) +
+             "; expected f32, f16, bf16 or q8_0");
+  shape.dtype = *kv_type;
   if (paged)
     shape.n_blocks =
         cfg.kv_cache.max_tokens > 0 ? blocks_for(cfg.kv_cache.max_tokens) : 64 * blocks_for(p->n_ctx_);
@@ -234,9 +239,21 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     dshape.block_size = cfg.kv_cache.block_size;
     dshape.n_blocks = shape.n_blocks;
     dshape.prefix_cache = shape.prefix_cache;
+    dshape.dtype = shape.dtype;
     p->draft_kv_ = make_store(dshape);
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
+  // The backends must read and write KV rows of the configured type.
+  const auto check_kv_type = [&](const Backend& be, const std::string& what) {
+    if (!be.supports_kv_dtype(shape.dtype))
+      fail(Errc::unsupported, "pipeline",
+           cfg.source + ": [kv_cache] dtype = " + user_value(cfg.kv_cache.dtype) + " is not supported by " +
+               what + " '" + std::string(be.name()) +
+               "' (it reads f32 KV rows only; plugins built against SDK 1.4 or later can say otherwise); use "
+               "dtype = \"f32\"");
+  };
+  check_kv_type(*p->backend_, "backend");
+  if (p->draft_backend_) check_kv_type(*p->draft_backend_, "the draft model's backend");
   p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,
                                         std::move(tmpl), draft);
   p->engine_->set_max_running(static_cast<size_t>(cfg.scheduler.max_sequences));
@@ -259,7 +276,8 @@ std::vector<TokenId> Pipeline::tokenize(std::string_view text) const {
 MemoryReport Pipeline::memory() const noexcept {
   MemoryReport m;
   m.weights = model_->config().weight_bytes;
-  m.kv = static_cast<uint64_t>(n_ctx_) * model_->config().kv_bytes_per_token(DType::f32); // one sequence
+  m.kv =
+      static_cast<uint64_t>(n_ctx_) * model_->config().kv_bytes_per_token(kv_->shape().dtype); // one sequence
   const uint64_t used = backend_->workspace_bytes(); // activations + scratch, as the backend holds them
   m.activations = std::min<uint64_t>(backend_->activation_bytes(), used);
   m.workspace = used - m.activations;

@@ -10,7 +10,8 @@ namespace loom {
 
 const std::vector<SynthShape>& synth_shapes() {
   static const std::vector<SynthShape> shapes = {
-      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false}, // tests: cheap tokens, GQA, long context
+      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false},   // tests: cheap tokens, GQA, long context
+      {"tiny-d64", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false}, // tests: head_dim 64 kernels, MQA
       {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, false},
       {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, false},
       {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f, false},

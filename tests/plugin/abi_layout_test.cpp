@@ -215,7 +215,10 @@ LOOM_ABI_OFFSET(loom_kv_view, struct_size, 0);
 LOOM_ABI_OFFSET(loom_kv_view, ctx, 8);
 LOOM_ABI_OFFSET(loom_kv_view, k_row, 16);
 LOOM_ABI_OFFSET(loom_kv_view, v_row, 24);
-LOOM_ABI_SIZE(loom_kv_view, 32);
+LOOM_ABI_OFFSET(loom_kv_view, dtype, 32); // 1.4
+LOOM_ABI_OFFSET(loom_kv_view, k_data, 40);
+LOOM_ABI_OFFSET(loom_kv_view, v_data, 48);
+LOOM_ABI_SIZE(loom_kv_view, 56);
 LOOM_ABI_OFFSET(loom_backend_i, struct_size, 0);
 LOOM_ABI_OFFSET(loom_backend_i, name, 8);
 LOOM_ABI_OFFSET(loom_backend_i, supports, 16);
@@ -228,7 +231,8 @@ LOOM_ABI_OFFSET(loom_backend_i, memory_info, 64);
 LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 72);
 LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 88);
 LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
-LOOM_ABI_SIZE(loom_backend_i, 96);
+LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 96); // 1.4
+LOOM_ABI_SIZE(loom_backend_i, 104);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.

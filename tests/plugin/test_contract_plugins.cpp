@@ -96,6 +96,13 @@ TEST(ContractPlugins, AnAbi10PluginStillLoadsAndRuns) {
                               " --set backend.name=fixture_abi10_zeros");
   ASSERT_EQ(zeros.code, 0) << zeros.err;
   EXPECT_EQ(nlohmann::json::parse(zeros.out)["tokens"], (std::vector<int>{0, 0, 0, 0}));
+  // It reads f32 KV rows only (no supports_kv_dtype before ABI 1.4): f16 KV is refused in one line.
+  const auto f16 = loom_run("-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_abi10_zeros" +
+                            " --set 'kv_cache.dtype=\"f16\"'");
+  EXPECT_EQ(f16.code, 1) << f16.err;
+  EXPECT_NE(f16.err.find("[kv_cache] dtype = 'f16' is not supported by backend 'fixture_abi10_zeros'"),
+            std::string::npos)
+      << f16.err;
 }
 
 } // namespace

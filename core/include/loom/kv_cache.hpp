@@ -31,8 +31,9 @@ struct KVShape {
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
-// The rows themselves (k_row / v_row: n_head_kv · head_dim f32 values for (layer, seq, pos), pos <
-// length(seq)) are the KVRows interface of the SDK, which backends see.
+// The rows themselves (k_data / v_data: n_head_kv · head_dim values of shape.dtype for (layer, seq,
+// pos), pos < length(seq); k_row / v_row the same as f32, only for an f32 store) are the KVRows
+// interface of the SDK, which backends see.
 class KVCacheStore : public KVRows {
 public:
   virtual std::string_view name() const noexcept = 0;
@@ -91,12 +92,12 @@ public:
   virtual size_t bytes_resident() const noexcept { return bytes_allocated(); }
 };
 
-// f32 contiguous store. Slabs are reserved when a sequence is first created; their pages are
-// touched (and become resident) only as positions are written or copied.
+// Contiguous store (rows of shape.dtype). Slabs are reserved when a sequence is first created; their pages
+// are touched (and become resident) only as positions are written or copied.
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape);
 
-// f32 paged store: a pool of blocks of `block_size` positions, a block table per sequence, fork by
-// sharing blocks (reference counts; copy-on-write when a sequence writes into a block it shares),
+// Paged store (rows of shape.dtype): a pool of blocks of `block_size` positions, a block table per sequence,
+// fork by sharing blocks (reference counts; copy-on-write when a sequence writes into a block it shares),
 // truncate and free returning blocks. Blocks are made as needed and reused.
 std::unique_ptr<KVCacheStore> make_paged_kv_cache(const KVShape& shape);
 

@@ -70,6 +70,12 @@ float* kv_k_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
 float* kv_v_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
   return static_cast<KVRows*>(ctx)->v_row(layer, seq, pos);
 }
+void* kv_k_data(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
+  return static_cast<KVRows*>(ctx)->k_data(layer, seq, pos);
+}
+void* kv_v_data(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
+  return static_cast<KVRows*>(ctx)->v_data(layer, seq, pos);
+}
 
 class PluginBackend final : public Backend {
 public:
@@ -93,13 +99,25 @@ public:
     const CGraph& c = converted(g);
     loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),     b.positions.data(),
                   b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data()};
-    loom_kv_view view{sizeof(loom_kv_view), &kv, &kv_k_row, &kv_v_row};
+    const bool f32 = kv.kv_dtype() == DType::f32;
+    loom_kv_view view{sizeof(loom_kv_view),
+                      &kv,
+                      f32 ? &kv_k_row : nullptr,
+                      f32 ? &kv_v_row : nullptr,
+                      static_cast<int32_t>(kv.kv_dtype()),
+                      &kv_k_data,
+                      &kv_v_data};
     throw_if(vt_->graph_compute(self_, &c.g, &cb, &view, logits.data(), logits.size()),
              "backend '" + name_ + "' (" + lib_->path() + ")");
   }
   size_t workspace_bytes() const noexcept override {
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, workspace_bytes) + sizeof(void*);
     return has && vt_->workspace_bytes ? vt_->workspace_bytes(self_) : 0;
+  }
+  bool supports_kv_dtype(DType t) const noexcept override {
+    if (t == DType::f32) return true;
+    const bool has = vt_->struct_size >= offsetof(loom_backend_i, supports_kv_dtype) + sizeof(void*);
+    return has && vt_->supports_kv_dtype && vt_->supports_kv_dtype(self_, static_cast<int32_t>(t)) != 0;
   }
   size_t activation_bytes() const noexcept override {
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, activation_bytes) + sizeof(void*);

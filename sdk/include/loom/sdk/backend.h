@@ -122,13 +122,19 @@ typedef struct loom_batch {
   const int32_t* output_rows; /* ascending indices into tokens */
 } loom_batch;
 
-/* The host's KV cache, as f32 rows of n_head_kv · head_dim values. Positions of the batch are
- * already allocated; rows are valid for the duration of graph_compute. */
+/* The host's KV cache: rows of n_head_kv · head_dim values per (layer, sequence, position).
+ * Positions of the batch are already allocated; rows are valid for the duration of graph_compute.
+ * k_row / v_row give f32 rows and are NULL unless dtype is LOOM_DTYPE_F32. ABI 1.4: dtype and
+ * k_data / v_data, the row in its stored type (f32, f16, bf16, or q8_0 blocks of 32 along the row);
+ * the host uses a type other than f32 only with a backend whose supports_kv_dtype says yes. */
 typedef struct loom_kv_view {
   uint32_t struct_size;
   void* ctx;
   float* (*k_row)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
   float* (*v_row)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
+  int32_t dtype; /* ABI 1.4: LOOM_DTYPE_* of the stored rows */
+  void* (*k_data)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
+  void* (*v_data)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
 } loom_kv_view;
 
 typedef struct loom_memory_info {
@@ -160,6 +166,9 @@ struct loom_backend_i {
   void (*destroy)(void* self);                                  /* required */
   /* ABI 1.1, optional: of workspace_bytes, the bytes holding activations (the rest is scratch). */
   size_t (*activation_bytes)(const void* self);
+  /* ABI 1.4, optional: 1 if graph_compute reads and writes KV rows stored in this LOOM_DTYPE_*
+   * through k_data / v_data. NULL: f32 only. */
+  int32_t (*supports_kv_dtype)(const void* self, int32_t dtype);
 };
 
 #ifdef __cplusplus

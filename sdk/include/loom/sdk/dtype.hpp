@@ -414,4 +414,49 @@ inline void quantize_row(DType t, const float* x, void* dst, int64_t n) {
        "cannot quantize to " + std::string(tr.name) + "; supported: f32, f16, bf16, q8_0, q4_0");
 }
 
+// ---- KV rows in a stored type (KVRows::k_data / v_data) ----
+
+// The types a KV cache may store rows in.
+inline bool kv_dtype_valid(DType t) noexcept {
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0;
+}
+// Values [off, off + n) of a KV row stored in type t, as f32 (q8_0: the blocks of 32 that hold them
+// are dequantized).
+inline void kv_load(DType t, const void* row, int64_t off, int64_t n, float* out) {
+  const auto* b = static_cast<const uint8_t*>(row);
+  switch (t) {
+  case DType::f32:
+    std::memcpy(out, b + off * 4, static_cast<size_t>(n) * 4);
+    return;
+  case DType::f16:
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = dtype_detail::load_f16(b + 2 * (off + i));
+    return;
+  case DType::bf16:
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * (off + i), 2);
+      out[i] = bf16_to_fp32(h);
+    }
+    return;
+  case DType::q8_0: {
+    float blk[32];
+    for (int64_t i = 0; i < n;) {
+      const int64_t at = off + i, bi = at / 32, in = at % 32;
+      dequantize_row(DType::q8_0, b + bi * 34, blk, 32);
+      const int64_t take = std::min<int64_t>(32 - in, n - i);
+      std::memcpy(out + i, blk + in, static_cast<size_t>(take) * 4);
+      i += take;
+    }
+    return;
+  }
+  default:
+    fail(Errc::unsupported, "kv", "KV rows cannot be stored as " + std::string(dtype_traits(t).name));
+  }
+}
+// A whole row of n values into the stored type t.
+inline void kv_store(DType t, const float* src, void* row, int64_t n) {
+  quantize_row(t, src, row, n);
+}
+
 } // namespace loom

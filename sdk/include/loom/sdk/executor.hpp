@@ -17,11 +17,17 @@ namespace loom {
 // The K/V rows of the cache: n_head_kv · head_dim f32 values for (layer, seq, pos). Positions a
 // batch writes are allocated by the host before compute(). In a plugin the rows come through the
 // ABI's loom_kv_view; the host's KVCacheStore is one.
+// The rows of a KV cache. k_row / v_row: f32 rows, nullptr when the store holds another type;
+// k_data / v_data: the row in its stored type kv_dtype() (f32, f16, bf16, q8_0) — read and write
+// them with kv_load / kv_store (dtype.hpp), or type-specific kernels.
 class KVRows {
 public:
   virtual ~KVRows() = default;
   virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
   virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
+  virtual DType kv_dtype() const noexcept { return DType::f32; }
+  virtual void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept { return k_row(layer, seq, pos); }
+  virtual void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept { return v_row(layer, seq, pos); }
 };
 
 // One device that executes model graphs.
@@ -40,6 +46,8 @@ public:
   virtual size_t workspace_bytes() const noexcept { return 0; }
   // Of workspace_bytes(), the bytes holding activations (the rest is scratch: GEMM panels, …).
   virtual size_t activation_bytes() const noexcept { return workspace_bytes(); }
+  // Whether compute() handles KV rows stored in this type (through KVRows::k_data / v_data).
+  virtual bool supports_kv_dtype(DType t) const noexcept { return t == DType::f32; }
 };
 
 } // namespace loom

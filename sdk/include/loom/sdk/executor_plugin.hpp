@@ -38,16 +38,28 @@ static_assert(static_cast<uint32_t>(loom::DType::q4_k) == LOOM_DTYPE_Q4_K &&
 // The host's KV cache seen through the ABI's row view.
 class KVView final : public loom::KVRows {
 public:
-  explicit KVView(const loom_kv_view& v) : v_(v) {}
+  explicit KVView(const loom_kv_view& v)
+      : v_(v),
+        typed_(v.struct_size >= offsetof(loom_kv_view, v_data) + sizeof(void*) && v.k_data && v.v_data) {}
   float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.k_row(v_.ctx, layer, seq, pos);
+    return v_.k_row ? v_.k_row(v_.ctx, layer, seq, pos) : nullptr;
   }
   float* v_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.v_row(v_.ctx, layer, seq, pos);
+    return v_.v_row ? v_.v_row(v_.ctx, layer, seq, pos) : nullptr;
+  }
+  loom::DType kv_dtype() const noexcept override {
+    return typed_ ? static_cast<loom::DType>(v_.dtype) : loom::DType::f32;
+  }
+  void* k_data(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
+    return typed_ ? v_.k_data(v_.ctx, layer, seq, pos) : k_row(layer, seq, pos);
+  }
+  void* v_data(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
+    return typed_ ? v_.v_data(v_.ctx, layer, seq, pos) : v_row(layer, seq, pos);
   }
 
 private:
   loom_kv_view v_;
+  bool typed_;
 };
 
 // The ABI's graph as the executor's loom::Graph (tensor data pointers are borrowed).
@@ -139,6 +151,11 @@ template <const char* NAME> struct ExecutorTable {
     return static_cast<const ExecutorPlugin*>(self)->be->activation_bytes();
   }
   static void destroy_fn(void* self) { delete static_cast<ExecutorPlugin*>(self); }
+  static int32_t kv_dtype_fn(const void* self, int32_t dtype) {
+    return static_cast<const ExecutorPlugin*>(self)->be->supports_kv_dtype(static_cast<loom::DType>(dtype))
+               ? 1
+               : 0;
+  }
   static constexpr loom_backend_i table = {sizeof(loom_backend_i),
                                            &name_fn,
                                            &supports_fn,
@@ -150,7 +167,8 @@ template <const char* NAME> struct ExecutorTable {
                                            nullptr,
                                            &workspace_fn,
                                            &destroy_fn,
-                                           &activation_fn};
+                                           &activation_fn,
+                                           &kv_dtype_fn};
 };
 
 } // namespace loom::sdk

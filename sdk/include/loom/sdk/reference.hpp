@@ -35,6 +35,15 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
   const int32_t D = p.head_dim;
   const int32_t n_gqa = p.n_head / p.n_head_kv;
   std::vector<float> scores;
+  // Rows stored in another type than f32 are read through kv_load (a head's slice at a time).
+  const DType dt = kv.kv_dtype();
+  std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D));
+  const auto head = [&](void* row, int32_t hk, float* buf) -> const float* {
+    if (dt == DType::f32)
+      return static_cast<const float*>(row) + static_cast<size_t>(hk) * static_cast<size_t>(D);
+    kv_load(dt, row, static_cast<int64_t>(hk) * D, D, buf);
+    return buf;
+  };
   for (int32_t t = 0; t < n_tokens; ++t) {
     const Pos last = pos[t];
     const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
@@ -47,7 +56,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
                   static_cast<size_t>(D);
       float max_s = -INFINITY;
       for (Pos j = first; j <= last; ++j) {
-        const float* k = kv.k_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
+        const float* k = head(kv.k_data(p.layer, seq[t], j), hk, kbuf.data());
         float s = 0.0f;
         for (int32_t d = 0; d < D; ++d)
           s += qh[d] * k[d];
@@ -66,7 +75,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
       std::fill(o, o + D, 0.0f);
       for (Pos j = first; j <= last; ++j) {
         const float w = scores[static_cast<size_t>(j - first)] / sum;
-        const float* v = kv.v_row(p.layer, seq[t], j) + static_cast<size_t>(hk) * static_cast<size_t>(D);
+        const float* v = head(kv.v_data(p.layer, seq[t], j), hk, vbuf.data());
         for (int32_t d = 0; d < D; ++d)
           o[d] += w * v[d];
       }
@@ -80,6 +89,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
 class ReferenceBackend final : public Backend {
 public:
   std::string_view name() const noexcept override { return "reference"; }
+  bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
@@ -206,10 +216,10 @@ private:
       for (int64_t t = 0; t < T; ++t) { // store this batch's K/V rows first
         const SeqId s = b.seq_ids[static_cast<size_t>(t)];
         const Pos ps = b.positions[static_cast<size_t>(t)];
-        std::memcpy(kv.k_row(p.layer, s, ps), k + static_cast<size_t>(t) * row_elems,
-                    row_elems * sizeof(float));
-        std::memcpy(kv.v_row(p.layer, s, ps), v + static_cast<size_t>(t) * row_elems,
-                    row_elems * sizeof(float));
+        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems, kv.k_data(p.layer, s, ps),
+                 static_cast<int64_t>(row_elems));
+        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems, kv.v_data(p.layer, s, ps),
+                 static_cast<int64_t>(row_elems));
       }
       attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(),
                                      b.seq_ids.data(), kv, dst);
