@@ -116,6 +116,45 @@ TEST(Cli, RunJsonHasEveryField) {
   EXPECT_EQ(nlohmann::json::parse(loom(cmd).out)["tokens"], nlohmann::json::parse(loom(cmd).out)["tokens"]);
 }
 
+// `loom bench --requests`: the load benchmark's numbers are there and add up — every request
+// finished with its tokens, percentiles ordered, throughput = tokens / wall time, the prefix cache hit
+// on a shared prefix, preemptions on a tight paged store; Poisson arrivals run too.
+TEST(Cli, LoadBenchReportsPercentilesAndThroughput) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "bench -m " + model.string() +
+                           " --requests 12 --concurrency 4 --prompt-len 40 --gen-len 10 --json --set "
+                           "'kv_cache.store=\"paged\"' ";
+  auto r = loom(base + "--shared-prefix 32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests"], 12);
+  for (const char* k : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"}) {
+    EXPECT_LE(j[k]["p50"].get<double>(), j[k]["p90"].get<double>()) << k;
+    EXPECT_LE(j[k]["p90"].get<double>(), j[k]["p99"].get<double>()) << k;
+  }
+  EXPECT_NEAR(j["output_tok_s"].get<double>(), 120.0 / j["wall_s"].get<double>(), 1e-6);
+  EXPECT_NEAR(j["total_tok_s"].get<double>(), (120.0 + 12 * 40) / j["wall_s"].get<double>(), 1e-6);
+  EXPECT_GT(j["mean_concurrency"].get<double>(), 1.0);
+  EXPECT_LE(j["mean_concurrency"].get<double>(), 4.0 + 1e-9);
+  EXPECT_GT(j["prefix_cache_hit_rate"].get<double>(), 0.3) << "32 of 40 prompt tokens are shared";
+  EXPECT_GT(j["memory"]["accounted_bytes"].get<uint64_t>(), 0u);
+  // A store of 96 positions for 4 requests of 50: preemption, and every request still completes.
+  r = loom(base +
+           "--set kv_cache.max_tokens=96 --set kv_cache.block_size=8 --set kv_cache.prefix_cache=false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["preemptions"].get<int>(), 0);
+  EXPECT_EQ(j["kv_capacity_tokens"], 96);
+  // Poisson arrivals.
+  r = loom(base + "--rate 200 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["rate"], 200.0);
+  // Bad load parameters: a usage error.
+  EXPECT_EQ(loom(base + "--concurrency 0").code, 2);
+  EXPECT_EQ(loom(base + "--shared-prefix 41").code, 2);
+}
+
 TEST(Cli, PromptLongerThanContextExitsOne) {
   REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
