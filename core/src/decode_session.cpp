@@ -48,6 +48,7 @@ struct DecodeSession::Seq {
   // Pending work (begin_work): positions [n_cached, target) to evaluate, rows from position out_from.
   bool pending = false;
   bool in_flight = false; // a chunk taken this step, its forward not yet run
+  int32_t in_flight_n = 0;
   int32_t target = 0, out_from = 0;
   std::vector<std::shared_ptr<const Checkpoint>> history; // [k]: after k generated tokens
 
@@ -578,6 +579,7 @@ std::optional<DecodeSession::Work> DecodeSession::take_chunk(LocalSeq seq, int32
                                        : q.draft[static_cast<size_t>(p - n_committed)]);
   q.n_cached += n;
   q.in_flight = true;
+  q.in_flight_n = n;
   if (q.n_cached == q.target) q.pending = false;
   evaluated_[q.model == 0 ? 0 : 1] += static_cast<size_t>(n);
   ++events_;
@@ -602,7 +604,10 @@ void DecodeSession::evict() {
   for (auto& [id, q] : seqs_) {
     if (q->kv >= 0) kv_of(q->model).free(q->kv);
     q->n_cached = 0;
-    if (q->in_flight) q->pending = true; // its chunk never ran: its rows are still owed
+    if (q->in_flight) { // its chunk never ran: its rows are still owed, its tokens were not evaluated
+      q->pending = true;
+      evaluated_[q->model == 0 ? 0 : 1] -= static_cast<size_t>(q->in_flight_n);
+    }
     q->in_flight = false;
   }
   evicted_ = true;

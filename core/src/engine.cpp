@@ -281,7 +281,10 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
         continue;
       }
     }
-    running_.push_back(std::move(waiting_.front()));
+    // Running requests stay in arrival order (a restored one before those that came after it): the
+    // scheduler preempts from the newest.
+    auto at = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->id > head.id; });
+    running_.insert(at, std::move(waiting_.front()));
     waiting_.pop_front();
   }
 }
@@ -314,6 +317,11 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     });
   }
 
+  // Requests cancelled or failed so far give their KV back now, before the batch is built (they are
+  // collected at the end of the step).
+  for (auto& r : running_)
+    if (r->cancelled) r->session->release();
+
   // 3. The scheduler's batch: chunks of pending work within the token budget; preemption for room.
   std::vector<Request*> owners;
   std::vector<Scheduler::Candidate> cands;
@@ -345,10 +353,10 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
         model_.forward(backend_, batch.view(), ctx_.kv, logits);
       else
         draft_->model.forward(draft_->backend, batch.view(), draft_->kv, logits);
-    } catch (const std::exception& e) { // a backend failure fails the requests of this batch
+    } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
       ok = false;
-      for (const auto& o : batch.outs)
-        owners[o.session]->failed(
+      for (size_t i : batch.sessions)
+        owners[i]->failed(
             std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
             e.what());
     }
@@ -370,8 +378,8 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
   }
   const auto t_forward = Clock::now();
-  for (Request* r : owners)
-    r->session->chunks_evaluated();
+  for (Request* r : owners) // rows of a failed forward are never made findable by content
+    if (r->error.empty()) r->session->chunks_evaluated();
 
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   for (auto& r : running_)

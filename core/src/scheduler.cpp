@@ -88,10 +88,15 @@ Scheduler::Step Scheduler::build(std::span<const Candidate> cands) const {
           works.push_back(std::move(*w));
         }
       }
-      if (self_preempted) continue;
+      if (self_preempted) {
+        for (const DecodeSession::Work& w : works) // its chunks are dropped: their budget comes back
+          budget[w.model == 0 ? 0 : 1] += static_cast<int32_t>(w.tokens.size());
+        continue;
+      }
       if (!works.empty()) scheduled[i] = 1;
       for (const DecodeSession::Work& w : works) {
         Batch& b = out.batches[w.model == 0 ? 0 : 1];
+        if (b.sessions.empty() || b.sessions.back() != i) b.sessions.push_back(i);
         size_t row = static_cast<size_t>(w.first_row);
         for (size_t k = 0; k < w.tokens.size(); ++k) {
           const Pos pos = w.first_pos + static_cast<Pos>(k);

@@ -515,6 +515,31 @@ TEST(EngineContract, AForwardFailureAfterSomeTokensIsAnError) {
   EXPECT_NE(r.message.find("device lost"), std::string::npos) << r.message;
 }
 
+// A forward that fails on a prefill chunk with no logits row (the prompt in chunks of 2) fails that
+// request too: its later chunks would otherwise attend over K/V that were never written.
+struct FailOnce final : Backend { // the n-th forward fails, the others run
+  std::unique_ptr<Backend> inner = make_reference_backend();
+  int n;
+  explicit FailOnce(int k) : n(k) {}
+  std::string_view name() const noexcept override { return "fail_once"; }
+  bool supports(const Graph& g, const Node& nd) const noexcept override { return inner->supports(g, nd); }
+  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+    if (n-- == 0) fail(Errc::internal, "fail_once", "device lost");
+    inner->compute(g, b, kv, logits);
+  }
+};
+
+TEST(EngineContract, AForwardFailureInAMiddlePrefillChunkIsAnError) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, {}, std::make_unique<FailOnce>(1));
+  rig.engine->set_max_batch_tokens(2);
+  rig.engine->submit({rig.prompt("Once upon a time there was a dog"), 1, 20, {}, {}, {}});
+  const auto r = rig.run(50).begin()->second;
+  EXPECT_EQ(r.stop_reason, StopReason::error);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_NE(r.message.find("device lost"), std::string::npos) << r.message;
+}
+
 // ---- decoder outputs (ABI 1.2 session_set_output) ------------------------------------------------
 
 TEST(EngineContract, DecoderOutputsAreValidatedJsonUnderTheirOwnKeys) {

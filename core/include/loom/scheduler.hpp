@@ -53,6 +53,7 @@ public:
       size_t row; // the sequence's logits row (DecodeSession::set_logits)
     };
     std::vector<Out> outs;
+    std::vector<size_t> sessions; // candidates with tokens in this batch (a failed forward fails them all)
     bool empty() const noexcept { return tokens.empty(); }
     BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
   };
