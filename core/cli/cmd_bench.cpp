@@ -1,6 +1,7 @@
 // `loom bench`: prefill and decode throughput over repetitions (median and spread), TTFT, TPOT,
 // peak RSS and the memory breakdown — comparable to llama-bench's pp/tg numbers.
 #include "cli.hpp"
+#include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
 #include "loom/pipeline.hpp"
 
@@ -127,13 +128,19 @@ std::string mib(uint64_t b) {
   return buf;
 }
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double at = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(at);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+// The pipeline both benchmarks run: the user's, with --threads, room for n_ctx positions, greedy
+// decoding and no stop rule but the token count.
+PipelineConfig bench_config(const po::variables_map& vm, int n_ctx) {
+  PipelineConfig cfg = config_from_args(vm);
+  if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
+  cfg.model.n_ctx = std::max(cfg.model.n_ctx, n_ctx);
+  cfg.samplers = {SamplerSpec{"greedy", {}}};
+  cfg.stop.eos = false;
+  cfg.stop.strings.clear();
+  cfg.stop.token_ids.clear();
+  cfg.stop.timeout_ms = 0;
+  cfg.run.seed = 1;
+  return cfg;
 }
 
 // `loom bench --requests N`: many requests through the engine at once, closed loop or Poisson.
@@ -149,15 +156,8 @@ int load_bench(const po::variables_map& vm) {
                      std::to_string(n_req) + ", --concurrency " + std::to_string(conc) + ", --prompt-len " +
                      std::to_string(plen) + ", --gen-len " + std::to_string(glen) + ", --shared-prefix " +
                      std::to_string(prefix) + ")");
-  PipelineConfig cfg = config_from_args(vm);
-  if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
-  cfg.model.n_ctx = std::max(cfg.model.n_ctx, plen + glen + 8);
-  cfg.samplers = {SamplerSpec{"greedy", {}}};
-  cfg.stop.eos = false;
-  cfg.stop.strings.clear();
-  cfg.stop.token_ids.clear();
+  PipelineConfig cfg = bench_config(vm, plen + glen + 8);
   cfg.stop.max_tokens = glen;
-  cfg.run.seed = 1;
   cfg.scheduler.max_sequences = conc;
   auto p = Pipeline::create(cfg);
   Engine& engine = p->engine();
@@ -262,7 +262,7 @@ int load_bench(const po::variables_map& vm) {
   const double mean_conc = st.busy_ms > 0 ? st.running_ms_integral / st.busy_ms : 0;
   const auto pct = [&](const std::vector<double>& v) {
     return nlohmann::json{
-        {"p50", percentile(v, 0.5)}, {"p90", percentile(v, 0.9)}, {"p99", percentile(v, 0.99)}};
+        {"p50", ab::quantile(v, 0.5)}, {"p90", ab::quantile(v, 0.9)}, {"p99", ab::quantile(v, 0.99)}};
   };
   if (vm.count("json")) {
     nlohmann::json j = {{"model", cfg.resolved_model_path()},
@@ -307,8 +307,8 @@ int load_bench(const po::variables_map& vm) {
     return k_exit_ok;
   }
   const auto line = [&](const char* name, const std::vector<double>& v) {
-    std::printf("%-9s p50 %8.2f  p90 %8.2f  p99 %8.2f ms\n", name, percentile(v, 0.5), percentile(v, 0.9),
-                percentile(v, 0.99));
+    std::printf("%-9s p50 %8.2f  p90 %8.2f  p99 %8.2f ms\n", name, ab::quantile(v, 0.5), ab::quantile(v, 0.9),
+                ab::quantile(v, 0.99));
   };
   std::printf("model:    %s, backend %s, threads %d\n", cfg.resolved_model_path().c_str(),
               cfg.backend.name.c_str(), cfg.backend.threads);
@@ -392,15 +392,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     throw UsageError("--threads must be in 0..1024 (0 = all cores, as [backend] threads); found " +
                      std::to_string(vm["threads"].as<int>()));
 
-  PipelineConfig cfg = config_from_args(vm);
-  if (vm.count("threads")) cfg.backend.threads = vm["threads"].as<int>();
-  cfg.model.n_ctx = std::max(cfg.model.n_ctx, pp + tg + 8);
-  cfg.samplers = {SamplerSpec{"greedy", {}}};
-  cfg.stop.eos = false;
-  cfg.stop.strings.clear();
-  cfg.stop.token_ids.clear();
-  cfg.stop.timeout_ms = 0;
-  cfg.run.seed = 1;
+  PipelineConfig cfg = bench_config(vm, pp + tg + 8);
 
   auto p = Pipeline::create(cfg);
   const int32_t n_vocab = p->model().config().n_vocab;

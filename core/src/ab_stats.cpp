@@ -213,4 +213,9 @@ std::string extract_answer(const std::string& text, const std::string& regex) {
   return m[1].str();
 }
 
+double quantile(std::vector<double> x, double q) {
+  std::sort(x.begin(), x.end());
+  return quantile_sorted(x, q);
+}
+
 } // namespace loom::ab

@@ -5,6 +5,7 @@
 // StopReason::error and a message — never the engine, and never silently.
 #include "loom/engine.hpp"
 
+#include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
 
 #include <algorithm>
@@ -21,14 +22,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 // its request is failed (a decoder that plans nothing would otherwise spin generate_all forever).
 constexpr int k_max_stalled_steps = 3;
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double at = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(at);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
 } // namespace
 
 struct Engine::Request {
@@ -203,8 +196,8 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
   m.queue_ms = ms_between(r.t_submit, r.t_admit != Clock::time_point{} ? r.t_admit : t_end);
   m.itl_ms = r.itl_ms;
-  m.itl_p50_ms = percentile(r.itl_ms, 0.5);
-  m.itl_p90_ms = percentile(r.itl_ms, 0.9);
+  m.itl_p50_ms = ab::quantile(r.itl_ms, 0.5);
+  m.itl_p90_ms = ab::quantile(r.itl_ms, 0.9);
   m.itl_max_ms = r.itl_ms.empty() ? 0 : *std::max_element(r.itl_ms.begin(), r.itl_ms.end());
   m.preemptions = r.preemptions;
   m.cached_prompt_tokens = s.cached_prompt();

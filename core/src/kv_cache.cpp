@@ -38,8 +38,37 @@ template <class Map> size_t positions_bytes(const KVShape& s, const Map& seqs) n
   return n * 2 * static_cast<size_t>(s.n_layer) * kv_row_bytes(s);
 }
 
-// One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] f32.
-class ContiguousKVCache final : public KVCacheStore {
+// What both stores answer the same way from their shape, their sequence map and their row(layer,
+// seq, pos, 0 for K / 1 for V) address.
+template <class Store> class RowsOf : public KVCacheStore {
+public:
+  int32_t free_sequences() const noexcept override {
+    return self().shape().n_seq_max - static_cast<int32_t>(self().n_seqs());
+  }
+  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(self().row(layer, seq, pos, 0));
+  }
+  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
+    return as_f32(self().row(layer, seq, pos, 1));
+  }
+  DType kv_dtype() const noexcept override { return self().shape().dtype; }
+  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return self().row(layer, seq, pos, 0); }
+  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return self().row(layer, seq, pos, 1); }
+
+private:
+  Store& self() noexcept { return static_cast<Store&>(*this); }
+  const Store& self() const noexcept { return static_cast<const Store&>(*this); }
+  float* as_f32(uint8_t* p) const noexcept {
+    return self().shape().dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
+  }
+};
+
+// One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] in
+// shape.dtype.
+class ContiguousKVCache final : public RowsOf<ContiguousKVCache> {
+  friend class RowsOf<ContiguousKVCache>;
+  size_t n_seqs() const noexcept { return seqs_.size(); }
+
 public:
   explicit ContiguousKVCache(const KVShape& s) : shape_(s) {
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
@@ -92,19 +121,6 @@ public:
     return it == seqs_.end() ? 0 : it->second.length;
   }
   bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
-  int32_t free_sequences() const noexcept override {
-    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
-  }
-
-  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(row(layer, seq, pos, 0));
-  }
-  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(row(layer, seq, pos, 1));
-  }
-  DType kv_dtype() const noexcept override { return shape_.dtype; }
-  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
-  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
   size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_bytes(); }
   size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_bytes(); }
@@ -135,9 +151,6 @@ private:
   size_t slab_bytes() const noexcept {
     return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.n_ctx) * rb_;
   }
-  float* as_f32(uint8_t* p) const noexcept {
-    return shape_.dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
-  }
   uint8_t* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
     auto it = seqs_.find(seq);
     LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
@@ -159,8 +172,11 @@ private:
 // Blocks of `block_size` positions from one pool, a block table per sequence, reference counts:
 // fork shares the parent's blocks (no copy); a block is copied only when a sequence is about to
 // write into one it shares (copy-on-write at allocate); truncate and free return blocks to the pool.
-// A block holds K and V of every layer: [kv][layer][block_size][n_head_kv · head_dim] f32.
-class PagedKVCache final : public KVCacheStore {
+// A block holds K and V of every layer: [kv][layer][block_size][n_head_kv · head_dim] in shape.dtype.
+class PagedKVCache final : public RowsOf<PagedKVCache> {
+  friend class RowsOf<PagedKVCache>;
+  size_t n_seqs() const noexcept { return seqs_.size(); }
+
 public:
   explicit PagedKVCache(const KVShape& s) : shape_(s) {
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
@@ -242,19 +258,6 @@ public:
     return it == seqs_.end() ? 0 : it->second.length;
   }
   bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
-  int32_t free_sequences() const noexcept override {
-    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
-  }
-
-  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(row(layer, seq, pos, 0));
-  }
-  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(row(layer, seq, pos, 1));
-  }
-  DType kv_dtype() const noexcept override { return shape_.dtype; }
-  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 0); }
-  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return row(layer, seq, pos, 1); }
 
   size_t bytes_allocated() const noexcept override { return static_cast<size_t>(in_use_) * block_bytes(); }
   size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
@@ -333,9 +336,6 @@ private:
   }
   int64_t free_blocks() const noexcept { return n_blocks_ - in_use_; }
   uint8_t* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
-  float* as_f32(uint8_t* p) const noexcept {
-    return shape_.dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
-  }
   // A free block: one returned earlier, else a new one while the pool has room, else the least
   // recently used cached block nobody references (it stops being findable).
   int32_t take_block() {

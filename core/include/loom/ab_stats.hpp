@@ -14,6 +14,9 @@
 namespace loom::ab {
 
 double mean(std::span<const double> x);
+// The q-quantile (q in [0, 1]) of x, linear between order statistics (type 7); 0 for no values.
+// Also the latency percentiles of the engine's metrics and `loom bench`.
+double quantile(std::vector<double> x, double q);
 double stddev(std::span<const double> x); // sample standard deviation (n − 1); 0 for n < 2
 
 struct Interval {
