@@ -155,7 +155,7 @@ int load_bench(const po::variables_map& vm) {
                      "in 1..1048576, --shared-prefix in 0..prompt-len and --rate ≥ 0 (found --requests " +
                      std::to_string(n_req) + ", --concurrency " + std::to_string(conc) + ", --prompt-len " +
                      std::to_string(plen) + ", --gen-len " + std::to_string(glen) + ", --shared-prefix " +
-                     std::to_string(prefix) + ")");
+                     std::to_string(prefix) + ", --rate " + std::to_string(rate) + ")");
   PipelineConfig cfg = bench_config(vm, plen + glen + 8);
   cfg.stop.max_tokens = glen;
   cfg.scheduler.max_sequences = conc;

@@ -425,8 +425,9 @@ void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
   sampling_distribution(*s.chain, std::span<const float>(s.rows.data() + s.row_off * V, V), sc, out.first(V));
 }
 
-TokenId DecodeSession::sample(LocalSeq seq) {
-  Seq& s = at(seq);
+// sample() and sample_traced(): the chain `apply` runs over seq's row 0 as candidates, in the
+// request's sampler context; the token it selected.
+template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, Apply&& apply) {
   if (!s.has_logits())
     fail(Errc::invalid_argument, "decoder",
          "sequence " + std::to_string(seq) + " has no logits: plan it first");
@@ -435,10 +436,15 @@ TokenId DecodeSession::sample(LocalSeq seq) {
       &rng_};
   const auto V = static_cast<size_t>(n_vocab());
   Candidates c = Candidates::from_logits(std::span<const float>(s.rows.data() + s.row_off * V, V));
-  s.chain->apply(c, sc);
+  apply(c, sc);
   if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
     fail(Errc::internal, "sampler", "the sampler chain selected no token");
   return c.data[static_cast<size_t>(c.selected)].id;
+}
+
+TokenId DecodeSession::sample(LocalSeq seq) {
+  Seq& s = at(seq);
+  return sample_with(seq, s, [&](Candidates& c, SamplerContext& sc) { s.chain->apply(c, sc); });
 }
 
 TokenId
@@ -447,18 +453,7 @@ DecodeSession::sample_traced(LocalSeq seq,
   Seq& s = at(seq);
   auto* chain = dynamic_cast<SamplerChain*>(s.chain.get());
   if (!chain) fail(Errc::internal, "decoder", "sample_traced: the sequence's sampler is not a chain");
-  if (!s.has_logits())
-    fail(Errc::invalid_argument, "decoder",
-         "sequence " + std::to_string(seq) + " has no logits: plan it first");
-  SamplerContext sc{
-      prompt_, std::span<const TokenId>(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size()),
-      &rng_};
-  const auto V = static_cast<size_t>(n_vocab());
-  Candidates c = Candidates::from_logits(std::span<const float>(s.rows.data() + s.row_off * V, V));
-  chain->apply_traced(c, sc, after);
-  if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
-    fail(Errc::internal, "sampler", "the sampler chain selected no token");
-  return c.data[static_cast<size_t>(c.selected)].id;
+  return sample_with(seq, s, [&](Candidates& c, SamplerContext& sc) { chain->apply_traced(c, sc, after); });
 }
 
 float DecodeSession::logprob(LocalSeq seq, TokenId token) const {

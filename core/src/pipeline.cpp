@@ -124,10 +124,14 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
          cfg.resolved_model_path() + ": the tokenizer has " + std::to_string(p->tok_->vocab_size()) +
              " tokens but the model's embedding has " + std::to_string(mc.n_vocab) + " rows");
   p->n_ctx_ = cfg.model.n_ctx > 0 ? cfg.model.n_ctx : std::min(mc.n_ctx_train, 4096);
+  const auto kv_type = dtype_from_name(cfg.kv_cache.dtype);
+  if (!kv_type || !kv_dtype_valid(*kv_type))
+    fail(Errc::invalid_argument, "pipeline",
+         cfg.source + ": [kv_cache] dtype = " + user_value(cfg.kv_cache.dtype) +
+             "; expected f32, f16, bf16 or q8_0");
   { // one sequence's KV must fit in this machine's memory: refuse up front, before any allocation
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    const double need =
-        static_cast<double>(p->n_ctx_) * static_cast<double>(mc.kv_bytes_per_token(DType::f32));
+    const double need = static_cast<double>(p->n_ctx_) * static_cast<double>(mc.kv_bytes_per_token(*kv_type));
     const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
     if (have > 0 && need > have)
       fail(Errc::out_of_memory, "pipeline",
@@ -155,11 +159,6 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
   };
   shape.prefix_cache = paged && cfg.kv_cache.prefix_cache;
-  const auto kv_type = dtype_from_name(cfg.kv_cache.dtype);
-  if (!kv_type || !kv_dtype_valid(*kv_type))
-    fail(Errc::invalid_argument, "pipeline",
-         cfg.source + ": [kv_cache] dtype = " + user_value(cfg.kv_cache.dtype) +
-             "; expected f32, f16, bf16 or q8_0");
   shape.dtype = *kv_type;
   if (paged)
     shape.n_blocks =

@@ -225,6 +225,7 @@ private:
   void drop_draft(Seq& s);
   void uncache(Seq& s, int32_t keep); // K/V of positions ≥ keep dropped
   KVCacheStore& kv_of(int model) const;
+  template <class Apply> TokenId sample_with(LocalSeq seq, Seq& s, Apply&& apply);
 
   SessionContext& ctx_;
   RequestId id_;
