@@ -5,6 +5,7 @@
 #include "cpu_backend.hpp"
 
 #include "loom/sdk/error.hpp"
+#include "loom/sdk/reference.hpp"
 #include "loom/sdk/rope.hpp"
 
 #include <algorithm>
@@ -88,12 +89,33 @@ constexpr int32_t k_tile = 64;
 // A sequence's K/V rows in the cache's stored type dt (f32, f16, bf16, q8_0), read in place: the
 // f32/f16/bf16 decode kernels load them directly; the other paths convert one tile of one head at a
 // time into scratch (tile_rows), never the whole cache.
+// Only the rows some query of the batch attends are fetched: the sinks [0, n_sink) and the window
+// rows [lo, n_pos), stored one after the other. Kernels index them by that compact index c; the
+// position of c is pos_of(c). (Causal attention: n_sink 0, lo 0 — every row, c = position.)
 struct SeqRows {
   SeqId seq;
-  Pos n_pos; // rows [0, n_pos)
+  Pos n_pos = 0;  // rows [0, n_pos) exist
+  Pos n_sink = 0; // rows [0, n_sink) at c = position
+  Pos lo = 0;     // rows [lo, n_pos) at c = n_sink + position − lo
   std::vector<const uint8_t*> k, v;
   DType dt = DType::f32;
+  Pos at(Pos j) const noexcept { return j < n_sink ? j : n_sink + (j - lo); }
+  Pos pos_of(Pos c) const noexcept { return c < n_sink ? c : c - n_sink + lo; }
 };
+
+// The keys of one query (or of a block of queries) in compact indices: [0, a_end) and [b0, b1].
+struct KeySegs {
+  Pos a_end = 0, b0 = 0, b1 = -1;
+};
+// Segments covering the spans of queries whose sinks end by sink_end (max) and whose windows cover
+// [first, last] (min first, max last), without counting a row twice.
+inline KeySegs key_segs(const SeqRows& r, Pos sink_end, Pos first, Pos last) noexcept {
+  KeySegs k;
+  k.b0 = r.at(first);
+  k.b1 = r.at(last);
+  k.a_end = sink_end > 0 ? std::min(r.at(sink_end - 1) + 1, k.b0) : 0;
+  return k;
+}
 
 struct AttnScratch {
   std::vector<float> s, acc, m, l;
@@ -122,42 +144,45 @@ LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src
   return ptrs.data();
 }
 
-// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys [first, last].
+// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys ks (compact).
 LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                           Pos first, Pos last, int32_t hk, AttnScratch& w) {
+                           const KeySegs& ks, int32_t hk, AttnScratch& w) {
   const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv;
   w.s.resize(static_cast<size_t>(G) * k_tile);
   w.acc.assign(static_cast<size_t>(G) * static_cast<size_t>(D), 0.0f);
   w.m.assign(static_cast<size_t>(G), -INFINITY);
   w.l.assign(static_cast<size_t>(G), 0.0f);
   const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
-  for (Pos j0 = first; j0 <= last; j0 += k_tile) {
-    const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
-    const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
-    const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
-    for (int32_t g = 0; g < G; ++g) {
-      const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
-      float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
-      float tmax = -INFINITY;
-      for (int32_t jj = 0; jj < n; ++jj) {
-        float v = vdot(qh, kt[jj], D) * p.scale;
-        if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
-        s[jj] = v;
-        tmax = std::max(tmax, v);
-      }
-      float& m = w.m[static_cast<size_t>(g)];
-      float& l = w.l[static_cast<size_t>(g)];
-      float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
-      if (tmax > m) { // rescale what was summed under the old maximum
-        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-        l *= c;
-        vscale(acc, c, D);
-        m = tmax;
-      }
-      for (int32_t jj = 0; jj < n; ++jj) {
-        const float e = std::exp(s[jj] - m);
-        l += e;
-        vaxpy(acc, e, vt[jj], D);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
+      const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+        float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
+        float tmax = -INFINITY;
+        for (int32_t jj = 0; jj < n; ++jj) {
+          float v = vdot(qh, kt[jj], D) * p.scale;
+          if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+          s[jj] = v;
+          tmax = std::max(tmax, v);
+        }
+        float& m = w.m[static_cast<size_t>(g)];
+        float& l = w.l[static_cast<size_t>(g)];
+        float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
+        if (tmax > m) { // rescale what was summed under the old maximum
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          vscale(acc, c, D);
+          m = tmax;
+        }
+        for (int32_t jj = 0; jj < n; ++jj) {
+          const float ex = std::exp(s[jj] - m);
+          l += ex;
+          vaxpy(acc, ex, vt[jj], D);
+        }
       }
     }
   }
@@ -182,62 +207,67 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
   w.m.assign(static_cast<size_t>(R), -INFINITY);
   w.l.assign(static_cast<size_t>(R), 0.0f);
   const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
-  const auto first_of = [&](Pos last) { return p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0; };
-  Pos lo = pos[0], hi = pos[0];
+  Pos lo = pos[0], hi = pos[0], sink_end = 0;
   for (int32_t i = 0; i < nq; ++i) {
-    lo = std::min(lo, first_of(pos[i]));
+    const KeySpan sp = key_span(p, pos[i]);
+    lo = std::min(lo, sp.first);
     hi = std::max(hi, pos[i]);
+    sink_end = std::max(sink_end, sp.sink_end);
   }
-  for (Pos j0 = lo; j0 <= hi; j0 += k_tile) {
-    const int32_t n = std::min<int32_t>(k_tile, hi - j0 + 1);
-    const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
-    const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
-    for (int32_t jj = 0; jj < n; ++jj) {
-      const float* kr = ktr[jj];
-      for (int32_t d = 0; d < D; ++d)
-        kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
-    }
-    for (int32_t r = 0; r < R; ++r) {
-      const int32_t qi = r / G, g = r % G;
-      const Pos last = pos[qi], first = first_of(last);
-      if (j0 > last || j0 + n - 1 < first) continue; // the whole tile is masked for this row
-      const float* qh =
-          q + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
-      float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
-      { // all k_tile scores in flight at once (independent FMA chains; lanes ≥ n are discarded)
-        float a[k_tile] = {};
-        for (int32_t d = 0; d < D; ++d) {
-          const float qd = qh[d];
-          const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+  const KeySegs ks = key_segs(rows, sink_end, lo, hi);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      for (int32_t jj = 0; jj < n; ++jj) {
+        const float* kr = ktr[jj];
+        for (int32_t d = 0; d < D; ++d)
+          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
+      }
+      const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
+      for (int32_t r = 0; r < R; ++r) {
+        const int32_t qi = r / G, g = r % G;
+        const KeySpan sp = key_span(p, pos[qi]);
+        if (p0 > sp.last || (p1 < sp.first && p0 >= sp.sink_end)) continue; // the whole tile is masked
+        const float* qh =
+            q + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+        float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+        { // all k_tile scores in flight at once (independent FMA chains; lanes ≥ n are discarded)
+          float a[k_tile] = {};
+          for (int32_t d = 0; d < D; ++d) {
+            const float qd = qh[d];
+            const float* ktd = kt + static_cast<size_t>(d) * k_tile;
 #pragma omp simd
-          for (int32_t l = 0; l < k_tile; ++l)
-            a[l] += qd * ktd[l];
+            for (int32_t l = 0; l < k_tile; ++l)
+              a[l] += qd * ktd[l];
+          }
+          std::copy(a, a + n, s);
         }
-        std::copy(a, a + n, s);
-      }
-      float tmax = -INFINITY;
-      for (int32_t jj = 0; jj < n; ++jj) {
-        const Pos j = j0 + jj;
-        float v = s[jj] * p.scale;
-        if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
-        if (j < first || j > last) v = -INFINITY;
-        s[jj] = v;
-        tmax = std::max(tmax, v);
-      }
-      float& m = w.m[static_cast<size_t>(r)];
-      float& l = w.l[static_cast<size_t>(r)];
-      float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
-      if (tmax > m) {
-        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-        l *= c;
-        vscale(acc, c, D);
-        m = tmax;
-      }
-      for (int32_t jj = 0; jj < n; ++jj) {
-        if (s[jj] == -INFINITY) continue;
-        const float e = std::exp(s[jj] - m);
-        l += e;
-        vaxpy(acc, e, vtr[jj], D);
+        float tmax = -INFINITY;
+        for (int32_t jj = 0; jj < n; ++jj) {
+          float v = s[jj] * p.scale;
+          if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+          if (!sp.contains(rows.pos_of(j0 + jj))) v = -INFINITY;
+          s[jj] = v;
+          tmax = std::max(tmax, v);
+        }
+        float& m = w.m[static_cast<size_t>(r)];
+        float& l = w.l[static_cast<size_t>(r)];
+        float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          vscale(acc, c, D);
+          m = tmax;
+        }
+        for (int32_t jj = 0; jj < n; ++jj) {
+          if (s[jj] == -INFINITY) continue;
+          const float ex = std::exp(s[jj] - m);
+          l += ex;
+          vaxpy(acc, ex, vtr[jj], D);
+        }
       }
     }
   }
@@ -254,12 +284,12 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
 constexpr int32_t k_qblock = 16; // query tokens per prefill block
 
 LOOM_AVX2 void attn_item_avx2(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                              Pos first, Pos last, int32_t hk, AttnScratch& w) {
-  attn_item(p, q, out, rows, first, last, hk, w);
+                              const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, ks, hk, w);
 }
-void attn_item_generic(const AttentionParams& p, const float* q, float* out, const SeqRows& rows, Pos first,
-                       Pos last, int32_t hk, AttnScratch& w) {
-  attn_item(p, q, out, rows, first, last, hk, w);
+void attn_item_generic(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                       const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, ks, hk, w);
 }
 LOOM_AVX2 void attn_block_avx2(const AttentionParams& p, const float* q, float* out, size_t tok,
                                const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
@@ -287,7 +317,7 @@ template <int KT> LOOM_AVX2 inline __m256 load8(const uint8_t* row, size_t at) {
 
 template <int NV, int KT>
 LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                                Pos first, Pos last, int32_t hk, AttnScratch& w) {
+                                const KeySegs& ks, int32_t hk, AttnScratch& w) {
   constexpr int32_t D = NV * 8;
   constexpr size_t esize = KT == 0 ? 4 : 2;
   const int32_t G = p.n_head / p.n_head_kv;
@@ -302,60 +332,63 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
       acc[i] = _mm256_setzero_ps();
     }
     float m = -INFINITY, l = 0.0f;
-    for (Pos j0 = first; j0 <= last; j0 += k_tile) {
-      const int32_t n = std::min<int32_t>(k_tile, last - j0 + 1);
-      const uint8_t* const* kr = rows.k.data() + j0;
-      int32_t jj = 0;
-      for (; jj + 8 <= n; jj += 8) {
-        __m256 d[8];
-        if (jj + 16 <= n)
-          for (int k = 8; k < 16; ++k)
-            _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
-        for (int k = 0; k < 8; ++k) {
-          const uint8_t* kk = kr[jj + k];
-          d[k] = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
-          for (int i = 1; i < NV; ++i)
-            d[k] = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d[k]);
+    for (int seg = 0; seg < 2; ++seg) {
+      const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+      for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+        const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+        const uint8_t* const* kr = rows.k.data() + j0;
+        int32_t jj = 0;
+        for (; jj + 8 <= n; jj += 8) {
+          __m256 d[8];
+          if (jj + 16 <= n)
+            for (int k = 8; k < 16; ++k)
+              _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
+          for (int k = 0; k < 8; ++k) {
+            const uint8_t* kk = kr[jj + k];
+            d[k] = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
+            for (int i = 1; i < NV; ++i)
+              d[k] = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d[k]);
+          }
+          const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+          const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+          const __m256 r =
+              _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+          _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
         }
-        const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-        const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
-        const __m256 r =
-            _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-        _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
-      }
-      for (; jj < n; ++jj) {
-        const uint8_t* kk = kr[jj];
-        __m256 d = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
-        for (int i = 1; i < NV; ++i)
-          d = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        s[jj] = _mm_cvtss_f32(h) * p.scale;
-      }
-      float tmax = -INFINITY;
-      for (jj = 0; jj < n; ++jj) {
-        if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
-        tmax = std::max(tmax, s[jj]);
-      }
-      if (tmax > m) {
-        const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-        l *= c;
-        for (int i = 0; i < NV; ++i)
-          acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
-        m = tmax;
-      }
-      for (jj = 0; jj < n; ++jj) { // the exps first: a call in the loop below would spill acc
-        s[jj] = std::exp(s[jj] - m);
-        l += s[jj];
-      }
-      const uint8_t* const* vr = rows.v.data() + j0;
-      for (jj = 0; jj < n; ++jj) {
-        if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
-        const __m256 ev = _mm256_set1_ps(s[jj]);
-        const uint8_t* vv = vr[jj];
-        for (int i = 0; i < NV; ++i)
-          acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
+        for (; jj < n; ++jj) {
+          const uint8_t* kk = kr[jj];
+          __m256 d = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
+          for (int i = 1; i < NV; ++i)
+            d = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d);
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_movehdup_ps(h));
+          s[jj] = _mm_cvtss_f32(h) * p.scale;
+        }
+        float tmax = -INFINITY;
+        for (jj = 0; jj < n; ++jj) {
+          if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
+          tmax = std::max(tmax, s[jj]);
+        }
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          for (int i = 0; i < NV; ++i)
+            acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
+          m = tmax;
+        }
+        for (jj = 0; jj < n; ++jj) { // the exps first: a call in the loop below would spill acc
+          s[jj] = std::exp(s[jj] - m);
+          l += s[jj];
+        }
+        const uint8_t* const* vr = rows.v.data() + j0;
+        for (jj = 0; jj < n; ++jj) {
+          if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
+          const __m256 ev = _mm256_set1_ps(s[jj]);
+          const uint8_t* vv = vr[jj];
+          for (int i = 0; i < NV; ++i)
+            acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
+        }
       }
     }
     float* o = out + static_cast<size_t>(hk * G + g) * D;
@@ -365,8 +398,8 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
   }
 }
 
-using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, Pos, Pos, int32_t,
-                            AttnScratch&);
+using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, const KeySegs&,
+                            int32_t, AttnScratch&);
 
 template <int KT> AttnItemFn pick_item_typed(int32_t D) {
   switch (D) {
@@ -424,9 +457,9 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
       const auto hk = static_cast<int32_t>(it % Hkv);
       const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
       if (nq == 1) { // decode: one token, no transpose worth its cost
-        const Pos last = pos[t];
-        const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
-        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, first, last, hk, w);
+        const KeySpan sp = key_span(p, pos[t]);
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr,
+             key_segs(sr, sp.sink_end, sp.first, sp.last), hk, w);
       } else {
         block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t, nq,
               hk, w);
@@ -514,6 +547,8 @@ public:
 
   std::string_view name() const noexcept override { return "cpu"; }
   bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
+  // Every variant; flash (tiled online softmax, the default) or naive (the reference kernel).
+  bool supports_attention(AttnKernel, uint32_t) const noexcept override { return true; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
@@ -733,7 +768,10 @@ private:
         kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems, kv.v_data(p.layer, s, ps),
                  static_cast<int64_t>(row_elems));
       }
-      flash_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst, opt_.isa);
+      if (p.kernel == AttnKernel::naive) // asked for: the materialized-scores reference kernel
+        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst);
+      else
+        flash_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst, opt_.isa);
       return;
     }
     case OpKind::swiglu:
@@ -909,23 +947,39 @@ private:
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
                      const SeqId* seq, KVRows& kv, float* out, Isa isa) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
-  // The K/V row addresses of every sequence in the batch, fetched once for all heads and tokens.
+  // The K/V row addresses of every sequence in the batch that some token attends (sinks, then the
+  // window rows from the earliest token's first key), fetched once for all heads and tokens.
   std::vector<SeqRows> rows;
+  std::vector<Pos> sink_end; // per sequence: the most sink rows any of its tokens reads
   std::vector<int32_t> row_of(static_cast<size_t>(n_tokens));
   for (int32_t t = 0; t < n_tokens; ++t) {
     size_t i = 0;
     while (i < rows.size() && rows[i].seq != seq[t])
       ++i;
-    if (i == rows.size()) rows.push_back({seq[t], 0, {}, {}, kv.kv_dtype()});
+    const KeySpan sp = key_span(p, pos[t]);
+    if (i == rows.size()) {
+      SeqRows r;
+      r.seq = seq[t];
+      r.lo = sp.first;
+      r.dt = kv.kv_dtype();
+      rows.push_back(std::move(r));
+      sink_end.push_back(0);
+    }
     rows[i].n_pos = std::max(rows[i].n_pos, pos[t] + 1);
+    rows[i].lo = std::min(rows[i].lo, sp.first);
+    sink_end[i] = std::max(sink_end[i], sp.sink_end);
     row_of[static_cast<size_t>(t)] = static_cast<int32_t>(i);
   }
-  for (SeqRows& r : rows) {
-    r.k.resize(static_cast<size_t>(r.n_pos));
-    r.v.resize(static_cast<size_t>(r.n_pos));
-    for (Pos j = 0; j < r.n_pos; ++j) {
-      r.k[static_cast<size_t>(j)] = static_cast<const uint8_t*>(kv.k_data(p.layer, r.seq, j));
-      r.v[static_cast<size_t>(j)] = static_cast<const uint8_t*>(kv.v_data(p.layer, r.seq, j));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SeqRows& r = rows[i];
+    r.n_sink = std::min(sink_end[i], r.lo);
+    const auto n = static_cast<size_t>(r.n_sink + (r.n_pos - r.lo));
+    r.k.resize(n);
+    r.v.resize(n);
+    for (size_t c = 0; c < n; ++c) {
+      const Pos j = r.pos_of(static_cast<Pos>(c));
+      r.k[c] = static_cast<const uint8_t*>(kv.k_data(p.layer, r.seq, j));
+      r.v[c] = static_cast<const uint8_t*>(kv.v_data(p.layer, r.seq, j));
     }
   }
   attn_all(p, q, n_tokens, pos, rows, row_of, out, isa == Isa::avx2);

@@ -244,6 +244,14 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   // drops its K/V then); a decoder that appends first pays only for the new token.
   s.n_rows = 0;
   uncache(s, static_cast<int32_t>(n_tokens));
+  // Under a sliding window the next query (at n_tokens − 1) reads the window before it: when the
+  // truncate went back past rows already released, they are evaluated again from the first of them.
+  if (s.kv >= 0) {
+    const KVRetention& r = ctx_.retention[s.model == 0 ? 0 : 1];
+    KVCacheStore& store = kv_of(s.model);
+    const Pos from = r.keep_from(static_cast<Pos>(n_tokens) - 1);
+    if (r.bounded() && !store.holds(s.kv, from, s.n_cached)) uncache(s, store.first_released(s.kv));
+  }
   ++events_;
 }
 
@@ -590,7 +598,17 @@ void DecodeSession::end_pending(LocalSeq seq, StopReason reason) {
 
 void DecodeSession::chunks_evaluated() {
   for (auto& [id, q] : seqs_) {
-    if (q->in_flight && q->kv >= 0) kv_of(q->model).register_prefix(q->kv, q->tokens); // findable by content
+    if (q->in_flight && q->kv >= 0) {
+      KVCacheStore& store = kv_of(q->model);
+      store.register_prefix(q->kv, q->tokens); // findable by content
+      // A sliding window: what no later query reads goes back to the store. The next query is at
+      // n_cached, or at the last committed token when its row is evaluated again (begin_work).
+      const KVRetention& r = ctx_.retention[q->model == 0 ? 0 : 1];
+      if (r.bounded()) {
+        const Pos next = std::min<Pos>(q->n_cached, static_cast<Pos>(q->tokens.size()) - 1);
+        store.release_positions(q->kv, r.sinks, r.keep_from(next));
+      }
+    }
     q->in_flight = false;
   }
 }
@@ -638,8 +656,12 @@ int64_t DecodeSession::positions_needed() const noexcept {
   int64_t n = 0;
   for (const auto& [id, q] : seqs_)
     if (q->kv >= 0 && q->model == 0)
-      n += q->pending ? q->target
-                      : (q->finished == StopReason::none ? static_cast<int64_t>(q->tokens.size()) : 0);
+      n += std::min(ctx_.retention[0].bounded() ? static_cast<int64_t>(ctx_.retention[0].sinks) +
+                                                      ctx_.retention[0].window + ctx_.kv.positions_per_unit()
+                                                : INT64_MAX,
+                    q->pending
+                        ? q->target
+                        : (q->finished == StopReason::none ? static_cast<int64_t>(q->tokens.size()) : 0));
   return n;
 }
 

@@ -59,7 +59,7 @@ struct Engine::Request {
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}}, tmpl_(std::move(tmpl)),
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}, {}}, tmpl_(std::move(tmpl)),
       scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
   if (draft_) {
@@ -68,7 +68,9 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
            "the draft model has " + std::to_string(draft_->model.config().n_vocab) +
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
     ctx_.draft_kv = &draft_->kv;
+    ctx_.retention[1] = draft_->model.attention().retention();
   }
+  ctx_.retention[0] = model.attention().retention();
 }
 
 Engine::~Engine() = default; // sessions free their KV sequences

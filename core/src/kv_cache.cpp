@@ -34,7 +34,7 @@ void check_dtype(const KVShape& s) {
 template <class Map> size_t positions_bytes(const KVShape& s, const Map& seqs) noexcept {
   size_t n = 0;
   for (const auto& kv : seqs)
-    n += static_cast<size_t>(kv.second.length);
+    n += static_cast<size_t>(kv.second.length - kv.second.released);
   return n * 2 * static_cast<size_t>(s.n_layer) * kv_row_bytes(s);
 }
 
@@ -138,6 +138,7 @@ private:
   struct Slab {
     std::unique_ptr<uint8_t[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
     int32_t length = 0;
+    int32_t released = 0; // never: a slab is one unit
   };
   std::unique_ptr<uint8_t[]> new_slab() const {
     try {
@@ -207,6 +208,8 @@ public:
     const auto last = n_new > 0 && len % shape_.block_size != 0
                           ? static_cast<size_t>(table[static_cast<size_t>(len / shape_.block_size)])
                           : size_t{0};
+    if (n_new > 0 && len % shape_.block_size != 0 && table[static_cast<size_t>(len / shape_.block_size)] < 0)
+      fail(Errc::internal, "kv_cache", "a sequence grows into a block it released (sliding window)");
     const bool cow = n_new > 0 && len % shape_.block_size != 0 && (refs_[last] > 1 || cached_of_[last] != 0);
     if (free_blocks() < fresh_blocks + (cow ? 1 : 0)) return false;
     if (fresh) it = seqs_.emplace(seq, Seq{}).first;
@@ -228,7 +231,7 @@ public:
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;
     for (int32_t b : it->second.blocks)
-      release(b);
+      if (b >= 0) release(b);
     seqs_.erase(it);
   }
   bool fork(SeqId parent, SeqId child) override {
@@ -237,7 +240,7 @@ public:
       return false;
     Seq c = it->second; // the same blocks, shared
     for (int32_t b : c.blocks)
-      ++refs_[static_cast<size_t>(b)];
+      if (b >= 0) ++refs_[static_cast<size_t>(b)];
     seqs_.emplace(child, std::move(c));
     return true;
   }
@@ -249,9 +252,46 @@ public:
     q.hashes.resize(std::min(q.hashes.size(), static_cast<size_t>(q.length / shape_.block_size)));
     const auto keep = static_cast<size_t>((q.length + shape_.block_size - 1) / shape_.block_size);
     while (q.blocks.size() > keep) {
-      release(q.blocks.back());
+      if (q.blocks.back() >= 0) release(q.blocks.back());
       q.blocks.pop_back();
     }
+    q.released = static_cast<int32_t>(std::count(q.blocks.begin(), q.blocks.end(), -1)) * shape_.block_size;
+  }
+  int32_t release_positions(SeqId seq, Pos from, Pos to) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return 0;
+    Seq& q = it->second;
+    const int32_t B = shape_.block_size;
+    to = std::min(to, q.length);
+    int32_t n = 0;
+    for (int32_t b = (std::max<Pos>(from, 0) + B - 1) / B; (b + 1) * B <= to; ++b) {
+      int32_t& id = q.blocks[static_cast<size_t>(b)];
+      if (id < 0) continue;
+      release(id);
+      id = -1;
+      n += B;
+    }
+    q.released += n;
+    return n;
+  }
+  bool holds(SeqId seq, Pos from, Pos to) const noexcept override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return from >= to;
+    const Seq& q = it->second;
+    if (q.released == 0) return true;
+    const int32_t B = shape_.block_size;
+    to = std::min(to, q.length);
+    for (Pos b = std::max<Pos>(from, 0) / B; b * B < to; ++b)
+      if (q.blocks[static_cast<size_t>(b)] < 0) return false;
+    return true;
+  }
+  Pos first_released(SeqId seq) const noexcept override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return 0;
+    const Seq& q = it->second;
+    if (q.released == 0) return q.length;
+    const auto at = std::find(q.blocks.begin(), q.blocks.end(), -1);
+    return static_cast<Pos>(at - q.blocks.begin()) * shape_.block_size;
   }
   int32_t length(SeqId seq) const noexcept override {
     auto it = seqs_.find(seq);
@@ -279,6 +319,7 @@ public:
       const std::span<const TokenId> toks = tokens.subspan(i * B, B);
       const uint64_t h = block_hash(parent, toks);
       q.hashes.push_back(h);
+      if (q.blocks[i] < 0) continue; // released (sliding window)
       const auto b = static_cast<size_t>(q.blocks[i]);
       if (cached_.count(h) || cached_of_[b] != 0) continue; // this content is findable already
       cached_.emplace(h, q.blocks[i]);
@@ -327,9 +368,10 @@ public:
 
 private:
   struct Seq {
-    std::vector<int32_t> blocks;
+    std::vector<int32_t> blocks;  // -1: released (sliding window), never read again
     std::vector<uint64_t> hashes; // content hashes of the first full blocks (register/reuse_prefix)
     int32_t length = 0;
+    int32_t released = 0; // positions in released blocks
   };
   size_t block_bytes() const noexcept {
     return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.block_size) * rb_;
@@ -397,6 +439,7 @@ private:
     LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
     LOOM_ASSERT(layer >= 0 && layer < shape_.n_layer, "KV layer out of range");
     const int32_t b = it->second.blocks[static_cast<size_t>(pos / shape_.block_size)];
+    LOOM_ASSERT(b >= 0, "KV row of a released position (outside the sliding window)");
     const size_t idx =
         ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
              static_cast<size_t>(shape_.block_size) +

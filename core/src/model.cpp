@@ -7,7 +7,9 @@
 
 namespace loom {
 
-Model::Model(GgufFile f) : file_(std::move(f)), cfg_(ModelConfig::from_gguf(file_)) {}
+Model::Model(GgufFile f)
+    : file_(std::move(f)), cfg_(ModelConfig::from_gguf(file_)),
+      attention_(make_attention_variant(cfg_, AttentionChoice{})) {}
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   return std::unique_ptr<Model>(new Model(GgufFile::open(path)));
@@ -131,8 +133,8 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
     at.attn.n_head = c.n_head;
     at.attn.n_head_kv = c.n_head_kv;
     at.attn.head_dim = c.head_dim;
-    at.attn.window = window_;
     at.attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    attention_->apply(at.attn); // window, sinks, soft-cap, kernel of this layer
     const int32_t a = g.add_node(at);
     const int32_t o = g.add_node(node(OpKind::matmul, weight(p + "attn_output.weight"), a,
                                       g.add_activation(p + "attn_proj", {E, T, 1, 1})));

@@ -145,6 +145,27 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (auto oc = f.get_int_opt(a + "rope.scaling.original_context_length"))
     c.rope.orig_ctx = positive(f, a + "rope.scaling.original_context_length", *oc, 1 << 24);
 
+  if (auto sw = f.get_int_opt(a + "attention.sliding_window"); sw && *sw != 0) {
+    c.sliding_window = positive(f, a + "attention.sliding_window", *sw, 1 << 24);
+    c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
+    const std::string pk = a + "attention.sliding_window_pattern";
+    if (const GgufValue* pv = f.find(pk)) {
+      if (pv->type == GgufType::array) {
+        if (pv->elem_type != GgufType::boolean || pv->items.size() != static_cast<size_t>(c.n_layer))
+          bad(f, "metadata '" + pk + "' must be " + std::to_string(c.n_layer) +
+                     " bools (one per layer, true = sliding window), found " + pv->to_string());
+        for (size_t i = 0; i < pv->items.size(); ++i)
+          c.sliding_layers[i] = pv->items[i].u != 0;
+      } else {
+        const int32_t period = positive(f, pk, pv->as_int().value_or(0), 1 << 16);
+        for (int32_t l = 0; l < c.n_layer; ++l) // every period-th layer attends in full (gemma3: 6)
+          c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
+      }
+    }
+  }
+  c.attn_softcap =
+      finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
+
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) bad(f, "tensor 'token_embd.weight' is missing");
   if (emb->ne.size() != 2 || emb->ne[0] != c.n_embd)

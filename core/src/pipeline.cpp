@@ -18,18 +18,21 @@
 namespace loom {
 
 namespace {
-// One loaded Model per file (and attention window) in the process: pipelines that name the same
+// One loaded Model per file (and attention variant) in the process: pipelines that name the same
 // file — `loom ab`'s variants, a draft that is the target — share its mapping, graphs and repacks.
-std::shared_ptr<Model> shared_model(const std::string& path, int32_t window) {
+std::shared_ptr<Model> shared_model(const std::string& path, const AttentionChoice& choice) {
   static std::mutex mu;
-  static std::map<std::pair<std::string, int32_t>, std::weak_ptr<Model>> cache;
+  static std::map<std::pair<std::string, std::string>, std::weak_ptr<Model>> cache;
   std::error_code ec;
   const std::string key = std::filesystem::weakly_canonical(path, ec).string();
+  const std::string ckey = choice.variant + "|" + choice.kernel + "|" + std::to_string(choice.window) + "|" +
+                           std::to_string(choice.sinks) + "|" +
+                           (choice.softcap ? std::to_string(*choice.softcap) : std::string("-"));
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = cache[{ec ? path : key, window}];
+  auto& slot = cache[{ec ? path : key, ckey}];
   if (auto m = slot.lock()) return m;
   std::shared_ptr<Model> m = Model::load(path);
-  if (window > 0) m->set_attention_window(window);
+  m->set_attention(make_attention_variant(m->config(), choice));
   slot = m;
   return m;
 }
@@ -38,14 +41,6 @@ std::shared_ptr<Model> shared_model(const std::string& path, int32_t window) {
 std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->cfg_ = cfg;
-  // Capabilities that no backend has yet; the message names the backend the pipeline chose.
-  const auto unavailable = [&](const std::string& key, const std::string& value, const std::string& use) {
-    fail(Errc::unsupported, "pipeline",
-         cfg.source + ": " + key + " = " + user_value(value) + " is not available with backend " +
-             user_value(cfg.backend.name) + " (not implemented in this build); use " + use);
-  };
-  if (cfg.attention.kernel != "naive")
-    unavailable("[attention] kernel", cfg.attention.kernel, "kernel = \"naive\"");
   if (cfg.model.path.empty())
     fail(Errc::invalid_argument, "pipeline", cfg.source + ": [model] path is required (a .gguf file)");
 
@@ -115,8 +110,15 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     }
   }
 
-  const int32_t window = cfg.attention.variant == "sliding_window" ? cfg.attention.window : 0;
-  p->model_ = shared_model(cfg.resolved_model_path(), window);
+  AttentionChoice choice{cfg.attention.variant, cfg.attention.kernel, cfg.attention.window,
+                         cfg.attention.sinks, cfg.attention.softcap};
+  try {
+    p->model_ = shared_model(cfg.resolved_model_path(), choice);
+  } catch (const Error& e) {
+    if (std::string_view(e.component()) != "attention") throw;
+    fail(e.code(), "pipeline",
+         cfg.source + ": [attention] " + std::string(e.what()).substr(e.component().size() + 2));
+  }
   p->tok_ = Tokenizer::from_gguf(p->model_->file());
   const ModelConfig& mc = p->model_->config();
   if (p->tok_->vocab_size() != mc.n_vocab)
@@ -213,7 +215,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
            what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
                "; give the path of a GGUF model with the target's vocabulary");
     try {
-      p->draft_model_ = shared_model(path, 0);
+      p->draft_model_ = shared_model(path, AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}});
     } catch (const Error& e) {
       fail(e.code(), "pipeline", what + " cannot be loaded: " + e.what());
     }
@@ -252,6 +254,33 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                "dtype = \"f32\"");
   };
   check_kv_type(*p->backend_, "backend");
+  // ... and run the attention the model's variant asks for, with the kernel strategy asked for.
+  const auto check_attention = [&](const Backend& be, const Model& m, const std::string& what) {
+    const AttentionVariant& v = m.attention();
+    if (be.supports_attention(v.kernel(), v.features())) return;
+    std::string can; // the kernels it does run this variant with, for the message
+    for (AttnKernel k : {AttnKernel::auto_, AttnKernel::naive, AttnKernel::flash})
+      if (be.supports_attention(k, v.features()))
+        can += std::string(can.empty() ? "" : " or ") + "\"" + attn_kernel_name(k) + "\"";
+    std::string feats;
+    const uint32_t f = v.features();
+    for (auto [bit, name] :
+         {std::pair{attn_window, "a sliding window"}, std::pair{attn_softcap, "soft-capping"},
+          std::pair{attn_sinks, "attention sinks"}})
+      if (f & bit) feats += std::string(feats.empty() ? " with " : " and ") + name;
+    fail(Errc::unsupported, "pipeline",
+         cfg.source + ": [attention] kernel = \"" + attn_kernel_name(v.kernel()) + "\" for variant " +
+             std::string(v.name()) + feats + " is not supported by " + what + " '" + std::string(be.name()) +
+             "'" +
+             (can.empty()
+                  ? std::string("; it runs no kernel for this variant: use backend \"cpu\" (every variant) "
+                                "or another variant")
+                  : " (it runs kernel = " + can +
+                        " for it); set attention.kernel to that or use backend "
+                        "\"cpu\""));
+  };
+  check_attention(*p->backend_, *p->model_, "backend");
+  if (p->draft_backend_) check_attention(*p->draft_backend_, *p->draft_model_, "the draft model's backend");
   if (p->draft_backend_) check_kv_type(*p->draft_backend_, "the draft model's backend");
   p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,
                                         std::move(tmpl), draft);

@@ -451,13 +451,30 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
       cfg.backend.params = generic_params(c, *t, "backend", "name", "threads");
   }
   if (const auto* t = section(c, root, "attention")) {
-    c.only_keys(*t, "[attention]", {"variant", "kernel", "window"});
-    read_string(c, *t, "attention", "variant", cfg.attention.variant, {"standard", "sliding_window"});
-    read_string(c, *t, "attention", "kernel", cfg.attention.kernel, {"naive", "flash"});
-    cfg.attention.window = static_cast<int32_t>(read_int(c, *t, "attention", "window", 0, 0, 1 << 24, "≥ 0"));
+    c.only_keys(*t, "[attention]", {"variant", "kernel", "window", "sinks", "softcap"});
+    read_string(c, *t, "attention", "variant", cfg.attention.variant,
+                {"model", "standard", "sliding_window"});
+    read_string(c, *t, "attention", "kernel", cfg.attention.kernel, {"auto", "naive", "flash"});
+    cfg.attention.window =
+        static_cast<int32_t>(read_int(c, *t, "attention", "window", 0, 0, 1 << 24, "in 0..16777216"));
+    cfg.attention.sinks =
+        static_cast<int32_t>(read_int(c, *t, "attention", "sinks", 0, 0, 1 << 24, "in 0..16777216"));
     if (cfg.attention.variant == "sliding_window" && cfg.attention.window <= 0) {
       const toml::node* n = t->get("variant");
       c.error(*n, "attention.window", "a window > 0 with variant = \"sliding_window\"");
+    }
+    if (cfg.attention.variant == "standard" && (cfg.attention.window > 0 || cfg.attention.sinks > 0)) {
+      const toml::node* n = t->get(cfg.attention.window > 0 ? "window" : "sinks");
+      c.error(
+          *n, n == t->get("window") ? "attention.window" : "attention.sinks",
+          "no window or sinks with variant = \"standard\" (full causal); use variant = \"sliding_window\"");
+    }
+    if (const toml::node* n = t->get("softcap")) {
+      const double v = n->is_integer()          ? static_cast<double>(n->as_integer()->get())
+                       : n->is_floating_point() ? n->as_floating_point()->get()
+                                                : -1.0;
+      if (!(v >= 0.0 && v <= 1e6)) c.error(*n, "attention.softcap", "a number in 0..1e6 (0 = off)");
+      cfg.attention.softcap = static_cast<float>(v);
     }
   }
   if (const auto* t = section(c, root, "kv_cache")) {
@@ -747,6 +764,12 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("variant", toml_string(cfg.attention.variant));
   kv("kernel", toml_string(cfg.attention.kernel));
   kv("window", std::to_string(cfg.attention.window));
+  kv("sinks", std::to_string(cfg.attention.sinks));
+  if (cfg.attention.softcap) {
+    std::ostringstream sc;
+    sc << *cfg.attention.softcap;
+    kv("softcap", sc.str().find_first_of(".e") == std::string::npos ? sc.str() + ".0" : sc.str());
+  }
   o << "\n[kv_cache]\n";
   kv("store", toml_string(cfg.kv_cache.store));
   kv("block_size", std::to_string(cfg.kv_cache.block_size));

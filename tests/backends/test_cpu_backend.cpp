@@ -266,6 +266,7 @@ TEST(CpuBackendOps, OtherWeightTypesMatchTheReference) {
 struct AttnCase {
   int32_t n_head, n_head_kv, head_dim, window;
   float softcap;
+  int32_t sinks = 0;
 };
 
 TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
@@ -273,17 +274,24 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
   // tokens per sequence attending over the cache the first batch filled.
   for (const AttnCase c :
        {AttnCase{4, 4, 8, 0, 0.0f}, AttnCase{6, 2, 12, 0, 0.0f}, AttnCase{8, 1, 7, 0, 0.0f},
-        AttnCase{4, 2, 64, 5, 0.0f}, AttnCase{2, 1, 16, 0, 30.0f}, AttnCase{3, 3, 5, 3, 0.0f}})
+        AttnCase{4, 2, 64, 5, 0.0f}, AttnCase{2, 1, 16, 0, 30.0f}, AttnCase{3, 3, 5, 3, 0.0f},
+        // attention sinks: with decode items (D = 8·k), prefill blocks and the generic kernel
+        AttnCase{4, 2, 64, 5, 0.0f, 2}, AttnCase{3, 3, 5, 3, 0.0f, 4}, AttnCase{4, 1, 32, 16, 0.0f, 3},
+        AttnCase{2, 1, 16, 20, 30.0f, 6}, AttnCase{4, 4, 8, 9, 0.0f, 1}})
     for (cpu::Isa isa : isas()) {
       const std::string what = "Hq=" + std::to_string(c.n_head) + " Hkv=" + std::to_string(c.n_head_kv) +
                                " D=" + std::to_string(c.head_dim) + " window=" + std::to_string(c.window) +
-                               " " + cpu::isa_name(isa);
+                               " sinks=" + std::to_string(c.sinks) + " " + cpu::isa_name(isa);
       SCOPED_TRACE(what);
-      const KVShape shape{1, c.n_head_kv, c.head_dim, 256, 2, DType::f32};
-      auto kv_ref = make_contiguous_kv_cache(shape), kv_cpu = make_contiguous_kv_cache(shape);
+      // The cpu kernel reads a paged store (blocks of 4) that releases, after each batch, the rows no
+      // later query attends (sliding window): reading one of those would abort in the store.
+      KVShape shape{1, c.n_head_kv, c.head_dim, 256, 2, DType::f32};
+      shape.block_size = 4;
+      auto kv_ref = make_contiguous_kv_cache(shape), kv_cpu = make_paged_kv_cache(shape);
       AttentionParams p{
           0,        c.n_head, c.n_head_kv, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
           c.window, c.softcap};
+      p.sinks = c.sinks;
       Rand r(static_cast<uint32_t>(c.n_head * 31 + c.head_dim));
       int32_t done = 0;
       // prefill with the two sequences interleaved (one-token items), then each in a run of its own
@@ -326,6 +334,9 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
         cpu::flash_attention(p, q.data(), T, pos.data(), seq.data(), *kv_cpu, got.data(), isa);
         expect_close(want, got, 1e-5, "batch of " + std::to_string(T));
         done += per_seq;
+        if (c.window > 0) // the next query is at `done`: it reads [0, sinks) and [done − window + 1, done]
+          for (SeqId s : {0, 1})
+            kv_cpu->release_positions(s, c.sinks, std::max(0, done - c.window + 1));
       }
     }
 }

@@ -201,8 +201,13 @@ LOOM_ABI_OFFSET(loom_graph, in_tokens, 48);
 LOOM_ABI_OFFSET(loom_graph, in_positions, 52);
 LOOM_ABI_OFFSET(loom_graph, in_out_ids, 56);
 LOOM_ABI_OFFSET(loom_graph, out_logits, 60);
-LOOM_ABI_OFFSET(loom_graph, id, 64); // ABI 1.2 (appended)
-LOOM_ABI_SIZE(loom_graph, 72);
+LOOM_ABI_OFFSET(loom_graph, id, 64);              // ABI 1.2 (appended)
+LOOM_ABI_OFFSET(loom_graph, attn_ext, 72);        // 1.5
+LOOM_ABI_OFFSET(loom_graph, attn_ext_stride, 80); // 1.5
+LOOM_ABI_SIZE(loom_graph, 88);
+LOOM_ABI_OFFSET(loom_attention_ext, sinks, 0); // 1.5
+LOOM_ABI_OFFSET(loom_attention_ext, kernel, 4);
+LOOM_ABI_SIZE(loom_attention_ext, 8);
 LOOM_ABI_OFFSET(loom_batch, struct_size, 0);
 LOOM_ABI_OFFSET(loom_batch, n_tokens, 8);
 LOOM_ABI_OFFSET(loom_batch, tokens, 16);
@@ -231,8 +236,9 @@ LOOM_ABI_OFFSET(loom_backend_i, memory_info, 64);
 LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 72);
 LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 88);
 LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
-LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 96); // 1.4
-LOOM_ABI_SIZE(loom_backend_i, 104);
+LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 96);   // 1.4
+LOOM_ABI_OFFSET(loom_backend_i, supports_attention, 104); // 1.5
+LOOM_ABI_SIZE(loom_backend_i, 112);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.

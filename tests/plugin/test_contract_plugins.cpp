@@ -103,6 +103,16 @@ TEST(ContractPlugins, AnAbi10PluginStillLoadsAndRuns) {
   EXPECT_NE(f16.err.find("[kv_cache] dtype = 'f16' is not supported by backend 'fixture_abi10_zeros'"),
             std::string::npos)
       << f16.err;
+  // Nor does it declare attention kernels (supports_attention is ABI 1.5): a sliding window runs (every
+  // backend has had window and soft-cap since 1.0), attention sinks or an explicit kernel are refused.
+  const std::string win = "-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_abi10_zeros" +
+                          " --set 'attention.variant=\"sliding_window\"' --set attention.window=8";
+  EXPECT_EQ(loom_run(win).code, 0);
+  for (const std::string extra : {" --set attention.sinks=2", " --set 'attention.kernel=\"flash\"'"}) {
+    const auto r = loom_run(win + extra);
+    EXPECT_EQ(r.code, 1) << extra << ": " << r.err;
+    EXPECT_NE(r.err.find("is not supported by backend 'fixture_abi10_zeros'"), std::string::npos) << r.err;
+  }
 }
 
 } // namespace

@@ -55,7 +55,10 @@ TEST(HostileCli, EachBadInputIsAClearErrorOnOneLine) {
       {"bench -m {M} --pp 1 --tg 2147483647", 2, "--pp and --tg must be in 1.."},
       {"run -m {M} -p hi -n 2 --ctx-size 2000000000", 1, "lower [model] n_ctx"}, // before allocating
       // a capability error names the backend the pipeline chose, not the reference backend
-      {"run -m {M} -p hi -n 2 --set backend.name=cpu --set attention.kernel=flash", 1, "with backend 'cpu'"},
+      {"run -m {M} -p hi -n 2 --set attention.kernel=flash", 1, "not supported by backend 'reference'"},
+      {"run -m {M} -p hi -n 2 --set attention.sinks=4", 1, "needs a sliding window"},
+      {"run -m {M} -p hi -n 2 --set attention.variant=standard --set attention.window=8", 1,
+       "attention.window"},
       {"run -m {M} -p hi -n 2 --set kv_cache.dtype=q4_0", 1, "kv_cache.dtype"},
       {"run -m {M} -p hi -n 2 --set kv_cache.block_size=12", 1, "a power of two in 1..4096"},
       {"run -m {M} -p hi -n 2 --set 'verifier.name=\"\"'", 1,

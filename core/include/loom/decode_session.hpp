@@ -23,6 +23,7 @@
 //             both kinds are planned alike and each model gets one batched forward per step.
 #pragma once
 
+#include "loom/attention.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/sampler.hpp"
 #include "loom/stop.hpp"
@@ -66,6 +67,9 @@ struct SessionContext {
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text)> verify;
+  // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
+  // window the rest is released from the store after every forward.
+  KVRetention retention[2];
 };
 
 // The per-sequence state a new request starts from.

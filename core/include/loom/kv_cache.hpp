@@ -87,6 +87,16 @@ public:
     return 0;
   }
   virtual int64_t cached_blocks() const noexcept { return 0; } // findable by content (held or not)
+
+  // Sliding-window release: gives back the storage of the positions in [from, to) of seq that whole
+  // units cover (paged: the blocks lying inside; contiguous: none — a slab is one unit). Their rows
+  // must not be read again (no later query attends them); the length is unchanged. Returns the
+  // positions released.
+  virtual int32_t release_positions(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) { return 0; }
+  // The first position of seq whose row was released (length(seq) when none).
+  virtual Pos first_released(SeqId seq) const noexcept { return length(seq); }
+  // Whether the rows of positions [from, to) of seq are all stored (none released).
+  virtual bool holds(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) const noexcept { return true; }
   // Memory the store holds now: paged, every block made so far (free and cached ones are kept for
   // reuse); contiguous, the live slabs.
   virtual size_t bytes_resident() const noexcept { return bytes_allocated(); }

@@ -2,6 +2,7 @@
 // Backend executes it, so backends plug in without touching the model.
 #pragma once
 
+#include "loom/attention.hpp"
 #include "loom/backend.hpp"
 #include "loom/gguf.hpp"
 #include "loom/graph.hpp"
@@ -31,11 +32,12 @@ public:
   void forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits);
 
   KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept;
-  // Sliding-window attention: each token attends to the last `window` positions (0 = all).
-  void set_attention_window(int32_t window) {
-    window_ = window;
+  // What each layer's attention computes (default: standard causal, soft-capped as the file says).
+  void set_attention(std::shared_ptr<const AttentionVariant> v) {
+    attention_ = std::move(v);
     graphs_.clear();
   }
+  const AttentionVariant& attention() const noexcept { return *attention_; }
 
 private:
   explicit Model(GgufFile f);
@@ -44,7 +46,7 @@ private:
   GgufFile file_;
   ModelConfig cfg_;
   std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
-  int32_t window_ = 0;
+  std::shared_ptr<const AttentionVariant> attention_;
 };
 
 } // namespace loom

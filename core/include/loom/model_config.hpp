@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom {
 
@@ -35,6 +36,12 @@ struct ModelConfig {
   int32_t n_ctx_train = 0; // context length the model was trained with
   float norm_eps = 1e-5f;
   RopeConfig rope;
+  // Attention beyond the shape, from {arch}.attention.sliding_window (0: none),
+  // {arch}.attention.sliding_window_pattern (a bool per layer, true = sliding; or a period N: every
+  // N-th layer attends in full; absent: every layer slides) and {arch}.attn_logit_softcapping.
+  int32_t sliding_window = 0;
+  std::vector<bool> sliding_layers; // n_layer entries when sliding_window > 0
+  float attn_softcap = 0.0f;
   bool tied_output = false;       // no output.weight: the embedding is the output head
   DType weight_type = DType::f32; // the type most matrices are stored in (general.file_type-ish)
 

@@ -28,9 +28,11 @@ struct PipelineConfig {
     std::vector<std::pair<std::string, ParamValue>> params; // a plugin backend's other keys
   } backend;
   struct AttentionSection {
-    std::string variant = "standard"; // standard | sliding_window
-    std::string kernel = "naive";     // naive | flash
-    int32_t window = 0;               // sliding_window: tokens attended (incl. the current one)
+    std::string variant = "model"; // model (the GGUF's metadata) | standard | sliding_window
+    std::string kernel = "auto";   // auto (the backend's) | naive | flash
+    int32_t window = 0;            // sliding_window: tokens attended (incl. the current one); model: override
+    int32_t sinks = 0;             // with a window: the first positions, attended by every query
+    std::optional<float> softcap;  // overrides the model's attn_logit_softcapping (0 = off)
   } attention;
   struct KVCacheSection {
     std::string store = "contiguous"; // contiguous | paged

@@ -17,7 +17,13 @@ static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
 struct CGraph {
   std::vector<loom_tensor> tensors;
   std::vector<loom_node> nodes;
+  std::vector<loom_attention_ext> ext; // ABI 1.5: one per node
   loom_graph g{};
+  void point() noexcept { // the graph's arrays are its own vectors (again after a move)
+    g.tensors = tensors.data();
+    g.nodes = nodes.data();
+    g.attn_ext = ext.data();
+  }
 };
 
 CGraph to_c(const Graph& g) {
@@ -48,6 +54,7 @@ CGraph to_c(const Graph& g) {
     cn.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
                n.attn.scale, n.attn.window, n.attn.softcap};
     c.nodes.push_back(cn);
+    c.ext.push_back({n.attn.sinks, static_cast<int32_t>(n.attn.kernel)});
   }
   c.g.struct_size = sizeof(loom_graph);
   c.g.n_tensors = c.tensors.size();
@@ -61,6 +68,7 @@ CGraph to_c(const Graph& g) {
   c.g.in_out_ids = g.in_out_ids;
   c.g.out_logits = g.out_logits;
   c.g.id = g.id;
+  c.g.attn_ext_stride = sizeof(loom_attention_ext);
   return c;
 }
 
@@ -119,6 +127,11 @@ public:
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, supports_kv_dtype) + sizeof(void*);
     return has && vt_->supports_kv_dtype && vt_->supports_kv_dtype(self_, static_cast<int32_t>(t)) != 0;
   }
+  bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
+    const bool has = vt_->struct_size >= offsetof(loom_backend_i, supports_attention) + sizeof(void*);
+    if (!has || !vt_->supports_attention) return Backend::supports_attention(k, features); // before ABI 1.5
+    return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
+  }
   size_t activation_bytes() const noexcept override {
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, activation_bytes) + sizeof(void*);
     return has && vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
@@ -129,16 +142,14 @@ private:
   const CGraph& converted(const Graph& g) {
     if (g.id == 0) {
       scratch_ = to_c(g);
-      scratch_.g.tensors = scratch_.tensors.data();
-      scratch_.g.nodes = scratch_.nodes.data();
+      scratch_.point();
       return scratch_;
     }
     auto it = cache_.find(g.id);
     if (it == cache_.end()) {
       if (cache_.size() >= 64) cache_.clear(); // bounded: prefill shapes vary per prompt
       it = cache_.emplace(g.id, to_c(g)).first;
-      it->second.g.tensors = it->second.tensors.data();
-      it->second.g.nodes = it->second.nodes.data();
+      it->second.point();
     }
     return it->second;
   }

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 4u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 5u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)

@@ -86,6 +86,24 @@ typedef struct loom_attention_params {
   float softcap;  /* tanh soft-capping of scores (0 = off) */
 } loom_attention_params;
 
+/* ABI 1.5: attention kernel strategies and the features an attention node may need. */
+#define LOOM_ATTN_KERNEL_AUTO 0  /* the backend's choice */
+#define LOOM_ATTN_KERNEL_NAIVE 1 /* materialized scores per query row (the reference kernel) */
+#define LOOM_ATTN_KERNEL_FLASH 2 /* tiled keys, online softmax, no scores matrix */
+#define LOOM_ATTN_FEATURE_WINDOW 1u
+#define LOOM_ATTN_FEATURE_SOFTCAP 2u
+#define LOOM_ATTN_FEATURE_SINKS 4u
+
+/* ABI 1.5: what an ATTENTION node asks beyond loom_attention_params (which sits inside the node array
+ * and so cannot grow). loom_graph::attn_ext holds one per node (zero for other ops), attn_ext_stride
+ * bytes apart. Positions [0, sinks) are attended besides the window (attention sinks; only with a
+ * window); a query at pos then reads [0, min(sinks, first)) and [first, pos], first = max(0, pos −
+ * window + 1); rows outside that are never read (the host may have released them). */
+typedef struct loom_attention_ext {
+  int32_t sinks;
+  int32_t kernel; /* LOOM_ATTN_KERNEL_* the pipeline asked for */
+} loom_attention_ext;
+
 typedef struct loom_node {
   int32_t op; /* loom_op */
   int32_t src[3];
@@ -109,6 +127,11 @@ typedef struct loom_graph {
    * derives from a graph under this id (never under the graph's address, which is reused for other
    * shapes). 0 (or a struct_size without it): no identity, derive again on every call. */
   uint64_t id;
+  /* ABI 1.5: n_nodes entries attn_ext_stride bytes apart (NULL, or a struct_size without it: sinks 0,
+   * kernel AUTO). The host sends sinks or an explicit kernel only to a backend whose
+   * supports_attention says yes. */
+  const loom_attention_ext* attn_ext;
+  size_t attn_ext_stride;
 } loom_graph;
 
 /* The tokens one forward pass evaluates; rows of different sequences may be mixed. */
@@ -169,6 +192,9 @@ struct loom_backend_i {
   /* ABI 1.4, optional: 1 if graph_compute reads and writes KV rows stored in this LOOM_DTYPE_*
    * through k_data / v_data. NULL: f32 only. */
   int32_t (*supports_kv_dtype)(const void* self, int32_t dtype);
+  /* ABI 1.5, optional: 1 if attention nodes with kernel strategy `kernel` (LOOM_ATTN_KERNEL_*) and
+   * these LOOM_ATTN_FEATURE_* bits run as asked. NULL: kernel AUTO with window and softcap only. */
+  int32_t (*supports_attention)(const void* self, int32_t kernel, uint32_t features);
 };
 
 #ifdef __cplusplus

@@ -48,6 +48,12 @@ public:
   virtual size_t activation_bytes() const noexcept { return workspace_bytes(); }
   // Whether compute() handles KV rows stored in this type (through KVRows::k_data / v_data).
   virtual bool supports_kv_dtype(DType t) const noexcept { return t == DType::f32; }
+  // Whether attention nodes asking for kernel strategy `k` with these AttnFeature bits (window,
+  // softcap, sinks) run as asked. The default is what every backend has honoured since ABI 1.0: its
+  // own kernel (auto) with a window and soft-capping; a backend with sinks or a choice of kernels says so.
+  virtual bool supports_attention(AttnKernel k, uint32_t features) const noexcept {
+    return k == AttnKernel::auto_ && (features & ~(attn_window | attn_softcap)) == 0;
+  }
 };
 
 } // namespace loom

@@ -78,6 +78,8 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.data = t.data;
     g.tensors.push_back(std::move(d));
   }
+  const bool has_ext = c.struct_size >= offsetof(loom_graph, attn_ext_stride) + sizeof(size_t) &&
+                       c.attn_ext && c.attn_ext_stride >= sizeof(loom_attention_ext);
   for (size_t i = 0; i < c.n_nodes; ++i) {
     const loom_node& n = c.nodes[i];
     loom::Node d;
@@ -89,8 +91,19 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.scale = n.scale;
     d.rope = {n.rope.n_dims,      n.rope.theta,    n.rope.neox != 0, n.rope.freq_scale, n.rope.ext_factor,
               n.rope.attn_factor, n.rope.orig_ctx, n.rope.beta_fast, n.rope.beta_slow};
-    d.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
-              n.attn.scale, n.attn.window, n.attn.softcap};
+    d.attn.layer = n.attn.layer;
+    d.attn.n_head = n.attn.n_head;
+    d.attn.n_head_kv = n.attn.n_head_kv;
+    d.attn.head_dim = n.attn.head_dim;
+    d.attn.scale = n.attn.scale;
+    d.attn.window = n.attn.window;
+    d.attn.softcap = n.attn.softcap;
+    if (has_ext) {
+      const auto* e = reinterpret_cast<const loom_attention_ext*>(reinterpret_cast<const char*>(c.attn_ext) +
+                                                                  i * c.attn_ext_stride);
+      d.attn.sinks = e->sinks;
+      d.attn.kernel = static_cast<loom::AttnKernel>(e->kernel);
+    }
     g.nodes.push_back(d);
   }
   g.n_tokens = c.n_tokens;
@@ -156,6 +169,12 @@ template <const char* NAME> struct ExecutorTable {
                ? 1
                : 0;
   }
+  static int32_t attention_fn(const void* self, int32_t kernel, uint32_t features) {
+    return static_cast<const ExecutorPlugin*>(self)->be->supports_attention(
+               static_cast<loom::AttnKernel>(kernel), features)
+               ? 1
+               : 0;
+  }
   static constexpr loom_backend_i table = {sizeof(loom_backend_i),
                                            &name_fn,
                                            &supports_fn,
@@ -168,7 +187,8 @@ template <const char* NAME> struct ExecutorTable {
                                            &workspace_fn,
                                            &destroy_fn,
                                            &activation_fn,
-                                           &kv_dtype_fn};
+                                           &kv_dtype_fn,
+                                           &attention_fn};
 };
 
 } // namespace loom::sdk

@@ -10,6 +10,7 @@
 #include "loom/sdk/error.hpp"
 #include "loom/sdk/types.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -85,13 +86,48 @@ struct RopeParams {
   float beta_fast = 32.0f, beta_slow = 1.0f;
 };
 
+// How attention is computed: `naive` materializes a row's scores (the reference kernel), `flash`
+// tiles the keys with an online softmax (no scores matrix); `auto` is the backend's choice.
+enum class AttnKernel : int32_t { auto_ = 0, naive = 1, flash = 2 };
+inline const char* attn_kernel_name(AttnKernel k) noexcept {
+  return k == AttnKernel::naive ? "naive" : k == AttnKernel::flash ? "flash" : "auto";
+}
+// What an attention node needs of a backend beyond causal attention (bit set; the ABI's
+// LOOM_ATTN_FEATURE_*).
+enum AttnFeature : uint32_t { attn_window = 1u, attn_softcap = 2u, attn_sinks = 4u };
+
 struct AttentionParams {
   int32_t layer = 0;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 1.0f;   // usually 1/sqrt(head_dim)
-  int32_t window = 0;   // sliding window in tokens (0 = full causal)
+  int32_t window = 0;   // sliding window in tokens, the current one included (0 = full causal)
   float softcap = 0.0f; // tanh soft-capping of scores (0 = off)
+  int32_t sinks = 0;    // with a window: the first `sinks` positions are attended as well (ABI 1.5)
+  AttnKernel kernel = AttnKernel::auto_; // the strategy the pipeline asked for (ABI 1.5)
+
+  uint32_t features() const noexcept {
+    return (window > 0 ? attn_window : 0u) | (softcap > 0.0f ? attn_softcap : 0u) |
+           (window > 0 && sinks > 0 ? attn_sinks : 0u);
+  }
 };
+
+// The cached positions a query at `pos` attends: [0, sink_end) ∪ [first, pos] (sink_end ≤ first). Causal:
+// [0, pos]. Sliding window: the last `window` positions, plus the first `sinks` (attention sinks, kept
+// however long the sequence grows).
+struct KeySpan {
+  Pos sink_end = 0;
+  Pos first = 0;
+  Pos last = 0;
+  bool contains(Pos j) const noexcept { return j <= last && (j >= first || j < sink_end); }
+  Pos count() const noexcept { return sink_end + (last - first + 1); }
+};
+inline KeySpan key_span(const AttentionParams& p, Pos pos) noexcept {
+  KeySpan k;
+  k.last = pos;
+  k.first = p.window > 0 ? std::max<Pos>(0, pos - p.window + 1) : 0;
+  k.sink_end = p.window > 0 ? std::min<Pos>(std::max(p.sinks, 0), k.first) : 0;
+  return k;
+}
 
 struct Node {
   OpKind op = OpKind::copy;

@@ -21,12 +21,14 @@ namespace loom {
 
 namespace attention {
 
-// The plain attention kernel every backend's kernel is tested against. Standard (causal) and
-// sliding-window variants; MHA/MQA/GQA follow from n_head_kv. For each batch row t (sequence
-// seq[t] at position pos[t]) and head h:
-//   out[t][h] = softmax_j( scale · q[t][h] · K[seq, j][h / n_gqa] ) · V[seq, j][h / n_gqa]
-// over cached positions j ∈ [max(0, pos − window + 1), pos] (window 0 = all j ≤ pos).
-// Scores are materialized per row, in f32 with a max-subtracted softmax.
+// The plain attention kernel every backend's kernel is tested against (the `naive` strategy).
+// Standard (causal) and sliding-window variants, attention sinks and soft-capping; MHA/MQA/GQA
+// follow from n_head_kv. For each batch row t (sequence seq[t] at position pos[t]) and head h:
+//   out[t][h] = softmax_j( cap(scale · q[t][h] · K[seq, j][h / n_gqa]) ) · V[seq, j][h / n_gqa]
+// over the cached positions j of key_span(p, pos[t]): [max(0, pos − window + 1), pos] (window 0 = all
+// j ≤ pos) and, with a window, [0, sinks) besides; cap(s) = softcap · tanh(s / softcap) when softcap > 0.
+// Scores are materialized per row, in f32 with a max-subtracted softmax. Rows outside the span are
+// never read (a paged store may have released them).
 //   q   [n_tokens][n_head][head_dim]
 //   out [n_tokens][n_head][head_dim]
 inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
@@ -44,25 +46,29 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
     kv_load(dt, row, static_cast<int64_t>(hk) * D, D, buf);
     return buf;
   };
+  std::vector<Pos> keys;
   for (int32_t t = 0; t < n_tokens; ++t) {
-    const Pos last = pos[t];
-    const Pos first = p.window > 0 ? std::max<Pos>(0, last - p.window + 1) : 0;
-    const auto n_keys = static_cast<size_t>(last - first + 1);
-    scores.resize(n_keys);
+    const KeySpan span = key_span(p, pos[t]);
+    keys.clear();
+    for (Pos j = 0; j < span.sink_end; ++j)
+      keys.push_back(j);
+    for (Pos j = span.first; j <= span.last; ++j)
+      keys.push_back(j);
+    scores.resize(keys.size());
     for (int32_t h = 0; h < p.n_head; ++h) {
       const int32_t hk = h / n_gqa;
       const float* qh =
           q + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
                   static_cast<size_t>(D);
       float max_s = -INFINITY;
-      for (Pos j = first; j <= last; ++j) {
-        const float* k = head(kv.k_data(p.layer, seq[t], j), hk, kbuf.data());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const float* k = head(kv.k_data(p.layer, seq[t], keys[i]), hk, kbuf.data());
         float s = 0.0f;
         for (int32_t d = 0; d < D; ++d)
           s += qh[d] * k[d];
         s *= p.scale;
         if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-        scores[static_cast<size_t>(j - first)] = s;
+        scores[i] = s;
         max_s = std::max(max_s, s);
       }
       float sum = 0.0f;
@@ -73,9 +79,9 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
       float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
                            static_cast<size_t>(D);
       std::fill(o, o + D, 0.0f);
-      for (Pos j = first; j <= last; ++j) {
-        const float w = scores[static_cast<size_t>(j - first)] / sum;
-        const float* v = head(kv.v_data(p.layer, seq[t], j), hk, vbuf.data());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const float w = scores[i] / sum;
+        const float* v = head(kv.v_data(p.layer, seq[t], keys[i]), hk, vbuf.data());
         for (int32_t d = 0; d < D; ++d)
           o[d] += w * v[d];
       }
@@ -90,6 +96,8 @@ class ReferenceBackend final : public Backend {
 public:
   std::string_view name() const noexcept override { return "reference"; }
   bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
+  // Every variant, with materialized scores (the naive strategy) only.
+  bool supports_attention(AttnKernel k, uint32_t) const noexcept override { return k != AttnKernel::flash; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
