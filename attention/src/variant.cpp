@@ -58,6 +58,7 @@ std::string AttentionVariant::describe() const {
     cap = std::max(cap, l.softcap);
   }
   std::string s(name());
+  if (sliding == 0) s += " (causal)";
   if (sliding > 0) {
     s += " (window " + std::to_string(w.window);
     if (w.sinks > 0) s += ", sinks " + std::to_string(w.sinks);

@@ -1,5 +1,6 @@
 // `loom inspect MODEL`: what a model file holds and what it will cost in memory.
 #include "cli.hpp"
+#include "loom/attention.hpp"
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
@@ -156,6 +157,16 @@ int cmd_inspect(const std::vector<std::string>& args) {
     j["norm_eps"] = c.norm_eps;
     j["rope"] = {{"n_dims", c.rope.n_dims}, {"theta", c.rope.theta}, {"factor", c.rope.factor}};
     j["tied_output"] = c.tied_output;
+    {
+      const auto v = make_attention_variant(c, {});
+      const KVRetention r = v->retention();
+      j["attention"] = {
+          {"variant", std::string(v->name())},
+          {"sliding_window", c.sliding_window},
+          {"sliding_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)},
+          {"softcap", c.attn_softcap},
+          {"kv_positions_bound", r.bounded() ? r.sinks + r.window : 0}};
+    }
     j["tokenizer"] = {{"model", std::string(tok->model())},
                       {"pre", std::string(tok->pre())},
                       {"n_vocab", tok->vocab_size()},
@@ -203,6 +214,13 @@ int cmd_inspect(const std::vector<std::string>& args) {
               c.n_ctx_train, c.rope.n_dims, static_cast<double>(c.rope.theta),
               static_cast<double>(c.rope.factor), static_cast<double>(c.norm_eps),
               c.tied_output ? "tied to the embedding" : "separate");
+  {
+    const auto v = make_attention_variant(c, {});
+    std::string line = v->describe();
+    line = line.substr(0, line.rfind(", kernel ")); // the kernel is the pipeline's choice
+    std::printf("attention:     %s%s\n", line.c_str(),
+                v->retention().bounded() ? "; KV per sequence bounded by the window" : "");
+  }
   std::printf("tensor types:\n");
   for (const auto& [name, s] : types)
     std::printf("  %-6s %4lld tensors  %12lld elements  %s\n", name.c_str(),

@@ -40,6 +40,47 @@ void write(KVCacheStore& kv, SeqId seq, Pos from, Pos to, float base) {
       }
 }
 
+TEST(PagedKv, ReleasedBlocksGoBackToThePoolAndAreNeverReadAgain) {
+  auto kv = make_paged_kv_cache(small_shape(4, 12));
+  ASSERT_TRUE(kv->allocate(0, 30)); // 8 blocks of 4
+  write(*kv, 0, 0, 30, 1.0f);
+  EXPECT_EQ(kv->units_in_use(), 8);
+  // A sliding window with 2 sinks whose next query reads from 21 on: blocks wholly inside [2, 21)
+  // are blocks 1..4 (positions 4..19); block 0 keeps the sinks, block 5 holds 20.
+  EXPECT_EQ(kv->release_positions(0, 2, 21), 16);
+  EXPECT_EQ(kv->units_in_use(), 4);
+  EXPECT_EQ(kv->length(0), 30) << "the length stays";
+  EXPECT_EQ(kv->first_released(0), 4);
+  EXPECT_TRUE(kv->holds(0, 0, 4));
+  EXPECT_TRUE(kv->holds(0, 20, 30));
+  EXPECT_FALSE(kv->holds(0, 19, 30));
+  EXPECT_EQ(kv->k_row(1, 0, 21)[0], 1.0f + 2100 + 10) << "kept rows are untouched";
+  EXPECT_EQ(kv->bytes_used(), (30u - 16u) * 2 * 2 * 8 * sizeof(float));
+  EXPECT_EQ(kv->release_positions(0, 2, 21), 0) << "released once";
+  // The freed blocks serve another sequence; growing this one reuses none of its released slots.
+  ASSERT_TRUE(kv->allocate(1, 16));
+  ASSERT_TRUE(kv->allocate(0, 2));
+  EXPECT_EQ(kv->units_in_use(), 8);
+  // A fork shares what is left; freeing both returns every block.
+  ASSERT_TRUE(kv->fork(0, 2));
+  EXPECT_EQ(kv->first_released(2), 4);
+  EXPECT_EQ(kv->units_in_use(), 8);
+  // Truncating back into the released range drops those entries with the rest.
+  kv->truncate(2, 4);
+  EXPECT_EQ(kv->first_released(2), 4);
+  EXPECT_TRUE(kv->holds(2, 0, 4));
+  ASSERT_TRUE(kv->allocate(2, 3));
+  EXPECT_TRUE(kv->holds(2, 0, 7));
+  for (SeqId s : {0, 1, 2})
+    kv->free(s);
+  EXPECT_EQ(kv->units_in_use(), 0);
+  // The contiguous store releases nothing (a slab is one unit).
+  auto ct = make_contiguous_kv_cache(small_shape());
+  ASSERT_TRUE(ct->allocate(0, 30));
+  EXPECT_EQ(ct->release_positions(0, 2, 21), 0);
+  EXPECT_TRUE(ct->holds(0, 0, 30));
+}
+
 TEST(PagedKv, ForkSharesBlocksAndCopiesOnlyTheBlockItWritesInto) {
   auto kv = make_paged_kv_cache(small_shape(16));
   const size_t block = 2ull * 2 * 16 * 8 * sizeof(float); // [kv][layer][16 positions][8 floats]
