@@ -87,6 +87,14 @@ void batch_sizes(benchmark::internal::Benchmark* b) {
     b->Arg(t);
 }
 
+// Prefill-sized batches: GOPS = 2·K·N·T per iteration (the int8 GEMM on AVX-512 VNNI, else AVX2).
+void prefill(benchmark::State& state, DType t, bool repacked) {
+  run_matmul(state, t, repacked, state.range(0));
+  state.counters["GOPS"] = benchmark::Counter(2.0 * K * N * static_cast<double>(state.range(0)) *
+                                                  static_cast<double>(state.iterations()),
+                                              benchmark::Counter::kIsRate);
+}
+
 BENCHMARK_CAPTURE(decode, f32, DType::f32, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, f16, DType::f16, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(decode, bf16, DType::bf16, false)->Unit(benchmark::kMillisecond);
@@ -108,6 +116,15 @@ BENCHMARK_CAPTURE(small_batch, q8_0_repacked, DType::q8_0, true)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, q4_0_repacked, DType::q4_0, true)
     ->Apply(batch_sizes)
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_CAPTURE(prefill, q8_0_repacked, DType::q8_0, true)
+    ->Arg(64)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(prefill, q4_0_repacked, DType::q4_0, true)
+    ->Arg(64)
+    ->Arg(256)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

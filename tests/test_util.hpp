@@ -40,15 +40,17 @@ struct CliResult {
   int code = -1;
 };
 
-inline CliResult run_loom(const std::string& args, bool merge_stderr, int timeout_s = 0) {
+// env: "NAME=value …" assignments for the command (shell syntax), or "".
+inline CliResult run_loom(const std::string& args, bool merge_stderr, int timeout_s = 0,
+                          const std::string& env = "") {
   CliResult r;
   const char* bin = std::getenv("LOOM_BIN");
   if (!bin) return r;
   const std::filesystem::path err_file =
       std::filesystem::temp_directory_path() / ("loom-test-stderr-" + std::to_string(::getpid()));
   const std::string limit = timeout_s > 0 ? "timeout -s KILL " + std::to_string(timeout_s) + " " : "";
-  const std::string cmd =
-      limit + std::string(bin) + " " + args + (merge_stderr ? " 2>&1" : " 2>" + err_file.string());
+  const std::string cmd = (env.empty() ? "" : env + " ") + limit + std::string(bin) + " " + args +
+                          (merge_stderr ? " 2>&1" : " 2>" + err_file.string());
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;
   char buf[4096];

@@ -543,9 +543,12 @@ void elementwise_generic(Ew op, const float* a, const float* b, float s, float* 
 class CpuBackend final : public Backend {
 public:
   explicit CpuBackend(const CpuOptions& o)
-      : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(o.isa == Isa::avx2) {}
+      : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(at_least(o.isa, Isa::avx2)),
+        description_(std::string("isa ") + isa_name(o.isa) + " (CPU: " + isa_name(cpu_isa()) + "), " +
+                     std::to_string(threads_) + " threads") {}
 
   std::string_view name() const noexcept override { return "cpu"; }
+  std::string_view describe() const noexcept override { return description_; }
   bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
   // Every variant; flash (tiled online softmax, the default) or naive (the reference kernel).
   bool supports_attention(AttnKernel, uint32_t) const noexcept override { return true; }
@@ -864,7 +867,7 @@ private:
     const size_t rb = row_bytes(w.dtype, K);
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant)
+      if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype))
         gemm_panels(x, T, N, K, y,
                     [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, j, row); });
       else
@@ -928,6 +931,7 @@ private:
   CpuOptions opt_;
   int threads_;
   bool avx2_;
+  std::string description_;
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM
@@ -982,7 +986,7 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
       r.v[c] = static_cast<const uint8_t*>(kv.v_data(p.layer, r.seq, j));
     }
   }
-  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa == Isa::avx2);
+  attn_all(p, q, n_tokens, pos, rows, row_of, out, at_least(isa, Isa::avx2));
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt) {

@@ -2,6 +2,8 @@
 // at run time; both compute the same thing and are tested against the reference backend.
 #include "kernels.hpp"
 
+#include "loom/sdk/error.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +13,12 @@
 #include <string>
 #include <vector>
 
+// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
+// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace loom::cpu {
 
 namespace {
@@ -19,14 +27,15 @@ namespace {
 // error at the int8 rounding only).
 struct BlockQ8 {
   float d;
-  float s8; // 8 · d · Σ qs: the q4_0 kernels multiply unsigned nibbles and subtract this
+  float s8;    // 8 · d · Σ qs: the q4_0 kernels multiply unsigned nibbles and subtract this
+  int32_t sum; // Σ qs (the int8 GEMM's offsets)
   int8_t qs[32];
 };
 
 // std::lround(v) for |v| ≤ 127 (v clamped there first; NaN gives −127), written so that the
 // quantizers' loops vectorize instead of calling libm per element: truncate, then step away from
 // zero when the exact remainder is at least one half.
-inline int32_t round_q8(float v) {
+inline __attribute__((always_inline)) int32_t round_q8(float v) {
   v = v >= -127.0f ? v : -127.0f; // NaN too
   v = v <= 127.0f ? v : 127.0f;
   const auto t = static_cast<int32_t>(v);
@@ -35,7 +44,7 @@ inline int32_t round_q8(float v) {
 }
 
 // n values to int8 with the scale d = amax / 127, which it returns.
-inline float quantize_block(const float* v, int n, int8_t* q) {
+inline __attribute__((always_inline)) float quantize_block(const float* v, int n, int8_t* q) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i)
     amax = std::max(amax, std::fabs(v[i]));
@@ -46,7 +55,7 @@ inline float quantize_block(const float* v, int n, int8_t* q) {
   return d;
 }
 
-void quantize_x(const float* x, int64_t K, BlockQ8* out) {
+inline __attribute__((always_inline)) void quantize_x(const float* x, int64_t K, BlockQ8* out) {
   for (int64_t b = 0; b < K / 32; ++b) {
     const float d = quantize_block(x + b * 32, 32, out[b].qs);
     out[b].d = d;
@@ -54,7 +63,55 @@ void quantize_x(const float* x, int64_t K, BlockQ8* out) {
     for (int i = 0; i < 32; ++i)
       sum += out[b].qs[i];
     out[b].s8 = 8.0f * d * static_cast<float>(sum);
+    out[b].sum = sum;
   }
+}
+
+// The same code compiled for AVX2 and AVX-512 (the compiler vectorizes it; the values are the same).
+__attribute__((target("avx2,fma,f16c"))) void quantize_x_avx2(const float* x, int64_t K, BlockQ8* out) {
+  quantize_x(x, K, out);
+}
+// quantize_x with AVX-512 intrinsics: the same values (the scalar's clamp, NaN → −127, and rounding
+// half away from zero), a block of 32 in two vectors.
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void
+quantize_x_avx512(const float* x, int64_t K, BlockQ8* out) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f), half = _mm512_set1_ps(0.5f),
+               mhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      __m512 p = _mm512_mul_ps(h == 0 ? v0 : v1, _mm512_set1_ps(id));
+      p = _mm512_min_ps(_mm512_max_ps(p, lo), hi); // max returns its second operand (−127) for NaN
+      const __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 rem = _mm512_sub_ps(p, t);
+      __m512 r = _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(rem, half, _CMP_GE_OQ), t, one);
+      r = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(rem, mhalf, _CMP_LE_OQ), r, one);
+      const __m512i q = _mm512_cvttps_epi32(r);
+      sum = _mm512_add_epi32(sum, q);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16 * h), _mm512_cvtepi32_epi8(q));
+    }
+    out[b].d = d;
+    const int32_t s32 = _mm512_reduce_add_epi32(sum);
+    out[b].sum = s32;
+    out[b].s8 = 8.0f * d * static_cast<float>(s32);
+  }
+}
+
+// Every token's activations, quantized in parallel (one token per iteration).
+void quantize_rows(Isa isa, const float* x, int64_t K, int64_t T, BlockQ8* out, int threads) {
+  const auto q = at_least(isa, Isa::avx512) ? quantize_x_avx512
+                 : at_least(isa, Isa::avx2)
+                     ? quantize_x_avx2
+                     : [](const float* a, int64_t k, BlockQ8* o) { quantize_x(a, k, o); };
+#pragma omp parallel for num_threads(threads) schedule(static) if (T >= 4)
+  for (int64_t t = 0; t < T; ++t)
+    q(x + t * K, K, out + t * (K / 32));
 }
 
 // k-quant activations: one scale per 256-element super-block (as the weights' own scales are
@@ -76,6 +133,12 @@ void quantize_x_k(const float* x, int64_t K, BlockQ8K* out) {
       out[b].bsums[g] = static_cast<int16_t>(sum);
     }
   }
+}
+
+void quantize_rows_k(const float* x, int64_t K, int64_t T, BlockQ8K* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (T >= 4)
+  for (int64_t t = 0; t < T; ++t)
+    quantize_x_k(x + t * K, K, out + t * (K / 256));
 }
 
 inline float f16(const uint8_t* p) {
@@ -994,6 +1057,93 @@ LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t ns
   _mm256_storeu_ps(out, acc);
 }
 
+// ---- AVX-512 VNNI: the int8 GEMM of repacked Q8_0 / Q4_0 against several tokens ----
+
+#define LOOM_AVX512VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// Two 32-byte vectors (one per group of 8 rows) as one 64-byte vector: rows 0..7 low, 8..15 high.
+LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// 16 rows (two repacked groups g0, g1) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
+// x: the tokens' blocks, nb per token (with Σ qs of each). Per block the 16 rows' weights are
+// unpacked once, as unsigned bytes u (Q4_0: the nibbles, u = q + 8; Q8_0: u = q + 128, the sign bit
+// flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each token
+// broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
+// Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
+// the AVX2 kernel per block, so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2, bit for bit.
+template <int TT, bool Q4>
+LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb,
+                                   float* y, int64_t ldy) {
+  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
+    const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+    __m512i w[8];
+    if constexpr (Q4) {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) { // low nibbles: columns 4c..4c+3; high: 16 + 4c..
+        const __m512i v = pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c);
+        w[c] = _mm512_and_si512(v, mask);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c)
+        w[c] = _mm512_xor_si512(pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c), flip);
+    }
+    const __m512 dw = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
+      const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
+      // Q8_0 starts from −128 · Σ x (exact: Σ q·x then); Q4_0 from 0 (Σ nibble · x), its −8 · Σ x taken
+      // off in float as the AVX2 kernel does (xb.s8), so both give that kernel's very floats.
+      __m512i s = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c)
+        s = _mm512_dpbusd_epi32(s, w[c], _mm512_set1_epi32(xw[c]));
+      if constexpr (Q4)
+        acc[t] = _mm512_fmadd_ps(
+            dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[t]);
+      else
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
+template <bool Q4>
+void gemm_x16_tokens(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int64_t T, float* y,
+                     int64_t ldy) {
+  int64_t t = 0;
+  const auto at = [&](int64_t u) { return static_cast<size_t>(u) * static_cast<size_t>(nb); };
+  for (; t + 16 <= T; t += 16)
+    gemm_x16_vnni<16, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+  if (t + 8 <= T) {
+    gemm_x16_vnni<8, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    t += 8;
+  }
+  if (t + 4 <= T) {
+    gemm_x16_vnni<4, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    t += 4;
+  }
+  if (t + 2 <= T) {
+    gemm_x16_vnni<2, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    t += 2;
+  }
+  if (t < T) gemm_x16_vnni<1, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -1026,29 +1176,76 @@ LOOM_AVX2 void dequant_q4_0_avx2(const uint8_t* w, float* y, int64_t nb) {
   }
 }
 
-bool cpu_has_avx2() noexcept {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+bool cpu_has(Isa level) noexcept {
+  __builtin_cpu_init(); // libgcc's cpuid model also checks that the OS saves the YMM / ZMM state (XCR0)
+  switch (level) {
+  case Isa::scalar:
+    return true;
+  case Isa::avx2:
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  case Isa::avx512:
+    return cpu_has(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  case Isa::avx512_vnni:
+    return cpu_has(Isa::avx512) && __builtin_cpu_supports("avx512vnni");
+  case Isa::avx512_bf16:
+    return cpu_has(Isa::avx512_vnni) && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
 }
 
 } // namespace
 
-Isa detect_isa() noexcept {
-  const bool avx2 = cpu_has_avx2();
-  if (const char* e = std::getenv("LOOM_CPU_ISA")) {
-    const std::string s(e);
-    if (s == "scalar") return Isa::scalar;
-    if (s == "avx2" && avx2) return Isa::avx2;
+bool isa_supported(Isa level) noexcept {
+  return cpu_has(level);
+}
+
+Isa cpu_isa() noexcept {
+  Isa best = Isa::scalar;
+  for (Isa l : k_isa_levels)
+    if (cpu_has(l)) best = l;
+  return best;
+}
+
+Isa detect_isa() {
+  const Isa have = cpu_isa();
+  const char* e = std::getenv("LOOM_CPU_ISA");
+  if (!e || !*e) return have;
+  const std::string s(e);
+  std::string names;
+  for (Isa l : k_isa_levels) {
+    if (s == isa_name(l)) {
+      if (!cpu_has(l))
+        fail(Errc::unsupported, "cpu",
+             std::string("LOOM_CPU_ISA=") + s + ": this CPU lacks it (it runs up to " + isa_name(have) +
+                 "); unset LOOM_CPU_ISA or name a lower level");
+      return l;
+    }
+    names += (names.empty() ? "" : ", ") + std::string(isa_name(l));
   }
-  return avx2 ? Isa::avx2 : Isa::scalar;
+  fail(Errc::invalid_argument, "cpu",
+       "LOOM_CPU_ISA=" + s + ": unknown level; expected one of " + names +
+           " (or unset: the best this CPU runs)");
 }
 
 const char* isa_name(Isa isa) noexcept {
-  return isa == Isa::avx2 ? "avx2" : "scalar";
+  switch (isa) {
+  case Isa::scalar:
+    return "scalar";
+  case Isa::avx2:
+    return "avx2";
+  case Isa::avx512:
+    return "avx512";
+  case Isa::avx512_vnni:
+    return "avx512_vnni";
+  case Isa::avx512_bf16:
+    return "avx512_bf16";
+  }
+  return "?";
 }
 
 void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
-  if (isa == Isa::avx2) {
+  if (at_least(isa, Isa::avx2)) {
     switch (type) {
     case DType::f16:
       return dequant_f16_avx2(w, y, n);
@@ -1135,19 +1332,38 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
   const int64_t nb = kquant ? K / 256 : K / 32;
   std::vector<BlockQ8> xq;
   std::vector<BlockQ8K> xqk;
+  const bool avx2 = at_least(isa, Isa::avx2);
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
   if (!kquant) {
     xq.resize(static_cast<size_t>(T * nb));
-    for (int64_t t = 0; t < T; ++t)
-      quantize_x(x + t * K, K, xq.data() + t * nb);
+    quantize_rows(isa, x, K, T, xq.data(), threads);
   } else {
     xqk.resize(static_cast<size_t>(T * nb));
-    for (int64_t t = 0; t < T; ++t)
-      quantize_x_k(x + t * K, K, xqk.data() + t * nb);
+    quantize_rows_k(x, K, T, xqk.data(), threads);
   }
-  const bool avx2 = isa == Isa::avx2;
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  int64_t g_from = 0;         // groups before it are done
+  if (int8_gemm(isa, type)) { // pairs of groups (16 rows) against tiles of up to 8 tokens
+    const int64_t pairs = N / 16;
+    // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
+    // of 8 tokens in turn (their activations stay in L1 across the chunk's pairs).
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((128u << 10) / (2 * gb)));
+    const int64_t n_chunks = (pairs + chunk - 1) / chunk;
+    const auto tb = [&](int64_t t) { return static_cast<size_t>(t) * static_cast<size_t>(nb); };
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
-  for (int64_t g = 0; g < N / 8; ++g)
+    for (int64_t c = 0; c < n_chunks; ++c)
+      for (int64_t t0 = 0; t0 < T; t0 += 16)
+        for (int64_t gp = c * chunk; gp < std::min(pairs, (c + 1) * chunk); ++gp) {
+          const uint8_t* g0 = wp + static_cast<size_t>(2 * gp) * gb;
+          const int64_t tt = std::min<int64_t>(16, T - t0);
+          if (type == DType::q4_0)
+            gemm_x16_tokens<true>(g0, g0 + gb, xq.data() + tb(t0), nb, tt, y + t0 * N + 16 * gp, N);
+          else
+            gemm_x16_tokens<false>(g0, g0 + gb, xq.data() + tb(t0), nb, tt, y + t0 * N + 16 * gp, N);
+        }
+    g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
+  }
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+  for (int64_t g = g_from; g < N / 8; ++g)
     for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens
       const uint8_t* wg = wp + static_cast<size_t>(g) * gb;
       float out[8];
@@ -1163,6 +1379,10 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     }
 }
 
+bool int8_gemm(Isa isa, DType type) noexcept {
+  return at_least(isa, Isa::avx512_vnni) && (type == DType::q8_0 || type == DType::q4_0);
+}
+
 bool has_kernel(DType t) noexcept {
   return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0 ||
          t == DType::q4_k || t == DType::q6_k;
@@ -1176,17 +1396,15 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   const int64_t nb = K / 32, nsb = K / 256;
   std::vector<BlockQ8> xq;   // q8_0 / q4_0 activations: blocks of 32
   std::vector<BlockQ8K> xqk; // k-quant activations: blocks of 256
-  if (kquant) {              // activations quantized once per call, shared by every weight row
+  const bool avx2 = at_least(isa, Isa::avx2);
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  if (kquant) { // activations quantized once per call, shared by every weight row
     xqk.resize(static_cast<size_t>(T * nsb));
-    for (int64_t t = 0; t < T; ++t)
-      quantize_x_k(x + t * K, K, xqk.data() + t * nsb);
+    quantize_rows_k(x, K, T, xqk.data(), threads);
   } else if (integer) {
     xq.resize(static_cast<size_t>(T * nb));
-    for (int64_t t = 0; t < T; ++t)
-      quantize_x(x + t * K, K, xq.data() + t * nb);
+    quantize_rows(isa, x, K, T, xq.data(), threads);
   }
-  const bool avx2 = isa == Isa::avx2;
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
   // One row against one token.
   const auto one = [&](const uint8_t* wr, int64_t t) -> float {
     const float* xr = x + t * K;

@@ -10,10 +10,22 @@
 
 namespace loom::cpu {
 
-enum class Isa { scalar, avx2 };
-// avx2 when the CPU has AVX2 + FMA + F16C; $LOOM_CPU_ISA=scalar|avx2 forces a path (avx2 only if present).
-Isa detect_isa() noexcept;
+// Instruction-set levels, each including the ones before it: scalar (any x86-64); avx2 (+ FMA, F16C);
+// avx512 (F, BW, VL, DQ); avx512_vnni (+ VNNI: int8 dot products, vpdpbusd); avx512_bf16 (+ BF16:
+// vdpbf16ps). A kernel written for a level runs on every higher one.
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3, avx512_bf16 = 4 };
+inline bool at_least(Isa have, Isa level) noexcept {
+  return static_cast<int>(have) >= static_cast<int>(level);
+}
+// The highest level this CPU and OS run (cpuid and the OS's saved register state, XCR0).
+Isa cpu_isa() noexcept;
+bool isa_supported(Isa level) noexcept;
+// cpu_isa(), or the level $LOOM_CPU_ISA names (scalar, avx2, avx512, avx512_vnni, avx512_bf16). Throws
+// loom::Error for an unknown name or a level this CPU lacks.
+Isa detect_isa();
 const char* isa_name(Isa isa) noexcept;
+// The levels, lowest first.
+constexpr Isa k_isa_levels[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16};
 
 // Types with a direct kernel; the backend dequantizes others (q4_1, q5_*) a row at a time.
 bool has_kernel(DType t) noexcept;
@@ -36,6 +48,9 @@ size_t repacked_bytes(DType type, int64_t K, int64_t N);
 void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out);
 // Row `row` of a repacked matrix to f32 (exactly dequantize_row's values).
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y);
+// Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: Q8_0, Q4_0), which beats
+// dequantizing to an f32 GEMM at every batch size.
+bool int8_gemm(Isa isa, DType type) noexcept;
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);

@@ -352,6 +352,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("threads,t", po::value<int>(), "threads (overrides [backend] threads)")
     ("pp", po::value<int>()->default_value(512), "prompt tokens to prefill")
     ("tg", po::value<int>()->default_value(128), "tokens to generate")
+    ("depth,d", po::value<int>()->default_value(0), "positions already in the context: prefill and decode "
+                                                  "are timed after them (llama-bench's -d)")
     ("repetitions,r", po::value<int>()->default_value(5), "repetitions (median and spread are reported)")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
     ("requests", po::value<int>(), "load benchmark: N requests through the engine (see below)")
@@ -368,12 +370,16 @@ int cmd_bench(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(
           args, desc, vm,
-          "usage: loom bench (-m MODEL.gguf | -c PIPELINE.toml) [--threads N] [--pp N] [--tg N] [-r R] "
+          "usage: loom bench (-m MODEL.gguf | -c PIPELINE.toml) [--threads N] [--pp N] [--tg N] [-d N] [-r "
+          "R] "
           "[--json]\n"
           "       loom bench (-m MODEL.gguf | -c PIPELINE.toml) --requests N [--concurrency C] [--rate R]\n"
           "                  [--prompt-len L] [--gen-len G] [--shared-prefix P] [--seed S] [--json]\n"
           "Prefill (pp) and decode (tg) throughput, TTFT, TPOT and peak RSS, over R repetitions after one\n"
-          "warm-up; prompts are random token ids, decoding is greedy with EOS ignored.\n"
+          "warm-up; prompts are random token ids, decoding is greedy with EOS ignored. With -d N, both are\n"
+          "timed after N positions already in the context (as llama-bench -d): a request of N tokens fills\n"
+          "the paged store's prefix cache, then pp new tokens are prefilled after them, and tg tokens are\n"
+          "decoded after N + 1.\n"
           "With --requests: a load benchmark through the engine's scheduler — N requests, at most C in\n"
           "flight (closed loop: a new one as one ends), or arriving as a Poisson process at R per second;\n"
           "TTFT / TPOT / inter-token latency percentiles, throughput, mean concurrency, peak KV, "
@@ -383,16 +389,25 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!vm.count("model") && !vm.count("config")) throw UsageError("give a model (-m) or a pipeline (-c)");
   if (vm.count("requests")) return load_bench(vm);
   const int pp = vm["pp"].as<int>(), tg = vm["tg"].as<int>(), reps = vm["repetitions"].as<int>();
+  const int depth = vm["depth"].as<int>();
   constexpr int k_max_tokens = 1 << 20; // bounds every size below before anything is allocated
-  if (pp < 1 || tg < 1 || reps < 1 || pp > k_max_tokens || tg > k_max_tokens || reps > 1000)
-    throw UsageError("--pp and --tg must be in 1.." + std::to_string(k_max_tokens) +
-                     " and -r in 1..1000; found --pp " + std::to_string(pp) + ", --tg " + std::to_string(tg) +
-                     ", -r " + std::to_string(reps));
+  if (pp < 1 || tg < 1 || reps < 1 || pp > k_max_tokens || tg > k_max_tokens || reps > 1000 || depth < 0 ||
+      depth > k_max_tokens)
+    throw UsageError("--pp and --tg must be in 1.." + std::to_string(k_max_tokens) + ", -d in 0.." +
+                     std::to_string(k_max_tokens) + " and -r in 1..1000; found --pp " + std::to_string(pp) +
+                     ", --tg " + std::to_string(tg) + ", -d " + std::to_string(depth) + ", -r " +
+                     std::to_string(reps));
   if (vm.count("threads") && (vm["threads"].as<int>() < 0 || vm["threads"].as<int>() > 1024))
     throw UsageError("--threads must be in 0..1024 (0 = all cores, as [backend] threads); found " +
                      std::to_string(vm["threads"].as<int>()));
 
-  PipelineConfig cfg = bench_config(vm, pp + tg + 8);
+  PipelineConfig cfg = bench_config(vm, depth + std::max(pp, tg) + 8);
+  int32_t block = 1;
+  if (depth > 0) { // the context's first `depth` positions come back from the prefix cache, untimed
+    cfg.kv_cache.store = "paged";
+    cfg.kv_cache.prefix_cache = true;
+    block = cfg.kv_cache.block_size;
+  }
 
   auto p = Pipeline::create(cfg);
   const int32_t n_vocab = p->model().config().n_vocab;
@@ -414,20 +429,48 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (!res.message.empty()) fail(Errc::device_error, "bench", "the warm-up request failed: " + res.message);
   }
   std::vector<double> pre, dec, ttft, tpot;
-  for (int r = 0; r < reps; ++r) {
-    if (tty) std::fprintf(stderr, "\rbench: repetition %d/%d", r + 1, reps);
+  const auto run = [&](std::vector<TokenId> toks, int32_t n_new, int r) {
     GenerationRequest q;
-    q.prompt_tokens = prompt(pp);
-    q.max_new_tokens = tg + 1; // the first token comes from the prefill; tg more are decoded
-    const auto res = p->generate(q);
+    q.prompt_tokens = std::move(toks);
+    q.max_new_tokens = n_new;
+    auto res = p->generate(q);
     if (!res.message.empty()) {
       if (tty) std::fprintf(stderr, "\n");
       fail(Errc::device_error, "bench", "repetition " + std::to_string(r + 1) + " failed: " + res.message);
     }
-    pre.push_back(res.metrics.prefill_tok_s);
-    dec.push_back(res.metrics.decode_tok_s);
-    ttft.push_back(res.metrics.ttft_ms);
-    tpot.push_back(res.metrics.tpot_ms);
+    return res;
+  };
+  for (int r = 0; r < reps; ++r) {
+    if (tty) std::fprintf(stderr, "\rbench: repetition %d/%d", r + 1, reps);
+    if (depth == 0) {
+      // the first token comes from the prefill; tg more are decoded
+      const auto res = run(prompt(pp), tg + 1, r);
+      pre.push_back(res.metrics.prefill_tok_s);
+      dec.push_back(res.metrics.decode_tok_s);
+      ttft.push_back(res.metrics.ttft_ms);
+      tpot.push_back(res.metrics.tpot_ms);
+      continue;
+    }
+    // The context: `depth` tokens (a new draw each repetition), evaluated once and kept by the prefix
+    // cache; then pp tokens after them (prefill at depth), and separately one token after them and tg
+    // decoded (decode at depth), each request finding the context's whole blocks in the cache.
+    const std::vector<TokenId> ctx = prompt(depth);
+    (void)run(ctx, 1, r);
+    std::vector<TokenId> more = ctx, extra = prompt(pp + 1);
+    more.insert(more.end(), extra.begin() + 1, extra.end());
+    const auto a = run(more, 1, r);
+    const int evaluated = a.metrics.n_prompt - a.metrics.cached_prompt_tokens;
+    if (a.metrics.cached_prompt_tokens < depth / block * block)
+      fail(Errc::internal, "bench",
+           "the context's " + std::to_string(depth) + " positions were not found in the prefix cache (" +
+               std::to_string(a.metrics.cached_prompt_tokens) + " were)");
+    pre.push_back(a.metrics.prefill_ms > 0 ? evaluated * 1000.0 / a.metrics.prefill_ms : 0);
+    ttft.push_back(a.metrics.ttft_ms);
+    std::vector<TokenId> one = ctx;
+    one.push_back(extra[1]);
+    const auto b = run(one, tg + 1, r);
+    dec.push_back(b.metrics.decode_tok_s);
+    tpot.push_back(b.metrics.tpot_ms);
   }
   if (tty) std::fprintf(stderr, "\n");
   const MemoryReport mem = p->memory();
@@ -448,6 +491,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                         {"n_params", mc.n_params},
                         {"pp", pp},
                         {"tg", tg},
+                        {"depth", depth},
+                        {"backend_info", std::string(p->backend().describe())},
                         {"repetitions", reps},
                         {"prefill_tok_s", median(pre)},
                         {"decode_tok_s", median(dec)},
@@ -474,10 +519,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   };
   std::printf("model:    %s (%s, %.1f M params)\n", cfg.resolved_model_path().c_str(),
               std::string(dtype_name(mc.weight_type)).c_str(), static_cast<double>(mc.n_params) / 1e6);
-  std::printf("backend:  %s, threads %d\n", cfg.backend.name.c_str(), cfg.backend.threads);
-  std::printf("prefill:  pp%-5d %10.1f tok/s  (median of %d; %s)\n", pp, median(pre), reps,
+  const std::string info(p->backend().describe());
+  std::printf("backend:  %s, threads %d%s%s\n", cfg.backend.name.c_str(), cfg.backend.threads,
+              info.empty() ? "" : "; ", info.c_str());
+  const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
+  std::printf("prefill:  pp%-5d%s %10.1f tok/s  (median of %d; %s)\n", pp, at.c_str(), median(pre), reps,
               spread(pre).c_str());
-  std::printf("decode:   tg%-5d %10.1f tok/s  (median of %d; %s)\n", tg, median(dec), reps,
+  std::printf("decode:   tg%-5d%s %10.1f tok/s  (median of %d; %s)\n", tg, at.c_str(), median(dec), reps,
               spread(dec).c_str());
   std::printf("latency:  TTFT %.1f ms, TPOT %.2f ms (medians)\n", median(ttft), median(tpot));
   std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s, workspace %s (file %s)\n",

@@ -208,7 +208,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   stats_.prompt_tokens += static_cast<size_t>(m.n_prompt);
   stats_.output_tokens += static_cast<size_t>(m.n_generated);
   const double prefill_s = std::chrono::duration<double>(r.t_prefill1 - r.t_prefill0).count();
-  m.prefill_tok_s = prefill_s > 0 ? m.n_prompt / prefill_s : 0;
+  m.prefill_tok_s = prefill_s > 0 ? (m.n_prompt - m.cached_prompt_tokens) / prefill_s : 0; // evaluated ones
   if (m.n_generated > 1 && r.t_first != Clock::time_point{}) {
     const double decode_ms = ms_between(r.t_first, t_end);
     m.tpot_ms = decode_ms / (m.n_generated - 1);

@@ -238,7 +238,8 @@ LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 88);
 LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
 LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 96);   // 1.4
 LOOM_ABI_OFFSET(loom_backend_i, supports_attention, 104); // 1.5
-LOOM_ABI_SIZE(loom_backend_i, 112);
+LOOM_ABI_OFFSET(loom_backend_i, describe, 112);           // 1.5
+LOOM_ABI_SIZE(loom_backend_i, 120);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.

@@ -155,6 +155,22 @@ TEST(Cli, LoadBenchReportsPercentilesAndThroughput) {
   EXPECT_EQ(loom(base + "--shared-prefix 41").code, 2);
 }
 
+// `loom bench -d N`: prefill and decode timed after N positions that the prefix cache holds (as
+// llama-bench -d); the JSON says the depth; a negative depth is a usage error.
+TEST(Cli, BenchAtDepth) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "bench -m " + model.string() + " --pp 16 --tg 8 -r 2 --json ";
+  const auto r = loom(base + "-d 64");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["depth"], 64);
+  EXPECT_GT(j["prefill_tok_s"].get<double>(), 0.0);
+  EXPECT_GT(j["decode_tok_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["prefill_tok_s_runs"].size(), 2u);
+  EXPECT_EQ(loom(base + "-d -1").code, 2);
+}
+
 TEST(Cli, PromptLongerThanContextExitsOne) {
   REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");

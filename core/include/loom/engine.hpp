@@ -39,7 +39,7 @@ namespace loom {
 struct GenerationMetrics {
   double ttft_ms = 0;       // submit → first token sampled
   double tpot_ms = 0;       // mean time per output token after the first
-  double prefill_tok_s = 0; // prompt tokens / time of the step that evaluated the prompt
+  double prefill_tok_s = 0; // prompt tokens evaluated (not from the prefix cache) / their steps' time
   double decode_tok_s = 0;  // tokens after the first / their time
   double total_ms = 0;
   int32_t n_prompt = 0;

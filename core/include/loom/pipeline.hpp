@@ -58,6 +58,7 @@ public:
   int32_t n_ctx() const noexcept { return n_ctx_; }
   MemoryReport memory() const noexcept;
   const KVCacheStore& kv_store() const noexcept { return *kv_; }
+  const Backend& backend() const noexcept { return *backend_; }
   std::vector<TokenId> tokenize(std::string_view text) const; // with the [run] BOS/special settings
 
 private:

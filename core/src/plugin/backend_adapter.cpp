@@ -132,6 +132,11 @@ public:
     if (!has || !vt_->supports_attention) return Backend::supports_attention(k, features); // before ABI 1.5
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
+  std::string_view describe() const noexcept override {
+    const bool has = vt_->struct_size >= offsetof(loom_backend_i, describe) + sizeof(void*);
+    const char* d = has && vt_->describe ? vt_->describe(self_) : nullptr;
+    return d ? std::string_view(d) : std::string_view();
+  }
   size_t activation_bytes() const noexcept override {
     const bool has = vt_->struct_size >= offsetof(loom_backend_i, activation_bytes) + sizeof(void*);
     return has && vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();

@@ -195,6 +195,8 @@ struct loom_backend_i {
   /* ABI 1.5, optional: 1 if attention nodes with kernel strategy `kernel` (LOOM_ATTN_KERNEL_*) and
    * these LOOM_ATTN_FEATURE_* bits run as asked. NULL: kernel AUTO with window and softcap only. */
   int32_t (*supports_attention)(const void* self, int32_t kernel, uint32_t features);
+  /* ABI 1.5, optional: one line on what runs (e.g. "avx512_bf16, 2 threads"), valid until destroy. */
+  const char* (*describe)(const void* self);
 };
 
 #ifdef __cplusplus

@@ -54,6 +54,8 @@ public:
   virtual bool supports_attention(AttnKernel k, uint32_t features) const noexcept {
     return k == AttnKernel::auto_ && (features & ~(attn_window | attn_softcap)) == 0;
   }
+  // One line on what runs (instruction set, threads, device), for reports; "" = nothing to say.
+  virtual std::string_view describe() const noexcept { return {}; }
 };
 
 } // namespace loom

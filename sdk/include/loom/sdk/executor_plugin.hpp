@@ -120,6 +120,7 @@ struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
   std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
   loom::Graph scratch;                    // a graph without identity, converted every call
+  std::string description;                // what describe() last returned
 
   const loom::Graph& graph(const loom_graph* c) {
     const bool has_id = c->struct_size >= offsetof(loom_graph, id) + sizeof(c->id) && c->id != 0;
@@ -175,6 +176,11 @@ template <const char* NAME> struct ExecutorTable {
                ? 1
                : 0;
   }
+  static const char* describe_fn(const void* self) {
+    auto* p = const_cast<ExecutorPlugin*>(static_cast<const ExecutorPlugin*>(self));
+    p->description = std::string(p->be->describe());
+    return p->description.c_str();
+  }
   static constexpr loom_backend_i table = {sizeof(loom_backend_i),
                                            &name_fn,
                                            &supports_fn,
@@ -188,7 +194,8 @@ template <const char* NAME> struct ExecutorTable {
                                            &destroy_fn,
                                            &activation_fn,
                                            &kv_dtype_fn,
-                                           &attention_fn};
+                                           &attention_fn,
+                                           &describe_fn};
 };
 
 } // namespace loom::sdk
