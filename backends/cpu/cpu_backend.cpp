@@ -298,7 +298,8 @@ LOOM_AVX2 void attn_block_avx2(const AttentionParams& p, const float* q, float* 
 }
 // The same prefill block compiled for AVX-512 (a key tile's 64 scores in four 16-lane FMA chains).
 LOOM_AVX512 void attn_block_avx512(const AttentionParams& p, const float* q, float* out, size_t tok,
-                                   const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+                                   const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,
+                                   AttnScratch& w) {
   attn_block(p, q, out, tok, rows, pos, nq, hk, w);
 }
 void attn_block_generic(const AttentionParams& p, const float* q, float* out, size_t tok, const SeqRows& rows,
@@ -444,7 +445,9 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
   const bool avx2 = at_least(isa, Isa::avx2);
   const AttnItemFn item = pick_item(avx2, p.head_dim, rows.empty() ? DType::f32 : rows.front().dt);
-  const auto block = at_least(isa, Isa::avx512) ? attn_block_avx512 : avx2 ? attn_block_avx2 : attn_block_generic;
+  const auto block = at_least(isa, Isa::avx512) ? attn_block_avx512
+                     : avx2                     ? attn_block_avx2
+                                                : attn_block_generic;
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
   for (int32_t t = 0; t < T;) {
