@@ -560,7 +560,8 @@ public:
   std::string_view name() const noexcept override { return "cpu"; }
   std::string_view describe() const noexcept override { return description_; }
   bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
-  // Every variant; flash (tiled online softmax, the default) or naive (the reference kernel).
+  // Every variant; flash (tiled online softmax, the default) or naive (the reference kernel); both read
+  // only each query's span (attn_span_only).
   bool supports_attention(AttnKernel, uint32_t) const noexcept override { return true; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }

@@ -80,8 +80,10 @@ quantize_x_avx512(const float* x, int64_t K, BlockQ8* out) {
                mhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    const float amax =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
+    // max(|v|, m) returns m for a NaN |v|: NaN is skipped, as the scalar's std::max(amax, |v|) does
+    __m512 m = _mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_setzero_ps());
+    m = _mm512_max_ps(_mm512_and_ps(v1, abs_mask), m);
+    const float amax = _mm512_reduce_max_ps(m);
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     __m512i sum = _mm512_setzero_si512();
@@ -1346,7 +1348,9 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     const int64_t pairs = N / 16;
     // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
     // of 8 tokens in turn (their activations stay in L1 across the chunk's pairs).
-    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((128u << 10) / (2 * gb)));
+    // (at most pairs / threads, so that a small matrix still feeds every thread)
+    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / (2 * gb)), 1,
+                                              std::max<int64_t>(1, (pairs + threads - 1) / threads));
     const int64_t n_chunks = (pairs + chunk - 1) / chunk;
     const auto tb = [&](int64_t t) { return static_cast<size_t>(t) * static_cast<size_t>(nb); };
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)

@@ -401,7 +401,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     throw UsageError("--threads must be in 0..1024 (0 = all cores, as [backend] threads); found " +
                      std::to_string(vm["threads"].as<int>()));
 
-  PipelineConfig cfg = bench_config(vm, depth + std::max(pp, tg) + 8);
+  // depth 0: one request of pp + tg + 1 positions; else the context plus pp, or plus 1 + tg + 1
+  PipelineConfig cfg = bench_config(vm, depth == 0 ? pp + tg + 8 : depth + std::max(pp, tg + 2) + 8);
   int32_t block = 1;
   if (depth > 0) { // the context's first `depth` positions come back from the prefix cache, untimed
     cfg.kv_cache.store = "paged";
@@ -459,12 +460,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::vector<TokenId> more = ctx, extra = prompt(pp + 1);
     more.insert(more.end(), extra.begin() + 1, extra.end());
     const auto a = run(more, 1, r);
-    const int evaluated = a.metrics.n_prompt - a.metrics.cached_prompt_tokens;
     if (a.metrics.cached_prompt_tokens < depth / block * block)
       fail(Errc::internal, "bench",
            "the context's " + std::to_string(depth) + " positions were not found in the prefix cache (" +
                std::to_string(a.metrics.cached_prompt_tokens) + " were)");
-    pre.push_back(a.metrics.prefill_ms > 0 ? evaluated * 1000.0 / a.metrics.prefill_ms : 0);
+    pre.push_back(a.metrics.prefill_tok_s); // the evaluated prompt tokens over their steps' time
     ttft.push_back(a.metrics.ttft_ms);
     std::vector<TokenId> one = ctx;
     one.push_back(extra[1]);

@@ -249,7 +249,7 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   if (s.kv >= 0) {
     const KVRetention& r = ctx_.retention[s.model == 0 ? 0 : 1];
     KVCacheStore& store = kv_of(s.model);
-    const Pos from = r.keep_from(static_cast<Pos>(n_tokens) - 1);
+    const Pos from = r.first_read(static_cast<Pos>(n_tokens) - 1);
     if (r.bounded() && !store.holds(s.kv, from, s.n_cached)) uncache(s, store.first_released(s.kv));
   }
   ++events_;
@@ -648,6 +648,11 @@ bool DecodeSession::restore() {
     const int32_t cap = q->pending ? std::min(q->out_from, n_committed) : n_committed;
     q->n_cached = kv_of(q->model).reuse_prefix(q->kv, q->tokens, cap);
     if (q->pending && q->n_cached >= q->target) q->pending = false;
+    // The prefix cache hands back the blocks a sliding window had released too: release them again.
+    const KVRetention& r = ctx_.retention[q->model == 0 ? 0 : 1];
+    if (r.bounded() && q->n_cached > 0)
+      kv_of(q->model).release_positions(
+          q->kv, r.sinks, r.keep_from(std::min<Pos>(q->n_cached, static_cast<Pos>(q->tokens.size()) - 1)));
   }
   return true;
 }
@@ -656,12 +661,11 @@ int64_t DecodeSession::positions_needed() const noexcept {
   int64_t n = 0;
   for (const auto& [id, q] : seqs_)
     if (q->kv >= 0 && q->model == 0)
-      n += std::min(ctx_.retention[0].bounded() ? static_cast<int64_t>(ctx_.retention[0].sinks) +
-                                                      ctx_.retention[0].window + ctx_.kv.positions_per_unit()
-                                                : INT64_MAX,
-                    q->pending
-                        ? q->target
-                        : (q->finished == StopReason::none ? static_cast<int64_t>(q->tokens.size()) : 0));
+      n += std::min(
+          ctx_.retention[0].bounded() ? ctx_.retention[0].bound_positions(ctx_.kv.positions_per_unit())
+                                      : INT64_MAX,
+          q->pending ? q->target
+                     : (q->finished == StopReason::none ? static_cast<int64_t>(q->tokens.size()) : 0));
   return n;
 }
 

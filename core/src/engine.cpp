@@ -56,6 +56,17 @@ struct Engine::Request {
   }
 };
 
+namespace {
+// What a sequence must keep of its KV: the variant's window and sinks, when the backend promises to read
+// nothing else (an older plugin may fetch every row: then nothing is released).
+KVRetention retention_for(const Model& m, const Backend& be) {
+  const AttentionVariant& v = m.attention();
+  if (!v.retention().bounded() || !be.supports_attention(v.kernel(), v.features() | attn_span_only))
+    return {};
+  return v.retention();
+}
+} // namespace
+
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
@@ -68,9 +79,9 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
            "the draft model has " + std::to_string(draft_->model.config().n_vocab) +
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
     ctx_.draft_kv = &draft_->kv;
-    ctx_.retention[1] = draft_->model.attention().retention();
+    ctx_.retention[1] = retention_for(draft_->model, draft_->backend);
   }
-  ctx_.retention[0] = model.attention().retention();
+  ctx_.retention[0] = retention_for(model, backend);
 }
 
 Engine::~Engine() = default; // sessions free their KV sequences

@@ -255,7 +255,10 @@ public:
       if (q.blocks.back() >= 0) release(q.blocks.back());
       q.blocks.pop_back();
     }
-    q.released = static_cast<int32_t>(std::count(q.blocks.begin(), q.blocks.end(), -1)) * shape_.block_size;
+    q.released = 0; // the positions of released blocks within the new length
+    for (size_t b = 0; b < q.blocks.size(); ++b)
+      if (q.blocks[b] < 0)
+        q.released += std::min(shape_.block_size, q.length - static_cast<int32_t>(b) * shape_.block_size);
   }
   int32_t release_positions(SeqId seq, Pos from, Pos to) override {
     auto it = seqs_.find(seq);

@@ -216,6 +216,40 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   EXPECT_FALSE(cpu::repackable(DType::q5_0, 64, 16));
 }
 
+// Activations with NaN or Inf: every level quantizes them as the scalar code does (a NaN is skipped by
+// the block's max and becomes −127), so the outputs — finite, NaN or infinite — are the AVX2 path's.
+TEST_P(CpuKernels, NonFiniteActivationsQuantizeLikeTheScalarCode) {
+  const cpu::Isa isa = GetParam();
+  if (!cpu::isa_supported(isa) || !cpu::at_least(isa, cpu::Isa::avx2))
+    GTEST_SKIP() << cpu::isa_name(isa) << ": not run here or the reference level itself";
+  const int64_t K = 96, N = 16, T = 3;
+  for (DType type : {DType::q8_0, DType::q4_0}) {
+    const auto w = random_blocks(type, K, N, 11);
+    std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
+    cpu::repack(type, w.data(), row_bytes(type, K), K, N, wp.data());
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(K * T));
+    for (auto& v : x)
+      v = nd(rng);
+    x[20] = NAN;                      // token 0: a NaN in the first half of block 0
+    for (int64_t i = 48; i < 64; ++i) // token 1: the whole second half of block 1
+      x[static_cast<size_t>(K + i)] = NAN;
+    x[2 * K + 70] = INFINITY; // token 2: an infinity in block 2
+    std::vector<float> y(static_cast<size_t>(N * T)), want(y.size());
+    cpu::matmul_repacked(isa, type, wp.data(), K, N, x.data(), T, y.data(), 1);
+    cpu::matmul_repacked(cpu::Isa::avx2, type, wp.data(), K, N, x.data(), T, want.data(), 1);
+    for (size_t i = 0; i < y.size(); ++i) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " output " + std::to_string(i));
+      ASSERT_EQ(std::isnan(y[i]), std::isnan(want[i]));
+      if (!std::isnan(y[i])) {
+        ASSERT_EQ(y[i], want[i]);
+      }
+    }
+    EXPECT_TRUE(std::isfinite(y[0]) && std::isfinite(y[N])) << "NaN activations are clamped, not spread";
+  }
+}
+
 // End to end through the plugin: greedy golden output on stories260K identical to the reference
 // backend, with the AVX2 path and with the scalar path forced.
 TEST(CpuBackend, GreedyGoldenIdenticalToReference) {

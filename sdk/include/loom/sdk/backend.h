@@ -93,6 +93,7 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_WINDOW 1u
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
+#define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
 
 /* ABI 1.5: what an ATTENTION node asks beyond loom_attention_params (which sits inside the node array
  * and so cannot grow). loom_graph::attn_ext holds one per node (zero for other ops), attn_ext_stride

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace loom::sdk {
@@ -120,7 +121,8 @@ struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
   std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
   loom::Graph scratch;                    // a graph without identity, converted every call
-  std::string description;                // what describe() last returned
+  std::string description;                // what describe() returned (once)
+  std::once_flag described;
 
   const loom::Graph& graph(const loom_graph* c) {
     const bool has_id = c->struct_size >= offsetof(loom_graph, id) + sizeof(c->id) && c->id != 0;
@@ -176,9 +178,14 @@ template <const char* NAME> struct ExecutorTable {
                ? 1
                : 0;
   }
-  static const char* describe_fn(const void* self) {
+  // Computed once (the pointer stays valid until destroy, whatever the threads).
+  static const char* describe_fn(const void* self) noexcept {
     auto* p = const_cast<ExecutorPlugin*>(static_cast<const ExecutorPlugin*>(self));
-    p->description = std::string(p->be->describe());
+    try {
+      std::call_once(p->described, [p] { p->description = std::string(p->be->describe()); });
+    } catch (...) {
+      return "";
+    }
     return p->description.c_str();
   }
   static constexpr loom_backend_i table = {sizeof(loom_backend_i),

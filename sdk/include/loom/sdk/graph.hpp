@@ -93,8 +93,9 @@ inline const char* attn_kernel_name(AttnKernel k) noexcept {
   return k == AttnKernel::naive ? "naive" : k == AttnKernel::flash ? "flash" : "auto";
 }
 // What an attention node needs of a backend beyond causal attention (bit set; the ABI's
-// LOOM_ATTN_FEATURE_*).
-enum AttnFeature : uint32_t { attn_window = 1u, attn_softcap = 2u, attn_sinks = 4u };
+// LOOM_ATTN_FEATURE_*). attn_span_only is asked of the backend, not of a node: that its kernels read
+// only the rows of each query's key_span, so that the host may release the others (sliding window).
+enum AttnFeature : uint32_t { attn_window = 1u, attn_softcap = 2u, attn_sinks = 4u, attn_span_only = 8u };
 
 struct AttentionParams {
   int32_t layer = 0;

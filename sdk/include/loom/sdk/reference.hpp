@@ -96,7 +96,7 @@ class ReferenceBackend final : public Backend {
 public:
   std::string_view name() const noexcept override { return "reference"; }
   bool supports_kv_dtype(DType t) const noexcept override { return kv_dtype_valid(t); }
-  // Every variant, with materialized scores (the naive strategy) only.
+  // Every variant, with materialized scores (the naive strategy) only; it reads only each query's span.
   bool supports_attention(AttnKernel k, uint32_t) const noexcept override { return k != AttnKernel::flash; }
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
