@@ -72,15 +72,6 @@ std::string AttentionVariant::describe() const {
   return s;
 }
 
-std::string AttentionVariant::key() const {
-  std::string k(name());
-  for (int32_t il = 0; il < n_layer(); ++il) {
-    const LayerAttention l = layer(il);
-    k += "|" + std::to_string(l.window) + "," + std::to_string(l.sinks) + "," + num(l.softcap);
-  }
-  return k + "|" + attn_kernel_name(kernel_);
-}
-
 std::optional<AttnKernel> attn_kernel_from_name(std::string_view name) noexcept {
   if (name == "auto") return AttnKernel::auto_;
   if (name == "naive") return AttnKernel::naive;

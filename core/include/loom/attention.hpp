@@ -69,8 +69,6 @@ public:
   KVRetention retention() const noexcept;
   // One line: "sliding_window (window 64, sinks 4) on 5 of 6 layers, softcap 50, kernel flash".
   std::string describe() const;
-  // A key that differs between variants that build different graphs.
-  std::string key() const;
 
 protected:
   explicit AttentionVariant(AttnKernel k) : kernel_(k) {}
