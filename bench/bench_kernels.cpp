@@ -118,11 +118,27 @@ BENCHMARK_CAPTURE(small_batch, q4_0_repacked, DType::q4_0, true)
     ->Apply(batch_sizes)
     ->Unit(benchmark::kMillisecond);
 
+BENCHMARK_CAPTURE(small_batch, q4_k_repacked, DType::q4_k, true)
+    ->Apply(batch_sizes)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(small_batch, q6_k_repacked, DType::q6_k, true)
+    ->Apply(batch_sizes)
+    ->Unit(benchmark::kMillisecond);
+
 BENCHMARK_CAPTURE(prefill, q8_0_repacked, DType::q8_0, true)
     ->Arg(64)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(prefill, q4_0_repacked, DType::q4_0, true)
+    ->Arg(64)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_CAPTURE(prefill, q4_k_repacked, DType::q4_k, true)
+    ->Arg(64)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(prefill, q6_k_repacked, DType::q6_k, true)
     ->Arg(64)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond);

@@ -1076,6 +1076,9 @@ LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
 // broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
 // Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
 // the AVX2 kernel per block, so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2, bit for bit.
+// Blocks ahead that the one- and two-token kernels prefetch.
+constexpr size_t k_prefetch_blocks = 8;
+
 template <int TT, bool Q4>
 LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb,
                                    float* y, int64_t ldy) {
@@ -1087,6 +1090,11 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* g0, const uint8_t* g1, const B
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
     const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+    if constexpr (TT <= 2) // decode reads the weights once: keep more lines in flight than the prefetchers do
+      for (size_t c = 0; c < blk; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
+      }
     __m512i w[8];
     if constexpr (Q4) {
 #pragma GCC unroll 4
@@ -1144,6 +1152,186 @@ void gemm_x16_tokens(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int
     t += 2;
   }
   if (t < T) gemm_x16_vnni<1, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+}
+
+// ---- AVX-512 VNNI: the int8 GEMM of repacked Q4_K / Q6_K against several tokens ----
+// The same integer sums as gemv_q4_kx8_avx2 / gemv_q6_kx8_avx2, and their float steps per super-block,
+// so the results are theirs bit for bit. 16 rows (two 8-row groups g0, g1) per 64-byte vector; the
+// weights of one scale's columns are unpacked once (unsigned: Q4_K's nibbles, Q6_K's 6-bit values
+// 0..63) and shared by the TT tokens; vpdpbusd sums 4 columns per lane, vpmulld applies the rows' scale
+// (a 6-bit or int8 integer), and the mins (Q4_K) or the −32 offset (Q6_K) come from the tokens' bsums.
+
+// acc/accm (Q4_K) and acc (Q6_K) per token stay in memory: they change once per super-block.
+template <int TT>
+LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT], accm[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = accm[t] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(0x3f3f3f3f),
+                m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x30303030),
+                lo16 = _mm512_set1_epi32(0x00FF00FF), byte = _mm512_set1_epi32(0xFF);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q4kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q4kx8_block;
+    if constexpr (TT <= 2) // two super-blocks ahead (as gemm_x16_vnni)
+      for (size_t c = 0; c < k_q4kx8_block; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + 2 * k_q4kx8_block + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + 2 * k_q4kx8_block + c), _MM_HINT_T0);
+      }
+    // the 16 rows' scales and mins as in gemv_q4_kx8_avx2: dword r of sc[h] holds row r's scales
+    // 4h..4h+3 as bytes, of mn[h] its mins
+    const __m512i u0 = pair256(a0 + 32, a1 + 32), u1 = pair256(a0 + 64, a1 + 64),
+                  u2 = pair256(a0 + 96, a1 + 96);
+    const __m512i sc[2] = {
+        _mm512_and_si512(u0, m6),
+        _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), m2))};
+    const __m512i mn[2] = {_mm512_and_si512(u1, m6),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi32(u1, 2), m2))};
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int s = 0; s < 8; ++s) { // sub-block s: columns 32s..32s+31, nibbles (s & 1) of chunk s / 2
+      const uint8_t* q0 = a0 + 128 + 256 * (s / 2);
+      const uint8_t* q1 = a1 + 128 + 256 * (s / 2);
+      __m512i w[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = pair256(q0 + 32 * c, q1 + 32 * c);
+        w[c] = _mm512_and_si512((s & 1) ? _mm512_srli_epi16(v, 4) : v, mask);
+      }
+      const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(sc[s / 4], 8 * (s % 4)), byte);
+#pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) {
+        const auto* xw =
+            reinterpret_cast<const int32_t*>(
+                x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
+            8 * s;
+        __m512i is = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c)
+          is = _mm512_dpbusd_epi32(is, w[c], _mm512_set1_epi32(xw[c]));
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 16))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 16)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      int32_t b[8];
+      for (int s = 0; s < 8; ++s)
+        b[s] = xb.bsums[2 * s] + xb.bsums[2 * s + 1];
+      __m512i summ = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        const int32_t* bh = b + 4 * h;
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
+                                                        _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
+                                                        _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
+      }
+      const __m512 xd = _mm512_set1_ps(xb.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), _mm512_sub_ps(acc[t], accm[t]));
+}
+
+template <int TT>
+LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q6kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q6kx8_block;
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+    __m512i scales[8]; // dword r: row r's scales of groups 2p, 2p+1 as int16
+    for (int p = 0; p < 8; ++p)
+      scales[p] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 16 + 16 * p))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 16 + 16 * p)), 1));
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1 of 16 columns
+      const __m512i scp = scales[p];
+#pragma GCC unroll 1
+      for (int e = 0; e < 2; ++e) {
+        const int g = 2 * p + e;
+        const __m512i v0 = pair256(a0 + 144 + 64 * g, a1 + 144 + 64 * g);
+        const __m512i v1 = pair256(a0 + 176 + 64 * g, a1 + 176 + 64 * g);
+        const __m512i h = pair256(a0 + 1168 + 32 * g, a1 + 1168 + 32 * g);
+        const __m512i q[4] = {
+            _mm512_or_si512(_mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                            _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+            _mm512_or_si512(_mm512_and_si512(v1, m4), _mm512_and_si512(h, m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+        const __m512i scs =
+            e ? _mm512_srai_epi32(scp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
+#pragma GCC unroll 16
+        for (int t = 0; t < TT; ++t) {
+          const auto* xw =
+              reinterpret_cast<const int32_t*>(
+                  x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
+              4 * g;
+          __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xw[0]));
+          is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
+          is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
+          is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
+          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      __m512i off = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        off = _mm512_add_epi32(off,
+                               _mm512_madd_epi16(scales[p], _mm512_set1_epi32((xb.bsums[2 * p + 1] << 16) |
+                                                                              (xb.bsums[2 * p] & 0xFFFF))));
+      const __m512i si = _mm512_sub_epi32(sumi[t], _mm512_slli_epi32(off, 5));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(si), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
+template <class Kernel16, class Kernel8, class Kernel4, class Kernel2, class Kernel1>
+void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2, Kernel1 k1) {
+  int64_t t = 0;
+  for (; t + 16 <= T; t += 16)
+    k16(t);
+  if (t + 8 <= T) {
+    k8(t);
+    t += 8;
+  }
+  if (t + 4 <= T) {
+    k4(t);
+    t += 4;
+  }
+  if (t + 2 <= T) {
+    k2(t);
+    t += 2;
+  }
+  if (t < T) k1(t);
 }
 
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
@@ -1343,11 +1531,13 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     xqk.resize(static_cast<size_t>(T * nb));
     quantize_rows_k(x, K, T, xqk.data(), threads);
   }
-  int64_t g_from = 0;         // groups before it are done
-  if (int8_gemm(isa, type)) { // pairs of groups (16 rows) against tiles of up to 8 tokens
+  int64_t g_from = 0; // groups before it are done
+  // (Q6_K's unpacking of 6-bit values costs more than one token's dot products save: one token keeps
+  // the AVX2 kernel, 2× faster there; the results are the same either way)
+  if (int8_gemm(isa, type) && (type != DType::q6_k || T >= 2)) { // 16 rows against ≤ 16 tokens
     const int64_t pairs = N / 16;
     // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
-    // of 8 tokens in turn (their activations stay in L1 across the chunk's pairs).
+    // of 16 tokens in turn (their activations stay in L1 across the chunk's pairs).
     // (at most pairs / threads, so that a small matrix still feeds every thread)
     const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / (2 * gb)), 1,
                                               std::max<int64_t>(1, (pairs + threads - 1) / threads));
@@ -1358,11 +1548,31 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
       for (int64_t t0 = 0; t0 < T; t0 += 16)
         for (int64_t gp = c * chunk; gp < std::min(pairs, (c + 1) * chunk); ++gp) {
           const uint8_t* g0 = wp + static_cast<size_t>(2 * gp) * gb;
+          const uint8_t* g1 = g0 + gb;
           const int64_t tt = std::min<int64_t>(16, T - t0);
+          float* yt = y + t0 * N + 16 * gp;
           if (type == DType::q4_0)
-            gemm_x16_tokens<true>(g0, g0 + gb, xq.data() + tb(t0), nb, tt, y + t0 * N + 16 * gp, N);
-          else
-            gemm_x16_tokens<false>(g0, g0 + gb, xq.data() + tb(t0), nb, tt, y + t0 * N + 16 * gp, N);
+            gemm_x16_tokens<true>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);
+          else if (type == DType::q8_0)
+            gemm_x16_tokens<false>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);
+          else {
+            const BlockQ8K* xk = xqk.data() + tb(t0);
+            const auto at = [&](int64_t t) { return xk + tb(t); };
+            if (type == DType::q4_k)
+              tiles_of_tokens(
+                  tt, [&](int64_t t) { gemm_q4_k_x16_vnni<16>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q4_k_x16_vnni<8>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q4_k_x16_vnni<4>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q4_k_x16_vnni<2>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q4_k_x16_vnni<1>(g0, g1, at(t), nb, yt + t * N, N); });
+            else
+              tiles_of_tokens(
+                  tt, [&](int64_t t) { gemm_q6_k_x16_vnni<16>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q6_k_x16_vnni<8>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q6_k_x16_vnni<4>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q6_k_x16_vnni<2>(g0, g1, at(t), nb, yt + t * N, N); },
+                  [&](int64_t t) { gemm_q6_k_x16_vnni<1>(g0, g1, at(t), nb, yt + t * N, N); });
+          }
         }
     g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
   }
@@ -1384,7 +1594,8 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 }
 
 bool int8_gemm(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx512_vnni) && (type == DType::q8_0 || type == DType::q4_0);
+  return at_least(isa, Isa::avx512_vnni) &&
+         (type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k);
 }
 
 bool has_kernel(DType t) noexcept {

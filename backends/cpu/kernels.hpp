@@ -48,8 +48,8 @@ size_t repacked_bytes(DType type, int64_t K, int64_t N);
 void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out);
 // Row `row` of a repacked matrix to f32 (exactly dequantize_row's values).
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y);
-// Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: Q8_0, Q4_0), which beats
-// dequantizing to an f32 GEMM at every batch size.
+// Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: Q8_0, Q4_0, Q4_K, Q6_K), which
+// beats dequantizing to an f32 GEMM at every batch size.
 bool int8_gemm(Isa isa, DType type) noexcept;
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
