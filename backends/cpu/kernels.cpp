@@ -137,10 +137,40 @@ void quantize_x_k(const float* x, int64_t K, BlockQ8K* out) {
   }
 }
 
-void quantize_rows_k(const float* x, int64_t K, int64_t T, BlockQ8K* out, int threads) {
+// quantize_x_k with AVX-512 intrinsics: the same values (as quantize_x_avx512 for blocks of 32).
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void
+quantize_x_k_avx512(const float* x, int64_t K, BlockQ8K* out) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f), half = _mm512_set1_ps(0.5f),
+               mhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const float* v = x + 256 * b;
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) // NaN skipped, as in quantize_x_avx512
+      m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(v + 16 * i), abs_mask), m);
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 16; ++i) { // one group of 16 (one bsum) per vector
+      __m512 p = _mm512_mul_ps(_mm512_loadu_ps(v + 16 * i), _mm512_set1_ps(id));
+      p = _mm512_min_ps(_mm512_max_ps(p, lo), hi);
+      const __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 rem = _mm512_sub_ps(p, t);
+      __m512 r = _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(rem, half, _CMP_GE_OQ), t, one);
+      r = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(rem, mhalf, _CMP_LE_OQ), r, one);
+      const __m512i q = _mm512_cvttps_epi32(r);
+      out[b].bsums[i] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16 * i), _mm512_cvtepi32_epi8(q));
+    }
+    out[b].d = d;
+  }
+}
+
+void quantize_rows_k(Isa isa, const float* x, int64_t K, int64_t T, BlockQ8K* out, int threads) {
+  const bool avx512 = at_least(isa, Isa::avx512);
 #pragma omp parallel for num_threads(threads) schedule(static) if (T >= 4)
   for (int64_t t = 0; t < T; ++t)
-    quantize_x_k(x + t * K, K, out + t * (K / 256));
+    (avx512 ? quantize_x_k_avx512 : quantize_x_k)(x + t * K, K, out + t * (K / 256));
 }
 
 inline float f16(const uint8_t* p) {
@@ -1529,7 +1559,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     quantize_rows(isa, x, K, T, xq.data(), threads);
   } else {
     xqk.resize(static_cast<size_t>(T * nb));
-    quantize_rows_k(x, K, T, xqk.data(), threads);
+    quantize_rows_k(isa, x, K, T, xqk.data(), threads);
   }
   int64_t g_from = 0; // groups before it are done
   // (Q6_K's unpacking of 6-bit values costs more than one token's dot products save: one token keeps
@@ -1615,7 +1645,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
   if (kquant) { // activations quantized once per call, shared by every weight row
     xqk.resize(static_cast<size_t>(T * nsb));
-    quantize_rows_k(x, K, T, xqk.data(), threads);
+    quantize_rows_k(isa, x, K, T, xqk.data(), threads);
   } else if (integer) {
     xq.resize(static_cast<size_t>(T * nb));
     quantize_rows(isa, x, K, T, xq.data(), threads);

@@ -222,8 +222,9 @@ TEST_P(CpuKernels, NonFiniteActivationsQuantizeLikeTheScalarCode) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa) || !cpu::at_least(isa, cpu::Isa::avx2))
     GTEST_SKIP() << cpu::isa_name(isa) << ": not run here or the reference level itself";
-  const int64_t K = 96, N = 16, T = 3;
-  for (DType type : {DType::q8_0, DType::q4_0}) {
+  const int64_t N = 16, T = 3;
+  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
+    const int64_t K = type == DType::q4_k || type == DType::q6_k ? 256 : 96;
     const auto w = random_blocks(type, K, N, 11);
     std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
     cpu::repack(type, w.data(), row_bytes(type, K), K, N, wp.data());
