@@ -25,6 +25,12 @@
 #include <unistd.h>
 #include <vector>
 
+// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
+// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace loom::cpu {
 
 namespace {
@@ -307,6 +313,173 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
   attn_block(p, q, out, tok, rows, pos, nq, hk, w);
 }
 
+// e^x for x ≤ 0 (scores minus their running max), ≈ 1 ulp: x = n·ln 2 + r (Cody–Waite, |r| ≤ ln 2 / 2),
+// e^r by the minimax polynomial of Cephes' expf, times 2^n by vscalefps. Below −87.3 (where e^x leaves
+// the normal floats) it returns e^−87.3; the callers zero their masked (−∞) lanes themselves.
+LOOM_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// attn_block for head dims 16·NV with AVX-512: the same tiles and online softmax, but a query row's
+// output accumulator stays in NV registers across a tile's keys (attn_block loads and stores it per
+// key), the exps are vectorized (exp512), and the scores of two rows share each key-tile load.
+template <int NV>
+LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, float* out, size_t tok,
+                                     const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,
+                                     AttnScratch& w) {
+  constexpr int32_t D = 16 * NV;
+  const int32_t G = p.n_head / p.n_head_kv, R = nq * G;
+  w.s.resize(static_cast<size_t>(R) * k_tile + static_cast<size_t>(D) * k_tile);
+  float* kt = w.s.data() + static_cast<size_t>(R) * k_tile; // [D][k_tile]
+  w.acc.assign(static_cast<size_t>(R) * static_cast<size_t>(D), 0.0f);
+  w.m.assign(static_cast<size_t>(R), -INFINITY);
+  w.l.assign(static_cast<size_t>(R), 0.0f);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  Pos lo = pos[0], hi = pos[0], sink_end = 0;
+  for (int32_t i = 0; i < nq; ++i) {
+    const KeySpan sp = key_span(p, pos[i]);
+    lo = std::min(lo, sp.first);
+    hi = std::max(hi, pos[i]);
+    sink_end = std::max(sink_end, sp.sink_end);
+  }
+  const KeySegs ks = key_segs(rows, sink_end, lo, hi);
+  constexpr int NT = k_tile / 16; // score vectors per row
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      for (int32_t jj = 0; jj < n; ++jj) {
+        const float* kr = ktr[jj];
+        for (int32_t d = 0; d < D; ++d)
+          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
+      }
+      for (int32_t jj = n; jj < k_tile; ++jj) // lanes past the tile: finite, then masked
+        for (int32_t d = 0; d < D; ++d)
+          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = 0.0f;
+      const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
+      // whether lane jj of the tile holds a key (a position every row then checks against its span)
+      alignas(64) int32_t kpos[k_tile];
+      for (int32_t jj = 0; jj < k_tile; ++jj)
+        kpos[jj] = jj < n ? static_cast<int32_t>(rows.pos_of(j0 + jj)) : -1;
+      const auto row_live = [&](int32_t r) {
+        const KeySpan sp = key_span(p, pos[r / G]);
+        return !(p0 > sp.last || (p1 < sp.first && p0 >= sp.sink_end));
+      };
+      const auto qrow = [&](int32_t r) {
+        return q + static_cast<size_t>(r / G) * tok +
+               static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
+      };
+      // scores: two rows at a time, each key-tile vector loaded once for both
+      for (int32_t r = 0; r < R; r += 2) {
+        const bool two = r + 1 < R;
+        const float* qa = qrow(r);
+        const float* qb = two ? qrow(r + 1) : qa;
+        __m512 a[NT], b[NT];
+        for (int i = 0; i < NT; ++i)
+          a[i] = b[i] = _mm512_setzero_ps();
+        for (int32_t d = 0; d < D; ++d) {
+          const __m512 xa = _mm512_set1_ps(qa[d]), xb = _mm512_set1_ps(qb[d]);
+          const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+#pragma GCC unroll 4
+          for (int i = 0; i < NT; ++i) {
+            const __m512 kv = _mm512_load_ps(ktd + 16 * i);
+            a[i] = _mm512_fmadd_ps(xa, kv, a[i]);
+            b[i] = _mm512_fmadd_ps(xb, kv, b[i]);
+          }
+        }
+        for (int i = 0; i < NT; ++i) {
+          _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r) * k_tile + 16 * i, a[i]);
+          if (two) _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + 1) * k_tile + 16 * i, b[i]);
+        }
+      }
+      for (int32_t r = 0; r < R; ++r) {
+        if (!row_live(r)) continue; // the whole tile is masked
+        const KeySpan sp = key_span(p, pos[r / G]);
+        float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+        // scale, soft-cap, mask; the tile's max
+        __m512 vmax = neg_inf;
+        for (int i = 0; i < NT; ++i) {
+          __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), _mm512_set1_ps(p.scale));
+          if (p.softcap > 0.0f) {
+            alignas(64) float t[16];
+            _mm512_store_ps(t, v);
+            for (float& x : t)
+              x = p.softcap * std::tanh(x / p.softcap);
+            v = _mm512_load_ps(t);
+          }
+          const __m512i kp = _mm512_load_si512(kpos + 16 * i);
+          // in span: first ≤ pos ≤ last, or pos < sink_end (a sink); lanes past the tile hold −1
+          const __mmask16 valid = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512());
+          const __mmask16 in_win =
+              _mm512_cmpge_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.first))) &
+              _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.last)));
+          const __mmask16 sink =
+              _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.sink_end)));
+          v = _mm512_mask_blend_ps(valid & (in_win | sink), neg_inf, v);
+          _mm512_storeu_ps(s + 16 * i, v);
+          vmax = _mm512_max_ps(vmax, v);
+        }
+        const float tmax = _mm512_reduce_max_ps(vmax);
+        if (tmax == -INFINITY) continue;
+        float& m = w.m[static_cast<size_t>(r)];
+        float& l = w.l[static_cast<size_t>(r)];
+        float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+        __m512 av[NV];
+        for (int i = 0; i < NV; ++i)
+          av[i] = _mm512_loadu_ps(acc + 16 * i);
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          for (int i = 0; i < NV; ++i)
+            av[i] = _mm512_mul_ps(av[i], _mm512_set1_ps(c));
+          m = tmax;
+        }
+        __m512 lsum = _mm512_setzero_ps();
+        for (int i = 0; i < NT; ++i) {
+          const __m512 v = _mm512_loadu_ps(s + 16 * i);
+          const __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+          const __m512 ex = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
+          _mm512_storeu_ps(s + 16 * i, ex);
+          lsum = _mm512_add_ps(lsum, ex);
+        }
+        l += _mm512_reduce_add_ps(lsum);
+        for (int32_t jj = 0; jj < n; ++jj) {
+          if (s[jj] == 0.0f) continue;
+          const __m512 ev = _mm512_set1_ps(s[jj]);
+          const float* vv = vtr[jj];
+          for (int i = 0; i < NV; ++i)
+            av[i] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(vv + 16 * i), av[i]);
+        }
+        for (int i = 0; i < NV; ++i)
+          _mm512_storeu_ps(acc + 16 * i, av[i]);
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+    float* o =
+        out + static_cast<size_t>(r / G) * tok + static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
+    const __m512 inv = _mm512_set1_ps(1.0f / w.l[static_cast<size_t>(r)]);
+    for (int i = 0; i < NV; ++i)
+      _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), inv));
+  }
+}
+
 // Decode attention with AVX2 intrinsics for head dims 8·NV: q and the output accumulator live in
 // registers, eight keys' scores are reduced together (one transpose of eight partial sums instead of
 // eight horizontal sums).
@@ -445,9 +618,23 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
   const bool avx2 = at_least(isa, Isa::avx2);
   const AttnItemFn item = pick_item(avx2, p.head_dim, rows.empty() ? DType::f32 : rows.front().dt);
-  const auto block = at_least(isa, Isa::avx512) ? attn_block_avx512
-                     : avx2                     ? attn_block_avx2
-                                                : attn_block_generic;
+  auto block = at_least(isa, Isa::avx512) ? attn_block_avx512 : avx2 ? attn_block_avx2 : attn_block_generic;
+  if (at_least(isa, Isa::avx512)) switch (p.head_dim) {
+    case 16:
+      block = attn_block_avx512_d<1>;
+      break;
+    case 32:
+      block = attn_block_avx512_d<2>;
+      break;
+    case 64:
+      block = attn_block_avx512_d<4>;
+      break;
+    case 128:
+      block = attn_block_avx512_d<8>;
+      break;
+    default:
+      break;
+    }
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
   for (int32_t t = 0; t < T;) {
