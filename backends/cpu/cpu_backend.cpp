@@ -19,6 +19,7 @@
 #include <map>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <sys/mman.h>
 #include <tuple>
@@ -742,7 +743,19 @@ public:
   explicit CpuBackend(const CpuOptions& o)
       : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(at_least(o.isa, Isa::avx2)),
         description_(std::string("isa ") + isa_name(o.isa) + " (CPU: " + isa_name(cpu_isa()) + "), " +
-                     std::to_string(threads_) + " threads") {}
+                     std::to_string(threads_) + " threads") {
+    if (o.bf16_gemm && at_least(o.isa, Isa::avx512_bf16)) { // oneDNN's own choice of kernel, if native
+      try {
+        const std::string impl = bf16_matmul(16, 64, 64).impl_info_str();
+        if (impl.rfind("ref", 0) != 0) {
+          bf16_impl_ = impl;
+          description_ += ", bf16 GEMM " + impl;
+        }
+      } catch (const dnnl::error&) {
+        // no bf16 matmul in this oneDNN: the f32 route
+      }
+    }
+  }
 
   std::string_view name() const noexcept override { return "cpu"; }
   std::string_view describe() const noexcept override { return description_; }
@@ -1073,6 +1086,10 @@ private:
       return;
     }
     if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
+      if (w.dtype == DType::bf16 && !bf16_impl_.empty() && w.ne[2] == 1 && w.ne[3] == 1) {
+        gemm_bf16(x, base, T, N, K, y);
+        return;
+      }
       if (w.dtype == DType::f32) { // straight from the model file
         gemm(x, reinterpret_cast<const float*>(base), static_cast<int64_t>(rb / sizeof(float)), T, N, K, y,
              N);
@@ -1117,6 +1134,43 @@ private:
     }
   }
 
+  // oneDNN's matmul of bf16 activations [T][K] by bf16 weights [N][K] (as the K×N matrix in "ba" layout,
+  // i.e. the weight rows in place) into f32 [T][N]; one primitive per shape, kept.
+  dnnl::matmul::primitive_desc bf16_matmul(int64_t T, int64_t N, int64_t K) const {
+    using md = dnnl::memory::desc;
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    return {dnnl::matmul::desc(md({T, K}, dt::bf16, tag::ab), md({K, N}, dt::bf16, tag::ba),
+                               md({T, N}, dt::f32, tag::ab)),
+            engine_};
+  }
+
+  // y[T][N] = bf16(x)[T][K] · Wᵀ for BF16 weights w (N rows of K, in place).
+  void gemm_bf16(const float* x, const uint8_t* w, int64_t T, int64_t N, int64_t K, float* y) {
+    xbf16_.resize(static_cast<size_t>(T * K));
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t)
+      to_bf16(opt_.isa, x + t * K, xbf16_.data() + t * K, K);
+    try {
+      const auto key = std::tuple{T, N, K};
+      auto it = bf16_prims_.find(key);
+      if (it == bf16_prims_.end()) {
+        if (bf16_prims_.size() >= 256) bf16_prims_.clear(); // many batch sizes: start over
+        it = bf16_prims_.emplace(key, dnnl::matmul(bf16_matmul(T, N, K))).first;
+      }
+      using md = dnnl::memory::desc;
+      using dt = dnnl::memory::data_type;
+      using tag = dnnl::memory::format_tag;
+      dnnl::memory src(md({T, K}, dt::bf16, tag::ab), engine_, xbf16_.data());
+      dnnl::memory wts(md({K, N}, dt::bf16, tag::ba), engine_, const_cast<uint8_t*>(w));
+      dnnl::memory dst(md({T, N}, dt::f32, tag::ab), engine_, y);
+      it->second.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
+      stream_.wait();
+    } catch (const dnnl::error& e) {
+      fail(Errc::internal, "cpu", std::string("oneDNN bf16 matmul failed: ") + e.what());
+    }
+  }
+
   // C[T][n] (ldc) = A[T][K] · B[n][K]ᵀ (ldb) on oneDNN's sgemm (row-major, its own packing, our pool).
   static void gemm(const float* a, const float* b, int64_t ldb, int64_t T, int64_t n, int64_t K, float* c,
                    int64_t ldc) {
@@ -1133,6 +1187,11 @@ private:
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
+  std::vector<uint16_t> xbf16_; // activations rounded to bf16
+  std::map<std::tuple<int64_t, int64_t, int64_t>, dnnl::matmul> bf16_prims_; // by T, N, K
   std::map<std::tuple<const void*, int64_t, int64_t>, std::unique_ptr<uint8_t, FreeDeleter>>
       repacked_;                                                          // by data, K, N
   std::map<std::pair<const void*, int64_t>, std::vector<float>> vectors_; // vector weights, copied once

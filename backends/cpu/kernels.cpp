@@ -1770,4 +1770,23 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   }
 }
 
+namespace {
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) void
+to_bf16_avx512(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+    _mm512_storeu_si512(y + i, reinterpret_cast<const __m512i&>(h));
+  }
+  for (; i < n; ++i)
+    y[i] = fp32_to_bf16(x[i]);
+}
+} // namespace
+
+void to_bf16(Isa isa, const float* x, uint16_t* y, int64_t n) {
+  if (at_least(isa, Isa::avx512_bf16)) return to_bf16_avx512(x, y, n);
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = fp32_to_bf16(x[i]);
+}
+
 } // namespace loom::cpu

@@ -55,4 +55,8 @@ bool int8_gemm(Isa isa, DType type) noexcept;
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);
 
+// n floats to bf16, rounded to nearest even (fp32_to_bf16's values; NaN stays NaN), vectorized with
+// AVX512-BF16 at that level (which flushes denormal inputs to zero).
+void to_bf16(Isa isa, const float* x, uint16_t* y, int64_t n);
+
 } // namespace loom::cpu

@@ -129,13 +129,15 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
 }
 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
-std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true) {
+std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,
+                                     bool bf16_gemm = true) {
   cpu::CpuOptions o;
   o.threads = 2;
   o.isa = isa;
   o.gemm_min_rows = gemm_min;
   o.gemm_min_rows_quant = gemm_min;
   o.repack = repack;
+  o.bf16_gemm = bf16_gemm;
   return cpu::make_cpu_backend(o);
 }
 
@@ -210,9 +212,16 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
           // the GEMM route only at T ≥ 16; the kernels' tolerance below that (and for repacked Q8_0 / Q4_0
           // on AVX-512 VNNI, which run the int8 GEMM at every size)
           const bool int8 = cpu::int8_gemm(isa, c.type) && N % 8 == 0;
-          expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 && !int8 ? 1e-5 : c.kernel_tol, "matmul");
-          expect_close(want, h.run(*cpu_backend(isa, 1), y), int8 ? c.kernel_tol : 1e-5,
+          // BF16 on AVX512-BF16: oneDNN's bf16 matmul on activations rounded to bf16 (relative 2⁻⁹ each)
+          const bool bf16mm = c.type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
+          const double gemm_tol = bf16mm ? 1e-2 : 1e-5;
+          expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 && !int8 ? gemm_tol : c.kernel_tol,
+                       "matmul");
+          expect_close(want, h.run(*cpu_backend(isa, 1), y), int8 ? c.kernel_tol : gemm_tol,
                        int8 ? "matmul via the int8 GEMM" : "matmul via oneDNN");
+          if (bf16mm) // and exactly the f32 GEMM's products without it
+            expect_close(want, h.run(*cpu_backend(isa, 1, true, false), y), 1e-5,
+                         "matmul via oneDNN's sgemm");
           expect_close(want, h.run(*cpu_backend(isa, 0), y), c.kernel_tol, "matmul via our kernels");
           // q4_0 with N = 64 runs repacked (8-row groups) above; the GGUF-layout kernels here
           expect_close(want, h.run(*cpu_backend(isa, 0, false), y), c.kernel_tol, "matmul, not repacked");

@@ -216,6 +216,44 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   EXPECT_FALSE(cpu::repackable(DType::q5_0, 64, 16));
 }
 
+// Activations to bf16 for the bf16 GEMM: round to nearest even exactly as fp32_to_bf16 on every level
+// (ties both ways, the largest finite values, infinities, signed zeros; NaN stays NaN), tails included.
+TEST_P(CpuKernels, ToBf16RoundsLikeTheScalarCode) {
+  const cpu::Isa isa = GetParam();
+  if (!cpu::isa_supported(isa))
+    GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << ": that level's code was compiled, not run";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> x(1000);
+  for (auto& v : x)
+    v = nd(rng);
+  const uint32_t special[] = {0x3F808000u /* tie, even below */,
+                              0x3F818000u /* tie, odd below */,
+                              0x3F807FFFu,
+                              0x3F808001u,
+                              0x7F7FFFFFu,
+                              0xFF7FFFFFu,
+                              0x7F800000u,
+                              0xFF800000u,
+                              0x80000000u,
+                              0x00000000u,
+                              0x7FC00000u,
+                              0x7F800001u};
+  for (size_t i = 0; i < std::size(special); ++i)
+    std::memcpy(&x[3 * i], &special[i], 4);
+  for (int64_t n : {1000, 31, 33}) {
+    std::vector<uint16_t> y(static_cast<size_t>(n));
+    cpu::to_bf16(isa, x.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = fp32_to_bf16(x[static_cast<size_t>(i)]);
+      if (std::isnan(x[static_cast<size_t>(i)]))
+        EXPECT_TRUE(std::isnan(bf16_to_fp32(y[static_cast<size_t>(i)]))) << i;
+      else
+        EXPECT_EQ(y[static_cast<size_t>(i)], want) << "element " << i << " n=" << n;
+    }
+  }
+}
+
 // Activations with NaN or Inf: every level quantizes them as the scalar code does (a NaN is skipped by
 // the block's max and becomes −127), so the outputs — finite, NaN or infinite — are the AVX2 path's.
 TEST_P(CpuKernels, NonFiniteActivationsQuantizeLikeTheScalarCode) {
