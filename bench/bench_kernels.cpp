@@ -7,6 +7,7 @@
 
 #include <benchmark/benchmark.h>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -44,6 +45,15 @@ std::vector<uint8_t> random_matrix(DType t) {
   return w;
 }
 
+// Threads of the kernels: $LOOM_BENCH_THREADS, default 1 (one core's speed).
+int threads() {
+  static const int n = [] {
+    const char* e = std::getenv("LOOM_BENCH_THREADS");
+    return e && std::atoi(e) > 0 ? std::atoi(e) : 1;
+  }();
+  return n;
+}
+
 // T tokens against the matrix (decode: T = 1), in its GGUF layout or repacked.
 void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
   const auto isa = cpu::detect_isa();
@@ -60,9 +70,9 @@ void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
     v = nd(rng);
   for (auto _ : state) {
     if (repacked)
-      cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), T, y.data(), 1);
+      cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), T, y.data(), threads());
     else
-      cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), T, y.data(), 1);
+      cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), T, y.data(), threads());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }

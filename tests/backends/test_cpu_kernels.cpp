@@ -171,7 +171,9 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   for (DType type : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1},
                                   // the int8 GEMM's tiles of 8, 4, 2 and 1 tokens, and an odd last group
-                                  std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4}}) {
+                                  std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4},
+                                  // decode's runs of 4 pairs per thread, with the last pairs and groups apart
+                                  std::tuple{256, 128, 1}, std::tuple{512, 88, 1}, std::tuple{256, 200, 2}}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
       ASSERT_TRUE(cpu::repackable(type, K, N));
