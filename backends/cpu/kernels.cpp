@@ -974,119 +974,142 @@ LOOM_AVX2 inline __m256i pick_byte_pairs(int b) {
   return _mm256_add_epi8(base, _mm256_set1_epi16(static_cast<short>(b))); // 0x80 + b keeps bit 7: zero
 }
 
-LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+template <int P>
+LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f),
                 m2 = _mm256_set1_epi32(0x30303030), lo16 = _mm256_set1_epi32(0x00FF00FF);
-  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, ++x) {
-    for (size_t c = 0; c < k_q4kx8_block; c += 64) // four super-blocks ahead, every line
-      _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q4kx8_block + c), _MM_HINT_T0);
-    // the 8 rows' 6-bit scales and mins (q4_k_scale_min, on 8 rows at once): dword r of sc[h] holds
-    // row r's scales 4h..4h+3 as bytes, of mn[h] its mins
-    const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
-    const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
-    const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 96));
-    const __m256i sc[2] = {
-        _mm256_and_si256(u0, m6),
-        _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m2))};
-    const __m256i mn[2] = {_mm256_and_si256(u1, m6),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi32(u1, 2), m2))};
-    // Σ_s m_s · (bsum_2s + bsum_2s+1): int16 lanes of mn hold (m0, m1) and (m2, m3) as byte pairs
-    int32_t b[8];
-    for (int s = 0; s < 8; ++s)
-      b[s] = x->bsums[2 * s] + x->bsums[2 * s + 1];
-    __m256i summ = _mm256_setzero_si256();
+  __m256 acc[P], accm[P];
+  for (int gi = 0; gi < P; ++gi)
+    acc[gi] = accm[gi] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+#pragma GCC unroll 4
+    for (int gi = 0; gi < P; ++gi) {
+      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q4kx8_block;
+      for (size_t c = 0; c < k_q4kx8_block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q4kx8_block + c), _MM_HINT_T0);
+      // the 8 rows' 6-bit scales and mins (q4_k_scale_min, on 8 rows at once): dword r of sc[h] holds
+      // row r's scales 4h..4h+3 as bytes, of mn[h] its mins
+      const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
+      const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
+      const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 96));
+      const __m256i sc[2] = {
+          _mm256_and_si256(u0, m6),
+          _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m2))};
+      const __m256i mn[2] = {_mm256_and_si256(u1, m6),
+                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi32(u1, 2), m2))};
+      // Σ_s m_s · (bsum_2s + bsum_2s+1): int16 lanes of mn hold (m0, m1) and (m2, m3) as byte pairs
+      int32_t b[8];
+      for (int s = 0; s < 8; ++s)
+        b[s] = x->bsums[2 * s] + x->bsums[2 * s + 1];
+      __m256i summ = _mm256_setzero_si256();
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const int32_t* bh = b + 4 * h;
-      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_and_si256(mn[h], lo16),
-                                                      _mm256_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
-      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_srli_epi16(mn[h], 8),
-                                                      _mm256_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
-    }
-    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
-    const uint8_t* q = g + 128;
-    __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 1
-    for (int j = 0; j < 4; ++j, q += 256) {
-      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
-        s0 = _mm256_add_epi16(
-            s0, _mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xw[16 * j + c])));
-        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                                                       _mm256_set1_epi32(xw[16 * j + 8 + c])));
+      for (int h = 0; h < 2; ++h) {
+        const int32_t* bh = b + 4 * h;
+        summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_and_si256(mn[h], lo16),
+                                                        _mm256_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+        summ = _mm256_add_epi32(summ, _mm256_madd_epi16(_mm256_srli_epi16(mn[h], 8),
+                                                        _mm256_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
       }
-      // row r's scale of sub-blocks 2j, 2j+1: bytes 2(j % 2) + {0, 1} of dword r of sc[j / 2], in both
-      // int16 halves of dword r
-      const __m256i& scv = sc[j / 2];
-      const __m256i sd0 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2)));
-      const __m256i sd1 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2) + 1));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+      const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+      const uint8_t* q = g + 128;
+      __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j, q += 256) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+          s0 = _mm256_add_epi16(
+              s0, _mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xw[16 * j + c])));
+          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                                                         _mm256_set1_epi32(xw[16 * j + 8 + c])));
+        }
+        // row r's scale of sub-blocks 2j, 2j+1: bytes 2(j % 2) + {0, 1} of dword r of sc[j / 2], in both
+        // int16 halves of dword r
+        const __m256i& scv = sc[j / 2];
+        const __m256i sd0 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2)));
+        const __m256i sd1 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2) + 1));
+        sumi =
+            _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+      }
+      const __m256 xd = _mm256_set1_ps(x->d);
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
+      acc[gi] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sumi), acc[gi]);
+      accm[gi] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(summ), accm[gi]);
     }
-    const __m256 xd = _mm256_set1_ps(x->d);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sumi), acc);
-    accm = _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(summ), accm);
-  }
-  _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
+  for (int gi = 0; gi < P; ++gi)
+    _mm256_storeu_ps(outs[gi], _mm256_sub_ps(acc[gi], accm[gi]));
+}
+LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_q4_kx8_avx2_p<1>(&g, x, nsb, &out);
 }
 
 // q6_kx8: one group of 8 rows against one token. Per group of 16 columns: two nibble vectors and
 // one high-bit vector give the 8 rows' 6-bit values (0..63) of four 4-column chunks; broadcast
 // activation chunks into maddubs; two maddubs sums fit int16 (2 · 2 · 63 · 127 < 2^15); madd by the
 // rows' scales (an int16 pair per row). The −32 offset: 32 · Σ_g sc_g · bsum_g, one madd per pair.
-LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out) {
+template <int P>
+LOOM_AVX2 void gemv_q6_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
   // byte indices (within each 128-bit lane) that copy a dword's low / high int16 over both halves
   const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4,
                                           5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
   const __m256i dup_hi = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3,
                                           6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nsb; ++i, g8 += k_q6kx8_block, ++x) {
-    for (size_t c = 0; c < k_q6kx8_block; c += 64) // four super-blocks ahead, every line
-      _mm_prefetch(reinterpret_cast<const char*>(g8 + 4 * k_q6kx8_block + c), _MM_HINT_T0);
-    const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
-    __m256i sumi = _mm256_setzero_si256(), off = _mm256_setzero_si256();
+  __m256 acc[P];
+  for (int gi = 0; gi < P; ++gi)
+    acc[gi] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+#pragma GCC unroll 4
+    for (int gi = 0; gi < P; ++gi) {
+      const uint8_t* g8 = gs[gi] + static_cast<size_t>(i) * k_q6kx8_block;
+      for (size_t c = 0; c < k_q6kx8_block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g8 + 4 * k_q6kx8_block + c), _MM_HINT_T0);
+      const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+      __m256i sumi = _mm256_setzero_si256(), off = _mm256_setzero_si256();
 #pragma GCC unroll 1
-    for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1
-      const __m256i sc =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8 + 16 + 16 * p)));
-      const int32_t b0 = x->bsums[2 * p], b1 = x->bsums[2 * p + 1];
-      off = _mm256_add_epi32(off, _mm256_madd_epi16(sc, _mm256_set1_epi32((b1 << 16) | (b0 & 0xFFFF))));
+      for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1
+        const __m256i sc =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8 + 16 + 16 * p)));
+        const int32_t b0 = x->bsums[2 * p], b1 = x->bsums[2 * p + 1];
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(sc, _mm256_set1_epi32((b1 << 16) | (b0 & 0xFFFF))));
 #pragma GCC unroll 2
-      for (int e = 0; e < 2; ++e) {
-        const int g = 2 * p + e;
-        const uint8_t* v = g8 + 144 + 64 * g;
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32));
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g8 + 1168 + 32 * g));
-        const __m256i q0 =
-            _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
-                                           _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(h, m30));
-        const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, _mm256_set1_epi32(xw[4 * g])),
-                                             _mm256_maddubs_epi16(q1, _mm256_set1_epi32(xw[4 * g + 1])));
-        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, _mm256_set1_epi32(xw[4 * g + 2])),
-                                             _mm256_maddubs_epi16(q3, _mm256_set1_epi32(xw[4 * g + 3])));
-        const __m256i sd = _mm256_shuffle_epi8(sc, e ? dup_hi : dup_lo); // row r's scale in both halves
-        sumi =
-            _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p01, sd), _mm256_madd_epi16(p23, sd)));
+        for (int e = 0; e < 2; ++e) {
+          const int g = 2 * p + e;
+          const uint8_t* v = g8 + 144 + 64 * g;
+          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+          const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32));
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g8 + 1168 + 32 * g));
+          const __m256i q0 =
+              _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+          const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+          const __m256i q2 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(h, m30));
+          const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, _mm256_set1_epi32(xw[4 * g])),
+                                               _mm256_maddubs_epi16(q1, _mm256_set1_epi32(xw[4 * g + 1])));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, _mm256_set1_epi32(xw[4 * g + 2])),
+                                               _mm256_maddubs_epi16(q3, _mm256_set1_epi32(xw[4 * g + 3])));
+          const __m256i sd = _mm256_shuffle_epi8(sc, e ? dup_hi : dup_lo); // row r's scale in both halves
+          sumi = _mm256_add_epi32(sumi,
+                                  _mm256_add_epi32(_mm256_madd_epi16(p01, sd), _mm256_madd_epi16(p23, sd)));
+        }
       }
+      sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8)));
+      acc[gi] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(sumi), acc[gi]);
     }
-    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g8)));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  _mm256_storeu_ps(out, acc);
+  for (int gi = 0; gi < P; ++gi)
+    _mm256_storeu_ps(outs[gi], acc[gi]);
+}
+LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_q6_kx8_avx2_p<1>(&g8, x, nsb, &out);
 }
 
 // ---- AVX-512 VNNI: the int8 GEMM of repacked Q8_0 / Q4_0 against several tokens ----
@@ -1693,6 +1716,30 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
           }
         }
     g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
+  }
+  if (T == 1 && kquant && avx2 && g_from == 0) { // decode: P runs of groups per thread, read side by side
+    constexpr int P = 4;
+    const int64_t groups = N / 8, units = groups / P;
+#pragma omp parallel num_threads(threads) if (N * K > 32768)
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
+      const int64_t g0 = P * u0, run = u1 - u0;
+      for (int64_t i = 0; i < run; ++i) {
+        const uint8_t* gs[P];
+        float* outs[P];
+        for (int h = 0; h < P; ++h) {
+          const int64_t g = g0 + h * run + i;
+          gs[h] = wp + static_cast<size_t>(g) * gb;
+          outs[h] = y + 8 * g;
+        }
+        if (type == DType::q4_k)
+          gemv_q4_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
+        else
+          gemv_q6_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
+      }
+    }
+    g_from = P * units; // the last groups, fewer than P: below
   }
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t g = g_from; g < N / 8; ++g)
