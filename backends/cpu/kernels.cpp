@@ -11,12 +11,15 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <string>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <vector>
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
 // unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace loom::cpu {
@@ -1129,6 +1132,9 @@ LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
 // broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
 // Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
 // the AVX2 kernel per block, so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2, bit for bit.
+// Token tiles at least this tall run on AMX (smaller ones: the VNNI kernel, whose setup is cheaper).
+constexpr int64_t k_amx_min_tokens = 8;
+
 // Blocks ahead that the one- and two-token kernels prefetch.
 constexpr size_t k_prefetch_blocks = 8;
 
@@ -1439,6 +1445,129 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
+// ---- AMX: the int8 GEMM of repacked Q8_0 / Q4_0 on tiles ----
+
+#define LOOM_AMX                                                                                             \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+
+// The tile registers' shapes (palette 1): 0, 1 accumulators C (tt tokens × 16 int32, one per row of the
+// pair); 2, 3 activations A (tt tokens × 32 int8 of one block); 4, 5 weights B (the block's 32 columns
+// as 8 rows of 4 columns × 16 rows, the VNNI layout).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// gemm_x16_amx's steps (lambdas would not inherit the target attributes).
+// The B tile of block b: 8 rows (4 columns each) × 16 weight rows as bytes.
+template <bool Q4>
+LOOM_AMX inline __attribute__((always_inline)) void amx_prep(const uint8_t* g0, const uint8_t* g1, int64_t b,
+                                                             uint8_t (&bb)[8][64]) {
+  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
+  const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
+  const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+  if constexpr (Q4) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c);
+      _mm512_store_si512(bb[c], _mm512_and_si512(v, mask));
+      _mm512_store_si512(bb[4 + c], _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+    }
+  } else {
+    for (int c = 0; c < 8; ++c)
+      _mm512_store_si512(bb[c], pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c));
+  }
+}
+
+// The tile product of block b into accumulator tile b & 1.
+template <bool Q4>
+LOOM_AMX inline __attribute__((always_inline)) void amx_product(const BlockQ8* x, int64_t b, size_t xstride,
+                                                                uint8_t (&bbuf)[2][8][64]) {
+  const int8_t* xa = x[b].qs;
+  if (b & 1) {
+    _tile_zero(1);
+    _tile_loadd(3, xa, xstride);
+    _tile_loadd(5, bbuf[1], 64);
+    if constexpr (Q4)
+      _tile_dpbsud(1, 3, 5);
+    else
+      _tile_dpbssd(1, 3, 5);
+  } else {
+    _tile_zero(0);
+    _tile_loadd(2, xa, xstride);
+    _tile_loadd(4, bbuf[0], 64);
+    if constexpr (Q4)
+      _tile_dpbsud(0, 2, 4);
+    else
+      _tile_dpbssd(0, 2, 4);
+  }
+}
+
+// Block b's integer sums (cbuf) scaled into the accumulators: gemm_x16_vnni's float steps.
+template <bool Q4>
+LOOM_AMX inline __attribute__((always_inline)) void
+amx_scale(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int64_t b, int tt,
+          const int32_t (&cbuf)[16][16], __m512 (&acc)[16]) {
+  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
+  const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
+  const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+  const __m512 dw = _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+  for (int t = 0; t < tt; ++t) {
+    const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
+    const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf[t]));
+    if constexpr (Q4)
+      acc[t] = _mm512_fmadd_ps(dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), s, _mm512_set1_ps(xb.s8)), acc[t]);
+    else
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), s, acc[t]);
+  }
+}
+
+// 16 rows (groups g0, g1) against tt ≤ 16 tokens, as gemm_x16_vnni<tt, Q4> computes them: per block of 32
+// columns one tile product gives every (token, row) integer sum Σ q·x (Q8_0: signed × signed) or
+// Σ nibble·x (Q4_0: signed activations × unsigned nibbles), then the same float steps per block, so the
+// same floats. Two blocks in flight (tiles 0/2/4 and 1/3/5): the product of one runs while the other's
+// sums are scaled.
+template <bool Q4>
+LOOM_AMX void gemm_x16_amx(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int tt,
+                           float* y, int64_t ldy) {
+  TileConfig cfg;
+  for (int i = 0; i < 2; ++i) {
+    cfg.rows[i] = static_cast<uint8_t>(tt);
+    cfg.colsb[i] = 64;
+    cfg.rows[2 + i] = static_cast<uint8_t>(tt);
+    cfg.colsb[2 + i] = 32;
+    cfg.rows[4 + i] = 8;
+    cfg.colsb[4 + i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) uint8_t bbuf[2][8][64];
+  alignas(64) int32_t cbuf[16][16];
+  __m512 acc[16];
+  for (auto& a : acc)
+    a = _mm512_setzero_ps();
+  const size_t xstride = static_cast<size_t>(nb) * sizeof(BlockQ8);
+  amx_prep<Q4>(g0, g1, 0, bbuf[0]);
+  amx_product<Q4>(x, 0, xstride, bbuf);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b + 1 < nb) { // the next block's product runs while this one's sums are scaled
+      amx_prep<Q4>(g0, g1, b + 1, bbuf[(b + 1) & 1]);
+      amx_product<Q4>(x, b + 1, xstride, bbuf);
+    }
+    if (b & 1)
+      _tile_stored(1, cbuf, 64);
+    else
+      _tile_stored(0, cbuf, 64);
+    amx_scale<Q4>(g0, g1, x, nb, b, tt, cbuf, acc);
+  }
+  _tile_release();
+  for (int t = 0; t < tt; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -1485,6 +1614,15 @@ bool cpu_has(Isa level) noexcept {
     return cpu_has(Isa::avx512) && __builtin_cpu_supports("avx512vnni");
   case Isa::avx512_bf16:
     return cpu_has(Isa::avx512_vnni) && __builtin_cpu_supports("avx512bf16");
+  case Isa::amx: {
+    // Linux hands out the AMX tile state only on request (without it the first tile instruction
+    // faults); the request holds for the whole process, so once is enough
+    static const bool granted =
+        __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+        __builtin_cpu_supports("amx-bf16") &&
+        syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return cpu_has(Isa::avx512_bf16) && granted;
+  }
   }
   return false;
 }
@@ -1535,6 +1673,8 @@ const char* isa_name(Isa isa) noexcept {
     return "avx512_vnni";
   case Isa::avx512_bf16:
     return "avx512_bf16";
+  case Isa::amx:
+    return "amx";
   }
   return "?";
 }
@@ -1677,6 +1817,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     // loads save: one token keeps the AVX2 kernel, ≈ 1.3× (Q4_K) and 2× (Q6_K) faster there; the same
     // results)
     const int64_t pairs = N / 16;
+    const bool amx = at_least(isa, Isa::amx);
     // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
     // of 16 tokens in turn (their activations stay in L1 across the chunk's pairs).
     // (at most pairs / threads, so that a small matrix still feeds every thread)
@@ -1692,7 +1833,11 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
           const uint8_t* g1 = g0 + gb;
           const int64_t tt = std::min<int64_t>(16, T - t0);
           float* yt = y + t0 * N + 16 * gp;
-          if (type == DType::q4_0)
+          if (amx && tt >= k_amx_min_tokens && type == DType::q4_0)
+            gemm_x16_amx<true>(g0, g1, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
+          else if (amx && tt >= k_amx_min_tokens && type == DType::q8_0)
+            gemm_x16_amx<false>(g0, g1, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
+          else if (type == DType::q4_0)
             gemm_x16_tokens<true>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);
           else if (type == DType::q8_0)
             gemm_x16_tokens<false>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);

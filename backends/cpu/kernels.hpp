@@ -12,20 +12,23 @@ namespace loom::cpu {
 
 // Instruction-set levels, each including the ones before it: scalar (any x86-64); avx2 (+ FMA, F16C);
 // avx512 (F, BW, VL, DQ); avx512_vnni (+ VNNI: int8 dot products, vpdpbusd); avx512_bf16 (+ BF16:
-// vdpbf16ps). A kernel written for a level runs on every higher one.
-enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3, avx512_bf16 = 4 };
+// vdpbf16ps); amx (+ AMX tiles with int8 and bf16 products, and Linux has granted this process the tile
+// state: arch_prctl(ARCH_REQ_XCOMP_PERM), asked once by the detection). A kernel written for a level runs
+// on every higher one.
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3, avx512_bf16 = 4, amx = 5 };
 inline bool at_least(Isa have, Isa level) noexcept {
   return static_cast<int>(have) >= static_cast<int>(level);
 }
 // The highest level this CPU and OS run (cpuid and the OS's saved register state, XCR0).
 Isa cpu_isa() noexcept;
 bool isa_supported(Isa level) noexcept;
-// cpu_isa(), or the level $LOOM_CPU_ISA names (scalar, avx2, avx512, avx512_vnni, avx512_bf16). Throws
+// cpu_isa(), or the level $LOOM_CPU_ISA names (scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx). Throws
 // loom::Error for an unknown name or a level this CPU lacks.
 Isa detect_isa();
 const char* isa_name(Isa isa) noexcept;
 // The levels, lowest first.
-constexpr Isa k_isa_levels[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16};
+constexpr Isa k_isa_levels[] = {Isa::scalar,      Isa::avx2,        Isa::avx512,
+                                Isa::avx512_vnni, Isa::avx512_bf16, Isa::amx};
 
 // Types with a direct kernel; the backend dequantizes others (q4_1, q5_*) a row at a time.
 bool has_kernel(DType t) noexcept;

@@ -431,7 +431,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("shared-prefix", po::value<int>()->default_value(0), "load: leading prompt tokens every request shares")
     ("seed", po::value<uint64_t>()->default_value(1), "load: seed of the prompts and arrival times")
     ("bandwidth", "measure memory read bandwidth instead (the decode bound): 512 MiB read by --threads "
-                  "threads, -r times")
+                  "threads as 1, 4 and 8 streams each (and with prefetch), -r times; the best way counts; "
+                  "plus a STREAM-style triad")
     ("json", "print one JSON object");
   // clang-format on
   po::variables_map vm;
