@@ -316,9 +316,9 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
 
 // e^x for x ≤ 0 (scores minus their running max), ≈ 1 ulp: x = n·ln 2 + r (Cody–Waite, |r| ≤ ln 2 / 2),
 // e^r by the minimax polynomial of Cephes' expf, times 2^n by vscalefps. Below −87.3 (where e^x leaves
-// the normal floats) it returns e^−87.3; the callers zero their masked (−∞) lanes themselves.
+// the normal floats) it returns e^−87.3; the callers zero their masked (−∞) lanes themselves; NaN → NaN.
 LOOM_AVX512 inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x); // (max returns its second operand for NaN: kept)
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -398,7 +398,7 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
           const float* ktd = kt + static_cast<size_t>(d) * k_tile;
 #pragma GCC unroll 4
           for (int i = 0; i < NT; ++i) {
-            const __m512 kv = _mm512_load_ps(ktd + 16 * i);
+            const __m512 kv = _mm512_loadu_ps(ktd + 16 * i); // (the scratch is only 16-byte aligned)
             a[i] = _mm512_fmadd_ps(xa, kv, a[i]);
             b[i] = _mm512_fmadd_ps(xb, kv, b[i]);
           }
@@ -453,7 +453,8 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
         __m512 lsum = _mm512_setzero_ps();
         for (int i = 0; i < NT; ++i) {
           const __m512 v = _mm512_loadu_ps(s + 16 * i);
-          const __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+          // masked lanes give 0; a NaN score stays NaN and spreads to the output, as in attn_block
+          const __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_UQ);
           const __m512 ex = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
           _mm512_storeu_ps(s + 16 * i, ex);
           lsum = _mm512_add_ps(lsum, ex);
