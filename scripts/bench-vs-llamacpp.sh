@@ -4,8 +4,12 @@
 #   scripts/bench-vs-llamacpp.sh MODEL.gguf [THREADS] [BACKEND]
 # Env: PP (512), TG (128), REPS (5), LOOM (build/bin/loom). Installs llama-cpp-python into
 # .venv-bench on first use (it compiles llama.cpp: a few minutes).
+#   scripts/bench-vs-llamacpp.sh --peer NAME=PATH/llama-bench [--peer …] [bench_peers.py options] MODEL…
+# With --peer: each peer's own llama-bench instead (mainline llama.cpp, ik_llama.cpp — a NAME starting
+# with "ik" gets -rtr 1 -fa 1), at depths 0 and 512, and the Markdown table rows (scripts/bench_peers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--peer" ]; then exec python3 scripts/bench_peers.py "$@"; fi
 model=${1:?usage: scripts/bench-vs-llamacpp.sh MODEL.gguf [THREADS] [BACKEND]}
 threads=${2:-2}
 backend=${3:-cpu}
