@@ -203,18 +203,18 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
   }
 }
 
-// A block of nq consecutive tokens of one sequence (prefill) against kv head hk: the K tile is
-// transposed once and shared by all nq·G query rows, so the scores are FMAs along the keys (no
-// horizontal sums); each query row keeps its own causal / window range (masked lanes get −∞).
-LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out, size_t tok,
-                            const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
-  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv, R = nq * G;
+// A prefill block's scratch: R rows of k_tile scores, then the [D][k_tile] transposed key tile (returned);
+// R accumulators of D, running maxima and sums.
+LOOM_INLINE float* block_setup(int32_t D, int32_t R, AttnScratch& w) {
   w.s.resize(static_cast<size_t>(R) * k_tile + static_cast<size_t>(D) * k_tile);
-  float* kt = w.s.data() + static_cast<size_t>(R) * k_tile; // [D][k_tile]
   w.acc.assign(static_cast<size_t>(R) * static_cast<size_t>(D), 0.0f);
   w.m.assign(static_cast<size_t>(R), -INFINITY);
   w.l.assign(static_cast<size_t>(R), 0.0f);
-  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  return w.s.data() + static_cast<size_t>(R) * k_tile;
+}
+
+// The keys any query of the block attends: the union of their spans as (at most) two segments.
+LOOM_INLINE KeySegs block_keys(const AttentionParams& p, const SeqRows& rows, const Pos* pos, int32_t nq) {
   Pos lo = pos[0], hi = pos[0], sink_end = 0;
   for (int32_t i = 0; i < nq; ++i) {
     const KeySpan sp = key_span(p, pos[i]);
@@ -222,18 +222,39 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
     hi = std::max(hi, pos[i]);
     sink_end = std::max(sink_end, sp.sink_end);
   }
-  const KeySegs ks = key_segs(rows, sink_end, lo, hi);
+  return key_segs(rows, sink_end, lo, hi);
+}
+
+// Rows ktr[0..n) of a key tile (D values each) transposed into kt [D][k_tile]; lanes n..k_tile zeroed
+// when `pad` (kernels that read whole vectors of the tile).
+LOOM_INLINE void transpose_tile(const float* const* ktr, int32_t n, int32_t D, float* kt, bool pad) {
+  for (int32_t jj = 0; jj < n; ++jj) {
+    const float* kr = ktr[jj];
+    for (int32_t d = 0; d < D; ++d)
+      kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
+  }
+  if (pad)
+    for (int32_t jj = n; jj < k_tile; ++jj)
+      for (int32_t d = 0; d < D; ++d)
+        kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = 0.0f;
+}
+
+// A block of nq consecutive tokens of one sequence (prefill) against kv head hk: the K tile is
+// transposed once and shared by all nq·G query rows, so the scores are FMAs along the keys (no
+// horizontal sums); each query row keeps its own causal / window range (masked lanes get −∞).
+LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out, size_t tok,
+                            const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv, R = nq * G;
+  float* const kt = block_setup(D, R, w); // [D][k_tile]
+  const KeySegs ks = block_keys(p, rows, pos, nq);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
   for (int seg = 0; seg < 2; ++seg) {
     const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
     for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
       const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
       const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
       const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
-      for (int32_t jj = 0; jj < n; ++jj) {
-        const float* kr = ktr[jj];
-        for (int32_t d = 0; d < D; ++d)
-          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
-      }
+      transpose_tile(ktr, n, D, kt, false);
       const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
       for (int32_t r = 0; r < R; ++r) {
         const int32_t qi = r / G, g = r % G;
@@ -342,20 +363,9 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
                                      AttnScratch& w) {
   constexpr int32_t D = 16 * NV;
   const int32_t G = p.n_head / p.n_head_kv, R = nq * G;
-  w.s.resize(static_cast<size_t>(R) * k_tile + static_cast<size_t>(D) * k_tile);
-  float* kt = w.s.data() + static_cast<size_t>(R) * k_tile; // [D][k_tile]
-  w.acc.assign(static_cast<size_t>(R) * static_cast<size_t>(D), 0.0f);
-  w.m.assign(static_cast<size_t>(R), -INFINITY);
-  w.l.assign(static_cast<size_t>(R), 0.0f);
+  float* const kt = block_setup(D, R, w); // [D][k_tile]
+  const KeySegs ks = block_keys(p, rows, pos, nq);
   const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
-  Pos lo = pos[0], hi = pos[0], sink_end = 0;
-  for (int32_t i = 0; i < nq; ++i) {
-    const KeySpan sp = key_span(p, pos[i]);
-    lo = std::min(lo, sp.first);
-    hi = std::max(hi, pos[i]);
-    sink_end = std::max(sink_end, sp.sink_end);
-  }
-  const KeySegs ks = key_segs(rows, sink_end, lo, hi);
   constexpr int NT = k_tile / 16; // score vectors per row
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   for (int seg = 0; seg < 2; ++seg) {
@@ -364,14 +374,7 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
       const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
       const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
       const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
-      for (int32_t jj = 0; jj < n; ++jj) {
-        const float* kr = ktr[jj];
-        for (int32_t d = 0; d < D; ++d)
-          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
-      }
-      for (int32_t jj = n; jj < k_tile; ++jj) // lanes past the tile: finite, then masked
-        for (int32_t d = 0; d < D; ++d)
-          kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = 0.0f;
+      transpose_tile(ktr, n, D, kt, true); // lanes past the tile: finite, then masked
       const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
       // whether lane jj of the tile holds a key (a position every row then checks against its span)
       alignas(64) int32_t kpos[k_tile];

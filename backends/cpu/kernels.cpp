@@ -1760,6 +1760,23 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
   }
 }
 
+namespace {
+// Inside a parallel region: this thread's share [u0, u1) of `units` units of P items each, as P runs
+// read side by side (P sequential weight streams instead of one): fn(idx) for every i < u1 − u0, with
+// idx[h] = P·u0 + h·(u1 − u0) + i, so the thread covers items [P·u0, P·u1) exactly once.
+template <int P, class Fn> void runs_side_by_side(int64_t units, Fn&& fn) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt, run = u1 - u0;
+  for (int64_t i = 0; i < run; ++i) {
+    int64_t idx[P];
+    for (int h = 0; h < P; ++h)
+      idx[h] = P * u0 + h * run + i;
+    fn(idx);
+  }
+}
+
+} // namespace
+
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads) {
   const size_t gb = group_bytes(type, K);
@@ -1782,24 +1799,19 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     const int64_t pairs = N / 16, units = pairs / P;
 #pragma omp parallel num_threads(threads) if (N * K > 32768)
     {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
-      // this thread's pairs [P·u0, P·u1) as P runs read side by side
-      const int64_t p0 = P * u0, run = u1 - u0;
-      for (int64_t i = 0; i < run; ++i) {
+      runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
         const uint8_t* g[2 * P];
         float* yo[P];
         for (int h = 0; h < P; ++h) {
-          const int64_t pr = p0 + h * run + i;
-          g[2 * h] = wp + static_cast<size_t>(2 * pr) * gb;
+          g[2 * h] = wp + static_cast<size_t>(2 * pr[h]) * gb;
           g[2 * h + 1] = g[2 * h] + gb;
-          yo[h] = y + 16 * pr;
+          yo[h] = y + 16 * pr[h];
         }
         if (type == DType::q4_0)
           gemv_pairs_vnni<true, P>(g, xq.data(), nb, yo);
         else
           gemv_pairs_vnni<false, P>(g, xq.data(), nb, yo);
-      }
+      });
 #pragma omp for schedule(static)
       for (int64_t pr = P * units; pr < pairs; ++pr) { // the last pairs, fewer than P
         const uint8_t* g[2] = {wp + static_cast<size_t>(2 * pr) * gb,
@@ -1866,24 +1878,18 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     constexpr int P = 4;
     const int64_t groups = N / 8, units = groups / P;
 #pragma omp parallel num_threads(threads) if (N * K > 32768)
-    {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
-      const int64_t g0 = P * u0, run = u1 - u0;
-      for (int64_t i = 0; i < run; ++i) {
-        const uint8_t* gs[P];
-        float* outs[P];
-        for (int h = 0; h < P; ++h) {
-          const int64_t g = g0 + h * run + i;
-          gs[h] = wp + static_cast<size_t>(g) * gb;
-          outs[h] = y + 8 * g;
-        }
-        if (type == DType::q4_k)
-          gemv_q4_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
-        else
-          gemv_q6_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
+    runs_side_by_side<P>(units, [&](const int64_t(&g)[P]) {
+      const uint8_t* gs[P];
+      float* outs[P];
+      for (int h = 0; h < P; ++h) {
+        gs[h] = wp + static_cast<size_t>(g[h]) * gb;
+        outs[h] = y + 8 * g[h];
       }
-    }
+      if (type == DType::q4_k)
+        gemv_q4_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
+      else
+        gemv_q6_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
+    });
     g_from = P * units; // the last groups, fewer than P: below
   }
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
