@@ -775,8 +775,11 @@ public:
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
     const size_t total = plan(g);
     if (arena_.size() < total) arena_.resize(total);
-    for (const Node& n : g.nodes)
-      run(g, n, batch, kv);
+    for (size_t i = 0; i < g.nodes.size();) {
+      const size_t fused = fused_gemv(g, i);
+      if (fused == 0) run(g, g.nodes[i], batch, kv);
+      i += std::max<size_t>(fused, 1);
+    }
     if (redrop_) { // reads of other tensors map whole page-cache folios, repacked neighbours included
       for (const auto& [p, n] : dropped_)
         drop_pages(p, n);
@@ -1075,6 +1078,44 @@ private:
     return repacked_.emplace(key, std::move(buf)).first->second.get();
   }
 
+  // How matmul() multiplies one token by w, when that is one of gemv_multi's routes: the repacked int8
+  // kernels, or our F32 / F16 / BF16 kernels (oneDNN not asked for at one row). False otherwise.
+  bool gemv_route(const TensorDesc& w, Gemv& m) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    if (w.ne[2] != 1 || w.ne[3] != 1) return false;
+    if (opt_.repack && repackable(w.dtype, K, N)) {
+      if (opt_.gemm_min_rows_quant == 1 && !int8_gemm(opt_.isa, w.dtype)) return false;
+      m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
+      return true;
+    }
+    if (opt_.gemm_min_rows == 1 || !gemv_multi_supports(opt_.isa, w.dtype, false)) return false;
+    m = Gemv{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, K), N, nullptr};
+    return true;
+  }
+
+  // A run of matmuls of one token by the same activation starting at node i (q, k, v; gate, up) in one
+  // parallel region, the threads going from one matrix to the next without waiting (gemv_multi): the
+  // same kernels as one at a time, so the same floats. Returns the nodes it ran; 0: none (not such a run).
+  size_t fused_gemv(const Graph& g, size_t i) {
+    gemvs_.clear();
+    int32_t xid = -1;
+    for (size_t j = i; j < g.nodes.size(); ++j) {
+      const Node& n = g.nodes[j];
+      if (n.op != OpKind::matmul || (j > i && n.src[1] != xid)) break;
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      Gemv m{};
+      if (x.n_rows() != 1 || x.ne[0] != w.ne[0] || !gemv_route(w, m)) break;
+      m.y = f32(n.dst);
+      xid = n.src[1];
+      gemvs_.push_back(m);
+    }
+    if (gemvs_.size() < 2) return 0;
+    const TensorDesc& x = g.tensors[static_cast<size_t>(xid)];
+    gemv_multi(opt_.isa, gemvs_.data(), static_cast<int>(gemvs_.size()), x.ne[0], f32(xid), threads_);
+    return gemvs_.size();
+  }
+
   // y[T][N] = x[T][K] · Wᵀ.
   void matmul(const TensorDesc& w, const float* x, int64_t T, float* y) {
     const int64_t K = w.ne[0], N = w.ne[1];
@@ -1191,6 +1232,7 @@ private:
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM
+  std::vector<Gemv> gemvs_;  // fused_gemv's run
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty

@@ -48,6 +48,25 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   LOOM_SDK_CATCH
 }
 
+// For `loom plugins`: the kernel level a backend made now would use (LOOM_CPU_ISA or the best this CPU
+// runs), what the CPU has, and the default thread count.
+const char* describe() noexcept {
+  static const std::string line = [] {
+    const char* have = loom::cpu::isa_name(loom::cpu::cpu_isa());
+    std::string level;
+    try {
+      level = loom::cpu::isa_name(loom::cpu::detect_isa());
+    } catch (const std::exception& e) {
+      return std::string("no usable level: ") + e.what();
+    }
+    return "isa " + level +
+           (level == have ? " (the best this CPU runs)" : std::string(" (CPU: ") + have + ")") + ", " +
+           std::to_string(omp_get_num_procs()) + " threads by default";
+  }();
+  return line.c_str();
+}
+
 } // namespace
 
-LOOM_PLUGIN_DEFINE("cpu", "0.1.0", loom_factory{sizeof(loom_factory), LOOM_KIND_BACKEND, "cpu", &create})
+LOOM_PLUGIN_DEFINE_DESCRIBED("cpu", "0.1.0", 1, nullptr, &describe,
+                             loom_factory{sizeof(loom_factory), LOOM_KIND_BACKEND, "cpu", &create})

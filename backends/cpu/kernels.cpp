@@ -1775,10 +1775,142 @@ template <int P, class Fn> void runs_side_by_side(int64_t units, Fn&& fn) {
   }
 }
 
+// Inside a parallel region: this thread's share of y = W·x for one token and one repacked matrix, with
+// no barrier (the matrices of gemv_repacked_multi follow each other without waiting). xq / xqk: the token
+// quantized in blocks of 32 (q4_0 / q8_0) or 256 (k-quants).
+void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, const BlockQ8K* xqk) {
+  const DType type = m.type;
+  const bool kquant = type == DType::q4_k || type == DType::q6_k;
+  const int64_t nb = kquant ? K / 256 : K / 32, N = m.N;
+  const size_t gb = group_bytes(type, K);
+  const bool avx2 = at_least(isa, Isa::avx2);
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  constexpr int P = 4;
+  int64_t g_from = 0;                    // groups before it are done
+  if (!kquant && int8_gemm(isa, type)) { // P runs of row pairs per thread, 2·P streams
+    const int64_t pairs = N / 16, units = pairs / P;
+    runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
+      const uint8_t* g[2 * P];
+      float* yo[P];
+      for (int h = 0; h < P; ++h) {
+        g[2 * h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
+        g[2 * h + 1] = g[2 * h] + gb;
+        yo[h] = m.y + 16 * pr[h];
+      }
+      if (type == DType::q4_0)
+        gemv_pairs_vnni<true, P>(g, xq, nb, yo);
+      else
+        gemv_pairs_vnni<false, P>(g, xq, nb, yo);
+    });
+    for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
+      const uint8_t* g[2] = {m.w + static_cast<size_t>(2 * pr) * gb,
+                             m.w + static_cast<size_t>(2 * pr + 1) * gb};
+      float* yo[1] = {m.y + 16 * pr};
+      if (type == DType::q4_0)
+        gemv_pairs_vnni<true, 1>(g, xq, nb, yo);
+      else
+        gemv_pairs_vnni<false, 1>(g, xq, nb, yo);
+    }
+    g_from = 2 * pairs;        // an odd last group: below
+  } else if (kquant && avx2) { // P runs of 8-row groups per thread, read side by side
+    // (the k-quants' VNNI kernel loses to this one for a single token: unpacking and per-sub-block
+    // scaling cost more than its shared weight loads save)
+    const int64_t groups = N / 8, units = groups / P;
+    runs_side_by_side<P>(units, [&](const int64_t(&g)[P]) {
+      const uint8_t* gs[P];
+      float* outs[P];
+      for (int h = 0; h < P; ++h) {
+        gs[h] = m.w + static_cast<size_t>(g[h]) * gb;
+        outs[h] = m.y + 8 * g[h];
+      }
+      if (type == DType::q4_k)
+        gemv_q4_kx8_avx2_p<P>(gs, xqk, nb, outs);
+      else
+        gemv_q6_kx8_avx2_p<P>(gs, xqk, nb, outs);
+    });
+    g_from = P * units;
+  }
+  // The rest one group at a time: split in contiguous runs (one stream each) over the threads.
+  const int64_t rest = N / 8 - g_from;
+  for (int64_t g = g_from + rest * id / nt; g < g_from + rest * (id + 1) / nt; ++g) {
+    const uint8_t* wg = m.w + static_cast<size_t>(g) * gb;
+    float* out = m.y + 8 * g;
+    if (type == DType::q4_0)
+      (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq, nb, out);
+    else if (type == DType::q8_0)
+      (avx2 ? gemv_q8_0x8_avx2 : gemv_q8_0x8_scalar)(wg, xq, nb, out);
+    else if (type == DType::q4_k)
+      (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk, nb, out);
+    else
+      (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk, nb, out);
+  }
+}
+
+// The same for F32 / F16 / BF16 rows (AVX2 and up): this thread's contiguous run of 4-row blocks, as
+// matmul() computes them for one token.
+void gemv_share_plain(const Gemv& m, int64_t K, const float* x) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  const int64_t n_blk = (m.N + 3) / 4;
+  for (int64_t jb = n_blk * id / nt; jb < n_blk * (id + 1) / nt; ++jb) {
+    const int64_t j = jb * 4;
+    const uint8_t* wr = m.w + static_cast<size_t>(j) * m.row_bytes;
+    if (j + 4 > m.N) {
+      for (int64_t r = j; r < m.N; ++r) {
+        const uint8_t* w1 = m.w + static_cast<size_t>(r) * m.row_bytes;
+        m.y[r] = m.type == DType::f32   ? dot_f32_avx2(w1, x, K)
+                 : m.type == DType::f16 ? dot_f16_avx2(w1, x, K)
+                                        : dot_bf16_avx2(w1, x, K);
+      }
+      continue;
+    }
+    if (m.type == DType::f32)
+      rows4_f32_avx2(wr, m.row_bytes, x, K, m.y + j);
+    else if (m.type == DType::f16)
+      rows4_half_avx2<DType::f16>(wr, m.row_bytes, x, K, m.y + j);
+    else
+      rows4_half_avx2<DType::bf16>(wr, m.row_bytes, x, K, m.y + j);
+  }
+}
+
 } // namespace
+
+bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
+  if (repacked)
+    return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k;
+  return at_least(isa, Isa::avx2) && (type == DType::f32 || type == DType::f16 || type == DType::bf16);
+}
+
+void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
+  bool blocks32 = false, blocks256 = false;
+  int64_t work = 0;
+  for (int i = 0; i < n_mats; ++i) {
+    if (!gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0)) std::abort(); // a caller's bug
+    const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
+    if (mats[i].row_bytes == 0) (kquant ? blocks256 : blocks32) = true;
+    work += mats[i].N * K;
+  }
+  // The token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to share.
+  std::vector<BlockQ8> xq(blocks32 ? static_cast<size_t>(K / 32) : 0);
+  std::vector<BlockQ8K> xqk(blocks256 ? static_cast<size_t>(K / 256) : 0);
+  if (blocks32) quantize_rows(isa, x, K, 1, xq.data(), 1);
+  if (blocks256) quantize_rows_k(isa, x, K, 1, xqk.data(), 1);
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads) if (work > 32768)
+  for (int i = 0; i < n_mats; ++i) {
+    if (mats[i].row_bytes == 0)
+      gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
+    else
+      gemv_share_plain(mats[i], K, x);
+  }
+}
 
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads) {
+  if (T == 1) { // decode
+    const Gemv m{type, wp, 0, N, y};
+    gemv_multi(isa, &m, 1, K, x, n_threads);
+    return;
+  }
   const size_t gb = group_bytes(type, K);
   const bool kquant = type == DType::q4_k || type == DType::q6_k;
   const int64_t nb = kquant ? K / 256 : K / 32;
@@ -1793,41 +1925,8 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     xqk.resize(static_cast<size_t>(T * nb));
     quantize_rows_k(isa, x, K, T, xqk.data(), threads);
   }
-  int64_t g_from = 0;                              // groups before it are done
-  if (T == 1 && !kquant && int8_gemm(isa, type)) { // decode: P runs of pairs per thread, 2·P streams
-    constexpr int P = 4;
-    const int64_t pairs = N / 16, units = pairs / P;
-#pragma omp parallel num_threads(threads) if (N * K > 32768)
-    {
-      runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
-        const uint8_t* g[2 * P];
-        float* yo[P];
-        for (int h = 0; h < P; ++h) {
-          g[2 * h] = wp + static_cast<size_t>(2 * pr[h]) * gb;
-          g[2 * h + 1] = g[2 * h] + gb;
-          yo[h] = y + 16 * pr[h];
-        }
-        if (type == DType::q4_0)
-          gemv_pairs_vnni<true, P>(g, xq.data(), nb, yo);
-        else
-          gemv_pairs_vnni<false, P>(g, xq.data(), nb, yo);
-      });
-#pragma omp for schedule(static)
-      for (int64_t pr = P * units; pr < pairs; ++pr) { // the last pairs, fewer than P
-        const uint8_t* g[2] = {wp + static_cast<size_t>(2 * pr) * gb,
-                               wp + static_cast<size_t>(2 * pr + 1) * gb};
-        float* yo[1] = {y + 16 * pr};
-        if (type == DType::q4_0)
-          gemv_pairs_vnni<true, 1>(g, xq.data(), nb, yo);
-        else
-          gemv_pairs_vnni<false, 1>(g, xq.data(), nb, yo);
-      }
-    }
-    g_from = 2 * pairs;                                     // an odd last group: the AVX2 kernel below
-  } else if (int8_gemm(isa, type) && (T >= 2 || !kquant)) { // 16 rows against ≤ 16 tokens
-    // (for one token the k-quants' unpacking and per-sub-block scaling cost more than the shared weight
-    // loads save: one token keeps the AVX2 kernel, ≈ 1.3× (Q4_K) and 2× (Q6_K) faster there; the same
-    // results)
+  int64_t g_from = 0;         // groups before it are done
+  if (int8_gemm(isa, type)) { // 16 rows against ≤ 16 tokens
     const int64_t pairs = N / 16;
     const bool amx = at_least(isa, Isa::amx);
     // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
@@ -1874,24 +1973,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
         }
     g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
   }
-  if (T == 1 && kquant && avx2 && g_from == 0) { // decode: P runs of groups per thread, read side by side
-    constexpr int P = 4;
-    const int64_t groups = N / 8, units = groups / P;
-#pragma omp parallel num_threads(threads) if (N * K > 32768)
-    runs_side_by_side<P>(units, [&](const int64_t(&g)[P]) {
-      const uint8_t* gs[P];
-      float* outs[P];
-      for (int h = 0; h < P; ++h) {
-        gs[h] = wp + static_cast<size_t>(g[h]) * gb;
-        outs[h] = y + 8 * g[h];
-      }
-      if (type == DType::q4_k)
-        gemv_q4_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
-      else
-        gemv_q6_kx8_avx2_p<P>(gs, xqk.data(), nb, outs);
-    });
-    g_from = P * units; // the last groups, fewer than P: below
-  }
+  if (g_from == N / 8) return;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t g = g_from; g < N / 8; ++g)
     for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens

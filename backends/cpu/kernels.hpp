@@ -58,6 +58,21 @@ bool int8_gemm(Isa isa, DType type) noexcept;
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);
 
+// One token (T = 1) against several matrices of the same width K (q, k, v; gate, up): the activation
+// quantized once per block kind, every matrix's rows shared among the threads in one parallel region with
+// no barrier between the matrices. The kernels and sums of matmul_repacked / matmul for one token, so
+// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K) or, at avx2 and up, F32 /
+// F16 / BF16 rows row_bytes apart (gemv_multi_supports says which).
+struct Gemv {
+  DType type;
+  const uint8_t* w;
+  size_t row_bytes; // 0: repacked (N % 8 == 0)
+  int64_t N;
+  float* y; // N outputs
+};
+bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept;
+void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads);
+
 // n floats to bf16, rounded to nearest even (fp32_to_bf16's values; NaN stays NaN), vectorized with
 // AVX512-BF16 at that level (which flushes denormal inputs to zero).
 void to_bf16(Isa isa, const float* x, uint16_t* y, int64_t n);

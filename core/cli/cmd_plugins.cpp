@@ -18,14 +18,16 @@ int cmd_plugins(const std::vector<std::string>& args) {
     ("json", "print a JSON array of objects");
   // clang-format on
   po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "usage: loom plugins [--plugin-path DIR]... [--json]\n"
-                  "Lists the plugins found (libloom-*.so): name, kind, version, ABI, path, sha256, score. "
-                  "Files that\n"
-                  "cannot be used are listed with the reason; they do not make the command fail. Each file "
-                  "is first\n"
-                  "loaded in a child process, so one that crashes or hangs while loading is reported, not "
-                  "fatal."))
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom plugins [--plugin-path DIR]... [--json]\n"
+          "Lists the plugins found (libloom-*.so): name, kind, version, ABI, path, sha256, score, and what a "
+          "plugin says it\nwill use here (a backend: its CPU level or device). "
+          "Files that\n"
+          "cannot be used are listed with the reason; they do not make the command fail. Each file "
+          "is first\n"
+          "loaded in a child process, so one that crashes or hangs while loading is reported, not "
+          "fatal."))
     return k_exit_ok;
   std::vector<std::string> dirs;
   if (vm.count("plugin-path")) dirs = vm["plugin-path"].as<std::vector<std::string>>();
@@ -51,6 +53,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
           {"version", i.version}, {"abi", std::to_string(i.abi_major) + "." + std::to_string(i.abi_minor)},
           {"path", i.path},       {"sha256", i.sha256},
           {"score", i.score},     {"provides", kinds}};
+      if (!i.description.empty()) o["description"] = i.description;
       if (!i.error.empty()) {
         o["error"] = i.error;
         o["abi"] = nullptr;
@@ -86,6 +89,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
       else
         std::printf("  %-8s %s  (unusable: %s)\n", f.kind.c_str(), esc(f.name).c_str(), esc(f.error).c_str());
     }
+    if (!i.description.empty()) std::printf("  uses     %s\n", esc(i.description).c_str());
     std::printf("  sha256 %s\n", i.sha256.c_str());
   }
   return k_exit_ok;

@@ -219,6 +219,77 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   EXPECT_FALSE(cpu::repackable(DType::q5_0, 64, 16));
 }
 
+// One token against several matrices in one parallel region (the decode step's q/k/v and gate/up):
+// bit for bit what each matrix gives alone through matmul_repacked / matmul, whatever the thread count;
+// mixed types, the last pairs and an odd group, plain rows with a tail of fewer than 4.
+TEST_P(CpuKernels, GemvMultiEqualsOneMatrixAtATime) {
+  const cpu::Isa isa = GetParam();
+  if (!cpu::isa_supported(isa))
+    GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << ": that level's code was compiled, not run";
+  constexpr int64_t K = 512;
+  struct M {
+    DType type;
+    int64_t N;
+    bool repacked;
+  };
+  std::vector<M> ms = {
+      {DType::q4_0, 88, true}, {DType::q6_k, 40, true}, {DType::q4_k, 256, true}, {DType::q8_0, 136, true}};
+  if (cpu::gemv_multi_supports(isa, DType::f16, false))
+    ms.insert(ms.end(), {{DType::f16, 30, false}, {DType::f32, 64, false}, {DType::bf16, 7, false}});
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(K));
+  for (auto& v : x)
+    v = nd(rng);
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<std::vector<float>> want;
+  for (const M& m : ms) {
+    auto w = m.repacked ? random_blocks(m.type, K, m.N, static_cast<uint32_t>(m.N))
+                        : std::vector<uint8_t>(row_bytes(m.type, K) * static_cast<size_t>(m.N));
+    if (!m.repacked) { // finite random rows
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t j = 0; j < m.N; ++j) {
+        for (auto& v : row)
+          v = nd(rng);
+        uint8_t* dst = w.data() + static_cast<size_t>(j) * row_bytes(m.type, K);
+        for (int64_t k = 0; k < K; ++k) {
+          const float v = row[static_cast<size_t>(k)];
+          if (m.type == DType::f32) {
+            std::memcpy(dst + 4 * k, &v, 4);
+          } else {
+            const uint16_t h = m.type == DType::f16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
+            std::memcpy(dst + 2 * k, &h, 2);
+          }
+        }
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(m.N), NAN);
+    if (m.repacked) {
+      std::vector<uint8_t> wp(cpu::repacked_bytes(m.type, K, m.N));
+      cpu::repack(m.type, w.data(), row_bytes(m.type, K), K, m.N, wp.data());
+      w = std::move(wp);
+      cpu::matmul_repacked(isa, m.type, w.data(), K, m.N, x.data(), 1, y.data(), 2);
+    } else {
+      cpu::matmul(isa, m.type, w.data(), row_bytes(m.type, K), K, m.N, x.data(), 1, y.data(), 2);
+    }
+    ws.push_back(std::move(w));
+    want.push_back(std::move(y));
+  }
+  for (int threads : {1, 2, 3}) {
+    std::vector<std::vector<float>> got;
+    std::vector<cpu::Gemv> g;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      got.emplace_back(static_cast<size_t>(ms[i].N), NAN);
+      g.push_back({ms[i].type, ws[i].data(), ms[i].repacked ? 0 : row_bytes(ms[i].type, K), ms[i].N,
+                   got.back().data()});
+    }
+    cpu::gemv_multi(isa, g.data(), static_cast<int>(g.size()), K, x.data(), threads);
+    for (size_t i = 0; i < ms.size(); ++i)
+      EXPECT_EQ(got[i], want[i]) << dtype_name(ms[i].type) << " N=" << ms[i].N << ", " << threads
+                                 << " threads";
+  }
+}
+
 // Activations to bf16 for the bf16 GEMM: round to nearest even exactly as fp32_to_bf16 on every level
 // (ties both ways, the largest finite values, infinities, signed zeros; NaN stays NaN), tails included.
 // (Denormal inputs are left out: AVX512-BF16's conversion flushes them to zero, as kernels.hpp says.)
@@ -383,6 +454,27 @@ TEST(CpuBackend, AnUnknownOrMissingIsaLevelIsAnError) {
       EXPECT_EQ(r.code, 1);
       EXPECT_NE(r.err.find("this CPU lacks it"), std::string::npos) << r.err;
     }
+}
+
+// `loom plugins` says which level the cpu plugin will use: LOOM_CPU_ISA's, else the best the CPU runs.
+TEST(CpuBackend, PluginsListingShowsTheIsaLevel) {
+  LOOM_REQUIRE_BIN();
+  const auto description = [](const std::string& env) {
+    const auto r = loom::test::run_loom("plugins --json", false, 0, env);
+    EXPECT_EQ(r.code, 0) << r.err;
+    for (const auto& p : nlohmann::json::parse(r.out))
+      if (p["name"] == "cpu") return p.value("description", std::string("(none)"));
+    return std::string("(cpu plugin not listed)");
+  };
+  const std::string best = cpu::isa_name(cpu::cpu_isa());
+  EXPECT_EQ(description("").rfind("isa " + best + " (the best this CPU runs), ", 0), 0u) << description("");
+  EXPECT_EQ(description("LOOM_CPU_ISA=scalar").rfind("isa scalar (CPU: " + best + "), ", 0), 0u)
+      << description("LOOM_CPU_ISA=scalar");
+  const std::string bad = description("LOOM_CPU_ISA=avx1024");
+  EXPECT_EQ(bad.rfind("no usable level: ", 0), 0u) << bad;
+  EXPECT_NE(bad.find("LOOM_CPU_ISA=avx1024: unknown level"), std::string::npos) << bad;
+  const auto text = loom::test::run_loom("plugins", false, 0, "LOOM_CPU_ISA=scalar");
+  EXPECT_NE(text.out.find("  uses     isa scalar (CPU: "), std::string::npos) << text.out;
 }
 
 } // namespace

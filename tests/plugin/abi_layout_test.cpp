@@ -44,7 +44,9 @@ LOOM_ABI_OFFSET(loom_plugin, version, 24);
 LOOM_ABI_OFFSET(loom_plugin, n_factories, 32);
 LOOM_ABI_OFFSET(loom_plugin, factories, 40);
 LOOM_ABI_OFFSET(loom_plugin, shutdown, 48);
-LOOM_ABI_SIZE(loom_plugin, 56);
+LOOM_ABI_OFFSET(loom_plugin, describe, 56); // 1.6
+LOOM_ABI_SIZE(loom_plugin, 64);
+static_assert(LOOM_PLUGIN_SIZE_1_0 == 56, "an ABI 1.0 plugin table is 56 bytes");
 
 // loom_factory
 LOOM_ABI_OFFSET(loom_factory, struct_size, 0);

@@ -57,8 +57,9 @@ struct PluginInfo {
   uint32_t abi_major = 0, abi_minor = 0;
   int32_t score = -1; // -1: no loom_plugin_score export
   std::vector<PluginFactoryInfo> factories;
-  std::string error;    // empty when loaded; else one line: the cause
-  bool skipped = false; // score 0: cannot run on this machine (not an error)
+  std::string description; // the plugin's describe() line (ABI 1.6): e.g. the CPU level it will use
+  std::string error;       // empty when loaded; else one line: the cause
+  bool skipped = false;    // score 0: cannot run on this machine (not an error)
 };
 
 std::string_view kind_name(int32_t kind) noexcept;

@@ -42,6 +42,13 @@ PluginLibrary::~PluginLibrary() {
   }
 }
 
+// The plugin's describe() line (ABI 1.6), if its table has the field and sets it; at most 512 bytes.
+static std::string plugin_description(const loom_plugin& p) {
+  if (p.struct_size < offsetof(loom_plugin, describe) + sizeof(p.describe) || !p.describe) return {};
+  const char* s = p.describe();
+  return s ? one_line(std::string(s, strnlen(s, 512))) : std::string();
+}
+
 // More factories than any plugin has: the table holds garbage (it is read before anything is used).
 constexpr size_t k_max_factories = 1 << 16;
 
@@ -195,10 +202,10 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                                 std::to_string(p->abi_minor) + ", the host speaks ABI " +
                                 std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
                                 " (the major must match); rebuild it against this SDK");
-  if (p->struct_size < sizeof(loom_plugin))
+  if (p->struct_size < LOOM_PLUGIN_SIZE_1_0) // fields after shutdown are minor additions, read if present
     bad(Errc::abi_mismatch, "its loom_plugin table has struct_size " + std::to_string(p->struct_size) +
-                                ", smaller than ABI " + std::to_string(LOOM_ABI_MAJOR) + "'s " +
-                                std::to_string(sizeof(loom_plugin)) + " bytes; rebuild it against this SDK");
+                                ", smaller than ABI " + std::to_string(LOOM_ABI_MAJOR) + ".0's " +
+                                std::to_string(LOOM_PLUGIN_SIZE_1_0) + " bytes; rebuild it against this SDK");
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories))
     bad(Errc::invalid_argument, "its loom_plugin table is incomplete (name, version or factories missing)");
   if (p->n_factories > k_max_factories)
@@ -339,7 +346,7 @@ void put(int fd, char c) noexcept {
   put(out, k_step_init);
   const loom_plugin* p = reinterpret_cast<loom_plugin_init_fn>(init)(api, LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
   put(out, k_step_table);
-  if (!p || p->struct_size < sizeof(loom_plugin) || p->abi_major != LOOM_ABI_MAJOR) finish(out);
+  if (!p || p->struct_size < LOOM_PLUGIN_SIZE_1_0 || p->abi_major != LOOM_ABI_MAJOR) finish(out);
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories)) finish(out);
   volatile size_t sink = std::strlen(p->name) + std::strlen(p->version);
   if (p->n_factories > k_max_factories ||
@@ -350,6 +357,7 @@ void put(int fd, char c) noexcept {
     sink = sink + static_cast<size_t>(f.kind) + f.struct_size;
     if (f.name) sink = sink + std::strlen(f.name);
   }
+  (void)plugin_description(*p); // describe() too runs here first: a crash in it is reported
   (void)sink;
   finish(out);
 }
@@ -493,6 +501,7 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       info.abi_major = p.abi_major;
       info.abi_minor = p.abi_minor;
       info.score = lib->score();
+      info.description = plugin_description(p);
       for (size_t i = 0; i < p.n_factories; ++i) {
         const loom_factory& fa = factory_at(p, i);
         info.factories.push_back(

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 5u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 6u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -183,7 +183,13 @@ typedef struct loom_plugin {
   size_t n_factories;
   const loom_factory* factories; /* entries are factories[0].struct_size bytes apart */
   void (*shutdown)(void);        /* optional: join threads, free device memory; called once at exit */
+  /* ABI 1.6, optional: one line on what the plugin will use on this machine (a backend: its CPU level
+   * or device, threads), shown by `loom plugins`; static or plugin-owned storage valid until unload. */
+  const char* (*describe)(void);
 } loom_plugin;
+
+/* The size of a loom_plugin table of ABI 1.0 (up to shutdown): the least a host accepts. */
+#define LOOM_PLUGIN_SIZE_1_0 (offsetof(loom_plugin, shutdown) + sizeof(void (*)(void)))
 
 /* ---- the host's services ------------------------------------------------------------------- */
 

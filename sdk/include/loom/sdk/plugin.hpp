@@ -464,6 +464,10 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
 // here, higher wins among variants of one plugin); SHUTDOWN is a `void(void)` function or nullptr,
 // called once when the host is done with the library (join threads, free device memory).
 #define LOOM_PLUGIN_DEFINE_FULL(NAME, VERSION, SCORE, SHUTDOWN, ...)                                         \
+  LOOM_PLUGIN_DEFINE_DESCRIBED(NAME, VERSION, SCORE, SHUTDOWN, nullptr, __VA_ARGS__)
+
+// DESCRIBE: `const char* f()` (noexcept), one line for `loom plugins`, or nullptr (ABI 1.6).
+#define LOOM_PLUGIN_DEFINE_DESCRIBED(NAME, VERSION, SCORE, SHUTDOWN, DESCRIBE, ...)                          \
   extern "C" LOOM_EXPORT int32_t loom_plugin_score(void) {                                                   \
     return (SCORE);                                                                                          \
   }                                                                                                          \
@@ -484,7 +488,8 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
                                        VERSION,                                                              \
                                        sizeof(factories) / sizeof(factories[0]),                             \
                                        factories,                                                            \
-                                       SHUTDOWN};                                                            \
+                                       SHUTDOWN,                                                             \
+                                       DESCRIBE};                                                            \
     return &plugin;                                                                                          \
   }
 
