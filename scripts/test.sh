@@ -50,11 +50,12 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$jobs"
 gguf_seeds=$(mktemp -d)
 python3 tests/fuzz/make_gguf_seeds.py "$gguf_seeds"   # generated, not committed
-for t in gguf tokenizer pipeline_config; do
+for t in gguf tokenizer pipeline_config chat_template; do
   work=$(mktemp -d)
   seeds="tests/fuzz/corpus/$t"
   extra=""
   [ "$t" = gguf ] && extra="$gguf_seeds"
+  [ "$t" = chat_template ] && extra="tests/data/chat/templates"
   # Crashes land in the seed directory, so a found input joins the corpus (and the replay test).
   if ! build-fuzz/tests/fuzz/fuzz_$t -max_total_time="${LOOM_FUZZ_SECONDS:-20}" -max_len=65536 -timeout=10 \
        -rss_limit_mb=4096 -artifact_prefix="$seeds/crash-" -print_final_stats=1 "$work" "$seeds" $extra \

@@ -53,5 +53,6 @@ int cmd_plugins(const std::vector<std::string>& args);
 int cmd_synth(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_template(const std::vector<std::string>& args);
 
 } // namespace loom::cli

@@ -35,6 +35,9 @@ message text is informative (Python wording).
 Requirements: Python 3.8+ and `pip install jinja2` (3.1.6 was used; transformers
 refuses older versions). transformers itself is NOT needed.
 
+Also renders the small templates of snippets.json (the renderer's semantics one by one) into
+snippets_expected.json.
+
 Usage:  python3 tests/data/chat/make_expected.py   (rewrites expected.json next to it)
         python3 tests/data/chat/make_expected.py --check   (exit 1 if expected.json differs)
 """
@@ -224,6 +227,28 @@ def build():
     return cases
 
 
+SNIPPETS = os.path.join(HERE, "snippets.json")
+SNIPPETS_EXPECTED = os.path.join(HERE, "snippets_expected.json")
+
+
+def build_snippets():
+    """Each template of snippets.json rendered with messages=[{role: user, content: hi}], no tools."""
+    with open(SNIPPETS, encoding="utf-8") as f:
+        snippets = json.load(f)["snippets"]
+    env = make_env()
+    conv = {"messages": [{"role": "user", "content": "hi"}]}
+    out = []
+    for src in snippets:
+        try:
+            template = env.from_string(src)
+        except jinja2.TemplateSyntaxError as e:
+            out.append({"template": src, "output": None, "error": "TemplateSyntaxError: %s" % e})
+            continue
+        text, err = render_case(template, conv, False, "<s>", "</s>", {})
+        out.append({"template": src, "output": text, "error": err})
+    return out
+
+
 def dump(cases):
     # One case per line: compact, yet diffs stay readable.
     return "[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases) + "\n]\n"
@@ -234,13 +259,19 @@ def main():
     ap.add_argument("--check", action="store_true", help="compare with expected.json instead of writing it")
     args = ap.parse_args()
     text = dump(build())
+    snippets = dump(build_snippets())
     if args.check:
-        with open(EXPECTED, encoding="utf-8") as f:
-            same = f.read() == text
-        print("expected.json is %s" % ("up to date" if same else "OUT OF DATE"))
+        same = True
+        for path, want in ((EXPECTED, text), (SNIPPETS_EXPECTED, snippets)):
+            with open(path, encoding="utf-8") as f:
+                ok = f.read() == want
+            print("%s is %s" % (os.path.basename(path), "up to date" if ok else "OUT OF DATE"))
+            same = same and ok
         return 0 if same else 1
     with open(EXPECTED, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
+    with open(SNIPPETS_EXPECTED, "w", encoding="utf-8", newline="\n") as f:
+        f.write(snippets)
     cases = json.loads(text)
     n_err = sum(1 for c in cases if c["error"] is not None)
     print("wrote %s: %d cases, %d ok, %d error (jinja2 %s)" % (EXPECTED, len(cases), len(cases) - n_err, n_err, jinja2.__version__))
