@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace loom::chat {
+struct RenderInput;
+} // namespace loom::chat
+
 namespace loom::cli {
 
 namespace po = boost::program_options;
@@ -42,6 +46,10 @@ PipelineConfig run_config_from_args(const po::variables_map& vm);
 int cmd_explain(const std::vector<std::string>& args);
 int cmd_ab(const std::vector<std::string>& args);
 
+// OpenAI-style chat input (--messages FILE.json): an array of {"role": …, "content": …} objects, or an
+// object with "messages" (and maybe "tools"), into in.messages / in.tools; loom::Error says what is wrong.
+void read_chat_messages(const std::string& path, chat::RenderInput& in);
+
 bool stdout_is_tty();
 bool stderr_is_tty();
 
@@ -54,5 +62,6 @@ int cmd_synth(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_template(const std::vector<std::string>& args);
+int cmd_chat(const std::vector<std::string>& args);
 
 } // namespace loom::cli

@@ -1,5 +1,6 @@
 // `loom run`: one prompt through a pipeline, streamed; --json prints one object at the end.
 #include "cli.hpp"
+#include "loom/chat.hpp"
 #include "loom/error.hpp"
 #include "loom/pipeline.hpp"
 
@@ -16,10 +17,14 @@ namespace loom::cli {
 namespace {
 
 constexpr const char* k_run_usage =
-    "usage: loom run (-c PIPELINE.toml | -m MODEL.gguf) (-p TEXT | -f FILE | --prompts FILE [--parallel N])\n"
+    "usage: loom run (-c PIPELINE.toml | -m MODEL.gguf) (-p TEXT | -f FILE | --prompts FILE [--parallel N] "
+    "|\n"
+    "                --messages FILE.json [--template NAME|FILE])\n"
     "                [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
     "                [--decoder NAME] [--plugin-path DIR]... [--set section.key=value]... [--json]\n"
     "Generates text and streams it (the prompt is echoed first unless --no-echo). -n counts new tokens.\n"
+    "--messages: OpenAI-style messages rendered by the model's chat template (or --template), the reply\n"
+    "streamed until the template's end-of-turn token; --json adds the rendered \"prompt\".\n"
     "Sampling flags edit the pipeline's [[sampler]] chain (default chain: top_k 40, top_p 0.95, min_p 0.05,\n"
     "temperature 0.8, as llama.cpp); --temp 0 is greedy.";
 
@@ -177,6 +182,8 @@ int cmd_run(const std::vector<std::string>& args) {
     ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
     ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
     ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
+    ("messages", po::value<std::string>(), "chat: a JSON file of messages ([{\"role\": …, \"content\": …}] or {\"messages\": …, \"tools\": …})")
+    ("template", po::value<std::string>(), "with --messages: a built-in chat template or a Jinja file (default: the model's)")
     ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
     ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
              "--prompts one object per line, in input order");
@@ -185,9 +192,12 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
   if (!vm.count("config") && !vm.count("model"))
     throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
-  const int n_sources = static_cast<int>(vm.count("prompt") + vm.count("file") + vm.count("prompts"));
-  if (n_sources > 1) throw UsageError("give the prompt with one of -p, -f or --prompts");
-  if (n_sources == 0) throw UsageError("give a prompt with -p TEXT (or -f FILE, or --prompts FILE)");
+  const int n_sources =
+      static_cast<int>(vm.count("prompt") + vm.count("file") + vm.count("prompts") + vm.count("messages"));
+  if (n_sources > 1) throw UsageError("give the prompt with one of -p, -f, --prompts or --messages");
+  if (n_sources == 0)
+    throw UsageError("give a prompt with -p TEXT (or -f FILE, --prompts FILE, --messages FILE.json)");
+  if (vm.count("template") && !vm.count("messages")) throw UsageError("--template goes with --messages");
   if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
 
   PipelineConfig cfg = run_config_from_args(vm);
@@ -220,17 +230,28 @@ int cmd_run(const std::vector<std::string>& args) {
   }
 
   std::string prompt;
+  chat::RenderInput chat_in;
   if (vm.count("prompt")) {
     prompt = vm["prompt"].as<std::string>();
-  } else {
+  } else if (vm.count("file")) {
     prompt = read_input_file(vm["file"].as<std::string>(), "-f");
+  } else {
+    read_chat_messages(vm["messages"].as<std::string>(), chat_in);
   }
 
   auto pipeline = Pipeline::create(cfg);
   const bool json = vm.count("json") != 0;
+  const bool chat = vm.count("messages") != 0;
   GenerationRequest req;
   req.prompt = prompt;
-  if (!json && cfg.run.echo) {
+  if (chat) { // the reply to the conversation, under the model's chat template
+    const chat::Template t = chat::load_template(vm.count("template") ? vm["template"].as<std::string>() : "",
+                                                 &pipeline->model().file());
+    chat::ChatPrompt cp = chat::chat_prompt(t, chat_in, pipeline->tokenizer());
+    prompt = std::move(cp.text);
+    req.prompt_tokens = std::move(cp.tokens);
+  }
+  if (!json && cfg.run.echo && !chat) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
   }
@@ -244,7 +265,9 @@ int cmd_run(const std::vector<std::string>& args) {
     };
   const GenerationResult r = pipeline->generate(req, cb);
   if (json) {
-    std::cout << to_json(r).dump() << "\n";
+    nlohmann::json j = to_json(r);
+    if (chat) j["prompt"] = prompt;
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.
     if (streamed == 0 && !r.text.empty()) std::fwrite(r.text.data(), 1, r.text.size(), stdout);

@@ -1,5 +1,6 @@
 // `loom synth`: random-weight models of named shapes, loadable by Loom and llama.cpp alike.
 #include "cli.hpp"
+#include "loom/chat.hpp"
 #include "loom/error.hpp"
 #include "loom/synth.hpp"
 
@@ -17,11 +18,13 @@ int cmd_synth(const std::vector<std::string>& args) {
     ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 (of the matrices)")
     ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
     ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")
+    ("chat-template", po::value<std::string>(), "write tokenizer.chat_template: a built-in template (chatml, llama3, …) or a Jinja file")
     ("output,o", po::value<std::string>(), "output .gguf");
   // clang-format on
   po::variables_map vm;
   if (!parse_args(args, desc, vm,
-                  "usage: loom synth --shape NAME --type T [--vocab-from GGUF] -o OUT.gguf\n"
+                  "usage: loom synth --shape NAME --type T [--vocab-from GGUF] [--chat-template NAME|FILE] "
+                  "-o OUT.gguf\n"
                   "Writes a random-weight Llama model of a named shape (weights uniform with std 0.02, norms "
                   "1) with\n"
                   "full metadata and a vocabulary, so llama.cpp runs the very same file."))
@@ -37,6 +40,14 @@ int cmd_synth(const std::vector<std::string>& args) {
   if (vm.count("vocab-from")) o.vocab_from = vm["vocab-from"].as<std::string>();
   o.out = vm["output"].as<std::string>();
   o.seed = vm["seed"].as<unsigned long long>();
+  if (vm.count("chat-template")) {
+    const std::string spec = vm["chat-template"].as<std::string>();
+    if (const auto b = chat::builtin_template(spec))
+      o.chat_template = std::string(*b);
+    else
+      o.chat_template = read_input_file(spec, "--chat-template");
+    (void)chat::Template(o.chat_template, spec); // a template that does not parse is refused here
+  }
   if (stderr_is_tty())
     o.progress = [last = -1](double f) mutable {
       const int pct = static_cast<int>(f * 100);

@@ -6,39 +6,12 @@
 #include "loom/gguf.hpp"
 #include "loom/tokenizer.hpp"
 
-#include <filesystem>
 #include <iostream>
+#include <optional>
 
 namespace loom::cli {
 
 namespace {
-
-// OpenAI-style input: an array of messages, or an object with "messages" (and maybe "tools").
-void read_messages(const std::string& path, chat::RenderInput& in) {
-  const std::string text = read_input_file(path, "--messages");
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(Errc::parse_error, "template", "--messages " + path + ": not JSON (" + e.what() + ")");
-  }
-  if (j.is_object() && j.contains("messages")) {
-    if (j.contains("tools")) in.tools = j["tools"];
-    j = j["messages"];
-  }
-  if (!j.is_array())
-    fail(Errc::invalid_argument, "template",
-         "--messages " + path +
-             ": expected an array of {\"role\": …, \"content\": …} objects (or an object with "
-             "\"messages\"), found " +
-             std::string(j.type_name()));
-  for (size_t i = 0; i < j.size(); ++i)
-    if (!j[i].is_object() || !j[i].contains("role") || !j[i]["role"].is_string())
-      fail(Errc::invalid_argument, "template",
-           "--messages " + path + ": message " + std::to_string(i) +
-               " is not an object with a string \"role\"");
-  in.messages = std::move(j);
-}
 
 std::tm parse_date(const std::string& s) {
   std::tm t{};
@@ -102,7 +75,7 @@ int cmd_template(const std::vector<std::string>& args) {
   if (!vm.count("messages")) throw UsageError("give --messages FILE.json");
 
   chat::RenderInput in;
-  read_messages(vm["messages"].as<std::string>(), in);
+  read_chat_messages(vm["messages"].as<std::string>(), in);
   if (vm.count("tools")) {
     const std::string path = vm["tools"].as<std::string>();
     try {
@@ -113,34 +86,15 @@ int cmd_template(const std::vector<std::string>& args) {
     if (!in.tools.is_array())
       fail(Errc::invalid_argument, "template", "--tools " + path + ": expected a JSON array of tool schemas");
   }
-  std::string source, name;
+  std::optional<GgufFile> model;
   if (vm.count("model")) {
-    const GgufFile f = GgufFile::open(vm["model"].as<std::string>());
-    const auto tok = Tokenizer::from_gguf(f);
+    model = GgufFile::open(vm["model"].as<std::string>());
+    const auto tok = Tokenizer::from_gguf(*model);
     if (tok->bos() >= 0) in.bos_token = tok->piece(tok->bos());
     if (tok->eos() >= 0) in.eos_token = tok->piece(tok->eos());
-    if (!vm.count("template")) {
-      const auto t = f.get_string_opt("tokenizer.chat_template");
-      if (!t)
-        fail(Errc::not_found, "template",
-             f.path() + " has no tokenizer.chat_template; name one with --template (loom template list)");
-      source = *t;
-      name = "tokenizer.chat_template";
-    }
   }
-  if (vm.count("template")) {
-    name = vm["template"].as<std::string>();
-    if (const auto b = chat::builtin_template(name)) {
-      source = std::string(*b);
-    } else if (std::filesystem::exists(name)) {
-      source = read_input_file(name, "--template");
-    } else {
-      std::string names;
-      for (const auto n : chat::builtin_template_names())
-        names += (names.empty() ? "" : ", ") + std::string(n);
-      throw UsageError("--template " + name + ": neither a built-in template (" + names + ") nor a file");
-    }
-  }
+  const chat::Template t = chat::load_template(vm.count("template") ? vm["template"].as<std::string>() : "",
+                                               model ? &*model : nullptr);
   if (vm.count("bos")) in.bos_token = vm["bos"].as<std::string>();
   if (vm.count("eos")) in.eos_token = vm["eos"].as<std::string>();
   in.add_generation_prompt = vm.count("no-generation-prompt") == 0;
@@ -157,7 +111,6 @@ int cmd_template(const std::vector<std::string>& args) {
                          kv.substr(0, eq) + "='\"text\"')");
       }
     }
-  const chat::Template t(source, name);
   std::cout << t.render(in) << std::flush;
   return k_exit_ok;
 }

@@ -102,6 +102,7 @@ commands:
   quantize   copy a model with its weight matrices in another type (f16, bf16, q8_0, q4_0)
   explain    the sampler chain step by step: candidates and probabilities after each stage
   ab         A/B comparison of pipelines on the same prompts and seeds: speed and quality, with CIs
+  chat       a conversation in the terminal under the model's chat template (/reset, /save, Ctrl-C)
   template   render a chat template for a list of messages: exactly what the model is fed
 
 Run 'loom <command> --help' for the options of a command.
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
     if (cmd == "ab") return cmd_ab(rest);
     if (cmd == "bench") return cmd_bench(rest);
     if (cmd == "template") return cmd_template(rest);
+    if (cmd == "chat") return cmd_chat(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;
   } catch (const UsageError& e) {

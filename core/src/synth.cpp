@@ -82,7 +82,9 @@ void synth_model(const SynthOptions& o) {
     const GgufValue* toks = v.get_array("tokenizer.ggml.tokens", GgufType::string);
     if (!toks) fail(Errc::invalid_argument, "synth", o.vocab_from + ": has no tokenizer.ggml.tokens to copy");
     for (const auto& kv : v.metadata())
-      if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
+      if (kv.key.rfind("tokenizer.", 0) == 0 &&
+          !(kv.key == "tokenizer.chat_template" && !o.chat_template.empty()))
+        w.add(kv.key, kv.value);
     sh.n_vocab = static_cast<int32_t>(toks->items.size());
   } else {
     std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -116,6 +118,7 @@ void synth_model(const SynthOptions& o) {
     w.add_bool("tokenizer.ggml.add_bos_token", true);
   }
 
+  if (!o.chat_template.empty()) w.add_string("tokenizer.chat_template", o.chat_template);
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", "loom-synth " + sh.name + " " + std::string(dtype_name(o.type)));
   w.add_u32("general.file_type", file_type(o.type));

@@ -321,7 +321,7 @@ TEST(TemplateCli, ErrorsNameTheLineOrTheFlag) {
   EXPECT_EQ(usage.code, 2);
   EXPECT_NE(usage.err.find("give --template NAME|FILE or -m MODEL"), std::string::npos) << usage.err;
   const auto unknown = loom::test::run_loom("template render -t nosuch --messages " + msgs, false);
-  EXPECT_EQ(unknown.code, 2);
+  EXPECT_EQ(unknown.code, 1);
   EXPECT_NE(unknown.err.find("neither a built-in template (chatml, llama2"), std::string::npos)
       << unknown.err;
   const std::string not_json = write_temp("bad.json", "[{\"role\": ");
@@ -340,7 +340,8 @@ TEST(TemplateCli, ErrorsNameTheLineOrTheFlag) {
   const auto none =
       loom::test::run_loom("template render -m " + model.string() + " --messages " + msgs, false);
   EXPECT_EQ(none.code, 1);
-  EXPECT_NE(none.err.find("has no tokenizer.chat_template; name one with --template"), std::string::npos)
+  EXPECT_NE(none.err.find("has no tokenizer.chat_template; name a template with --template (chatml, llama2"),
+            std::string::npos)
       << none.err;
   // With --template, -m still gives the model's BOS/EOS text.
   const auto bos =

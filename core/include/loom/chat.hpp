@@ -16,6 +16,11 @@
 #include <string_view>
 #include <vector>
 
+namespace loom {
+class GgufFile;
+class Tokenizer;
+} // namespace loom
+
 namespace loom::chat {
 
 // What a template sees: `messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token`, and
@@ -62,5 +67,19 @@ private:
 // The built-in templates, for models without one: chatml, llama2, llama3, mistral, gemma, phi3.
 std::optional<std::string_view> builtin_template(std::string_view name);
 std::vector<std::string_view> builtin_template_names();
+
+// The template a command uses: `spec` names a built-in template or a Jinja file; empty: the model's
+// `tokenizer.chat_template`. Throws loom::Error saying what to do when there is none.
+Template load_template(const std::string& spec, const GgufFile* model);
+
+// A conversation as prompt tokens for a model: rendered with the tokenizer's BOS/EOS text (unless
+// `in` sets them), then tokenized with special-token text parsed (so "<|im_end|>" is that one token),
+// BOS added only when the model adds one and the rendered text does not already begin with it (as
+// llama.cpp does: most templates write bos_token themselves).
+struct ChatPrompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+};
+ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok);
 
 } // namespace loom::chat

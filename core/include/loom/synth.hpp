@@ -26,6 +26,7 @@ struct SynthOptions {
   std::string vocab_from;  // GGUF whose tokenizer.* keys are copied (its vocab size wins); "" = synthetic
   std::string out;
   uint64_t seed = 1;
+  std::string chat_template; // written as tokenizer.chat_template (replacing a copied one); "" = none added
   std::function<void(double fraction)> progress; // optional
 };
 

@@ -887,6 +887,9 @@ struct Ctx {
   enum class Flow { normal, brk, cont } flow = Flow::normal;
   std::tm now{};
   std::map<std::string, Value, std::less<>> globals;
+  // Every namespace() made: emptied when the render ends, so that a namespace holding itself (or a list
+  // that holds it) is freed — the only mutable values, so the only way to a reference cycle.
+  std::vector<std::shared_ptr<Dict>> namespaces;
 
   void step(int line) {
     if (++steps > lim->max_steps)
@@ -2086,14 +2089,20 @@ struct MacroStmt final : Stmt {
   std::shared_ptr<MacroDef> def;
   void exec(Ctx& c) const override {
     const auto d = def;
-    const auto defined_in = c.frame;
+    // The defining frame, weakly: the macro is stored in it, and a strong reference would be a cycle.
+    const std::weak_ptr<Frame> defined_in = c.frame;
     c.frame->set(d->name, make_func(d->name, [d, defined_in](Ctx& cc, Args& a, int call_line) -> Value {
                    if (a.pos.size() > d->params.size())
                      err(call_line, "macro '" + d->name + "' takes not more than " +
                                         std::to_string(d->params.size()) + " argument(s)");
                    const auto saved_frame = cc.frame;
                    auto f = std::make_shared<Frame>();
-                   f->parent = defined_in;
+                   f->parent = defined_in.lock();
+                   if (!f->parent) { // called after its frame ended (kept in a namespace): the top frame
+                     f->parent = cc.frame;
+                     while (f->parent->parent)
+                       f->parent = f->parent->parent;
+                   }
                    std::string saved_out;
                    std::swap(saved_out, cc.out);
                    const auto restore = [&] {
@@ -2862,7 +2871,7 @@ std::string Template::render(const RenderInput& in, const Limits& limits) const 
                       if (!f || !f->is(Value::K::string)) err(line, "strftime_now: expected a format string");
                       return Value::str(strftime_at(cc.now, f->s, line));
                     }));
-  c.globals.emplace("namespace", make_func("namespace", [](Ctx&, Args& a, int line) -> Value {
+  c.globals.emplace("namespace", make_func("namespace", [](Ctx& cc, Args& a, int line) -> Value {
                       Dict d;
                       for (const auto& p : a.pos) {
                         if (!p.is(Value::K::dict)) err(line, "namespace: expected a mapping or name=value");
@@ -2871,7 +2880,9 @@ std::string Template::render(const RenderInput& in, const Limits& limits) const 
                       }
                       for (const auto& [k, v] : a.kw)
                         d.set(k, v);
-                      return Value::ns(std::move(d));
+                      Value ns = Value::ns(std::move(d));
+                      cc.namespaces.push_back(ns.d);
+                      return ns;
                     }));
   c.globals.emplace("dict", make_func("dict", [](Ctx&, Args& a, int line) -> Value {
                       Dict d;
@@ -2916,6 +2927,13 @@ std::string Template::render(const RenderInput& in, const Limits& limits) const 
   if (in.extra.is_object())
     for (const auto& [k, v] : in.extra.items())
       root.set(k, from_json(v));
+  struct BreakCycles {
+    Ctx& c;
+    ~BreakCycles() {
+      for (const auto& d : c.namespaces)
+        d->items.clear();
+    }
+  } break_cycles{c};
   try {
     exec_body(impl_->body, c);
   } catch (const TemplateError& e) {
