@@ -1097,6 +1097,7 @@ private:
   // parallel region, the threads going from one matrix to the next without waiting (gemv_multi): the
   // same kernels as one at a time, so the same floats. Returns the nodes it ran; 0: none (not such a run).
   size_t fused_gemv(const Graph& g, size_t i) {
+    if (!opt_.fused_decode || g.nodes[i].op != OpKind::matmul) return 0;
     gemvs_.clear();
     int32_t xid = -1;
     for (size_t j = i; j < g.nodes.size(); ++j) {

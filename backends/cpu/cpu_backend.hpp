@@ -29,6 +29,10 @@ struct CpuOptions {
   // of the activations' rounding (2⁻⁹). Only at Isa::avx512_bf16 and when oneDNN has a native kernel;
   // false: the exact f32 GEMM on converted panels.
   bool bf16_gemm = true;
+  // Decode (one token): the matmuls of q, k, v (and of gate, up) that read the same activation run in one
+  // parallel region (gemv_multi), the threads going from one matrix to the next without a barrier — the
+  // same kernels, so the same floats; false: one region per matmul.
+  bool fused_decode = true;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);

@@ -29,6 +29,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
                            std::to_string(gemm_min_quant));
   const bool repack = c.get_bool("repack", true);
   const bool bf16_gemm = c.get_bool("bf16_gemm", true);
+  const bool fused_decode = c.get_bool("fused_decode", true);
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
@@ -42,6 +43,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.gemm_min_rows_quant = static_cast<int>(gemm_min_quant);
   o.repack = repack;
   o.bf16_gemm = bf16_gemm;
+  o.fused_decode = fused_decode;
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;

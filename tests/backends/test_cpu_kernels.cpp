@@ -438,6 +438,36 @@ TEST(CpuBackend, QuantizedGreedyIdenticalOnEveryIsaLevel) {
   }
 }
 
+// Decode with q/k/v and gate/up in one parallel region (fused_decode, the default) against one region per
+// matmul: the same kernels, so the same tokens and log-probabilities, for repacked and plain weights.
+TEST(CpuBackend, FusedDecodeGivesTheSameResults) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  for (const char* type : {"q4_0", "f16"}) {
+    SCOPED_TRACE(type);
+    const auto q = std::filesystem::temp_directory_path() /
+                   ("loom-fused-" + std::to_string(::getpid()) + "-" + type + ".gguf");
+    ASSERT_EQ(
+        loom::test::run_loom("quantize " + model.string() + " --type " + type + " -o " + q.string(), true)
+            .code,
+        0);
+    std::string out[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      const auto r = loom::test::run_loom("run -m " + q.string() +
+                                              " -p 'Once upon a time' -n 40 --temp 0 --ignore-eos --json "
+                                              "--set backend.name=cpu --set backend.threads=2 "
+                                              "--set backend.fused_decode=" +
+                                              (fused ? "true" : "false"),
+                                          false);
+      ASSERT_EQ(r.code, 0) << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      out[fused] = j["tokens"].dump() + j["logprobs"].dump();
+    }
+    EXPECT_EQ(out[0], out[1]);
+    std::filesystem::remove(q);
+  }
+}
+
 // LOOM_CPU_ISA: an unknown level, or one this CPU lacks, is one line.
 TEST(CpuBackend, AnUnknownOrMissingIsaLevelIsAnError) {
   LOOM_REQUIRE_BIN();
