@@ -500,6 +500,25 @@ template <int KT> LOOM_AVX2 inline __m256 load8(const uint8_t* row, size_t at) {
   }
 }
 
+// e^x for x ≤ 0 with AVX2, as exp512 computes it (Cody–Waite reduction, Cephes' expf polynomial), 2^n
+// built in the exponent bits (n ≥ −126 after the clamp at −87.3, so a normal float); NaN → NaN.
+LOOM_AVX2 inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x); // (max returns its second operand for NaN: kept)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
 template <int NV, int KT>
 LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
                                 const KeySegs& ks, int32_t hk, AttnScratch& w) {
@@ -562,9 +581,22 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
             acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
           m = tmax;
         }
-        for (jj = 0; jj < n; ++jj) { // the exps first: a call in the loop below would spill acc
-          s[jj] = std::exp(s[jj] - m);
-          l += s[jj];
+        { // the exps first, 8 at a time (a call in the loop below would spill acc)
+          const __m256 mv = _mm256_set1_ps(m);
+          __m256 lv = _mm256_setzero_ps();
+          for (jj = 0; jj + 8 <= n; jj += 8) {
+            const __m256 ev = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv));
+            _mm256_storeu_ps(s + jj, ev);
+            lv = _mm256_add_ps(lv, ev);
+          }
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(lv), _mm256_extractf128_ps(lv, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_movehdup_ps(h));
+          l += _mm_cvtss_f32(h);
+          for (; jj < n; ++jj) {
+            s[jj] = std::exp(s[jj] - m);
+            l += s[jj];
+          }
         }
         const uint8_t* const* vr = rows.v.data() + j0;
         for (jj = 0; jj < n; ++jj) {
@@ -698,9 +730,9 @@ void rms_norm_row_generic(const float* x, const float* w, float* y, int64_t n, f
   rms_norm_row(x, w, y, n, eps);
 }
 
-enum class Ew { add, mul, mul_row, scale, swiglu };
+enum class Ew { add, add_row, mul, mul_row, scale, swiglu, geglu, softcap };
 
-// dst[i0, i1) = a (op) b; mul_row broadcasts b (length `row`) along rows.
+// dst[i0, i1) = a (op) b; add_row / mul_row broadcast b (length `row`) along rows.
 LOOM_INLINE void elementwise(Ew op, const float* a, const float* b, float s, float* dst, int64_t i0,
                              int64_t i1, int64_t row) {
   switch (op) {
@@ -717,6 +749,18 @@ LOOM_INLINE void elementwise(Ew op, const float* a, const float* b, float s, flo
   case Ew::mul_row:
     for (int64_t i = i0; i < i1; ++i)
       dst[i] = a[i] * b[i % row];
+    break;
+  case Ew::add_row:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = a[i] + b[i % row];
+    break;
+  case Ew::geglu:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = gelu_tanh(a[i]) * b[i];
+    break;
+  case Ew::softcap:
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i] = s * std::tanh(a[i] / s);
     break;
   case Ew::scale:
 #pragma omp simd
@@ -817,8 +861,8 @@ private:
     };
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       const Node& n = g.nodes[i];
-      const bool elementwise =
-          n.op == OpKind::add || n.op == OpKind::mul || n.op == OpKind::scale || n.op == OpKind::swiglu;
+      const bool elementwise = n.op == OpKind::add || n.op == OpKind::mul || n.op == OpKind::scale ||
+                               n.op == OpKind::swiglu || n.op == OpKind::geglu || n.op == OpKind::softcap;
       if (elementwise && offsets_[static_cast<size_t>(n.dst)] == SIZE_MAX)
         for (int32_t s : {n.src[0], n.src[1]}) { // in place over an operand read for the last time
           if (s < 0 || g.tensors[static_cast<size_t>(s)].kind != TensorKind::activation) continue;
@@ -961,12 +1005,13 @@ private:
       const auto pos = ints(g, n.src[1], b);
       const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
       const float* x = f32(n.src[0]);
+      const float* ff = n.src[2] >= 0 ? vec(g, n.src[2]) : nullptr; // frequency divisors (Llama 3.1)
 #pragma omp parallel if (T > 1)
       {
         std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; ++t) { // the angles once per token, for all its heads
-          rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
+          rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data(), ff);
           std::memcpy(dst + t * H * D, x + t * H * D, static_cast<size_t>(H * D) * sizeof(float));
           for (int64_t h = 0; h < H; ++h)
             rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
@@ -998,8 +1043,20 @@ private:
     case OpKind::swiglu:
       ew(Ew::swiglu, f32(n.src[0]), f32(n.src[1]), 0.0f, dst, d.n_elements());
       return;
-    case OpKind::add:
-      ew(Ew::add, f32(n.src[0]), f32(n.src[1]), 0.0f, dst, d.n_elements());
+    case OpKind::add: {
+      const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
+      if (c.n_elements() < d.n_elements()) // a bias: src1 repeats
+        ew(Ew::add_row, f32(n.src[0]), vec(g, n.src[1]), 0.0f, dst, d.n_elements(), c.n_elements());
+      else
+        ew(Ew::add, f32(n.src[0]), c.kind == TensorKind::weight ? vec(g, n.src[1]) : f32(n.src[1]), 0.0f, dst,
+           d.n_elements());
+      return;
+    }
+    case OpKind::geglu:
+      ew(Ew::geglu, f32(n.src[0]), f32(n.src[1]), 0.0f, dst, d.n_elements());
+      return;
+    case OpKind::softcap:
+      ew(Ew::softcap, f32(n.src[0]), nullptr, n.scale, dst, d.n_elements());
       return;
     case OpKind::mul: {
       const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];

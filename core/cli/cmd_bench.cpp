@@ -512,12 +512,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int r = 0; r < reps; ++r) {
     if (tty) std::fprintf(stderr, "\rbench: repetition %d/%d", r + 1, reps);
     if (depth == 0) {
-      // the first token comes from the prefill; tg more are decoded
-      const auto res = run(prompt(pp), tg + 1, r);
-      pre.push_back(res.metrics.prefill_tok_s);
-      dec.push_back(res.metrics.decode_tok_s);
-      ttft.push_back(res.metrics.ttft_ms);
-      tpot.push_back(res.metrics.tpot_ms);
+      // prefill: pp tokens from an empty context (the first token comes from it); decode: tg tokens from
+      // an empty context too, after a one-token prompt — llama-bench's pp and tg, each at depth 0
+      const auto p_res = run(prompt(pp), 1, r);
+      const auto d_res = run(prompt(1), tg + 1, r);
+      pre.push_back(p_res.metrics.prefill_tok_s);
+      dec.push_back(d_res.metrics.decode_tok_s);
+      ttft.push_back(p_res.metrics.ttft_ms);
+      tpot.push_back(d_res.metrics.tpot_ms);
       continue;
     }
     // The context: `depth` tokens (a new draw each repetition), evaluated once and kept by the prefix

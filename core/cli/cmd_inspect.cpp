@@ -61,6 +61,23 @@ std::optional<uint64_t> parse_byte_size(const std::string& s) {
   return static_cast<uint64_t>(b);
 }
 
+// What a family adds to the Llama graph, as `loom inspect` names it (docs/models.md).
+std::vector<std::string> family_features(const ModelConfig& c) {
+  std::vector<std::string> f;
+  if (c.rope.neox) f.emplace_back("RoPE NeoX (rotate-half)");
+  if (c.rope_freqs) f.emplace_back("RoPE frequency divisors (rope_freqs)");
+  if (c.qkv_bias) f.emplace_back("q/k/v biases");
+  if (c.qk_norm) f.emplace_back("q/k RMS norm per head");
+  if (c.fused_qkv) f.emplace_back("fused q/k/v");
+  if (c.fused_gate_up) f.emplace_back("fused gate/up");
+  if (c.post_norms) f.emplace_back("post-attention and post-FFN norms");
+  f.emplace_back(c.geglu ? "GeGLU" : "SwiGLU");
+  if (c.embd_scale > 0.0f) f.emplace_back("embeddings × " + std::to_string(c.embd_scale).substr(0, 7));
+  if (c.final_softcap > 0.0f)
+    f.emplace_back("final logit soft-cap " + std::to_string(c.final_softcap).substr(0, 4));
+  return f;
+}
+
 } // namespace
 
 int cmd_inspect(const std::vector<std::string>& args) {
@@ -157,6 +174,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
     j["norm_eps"] = c.norm_eps;
     j["rope"] = {{"n_dims", c.rope.n_dims}, {"theta", c.rope.theta}, {"factor", c.rope.factor}};
     j["tied_output"] = c.tied_output;
+    j["features"] = family_features(c);
     {
       const auto v = make_attention_variant(c, {});
       const KVRetention r = v->retention();
@@ -214,6 +232,13 @@ int cmd_inspect(const std::vector<std::string>& args) {
               c.n_ctx_train, c.rope.n_dims, static_cast<double>(c.rope.theta),
               static_cast<double>(c.rope.factor), static_cast<double>(c.norm_eps),
               c.tied_output ? "tied to the embedding" : "separate");
+  {
+    const auto feats = family_features(c);
+    std::string line;
+    for (const auto& x : feats)
+      line += (line.empty() ? "" : ", ") + x;
+    std::printf("family:        %s\n", line.empty() ? "Llama (no additions)" : line.c_str());
+  }
   {
     const auto v = make_attention_variant(c, {});
     std::string line = v->describe();

@@ -18,6 +18,7 @@ int cmd_synth(const std::vector<std::string>& args) {
     ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 (of the matrices)")
     ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
     ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")
+    ("arch", po::value<std::string>()->default_value("llama"), "llama | llama3 | mistral | qwen2 | qwen3 | gemma2 | phi3")
     ("chat-template", po::value<std::string>(), "write tokenizer.chat_template: a built-in template (chatml, llama3, …) or a Jinja file")
     ("output,o", po::value<std::string>(), "output .gguf");
   // clang-format on
@@ -25,8 +26,8 @@ int cmd_synth(const std::vector<std::string>& args) {
   if (!parse_args(args, desc, vm,
                   "usage: loom synth --shape NAME --type T [--vocab-from GGUF] [--chat-template NAME|FILE] "
                   "-o OUT.gguf\n"
-                  "Writes a random-weight Llama model of a named shape (weights uniform with std 0.02, norms "
-                  "1) with\n"
+                  "Writes a random-weight model of a named shape and family (weights uniform with std 0.02) "
+                  "with\n"
                   "full metadata and a vocabulary, so llama.cpp runs the very same file."))
     return k_exit_ok;
   if (!vm.count("shape")) throw UsageError("give --shape (see --help for the names)");
@@ -40,6 +41,7 @@ int cmd_synth(const std::vector<std::string>& args) {
   if (vm.count("vocab-from")) o.vocab_from = vm["vocab-from"].as<std::string>();
   o.out = vm["output"].as<std::string>();
   o.seed = vm["seed"].as<unsigned long long>();
+  o.arch = vm["arch"].as<std::string>();
   if (vm.count("chat-template")) {
     const std::string spec = vm["chat-template"].as<std::string>();
     if (const auto b = chat::builtin_template(spec))

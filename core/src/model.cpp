@@ -31,7 +31,7 @@ const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
-    it = graphs_.emplace(key, build_llama(n_tokens, n_outputs)).first;
+    it = graphs_.emplace(key, build_graph(n_tokens, n_outputs)).first;
   }
   return it->second;
 }
@@ -58,7 +58,7 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
   be.compute(g, batch, kv, logits);
 }
 
-Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
+Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {
   const ModelConfig& c = cfg_;
   Graph g;
   g.id = new_graph_id();
@@ -104,27 +104,63 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
     rope.orig_ctx = c.rope.orig_ctx;
   }
 
+  const int32_t rope_freqs = c.rope_freqs ? weight("rope_freqs.weight") : -1; // Llama 3.1 divisors
+  // Rows [r0, r0 + n) of a matrix as a weight of its own (a view: fused q/k/v and gate/up matrices).
+  auto rows = [&](const std::string& name, int64_t r0, int64_t n) {
+    const GgufTensor* t = file_.find_tensor(name);
+    LOOM_ASSERT(t != nullptr && t->ne.size() == 2 && r0 + n <= t->ne[1],
+                "fused tensor validated by ModelConfig");
+    const size_t rb = row_bytes(t->type, t->ne[0]);
+    return g.add_weight(name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + n) + "]", t->type,
+                        {t->ne[0], n, 1, 1},
+                        static_cast<const uint8_t*>(t->data) + static_cast<size_t>(r0) * rb);
+  };
+  auto norm = [&](int32_t xin, int32_t w, const std::string& out, std::array<int64_t, 4> ne) {
+    Node nn = node(OpKind::rms_norm, xin, w, g.add_activation(out, ne));
+    nn.eps = c.norm_eps;
+    return g.add_node(nn);
+  };
+  auto bin = [&](OpKind op, int32_t a, int32_t b, const std::string& out, std::array<int64_t, 4> ne) {
+    return g.add_node(node(op, a, b, g.add_activation(out, ne)));
+  };
+  auto rope_node = [&](int32_t xin, const std::string& out, int64_t H) {
+    Node r = node(OpKind::rope, xin, g.in_positions, g.add_activation(out, {D, H, T, 1}));
+    r.rope = rope;
+    r.src[2] = rope_freqs;
+    return g.add_node(r);
+  };
+
   const int32_t tok_embd = weight("token_embd.weight");
   int32_t x =
       g.add_node(node(OpKind::get_rows, tok_embd, g.in_tokens, g.add_activation("embd", {E, T, 1, 1})));
+  if (c.embd_scale > 0.0f) { // Gemma: embeddings × √n_embd
+    Node sc = node(OpKind::scale, x, -1, g.add_activation("embd_scaled", {E, T, 1, 1}));
+    sc.scale = c.embd_scale;
+    x = g.add_node(sc);
+  }
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    Node nn = node(OpKind::rms_norm, x, weight(p + "attn_norm.weight"),
-                   g.add_activation(p + "attn_in", {E, T, 1, 1}));
-    nn.eps = c.norm_eps;
-    const int32_t h = g.add_node(nn);
-    int32_t q = g.add_node(
-        node(OpKind::matmul, weight(p + "attn_q.weight"), h, g.add_activation(p + "q", {D, Hq, T, 1})));
-    int32_t k = g.add_node(
-        node(OpKind::matmul, weight(p + "attn_k.weight"), h, g.add_activation(p + "k", {D, Hkv, T, 1})));
-    const int32_t v = g.add_node(
-        node(OpKind::matmul, weight(p + "attn_v.weight"), h, g.add_activation(p + "v", {D, Hkv, T, 1})));
-    Node rq = node(OpKind::rope, q, g.in_positions, g.add_activation(p + "q_rope", {D, Hq, T, 1}));
-    rq.rope = rope;
-    q = g.add_node(rq);
-    Node rk = node(OpKind::rope, k, g.in_positions, g.add_activation(p + "k_rope", {D, Hkv, T, 1}));
-    rk.rope = rope;
-    k = g.add_node(rk);
+    const int32_t h = norm(x, weight(p + "attn_norm.weight"), p + "attn_in", {E, T, 1, 1});
+    // q, k, v: one after another, so that a backend may run them together (they read the same h)
+    const int32_t wq = c.fused_qkv ? rows(p + "attn_qkv.weight", 0, D * Hq) : weight(p + "attn_q.weight");
+    const int32_t wk =
+        c.fused_qkv ? rows(p + "attn_qkv.weight", D * Hq, D * Hkv) : weight(p + "attn_k.weight");
+    const int32_t wv =
+        c.fused_qkv ? rows(p + "attn_qkv.weight", D * (Hq + Hkv), D * Hkv) : weight(p + "attn_v.weight");
+    int32_t q = g.add_node(node(OpKind::matmul, wq, h, g.add_activation(p + "q", {D, Hq, T, 1})));
+    int32_t k = g.add_node(node(OpKind::matmul, wk, h, g.add_activation(p + "k", {D, Hkv, T, 1})));
+    int32_t v = g.add_node(node(OpKind::matmul, wv, h, g.add_activation(p + "v", {D, Hkv, T, 1})));
+    if (c.qkv_bias) { // Qwen2
+      q = bin(OpKind::add, q, weight(p + "attn_q.bias"), p + "q_bias", {D, Hq, T, 1});
+      k = bin(OpKind::add, k, weight(p + "attn_k.bias"), p + "k_bias", {D, Hkv, T, 1});
+      v = bin(OpKind::add, v, weight(p + "attn_v.bias"), p + "v_bias", {D, Hkv, T, 1});
+    }
+    if (c.qk_norm) { // Qwen3: each head of q and k normalized (rows of head_dim)
+      q = norm(q, weight(p + "attn_q_norm.weight"), p + "q_norm", {D, Hq, T, 1});
+      k = norm(k, weight(p + "attn_k_norm.weight"), p + "k_norm", {D, Hkv, T, 1});
+    }
+    q = rope_node(q, p + "q_rope", Hq);
+    k = rope_node(k, p + "k_rope", Hkv);
     Node at;
     at.op = OpKind::attention;
     at.src = {q, k, v};
@@ -133,35 +169,37 @@ Graph Model::build_llama(int32_t n_tokens, int32_t n_outputs) const {
     at.attn.n_head = c.n_head;
     at.attn.n_head_kv = c.n_head_kv;
     at.attn.head_dim = c.head_dim;
-    at.attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    at.attn.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     attention_->apply(at.attn); // window, sinks, soft-cap, kernel of this layer
     const int32_t a = g.add_node(at);
-    const int32_t o = g.add_node(node(OpKind::matmul, weight(p + "attn_output.weight"), a,
-                                      g.add_activation(p + "attn_proj", {E, T, 1, 1})));
-    x = g.add_node(node(OpKind::add, x, o, g.add_activation(p + "attn_res", {E, T, 1, 1})));
-    Node fn = node(OpKind::rms_norm, x, weight(p + "ffn_norm.weight"),
-                   g.add_activation(p + "ffn_in", {E, T, 1, 1}));
-    fn.eps = c.norm_eps;
-    const int32_t hf = g.add_node(fn);
-    const int32_t gate = g.add_node(node(OpKind::matmul, weight(p + "ffn_gate.weight"), hf,
-                                         g.add_activation(p + "ffn_gate", {F, T, 1, 1})));
-    const int32_t up = g.add_node(
-        node(OpKind::matmul, weight(p + "ffn_up.weight"), hf, g.add_activation(p + "ffn_up", {F, T, 1, 1})));
-    const int32_t act =
-        g.add_node(node(OpKind::swiglu, gate, up, g.add_activation(p + "ffn_act", {F, T, 1, 1})));
-    const int32_t down = g.add_node(node(OpKind::matmul, weight(p + "ffn_down.weight"), act,
-                                         g.add_activation(p + "ffn_out", {E, T, 1, 1})));
-    x = g.add_node(node(OpKind::add, x, down, g.add_activation(p + "ffn_res", {E, T, 1, 1})));
+    int32_t o = g.add_node(node(OpKind::matmul, weight(p + "attn_output.weight"), a,
+                                g.add_activation(p + "attn_proj", {E, T, 1, 1})));
+    if (c.post_norms) o = norm(o, weight(p + "post_attention_norm.weight"), p + "attn_post", {E, T, 1, 1});
+    x = bin(OpKind::add, x, o, p + "attn_res", {E, T, 1, 1});
+    const int32_t hf = norm(x, weight(p + "ffn_norm.weight"), p + "ffn_in", {E, T, 1, 1});
+    const int32_t wg = c.fused_gate_up ? rows(p + "ffn_up.weight", 0, F) : weight(p + "ffn_gate.weight");
+    const int32_t wu = c.fused_gate_up ? rows(p + "ffn_up.weight", F, F) : weight(p + "ffn_up.weight");
+    const int32_t gate =
+        g.add_node(node(OpKind::matmul, wg, hf, g.add_activation(p + "ffn_gate", {F, T, 1, 1})));
+    const int32_t up = g.add_node(node(OpKind::matmul, wu, hf, g.add_activation(p + "ffn_up", {F, T, 1, 1})));
+    const int32_t act = bin(c.geglu ? OpKind::geglu : OpKind::swiglu, gate, up, p + "ffn_act", {F, T, 1, 1});
+    int32_t down = g.add_node(node(OpKind::matmul, weight(p + "ffn_down.weight"), act,
+                                   g.add_activation(p + "ffn_out", {E, T, 1, 1})));
+    if (c.post_norms) down = norm(down, weight(p + "post_ffw_norm.weight"), p + "ffn_post", {E, T, 1, 1});
+    x = bin(OpKind::add, x, down, p + "ffn_res", {E, T, 1, 1});
   }
   const int64_t O = n_outputs;
   x = g.add_node(node(OpKind::get_rows, x, g.in_out_ids, g.add_activation("out_rows", {E, O, 1, 1})));
-  Node on =
-      node(OpKind::rms_norm, x, weight("output_norm.weight"), g.add_activation("out_norm", {E, O, 1, 1}));
-  on.eps = c.norm_eps;
-  x = g.add_node(on);
+  x = norm(x, weight("output_norm.weight"), "out_norm", {E, O, 1, 1});
   const int32_t head = c.tied_output ? tok_embd : weight("output.weight");
-  g.out_logits = g.add_node(
-      node(OpKind::matmul, head, x, g.add_activation("logits", {static_cast<int64_t>(c.n_vocab), O, 1, 1})));
+  const int64_t V = c.n_vocab;
+  int32_t logits = g.add_node(node(OpKind::matmul, head, x, g.add_activation("logits", {V, O, 1, 1})));
+  if (c.final_softcap > 0.0f) { // Gemma 2
+    Node sc = node(OpKind::softcap, logits, -1, g.add_activation("logits_capped", {V, O, 1, 1}));
+    sc.scale = c.final_softcap;
+    logits = g.add_node(sc);
+  }
+  g.out_logits = logits;
   return g;
 }
 

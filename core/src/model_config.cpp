@@ -78,10 +78,15 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama")
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" && c.arch != "phi3")
     fail(Errc::unsupported, "model",
          gguf_printable(f.path(), 400) + ": architecture '" + gguf_printable(c.arch) +
-             "' is not supported (supported: llama)");
+             "' is not supported (supported: " + k_supported_archs + ")");
+  c.qkv_bias = c.arch == "qwen2";
+  c.qk_norm = c.arch == "qwen3";
+  c.fused_qkv = c.fused_gate_up = c.arch == "phi3";
+  c.post_norms = c.geglu = c.arch == "gemma2";
+  c.rope.neox = c.arch != "llama"; // GGUF's llama q/k rows are permuted for adjacent pairs
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch + ".";
   auto req = [&](const std::string& k) { return f.get_int(a + k); };
@@ -165,6 +170,20 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   }
   c.attn_softcap =
       finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
+  c.final_softcap =
+      finite_at_least(f, a + "final_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
+  if (c.arch == "gemma2") { // defaults as Gemma 2's config (and llama.cpp) has them when keys are absent
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    if (!f.find(a + "attn_logit_softcapping")) c.attn_softcap = 50.0f;
+    if (!f.find(a + "final_logit_softcapping")) c.final_softcap = 30.0f;
+    if (!f.find(a + "attention.sliding_window")) {
+      c.sliding_window = 4096;
+      c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
+    }
+    if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
+      for (int32_t l = 0; l < c.n_layer; ++l) // local and global layers alternate, local first
+        c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+  }
 
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) bad(f, "tensor 'token_embd.weight' is missing");
@@ -180,15 +199,47 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     expect_shape(f, p + "attn_norm.weight", {c.n_embd});
-    expect_shape(f, p + "attn_q.weight", {c.n_embd, q_dim});
-    expect_shape(f, p + "attn_k.weight", {c.n_embd, kv_dim});
-    expect_shape(f, p + "attn_v.weight", {c.n_embd, kv_dim});
+    if (c.fused_qkv) {
+      expect_shape(f, p + "attn_qkv.weight", {c.n_embd, q_dim + 2 * kv_dim});
+    } else {
+      expect_shape(f, p + "attn_q.weight", {c.n_embd, q_dim});
+      expect_shape(f, p + "attn_k.weight", {c.n_embd, kv_dim});
+      expect_shape(f, p + "attn_v.weight", {c.n_embd, kv_dim});
+    }
+    if (c.qkv_bias) {
+      expect_shape(f, p + "attn_q.bias", {q_dim});
+      expect_shape(f, p + "attn_k.bias", {kv_dim});
+      expect_shape(f, p + "attn_v.bias", {kv_dim});
+    }
+    if (c.qk_norm) {
+      expect_shape(f, p + "attn_q_norm.weight", {c.head_dim});
+      expect_shape(f, p + "attn_k_norm.weight", {c.head_dim});
+    }
     expect_shape(f, p + "attn_output.weight", {q_dim, c.n_embd});
     expect_shape(f, p + "ffn_norm.weight", {c.n_embd});
-    expect_shape(f, p + "ffn_gate.weight", {c.n_embd, c.n_ff});
-    expect_shape(f, p + "ffn_up.weight", {c.n_embd, c.n_ff});
+    if (c.post_norms) {
+      expect_shape(f, p + "post_attention_norm.weight", {c.n_embd});
+      expect_shape(f, p + "post_ffw_norm.weight", {c.n_embd});
+    }
+    if (c.fused_gate_up) {
+      expect_shape(f, p + "ffn_up.weight", {c.n_embd, 2 * static_cast<int64_t>(c.n_ff)});
+    } else {
+      expect_shape(f, p + "ffn_gate.weight", {c.n_embd, c.n_ff});
+      expect_shape(f, p + "ffn_up.weight", {c.n_embd, c.n_ff});
+    }
     expect_shape(f, p + "ffn_down.weight", {c.n_ff, c.n_embd});
   }
+  if (f.find_tensor("rope_freqs.weight")) {
+    expect_shape(f, "rope_freqs.weight", {c.rope.n_dims / 2});
+    if (f.find_tensor("rope_freqs.weight")->type != DType::f32)
+      bad(f, "tensor 'rope_freqs.weight' must be f32");
+    c.rope_freqs = true;
+  }
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if (f.find_tensor(t))
+      fail(Errc::unsupported, "model",
+           gguf_printable(f.path(), 400) + ": '" + t +
+               "' (Phi-3's long-context RoPE scaling, longrope) is not supported; use a 4k-context variant");
   expect_shape(f, "token_embd.weight", {c.n_embd, c.n_vocab});
   expect_shape(f, "output_norm.weight", {c.n_embd});
   c.tied_output = f.find_tensor("output.weight") == nullptr;
@@ -198,7 +249,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.n_params += t.n_elements;
     c.weight_bytes += t.n_bytes;
   }
-  const GgufTensor* q0 = f.find_tensor("blk.0.attn_q.weight");
+  const GgufTensor* q0 = f.find_tensor(c.fused_qkv ? "blk.0.attn_qkv.weight" : "blk.0.attn_q.weight");
   c.weight_type = q0 ? q0->type : emb->type;
   return c;
 }

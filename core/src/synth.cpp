@@ -3,8 +3,10 @@
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 
 namespace loom {
 
@@ -118,37 +120,74 @@ void synth_model(const SynthOptions& o) {
     w.add_bool("tokenizer.ggml.add_bos_token", true);
   }
 
+  static const char* archs[] = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3"};
+  if (std::find(std::begin(archs), std::end(archs), o.arch) == std::end(archs))
+    fail(Errc::invalid_argument, "synth",
+         "unknown arch '" + o.arch + "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3)");
+  // The GGUF architecture and its key prefix: Llama 3 and Mistral are llama files.
+  const std::string arch = o.arch == "llama3" || o.arch == "mistral" ? "llama" : o.arch;
+  const std::string k = arch + "."; // key prefix
+  if (o.arch == "llama3") sh.rope_theta = 500000.0f;
+  if (o.arch == "gemma2" || o.arch == "llama3") sh.tied_output = true;
+
   if (!o.chat_template.empty()) w.add_string("tokenizer.chat_template", o.chat_template);
-  w.add_string("general.architecture", "llama");
-  w.add_string("general.name", "loom-synth " + sh.name + " " + std::string(dtype_name(o.type)));
+  w.add_string("general.architecture", arch);
+  w.add_string("general.name", "loom-synth " + (o.arch == "llama" ? "" : o.arch + " ") + sh.name + " " +
+                                   std::string(dtype_name(o.type)));
   w.add_u32("general.file_type", file_type(o.type));
   if (o.type == DType::q8_0 || o.type == DType::q4_0) w.add_u32("general.quantization_version", 2);
-  w.add_u32("llama.context_length", static_cast<uint32_t>(sh.n_ctx));
-  w.add_u32("llama.embedding_length", static_cast<uint32_t>(sh.n_embd));
-  w.add_u32("llama.block_count", static_cast<uint32_t>(sh.n_layer));
-  w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(sh.n_ff));
-  w.add_u32("llama.attention.head_count", static_cast<uint32_t>(sh.n_head));
-  w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(sh.n_head_kv));
-  w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(sh.n_embd / sh.n_head));
-  w.add_f32("llama.rope.freq_base", sh.rope_theta);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.add_u32("llama.vocab_size", static_cast<uint32_t>(sh.n_vocab));
+  w.add_u32(k + "context_length", static_cast<uint32_t>(sh.n_ctx));
+  w.add_u32(k + "embedding_length", static_cast<uint32_t>(sh.n_embd));
+  w.add_u32(k + "block_count", static_cast<uint32_t>(sh.n_layer));
+  w.add_u32(k + "feed_forward_length", static_cast<uint32_t>(sh.n_ff));
+  w.add_u32(k + "attention.head_count", static_cast<uint32_t>(sh.n_head));
+  w.add_u32(k + "attention.head_count_kv", static_cast<uint32_t>(sh.n_head_kv));
+  w.add_u32(k + "rope.dimension_count", static_cast<uint32_t>(sh.n_embd / sh.n_head));
+  w.add_f32(k + "rope.freq_base", sh.rope_theta);
+  w.add_f32(k + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32(k + "vocab_size", static_cast<uint32_t>(sh.n_vocab));
+  if (o.arch == "gemma2") {
+    w.add_f32(k + "attn_logit_softcapping", 50.0f);
+    w.add_f32(k + "final_logit_softcapping", 30.0f);
+  }
+  if (o.arch == "gemma2" || o.arch == "mistral") // a quarter of the context: windows that matter in tests
+    w.add_u32(k + "attention.sliding_window", static_cast<uint32_t>(std::max(16, sh.n_ctx / 4)));
 
   const int64_t E = sh.n_embd, F = sh.n_ff, V = sh.n_vocab, D = sh.n_embd / sh.n_head;
   const int64_t KV = D * sh.n_head_kv;
   std::vector<GgufWriter::TensorSpec> specs;
   specs.push_back({"token_embd.weight", o.type, {E, V}});
+  if (o.arch == "llama3") specs.push_back({"rope_freqs.weight", DType::f32, {D / 2}});
   for (int32_t l = 0; l < sh.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     specs.push_back({p + "attn_norm.weight", DType::f32, {E}});
-    specs.push_back({p + "attn_q.weight", o.type, {E, E}});
-    specs.push_back({p + "attn_k.weight", o.type, {E, KV}});
-    specs.push_back({p + "attn_v.weight", o.type, {E, KV}});
+    if (o.arch == "phi3") {
+      specs.push_back({p + "attn_qkv.weight", o.type, {E, E + 2 * KV}});
+    } else {
+      specs.push_back({p + "attn_q.weight", o.type, {E, E}});
+      specs.push_back({p + "attn_k.weight", o.type, {E, KV}});
+      specs.push_back({p + "attn_v.weight", o.type, {E, KV}});
+    }
+    if (o.arch == "qwen2") {
+      specs.push_back({p + "attn_q.bias", DType::f32, {E}});
+      specs.push_back({p + "attn_k.bias", DType::f32, {KV}});
+      specs.push_back({p + "attn_v.bias", DType::f32, {KV}});
+    }
+    if (o.arch == "qwen3") {
+      specs.push_back({p + "attn_q_norm.weight", DType::f32, {D}});
+      specs.push_back({p + "attn_k_norm.weight", DType::f32, {D}});
+    }
     specs.push_back({p + "attn_output.weight", o.type, {E, E}});
+    if (o.arch == "gemma2") specs.push_back({p + "post_attention_norm.weight", DType::f32, {E}});
     specs.push_back({p + "ffn_norm.weight", DType::f32, {E}});
-    specs.push_back({p + "ffn_gate.weight", o.type, {E, F}});
-    specs.push_back({p + "ffn_up.weight", o.type, {E, F}});
+    if (o.arch == "phi3") {
+      specs.push_back({p + "ffn_up.weight", o.type, {E, 2 * F}});
+    } else {
+      specs.push_back({p + "ffn_gate.weight", o.type, {E, F}});
+      specs.push_back({p + "ffn_up.weight", o.type, {E, F}});
+    }
     specs.push_back({p + "ffn_down.weight", o.type, {F, E}});
+    if (o.arch == "gemma2") specs.push_back({p + "post_ffw_norm.weight", DType::f32, {E}});
   }
   specs.push_back({"output_norm.weight", DType::f32, {E}});
   if (!sh.tied_output) specs.push_back({"output.weight", o.type, {E, V}});
@@ -165,10 +204,32 @@ void synth_model(const SynthOptions& o) {
     const size_t rb = row_bytes(s.type, cols);
     bytes.resize(rb * static_cast<size_t>(rows));
     std::vector<float> row(static_cast<size_t>(cols));
-    const bool norm = s.ne.size() == 1;
+    // 1-D: norms are 1 (the families that are new here: 1 ± 0.25, so a norm's weight matters), biases
+    // random, rope_freqs Llama 3.1's divisors (factor 8 over the original 8192 positions).
+    const bool norm = s.ne.size() == 1 && s.name.find("norm") != std::string::npos;
+    const bool bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+    const bool freqs = s.name == "rope_freqs.weight";
+    const bool plain_norms = o.arch == "llama" || o.arch == "llama3" || o.arch == "mistral";
     for (int64_t r = 0; r < rows; ++r) {
-      for (auto& x : row)
-        x = norm ? 1.0f : rng.uniform(a);
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = row[static_cast<size_t>(c)];
+        if (freqs) {
+          const double wavelen = 2.0 * M_PI *
+                                 std::pow(static_cast<double>(sh.rope_theta),
+                                          2.0 * static_cast<double>(c) / static_cast<double>(2 * cols));
+          const double lo = 8192.0 / 1.0, hi = 8192.0 / 4.0; // low/high frequency wavelengths
+          x = wavelen < hi   ? 1.0f
+              : wavelen > lo ? 8.0f
+                             : static_cast<float>(1.0 / ((1.0 - (8192.0 / wavelen - 1.0) / 3.0) / 8.0 +
+                                                         (8192.0 / wavelen - 1.0) / 3.0));
+        } else if (norm) {
+          x = plain_norms ? 1.0f : 1.0f + rng.uniform(0.25f);
+        } else if (bias) {
+          x = rng.uniform(0.5f);
+        } else {
+          x = rng.uniform(a);
+        }
+      }
       quantize_row(s.type, row.data(), bytes.data() + static_cast<size_t>(r) * rb, cols);
     }
     done += cols * rows;

@@ -41,7 +41,7 @@ public:
 
 private:
   explicit Model(GgufFile f);
-  Graph build_llama(int32_t n_tokens, int32_t n_outputs) const;
+  Graph build_graph(int32_t n_tokens, int32_t n_outputs) const; // every family of ModelConfig
 
   GgufFile file_;
   ModelConfig cfg_;

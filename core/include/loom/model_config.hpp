@@ -23,8 +23,17 @@ struct RopeConfig {
   float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
 };
 
+// The architectures ModelConfig reads (general.architecture), and what each adds to the Llama graph.
+//   llama   (Llama 1/2/3/3.1/3.2, Mistral, TinyLlama …): rope_freqs.weight divisors when present (3.1)
+//   qwen2   (Qwen2, Qwen2.5): q/k/v biases; NeoX RoPE
+//   qwen3   (Qwen3 dense): RMS norm of each head of q and k before RoPE; NeoX RoPE
+//   gemma2  (Gemma 2): GeGLU, embeddings × √n_embd, norms after attention and FFN too, attention and final
+//           logit soft-caps, every other layer a sliding window; NeoX RoPE; tied embeddings
+//   phi3    (Phi-3, Phi-3.5 mini): fused q/k/v and gate/up matrices; NeoX RoPE
+constexpr const char* k_supported_archs = "llama, qwen2, qwen3, gemma2, phi3";
+
 struct ModelConfig {
-  std::string arch;   // "llama"
+  std::string arch;   // general.architecture: one of k_supported_archs
   std::string name;   // general.name (may be empty)
   int32_t n_embd = 0; // model width
   int32_t n_layer = 0;
@@ -42,7 +51,18 @@ struct ModelConfig {
   int32_t sliding_window = 0;
   std::vector<bool> sliding_layers; // n_layer entries when sliding_window > 0
   float attn_softcap = 0.0f;
-  bool tied_output = false;       // no output.weight: the embedding is the output head
+  bool tied_output = false; // no output.weight: the embedding is the output head
+  // Family features (see k_supported_archs).
+  bool qkv_bias = false;      // attn_{q,k,v}.bias
+  bool qk_norm = false;       // attn_{q,k}_norm.weight [head_dim]
+  bool fused_qkv = false;     // attn_qkv.weight [n_embd, q_dim + 2·kv_dim] (q rows, then k, then v)
+  bool fused_gate_up = false; // ffn_up.weight [n_embd, 2·n_ff] (gate rows, then up); no ffn_gate
+  bool post_norms = false;    // post_attention_norm.weight, post_ffw_norm.weight after each block's output
+  bool geglu = false;         // gelu(gate) ⊙ up instead of silu(gate) ⊙ up
+  bool rope_freqs = false;    // rope_freqs.weight [n_dims/2]: frequency divisors (Llama 3.1 rope scaling)
+  float embd_scale = 0.0f;    // embeddings multiplied by this (0: not scaled)
+  float final_softcap = 0.0f; // logits = c·tanh(logits/c) (0: off)
+  float attn_scale = 0.0f;    // scores scaled by this (0: 1/√head_dim)
   DType weight_type = DType::f32; // the type most matrices are stored in (general.file_type-ish)
 
   int32_t n_gqa() const noexcept { return n_head / n_head_kv; }

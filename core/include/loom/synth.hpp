@@ -27,6 +27,10 @@ struct SynthOptions {
   std::string out;
   uint64_t seed = 1;
   std::string chat_template; // written as tokenizer.chat_template (replacing a copied one); "" = none added
+  // The family: llama, llama3 (θ 500000, Llama 3.1's rope_freqs, tied embeddings), mistral (llama with a
+  // sliding window), qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (GeGLU, post norms, soft-caps,
+  // alternating sliding window, tied embeddings), phi3 (fused q/k/v and gate/up).
+  std::string arch = "llama";
   std::function<void(double fraction)> progress; // optional
 };
 

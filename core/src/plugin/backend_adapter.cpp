@@ -11,8 +11,22 @@ namespace loom::plugin {
 namespace {
 
 static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
-                  static_cast<int32_t>(OpKind::attention) == LOOM_OP_ATTENTION,
+                  static_cast<int32_t>(OpKind::attention) == LOOM_OP_ATTENTION &&
+                  static_cast<int32_t>(OpKind::geglu) == LOOM_OP_GEGLU &&
+                  static_cast<int32_t>(OpKind::softcap) == LOOM_OP_SOFTCAP,
               "OpKind values are part of the backend ABI");
+
+// What a node asks beyond ABI 1.5: the geglu and softcap ops, a bias add (src1 broadcast along rows),
+// RoPE frequency divisors (src2). A plugin built before 1.6 would read past a bias or ignore the
+// divisors, so it is not asked to run such a node.
+bool needs_abi_1_6(const Graph& g, const Node& n) {
+  if (n.op == OpKind::geglu || n.op == OpKind::softcap) return true;
+  if (n.op == OpKind::rope) return n.src[2] >= 0;
+  if (n.op == OpKind::add)
+    return g.tensors[static_cast<size_t>(n.src[1])].n_elements() !=
+           g.tensors[static_cast<size_t>(n.dst)].n_elements();
+  return false;
+}
 
 struct CGraph {
   std::vector<loom_tensor> tensors;
@@ -94,6 +108,7 @@ public:
   }
   std::string_view name() const noexcept override { return name_; }
   bool supports(const Graph& g, const Node& n) const noexcept override {
+    if (lib_ && lib_->plugin().abi_minor < 6 && needs_abi_1_6(g, n)) return false;
     if (!vt_->supports) return true;
     try {
       const CGraph& c = const_cast<PluginBackend*>(this)->converted(g);

@@ -137,8 +137,9 @@ private:
       const int64_t D = d.ne[0], H = d.ne[1], T = d.ne[2];
       std::memcpy(y, x, static_cast<size_t>(total) * sizeof(float));
       std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
+      const float* ff = n.src[2] >= 0 ? in(n.src[2]) : nullptr; // frequency divisors (Llama 3.1)
       for (int64_t t = 0; t < T; ++t) {
-        loom::rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
+        loom::rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data(), ff);
         for (int64_t h = 0; h < H; ++h)
           loom::rope_rotate(n.rope, cs.data(), sn.data(), y + (t * H + h) * D);
       }
@@ -154,11 +155,25 @@ private:
         y[i] = gate[i] * (1.0f / (1.0f + std::exp(-gate[i]))) * up[i];
       return;
     }
-    case OpKind::add: {
+    case OpKind::add: { // a smaller src1 repeats (a bias)
       const float* a = in(n.src[0]);
       const float* c = in(n.src[1]);
+      const int64_t nc = desc(n.src[1]).n_elements();
       for (int64_t i = 0; i < total; ++i)
-        y[i] = a[i] + c[i];
+        y[i] = a[i] + c[i % nc];
+      return;
+    }
+    case OpKind::geglu: {
+      const float* gate = in(n.src[0]);
+      const float* up = in(n.src[1]);
+      for (int64_t i = 0; i < total; ++i)
+        y[i] = loom::gelu_tanh(gate[i]) * up[i];
+      return;
+    }
+    case OpKind::softcap: {
+      const float* a = in(n.src[0]);
+      for (int64_t i = 0; i < total; ++i)
+        y[i] = n.scale * std::tanh(a[i] / n.scale);
       return;
     }
     case OpKind::mul: { // src1 broadcast along rows when it is one row

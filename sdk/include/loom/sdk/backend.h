@@ -35,7 +35,9 @@ typedef enum loom_op { /* append-only */
                        LOOM_OP_SCALE = 7,
                        LOOM_OP_SOFTMAX = 8,
                        LOOM_OP_COPY = 9,
-                       LOOM_OP_MUL = 10
+                       LOOM_OP_MUL = 10,
+                       LOOM_OP_GEGLU = 11,  /* ABI 1.6 */
+                       LOOM_OP_SOFTCAP = 12 /* ABI 1.6 */
 } loom_op;
 
 /* Element types: GGML's ids (F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14,

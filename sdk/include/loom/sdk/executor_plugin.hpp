@@ -32,7 +32,8 @@ namespace loom::sdk {
 // OpKind and DType values are the ABI's (append-only on both sides).
 static_assert(static_cast<int32_t>(loom::OpKind::get_rows) == LOOM_OP_GET_ROWS &&
               static_cast<int32_t>(loom::OpKind::attention) == LOOM_OP_ATTENTION &&
-              static_cast<int32_t>(loom::OpKind::mul) == LOOM_OP_MUL);
+              static_cast<int32_t>(loom::OpKind::mul) == LOOM_OP_MUL &&
+              static_cast<int32_t>(loom::OpKind::softcap) == LOOM_OP_SOFTCAP);
 static_assert(static_cast<uint32_t>(loom::DType::q4_k) == LOOM_DTYPE_Q4_K &&
               static_cast<uint32_t>(loom::DType::bf16) == LOOM_DTYPE_BF16);
 

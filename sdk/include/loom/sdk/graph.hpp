@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -26,13 +27,16 @@ enum class OpKind : int32_t {
   rms_norm = 1, // dst = src0 / rms(src0) * src1                   src0 [n, T], src1 [n] → [n, T]   (eps)
   matmul = 2, // dst = src0ᵀ · src1                              src0 [K, N] weights, src1 [K, T] → [N, T]
   rope = 3,   // rotary embedding at positions src1              src0 [D, H, T], src1 [T] i32 → [D, H, T]
+              //   src2 (ABI 1.6, optional): f32 [n_dims/2] frequency divisors (Llama 3.1's rope_freqs)
   attention = 4, // causal attention over the KV cache              q [D, Hq, T], k,v [D, Hkv, T] → [D·Hq, T]
   swiglu = 5,    // dst = silu(src0) ⊙ src1                         [n, T] × [n, T] → [n, T]
-  add = 6,       // dst = src0 + src1                               same shapes
-  scale = 7,     // dst = src0 · scale
-  softmax = 8,   // row-wise softmax
-  copy = 9,      // dst = src0 (dtype conversion)
-  mul = 10,      // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
+  add = 6,   // dst = src0 + src1; a smaller src1 repeats: dst[i] = src0[i] + src1[i mod n1] (a bias, ABI 1.6)
+  scale = 7, // dst = src0 · scale
+  softmax = 8,  // row-wise softmax
+  copy = 9,     // dst = src0 (dtype conversion)
+  mul = 10,     // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
+  geglu = 11,   // dst = gelu(src0) ⊙ src1, gelu's tanh form (ABI 1.6) [n, T] × [n, T] → [n, T]
+  softcap = 12, // dst = scale · tanh(src0 / scale) (ABI 1.6: Gemma 2's final logits)
 };
 inline const char* op_name(OpKind op) noexcept {
   switch (op) {
@@ -58,8 +62,18 @@ inline const char* op_name(OpKind op) noexcept {
     return "copy";
   case OpKind::mul:
     return "mul";
+  case OpKind::geglu:
+    return "geglu";
+  case OpKind::softcap:
+    return "softcap";
   }
   return "unknown";
+}
+
+// GELU in its tanh form, as ggml and Gemma compute it: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+inline float gelu_tanh(float x) noexcept {
+  constexpr float k_sqrt_2_over_pi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x)));
 }
 
 enum class TensorKind : uint8_t { weight, input, activation };

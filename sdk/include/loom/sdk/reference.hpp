@@ -206,9 +206,10 @@ private:
       const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
       const float* x = f32(n.src[0]);
       std::copy(x, x + s.n_elements(), dst);
-      std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
+      std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size()), ff_tmp;
+      const float* ff = n.src[2] >= 0 ? row(g, n.src[2], 0, ff_tmp) : nullptr; // frequency divisors
       for (int64_t t = 0; t < T; ++t) {
-        rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data());
+        rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data(), ff);
         for (int64_t h = 0; h < H; ++h)
           rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
       }
@@ -242,11 +243,29 @@ private:
       }
       return;
     }
-    case OpKind::add: {
+    case OpKind::add: { // a smaller src1 repeats (a bias over each token's q, k or v)
+      const float* a = f32(n.src[0]);
+      const TensorDesc& c = g.tensors[static_cast<size_t>(n.src[1])];
+      std::vector<float> cv(static_cast<size_t>(c.n_elements())), tmp;
+      for (int64_t r = 0; r < c.n_rows(); ++r) {
+        const float* cr = row(g, n.src[1], r, tmp);
+        std::copy(cr, cr + c.ne[0], cv.begin() + r * c.ne[0]);
+      }
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = a[i] + cv[static_cast<size_t>(i % c.n_elements())];
+      return;
+    }
+    case OpKind::geglu: {
       const float* a = f32(n.src[0]);
       const float* c = f32(n.src[1]);
       for (int64_t i = 0; i < d.n_elements(); ++i)
-        dst[i] = a[i] + c[i];
+        dst[i] = gelu_tanh(a[i]) * c[i];
+      return;
+    }
+    case OpKind::softcap: {
+      const float* a = f32(n.src[0]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = n.scale * std::tanh(a[i] / n.scale);
       return;
     }
     case OpKind::mul: {

@@ -12,8 +12,10 @@ namespace loom {
 
 // cos and sin (times the YaRN magnitude) of each rotated pair i < n_dims/2 at position p, after
 // ggml's formulas: theta_i = p · base^(−2i/n_dims), linear scaling by freq_scale, and with
-// ext_factor ≠ 0 the YaRN ramp between interpolated and extrapolated angles.
-inline void rope_table(const RopeParams& rp, Pos p, float* cs, float* sn) {
+// ext_factor ≠ 0 the YaRN ramp between interpolated and extrapolated angles. `freq_factors` (a rope
+// node's src2, n_dims/2 values, or null) divide each pair's frequency, as Llama 3.1's rope_freqs do.
+inline void rope_table(const RopeParams& rp, Pos p, float* cs, float* sn,
+                       const float* freq_factors = nullptr) {
   const int64_t nd = rp.n_dims;
   float corr_lo = 0.0f, corr_hi = 0.0f; // dims whose wavelength fits the original context
   if (rp.ext_factor != 0.0f) {
@@ -28,7 +30,8 @@ inline void rope_table(const RopeParams& rp, Pos p, float* cs, float* sn) {
   for (int64_t i0 = 0; i0 < nd; i0 += 2) {
     const double theta_extrap =
         static_cast<double>(p) *
-        std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd));
+        std::pow(static_cast<double>(rp.theta), -static_cast<double>(i0) / static_cast<double>(nd)) /
+        (freq_factors ? static_cast<double>(freq_factors[i0 / 2]) : 1.0);
     const double theta_interp = static_cast<double>(rp.freq_scale) * theta_extrap;
     double theta = theta_interp;
     double mscale = static_cast<double>(rp.attn_factor);

@@ -1,0 +1,106 @@
+// Every model family against llama.cpp: a `loom synth` file of each (llama, llama3, mistral, qwen2, qwen3,
+// gemma2, phi3 — the same deterministic file llama.cpp was given) gives llama.cpp's logits at several
+// positions of a 300-token prompt (within 1e-3 of their scale) and its 32 greedy tokens, on the reference
+// backend and on the cpu plugin. llama.cpp's numbers are in tests/data/families/reference.json
+// (make_reference.py wrote them with llama-cpp-python); no Python runs here.
+#include "loom/backend.hpp"
+#include "loom/kv_cache.hpp"
+#include "loom/model.hpp"
+#include "loom/pipeline.hpp"
+#include "test_util.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+namespace {
+
+using namespace loom;
+
+nlohmann::json reference() {
+  std::ifstream f(std::string(LOOM_SOURCE_DIR) + "/tests/data/families/reference.json");
+  return nlohmann::json::parse(f);
+}
+
+std::string synth(const std::string& arch, const std::string& shape, const std::filesystem::path& vocab) {
+  const auto out = std::filesystem::temp_directory_path() /
+                   ("loom-family-" + std::to_string(::getpid()) + "-" + arch + ".gguf");
+  const auto r = test::run_loom("synth --shape " + shape + " --arch " + arch + " --type f32 --vocab-from " +
+                                    vocab.string() + " -o " + out.string(),
+                                false);
+  EXPECT_EQ(r.code, 0) << r.err;
+  return out.string();
+}
+
+class Families : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Families, LogitsAndGreedyTokensMatchLlamaCpp) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf"); // and vocab/ beside it
+  const std::string arch = GetParam();
+  const nlohmann::json ref = reference();
+  ASSERT_TRUE(ref["families"].contains(arch)) << "no llama.cpp reference for " << arch;
+  const nlohmann::json& fam = ref["families"][arch];
+  const std::string path = synth(arch, ref["shape"], test::models_dir() / fam["vocab"].get<std::string>());
+  const auto prompt = fam["prompt"].get<std::vector<TokenId>>();
+
+  // Logits of the whole prompt in one forward (every row an output) on the reference backend.
+  auto m = Model::load(path);
+  const int32_t V = m->config().n_vocab;
+  const auto n = static_cast<int32_t>(prompt.size());
+  auto kv = make_contiguous_kv_cache(m->kv_shape(512, 1));
+  ASSERT_TRUE(kv->allocate(0, n));
+  std::vector<Pos> pos(prompt.size());
+  std::vector<SeqId> seq(prompt.size(), 0);
+  std::vector<int32_t> rows(prompt.size());
+  for (int32_t i = 0; i < n; ++i)
+    pos[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)] = i;
+  std::vector<float> logits(static_cast<size_t>(n) * static_cast<size_t>(V));
+  auto be = make_reference_backend();
+  m->forward(*be, {prompt, pos, seq, rows}, *kv, logits);
+  for (const auto& [p_str, at] : fam["logits"].items()) {
+    const int p = std::stoi(p_str);
+    const auto ids = at["ids"].get<std::vector<int>>();
+    const auto want = at["values"].get<std::vector<double>>();
+    ASSERT_EQ(ids.size(), want.size());
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_LT(ids[i], V);
+      scale = std::max(scale, std::fabs(want[i]));
+      worst = std::max(worst,
+                       std::fabs(static_cast<double>(logits[static_cast<size_t>(p * V + ids[i])]) - want[i]));
+    }
+    EXPECT_LE(worst, 1e-3 * scale) << arch << " position " << p << ": max |Loom − llama.cpp| " << worst
+                                   << " against a logit scale of " << scale;
+  }
+
+  // Greedy decoding after the prompt's first tokens, on both backends, as llama.cpp chose.
+  const auto from = fam["greedy_from"].get<size_t>();
+  const auto want = fam["greedy"].get<std::vector<TokenId>>();
+  for (const char* backend : {"reference", "cpu"}) {
+    SCOPED_TRACE(backend);
+    PipelineConfig cfg;
+    cfg.model.path = path;
+    cfg.model.n_ctx = 128;
+    cfg.backend.name = backend;
+    cfg.plugins.paths = {std::filesystem::path(std::getenv("LOOM_BIN")).parent_path().string()};
+    cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+    cfg.stop.eos = false;
+    auto pl = Pipeline::create(cfg);
+    GenerationRequest req;
+    req.prompt_tokens =
+        std::vector<TokenId>(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(from));
+    req.max_new_tokens = static_cast<int32_t>(want.size());
+    EXPECT_EQ(pl->generate(req).tokens, want) << arch;
+  }
+  std::filesystem::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, Families,
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3"),
+                         [](const auto& p) { return p.param; });
+
+} // namespace
