@@ -42,8 +42,9 @@ int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t m
   return static_cast<int32_t>(v);
 }
 
+// `dims`: the metadata keys and values the expected shape comes from (named in the message).
 void expect_shape(const GgufFile& f, const std::string& name, std::initializer_list<int64_t> ne,
-                  bool required = true) {
+                  bool required = true, const std::string& dims = "") {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) {
     if (required)
@@ -63,7 +64,8 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
       return s + "]";
     };
     bad(f, "tensor '" + name + "' has shape " + fmt(t->ne) + ", expected " + fmt(want) +
-               " from the metadata (ne[0] first)");
+               " from the metadata (ne[0] first" + (dims.empty() ? std::string() : "; " + dims) +
+               "): the file is inconsistent — re-convert it");
   }
   if (!dtype_traits(t->type).can_dequantize)
     fail(Errc::unsupported, "model",
@@ -194,43 +196,50 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     bad(f, a + "vocab_size (" + std::to_string(*vs) + ") disagrees with token_embd.weight (" +
                std::to_string(c.n_vocab) + " rows)");
 
+  const std::string dims =
+      a + "embedding_length " + std::to_string(c.n_embd) + ", " + a + "attention.head_count " +
+      std::to_string(c.n_head) + ", " + a + "attention.head_count_kv " + std::to_string(c.n_head_kv) +
+      ", head_dim " + std::to_string(c.head_dim) + ", " + a + "feed_forward_length " + std::to_string(c.n_ff);
+  const auto shape = [&](const std::string& name, std::initializer_list<int64_t> ne) {
+    expect_shape(f, name, ne, true, dims);
+  };
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    expect_shape(f, p + "attn_norm.weight", {c.n_embd});
+    shape(p + "attn_norm.weight", {c.n_embd});
     if (c.fused_qkv) {
-      expect_shape(f, p + "attn_qkv.weight", {c.n_embd, q_dim + 2 * kv_dim});
+      shape(p + "attn_qkv.weight", {c.n_embd, q_dim + 2 * kv_dim});
     } else {
-      expect_shape(f, p + "attn_q.weight", {c.n_embd, q_dim});
-      expect_shape(f, p + "attn_k.weight", {c.n_embd, kv_dim});
-      expect_shape(f, p + "attn_v.weight", {c.n_embd, kv_dim});
+      shape(p + "attn_q.weight", {c.n_embd, q_dim});
+      shape(p + "attn_k.weight", {c.n_embd, kv_dim});
+      shape(p + "attn_v.weight", {c.n_embd, kv_dim});
     }
     if (c.qkv_bias) {
-      expect_shape(f, p + "attn_q.bias", {q_dim});
-      expect_shape(f, p + "attn_k.bias", {kv_dim});
-      expect_shape(f, p + "attn_v.bias", {kv_dim});
+      shape(p + "attn_q.bias", {q_dim});
+      shape(p + "attn_k.bias", {kv_dim});
+      shape(p + "attn_v.bias", {kv_dim});
     }
     if (c.qk_norm) {
-      expect_shape(f, p + "attn_q_norm.weight", {c.head_dim});
-      expect_shape(f, p + "attn_k_norm.weight", {c.head_dim});
+      shape(p + "attn_q_norm.weight", {c.head_dim});
+      shape(p + "attn_k_norm.weight", {c.head_dim});
     }
-    expect_shape(f, p + "attn_output.weight", {q_dim, c.n_embd});
-    expect_shape(f, p + "ffn_norm.weight", {c.n_embd});
+    shape(p + "attn_output.weight", {q_dim, c.n_embd});
+    shape(p + "ffn_norm.weight", {c.n_embd});
     if (c.post_norms) {
-      expect_shape(f, p + "post_attention_norm.weight", {c.n_embd});
-      expect_shape(f, p + "post_ffw_norm.weight", {c.n_embd});
+      shape(p + "post_attention_norm.weight", {c.n_embd});
+      shape(p + "post_ffw_norm.weight", {c.n_embd});
     }
     if (c.fused_gate_up) {
-      expect_shape(f, p + "ffn_up.weight", {c.n_embd, 2 * static_cast<int64_t>(c.n_ff)});
+      shape(p + "ffn_up.weight", {c.n_embd, 2 * static_cast<int64_t>(c.n_ff)});
     } else {
-      expect_shape(f, p + "ffn_gate.weight", {c.n_embd, c.n_ff});
-      expect_shape(f, p + "ffn_up.weight", {c.n_embd, c.n_ff});
+      shape(p + "ffn_gate.weight", {c.n_embd, c.n_ff});
+      shape(p + "ffn_up.weight", {c.n_embd, c.n_ff});
     }
-    expect_shape(f, p + "ffn_down.weight", {c.n_ff, c.n_embd});
+    shape(p + "ffn_down.weight", {c.n_ff, c.n_embd});
   }
   if (f.find_tensor("rope_freqs.weight")) {
-    expect_shape(f, "rope_freqs.weight", {c.rope.n_dims / 2});
+    shape("rope_freqs.weight", {c.rope.n_dims / 2});
     if (f.find_tensor("rope_freqs.weight")->type != DType::f32)
       bad(f, "tensor 'rope_freqs.weight' must be f32");
     c.rope_freqs = true;
@@ -240,10 +249,10 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       fail(Errc::unsupported, "model",
            gguf_printable(f.path(), 400) + ": '" + t +
                "' (Phi-3's long-context RoPE scaling, longrope) is not supported; use a 4k-context variant");
-  expect_shape(f, "token_embd.weight", {c.n_embd, c.n_vocab});
-  expect_shape(f, "output_norm.weight", {c.n_embd});
+  shape("token_embd.weight", {c.n_embd, c.n_vocab});
+  shape("output_norm.weight", {c.n_embd});
   c.tied_output = f.find_tensor("output.weight") == nullptr;
-  if (!c.tied_output) expect_shape(f, "output.weight", {c.n_embd, c.n_vocab});
+  if (!c.tied_output) shape("output.weight", {c.n_embd, c.n_vocab});
 
   for (const auto& t : f.tensors()) {
     c.n_params += t.n_elements;

@@ -78,3 +78,76 @@ TEST(Synth, SyntheticVocabularyAndBadInput) {
 }
 
 } // namespace
+
+namespace {
+
+// Each family's synth file loads with its features; a file whose metadata contradicts a tensor's shape
+// is one line naming the tensor, both shapes and the metadata values the expectation comes from; an
+// unknown architecture lists the supported ones.
+TEST(Synth, FamiliesLoadAndContradictionsNameTheKeys) {
+  const auto dir = std::filesystem::temp_directory_path() / "loom_synth_families";
+  std::filesystem::create_directories(dir);
+  const std::pair<const char*, bool (*)(const ModelConfig&)> families[] = {
+      {"qwen2", [](const ModelConfig& c) { return c.qkv_bias && c.rope.neox; }},
+      {"qwen3", [](const ModelConfig& c) { return c.qk_norm; }},
+      {"gemma2", [](const ModelConfig& c) { return c.geglu && c.post_norms && c.final_softcap == 30.0f; }},
+      {"phi3", [](const ModelConfig& c) { return c.fused_qkv && c.fused_gate_up; }},
+      {"llama3", [](const ModelConfig& c) { return c.rope_freqs && c.tied_output; }}};
+  for (const auto& [arch, check] : families) {
+    SynthOptions o;
+    o.shape = "tiny-d64";
+    o.arch = arch;
+    o.out = (dir / (std::string(arch) + ".gguf")).string();
+    synth_model(o);
+    const auto c = ModelConfig::from_gguf(GgufFile::open(o.out));
+    EXPECT_TRUE(check(c)) << arch;
+  }
+  // head_count_kv 1 → 2: attn_k.weight no longer fits.
+  const auto in = GgufFile::open((dir / "qwen2.gguf").string());
+  GgufWriter w;
+  for (const auto& kv : in.metadata())
+    if (kv.key != "qwen2.attention.head_count_kv") w.add(kv.key, kv.value);
+  w.add_u32("qwen2.attention.head_count_kv", 2);
+  std::vector<GgufWriter::TensorSpec> specs;
+  for (const auto& t : in.tensors())
+    specs.push_back({t.name, t.type, t.ne});
+  const std::string bad = (dir / "bad.gguf").string();
+  w.write_streaming(bad, specs, [&](size_t i, std::vector<uint8_t>& bytes) {
+    const GgufTensor& t = in.tensors()[i];
+    bytes.assign(t.data, t.data + t.n_bytes);
+  });
+  try {
+    (void)ModelConfig::from_gguf(GgufFile::open(bad));
+    FAIL() << "a contradicting file loaded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tensor 'blk.0.attn_k.weight' has shape [128, 64], expected [128, 128]"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("qwen2.attention.head_count_kv 2"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  // An architecture Loom does not know: the supported ones listed.
+  GgufWriter u;
+  for (const auto& kv : in.metadata())
+    if (kv.key != "general.architecture") u.add(kv.key, kv.value);
+  u.add_string("general.architecture", "mamba");
+  const std::string unk = (dir / "unknown.gguf").string();
+  u.write_streaming(unk, specs, [&](size_t i, std::vector<uint8_t>& bytes) {
+    const GgufTensor& t = in.tensors()[i];
+    bytes.assign(t.data, t.data + t.n_bytes);
+  });
+  try {
+    (void)ModelConfig::from_gguf(GgufFile::open(unk));
+    FAIL() << "an unknown architecture loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
+                                   "gemma2, phi3)"),
+        std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+} // namespace
