@@ -200,8 +200,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       a + "embedding_length " + std::to_string(c.n_embd) + ", " + a + "attention.head_count " +
       std::to_string(c.n_head) + ", " + a + "attention.head_count_kv " + std::to_string(c.n_head_kv) +
       ", head_dim " + std::to_string(c.head_dim) + ", " + a + "feed_forward_length " + std::to_string(c.n_ff);
-  const auto shape = [&](const std::string& name, std::initializer_list<int64_t> ne) {
-    expect_shape(f, name, ne, true, dims);
+  const auto shape = [&](const std::string& tensor, std::initializer_list<int64_t> ne) {
+    expect_shape(f, tensor, ne, true, dims);
   };
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
