@@ -833,85 +833,6 @@ LOOM_AVX2 void rows4_half_avx2(const uint8_t* w, size_t rb, const float* x, int6
 // halves), half the instructions per byte — on a core that reads 35 GB/s the AVX2 loop is close to
 // its issue limit for 16-bit weights.
 #define LOOM_AVX512F __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-LOOM_AVX512F void rows4_f32_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
-  const float* a[4];
-  for (int r = 0; r < 4; ++r)
-    a[r] = reinterpret_cast<const float*>(w + static_cast<size_t>(r) * rb);
-  __m512 s[4][2];
-  for (auto& v : s)
-    v[0] = v[1] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-    for (int r = 0; r < 4; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(a[r] + k) + 4 * rb, _MM_HINT_T0); // the next four rows
-      _mm_prefetch(reinterpret_cast<const char*>(a[r] + k + 16) + 4 * rb, _MM_HINT_T0);
-      s[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k), x0, s[r][0]);
-      s[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k + 16), x1, s[r][1]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(s[r][0], s[r][1]));
-    for (int64_t kk = k; kk < K; ++kk)
-      out[r] += a[r][kk] * x[kk];
-  }
-}
-
-template <DType type> LOOM_AVX512F inline __m512 half16(__m256i h) {
-  if constexpr (type == DType::f16)
-    return _mm512_cvtph_ps(h);
-  else
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-template <DType type> // f16 or bf16
-LOOM_AVX512F void rows4_half_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
-  const uint8_t* a[4];
-  for (int r = 0; r < 4; ++r)
-    a[r] = w + static_cast<size_t>(r) * rb;
-  __m512 s[4][2];
-  for (auto& v : s)
-    v[0] = v[1] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-    for (int r = 0; r < 4; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + 2 * k), _MM_HINT_T0); // the next four rows
-      const __m512i h = _mm512_loadu_si512(a[r] + 2 * k);
-      s[r][0] = _mm512_fmadd_ps(half16<type>(_mm512_castsi512_si256(h)), x0, s[r][0]);
-      s[r][1] = _mm512_fmadd_ps(half16<type>(_mm512_extracti64x4_epi64(h, 1)), x1, s[r][1]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(s[r][0], s[r][1]));
-    for (int64_t kk = k; kk < K; ++kk) {
-      uint16_t h;
-      std::memcpy(&h, a[r] + 2 * kk, 2);
-      out[r] += (type == DType::f16 ? _cvtsh_ss(h) : bf16_to_fp32(h)) * x[kk];
-    }
-  }
-}
-
-// Four f32/f16/bf16 rows against one token: the AVX-512 loop at that level, else AVX2.
-void rows4_plain(Isa isa, DType type, const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
-  const bool wide = at_least(isa, Isa::avx512);
-  if (type == DType::f32)
-    (wide ? rows4_f32_avx512 : rows4_f32_avx2)(w, rb, x, K, out);
-  else if (type == DType::f16)
-    (wide ? rows4_half_avx512<DType::f16> : rows4_half_avx2<DType::f16>)(w, rb, x, K, out);
-  else
-    (wide ? rows4_half_avx512<DType::bf16> : rows4_half_avx2<DType::bf16>)(w, rb, x, K, out);
-}
-
-// Four rows against two tokens (x: token 0, then token 1 at x + K): out[r], out[4 + r]. Eight
-// independent accumulators and each weight vector loaded (and converted) once for both tokens, so
-// a small batch (speculative verification, beams) costs about what one token does.
-template <DType type> LOOM_AVX2 inline __m256 wload8(const uint8_t* row, int64_t k) {
-  if constexpr (type == DType::f32)
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
-  else
-    return half8<type>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
-}
 template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
   if constexpr (type == DType::f32) {
     float f;
@@ -922,6 +843,63 @@ template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
     std::memcpy(&h, row + 2 * k, 2);
     return type == DType::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
   }
+}
+
+// Sixteen weights of a row (f32, f16 or bf16) from element k, as f32.
+template <DType type> LOOM_AVX512F inline __m512 wload16(const uint8_t* row, int64_t k) {
+  if constexpr (type == DType::f32) return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+  if constexpr (type == DType::f16)
+    return _mm512_cvtph_ps(h);
+  else
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <DType type> // f32, f16 or bf16
+LOOM_AVX512F void rows4_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+  constexpr int64_t esize = type == DType::f32 ? 4 : 2;
+  const uint8_t* a[4];
+  for (int r = 0; r < 4; ++r)
+    a[r] = w + static_cast<size_t>(r) * rb;
+  __m512 s[4][2];
+  for (auto& v : s)
+    v[0] = v[1] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    for (int r = 0; r < 4; ++r) {
+      for (int64_t off = 0; off < 32 * esize; off += 64) // the next four rows, a line at a time
+        _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + k * esize + off), _MM_HINT_T0);
+      s[r][0] = _mm512_fmadd_ps(wload16<type>(a[r], k), x0, s[r][0]);
+      s[r][1] = _mm512_fmadd_ps(wload16<type>(a[r], k + 16), x1, s[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(s[r][0], s[r][1]));
+    for (int64_t kk = k; kk < K; ++kk)
+      out[r] += wscalar<type>(a[r], kk) * x[kk];
+  }
+}
+
+// Four f32/f16/bf16 rows against one token: the AVX-512 loop at that level, else AVX2.
+void rows4_plain(Isa isa, DType type, const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
+  const bool wide = at_least(isa, Isa::avx512);
+  if (type == DType::f32)
+    (wide ? rows4_avx512<DType::f32> : rows4_f32_avx2)(w, rb, x, K, out);
+  else if (type == DType::f16)
+    (wide ? rows4_avx512<DType::f16> : rows4_half_avx2<DType::f16>)(w, rb, x, K, out);
+  else
+    (wide ? rows4_avx512<DType::bf16> : rows4_half_avx2<DType::bf16>)(w, rb, x, K, out);
+}
+
+// Four rows against two tokens (x: token 0, then token 1 at x + K): out[r], out[4 + r]. Eight
+// independent accumulators and each weight vector loaded (and converted) once for both tokens, so
+// a small batch (speculative verification, beams) costs about what one token does.
+template <DType type> LOOM_AVX2 inline __m256 wload8(const uint8_t* row, int64_t k) {
+  if constexpr (type == DType::f32)
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  else
+    return half8<type>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
 }
 template <DType type> // f32, f16 or bf16
 LOOM_AVX2 void rows4x2_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
