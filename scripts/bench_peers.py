@@ -34,6 +34,8 @@ ap.add_argument("-t", "--threads", type=int, default=2)
 ap.add_argument("-r", "--repetitions", type=int, default=1)
 ap.add_argument("--loom", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "loom"))
 ap.add_argument("--backend", default="cpu")
+ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                help="passed to loom bench --set (e.g. backend.f16_as_bf16=true)")
 ap.add_argument("--json", action="store_true", help="also print every run as one JSON object per line")
 a = ap.parse_args()
 depths = a.depth or [0, 512]
@@ -63,7 +65,8 @@ def run(cmd):
 
 def loom_run(model, depth):
     out, rss = run([a.loom, "bench", "-m", model, "--pp", str(a.pp), "--tg", str(a.tg), "-d", str(depth), "-r",
-                    "1", "-t", str(a.threads), "--set", f'backend.name="{a.backend}"', "--json"])
+                    "1", "-t", str(a.threads), "--set", f'backend.name="{a.backend}"', "--json"]
+                   + [arg for kv in a.set for arg in ("--set", kv)])
     d = json.loads(out)
     return {"pp": d["prefill_tok_s"], "tg": d["decode_tok_s"], "rss": rss, "isa": d.get("backend_info", "")}
 

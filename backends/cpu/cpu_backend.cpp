@@ -794,7 +794,7 @@ public:
                      std::to_string(threads_) + " threads") {
     if (o.bf16_gemm && at_least(o.isa, Isa::avx512_bf16)) { // oneDNN's own choice of kernel, if native
       try {
-        const std::string impl = bf16_matmul(16, 64, 64).impl_info_str();
+        const std::string impl = bf16_matmul(16, 64, 64, 64).impl_info_str();
         if (impl.rfind("ref", 0) != 0) {
           bf16_impl_ = impl;
           description_ += ", bf16 GEMM " + impl;
@@ -1110,7 +1110,8 @@ private:
     const auto key = std::tuple{w.data, K, N};
     auto it = repacked_.find(key);
     if (it != repacked_.end()) return it->second.get();
-    const size_t bytes = repacked_bytes(w.dtype, K, N);
+    const bool b16 = bf16_route(w);
+    const size_t bytes = b16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
     std::unique_ptr<uint8_t, FreeDeleter> buf(
         static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (!buf)
@@ -1122,8 +1123,13 @@ private:
     const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     for (int64_t j0 = 0; j0 < N; j0 += 512) {
       const int64_t nr = std::min<int64_t>(512, N - j0);
-      repack(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
-             buf.get() + repacked_bytes(w.dtype, K, j0));
+      if (b16)
+        repack_bf16x64(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
+                       reinterpret_cast<uint16_t*>(buf.get()) +
+                           static_cast<size_t>(j0) * static_cast<size_t>(K));
+      else
+        repack(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
+               buf.get() + repacked_bytes(w.dtype, K, j0));
       if (drop) drop_pages(src, rb * static_cast<size_t>(j0 + nr));
     }
     if (drop) {
@@ -1135,11 +1141,24 @@ private:
     return repacked_.emplace(key, std::move(buf)).first->second.get();
   }
 
+  // Whether w is a BF16 (or, with f16_as_bf16, F16) matrix that runs repacked 16 rows at a time on
+  // vdpbf16ps (bf16_gemv, at avx512_bf16).
+  bool bf16_route(const TensorDesc& w) const noexcept {
+    return opt_.repack && at_least(opt_.isa, Isa::avx512_bf16) && w.ne[2] == 1 && w.ne[3] == 1 &&
+           ((w.dtype == DType::bf16 && opt_.bf16_gemv) || (w.dtype == DType::f16 && opt_.f16_as_bf16)) &&
+           bf16x64_repackable(w.dtype, w.ne[0], w.ne[1]);
+  }
+
   // How matmul() multiplies one token by w, when that is one of gemv_multi's routes: the repacked int8
-  // kernels, or our F32 / F16 / BF16 kernels (oneDNN not asked for at one row). False otherwise.
+  // or bf16 kernels, or our F32 / F16 / BF16 kernels (oneDNN not asked for at one row). False otherwise.
   bool gemv_route(const TensorDesc& w, Gemv& m) {
     const int64_t K = w.ne[0], N = w.ne[1];
     if (w.ne[2] != 1 || w.ne[3] != 1) return false;
+    if (bf16_route(w)) {
+      if (opt_.gemm_min_rows == 1) return false;
+      m = Gemv{DType::bf16, repacked(w), 0, N, nullptr};
+      return true;
+    }
     if (opt_.repack && repackable(w.dtype, K, N)) {
       if (opt_.gemm_min_rows_quant == 1 && !int8_gemm(opt_.isa, w.dtype)) return false;
       m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
@@ -1179,6 +1198,19 @@ private:
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
+    if (bf16_route(w)) {
+      const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
+      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
+        if (!bf16_impl_.empty()) { // the copy is oneDNN's blocked layout: read in place
+          round_to_bf16(x, T, K);
+          gemm_bf16_rounded(reinterpret_cast<const uint8_t*>(wp), T, N, K, y, N, true);
+        } else
+          gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) { dequantize_bf16x64(wp, K, j, row); });
+      } else {
+        matmul_bf16x64(opt_.isa, wp, K, N, x, T, y, threads_);
+      }
+      return;
+    }
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
       if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype))
@@ -1239,34 +1271,47 @@ private:
 
   // oneDNN's matmul of bf16 activations [T][K] by bf16 weights [N][K] (as the K×N matrix in "ba" layout,
   // i.e. the weight rows in place) into f32 [T][N]; one primitive per shape, kept.
-  dnnl::matmul::primitive_desc bf16_matmul(int64_t T, int64_t N, int64_t K) const {
+  dnnl::matmul::primitive_desc bf16_matmul(int64_t T, int64_t N, int64_t K, int64_t ldy,
+                                           bool blocked = false) const {
     using md = dnnl::memory::desc;
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
-    return {dnnl::matmul::desc(md({T, K}, dt::bf16, tag::ab), md({K, N}, dt::bf16, tag::ba),
-                               md({T, N}, dt::f32, tag::ab)),
+    return {dnnl::matmul::desc(md({T, K}, dt::bf16, tag::ab),
+                               md({K, N}, dt::bf16, blocked ? tag::BA16a64b2a : tag::ba),
+                               md({T, N}, dt::f32, dnnl::memory::dims{ldy, 1})),
             engine_};
   }
 
   // y[T][N] = bf16(x)[T][K] · Wᵀ for BF16 weights w (N rows of K, in place).
   void gemm_bf16(const float* x, const uint8_t* w, int64_t T, int64_t N, int64_t K, float* y) {
+    round_to_bf16(x, T, K);
+    gemm_bf16_rounded(w, T, N, K, y, N);
+  }
+
+  void round_to_bf16(const float* x, int64_t T, int64_t K) {
     xbf16_.resize(static_cast<size_t>(T * K));
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t)
       to_bf16(opt_.isa, x + t * K, xbf16_.data() + t * K, K);
+  }
+
+  // y[T][N] (rows ldy apart) = xbf16_[T][K] · Wᵀ, W: N bf16 rows of K, or (blocked) a bf16x64 copy.
+  void gemm_bf16_rounded(const uint8_t* w, int64_t T, int64_t N, int64_t K, float* y, int64_t ldy,
+                         bool blocked = false) {
     try {
-      const auto key = std::tuple{T, N, K};
+      const auto key = std::tuple{T, N, K, ldy, blocked};
       auto it = bf16_prims_.find(key);
       if (it == bf16_prims_.end()) {
         if (bf16_prims_.size() >= 256) bf16_prims_.clear(); // many batch sizes: start over
-        it = bf16_prims_.emplace(key, dnnl::matmul(bf16_matmul(T, N, K))).first;
+        it = bf16_prims_.emplace(key, dnnl::matmul(bf16_matmul(T, N, K, ldy, blocked))).first;
       }
       using md = dnnl::memory::desc;
       using dt = dnnl::memory::data_type;
       using tag = dnnl::memory::format_tag;
       dnnl::memory src(md({T, K}, dt::bf16, tag::ab), engine_, xbf16_.data());
-      dnnl::memory wts(md({K, N}, dt::bf16, tag::ba), engine_, const_cast<uint8_t*>(w));
-      dnnl::memory dst(md({T, N}, dt::f32, tag::ab), engine_, y);
+      dnnl::memory wts(md({K, N}, dt::bf16, blocked ? tag::BA16a64b2a : tag::ba), engine_,
+                       const_cast<uint8_t*>(w));
+      dnnl::memory dst(md({T, N}, dt::f32, dnnl::memory::dims{ldy, 1}), engine_, y);
       it->second.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
       stream_.wait();
     } catch (const dnnl::error& e) {
@@ -1295,7 +1340,8 @@ private:
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
   std::vector<uint16_t> xbf16_; // activations rounded to bf16
-  std::map<std::tuple<int64_t, int64_t, int64_t>, dnnl::matmul> bf16_prims_; // by T, N, K
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, dnnl::matmul>
+      bf16_prims_; // by T, N, K, ldy, layout
   std::map<std::tuple<const void*, int64_t, int64_t>, std::unique_ptr<uint8_t, FreeDeleter>>
       repacked_;                                                          // by data, K, N
   std::map<std::pair<const void*, int64_t>, std::vector<float>> vectors_; // vector weights, copied once

@@ -29,6 +29,17 @@ struct CpuOptions {
   // of the activations' rounding (2⁻⁹). Only at Isa::avx512_bf16 and when oneDNN has a native kernel;
   // false: the exact f32 GEMM on converted panels.
   bool bf16_gemm = true;
+  // BF16 matrices (K % 16 == 0, N % 64 == 0) repacked on first use 64 rows at a time (bf16x64,
+  // kernels_bf16.cpp; the file's pages released) and multiplied for decode and small batches by vdpbf16ps
+  // on the activations rounded to bf16 — ≈ 1.3× the exact f32 loop's decode, at bf16_gemm's error. The
+  // copy is oneDNN's blocked bf16 weight layout, so prefill's bf16 matmul reads it in place (without
+  // bf16_gemm: the exact f32 GEMM on panels converted from it). Only at Isa::avx512_bf16; false: the
+  // exact f32 kernels on the GGUF rows.
+  bool bf16_gemv = true;
+  // F16 matrices rounded to BF16 when repacked (3 of F16's 10 mantissa bits lost per weight, as
+  // ik_llama.cpp's run-time repacking does) and then every BF16 route above: bf16 prefill and decode.
+  // Only at Isa::avx512_bf16; false (the default): F16 weights stay exact.
+  bool f16_as_bf16 = false;
   // Decode (one token): the matmuls of q, k, v (and of gate, up) that read the same activation run in one
   // parallel region (gemv_multi), the threads going from one matrix to the next without a barrier — the
   // same kernels, so the same floats; false: one region per matmul.

@@ -30,6 +30,8 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const bool repack = c.get_bool("repack", true);
   const bool bf16_gemm = c.get_bool("bf16_gemm", true);
   const bool fused_decode = c.get_bool("fused_decode", true);
+  const bool bf16_gemv = c.get_bool("bf16_gemv", true);
+  const bool f16_as_bf16 = c.get_bool("f16_as_bf16", false);
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
@@ -44,6 +46,8 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.repack = repack;
   o.bf16_gemm = bf16_gemm;
   o.fused_decode = fused_decode;
+  o.bf16_gemv = bf16_gemv;
+  o.f16_as_bf16 = f16_as_bf16;
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;

@@ -1922,20 +1922,23 @@ void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
 } // namespace
 
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
+  if (repacked && type == DType::bf16) return at_least(isa, Isa::avx512_bf16);
   if (repacked)
     return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k;
   return at_least(isa, Isa::avx2) && (type == DType::f32 || type == DType::f16 || type == DType::bf16);
 }
 
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
-  bool blocks32 = false, blocks256 = false;
+  bool blocks32 = false, blocks256 = false, bf16 = false;
   int64_t work = 0;
   for (int i = 0; i < n_mats; ++i) {
     if (!gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0)) std::abort(); // a caller's bug
     const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
-    if (mats[i].row_bytes == 0) (kquant ? blocks256 : blocks32) = true;
+    if (mats[i].row_bytes == 0) (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
     work += mats[i].N * K;
   }
+  std::vector<uint16_t> xb(bf16 ? static_cast<size_t>(K) : 0);
+  if (bf16) to_bf16(isa, x, xb.data(), K);
   // The token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to share.
   std::vector<BlockQ8> xq(blocks32 ? static_cast<size_t>(K / 32) : 0);
   std::vector<BlockQ8K> xqk(blocks256 ? static_cast<size_t>(K / 256) : 0);
@@ -1944,7 +1947,9 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
 #pragma omp parallel num_threads(threads) if (work > 32768)
   for (int i = 0; i < n_mats; ++i) {
-    if (mats[i].row_bytes == 0)
+    if (mats[i].row_bytes == 0 && mats[i].type == DType::bf16)
+      gemv_share_bf16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, xb.data(), mats[i].y);
+    else if (mats[i].row_bytes == 0)
       gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
     else
       gemv_share_plain(isa, mats[i], K, x);

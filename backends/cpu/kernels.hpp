@@ -61,17 +61,36 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 // One token (T = 1) against several matrices of the same width K (q, k, v; gate, up): the activation
 // quantized once per block kind, every matrix's rows shared among the threads in one parallel region with
 // no barrier between the matrices. The kernels and sums of matmul_repacked / matmul for one token, so
-// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K) or, at avx2 and up, F32 /
+// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K, or BF16 as bf16x64 at
+// avx512_bf16, the token rounded to bf16 once) or, at avx2 and up, F32 /
 // F16 / BF16 rows row_bytes apart (gemv_multi_supports says which).
 struct Gemv {
   DType type;
   const uint8_t* w;
-  size_t row_bytes; // 0: repacked (N % 8 == 0)
+  size_t row_bytes; // 0: repacked (N % 8 == 0; type bf16: the bf16x64 layout, N % 64 == 0)
   int64_t N;
   float* y; // N outputs
 };
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept;
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads);
+
+// BF16 matrices (and F16 ones rounded to BF16, when asked) repacked 64 rows at a time for AVX512-BF16
+// ("bf16x64", layout in kernels_bf16.cpp; oneDNN's BA16a64b2a weights): K % 16 == 0, N % 64 == 0; the
+// repacked matrix has the BF16 size. The products run on the activations rounded to bf16 (to_bf16), only
+// at Isa::avx512_bf16.
+bool bf16x64_repackable(DType type, int64_t K, int64_t N) noexcept;
+size_t bf16x64_bytes(int64_t K, int64_t N);
+// Rows [0, N) of a BF16 or F16 matrix (row_bytes apart) into `out` (bf16x64_bytes(K, N) bytes); rows
+// [64i, 64i + N) of a matrix go to element offset 64i·K.
+void repack_bf16x64(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint16_t* out);
+// Row `row` of a repacked matrix to f32 (exact).
+void dequantize_bf16x64(const uint16_t* wp, int64_t K, int64_t row, float* y);
+// y[t][j] = Σ_k W[j][k] · bf16(x[t][k]) for t < T (a few tokens; a long batch is a GEMM's job).
+void matmul_bf16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
+                    int n_threads);
+// Inside a parallel region: this thread's share of one token (xb: its K bf16 values) against a repacked
+// matrix, no barrier (gemv_multi).
+void gemv_share_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, float* y);
 
 // n floats to bf16, rounded to nearest even (fp32_to_bf16's values; NaN stays NaN), vectorized with
 // AVX512-BF16 at that level (which flushes denormal inputs to zero).

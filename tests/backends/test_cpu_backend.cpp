@@ -130,7 +130,7 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,
-                                     bool bf16_gemm = true) {
+                                     bool bf16_gemm = true, bool bf16_gemv = true, bool f16_as_bf16 = false) {
   cpu::CpuOptions o;
   o.threads = 2;
   o.isa = isa;
@@ -138,6 +138,8 @@ std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repac
   o.gemm_min_rows_quant = gemm_min;
   o.repack = repack;
   o.bf16_gemm = bf16_gemm;
+  o.bf16_gemv = bf16_gemv;
+  o.f16_as_bf16 = f16_as_bf16;
   return cpu::make_cpu_backend(o);
 }
 
@@ -193,8 +195,8 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
   for (const Case c : {Case{DType::f32, 1e-5}, Case{DType::f16, 1e-5}, Case{DType::bf16, 1e-5},
                        Case{DType::q8_0, 1e-2}, Case{DType::q4_0, 1e-2}})
     for (cpu::Isa isa : isas())
-      for (int32_t T : {1, 2, 6, 20}) // decode kernels, four-token kernels (+ remainder), oneDNN
-        for (int64_t N : {1, 7, 64}) {
+      for (int32_t T : {1, 2, 6, 20})       // decode kernels, four-token kernels (+ remainder), oneDNN
+        for (int64_t N : {1, 7, 64, 128}) { // 64, 128: one and two 64-row groups of bf16x64
           const std::string what = std::string(dtype_name(c.type)) + " " + cpu::isa_name(isa) +
                                    " T=" + std::to_string(T) + " N=" + std::to_string(N);
           SCOPED_TRACE(what);
@@ -215,14 +217,23 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
           // BF16 on AVX512-BF16: oneDNN's bf16 matmul on activations rounded to bf16 (relative 2⁻⁹ each)
           const bool bf16mm = c.type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
           const double gemm_tol = bf16mm ? 1e-2 : 1e-5;
-          expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 && !int8 ? gemm_tol : c.kernel_tol,
-                       "matmul");
+          // ... and for N = 64 (bf16x64) its decode kernels too (vdpbf16ps on activations rounded to bf16)
+          const bool b16 = bf16mm && N % 64 == 0;
+          const double kernel_tol = b16 ? 1e-2 : c.kernel_tol;
+          expect_close(want, h.run(*cpu_backend(isa), y), T >= 16 && !int8 ? gemm_tol : kernel_tol, "matmul");
+          if (b16) // the exact kernels on the GGUF rows without bf16_gemv
+            expect_close(want, h.run(*cpu_backend(isa, 16, true, true, false), y), T >= 16 ? gemm_tol : 1e-5,
+                         "matmul, bf16_gemv = false");
+          if (c.type == DType::f16 &&
+              cpu::at_least(isa, cpu::Isa::avx512_bf16)) // weights rounded to bf16 too
+            expect_close(want, h.run(*cpu_backend(isa, 16, true, true, true, true), y),
+                         N % 64 == 0 ? 2e-2 : 1e-5, "matmul, f16_as_bf16");
           expect_close(want, h.run(*cpu_backend(isa, 1), y), int8 ? c.kernel_tol : gemm_tol,
                        int8 ? "matmul via the int8 GEMM" : "matmul via oneDNN");
           if (bf16mm) // and exactly the f32 GEMM's products without it
             expect_close(want, h.run(*cpu_backend(isa, 1, true, false), y), 1e-5,
                          "matmul via oneDNN's sgemm");
-          expect_close(want, h.run(*cpu_backend(isa, 0), y), c.kernel_tol, "matmul via our kernels");
+          expect_close(want, h.run(*cpu_backend(isa, 0), y), kernel_tol, "matmul via our kernels");
           // q4_0 with N = 64 runs repacked (8-row groups) above; the GGUF-layout kernels here
           expect_close(want, h.run(*cpu_backend(isa, 0, false), y), c.kernel_tol, "matmul, not repacked");
           expect_close(h.run(*ref, rows), h.run(*cpu_backend(isa), rows), 0.0, "get_rows");

@@ -290,6 +290,77 @@ TEST_P(CpuKernels, GemvMultiEqualsOneMatrixAtATime) {
   }
 }
 
+// BF16 (and F16 rounded to BF16) repacked 64 rows at a time for vdpbf16ps (kernels_bf16.cpp): the copy
+// holds exactly the weights rounded to bf16 (dequantize_bf16x64), and one or a few tokens against it give
+// Σ bf16(w)·bf16(x) — products exact in f32, so within 1e-5 of the double-precision sum of the terms'
+// size; gemv_multi (decode, threads 1..3) gives matmul_bf16x64's floats bit for bit. Only at avx512_bf16.
+TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
+  if (!cpu::isa_supported(cpu::Isa::avx512_bf16))
+    GTEST_SKIP() << "this CPU lacks avx512_bf16 (it runs up to " << cpu::isa_name(cpu::cpu_isa())
+                 << "): the bf16x64 code was compiled, not run";
+  for (const cpu::Isa isa : {cpu::Isa::avx512_bf16, cpu::Isa::amx}) {
+    if (!cpu::isa_supported(isa)) continue;
+    SCOPED_TRACE(cpu::isa_name(isa));
+    EXPECT_FALSE(cpu::bf16x64_repackable(DType::bf16, 96, 100)); // N % 64
+    EXPECT_FALSE(cpu::bf16x64_repackable(DType::bf16, 40, 64));  // K % 16
+    EXPECT_FALSE(cpu::bf16x64_repackable(DType::q8_0, 96, 64));
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (DType type : {DType::bf16, DType::f16})
+      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{16, 64}, {96, 128}, {2048, 192}}) {
+        ASSERT_TRUE(cpu::bf16x64_repackable(type, K, N));
+        const size_t rb = row_bytes(type, K);
+        std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+        std::vector<float> wf(static_cast<size_t>(K));
+        for (int64_t j = 0; j < N; ++j) {
+          for (auto& v : wf)
+            v = nd(rng) * 0.1f;
+          quantize_row(type, wf.data(), w.data() + static_cast<size_t>(j) * rb, K);
+        }
+        std::vector<uint16_t> wp(cpu::bf16x64_bytes(K, N) / 2);
+        cpu::repack_bf16x64(type, w.data(), rb, K, N, wp.data());
+        // the copy: each weight rounded to bf16 (F16's are; BF16's unchanged)
+        std::vector<float> dq(static_cast<size_t>(N * K)), row(static_cast<size_t>(K));
+        for (int64_t j = 0; j < N; ++j) {
+          cpu::dequantize_bf16x64(wp.data(), K, j, dq.data() + j * K);
+          dequantize_row(type, w.data() + static_cast<size_t>(j) * rb, row.data(), K);
+          for (int64_t k = 0; k < K; ++k)
+            ASSERT_EQ(dq[static_cast<size_t>(j * K + k)],
+                      bf16_to_fp32(fp32_to_bf16(row[static_cast<size_t>(k)])))
+                << dtype_name(type) << " row " << j << " col " << k;
+        }
+        for (int64_t T : {1, 2, 3, 5}) {
+          std::vector<float> x(static_cast<size_t>(T * K)), y(static_cast<size_t>(T * N), NAN);
+          for (auto& v : x)
+            v = nd(rng);
+          cpu::matmul_bf16x64(isa, wp.data(), K, N, x.data(), T, y.data(), 2);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < N; ++j) {
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p =
+                    static_cast<double>(dq[static_cast<size_t>(j * K + k)]) *
+                    static_cast<double>(bf16_to_fp32(fp32_to_bf16(x[static_cast<size_t>(t * K + k)])));
+                ref += p;
+                mag += std::fabs(p);
+              }
+              ASSERT_NEAR(static_cast<double>(y[static_cast<size_t>(t * N + j)]), ref, 1e-5 * mag + 1e-6)
+                  << dtype_name(type) << " K=" << K << " N=" << N << " T=" << T << " t=" << t << " j=" << j;
+            }
+          if (T != 1) continue;
+          for (int threads : {1, 2, 3}) {
+            std::vector<float> y2(static_cast<size_t>(N), NAN);
+            const cpu::Gemv m{DType::bf16, reinterpret_cast<const uint8_t*>(wp.data()), 0, N, y2.data()};
+            cpu::gemv_multi(isa, &m, 1, K, x.data(), threads);
+            for (int64_t j = 0; j < N; ++j)
+              ASSERT_EQ(y2[static_cast<size_t>(j)], y[static_cast<size_t>(j)])
+                  << "threads " << threads << " j=" << j;
+          }
+        }
+      }
+  }
+}
+
 // Activations to bf16 for the bf16 GEMM: round to nearest even exactly as fp32_to_bf16 on every level
 // (ties both ways, the largest finite values, infinities, signed zeros; NaN stays NaN), tails included.
 // (Denormal inputs are left out: AVX512-BF16's conversion flushes them to zero, as kernels.hpp says.)
