@@ -528,23 +528,30 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
   const size_t koff = static_cast<size_t>(hk) * D;
   w.s.resize(k_tile);
   float* s = w.s.data();
-  for (int32_t g = 0; g < G; ++g) {
-    const float* qh = q + static_cast<size_t>(hk * G + g) * D;
-    __m256 qv[NV], acc[NV];
-    for (int i = 0; i < NV; ++i) {
-      qv[i] = _mm256_loadu_ps(qh + 8 * i);
-      acc[i] = _mm256_setzero_ps();
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int seg = 0; seg < 2; ++seg) {
-      const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
-      for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
-        const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-        const uint8_t* const* kr = rows.k.data() + j0;
+  // The G query heads take each tile of keys in turn (as attn_item_avx512_d: at depth, one head at a time
+  // over all keys reads the KV head's rows G times from L3).
+  w.acc.assign(static_cast<size_t>(G) * D, 0.0f);
+  w.m.assign(static_cast<size_t>(G), -INFINITY);
+  w.l.assign(static_cast<size_t>(G), 0.0f);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const uint8_t* const* kr = rows.k.data() + j0;
+      const uint8_t* const* vr = rows.v.data() + j0;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qh = q + static_cast<size_t>(hk * G + g) * D;
+        float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+        __m256 qv[NV], acc[NV];
+        for (int i = 0; i < NV; ++i) {
+          qv[i] = _mm256_loadu_ps(qh + 8 * i);
+          acc[i] = _mm256_loadu_ps(ga + 8 * i);
+        }
+        float m = w.m[static_cast<size_t>(g)], l = w.l[static_cast<size_t>(g)];
         int32_t jj = 0;
         for (; jj + 8 <= n; jj += 8) {
           __m256 d[8];
-          if (jj + 16 <= n)
+          if (g == 0 && jj + 16 <= n) // the first head brings the tile in
             for (int k = 8; k < 16; ++k)
               _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
           for (int k = 0; k < 8; ++k) {
@@ -598,20 +605,27 @@ LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float*
             l += s[jj];
           }
         }
-        const uint8_t* const* vr = rows.v.data() + j0;
         for (jj = 0; jj < n; ++jj) {
-          if (jj + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
+          if (g == 0 && jj + 4 < n)
+            _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
           const __m256 ev = _mm256_set1_ps(s[jj]);
           const uint8_t* vv = vr[jj];
           for (int i = 0; i < NV; ++i)
             acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
         }
+        for (int i = 0; i < NV; ++i)
+          _mm256_storeu_ps(ga + 8 * i, acc[i]);
+        w.m[static_cast<size_t>(g)] = m;
+        w.l[static_cast<size_t>(g)] = l;
       }
     }
+  }
+  for (int32_t g = 0; g < G; ++g) {
     float* o = out + static_cast<size_t>(hk * G + g) * D;
-    const __m256 inv = _mm256_set1_ps(1.0f / l);
+    const float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+    const __m256 inv = _mm256_set1_ps(1.0f / w.l[static_cast<size_t>(g)]);
     for (int i = 0; i < NV; ++i)
-      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], inv));
+      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(ga + 8 * i), inv));
   }
 }
 
