@@ -32,32 +32,52 @@ double median(std::vector<double> v) {
 }
 
 // Σ of n 64-bit words read as `streams` interleaved sequential streams (the n words split into that many
-// contiguous parts, one 64-byte line of each per step), optionally prefetching `ahead` bytes in front of
+// contiguous parts, four 64-byte lines of each per step), optionally prefetching `ahead` bytes in front of
 // each: several streams per thread keep more cache-line misses in flight than one, which is what a
-// decode kernel reading 4–16 weight rows at once does.
-__attribute__((target("avx2"))) uint64_t read_streams_avx2(const uint64_t* p, size_t n, int streams,
-                                                           size_t ahead) {
-  const size_t part = n / static_cast<size_t>(streams) / 8 * 8; // whole lines
+// decode kernel reading 4–16 weight rows at once does. S is a compile-time constant so that the accumulators
+// stay in registers (with a run-time index into an array of vectors they lived on the stack, and the
+// one-stream way ran at the latency of a store-to-load round trip per line: ≈ 22 GB/s per thread on the Zen 5
+// of docs/benchmarks.md). Four lines of each stream per step, each into its own accumulator.
+template <int S>
+__attribute__((target("avx2"))) uint64_t read_streams_avx2_s(const uint64_t* p, size_t n, size_t ahead) {
+  const size_t part = n / S / 32 * 32; // whole groups of four 64-byte lines
   __m256i acc[8];
   for (auto& a : acc)
     a = _mm256_setzero_si256();
-  for (size_t i = 0; i < part; i += 8)
-    for (int s = 0; s < streams; ++s) {
+  for (size_t i = 0; i < part; i += 32)
+    for (int s = 0; s < S; ++s) {
       const uint64_t* q = p + static_cast<size_t>(s) * part + i;
-      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(q) + ahead, _MM_HINT_T0);
-      acc[s & 7] = _mm256_add_epi64(
-          acc[s & 7], _mm256_add_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)),
-                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4))));
+      if (ahead)
+        for (int u = 0; u < 4; ++u)
+          _mm_prefetch(reinterpret_cast<const char*>(q + 8 * u) + ahead, _MM_HINT_T0);
+      for (int u = 0; u < 4; ++u) {
+        __m256i& a = acc[(4 * s + u) & 7];
+        a = _mm256_add_epi64(
+            a, _mm256_add_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + 8 * u)),
+                                _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 8 * u + 4))));
+      }
     }
   __m256i t = acc[0];
-  for (int s = 1; s < 8; ++s)
-    t = _mm256_add_epi64(t, acc[s]);
+  for (int k = 1; k < 8; ++k)
+    t = _mm256_add_epi64(t, acc[k]);
   alignas(32) uint64_t lanes[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
   uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  for (size_t i = part * static_cast<size_t>(streams); i < n; ++i)
+  for (size_t i = part * S; i < n; ++i)
     sum += p[i];
   return sum;
+}
+
+// streams: 1, 4 or 8.
+uint64_t read_streams_avx2(const uint64_t* p, size_t n, int streams, size_t ahead) {
+  switch (streams) {
+  case 1:
+    return read_streams_avx2_s<1>(p, n, ahead);
+  case 4:
+    return read_streams_avx2_s<4>(p, n, ahead);
+  default:
+    return read_streams_avx2_s<8>(p, n, ahead);
+  }
 }
 
 // The same on any x86-64 (plain 64-bit loads, one line per stream per step).
@@ -114,7 +134,7 @@ int bandwidth_probe(const po::variables_map& vm) {
   });
   struct Way {
     const char* name;
-    int streams;
+    int streams; // 1, 4 or 8
     size_t ahead;
   };
   const Way ways[] = {
