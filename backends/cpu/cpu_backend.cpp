@@ -976,6 +976,9 @@ public:
         // no bf16 matmul in this oneDNN: the f32 route
       }
     }
+    if (o.repack && at_least(o.isa, Isa::avx512_bf16) && (o.bf16_gemv || o.f16_as_bf16))
+      description_ += std::string(", bf16x64 GEMV for ") + (o.bf16_gemv ? "BF16" : "") +
+                      (o.bf16_gemv && o.f16_as_bf16 ? "/" : "") + (o.f16_as_bf16 ? "F16 (rounded)" : "");
   }
 
   std::string_view name() const noexcept override { return "cpu"; }
