@@ -411,67 +411,102 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
           if (two) _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + 1) * k_tile + 16 * i, b[i]);
         }
       }
-      for (int32_t r = 0; r < R; ++r) {
-        if (!row_live(r)) continue; // the whole tile is masked
-        const KeySpan sp = key_span(p, pos[r / G]);
-        float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
-        // scale, soft-cap, mask; the tile's max
-        __m512 vmax = neg_inf;
-        for (int i = 0; i < NT; ++i) {
-          __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), _mm512_set1_ps(p.scale));
-          if (p.softcap > 0.0f) {
-            alignas(64) float t[16];
-            _mm512_store_ps(t, v);
-            for (float& x : t)
-              x = p.softcap * std::tanh(x / p.softcap);
-            v = _mm512_load_ps(t);
+      // Rows two at a time: first each one's masked scores, running max (its output rescaled in scratch)
+      // and exps; then the weighted sum of V for both together, each V vector loaded once for the two and
+      // their accumulators two independent chains (one row's NV chains alone wait on the FMA latency at
+      // every key). Per row the same operations in the same order as one row at a time.
+      for (int32_t r0 = 0; r0 < R; r0 += 2) {
+        bool live[2] = {false, false};
+        for (int32_t u = 0; u < 2 && r0 + u < R; ++u) {
+          const int32_t r = r0 + u;
+          if (!row_live(r)) continue; // the whole tile is masked
+          const KeySpan sp = key_span(p, pos[r / G]);
+          float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+          // scale, soft-cap, mask; the tile's max
+          __m512 vmax = neg_inf;
+          for (int i = 0; i < NT; ++i) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), _mm512_set1_ps(p.scale));
+            if (p.softcap > 0.0f) {
+              alignas(64) float t[16];
+              _mm512_store_ps(t, v);
+              for (float& x : t)
+                x = p.softcap * std::tanh(x / p.softcap);
+              v = _mm512_load_ps(t);
+            }
+            const __m512i kp = _mm512_load_si512(kpos + 16 * i);
+            // in span: first ≤ pos ≤ last, or pos < sink_end (a sink); lanes past the tile hold −1
+            const __mmask16 valid = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512());
+            const __mmask16 in_win =
+                _mm512_cmpge_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.first))) &
+                _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.last)));
+            const __mmask16 sink =
+                _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.sink_end)));
+            v = _mm512_mask_blend_ps(valid & (in_win | sink), neg_inf, v);
+            _mm512_storeu_ps(s + 16 * i, v);
+            vmax = _mm512_max_ps(vmax, v);
           }
-          const __m512i kp = _mm512_load_si512(kpos + 16 * i);
-          // in span: first ≤ pos ≤ last, or pos < sink_end (a sink); lanes past the tile hold −1
-          const __mmask16 valid = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512());
-          const __mmask16 in_win =
-              _mm512_cmpge_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.first))) &
-              _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.last)));
-          const __mmask16 sink =
-              _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.sink_end)));
-          v = _mm512_mask_blend_ps(valid & (in_win | sink), neg_inf, v);
-          _mm512_storeu_ps(s + 16 * i, v);
-          vmax = _mm512_max_ps(vmax, v);
+          const float tmax = _mm512_reduce_max_ps(vmax);
+          if (tmax == -INFINITY) continue;
+          float& m = w.m[static_cast<size_t>(r)];
+          float& l = w.l[static_cast<size_t>(r)];
+          if (tmax > m) {
+            const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+            l *= c;
+            float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+            for (int i = 0; i < NV; ++i)
+              _mm512_storeu_ps(acc + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), _mm512_set1_ps(c)));
+            m = tmax;
+          }
+          __m512 lsum = _mm512_setzero_ps();
+          for (int i = 0; i < NT; ++i) {
+            const __m512 v = _mm512_loadu_ps(s + 16 * i);
+            // masked lanes give 0; a NaN score stays NaN and spreads to the output, as in attn_block
+            const __mmask16 lv = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_UQ);
+            const __m512 ex = _mm512_maskz_mov_ps(lv, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
+            _mm512_storeu_ps(s + 16 * i, ex);
+            lsum = _mm512_add_ps(lsum, ex);
+          }
+          l += _mm512_reduce_add_ps(lsum);
+          live[u] = true;
         }
-        const float tmax = _mm512_reduce_max_ps(vmax);
-        if (tmax == -INFINITY) continue;
-        float& m = w.m[static_cast<size_t>(r)];
-        float& l = w.l[static_cast<size_t>(r)];
-        float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
-        __m512 av[NV];
+        if (!live[0] && !live[1]) continue;
+        // one live row: its own loop; two: both at once, a row whose weight is 0 left unchanged (masked)
+        const int32_t ra = live[0] ? r0 : r0 + 1, rb = live[0] && live[1] ? r0 + 1 : ra;
+        const float* wa = w.s.data() + static_cast<size_t>(ra) * k_tile;
+        const float* wb = w.s.data() + static_cast<size_t>(rb) * k_tile;
+        float* acca = w.acc.data() + static_cast<size_t>(ra) * static_cast<size_t>(D);
+        float* accb = w.acc.data() + static_cast<size_t>(rb) * static_cast<size_t>(D);
+        __m512 av[NV], bv[NV];
         for (int i = 0; i < NV; ++i)
-          av[i] = _mm512_loadu_ps(acc + 16 * i);
-        if (tmax > m) {
-          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-          l *= c;
+          av[i] = _mm512_loadu_ps(acca + 16 * i);
+        if (rb == ra) {
+          for (int32_t jj = 0; jj < n; ++jj) {
+            if (wa[jj] == 0.0f) continue;
+            const __m512 ev = _mm512_set1_ps(wa[jj]);
+            const float* vv = vtr[jj];
+            for (int i = 0; i < NV; ++i)
+              av[i] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(vv + 16 * i), av[i]);
+          }
+        } else {
           for (int i = 0; i < NV; ++i)
-            av[i] = _mm512_mul_ps(av[i], _mm512_set1_ps(c));
-          m = tmax;
-        }
-        __m512 lsum = _mm512_setzero_ps();
-        for (int i = 0; i < NT; ++i) {
-          const __m512 v = _mm512_loadu_ps(s + 16 * i);
-          // masked lanes give 0; a NaN score stays NaN and spreads to the output, as in attn_block
-          const __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_UQ);
-          const __m512 ex = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
-          _mm512_storeu_ps(s + 16 * i, ex);
-          lsum = _mm512_add_ps(lsum, ex);
-        }
-        l += _mm512_reduce_add_ps(lsum);
-        for (int32_t jj = 0; jj < n; ++jj) {
-          if (s[jj] == 0.0f) continue;
-          const __m512 ev = _mm512_set1_ps(s[jj]);
-          const float* vv = vtr[jj];
+            bv[i] = _mm512_loadu_ps(accb + 16 * i);
+          for (int32_t jj = 0; jj < n; ++jj) {
+            const bool za = wa[jj] == 0.0f, zb = wb[jj] == 0.0f;
+            if (za && zb) continue;
+            const __mmask16 ka = za ? 0 : 0xFFFF, kb = zb ? 0 : 0xFFFF;
+            const __m512 ea = _mm512_set1_ps(wa[jj]), eb = _mm512_set1_ps(wb[jj]);
+            const float* vv = vtr[jj];
+            for (int i = 0; i < NV; ++i) {
+              const __m512 v = _mm512_loadu_ps(vv + 16 * i);
+              av[i] = _mm512_mask3_fmadd_ps(ea, v, av[i], ka);
+              bv[i] = _mm512_mask3_fmadd_ps(eb, v, bv[i], kb);
+            }
+          }
           for (int i = 0; i < NV; ++i)
-            av[i] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(vv + 16 * i), av[i]);
+            _mm512_storeu_ps(accb + 16 * i, bv[i]);
         }
         for (int i = 0; i < NV; ++i)
-          _mm512_storeu_ps(acc + 16 * i, av[i]);
+          _mm512_storeu_ps(acca + 16 * i, av[i]);
       }
     }
   }
