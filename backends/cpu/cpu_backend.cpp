@@ -388,28 +388,31 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
         return q + static_cast<size_t>(r / G) * tok +
                static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
       };
-      // scores: two rows at a time, each key-tile vector loaded once for both
-      for (int32_t r = 0; r < R; r += 2) {
-        const bool two = r + 1 < R;
-        const float* qa = qrow(r);
-        const float* qb = two ? qrow(r + 1) : qa;
-        __m512 a[NT], b[NT];
-        for (int i = 0; i < NT; ++i)
-          a[i] = b[i] = _mm512_setzero_ps();
+      // scores: four rows at a time, each key-tile vector loaded once for all four (rows past R repeat
+      // the last one and are not stored)
+      for (int32_t r = 0; r < R; r += 4) {
+        const float* qr[4];
+        for (int u = 0; u < 4; ++u)
+          qr[u] = qrow(std::min(r + u, R - 1));
+        __m512 a[4][NT];
+        for (auto& au : a)
+          for (auto& v : au)
+            v = _mm512_setzero_ps();
         for (int32_t d = 0; d < D; ++d) {
-          const __m512 xa = _mm512_set1_ps(qa[d]), xb = _mm512_set1_ps(qb[d]);
+          __m512 x[4];
+          for (int u = 0; u < 4; ++u)
+            x[u] = _mm512_set1_ps(qr[u][d]);
           const float* ktd = kt + static_cast<size_t>(d) * k_tile;
 #pragma GCC unroll 4
           for (int i = 0; i < NT; ++i) {
             const __m512 kv = _mm512_loadu_ps(ktd + 16 * i); // (the scratch is only 16-byte aligned)
-            a[i] = _mm512_fmadd_ps(xa, kv, a[i]);
-            b[i] = _mm512_fmadd_ps(xb, kv, b[i]);
+            for (int u = 0; u < 4; ++u)
+              a[u][i] = _mm512_fmadd_ps(x[u], kv, a[u][i]);
           }
         }
-        for (int i = 0; i < NT; ++i) {
-          _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r) * k_tile + 16 * i, a[i]);
-          if (two) _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + 1) * k_tile + 16 * i, b[i]);
-        }
+        for (int u = 0; u < 4 && r + u < R; ++u)
+          for (int i = 0; i < NT; ++i)
+            _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + u) * k_tile + 16 * i, a[u][i]);
       }
       // Rows two at a time: first each one's masked scores, running max (its output rescaled in scratch)
       // and exps; then the weighted sum of V for both together, each V vector loaded once for the two and
