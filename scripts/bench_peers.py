@@ -53,13 +53,15 @@ def run(cmd):
     """stdout of cmd and the child's peak RSS in bytes (a fresh wrapper process per run)."""
     wrap = [sys.executable, "-c",
             "import resource,subprocess,sys\n"
-            "p=subprocess.run(sys.argv[1:],stdout=subprocess.PIPE,stderr=subprocess.DEVNULL)\n"
+            "p=subprocess.run(sys.argv[1:],stdout=subprocess.PIPE,stderr=subprocess.PIPE)\n"
             "sys.stdout.buffer.write(p.stdout)\n"
-            "sys.stderr.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss*1024))\n"
+            "sys.stderr.write(p.stderr.decode(errors='replace')[-2000:] if p.returncode else '')\n"
+            "sys.stderr.write('\\n'+str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss*1024))\n"
             "sys.exit(p.returncode)"] + cmd
     p = subprocess.run(wrap, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"bench_peers.py: {' '.join(cmd)} failed (exit {p.returncode})")
+    if p.returncode != 0:  # the command's own last words (e.g. loom's one-line error for a bad --set)
+        said = "\n".join(p.stderr.strip().splitlines()[:-1]).strip()
+        sys.exit(f"bench_peers.py: {' '.join(cmd)} failed (exit {p.returncode})" + (f":\n{said}" if said else ""))
     return p.stdout, int(p.stderr.strip().splitlines()[-1])
 
 
