@@ -152,6 +152,14 @@ size_t prompts(const std::string& screen) {
   return n;
 }
 
+// The shell's `echo "exit=$?" > FILE` once it is whole: the redirection creates FILE before echo writes
+// to it, so a file that merely exists may still be empty (seen once in CI under load).
+bool exit_written(const std::string& path) {
+  std::ifstream f(path);
+  const std::string text{std::istreambuf_iterator<char>(f), {}};
+  return !text.empty() && text.back() == '\n';
+}
+
 TEST(ChatCli, ChatInATerminalTwoTurnsResetSaveInterruptQuit) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf");
@@ -196,7 +204,7 @@ TEST(ChatCli, ChatInATerminalTwoTurnsResetSaveInterruptQuit) {
       [](const std::string& x) { return x.find("(saved 1 messages") != std::string::npos; }, 30, s))
       << s;
   t.keys("C-d");
-  ASSERT_TRUE(t.wait_for([&](const std::string&) { return fs::exists(done); }, 30, s)) << s;
+  ASSERT_TRUE(t.wait_for([&](const std::string&) { return exit_written(done); }, 30, s)) << s;
   std::ifstream e(done);
   std::string exit_line;
   std::getline(e, exit_line);
@@ -220,7 +228,7 @@ TEST(ChatCli, ChatInATerminalTwoTurnsResetSaveInterruptQuit) {
   ASSERT_TRUE(t2.wait_for([](const std::string& x) { return prompts(x) >= 2; }, 30, s)) << s;
   t2.type("/quit");
   t2.keys("Enter");
-  ASSERT_TRUE(t2.wait_for([&](const std::string&) { return fs::exists(done); }, 30, s)) << s;
+  ASSERT_TRUE(t2.wait_for([&](const std::string&) { return exit_written(done); }, 30, s)) << s;
   std::ifstream e2(done);
   std::getline(e2, exit_line);
   EXPECT_EQ(exit_line, "exit=0");
