@@ -1429,7 +1429,7 @@ private:
       const uint8_t* wp = repacked(w);
       if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype))
         gemm_panels(x, T, N, K, y,
-                    [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, j, row); });
+                    [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
       else
         matmul_repacked(opt_.isa, w.dtype, wp, K, N, x, T, y, threads_);
       return;

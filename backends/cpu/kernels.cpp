@@ -231,66 +231,74 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
   return s;
 }
 
-// ---- Q4_0 repacked in groups of 8 rows ("q4_0x8") ----
-// Per group of 8 rows and block of 32 columns, 144 bytes: the 8 rows' f16 scales (16 bytes), then
-// four 32-byte vectors V0..V3 where dword r of Vc is row r's nibble bytes 4c..4c+3: low nibbles are
-// elements 4c..4c+3, high nibbles 16+4c..16+4c+3. One vector load then serves 8 rows, the products of
-// a row land in its own dword lane, and the 8 scales convert with one instruction.
-constexpr size_t k_q4x8_block = 144;
+// ---- Q4_0 and Q8_0 repacked in groups of 8 rows, two groups side by side ("q4_0x8", "q8_0x8") ----
+// Per group of 8 rows and block of 32 columns: the 8 rows' f16 scales (16 bytes), then vectors V0..Vn of
+// 32 bytes where dword r of Vc is row r's quantized bytes 4c..4c+3 — Q4_0: four vectors, the low nibbles
+// elements 4c..4c+3 and the high ones 16+4c..16+4c+3 (144 bytes a block); Q8_0: eight vectors, columns
+// 4c..4c+3 (272 bytes). One vector load then serves 8 rows, the products of a row land in its own dword
+// lane, and the 8 scales convert with one instruction.
+// Groups 2p and 2p + 1 (rows 16p..16p+15) are stored as one pair, block by block: the 16 rows' scales
+// (32 bytes), then per c the two groups' Vc side by side (64 bytes) — so a 512-bit load takes 16 rows'
+// bytes at once, and the 16 scales one 256-bit load. An odd last group is stored alone. A pair starts at
+// 2p · group_bytes and the odd group at 2·pairs · group_bytes: the matrix keeps the GGUF size.
+// H groups stored together (1: alone, 2: a pair): block b at H · blk · b; within it, group h's scales at
+// 16h, its Vc at 16H + 32H·c + 32h.
+constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272;
+constexpr size_t q_scale_at(int h) {
+  return 16 * static_cast<size_t>(h);
+}
+constexpr size_t q_vec_at(int H, int h, int c) {
+  return 16 * static_cast<size_t>(H) + 32 * static_cast<size_t>(H * c + h);
+}
 
-// Blocks of 32 (Q4_0: 16 quantized bytes, Q8_0: 32) of 8 rows into the layouts above: per block the
-// 8 f16 scales, then qs_bytes / 4 vectors whose dword r is row r's quantized bytes 4c..4c+3.
-void repack_group_b32(const uint8_t* w, size_t rb, int64_t nb, int qs_bytes, uint8_t* out) {
-  const size_t bs = 2 + static_cast<size_t>(qs_bytes), gs = 16 + 8 * static_cast<size_t>(qs_bytes);
-  for (int64_t b = 0; b < nb; ++b, out += gs)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
-      std::memcpy(out + 2 * r, blk, 2);
+// Blocks of 32 (Q4_0: 16 quantized bytes, Q8_0: 32) of 8·H rows (rb bytes apart) into the layout above.
+void repack_groups_b32(const uint8_t* w, size_t rb, int64_t nb, int qs_bytes, int H, uint8_t* out) {
+  const size_t bs = 2 + static_cast<size_t>(qs_bytes), blk = 16 + 8 * static_cast<size_t>(qs_bytes);
+  for (int64_t b = 0; b < nb; ++b, out += static_cast<size_t>(H) * blk)
+    for (int r = 0; r < 8 * H; ++r) {
+      const uint8_t* src = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
+      std::memcpy(out + q_scale_at(r / 8) + 2 * (r % 8), src, 2);
       for (int c = 0; c < qs_bytes / 4; ++c)
-        std::memcpy(out + 16 + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+        std::memcpy(out + q_vec_at(H, r / 8, c) + 4 * (r % 8), src + 2 + 4 * c, 4);
     }
 }
 
-// Row r (0..7) of a repacked group of such blocks back to its GGUF blocks (nb × (2 + qs_bytes)).
-void unpack_row_b32(const uint8_t* g, int64_t nb, int r, int qs_bytes, uint8_t* out) {
-  const size_t bs = 2 + static_cast<size_t>(qs_bytes), gs = 16 + 8 * static_cast<size_t>(qs_bytes);
-  for (int64_t b = 0; b < nb; ++b, g += gs, out += bs) {
-    std::memcpy(out, g + 2 * r, 2);
+// Row r (0..8H−1) of H groups stored together back to its GGUF blocks (nb × (2 + qs_bytes)).
+void unpack_row_b32(const uint8_t* g, int64_t nb, int r, int qs_bytes, int H, uint8_t* out) {
+  const size_t bs = 2 + static_cast<size_t>(qs_bytes), blk = 16 + 8 * static_cast<size_t>(qs_bytes);
+  for (int64_t b = 0; b < nb; ++b, g += static_cast<size_t>(H) * blk, out += bs) {
+    std::memcpy(out, g + q_scale_at(r / 8) + 2 * (r % 8), 2);
     for (int c = 0; c < qs_bytes / 4; ++c)
-      std::memcpy(out + 2 + 4 * c, g + 16 + 32 * c + 4 * r, 4);
+      std::memcpy(out + 2 + 4 * c, g + q_vec_at(H, r / 8, c) + 4 * (r % 8), 4);
   }
 }
 
-// ---- Q8_0 repacked in groups of 8 rows ("q8_0x8") ----
-// Per group of 8 rows and block of 32 columns, 272 bytes (the GGUF size): the 8 rows' f16 scales,
-// then eight 32-byte vectors V0..V7 whose dword r is row r's bytes 4c..4c+3 (columns 4c..4c+3).
-constexpr size_t k_q8x8_block = 272;
-
-void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  for (int r = 0; r < 8; ++r)
+// H groups stored together (8·H rows) against one token: out[0..8H).
+template <int H> void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  for (int r = 0; r < 8 * H; ++r)
     out[r] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block)
-    for (int r = 0; r < 8; ++r) {
+  for (int64_t b = 0; b < nb; ++b, g += H * k_q8x8_block)
+    for (int r = 0; r < 8 * H; ++r) {
       int32_t acc = 0;
       for (int c = 0; c < 8; ++c)
         for (int i = 0; i < 4; ++i)
-          acc += static_cast<int8_t>(g[16 + 32 * c + 4 * r + i]) * x[b].qs[4 * c + i];
-      out[r] += f16(g + 2 * r) * x[b].d * static_cast<float>(acc);
+          acc += static_cast<int8_t>(g[q_vec_at(H, r / 8, c) + 4 * (r % 8) + i]) * x[b].qs[4 * c + i];
+      out[r] += f16(g + q_scale_at(r / 8) + 2 * (r % 8)) * x[b].d * static_cast<float>(acc);
     }
 }
 
-void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  for (int r = 0; r < 8; ++r)
+template <int H> void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  for (int r = 0; r < 8 * H; ++r)
     out[r] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block)
-    for (int r = 0; r < 8; ++r) {
+  for (int64_t b = 0; b < nb; ++b, g += H * k_q4x8_block)
+    for (int r = 0; r < 8 * H; ++r) {
       int32_t acc = 0;
       for (int c = 0; c < 4; ++c)
         for (int i = 0; i < 4; ++i) {
-          const uint8_t q = g[16 + 32 * c + 4 * r + i];
+          const uint8_t q = g[q_vec_at(H, r / 8, c) + 4 * (r % 8) + i];
           acc += ((q & 0x0F) - 8) * x[b].qs[4 * c + i] + ((q >> 4) - 8) * x[b].qs[16 + 4 * c + i];
         }
-      out[r] += f16(g + 2 * r) * x[b].d * static_cast<float>(acc);
+      out[r] += f16(g + q_scale_at(r / 8) + 2 * (r % 8)) * x[b].d * static_cast<float>(acc);
     }
 }
 
@@ -965,6 +973,8 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
+// H groups of 8 rows stored together (1: alone, 2: a pair; out[0..8H)) against one token, each group
+// through the same steps, so a row's float is the same in either storage.
 // q4_0x8: one group of 8 rows against one token. Per block: 4 loads give all 8 rows' 32 nibbles; the
 // activations' 4-byte chunks are broadcast, so each maddubs works on the same 4 columns of 8 rows;
 // 8 maddubs sums fit int16 (8 · 2 · 15 · 127 < 2^15); one madd leaves row r's Σ nibble·x in lane r.
@@ -972,49 +982,60 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
 // q8_0x8: one group of 8 rows against one token. Signed × signed through maddubs with the sign
 // moved onto the activations (|w| ≤ 128, so a pair sum fits int16); each vector's products go to
 // int32 on their own (two would not fit int16 together).
-LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+template <int H> LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t blk = H * k_q8x8_block;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, g += k_q8x8_block) {
-    for (size_t c = 0; c < k_q8x8_block; c += 64) // four blocks ahead, every line
-      _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q8x8_block + c), _MM_HINT_T0);
+  __m256 acc[H];
+  for (auto& a : acc)
+    a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += blk) {
+    for (size_t c = 0; c < blk; c += 64) // four blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 4 * blk + c), _MM_HINT_T0);
     const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
-    __m256i s32 = _mm256_setzero_si256();
+    for (int h = 0; h < H; ++h) {
+      __m256i s32 = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * c));
-      const __m256i p =
-          _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw[c]), v));
-      s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c)));
+        const __m256i p =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw[c]), v));
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
+      acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(s32), acc[h]);
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(s32), acc);
   }
-  _mm256_storeu_ps(out, acc);
+  for (int h = 0; h < H; ++h)
+    _mm256_storeu_ps(out + 8 * h, acc[h]);
 }
 
-LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+template <int H> LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t blk = H * k_q4x8_block;
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, g += k_q4x8_block) {
-    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(g + 8 * k_q4x8_block + 128), _MM_HINT_T0);
+  __m256 acc[H];
+  for (auto& a : acc)
+    a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += blk) {
+    for (size_t c = 0; c < blk; c += 64) // eight blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
     const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
-    __m256i s16 = _mm256_setzero_si256();
+    for (int h = 0; h < H; ++h) {
+      __m256i s16 = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * c));
-      const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c)));
+        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
+      const __m256 t = _mm256_fmsub_ps(
+          _mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), _mm256_set1_ps(x[b].s8));
+      acc[h] = _mm256_fmadd_ps(dw, t, acc[h]);
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-    const __m256 t = _mm256_fmsub_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)),
-                                     _mm256_set1_ps(x[b].s8));
-    acc = _mm256_fmadd_ps(dw, t, acc);
   }
-  _mm256_storeu_ps(out, acc);
+  for (int h = 0; h < H; ++h)
+    _mm256_storeu_ps(out + 8 * h, acc[h]);
 }
 
 // q4_kx8: one group of 8 rows against one token. Per 64-column chunk: 8 loads give the 8 rows'
@@ -1177,7 +1198,18 @@ LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
 }
 
-// 16 rows (two repacked groups g0, g1) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
+// Block b of a pair of repacked Q4_0 / Q8_0 groups (16 rows): its vector c (rows 0..7 low, 8..15 high) and
+// its 16 scales as floats. The vector is read as two 32-byte halves: pair blocks are 288 / 544 bytes, so
+// every other block's 64-byte vectors straddle two cache lines, and such loads cost Q4_0 prefill 4 %
+// (pp256, interleaved A/B) where two aligned-enough halves cost nothing; decode reads the same either way.
+LOOM_AVX512VNNI inline __m512i pair_vec(const uint8_t* a, int c) {
+  return pair256(a + q_vec_at(2, 0, c), a + q_vec_at(2, 1, c));
+}
+LOOM_AVX512VNNI inline __m512 pair_scales(const uint8_t* a) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+}
+
+// 16 rows (a pair of repacked groups, p) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
 // x: the tokens' blocks, nb per token (with Σ qs of each). Per block the 16 rows' weights are
 // unpacked once, as unsigned bytes u (Q4_0: the nibbles, u = q + 8; Q8_0: u = q + 128, the sign bit
 // flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each token
@@ -1191,37 +1223,31 @@ constexpr int64_t k_amx_min_tokens = 8;
 constexpr size_t k_prefetch_blocks = 8;
 
 template <int TT, bool Q4>
-LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb,
-                                   float* y, int64_t ldy) {
-  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
+LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t nb, float* y, int64_t ldy) {
+  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
   __m512 acc[TT];
   for (int t = 0; t < TT; ++t)
     acc[t] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
-    const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+    const uint8_t* a = p + static_cast<size_t>(b) * blk;
     if constexpr (TT <= 2) // decode reads the weights once: keep more lines in flight than the prefetchers do
-      for (size_t c = 0; c < blk; c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(a0 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a1 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-      }
+      for (size_t c = 0; c < blk; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
     __m512i w[8];
     if constexpr (Q4) {
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) { // low nibbles: columns 4c..4c+3; high: 16 + 4c..
-        const __m512i v = pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c);
+        const __m512i v = pair_vec(a, c);
         w[c] = _mm512_and_si512(v, mask);
         w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
       }
     } else {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c)
-        w[c] = _mm512_xor_si512(pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c), flip);
+        w[c] = _mm512_xor_si512(pair_vec(a, c), flip);
     }
-    const __m512 dw = _mm512_cvtph_ps(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+    const __m512 dw = pair_scales(a);
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
@@ -1243,14 +1269,14 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* g0, const uint8_t* g1, const B
     _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
 }
 
-// One token against P pairs of groups (16·P rows) at once: 2·P sequential weight streams per thread
-// instead of two, which is what the machine's read bandwidth needs (`loom bench --bandwidth`: one stream
-// per thread reads half of what four do; Q4_0 tinyllama decode 29 → 37–39 tok/s with P = 2 and 4). The
-// same integer sums and float steps as gemm_x16_vnni<1, Q4> for each pair, so the same results.
+// One token against P pairs (16·P rows) at once: P sequential weight streams per thread instead of one,
+// which is what the machine's read bandwidth needs (`loom bench --bandwidth`: one stream per thread reads
+// half of what four do). Each block's integer sum in two chains of vpdpbusd (exact either way); the same
+// float steps as gemm_x16_vnni<1, Q4> for each pair, so the same results.
 template <bool Q4, int P>
-LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const g[2 * P], const BlockQ8* x, int64_t nb,
+LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
                                      float* const y[P]) {
-  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
+  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
   __m512 acc[P];
   for (auto& a : acc)
     a = _mm512_setzero_ps();
@@ -1258,32 +1284,31 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const g[2 * P], const BlockQ
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8& xb = x[b];
     const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int h = 0; h < P; ++h) {
-      const uint8_t* a0 = g[2 * h] + static_cast<size_t>(b) * blk;
-      const uint8_t* a1 = g[2 * h + 1] + static_cast<size_t>(b) * blk;
-      for (size_t c = 0; c < blk; c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(a0 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a1 + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-      }
-      __m512i s = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+      const uint8_t* a = p[h] + static_cast<size_t>(b) * blk;
+      for (size_t c = 0; c < blk; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
+      __m512i s0 = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum),
+              s1 = _mm512_setzero_si512();
       if constexpr (Q4) {
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          const __m512i v = pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c);
-          s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, mask), _mm512_set1_epi32(xw[c]));
-          s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
-                                  _mm512_set1_epi32(xw[4 + c]));
+          const __m512i v = pair_vec(a, c);
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, mask), _mm512_set1_epi32(xw[c]));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
+                                   _mm512_set1_epi32(xw[4 + c]));
         }
       } else {
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c)
-          s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c), flip),
-                                  _mm512_set1_epi32(xw[c]));
+#pragma GCC unroll 4
+        for (int c = 0; c < 8; c += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(pair_vec(a, c), flip), _mm512_set1_epi32(xw[c]));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_xor_si512(pair_vec(a, c + 1), flip),
+                                   _mm512_set1_epi32(xw[c + 1]));
+        }
       }
-      const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+      const __m512i s = _mm512_add_epi32(s0, s1);
+      const __m512 dw = pair_scales(a);
       if constexpr (Q4)
         acc[h] = _mm512_fmadd_ps(
             dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[h]);
@@ -1296,25 +1321,24 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const g[2 * P], const BlockQ
 }
 
 template <bool Q4>
-void gemm_x16_tokens(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int64_t T, float* y,
-                     int64_t ldy) {
+void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy) {
   int64_t t = 0;
   const auto at = [&](int64_t u) { return static_cast<size_t>(u) * static_cast<size_t>(nb); };
   for (; t + 16 <= T; t += 16)
-    gemm_x16_vnni<16, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<16, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
   if (t + 8 <= T) {
-    gemm_x16_vnni<8, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<8, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 8;
   }
   if (t + 4 <= T) {
-    gemm_x16_vnni<4, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<4, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 4;
   }
   if (t + 2 <= T) {
-    gemm_x16_vnni<2, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<2, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 2;
   }
-  if (t < T) gemm_x16_vnni<1, Q4>(g0, g1, x + at(t), nb, y + t * ldy, ldy);
+  if (t < T) gemm_x16_vnni<1, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
 }
 
 // ---- AVX-512 VNNI: the int8 GEMM of repacked Q4_K / Q6_K against several tokens ----
@@ -1515,21 +1539,19 @@ struct alignas(64) TileConfig {
 // gemm_x16_amx's steps (lambdas would not inherit the target attributes).
 // The B tile of block b: 8 rows (4 columns each) × 16 weight rows as bytes.
 template <bool Q4>
-LOOM_AMX inline __attribute__((always_inline)) void amx_prep(const uint8_t* g0, const uint8_t* g1, int64_t b,
+LOOM_AMX inline __attribute__((always_inline)) void amx_prep(const uint8_t* p, int64_t b,
                                                              uint8_t (&bb)[8][64]) {
-  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
-  const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
-  const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
+  const uint8_t* a = p + static_cast<size_t>(b) * 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
   if constexpr (Q4) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
     for (int c = 0; c < 4; ++c) {
-      const __m512i v = pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c);
+      const __m512i v = pair_vec(a, c);
       _mm512_store_si512(bb[c], _mm512_and_si512(v, mask));
       _mm512_store_si512(bb[4 + c], _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
     }
   } else {
     for (int c = 0; c < 8; ++c)
-      _mm512_store_si512(bb[c], pair256(a0 + 16 + 32 * c, a1 + 16 + 32 * c));
+      _mm512_store_si512(bb[c], pair_vec(a, c));
   }
 }
 
@@ -1560,14 +1582,9 @@ LOOM_AMX inline __attribute__((always_inline)) void amx_product(const BlockQ8* x
 // Block b's integer sums (cbuf) scaled into the accumulators: gemm_x16_vnni's float steps.
 template <bool Q4>
 LOOM_AMX inline __attribute__((always_inline)) void
-amx_scale(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int64_t b, int tt,
-          const int32_t (&cbuf)[16][16], __m512 (&acc)[16]) {
-  constexpr size_t blk = Q4 ? k_q4x8_block : k_q8x8_block;
-  const uint8_t* a0 = g0 + static_cast<size_t>(b) * blk;
-  const uint8_t* a1 = g1 + static_cast<size_t>(b) * blk;
-  const __m512 dw = _mm512_cvtph_ps(
-      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+amx_scale(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t b, int tt, const int32_t (&cbuf)[16][16],
+          __m512 (&acc)[16]) {
+  const __m512 dw = pair_scales(p + static_cast<size_t>(b) * 2 * (Q4 ? k_q4x8_block : k_q8x8_block));
   for (int t = 0; t < tt; ++t) {
     const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
     const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf[t]));
@@ -1578,14 +1595,13 @@ amx_scale(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, in
   }
 }
 
-// 16 rows (groups g0, g1) against tt ≤ 16 tokens, as gemm_x16_vnni<tt, Q4> computes them: per block of 32
-// columns one tile product gives every (token, row) integer sum Σ q·x (Q8_0: signed × signed) or
-// Σ nibble·x (Q4_0: signed activations × unsigned nibbles), then the same float steps per block, so the
-// same floats. Two blocks in flight (tiles 0/2/4 and 1/3/5): the product of one runs while the other's
-// sums are scaled.
+// 16 rows (a pair of groups, p) against tt ≤ 16 tokens, as gemm_x16_vnni<tt, Q4> computes them: per block of
+// 32 columns one tile product gives every (token, row) integer sum Σ q·x (Q8_0: signed × signed) or Σ
+// nibble·x (Q4_0: signed activations × unsigned nibbles), then the same float steps per block, so the same
+// floats. Two blocks in flight (tiles 0/2/4 and 1/3/5): the product of one runs while the other's sums are
+// scaled.
 template <bool Q4>
-LOOM_AMX void gemm_x16_amx(const uint8_t* g0, const uint8_t* g1, const BlockQ8* x, int64_t nb, int tt,
-                           float* y, int64_t ldy) {
+LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int tt, float* y, int64_t ldy) {
   TileConfig cfg;
   for (int i = 0; i < 2; ++i) {
     cfg.rows[i] = static_cast<uint8_t>(tt);
@@ -1602,18 +1618,18 @@ LOOM_AMX void gemm_x16_amx(const uint8_t* g0, const uint8_t* g1, const BlockQ8* 
   for (auto& a : acc)
     a = _mm512_setzero_ps();
   const size_t xstride = static_cast<size_t>(nb) * sizeof(BlockQ8);
-  amx_prep<Q4>(g0, g1, 0, bbuf[0]);
+  amx_prep<Q4>(p, 0, bbuf[0]);
   amx_product<Q4>(x, 0, xstride, bbuf);
   for (int64_t b = 0; b < nb; ++b) {
     if (b + 1 < nb) { // the next block's product runs while this one's sums are scaled
-      amx_prep<Q4>(g0, g1, b + 1, bbuf[(b + 1) & 1]);
+      amx_prep<Q4>(p, b + 1, bbuf[(b + 1) & 1]);
       amx_product<Q4>(x, b + 1, xstride, bbuf);
     }
     if (b & 1)
       _tile_stored(1, cbuf, 64);
     else
       _tile_stored(0, cbuf, 64);
-    amx_scale<Q4>(g0, g1, x, nb, b, tt, cbuf, acc);
+    amx_scale<Q4>(p, x, nb, b, tt, cbuf, acc);
   }
   _tile_release();
   for (int t = 0; t < tt; ++t)
@@ -1775,32 +1791,43 @@ size_t repacked_bytes(DType type, int64_t K, int64_t N) {
 
 void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out) {
   const size_t gb = group_bytes(type, K);
+  if (type == DType::q4_0 || type == DType::q8_0) { // pairs of groups, an odd last group alone
+    const int64_t units = (N / 8 + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int H = 2 * u + 1 < N / 8 ? 2 : 1;
+      repack_groups_b32(w + static_cast<size_t>(16 * u) * row_bytes, row_bytes, K / 32,
+                        type == DType::q4_0 ? 16 : 32, H, out + static_cast<size_t>(2 * u) * gb);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < N / 8; ++g) {
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
-    if (type == DType::q4_0)
-      repack_group_b32(src, row_bytes, K / 32, 16, out + static_cast<size_t>(g) * gb);
-    else if (type == DType::q8_0)
-      repack_group_b32(src, row_bytes, K / 32, 32, out + static_cast<size_t>(g) * gb);
-    else if (type == DType::q4_k)
+    if (type == DType::q4_k)
       repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
     else
       repack_group_q6_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
-void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t row, float* y) {
-  const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
-  const int r = static_cast<int>(row % 8);
+void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, int64_t row,
+                         float* y) {
   uint8_t blocks[16 * 210]; // a few GGUF blocks at a time, no allocation
   if (type == DType::q4_0 || type == DType::q8_0) {
+    const int64_t u = row / 16; // its pair, or the odd last group
+    const int H = 2 * u + 1 < N / 8 ? 2 : 1;
+    const int qs = type == DType::q4_0 ? 16 : 32;
+    const uint8_t* g = wp + static_cast<size_t>(2 * u) * group_bytes(type, K);
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
-      const int qs = type == DType::q4_0 ? 16 : 32;
-      unpack_row_b32(g + static_cast<size_t>(b0) * static_cast<size_t>(16 + 8 * qs), n, r, qs, blocks);
+      unpack_row_b32(g + static_cast<size_t>(b0 * H) * static_cast<size_t>(16 + 8 * qs), n,
+                     static_cast<int>(row % 16), qs, H, blocks);
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
+    const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
+    const int r = static_cast<int>(row % 8);
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
       if (type == DType::q4_k)
@@ -1838,33 +1865,50 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   const bool avx2 = at_least(isa, Isa::avx2);
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
   constexpr int P = 4;
-  int64_t g_from = 0;                    // groups before it are done
-  if (!kquant && int8_gemm(isa, type)) { // P runs of row pairs per thread, 2·P streams
-    const int64_t pairs = N / 16, units = pairs / P;
-    runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
-      const uint8_t* g[2 * P];
-      float* yo[P];
-      for (int h = 0; h < P; ++h) {
-        g[2 * h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
-        g[2 * h + 1] = g[2 * h] + gb;
-        yo[h] = m.y + 16 * pr[h];
+  if (!kquant) { // Q4_0 / Q8_0: pairs of groups (16 rows) and an odd last group
+    const int64_t pairs = N / 16;
+    int64_t u_from = 0;         // units (pairs, then the odd group) before it are done
+    if (int8_gemm(isa, type)) { // P runs of pairs per thread, P streams
+      const int64_t units = pairs / P;
+      runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
+        const uint8_t* g[P];
+        float* yo[P];
+        for (int h = 0; h < P; ++h) {
+          g[h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
+          yo[h] = m.y + 16 * pr[h];
+        }
+        if (type == DType::q4_0)
+          gemv_pairs_vnni<true, P>(g, xq, nb, yo);
+        else
+          gemv_pairs_vnni<false, P>(g, xq, nb, yo);
+      });
+      for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
+        const uint8_t* g[1] = {m.w + static_cast<size_t>(2 * pr) * gb};
+        float* yo[1] = {m.y + 16 * pr};
+        if (type == DType::q4_0)
+          gemv_pairs_vnni<true, 1>(g, xq, nb, yo);
+        else
+          gemv_pairs_vnni<false, 1>(g, xq, nb, yo);
       }
-      if (type == DType::q4_0)
-        gemv_pairs_vnni<true, P>(g, xq, nb, yo);
-      else
-        gemv_pairs_vnni<false, P>(g, xq, nb, yo);
-    });
-    for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
-      const uint8_t* g[2] = {m.w + static_cast<size_t>(2 * pr) * gb,
-                             m.w + static_cast<size_t>(2 * pr + 1) * gb};
-      float* yo[1] = {m.y + 16 * pr};
-      if (type == DType::q4_0)
-        gemv_pairs_vnni<true, 1>(g, xq, nb, yo);
-      else
-        gemv_pairs_vnni<false, 1>(g, xq, nb, yo);
+      u_from = pairs;
     }
-    g_from = 2 * pairs;        // an odd last group: below
-  } else if (kquant && avx2) { // P runs of 8-row groups per thread, read side by side
+    // The rest a unit at a time, split in contiguous runs (one stream each) over the threads.
+    const int64_t n_units = (N / 8 + 1) / 2, rest = n_units - u_from;
+    for (int64_t u = u_from + rest * id / nt; u < u_from + rest * (id + 1) / nt; ++u) {
+      const uint8_t* wg = m.w + static_cast<size_t>(2 * u) * gb;
+      float* out = m.y + 16 * u;
+      const bool pair = u < pairs;
+      if (type == DType::q4_0)
+        (avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
+              : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>))(wg, xq, nb, out);
+      else
+        (avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
+              : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>))(wg, xq, nb, out);
+    }
+    return;
+  }
+  int64_t g_from = 0; // groups before it are done
+  if (avx2) {         // P runs of 8-row groups per thread, read side by side
     // (the k-quants' VNNI kernel loses to this one for a single token: unpacking and per-sub-block
     // scaling cost more than its shared weight loads save)
     const int64_t groups = N / 8, units = groups / P;
@@ -1887,11 +1931,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   for (int64_t g = g_from + rest * id / nt; g < g_from + rest * (id + 1) / nt; ++g) {
     const uint8_t* wg = m.w + static_cast<size_t>(g) * gb;
     float* out = m.y + 8 * g;
-    if (type == DType::q4_0)
-      (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq, nb, out);
-    else if (type == DType::q8_0)
-      (avx2 ? gemv_q8_0x8_avx2 : gemv_q8_0x8_scalar)(wg, xq, nb, out);
-    else if (type == DType::q4_k)
+    if (type == DType::q4_k)
       (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk, nb, out);
     else
       (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk, nb, out);
@@ -1993,17 +2033,17 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
       for (int64_t t0 = 0; t0 < T; t0 += 16)
         for (int64_t gp = c * chunk; gp < std::min(pairs, (c + 1) * chunk); ++gp) {
           const uint8_t* g0 = wp + static_cast<size_t>(2 * gp) * gb;
-          const uint8_t* g1 = g0 + gb;
+          const uint8_t* g1 = g0 + gb; // (the k-quants' groups; Q4_0 / Q8_0 pairs start at g0)
           const int64_t tt = std::min<int64_t>(16, T - t0);
           float* yt = y + t0 * N + 16 * gp;
           if (amx && tt >= k_amx_min_tokens && type == DType::q4_0)
-            gemm_x16_amx<true>(g0, g1, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
+            gemm_x16_amx<true>(g0, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
           else if (amx && tt >= k_amx_min_tokens && type == DType::q8_0)
-            gemm_x16_amx<false>(g0, g1, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
+            gemm_x16_amx<false>(g0, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
           else if (type == DType::q4_0)
-            gemm_x16_tokens<true>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);
+            gemm_x16_tokens<true>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else if (type == DType::q8_0)
-            gemm_x16_tokens<false>(g0, g1, xq.data() + tb(t0), nb, tt, yt, N);
+            gemm_x16_tokens<false>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else {
             const BlockQ8K* xk = xqk.data() + tb(t0);
             const auto at = [&](int64_t t) { return xk + tb(t); };
@@ -2026,16 +2066,30 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
   }
   if (g_from == N / 8) return;
+  if (!kquant) { // pairs (16 rows) and an odd last group, a unit's weights kept in cache across the tokens
+    const int64_t pairs = N / 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+    for (int64_t u = g_from / 2; u < (N / 8 + 1) / 2; ++u)
+      for (int64_t t = 0; t < T; ++t) {
+        const uint8_t* wg = wp + static_cast<size_t>(2 * u) * gb;
+        const bool pair = u < pairs;
+        float out[16];
+        if (type == DType::q4_0)
+          (avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
+                : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>))(wg, xq.data() + t * nb, nb, out);
+        else
+          (avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
+                : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>))(wg, xq.data() + t * nb, nb, out);
+        std::memcpy(y + t * N + 16 * u, out, (pair ? 16 : 8) * sizeof(float));
+      }
+    return;
+  }
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t g = g_from; g < N / 8; ++g)
     for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens
       const uint8_t* wg = wp + static_cast<size_t>(g) * gb;
       float out[8];
-      if (type == DType::q4_0)
-        (avx2 ? gemv_q4_0x8_avx2 : gemv_q4_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
-      else if (type == DType::q8_0)
-        (avx2 ? gemv_q8_0x8_avx2 : gemv_q8_0x8_scalar)(wg, xq.data() + t * nb, nb, out);
-      else if (type == DType::q4_k)
+      if (type == DType::q4_k)
         (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
       else
         (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);

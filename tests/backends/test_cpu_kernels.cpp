@@ -186,7 +186,7 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
       for (int64_t j = 0; j < N; ++j) {
         dequantize_row(type, w.data() + static_cast<size_t>(j) * rb, a.data(), K);
-        cpu::dequantize_repacked(isa, type, wp.data(), K, j, b.data());
+        cpu::dequantize_repacked(isa, type, wp.data(), K, N, j, b.data());
         ASSERT_EQ(a, b) << "row " << j;
       }
       std::mt19937 rng(5);
