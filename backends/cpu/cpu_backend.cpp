@@ -1017,6 +1017,9 @@ public:
     if (o.repack && at_least(o.isa, Isa::avx512_bf16) && (o.bf16_gemv || o.f16_as_bf16))
       description_ += std::string(", bf16x64 GEMV for ") + (o.bf16_gemv ? "BF16" : "") +
                       (o.bf16_gemv && o.f16_as_bf16 ? "/" : "") + (o.f16_as_bf16 ? "F16 (rounded)" : "");
+    if (o.repack && at_least(o.isa, Isa::avx512) && o.f16_gemv &&
+        !(o.f16_as_bf16 && at_least(o.isa, Isa::avx512_bf16)))
+      description_ += ", f16x64 GEMV for F16 (exact)";
   }
 
   std::string_view name() const noexcept override { return "cpu"; }
@@ -1324,8 +1327,8 @@ private:
     const auto key = std::tuple{w.data, K, N};
     auto it = repacked_.find(key);
     if (it != repacked_.end()) return it->second.get();
-    const bool b16 = bf16_route(w);
-    const size_t bytes = b16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
+    const bool b16 = bf16_route(w), f16 = f16_route(w);
+    const size_t bytes = b16 || f16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
     std::unique_ptr<uint8_t, FreeDeleter> buf(
         static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (!buf)
@@ -1337,10 +1340,12 @@ private:
     const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     for (int64_t j0 = 0; j0 < N; j0 += 512) {
       const int64_t nr = std::min<int64_t>(512, N - j0);
-      if (b16)
-        repack_bf16x64(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
-                       reinterpret_cast<uint16_t*>(buf.get()) +
-                           static_cast<size_t>(j0) * static_cast<size_t>(K));
+      if (b16 || f16)
+        (b16 ? repack_bf16x64
+             : [](DType, const uint8_t* w16, size_t r, int64_t k, int64_t n,
+                  uint16_t* o16) { repack_f16x64(w16, r, k, n, o16); })(
+            w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
+            reinterpret_cast<uint16_t*>(buf.get()) + static_cast<size_t>(j0) * static_cast<size_t>(K));
       else
         repack(w.dtype, src + static_cast<size_t>(j0) * rb, rb, K, nr,
                buf.get() + repacked_bytes(w.dtype, K, j0));
@@ -1363,6 +1368,13 @@ private:
            bf16x64_repackable(w.dtype, w.ne[0], w.ne[1]);
   }
 
+  // Whether w is an F16 matrix that decode and small batches read exactly from its f16x64 copy (f16_gemv,
+  // at avx512, when it does not take the bf16 route).
+  bool f16_route(const TensorDesc& w) const noexcept {
+    return opt_.repack && opt_.f16_gemv && at_least(opt_.isa, Isa::avx512) && w.dtype == DType::f16 &&
+           w.ne[2] == 1 && w.ne[3] == 1 && !bf16_route(w) && bf16x64_repackable(w.dtype, w.ne[0], w.ne[1]);
+  }
+
   // How matmul() multiplies one token by w, when that is one of gemv_multi's routes: the repacked int8
   // or bf16 kernels, or our F32 / F16 / BF16 kernels (oneDNN not asked for at one row). False otherwise.
   bool gemv_route(const TensorDesc& w, Gemv& m) {
@@ -1371,6 +1383,11 @@ private:
     if (bf16_route(w)) {
       if (opt_.gemm_min_rows == 1) return false;
       m = Gemv{DType::bf16, repacked(w), 0, N, nullptr};
+      return true;
+    }
+    if (f16_route(w)) {
+      if (opt_.gemm_min_rows == 1) return false;
+      m = Gemv{DType::f16, repacked(w), 0, N, nullptr};
       return true;
     }
     if (opt_.repack && repackable(w.dtype, K, N)) {
@@ -1425,6 +1442,16 @@ private:
       }
       return;
     }
+    if (f16_route(w)) {
+      const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
+      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
+        gemm_panels_of(x, T, N, K, y, 64, [&](int64_t j, int64_t n, float* rows) {
+          dequantize_f16x64_rows(opt_.isa, wp, K, j, n, rows);
+        });
+      else
+        matmul_f16x64(opt_.isa, wp, K, N, x, T, y, threads_);
+      return;
+    }
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
       if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype))
@@ -1471,14 +1498,23 @@ private:
   // O(T·N·K), and no second copy of the weights is kept.
   template <class RowFn>
   void gemm_panels(const float* x, int64_t T, int64_t N, int64_t K, float* y, RowFn row) {
-    const int64_t rows = std::min<int64_t>(std::max<int64_t>((int64_t{8} << 20) / (K * 4), 16) / 8 * 8, N);
+    gemm_panels_of(x, T, N, K, y, 1, [&](int64_t j, int64_t, float* out) { row(j, out); });
+  }
+
+  // The same with rows(j, n, out) dequantizing n ≤ unit consecutive rows (K apart) at a time: panels a
+  // multiple of `unit` rows (the f16x64 copy converts whole 64-row groups).
+  template <class RowsFn>
+  void gemm_panels_of(const float* x, int64_t T, int64_t N, int64_t K, float* y, int64_t unit,
+                      RowsFn rows_fn) {
+    const int64_t m = std::max<int64_t>(8, unit);
+    const int64_t rows = std::min<int64_t>(std::max<int64_t>((int64_t{8} << 20) / (K * 4), 2 * m) / m * m, N);
     panel_.resize(static_cast<size_t>(rows * K));
     for (int64_t j0 = 0; j0 < N; j0 += rows) {
       const int64_t nr = std::min(rows, N - j0);
       float* pw = panel_.data();
 #pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < nr; ++r)
-        row(j0 + r, pw + r * K);
+      for (int64_t r = 0; r < nr; r += unit)
+        rows_fn(j0 + r, std::min(unit, nr - r), pw + r * K);
       gemm(x, pw, K, T, nr, K, y + j0, N);
     }
   }

@@ -40,6 +40,10 @@ struct CpuOptions {
   // ik_llama.cpp's run-time repacking does) and then every BF16 route above: bf16 prefill and decode.
   // Only at Isa::avx512_bf16; false (the default): F16 weights stay exact.
   bool f16_as_bf16 = false;
+  // F16 matrices (not rounded) repacked 64 rows at a time ("f16x64": the bf16x64 layout with the F16
+  // values as they are) for decode and small batches: the weights widened to f32 and f32 FMAs, one
+  // sequential stream per thread. Only at Isa::avx512 and up; false: the F16 rows in place.
+  bool f16_gemv = true;
   // Decode (one token): the matmuls of q, k, v (and of gate, up) that read the same activation run in one
   // parallel region (gemv_multi), the threads going from one matrix to the next without a barrier — the
   // same kernels, so the same floats; false: one region per matmul.

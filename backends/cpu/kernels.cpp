@@ -1963,6 +1963,7 @@ void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
 
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::bf16) return at_least(isa, Isa::avx512_bf16);
+  if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
   if (repacked)
     return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k;
   return at_least(isa, Isa::avx2) && (type == DType::f32 || type == DType::f16 || type == DType::bf16);
@@ -1974,7 +1975,8 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
   for (int i = 0; i < n_mats; ++i) {
     if (!gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0)) std::abort(); // a caller's bug
     const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
-    if (mats[i].row_bytes == 0) (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
+    if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
+      (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
     work += mats[i].N * K;
   }
   std::vector<uint16_t> xb(bf16 ? static_cast<size_t>(K) : 0);
@@ -1989,6 +1991,8 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
   for (int i = 0; i < n_mats; ++i) {
     if (mats[i].row_bytes == 0 && mats[i].type == DType::bf16)
       gemv_share_bf16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, xb.data(), mats[i].y);
+    else if (mats[i].row_bytes == 0 && mats[i].type == DType::f16)
+      gemv_share_f16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, x, mats[i].y);
     else if (mats[i].row_bytes == 0)
       gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
     else

@@ -63,13 +63,13 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 // One token (T = 1) against several matrices of the same width K (q, k, v; gate, up): the activation
 // quantized once per block kind, every matrix's rows shared among the threads in one parallel region with
 // no barrier between the matrices. The kernels and sums of matmul_repacked / matmul for one token, so
-// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K, or BF16 as bf16x64 at
-// avx512_bf16, the token rounded to bf16 once) or, at avx2 and up, F32 /
+// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K, BF16 as bf16x64 at
+// avx512_bf16, the token rounded to bf16 once, or F16 as f16x64 at avx512) or, at avx2 and up, F32 /
 // F16 / BF16 rows row_bytes apart (gemv_multi_supports says which).
 struct Gemv {
   DType type;
   const uint8_t* w;
-  size_t row_bytes; // 0: repacked (N % 8 == 0; type bf16: the bf16x64 layout, N % 64 == 0)
+  size_t row_bytes; // 0: repacked (N % 8 == 0; bf16 / f16: the bf16x64 / f16x64 layout, N % 64 == 0)
   int64_t N;
   float* y; // N outputs
 };
@@ -93,6 +93,19 @@ void matmul_bf16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const flo
 // Inside a parallel region: this thread's share of one token (xb: its K bf16 values) against a repacked
 // matrix, no barrier (gemv_multi).
 void gemv_share_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, float* y);
+
+// Exact F16 matrices in the same 64-row layout ("f16x64", kernels_bf16.cpp), for AVX-512 CPUs (no F16
+// product instruction needed: the weights widen to f32 and the products and sums are f32 FMAs):
+// bf16x64_repackable(f16, K, N), bf16x64_bytes(K, N) bytes. Only at Isa::avx512 and up.
+void repack_f16x64(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint16_t* out);
+void dequantize_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t row, float* y);
+// Rows [row, row + n) to f32, K apart in y (whole 64-row groups transposed a block at a time).
+void dequantize_f16x64_rows(Isa isa, const uint16_t* wp, int64_t K, int64_t row, int64_t n, float* y);
+// y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (a few tokens), in f32.
+void matmul_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
+                   int n_threads);
+// Inside a parallel region: this thread's share of one token against an f16x64 matrix (gemv_multi).
+void gemv_share_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, float* y);
 
 // n floats to bf16, rounded to nearest even (fp32_to_bf16's values; NaN stays NaN), vectorized with
 // AVX512-BF16 at that level (which flushes denormal inputs to zero).

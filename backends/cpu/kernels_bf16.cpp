@@ -20,6 +20,13 @@
 #include <omp.h>
 #include <vector>
 
+// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
+// unmasked intrinsics): a known false positive, silenced for this file as for kernels.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace loom::cpu {
 
 bool bf16x64_repackable(DType type, int64_t K, int64_t N) noexcept {
@@ -30,7 +37,10 @@ size_t bf16x64_bytes(int64_t K, int64_t N) {
   return static_cast<size_t>(N) * static_cast<size_t>(K) * 2;
 }
 
-void repack_bf16x64(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint16_t* out) {
+namespace {
+// 64-row groups of column pairs (the layout above), the values as they are (F16 or BF16) or F16 rounded
+// to BF16.
+void repack_x64(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, bool f16_to_bf16, uint16_t* out) {
   const int64_t P = K / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < N / 64; ++g) {
@@ -40,13 +50,22 @@ void repack_bf16x64(DType type, const uint8_t* w, size_t row_bytes, int64_t K, i
       for (int64_t c = 0; c < P; ++c) {
         uint16_t h[2];
         std::memcpy(h, row + 4 * c, 4);
-        if (type == DType::f16) // round to nearest even (F16's values are normal numbers in bf16's range)
+        if (f16_to_bf16) // round to nearest even (F16's values are normal numbers in bf16's range)
           for (auto& v : h)
             v = fp32_to_bf16(fp16_to_fp32(v));
         std::memcpy(dst + 64 * c + i, h, 4);
       }
     }
   }
+}
+} // namespace
+
+void repack_bf16x64(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint16_t* out) {
+  repack_x64(w, row_bytes, K, N, type == DType::f16, out);
+}
+
+void repack_f16x64(const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint16_t* out) {
+  repack_x64(w, row_bytes, K, N, false, out);
 }
 
 void dequantize_bf16x64(const uint16_t* wp, int64_t K, int64_t row, float* y) {
@@ -124,6 +143,125 @@ void groups_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb
   }
 }
 
+// ---- f16x64: exact F16 in the same 64-row layout, for CPUs without a half-precision product ----
+// vcvtph2ps widens 32 bytes (8 rows × one column pair) to 16 floats, one FMA per 8 rows and token against
+// the broadcast pair (x[2c], x[2c + 1]): lane 2i + e of accumulator q sums row 8q + i's products over
+// columns of parity e, in f32, the weights exact; the two parities are added at the end. Per token 8
+// accumulators (TT ≤ 3: 24 registers).
+#define LOOM_AVX512F_X64 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+template <int TT>
+LOOM_AVX512F_X64 void group_f16x64(const uint16_t* g, const float* const* xt, int64_t K, float* out,
+                                   int64_t ldo) {
+  constexpr int S = TT == 1 ? 2 : 1; // one token: two sets of accumulators (even / odd column pairs)
+  __m512 acc[S][TT][8];
+  for (auto& a : acc)
+    for (auto& b : a)
+      for (auto& v : b)
+        v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 2; c += S)
+    for (int s = 0; s < S; ++s) {
+      const uint16_t* gc = g + 128 * (c + s);
+      __m512 xv[TT];
+      for (int t = 0; t < TT; ++t) {
+        double pair;
+        std::memcpy(&pair, xt[t] + 2 * (c + s), sizeof pair);
+        xv[t] = _mm512_castpd_ps(_mm512_set1_pd(pair));
+      }
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gc + 16 * q)));
+        for (int t = 0; t < TT; ++t)
+          acc[s][t][q] = _mm512_fmadd_ps(w, xv[t], acc[s][t][q]);
+      }
+    }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int t = 0; t < TT; ++t)
+    for (int q = 0; q < 8; q += 2) { // rows 8q .. 8q + 15
+      __m512 a0 = acc[0][t][q], a1 = acc[0][t][q + 1];
+      if constexpr (S == 2) {
+        a0 = _mm512_add_ps(a0, acc[1][t][q]);
+        a1 = _mm512_add_ps(a1, acc[1][t][q + 1]);
+      }
+      _mm512_storeu_ps(out + t * ldo + 8 * q, _mm512_add_ps(_mm512_permutex2var_ps(a0, even, a1),
+                                                            _mm512_permutex2var_ps(a0, odd, a1)));
+    }
+}
+
+// Groups [g0, g1) against T tokens (tiles of 3, 2, 1), y[t][j] rows N apart.
+void groups_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, int64_t g0,
+                   int64_t g1, float* y) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint16_t* gw = wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K);
+    for (int64_t t0 = 0; t0 < T; t0 += 3) {
+      const float* xt[3];
+      const int64_t tt = std::min<int64_t>(3, T - t0);
+      for (int64_t t = 0; t < tt; ++t)
+        xt[t] = x + (t0 + t) * K;
+      float* out = y + t0 * N + 64 * g;
+      if (tt == 3)
+        group_f16x64<3>(gw, xt, K, out, N);
+      else if (tt == 2)
+        group_f16x64<2>(gw, xt, K, out, N);
+      else
+        group_f16x64<1>(gw, xt, K, out, N);
+    }
+  }
+}
+
+// Row `row` of an f16x64 copy: 16 column pairs per gather (their dwords are 256 bytes apart).
+LOOM_AVX512F_X64 void dequantize_f16x64_avx512(const uint16_t* wp, int64_t K, int64_t row, float* y) {
+  const auto* g =
+      reinterpret_cast<const int32_t*>(wp + static_cast<size_t>(row / 64) * 64 * static_cast<size_t>(K));
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(64));
+  const int i = static_cast<int>(row % 64);
+  for (int64_t c = 0; c < K / 2; c += 16) { // K % 32 == 0 or the last 8 pairs apart
+    if (c + 16 > K / 2) {
+      for (int64_t cc = c; cc < K / 2; ++cc) {
+        uint16_t h[2];
+        std::memcpy(h, g + 64 * cc + i, 4);
+        y[2 * cc] = fp16_to_fp32(h[0]);
+        y[2 * cc + 1] = fp16_to_fp32(h[1]);
+      }
+      break;
+    }
+    const __m512i v = _mm512_i32gather_epi32(idx, g + 64 * c + i, 4);
+    _mm512_storeu_ps(y + 2 * c, _mm512_cvtph_ps(_mm512_castsi512_si256(v)));
+    _mm512_storeu_ps(y + 2 * c + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)));
+  }
+}
+
+// The 64 rows of group `gw` to f32 (rows K apart in y): per 8 column pairs and 8 rows, eight vcvtph2ps
+// give 8 vectors of (row, pair) values that an 8 × 8 transpose of 64-bit elements turns into the 8 rows'
+// 16 columns.
+LOOM_AVX512F_X64 void dequantize_group_f16x64(const uint16_t* gw, int64_t K, float* y) {
+  for (int q = 0; q < 8; ++q) // 8 rows at a time: 8 write streams (64 rows K apart alias in L1)
+    for (int64_t cb = 0; cb < K / 2; cb += 8) {
+      __m512d v[8], t[8], u[8];
+      for (int j = 0; j < 8; ++j)
+        v[j] = _mm512_castps_pd(_mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gw + 128 * (cb + j) + 16 * q))));
+      for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm512_unpacklo_pd(v[j], v[j + 1]);     // (v_j, v_j+1) elements 0, 2, 4, 6
+        t[j + 1] = _mm512_unpackhi_pd(v[j], v[j + 1]); // elements 1, 3, 5, 7
+      }
+      for (int j = 0; j < 8; j += 4)
+        for (int h = 0; h < 2; ++h) {
+          u[j + h] = _mm512_shuffle_f64x2(t[j + h], t[j + 2 + h], 0x88);     // elements h, 4 + h
+          u[j + 2 + h] = _mm512_shuffle_f64x2(t[j + h], t[j + 2 + h], 0xDD); // elements 2 + h, 6 + h
+        }
+      // u[0]: element 0 | 4 of v0..v3; u[1]: 1 | 5; u[2]: 2 | 6; u[3]: 3 | 7; u[4..7]: the same of v4..v7
+      for (int e = 0; e < 4; ++e) {
+        float* r0 = y + static_cast<size_t>(8 * q + e) * static_cast<size_t>(K) + 2 * cb;
+        float* r1 = y + static_cast<size_t>(8 * q + e + 4) * static_cast<size_t>(K) + 2 * cb;
+        _mm512_storeu_pd(reinterpret_cast<double*>(r0), _mm512_shuffle_f64x2(u[e], u[4 + e], 0x88));
+        _mm512_storeu_pd(reinterpret_cast<double*>(r1), _mm512_shuffle_f64x2(u[e], u[4 + e], 0xDD));
+      }
+    }
+}
+
 } // namespace
 
 void gemv_share_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, float* y) {
@@ -144,6 +282,42 @@ void matmul_bf16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const flo
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t G = N / 64;
     groups_bf16x64(wp, K, N, xb.data(), T, G * id / nt, G * (id + 1) / nt, y);
+  }
+}
+
+void dequantize_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t row, float* y) {
+  if (!at_least(isa, Isa::avx512)) std::abort(); // a caller's bug: the route exists from that level on
+  dequantize_f16x64_avx512(wp, K, row, y);
+}
+
+void dequantize_f16x64_rows(Isa isa, const uint16_t* wp, int64_t K, int64_t row, int64_t n, float* y) {
+  if (!at_least(isa, Isa::avx512)) std::abort(); // a caller's bug: the route exists from that level on
+  int64_t r = 0;
+  for (; r < n; ++r) {
+    if ((row + r) % 64 == 0 && r + 64 <= n) break;
+    dequantize_f16x64_avx512(wp, K, row + r, y + r * K);
+  }
+  for (; r + 64 <= n; r += 64)
+    dequantize_group_f16x64(wp + static_cast<size_t>(row + r) * static_cast<size_t>(K), K, y + r * K);
+  for (; r < n; ++r)
+    dequantize_f16x64_avx512(wp, K, row + r, y + r * K);
+}
+
+void gemv_share_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, float* y) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  const int64_t G = N / 64;
+  groups_f16x64(wp, K, N, x, 1, G * id / nt, G * (id + 1) / nt, y);
+}
+
+void matmul_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
+                   int n_threads) {
+  if (!at_least(isa, Isa::avx512)) std::abort(); // a caller's bug: the route exists from that level on
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads) if (N * K * T > 32768)
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t G = N / 64;
+    groups_f16x64(wp, K, N, x, T, G * id / nt, G * (id + 1) / nt, y);
   }
 }
 

@@ -130,7 +130,8 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,
-                                     bool bf16_gemm = true, bool bf16_gemv = true, bool f16_as_bf16 = false) {
+                                     bool bf16_gemm = true, bool bf16_gemv = true, bool f16_as_bf16 = false,
+                                     bool f16_gemv = true) {
   cpu::CpuOptions o;
   o.threads = 2;
   o.isa = isa;
@@ -140,6 +141,7 @@ std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repac
   o.bf16_gemm = bf16_gemm;
   o.bf16_gemv = bf16_gemv;
   o.f16_as_bf16 = f16_as_bf16;
+  o.f16_gemv = f16_gemv;
   return cpu::make_cpu_backend(o);
 }
 
@@ -224,6 +226,9 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
           if (b16) // the exact kernels on the GGUF rows without bf16_gemv
             expect_close(want, h.run(*cpu_backend(isa, 16, true, true, false), y), T >= 16 ? gemm_tol : 1e-5,
                          "matmul, bf16_gemv = false");
+          if (c.type == DType::f16 && N % 64 == 0 && cpu::at_least(isa, cpu::Isa::avx512)) // the F16 rows
+            expect_close(want, h.run(*cpu_backend(isa, 16, true, true, true, false, false), y), 1e-5,
+                         "matmul, f16_gemv = false"); // (the default above: the f16x64 copy)
           if (c.type == DType::f16 &&
               cpu::at_least(isa, cpu::Isa::avx512_bf16)) // weights rounded to bf16 too
             expect_close(want, h.run(*cpu_backend(isa, 16, true, true, true, true), y),

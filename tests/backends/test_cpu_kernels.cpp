@@ -361,6 +361,86 @@ TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
   }
 }
 
+// Exact F16 repacked 64 rows at a time (f16x64, kernels_bf16.cpp): the copy dequantizes to exactly the F16
+// rows (K with and without a last half gather), one to several tokens (tiles of 3, 2, 1) give Σ w·x with
+// the weights exact — within 1e-5 of the double-precision sum of the terms' size — and gemv_multi (decode,
+// threads 1..3, after another matrix in the same region) gives matmul_f16x64's floats bit for bit. At every
+// level from avx512 up that this CPU runs; below avx512 the route must not be offered.
+TEST_P(CpuKernels, F16x64CopiesAreExact) {
+  const cpu::Isa isa = GetParam();
+  if (!cpu::at_least(isa, cpu::Isa::avx512)) { // below it the F16 rows stay in place
+    EXPECT_FALSE(cpu::gemv_multi_supports(isa, DType::f16, true)) << cpu::isa_name(isa);
+    return;
+  }
+  if (!cpu::isa_supported(isa))
+    GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << ": that level's code was compiled, not run";
+  EXPECT_TRUE(cpu::gemv_multi_supports(isa, DType::f16, true));
+  EXPECT_FALSE(cpu::gemv_multi_supports(cpu::Isa::avx2, DType::f16, true));
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{16, 64}, {48, 128}, {96, 64}, {2048, 192}}) {
+    ASSERT_TRUE(cpu::bf16x64_repackable(DType::f16, K, N));
+    const size_t rb = row_bytes(DType::f16, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+    std::vector<float> wf(static_cast<size_t>(K));
+    for (int64_t j = 0; j < N; ++j) {
+      for (auto& v : wf)
+        v = nd(rng) * 0.1f;
+      quantize_row(DType::f16, wf.data(), w.data() + static_cast<size_t>(j) * rb, K);
+    }
+    std::vector<uint16_t> wp(cpu::bf16x64_bytes(K, N) / 2);
+    cpu::repack_f16x64(w.data(), rb, K, N, wp.data());
+    std::vector<float> dq(static_cast<size_t>(N * K)), row(static_cast<size_t>(K));
+    for (int64_t j = 0; j < N; ++j) {
+      cpu::dequantize_f16x64(isa, wp.data(), K, j, dq.data() + j * K);
+      dequantize_row(DType::f16, w.data() + static_cast<size_t>(j) * rb, row.data(), K);
+      for (int64_t k = 0; k < K; ++k)
+        ASSERT_EQ(dq[static_cast<size_t>(j * K + k)], row[static_cast<size_t>(k)])
+            << "K=" << K << " row " << j << " col " << k;
+    }
+    // several rows at a time (the prefill panels): whole groups transposed, the rest row by row
+    for (const auto& [j0, n] :
+         {std::pair<int64_t, int64_t>{0, N}, {0, 64}, {5, N - 5}, {64, N - 64}, {3, 1}}) {
+      if (n <= 0) continue;
+      std::vector<float> rows(static_cast<size_t>(n * K), NAN);
+      cpu::dequantize_f16x64_rows(isa, wp.data(), K, j0, n, rows.data());
+      for (int64_t i = 0; i < n * K; ++i)
+        ASSERT_EQ(rows[static_cast<size_t>(i)], dq[static_cast<size_t>(j0 * K + i)])
+            << "K=" << K << " rows from " << j0 << ", n=" << n << " at " << i;
+    }
+    for (int64_t T : {1, 2, 3, 4, 7}) {
+      std::vector<float> x(static_cast<size_t>(T * K)), y(static_cast<size_t>(T * N), NAN);
+      for (auto& v : x)
+        v = nd(rng);
+      cpu::matmul_f16x64(isa, wp.data(), K, N, x.data(), T, y.data(), 2);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < N; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double p = static_cast<double>(dq[static_cast<size_t>(j * K + k)]) *
+                             static_cast<double>(x[static_cast<size_t>(t * K + k)]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(static_cast<double>(y[static_cast<size_t>(t * N + j)]), ref, 1e-5 * mag + 1e-6)
+              << "K=" << K << " N=" << N << " T=" << T << " t=" << t << " j=" << j;
+        }
+      if (T != 1) continue;
+      for (int threads : {1, 2, 3}) {
+        std::vector<float> y2(static_cast<size_t>(N), NAN), other(static_cast<size_t>(N), NAN);
+        const cpu::Gemv ms[2] = {{DType::f16, w.data(), rb, N, other.data()}, // F16 rows, then the copy
+                                 {DType::f16, reinterpret_cast<const uint8_t*>(wp.data()), 0, N, y2.data()}};
+        cpu::gemv_multi(isa, ms, 2, K, x.data(), threads);
+        for (int64_t j = 0; j < N; ++j) {
+          ASSERT_EQ(y2[static_cast<size_t>(j)], y[static_cast<size_t>(j)])
+              << "threads " << threads << " j=" << j;
+          ASSERT_NEAR(other[static_cast<size_t>(j)], y[static_cast<size_t>(j)], 1e-4f) << "j=" << j;
+        }
+      }
+    }
+  }
+}
+
 // Activations to bf16 for the bf16 GEMM: round to nearest even exactly as fp32_to_bf16 on every level
 // (ties both ways, the largest finite values, infinities, signed zeros; NaN stays NaN), tails included.
 // (Denormal inputs are left out: AVX512-BF16's conversion flushes them to zero, as kernels.hpp says.)
