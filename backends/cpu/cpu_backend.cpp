@@ -126,16 +126,27 @@ inline KeySegs key_segs(const SeqRows& r, Pos sink_end, Pos first, Pos last) noe
 }
 
 struct AttnScratch {
+  bool f16c = false; // F16 / BF16 cache rows convert with AVX2 + F16C (exact either way)
   std::vector<float> s, acc, m, l;
   std::vector<float> ks, vs;        // a tile of K / V rows of one head, as f32 (non-f32 caches)
   std::vector<const float*> kp, vp; // the tile's rows of that head
 };
 
+// n (a multiple of 8) F16 or BF16 values to f32, 8 at a time: exactly kv_load's values.
+LOOM_AVX2 void kv_half_avx2(DType dt, const uint8_t* row, int32_t n, float* out) {
+  for (int32_t i = 0; i < n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+    _mm256_storeu_ps(out + i, dt == DType::f16
+                                  ? _mm256_cvtph_ps(h)
+                                  : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+}
+
 // Rows j0 .. j0+n-1 of kv head hk (values [koff, koff + D)) as f32 pointers: into the cache itself for
-// f32, else into `stage` after conversion.
+// f32, else into `stage` after conversion (vectorized for F16 / BF16 when `f16c`).
 LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src, DType dt, Pos j0, int32_t n,
                                           size_t koff, int32_t D, std::vector<float>& stage,
-                                          std::vector<const float*>& ptrs) {
+                                          std::vector<const float*>& ptrs, bool f16c) {
   ptrs.resize(static_cast<size_t>(n));
   if (dt == DType::f32) {
     for (int32_t jj = 0; jj < n; ++jj)
@@ -145,7 +156,10 @@ LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src
     stage.resize(static_cast<size_t>(n) * static_cast<size_t>(D));
     for (int32_t jj = 0; jj < n; ++jj) {
       float* dst = stage.data() + static_cast<size_t>(jj) * static_cast<size_t>(D);
-      kv_load(dt, src[static_cast<size_t>(j0 + jj)], static_cast<int64_t>(koff), D, dst);
+      if (f16c && (dt == DType::f16 || dt == DType::bf16) && D % 8 == 0)
+        kv_half_avx2(dt, src[static_cast<size_t>(j0 + jj)] + 2 * koff, D, dst);
+      else
+        kv_load(dt, src[static_cast<size_t>(j0 + jj)], static_cast<int64_t>(koff), D, dst);
       ptrs[static_cast<size_t>(jj)] = dst;
     }
   }
@@ -165,8 +179,8 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
     const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
     for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
       const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
-      const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
       for (int32_t g = 0; g < G; ++g) {
         const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
         float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
@@ -252,8 +266,8 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
     const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
     for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
       const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
-      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
       transpose_tile(ktr, n, D, kt, false);
       const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
       for (int32_t r = 0; r < R; ++r) {
@@ -372,8 +386,8 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
     const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
     for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
       const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp);
-      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
       transpose_tile(ktr, n, D, kt, true); // lanes past the tile: finite, then masked
       const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
       // whether lane jj of the tile holds a key (a position every row then checks against its span)
@@ -896,6 +910,7 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
 #pragma omp parallel if (items > 1)
   {
     AttnScratch w;
+    w.f16c = avx2;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const auto [t, nq] = blocks[static_cast<size_t>(it / Hkv)];
