@@ -155,6 +155,7 @@ TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
       const int64_t D = 12, H = 3, n = D * H;
       Harness h(T);
       const int32_t a = h.input(r, {n, T, 1, 1}), b = h.input(r, {n, T, 1, 1});
+      const int32_t wide = h.input(r, {n, T, 1, 1}, 40.0f); // |v| up to ≈ 150: e^v far beyond f32
       Weight wn(DType::f32, n, 1, r);
       Node nn;
       nn.eps = 1e-5f;
@@ -176,6 +177,7 @@ TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
           {"mul row", h.op(OpKind::mul, a, wn.add(h.g, "row"), {n, T, 1, 1})},
           {"scale", h.op(OpKind::scale, a, -1, {n, T, 1, 1}, sc)},
           {"swiglu", h.op(OpKind::swiglu, a, b, {n, T, 1, 1})},
+          {"swiglu wide", h.op(OpKind::swiglu, wide, b, {n, T, 1, 1})},
           {"softmax", h.op(OpKind::softmax, a, -1, {n, T, 1, 1})},
           {"copy", h.op(OpKind::copy, a, -1, {n, T, 1, 1})},
           {"copy weight", h.op(OpKind::copy, wn.add(h.g, "cw"), -1, {n, 1, 1, 1})},
