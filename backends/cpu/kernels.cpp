@@ -2027,15 +2027,16 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     const bool amx = at_least(isa, Isa::amx);
     // Blocked for the caches: a chunk of row pairs (≈ 128 KiB of weights, kept in L2) against each tile
     // of 16 tokens in turn (their activations stay in L1 across the chunk's pairs).
-    // (at most pairs / threads, so that a small matrix still feeds every thread)
-    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / (2 * gb)), 1,
-                                              std::max<int64_t>(1, (pairs + threads - 1) / threads));
-    const int64_t n_chunks = (pairs + chunk - 1) / chunk;
+    // The chunks are a multiple of the threads in number and equal to a pair, so the threads' shares
+    // are too (3 chunks of 7 pairs for 2 threads left one waiting a third of a k/v projection).
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((128u << 10) / (2 * gb)));
+    const int64_t per_thread = (pairs + threads - 1) / threads;
+    const int64_t n_chunks = std::min<int64_t>(pairs, threads * ((per_thread + chunk - 1) / chunk));
     const auto tb = [&](int64_t t) { return static_cast<size_t>(t) * static_cast<size_t>(nb); };
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
     for (int64_t c = 0; c < n_chunks; ++c)
       for (int64_t t0 = 0; t0 < T; t0 += 16)
-        for (int64_t gp = c * chunk; gp < std::min(pairs, (c + 1) * chunk); ++gp) {
+        for (int64_t gp = pairs * c / n_chunks; gp < pairs * (c + 1) / n_chunks; ++gp) {
           const uint8_t* g0 = wp + static_cast<size_t>(2 * gp) * gb;
           const uint8_t* g1 = g0 + gb; // (the k-quants' groups; Q4_0 / Q8_0 pairs start at g0)
           const int64_t tt = std::min<int64_t>(16, T - t0);
