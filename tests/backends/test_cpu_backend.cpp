@@ -190,6 +190,26 @@ TEST(CpuBackendOps, ElementwiseNormRopeMatchTheReference) {
     }
 }
 
+// A matrix wider than one GEMM panel (≈ 8 MiB of f32 rows: 512 rows at K = 4096): each panel's output
+// lands in its own columns of y (through the GEMM's contiguous buffer), F16 via the f16x64 copy's 64-row
+// groups where the CPU has avx512 (else a row at a time), Q8_0 from its GGUF rows (repack off).
+TEST(CpuBackendOps, MatmulsWiderThanAPanelMatchTheReference) {
+  auto ref = make_reference_backend();
+  for (const DType type : {DType::f16, DType::q8_0})
+    for (cpu::Isa isa : isas()) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + cpu::isa_name(isa));
+      Rand r(99);
+      const int64_t K = 4096, N = 640;
+      const int32_t T = 20;
+      Harness h(T);
+      const int32_t x = h.input(r, {K, T, 1, 1});
+      Weight w(type, K, N, r, 0.05f);
+      const int32_t y = h.op(OpKind::matmul, w.add(h.g, "w"), x, {N, T, 1, 1});
+      expect_close(h.run(*ref, y), h.run(*cpu_backend(isa, 16, type != DType::q8_0), y), 1e-5,
+                   "matmul over two panels");
+    }
+}
+
 TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
   auto ref = make_reference_backend();
   struct Case {
