@@ -1383,10 +1383,12 @@ private:
     // Faulted in by every thread at once (the kernel zeroes each page on its first touch; a thread
     // repacking into a page another one is faulting would wait for it).
     auto* b = static_cast<uint8_t*>(p);
-    const int64_t pages = static_cast<int64_t>((bytes + 4095) / 4096);
-#pragma omp parallel for schedule(static) if (bytes >= 2 * huge)
-    for (int64_t i = 0; i < pages; ++i)
-      b[static_cast<size_t>(i) * 4096] = 0;
+    if (bytes >= 2 * huge) { // (a small copy: its repack faults it in, one thread per group anyway)
+      const int64_t pages = static_cast<int64_t>((bytes + 4095) / 4096);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < pages; ++i)
+        b[static_cast<size_t>(i) * 4096] = 0;
+    }
     return b;
   }
 

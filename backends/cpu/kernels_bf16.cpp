@@ -18,6 +18,7 @@
 #include <cstring>
 #include <immintrin.h>
 #include <omp.h>
+#include <type_traits>
 #include <vector>
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
@@ -120,27 +121,51 @@ LOOM_AVX512BF16 void group_bf16x64(const uint16_t* g, const uint32_t* const* xp,
     }
 }
 
-// Groups [g0, g1) against T tokens (tiles of 4, 3, 2, 1), y[t][j] rows N apart.
-void groups_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, int64_t T, int64_t g0,
-                    int64_t g1, float* y) {
+// f(integral_constant<int, tt>) for a run-time tt in 1..TT.
+template <int TT, class F> void with_tile(int64_t tt, F&& f) {
+  if (tt == TT)
+    f(std::integral_constant<int, TT>{});
+  else if constexpr (TT > 1)
+    with_tile<TT - 1>(tt, f);
+}
+
+// Groups [g0, g1) of a 64-row copy against T tokens in tiles of at most TT: group(tile, gw, t0, out) for
+// the group's weights gw, the tile's first token t0 and its outputs (y[t][j] rows N apart).
+template <int TT, class Group>
+void for_groups(const uint16_t* wp, int64_t K, int64_t N, int64_t T, int64_t g0, int64_t g1, float* y,
+                Group&& group) {
   for (int64_t g = g0; g < g1; ++g) {
     const uint16_t* gw = wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K);
-    for (int64_t t0 = 0; t0 < T; t0 += 4) {
-      const uint32_t* xp[4];
-      const int64_t tt = std::min<int64_t>(4, T - t0);
-      for (int64_t t = 0; t < tt; ++t)
-        xp[t] = reinterpret_cast<const uint32_t*>(xb + (t0 + t) * K);
-      float* out = y + t0 * N + 64 * g;
-      if (tt == 4)
-        group_bf16x64<4>(gw, xp, K, out, N);
-      else if (tt == 3)
-        group_bf16x64<3>(gw, xp, K, out, N);
-      else if (tt == 2)
-        group_bf16x64<2>(gw, xp, K, out, N);
-      else
-        group_bf16x64<1>(gw, xp, K, out, N);
-    }
+    for (int64_t t0 = 0; t0 < T; t0 += TT)
+      with_tile<TT>(std::min<int64_t>(TT, T - t0),
+                    [&](auto tile) { group(tile, gw, t0, y + t0 * N + 64 * g); });
   }
+}
+
+// fn(g0, g1) with this thread's share of the N / 64 groups, inside a parallel region.
+template <class Fn> void my_groups(int64_t N, Fn&& fn) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  const int64_t G = N / 64;
+  fn(G * id / nt, G * (id + 1) / nt);
+}
+
+// The same over a team of n_threads (≤ 0: the OpenMP default; one thread for a small product).
+template <class Fn> void team_groups(int64_t K, int64_t N, int64_t T, int n_threads, Fn&& fn) {
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads) if (N * K * T > 32768)
+  my_groups(N, fn);
+}
+
+// Groups [g0, g1) against T bf16 tokens (tiles of 4, 3, 2, 1).
+void groups_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, int64_t T, int64_t g0,
+                    int64_t g1, float* y) {
+  for_groups<4>(wp, K, N, T, g0, g1, y, [&](auto tile, const uint16_t* gw, int64_t t0, float* out) {
+    constexpr int tt = decltype(tile)::value;
+    const uint32_t* xp[tt];
+    for (int t = 0; t < tt; ++t)
+      xp[t] = reinterpret_cast<const uint32_t*>(xb + (t0 + t) * K);
+    group_bf16x64<tt>(gw, xp, K, out, N);
+  });
 }
 
 // ---- f16x64: exact F16 in the same 64-row layout, for CPUs without a half-precision product ----
@@ -189,25 +214,16 @@ LOOM_AVX512F_X64 void group_f16x64(const uint16_t* g, const float* const* xt, in
     }
 }
 
-// Groups [g0, g1) against T tokens (tiles of 3, 2, 1), y[t][j] rows N apart.
+// Groups [g0, g1) against T f32 tokens (tiles of 3, 2, 1).
 void groups_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, int64_t g0,
                    int64_t g1, float* y) {
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint16_t* gw = wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K);
-    for (int64_t t0 = 0; t0 < T; t0 += 3) {
-      const float* xt[3];
-      const int64_t tt = std::min<int64_t>(3, T - t0);
-      for (int64_t t = 0; t < tt; ++t)
-        xt[t] = x + (t0 + t) * K;
-      float* out = y + t0 * N + 64 * g;
-      if (tt == 3)
-        group_f16x64<3>(gw, xt, K, out, N);
-      else if (tt == 2)
-        group_f16x64<2>(gw, xt, K, out, N);
-      else
-        group_f16x64<1>(gw, xt, K, out, N);
-    }
-  }
+  for_groups<3>(wp, K, N, T, g0, g1, y, [&](auto tile, const uint16_t* gw, int64_t t0, float* out) {
+    constexpr int tt = decltype(tile)::value;
+    const float* xt[tt];
+    for (int t = 0; t < tt; ++t)
+      xt[t] = x + (t0 + t) * K;
+    group_f16x64<tt>(gw, xt, K, out, N);
+  });
 }
 
 // Row `row` of an f16x64 copy: 16 column pairs per gather (their dwords are 256 bytes apart).
@@ -265,9 +281,7 @@ LOOM_AVX512F_X64 void dequantize_group_f16x64(const uint16_t* gw, int64_t K, flo
 } // namespace
 
 void gemv_share_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, float* y) {
-  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-  const int64_t G = N / 64;
-  groups_bf16x64(wp, K, N, xb, 1, G * id / nt, G * (id + 1) / nt, y);
+  my_groups(N, [&](int64_t g0, int64_t g1) { groups_bf16x64(wp, K, N, xb, 1, g0, g1, y); });
 }
 
 void matmul_bf16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
@@ -276,13 +290,8 @@ void matmul_bf16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const flo
   std::vector<uint16_t> xb(static_cast<size_t>(T * K));
   for (int64_t t = 0; t < T; ++t)
     to_bf16(isa, x + t * K, xb.data() + t * K, K);
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#pragma omp parallel num_threads(threads) if (N * K * T > 32768)
-  {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t G = N / 64;
-    groups_bf16x64(wp, K, N, xb.data(), T, G * id / nt, G * (id + 1) / nt, y);
-  }
+  team_groups(K, N, T, n_threads,
+              [&](int64_t g0, int64_t g1) { groups_bf16x64(wp, K, N, xb.data(), T, g0, g1, y); });
 }
 
 void dequantize_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t row, float* y) {
@@ -304,21 +313,13 @@ void dequantize_f16x64_rows(Isa isa, const uint16_t* wp, int64_t K, int64_t row,
 }
 
 void gemv_share_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, float* y) {
-  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-  const int64_t G = N / 64;
-  groups_f16x64(wp, K, N, x, 1, G * id / nt, G * (id + 1) / nt, y);
+  my_groups(N, [&](int64_t g0, int64_t g1) { groups_f16x64(wp, K, N, x, 1, g0, g1, y); });
 }
 
 void matmul_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, float* y,
                    int n_threads) {
   if (!at_least(isa, Isa::avx512)) std::abort(); // a caller's bug: the route exists from that level on
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#pragma omp parallel num_threads(threads) if (N * K * T > 32768)
-  {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t G = N / 64;
-    groups_f16x64(wp, K, N, x, T, G * id / nt, G * (id + 1) / nt, y);
-  }
+  team_groups(K, N, T, n_threads, [&](int64_t g0, int64_t g1) { groups_f16x64(wp, K, N, x, T, g0, g1, y); });
 }
 
 } // namespace loom::cpu
