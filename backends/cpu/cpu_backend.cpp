@@ -1067,6 +1067,17 @@ public:
     if (o.repack && at_least(o.isa, Isa::avx512) && o.f16_gemv &&
         !(o.f16_as_bf16 && at_least(o.isa, Isa::avx512_bf16)))
       description_ += ", f16x64 GEMV for F16 (exact)";
+    // Which route each block type takes (loom run's backend line).
+    description_ +=
+        std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
+        (o.repack ? " (repacked)" : "");
+    if (at_least(o.isa, Isa::avx2))
+      description_ +=
+          std::string("; exact f32 products on weights unpacked in registers: q4_1 q5_0 q5_1 iq4_nl "
+                      "q2_k q3_k q5_k iq4_xs") +
+          (o.exact_logits ? " and the output head" : "");
+    else
+      description_ += "; other block types: rows dequantized to f32, then dotted";
   }
 
   std::string_view name() const noexcept override { return "cpu"; }
@@ -1082,6 +1093,7 @@ public:
     check_batch(g, batch);
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
     const size_t total = plan(g);
+    logits_ = logits_matmul_dst(g);
     if (arena_.size() < total) arena_.resize(total);
     for (size_t i = 0; i < g.nodes.size();) {
       const size_t fused = fused_gemv(g, i);
@@ -1105,6 +1117,19 @@ public:
 
 private:
   float* f32(int32_t id) { return arena_.data() + offsets_[static_cast<size_t>(id)]; }
+
+  // The output of the matmul that makes the logits (the graph's output, or what Gemma 2's final soft-cap
+  // reads); -1 when the last node is something else.
+  static int32_t logits_matmul_dst(const Graph& g) noexcept {
+    int32_t out = g.out_logits;
+    for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
+      if (it->dst != out) continue;
+      if (it->op == OpKind::matmul) return out;
+      if (it->op != OpKind::softcap) return -1;
+      out = it->src[0];
+    }
+    return -1;
+  }
 
   // Places every activation in one arena, reusing the room of tensors no later node reads (first
   // fit over a free list, neighbours merged); returns the arena's size in floats. An element-wise
@@ -1263,7 +1288,7 @@ private:
       const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
       const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
       LOOM_ASSERT(x.ne[0] == w.ne[0], "matmul inner dimensions differ");
-      matmul(w, f32(n.src[1]), x.n_rows(), dst);
+      matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_logits && n.dst == logits_);
       return;
     }
     case OpKind::rope: {
@@ -1466,7 +1491,9 @@ private:
       m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
       return true;
     }
-    if (opt_.gemm_min_rows == 1 || !gemv_multi_supports(opt_.isa, w.dtype, false)) return false;
+    const bool plain = w.dtype == DType::f32 || w.dtype == DType::f16 || w.dtype == DType::bf16;
+    if (opt_.gemm_min_rows == 1 || !(dq_route(w) || (plain && gemv_multi_supports(opt_.isa, w.dtype, false))))
+      return false;
     m = Gemv{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, K), N, nullptr};
     return true;
   }
@@ -1495,11 +1522,28 @@ private:
     return gemvs_.size();
   }
 
-  // y[T][N] = x[T][K] · Wᵀ.
-  void matmul(const TensorDesc& w, const float* x, int64_t T, float* y) {
+  // Whether w is multiplied exactly from its own rows in place (kernels_dq.cpp): the block types without an
+  // int8 kernel of their own (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS), and with `exact` (the
+  // logits' matmul under exact_logits) every block type.
+  bool dq_route(const TensorDesc& w, bool exact = false) const noexcept {
+    return dq_supports(opt_.isa, w.dtype) && (exact || !has_kernel(w.dtype)) && w.ne[2] == 1 &&
+           w.ne[3] == 1 && w.ne[0] % dtype_traits(w.dtype).block_size == 0;
+  }
+
+  // y[T][N] = x[T][K] · Wᵀ; exact: the logits' matmul under exact_logits (no activation rounded).
+  void matmul(const TensorDesc& w, const float* x, int64_t T, float* y, bool exact = false) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
+    if (dq_route(w, exact)) { // exact products: a GEMM on dequantized panels, or our FMA kernels
+      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
+        gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) {
+          dequantize_dq(w.dtype, base + static_cast<size_t>(j) * rb, row, K);
+        });
+      else
+        matmul_dq(w.dtype, base, rb, K, N, x, T, y, threads_);
+      return;
+    }
     if (bf16_route(w)) {
       const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
       if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
@@ -1699,6 +1743,7 @@ private:
   int threads_;
   bool avx2_;
   std::string description_;
+  int32_t logits_ = -1;      // the logits' matmul output in the graph being computed
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM

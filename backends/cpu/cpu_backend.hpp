@@ -48,6 +48,12 @@ struct CpuOptions {
   // parallel region (gemv_multi), the threads going from one matrix to the next without a barrier — the
   // same kernels, so the same floats; false: one region per matmul.
   bool fused_decode = true;
+  // The logits' matmul (the output head) multiplies the f32 hidden state exactly, whatever the head's type
+  // (kernels_dq.cpp at avx2: weights unpacked to their exact values, f32 FMAs), where the int8 kernels
+  // would round the activations to 8 bits per block of 32: one matrix of the model, and the one whose
+  // errors decide between near-tied tokens (SmolLM2's outlier dimension makes them ≈ 1 % of the logits).
+  // false: the head takes its type's route like any other matrix.
+  bool exact_logits = true;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);

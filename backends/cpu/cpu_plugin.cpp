@@ -33,6 +33,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const bool bf16_gemv = c.get_bool("bf16_gemv", true);
   const bool f16_as_bf16 = c.get_bool("f16_as_bf16", false);
   const bool f16_gemv = c.get_bool("f16_gemv", true);
+  const bool exact_logits = c.get_bool("exact_logits", true);
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
@@ -50,6 +51,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.bf16_gemv = bf16_gemv;
   o.f16_as_bf16 = f16_as_bf16;
   o.f16_gemv = f16_gemv;
+  o.exact_logits = exact_logits;
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;

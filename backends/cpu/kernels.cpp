@@ -1759,6 +1759,8 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
       if (n % 32 == 0) return dequant_q4_0_avx2(w, y, n / 32);
       break;
     default:
+      if (dq_supports(isa, type) && n % dtype_traits(type).block_size == 0)
+        return dequantize_dq(type, w, y, n);
       break;
     }
   }
@@ -1966,7 +1968,8 @@ bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
   if (repacked)
     return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k;
-  return at_least(isa, Isa::avx2) && (type == DType::f32 || type == DType::f16 || type == DType::bf16);
+  return at_least(isa, Isa::avx2) &&
+         (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
 
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
@@ -1995,6 +1998,8 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
       gemv_share_f16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, x, mats[i].y);
     else if (mats[i].row_bytes == 0)
       gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
+    else if (mats[i].type != DType::f32 && mats[i].type != DType::f16 && mats[i].type != DType::bf16)
+      gemv_share_dq(mats[i].type, mats[i].w, mats[i].row_bytes, K, mats[i].N, x, mats[i].y);
     else
       gemv_share_plain(isa, mats[i], K, x);
   }

@@ -107,6 +107,20 @@ void matmul_f16x64(Isa isa, const uint16_t* wp, int64_t K, int64_t N, const floa
 // Inside a parallel region: this thread's share of one token against an f16x64 matrix (gemv_multi).
 void gemv_share_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, float* y);
 
+// Exact products for the block types read in place (kernels_dq.cpp): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS at avx2 and up. Each weight is unpacked in registers to
+// dequantize_row's value and multiplied by the f32 activation with an FMA: no activation is rounded.
+bool dq_supports(Isa isa, DType type) noexcept;
+// One row of n values (a multiple of the type's block) to f32: exactly dequantize_row's values.
+void dequantize_dq(DType type, const uint8_t* w, float* y, int64_t n);
+// y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (a few tokens: each row is read once for every four), rows split
+// over n_threads.
+void matmul_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x, int64_t T,
+               float* y, int n_threads);
+// Inside a parallel region: this thread's share of one token's rows (gemv_multi).
+void gemv_share_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
+                   float* y);
+
 // n floats to bf16, rounded to nearest even (fp32_to_bf16's values; NaN stays NaN), vectorized with
 // AVX512-BF16 at that level (which flushes denormal inputs to zero).
 void to_bf16(Isa isa, const float* x, uint16_t* y, int64_t n);

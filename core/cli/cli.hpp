@@ -2,9 +2,11 @@
 // parses argv; everything it does is available through the library.
 #pragma once
 
+#include "loom/pipeline.hpp"
 #include "loom/pipeline_config.hpp"
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,11 @@ void read_chat_messages(const std::string& path, chat::RenderInput& in);
 
 bool stdout_is_tty();
 bool stderr_is_tty();
+// After Pipeline::create: the one line saying why "auto" fell back to the reference backend (always,
+// on stderr), and on a terminal the backend in use with its description (its routes).
+void announce_backend(const Pipeline& p);
+// {"name": ..., "description": ...} of the pipeline's backend (--json).
+nlohmann::json backend_json(const Pipeline& p);
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);

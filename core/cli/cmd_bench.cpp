@@ -247,6 +247,7 @@ int load_bench(const po::variables_map& vm) {
   cfg.stop.max_tokens = glen;
   cfg.scheduler.max_sequences = conc;
   auto p = Pipeline::create(cfg);
+  if (!p->backend_note().empty()) std::cerr << "loom: " << p->backend_note() << "\n";
   Engine& engine = p->engine();
   const int32_t n_vocab = p->model().config().n_vocab;
   std::mt19937_64 rng(vm["seed"].as<uint64_t>());
@@ -353,7 +354,7 @@ int load_bench(const po::variables_map& vm) {
   };
   if (vm.count("json")) {
     nlohmann::json j = {{"model", cfg.resolved_model_path()},
-                        {"backend", cfg.backend.name},
+                        {"backend", p->backend_name()},
                         {"threads", cfg.backend.threads},
                         {"kv_store", cfg.kv_cache.store},
                         {"kv_dtype", cfg.kv_cache.dtype},
@@ -398,7 +399,7 @@ int load_bench(const po::variables_map& vm) {
                 ab::quantile(v, 0.99));
   };
   std::printf("model:    %s, backend %s, threads %d\n", cfg.resolved_model_path().c_str(),
-              cfg.backend.name.c_str(), cfg.backend.threads);
+              p->backend_name().c_str(), cfg.backend.threads);
   std::printf("KV:       %s store of %s rows: %lld %s of %d positions = %lld tokens (%s)\n",
               cfg.kv_cache.store.c_str(), cfg.kv_cache.dtype.c_str(), static_cast<long long>(kv.n_units()),
               cfg.kv_cache.store == "paged" ? "blocks" : "slabs", kv.positions_per_unit(),
@@ -499,6 +500,18 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
 
   auto p = Pipeline::create(cfg);
+  if (!p->backend_note().empty()) std::cerr << "loom: " << p->backend_note() << "\n";
+  { // refused up front: positions past the trained context (RoPE extrapolates into noise, and attention's
+    // cost grows with the square of the length: a million positions would run for hours)
+    const int64_t need = static_cast<int64_t>(depth) + (depth == 0 ? int64_t{pp} + tg : std::max(pp, tg + 2));
+    const int32_t limit = p->model().config().n_ctx_train;
+    if (need > limit)
+      fail(Errc::invalid_argument, "bench",
+           "-d + --pp + --tg need " + std::to_string(need) + " positions (found -d " + std::to_string(depth) +
+               ", --pp " + std::to_string(pp) + ", --tg " + std::to_string(tg) + ") but " +
+               cfg.resolved_model_path() + " was trained on " + std::to_string(limit) +
+               "; use at most that many in all");
+  }
   const int32_t n_vocab = p->model().config().n_vocab;
   std::mt19937 rng(1234);
   auto prompt = [&](int n) {
@@ -575,7 +588,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const ModelConfig& mc = p->model().config();
   if (vm.count("json")) {
     nlohmann::json j = {{"model", cfg.resolved_model_path()},
-                        {"backend", cfg.backend.name},
+                        {"backend", p->backend_name()},
                         {"threads", cfg.backend.threads},
                         {"weight_type", std::string(dtype_name(mc.weight_type))},
                         {"n_params", mc.n_params},
@@ -610,7 +623,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("model:    %s (%s, %.1f M params)\n", cfg.resolved_model_path().c_str(),
               std::string(dtype_name(mc.weight_type)).c_str(), static_cast<double>(mc.n_params) / 1e6);
   const std::string info(p->backend().describe());
-  std::printf("backend:  %s, threads %d%s%s\n", cfg.backend.name.c_str(), cfg.backend.threads,
+  std::printf("backend:  %s, threads %d%s%s\n", p->backend_name().c_str(), cfg.backend.threads,
               info.empty() ? "" : "; ", info.c_str());
   const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
   std::printf("prefill:  pp%-5d%s %10.1f tok/s  (median of %d; %s)\n", pp, at.c_str(), median(pre), reps,

@@ -83,6 +83,7 @@ int cmd_chat(const std::vector<std::string>& args) {
   PipelineConfig cfg = run_config_from_args(vm);
   if (!vm.count("n-predict")) cfg.stop.max_tokens = -1; // a reply ends with its turn (or the context)
   auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
   const chat::Template tmpl = chat::load_template(
       vm.count("template") ? vm["template"].as<std::string>() : "", &pipeline->model().file());
   nlohmann::ordered_json start = nlohmann::ordered_json::array();

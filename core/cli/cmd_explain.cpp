@@ -185,6 +185,7 @@ int cmd_explain(const std::vector<std::string>& args) {
   cfg.stop.max_tokens = steps;
   if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
   auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
   const Tokenizer& tok = pipeline->tokenizer();
 
   std::vector<Step> trace;

@@ -157,6 +157,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   if (vm.count("json")) {
     nlohmann::json j;
     j["path"] = f.path();
+    j["format"] = f.version() ? "gguf" : "safetensors"; // safetensors: a Hugging Face checkpoint directory
     j["gguf_version"] = f.version();
     j["file_bytes"] = f.file_size();
     j["architecture"] = c.arch;
@@ -212,7 +213,9 @@ int cmd_inspect(const std::vector<std::string>& args) {
     return k_exit_ok;
   }
 
-  std::printf("file:          %s (GGUF v%u, %s)\n", f.path().c_str(), f.version(),
+  const std::string format =
+      f.version() ? "GGUF v" + std::to_string(f.version()) : "Hugging Face safetensors";
+  std::printf("file:          %s (%s, %s)\n", f.path().c_str(), format.c_str(),
               human_bytes(f.file_size()).c_str());
   std::printf("architecture:  %s%s%s\n", c.arch.c_str(), c.name.empty() ? "" : " — ",
               gguf_printable(c.name).c_str());

@@ -106,6 +106,18 @@ nlohmann::json to_json(const GenerationResult& r) {
 
 } // namespace
 
+void announce_backend(const Pipeline& p) {
+  if (!p.backend_note().empty()) std::cerr << "loom: " << p.backend_note() << "\n";
+  if (stderr_is_tty()) {
+    const std::string d(p.backend().describe());
+    std::cerr << "loom: backend " << p.backend_name() << (d.empty() ? "" : ": " + d) << "\n";
+  }
+}
+
+nlohmann::json backend_json(const Pipeline& p) {
+  return {{"name", p.backend_name()}, {"description", std::string(p.backend().describe())}};
+}
+
 PipelineConfig run_config_from_args(const po::variables_map& vm) {
   std::vector<ConfigOverride> overrides;
   if (vm.count("decoder")) // first, so that --set decoder.KEY=V applies to this decoder
@@ -213,11 +225,14 @@ int cmd_run(const std::vector<std::string>& args) {
       reqs.push_back(std::move(r));
     }
     auto pipeline = Pipeline::create(cfg);
+    announce_backend(*pipeline);
     const auto results = pipeline->generate_all(reqs, static_cast<size_t>(vm["parallel"].as<int>()));
     int rc = k_exit_ok;
     for (size_t i = 0; i < results.size(); ++i) {
       if (vm.count("json")) {
-        std::cout << to_json(results[i]).dump() << "\n";
+        nlohmann::json j = to_json(results[i]);
+        j["backend"] = backend_json(*pipeline);
+        std::cout << j.dump() << "\n";
       } else {
         std::cout << reqs[i].prompt << results[i].text << "\n";
       }
@@ -240,6 +255,7 @@ int cmd_run(const std::vector<std::string>& args) {
   }
 
   auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
   const bool json = vm.count("json") != 0;
   const bool chat = vm.count("messages") != 0;
   GenerationRequest req;
@@ -267,6 +283,7 @@ int cmd_run(const std::vector<std::string>& args) {
   if (json) {
     nlohmann::json j = to_json(r);
     if (chat) j["prompt"] = prompt;
+    j["backend"] = backend_json(*pipeline);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.

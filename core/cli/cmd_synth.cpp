@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 namespace loom::cli {
 
@@ -62,36 +63,45 @@ int cmd_synth(const std::vector<std::string>& args) {
 }
 
 int cmd_quantize(const std::vector<std::string>& args) {
+  const std::string types = dtype_names(true);
+  const std::string type_help = "the type of the 2-D weights: " + types;
   po::options_description desc("loom quantize options");
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
     ("input", po::value<std::string>(), "the GGUF model to convert")
-    ("type", po::value<std::string>(), "f32 | f16 | bf16 | q8_0 | q4_0 (of the 2-D weights)")
+    ("type", po::value<std::string>(), type_help.c_str())
     ("output,o", po::value<std::string>(), "output .gguf");
   // clang-format on
   po::positional_options_description pos;
   pos.add("input", 1);
   po::variables_map vm;
-  if (!parse_args(
-          args, desc, vm,
-          "usage: loom quantize IN.gguf --type T -o OUT.gguf\n"
-          "Writes a copy of a model with its 2-D weight matrices in another type (norms stay f32, as\n"
-          "llama-quantize does); every metadata key is copied. Use it for a draft model of a speculative\n"
-          "decoder (its vocabulary is the original's) or to compare types on the same weights.",
-          &pos))
-    return k_exit_ok;
+  const std::string usage =
+      "usage: loom quantize IN.gguf --type T -o OUT.gguf\n"
+      "Writes a copy of a model with its 2-D weight matrices in another type (1-D tensors such as\n"
+      "norms stay as they are, as llama-quantize does); every metadata key is copied. Use it for a\n"
+      "draft model of a speculative decoder (its vocabulary is the original's) or to compare types on\n"
+      "the same weights. Types: " +
+      types +
+      ".\n"
+      "A matrix whose rows are not a multiple of 256 values cannot hold q2_k, q3_k, q4_k, q5_k, q6_k or\n"
+      "iq4_xs; it falls back as with llama-quantize: q2_k, q3_k, iq4_xs → iq4_nl; q4_k → q5_0;\n"
+      "q5_k → q5_1; q6_k → q8_0 (f16 when its rows are not a multiple of 32 either). For the other\n"
+      "types such a matrix keeps its type. A line on stderr counts the matrices not in type T.";
+  if (!parse_args(args, desc, vm, usage, &pos)) return k_exit_ok;
   if (!vm.count("input"))
     throw UsageError("give the input model: loom quantize IN.gguf --type T -o OUT.gguf");
-  if (!vm.count("type")) throw UsageError("give --type (f32, f16, bf16, q8_0, q4_0)");
+  if (!vm.count("type")) throw UsageError("give --type (" + types + ")");
   if (!vm.count("output")) throw UsageError("give the output file with -o OUT.gguf");
   QuantizeOptions o;
   o.in = vm["input"].as<std::string>();
   const auto t = dtype_from_name(vm["type"].as<std::string>());
-  if (!t)
-    throw UsageError("unknown --type '" + vm["type"].as<std::string>() + "' (f32, f16, bf16, q8_0, q4_0)");
+  if (!t || !dtype_traits(*t).can_quantize)
+    throw UsageError("unknown --type '" + vm["type"].as<std::string>() + "' (" + types + ")");
   o.type = *t;
   o.out = vm["output"].as<std::string>();
+  std::map<std::string, int> fallbacks; // type written → matrices
+  o.on_fallback = [&](const std::string&, DType used) { ++fallbacks[std::string(dtype_name(used))]; };
   if (stderr_is_tty())
     o.progress = [last = -1](double f) mutable {
       const int pct = static_cast<int>(f * 100);
@@ -99,6 +109,16 @@ int cmd_quantize(const std::vector<std::string>& args) {
     };
   quantize_model(o);
   if (stderr_is_tty()) std::fprintf(stderr, "\n");
+  if (!fallbacks.empty()) {
+    std::string s;
+    int n = 0;
+    for (const auto& [name, count] : fallbacks) {
+      s += (s.empty() ? "" : ", ") + std::to_string(count) + " " + name;
+      n += count;
+    }
+    std::fprintf(stderr, "quantize: %d matri%s not in %s (rows not a multiple of its block): %s\n", n,
+                 n == 1 ? "x" : "ces", std::string(dtype_name(o.type)).c_str(), s.c_str());
+  }
   std::cout << o.out << "\n";
   return k_exit_ok;
 }

@@ -602,6 +602,7 @@ GgufFile GgufFile::open(const std::string& path, const GgufLimits& limits) {
          "cannot open model file '" + shown + "': " + std::strerror(e) +
              "; check the path (scripts/fetch-models.sh downloads the demo model)");
   }
+  if (S_ISDIR(st.st_mode)) return from_hf_dir(path, limits); // a Hugging Face checkpoint
   if (!S_ISREG(st.st_mode)) not_regular(shown, st.st_mode);
   // O_NONBLOCK: should the path be swapped for a FIFO after the stat, open still returns at once.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

@@ -123,9 +123,15 @@ Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {
   auto bin = [&](OpKind op, int32_t a, int32_t b, const std::string& out, std::array<int64_t, 4> ne) {
     return g.add_node(node(op, a, b, g.add_activation(out, ne)));
   };
-  auto rope_node = [&](int32_t xin, const std::string& out, int64_t H) {
+  RopeParams rope_swa = rope; // Gemma 3's local layers: their own base, no scaling
+  if (c.rope.theta_swa > 0.0f) {
+    rope_swa.theta = c.rope.theta_swa;
+    rope_swa.freq_scale = 1.0f;
+    rope_swa.ext_factor = 0.0f;
+  }
+  auto rope_node = [&](int32_t xin, const std::string& out, int64_t H, bool local) {
     Node r = node(OpKind::rope, xin, g.in_positions, g.add_activation(out, {D, H, T, 1}));
-    r.rope = rope;
+    r.rope = local ? rope_swa : rope;
     r.src[2] = rope_freqs;
     return g.add_node(r);
   };
@@ -155,12 +161,13 @@ Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {
       k = bin(OpKind::add, k, weight(p + "attn_k.bias"), p + "k_bias", {D, Hkv, T, 1});
       v = bin(OpKind::add, v, weight(p + "attn_v.bias"), p + "v_bias", {D, Hkv, T, 1});
     }
-    if (c.qk_norm) { // Qwen3: each head of q and k normalized (rows of head_dim)
+    if (c.qk_norm) { // Qwen3, Gemma 3: each head of q and k normalized (rows of head_dim)
       q = norm(q, weight(p + "attn_q_norm.weight"), p + "q_norm", {D, Hq, T, 1});
       k = norm(k, weight(p + "attn_k_norm.weight"), p + "k_norm", {D, Hkv, T, 1});
     }
-    q = rope_node(q, p + "q_rope", Hq);
-    k = rope_node(k, p + "k_rope", Hkv);
+    const bool local = c.sliding_window > 0 && c.sliding_layers[static_cast<size_t>(l)];
+    q = rope_node(q, p + "q_rope", Hq, local);
+    k = rope_node(k, p + "k_rope", Hkv, local);
     Node at;
     at.op = OpKind::attention;
     at.src = {q, k, v};

@@ -80,14 +80,15 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" && c.arch != "phi3")
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
+      c.arch != "gemma3" && c.arch != "phi3")
     fail(Errc::unsupported, "model",
          gguf_printable(f.path(), 400) + ": architecture '" + gguf_printable(c.arch) +
              "' is not supported (supported: " + k_supported_archs + ")");
   c.qkv_bias = c.arch == "qwen2";
-  c.qk_norm = c.arch == "qwen3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
   c.fused_qkv = c.fused_gate_up = c.arch == "phi3";
-  c.post_norms = c.geglu = c.arch == "gemma2";
+  c.post_norms = c.geglu = c.arch == "gemma2" || c.arch == "gemma3";
   c.rope.neox = c.arch != "llama"; // GGUF's llama q/k rows are permuted for adjacent pairs
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch + ".";
@@ -169,6 +170,20 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
           c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
       }
     }
+  }
+  if (c.arch == "gemma3") { // Gemma 3: five local layers, then a global one (llama.cpp's and HF's default)
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
+      for (int32_t l = 0; l < c.n_layer; ++l)
+        c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
+    // Local layers rotate with their own base (10 000 unless the file says) and without the global
+    // layers' scaling (rope.scaling.* applies to the global layers only, as in HF's rope_local_base_freq).
+    c.rope.theta_swa =
+        finite_at_least(f, a + "rope.freq_base_swa", 0.0, "a finite number > 1 (typically 10000)")
+            .value_or(10000.0f);
+    if (!(c.rope.theta_swa > 1.0f))
+      bad(f, "metadata '" + a + "rope.freq_base_swa' must be a finite number > 1 (typically 10000), found " +
+                 number(static_cast<double>(c.rope.theta_swa)) + "; the file is corrupt — re-convert it");
   }
   c.attn_softcap =
       finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);

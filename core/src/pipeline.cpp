@@ -193,24 +193,76 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   tmpl.stop.strings = cfg.stop.strings;
   tmpl.stop.max_tokens = cfg.stop.max_tokens;
   tmpl.stop.timeout_ms = cfg.stop.timeout_ms;
+  // Whether a backend runs this model as configured (every node of a decode graph, the KV rows' type,
+  // the attention variant); "" when it does, else why not.
+  const auto cannot_run = [&](const Backend& be, const Model& m) -> std::string {
+    if (!be.supports_kv_dtype(shape.dtype)) return "it does not read " + cfg.kv_cache.dtype + " KV rows";
+    const AttentionVariant& v = m.attention();
+    if (!be.supports_attention(v.kernel(), v.features()))
+      return "it runs no " + std::string(attn_kernel_name(v.kernel())) + " kernel for attention variant " +
+             std::string(v.name());
+    const Graph& g = const_cast<Model&>(m).graph(1, 1);
+    for (const Node& n : g.nodes)
+      if (!be.supports(g, n)) {
+        std::string w;
+        for (int32_t s : n.src)
+          if (s >= 0 && g.tensors[static_cast<size_t>(s)].kind == TensorKind::weight)
+            w = " (" + g.tensors[static_cast<size_t>(s)].name + ", " +
+                std::string(dtype_name(g.tensors[static_cast<size_t>(s)].dtype)) + ")";
+        return "it does not compute " + std::string(op_name(n.op)) + w;
+      }
+    return {};
+  };
   const auto make_backend = [&](const std::string& name, int32_t threads, bool with_params,
                                 const std::string& where) -> std::unique_ptr<Backend> {
     if (name == "reference") return make_reference_backend();
+    if (name == "auto") { // the fastest backend present that runs the model, else the reference
+      std::string why;
+      if (auto f = p->registry_->find(LOOM_KIND_BACKEND, "cpu")) {
+        std::vector<std::pair<std::string, ParamValue>> params;
+        params.emplace_back("threads", int64_t{threads});
+        if (with_params) params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
+        std::unique_ptr<Backend> be;
+        try {
+          be = plugin::make_plugin_backend(*f, "cpu", params, where);
+        } catch (const Error& e) {
+          if (with_params && !cfg.backend.params.empty()) throw; // a bad key of the user's: say so
+          why = std::string("the cpu plugin failed to start: ") + e.what();
+        }
+        if (be) {
+          why = cannot_run(*be, *p->model_);
+          if (why.empty()) return be;
+          why = "the cpu backend cannot run this model: " + why;
+        }
+      } else {
+        std::string dl;
+        for (const auto& d : dirs)
+          dl += (dl.empty() ? "" : ", ") + d;
+        why = "no cpu backend plugin in [" + dl + "]" + p->registry_->failures();
+      }
+      if (with_params && !cfg.backend.params.empty())
+        fail(Errc::unsupported, "pipeline",
+             where + ": keys for the cpu backend were given (" + cfg.backend.params.front().first +
+                 ", ...) but " + why + "; remove them or fix the cpu backend");
+      p->backend_note_ = "using the reference backend (plain f32, slow): " + why;
+      return make_reference_backend();
+    }
     if (auto f = p->registry_->find(LOOM_KIND_BACKEND, name)) {
       std::vector<std::pair<std::string, ParamValue>> params;
       params.emplace_back("threads", int64_t{threads});
       if (with_params) params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
       return plugin::make_plugin_backend(*f, name, params, where);
     }
-    missing(LOOM_KIND_BACKEND, "backend", name, "reference");
+    missing(LOOM_KIND_BACKEND, "backend", name, "reference, auto");
     return nullptr; // not reached: missing() throws
   };
   p->backend_ = make_backend(cfg.backend.name, cfg.backend.threads, true, cfg.source + ": [backend]");
+  p->backend_name_ = std::string(p->backend_->name());
   std::optional<DraftModel> draft;
   if (!cfg.decoder.draft.empty()) {
     const std::string path = cfg.resolved_draft_path();
     const std::string what = cfg.source + ": [decoder] draft = " + user_value(cfg.decoder.draft);
-    if (!std::filesystem::is_regular_file(path))
+    if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path)) // dir: HF checkpoint
       fail(Errc::not_found, "pipeline",
            what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
                "; give the path of a GGUF model with the target's vocabulary");
@@ -232,10 +284,10 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
              what + ": token " + std::to_string(i) + " is " + user_value(draft_tok->piece(i), 40) +
                  " in the draft but " + user_value(p->tok_->piece(i), 40) +
                  " in the target; a draft must share the target's tokenizer");
-    const std::string be = cfg.decoder.draft_backend.empty() ? cfg.backend.name : cfg.decoder.draft_backend;
+    const std::string be = cfg.decoder.draft_backend.empty() ? p->backend_name_ : cfg.decoder.draft_backend;
     p->draft_backend_ =
         make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
-                     be == cfg.backend.name, cfg.source + ": [decoder] draft_backend");
+                     be == p->backend_name_, cfg.source + ": [decoder] draft_backend");
     KVShape dshape = p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_);
     dshape.block_size = cfg.kv_cache.block_size;
     dshape.n_blocks = shape.n_blocks;

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <iterator>
+#include <thread>
 
 namespace loom {
 
@@ -30,7 +32,7 @@ bool fs_same_file(const std::string& a, const std::string& b) {
   return std::filesystem::exists(b, ec) && std::filesystem::equivalent(a, b, ec);
 }
 
-// llama.cpp's llama_ftype for general.file_type.
+// llama.cpp's llama_ftype for general.file_type (a k-quant alone: its "_S" mix).
 uint32_t file_type(DType t) {
   switch (t) {
   case DType::f32:
@@ -39,13 +41,37 @@ uint32_t file_type(DType t) {
     return 1;
   case DType::q4_0:
     return 2;
+  case DType::q4_1:
+    return 3;
   case DType::q8_0:
     return 7;
+  case DType::q5_0:
+    return 8;
+  case DType::q5_1:
+    return 9;
+  case DType::q2_k:
+    return 10;
+  case DType::q3_k:
+    return 11; // Q3_K_S
+  case DType::q4_k:
+    return 14; // Q4_K_S
+  case DType::q5_k:
+    return 16; // Q5_K_S
+  case DType::q6_k:
+    return 18;
+  case DType::iq4_nl:
+    return 25;
+  case DType::iq4_xs:
+    return 30;
   case DType::bf16:
     return 32;
   default:
     return 0;
   }
+}
+
+bool is_quantized(DType t) {
+  return t != DType::f32 && t != DType::f16 && t != DType::bf16;
 }
 
 struct XorShift {
@@ -135,7 +161,7 @@ void synth_model(const SynthOptions& o) {
   w.add_string("general.name", "loom-synth " + (o.arch == "llama" ? "" : o.arch + " ") + sh.name + " " +
                                    std::string(dtype_name(o.type)));
   w.add_u32("general.file_type", file_type(o.type));
-  if (o.type == DType::q8_0 || o.type == DType::q4_0) w.add_u32("general.quantization_version", 2);
+  if (is_quantized(o.type)) w.add_u32("general.quantization_version", 2);
   w.add_u32(k + "context_length", static_cast<uint32_t>(sh.n_ctx));
   w.add_u32(k + "embedding_length", static_cast<uint32_t>(sh.n_embd));
   w.add_u32(k + "block_count", static_cast<uint32_t>(sh.n_layer));
@@ -237,11 +263,34 @@ void synth_model(const SynthOptions& o) {
   });
 }
 
+std::optional<DType> quantize_target(DType want, int64_t cols) {
+  if (cols % dtype_traits(want).block_size == 0) return want;
+  DType fb;
+  switch (want) {
+  case DType::q2_k:
+  case DType::q3_k:
+  case DType::iq4_xs:
+    fb = DType::iq4_nl;
+    break;
+  case DType::q4_k:
+    fb = DType::q5_0;
+    break;
+  case DType::q5_k:
+    fb = DType::q5_1;
+    break;
+  case DType::q6_k:
+    fb = DType::q8_0;
+    break;
+  default:
+    return std::nullopt;
+  }
+  return cols % dtype_traits(fb).block_size == 0 ? fb : DType::f16;
+}
+
 void quantize_model(const QuantizeOptions& o) {
-  if (o.type != DType::f32 && o.type != DType::f16 && o.type != DType::bf16 && o.type != DType::q8_0 &&
-      o.type != DType::q4_0)
+  if (!dtype_traits(o.type).can_quantize)
     fail(Errc::invalid_argument, "quantize",
-         "type " + std::string(dtype_name(o.type)) + " is not offered; use f32, f16, bf16, q8_0 or q4_0");
+         "type " + std::string(dtype_name(o.type)) + " is not offered; use one of " + dtype_names(true));
   const GgufFile in = GgufFile::open(o.in);
   GgufWriter w;
   for (const auto& kv : in.metadata()) {
@@ -249,20 +298,25 @@ void quantize_model(const QuantizeOptions& o) {
     w.add(kv.key, kv.value);
   }
   w.add_u32("general.file_type", file_type(o.type));
-  if (o.type == DType::q8_0 || o.type == DType::q4_0) w.add_u32("general.quantization_version", 2);
+  if (is_quantized(o.type)) w.add_u32("general.quantization_version", 2);
   std::vector<GgufWriter::TensorSpec> specs;
   uint64_t total = 0, done = 0;
   for (const auto& t : in.tensors()) {
     if (!dtype_traits(t.type).can_dequantize)
       fail(Errc::unsupported, "quantize",
            o.in + ": tensor " + t.name + " has type " + std::string(dtype_name(t.type)) +
-               ", which loom cannot read");
-    const bool matrix = t.ne.size() == 2 && t.ne[0] % dtype_traits(o.type).block_size == 0;
-    specs.push_back({t.name, matrix ? o.type : t.type, t.ne});
+               ", which loom cannot read (it reads " + dtype_names(false) + ")");
+    DType to = t.type;
+    if (t.ne.size() == 2) {
+      to = quantize_target(o.type, t.ne[0]).value_or(t.type);
+      if (to != o.type && o.on_fallback) o.on_fallback(t.name, to);
+    }
+    specs.push_back({t.name, to, t.ne});
     total += static_cast<uint64_t>(t.n_elements);
   }
   if (fs_same_file(o.in, o.out))
     fail(Errc::invalid_argument, "quantize", "the output " + o.out + " is the input; write to another file");
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 64u);
   w.write_streaming(o.out, specs, [&](size_t i, std::vector<uint8_t>& bytes) {
     const GgufTensor& t = in.tensors()[i];
     const DType to = specs[i].type;
@@ -272,10 +326,33 @@ void quantize_model(const QuantizeOptions& o) {
       const int64_t cols = t.ne[0], rows = t.rows();
       const size_t rb_in = row_bytes(t.type, cols), rb = row_bytes(to, cols);
       bytes.resize(rb * static_cast<size_t>(rows));
-      std::vector<float> row(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        dequantize_row(t.type, t.data + static_cast<size_t>(r) * rb_in, row.data(), cols);
-        quantize_row(to, row.data(), bytes.data() + static_cast<size_t>(r) * rb, cols);
+      // Rows in contiguous ranges, one per thread (the k-quant searches cost ~100 ns a value).
+      auto convert = [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = r0; r < r1; ++r) {
+          dequantize_row(t.type, t.data + static_cast<size_t>(r) * rb_in, row.data(), cols);
+          quantize_row(to, row.data(), bytes.data() + static_cast<size_t>(r) * rb, cols);
+        }
+      };
+      const auto nt = static_cast<int64_t>(
+          std::min<uint64_t>(n_threads, std::max<uint64_t>(1, static_cast<uint64_t>(t.n_elements) >> 16)));
+      if (nt <= 1) {
+        convert(0, rows);
+      } else {
+        std::vector<std::thread> pool;
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(nt));
+        for (int64_t k = 0; k < nt; ++k)
+          pool.emplace_back([&, k] {
+            try {
+              convert(rows * k / nt, rows * (k + 1) / nt);
+            } catch (...) {
+              errors[static_cast<size_t>(k)] = std::current_exception();
+            }
+          });
+        for (auto& th : pool)
+          th.join();
+        for (const auto& e : errors)
+          if (e) std::rethrow_exception(e);
       }
     }
     done += static_cast<uint64_t>(t.n_elements);

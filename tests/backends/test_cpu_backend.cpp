@@ -131,7 +131,7 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,
                                      bool bf16_gemm = true, bool bf16_gemv = true, bool f16_as_bf16 = false,
-                                     bool f16_gemv = true) {
+                                     bool f16_gemv = true, bool exact_logits = false) {
   cpu::CpuOptions o;
   o.threads = 2;
   o.isa = isa;
@@ -142,6 +142,7 @@ std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repac
   o.bf16_gemv = bf16_gemv;
   o.f16_as_bf16 = f16_as_bf16;
   o.f16_gemv = f16_gemv;
+  o.exact_logits = exact_logits; // (off: a matmul that is the graph's output takes its type's route)
   return cpu::make_cpu_backend(o);
 }
 
@@ -267,54 +268,63 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
         }
 }
 
-TEST(CpuBackendOps, OtherWeightTypesMatchTheReference) {
-  // q4_1 / q5_0 / q5_1 take the dequantize-a-row route, q4_k / q6_k their own kernels (q4_k, q6_k with 16
-  // rows repacked); blocks are built from random bytes with small, finite scales (we cannot quantize to these
-  // types).
+// Every weight type the reader accepts, at every ISA level this CPU runs, through the decode route (one row),
+// small batches (2 and 6 rows: the four-token passes and their remainders) and the prefill route (20 rows:
+// the oneDNN GEMM on dequantized panels, or the int8 GEMM), against the reference backend on weights made by
+// quantize_row from N(0, 0.1) values (real weight distributions: nothing like random bytes' huge cancelling
+// terms). Tolerances, relative to the largest output: the exact routes (f32/f16/bf16 rows, the dq kernels of
+// kernels_dq.cpp, the GEMM on dequantized panels) differ only in the order of the sums: 1e-5. The int8 routes
+// (q8_0, q4_0, q4_k, q6_k: activations rounded to 8 bits per block) 2e-2, and 1e-2 for bf16 products on
+// activations rounded to bf16. With exact_logits, the logits' matmul of every block type is exact: checked
+// with the matmul as the graph's output.
+TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
   auto ref = make_reference_backend();
-  for (const auto& [t, N] :
-       {std::pair{DType::q4_1, 9}, std::pair{DType::q5_0, 9}, std::pair{DType::q5_1, 9},
-        std::pair{DType::q4_k, 9}, std::pair{DType::q4_k, 16} /* repacked */, std::pair{DType::q6_k, 9}}) {
-    SCOPED_TRACE(std::string(dtype_name(t)) + " N=" + std::to_string(N));
-    const int64_t K = 256;
-    std::mt19937 rng(7);
-    std::vector<uint8_t> bytes(row_bytes(t, K) * N);
-    for (auto& b : bytes)
-      b = static_cast<uint8_t>(rng());
-    // overwrite every f16 scale field with a small value: scan blocks and patch the halfs that
-    // decode to non-finite or huge numbers
-    std::vector<float> probe(static_cast<size_t>(K));
-    for (int64_t j = 0; j < N; ++j) {
-      uint8_t* row = bytes.data() + static_cast<size_t>(j) * row_bytes(t, K);
-      for (size_t i = 0; i + 1 < row_bytes(t, K); i += 2) {
-        uint16_t hv;
-        std::memcpy(&hv, row + i, 2);
-        if (!std::isfinite(fp16_to_fp32(hv)) || std::fabs(fp16_to_fp32(hv)) > 4.0f) {
-          hv = fp32_to_fp16(0.01f);
-          std::memcpy(row + i, &hv, 2);
-        }
-      }
-      dequantize_row(t, row, probe.data(), K);
-      for (float v : probe)
-        ASSERT_TRUE(std::isfinite(v));
-    }
+  const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,   DType::q4_1,
+                         DType::q5_0, DType::q5_1, DType::q8_0, DType::q2_k,   DType::q3_k,
+                         DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_nl, DType::iq4_xs};
+  const auto int8_types = [](DType t) {
+    return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_k || t == DType::q6_k;
+  };
+  for (const DType type : types)
     for (cpu::Isa isa : isas())
-      for (int32_t T : {1, 2, 6, 20}) {
-        Rand r(3);
-        Harness h(T);
-        const int32_t x = h.input(r, {K, T, 1, 1});
-        const int32_t w = h.g.add_weight("w", t, {K, N, 1, 1}, bytes.data());
-        const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1});
-        // q4_k / q6_k have decode kernels with 8-bit activations: on these random-byte weights
-        // (large, cancelling terms) that costs up to ~2 % of the largest output, hence 5e-2 (an
-        // indexing error is O(1); the exact check is CpuKernels.IntegerKernelsAreExactOn…). The
-        // rest, and every type through oneDNN at T = 20, are exact up to the order of sums (but repacked
-        // q4_k / q6_k on AVX-512 VNNI run the int8 GEMM, 8-bit activations, at every T).
-        const bool kernel = (t == DType::q4_k || t == DType::q6_k) &&
-                            (T < 16 || (cpu::int8_gemm(isa, t) && cpu::repackable(t, K, N)));
-        expect_close(h.run(*ref, y), h.run(*cpu_backend(isa), y), kernel ? 5e-2 : 1e-5, "matmul");
-      }
-  }
+      for (int32_t T : {1, 2, 6, 20})
+        for (bool as_logits : {false, true}) {
+          const std::string what = std::string(dtype_name(type)) + " " + cpu::isa_name(isa) +
+                                   " T=" + std::to_string(T) + (as_logits ? " (the logits' matmul)" : "");
+          SCOPED_TRACE(what);
+          Rand r(static_cast<uint32_t>(T * 31 + static_cast<int>(type)));
+          const int64_t K = 512, N = 24;
+          Harness h(T);
+          const int32_t x = h.input(r, {K, T, 1, 1});
+          Weight w(type, K, N, r, 0.1f);
+          const int32_t y = h.op(OpKind::matmul, w.add(h.g, "w"), x, {N, T, 1, 1});
+          // not the graph's output: a scale after it (so exact_logits leaves this matmul to its type's route)
+          Node sc;
+          sc.scale = 1.0f;
+          const int32_t out = as_logits ? y : h.op(OpKind::scale, y, -1, {N, T, 1, 1}, sc);
+          const auto want = h.run(*ref, out);
+          const bool bf16mm = type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
+          double tol = 1e-5;
+          if (int8_types(type) && !(as_logits && cpu::dq_supports(isa, type))) tol = 2e-2;
+          if (bf16mm && T >= 16) tol = 1e-2;
+          const auto be = [&](int gemm_min, bool repack) {
+            return cpu_backend(isa, gemm_min, repack, true, true, false, true, true);
+          };
+          expect_close(want, h.run(*be(16, true), out), tol, "default options");
+          // repack off: the GGUF-layout int8 kernels (or the dq kernels) on the file's rows
+          expect_close(want, h.run(*be(16, false), out), tol, "repack = false");
+          // our kernels at every size (no oneDNN)
+          expect_close(want, h.run(*be(0, true), out), bf16mm ? 1e-5 : tol, "gemm_min_rows = 0");
+          if (cpu::dq_supports(isa, type) && !as_logits) { // the dq unpacking gives dequantize_row's values
+            std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
+            for (int64_t j = 0; j < N; ++j) {
+              const uint8_t* row = w.bytes.data() + static_cast<size_t>(j) * row_bytes(type, K);
+              dequantize_row(type, row, a.data(), K);
+              cpu::dequantize_dq(type, row, b.data(), K);
+              ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "row " << j;
+            }
+          }
+        }
 }
 
 struct AttnCase {

@@ -196,16 +196,20 @@ TEST(ChatTemplate, HostileTemplatesHitTheirBounds) {
   EXPECT_LT(s, 60.0) << "bounded templates should fail fast";
 }
 
-// transformers' message normalization: null keys dropped (so `message.content is defined` is false for a
-// tool-call turn with content null), a reasoning field under both names.
+// transformers' message normalization: null keys dropped, except a null content, which the template sees as
+// none (DeepSeek-style tool-call templates test `message['content'] is none`); a reasoning field under both
+// names.
 TEST(ChatTemplate, MessagesAreNormalizedAsTransformersDoes) {
   RenderInput in;
-  in.messages = json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r"}])");
-  const Outcome o =
-      render("{% for m in messages %}{{ m.content is defined }} {{ m|tojson }}{% endfor %}", in);
+  in.messages =
+      json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r", "name": null}])");
+  const Outcome o = render("{% for m in messages %}{{ m.content is defined }} {{ m['content'] is none }} "
+                           "{{ m.name is defined }} {{ m|tojson }}{% endfor %}",
+                           in);
   EXPECT_EQ(o.error, "");
-  EXPECT_EQ(o.text,
-            R"(False {"thinking": "r", "role": "assistant", "reasoning": "r", "reasoning_content": "r"})");
+  EXPECT_EQ(
+      o.text,
+      R"(True True False {"thinking": "r", "role": "assistant", "content": null, "reasoning": "r", "reasoning_content": "r"})");
 }
 
 TEST(ChatTemplate, BuiltinTemplatesRenderEachFamilysFormat) {

@@ -116,6 +116,60 @@ TEST(Cli, RunJsonHasEveryField) {
   EXPECT_EQ(nlohmann::json::parse(loom(cmd).out)["tokens"], nlohmann::json::parse(loom(cmd).out)["tokens"]);
 }
 
+// `loom quantize --type T` for every type quantize_row writes. stories260K's rows are 64 (and 172) wide,
+// so the types with blocks of 256 fall back as llama-quantize's do (and say so on stderr); a synth model
+// with 256-wide ffn_down rows gets real k-quant and iq4_xs matrices next to the fallbacks. Every output
+// runs.
+TEST(Cli, QuantizeEveryTypeWithFallbacks) {
+  REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto dir = std::filesystem::temp_directory_path() / "loom_cli_quantize";
+  std::filesystem::create_directories(dir);
+  auto r = loom("quantize --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"q2_k", "q3_k", "q5_k", "iq4_nl", "iq4_xs", "q4_k → q5_0"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " not in: " << r.out;
+  r = loom("quantize " + model.string() + " --type q8_k -o " + (dir / "x.gguf").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("iq4_xs"), std::string::npos) << r.out;
+  const std::string synth = (dir / "tiny-d64.gguf").string();
+  r = loom("synth --shape tiny-d64 --vocab-from " + model.string() + " -o " + synth);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::pair<const char*, const char*> types[] = {
+      {"f16", nullptr},  {"bf16", nullptr}, {"q8_0", nullptr},   {"q4_0", nullptr},    {"q4_1", nullptr},
+      {"q5_0", nullptr}, {"q5_1", nullptr}, {"iq4_nl", nullptr}, {"q2_k", "iq4_nl"},   {"q3_k", "iq4_nl"},
+      {"q4_k", "q5_0"},  {"q5_k", "q5_1"},  {"q6_k", "q8_0"},    {"iq4_xs", "iq4_nl"},
+  };
+  for (const auto& [type, fallback] : types) {
+    SCOPED_TRACE(type);
+    for (const std::string& in : {model.string(), synth}) {
+      const std::string out = (dir / (std::string(type) + ".gguf")).string();
+      r = loom("quantize " + in + " --type " + type + " -o " + out);
+      ASSERT_EQ(r.code, 0) << r.out;
+      // stories260K's ffn_down rows are 172 wide: no block of 32 fits them (they stay f32, or f16 after a
+      // k-quant's fallback); f16 and bf16 fit every matrix
+      const bool plain = std::string(type) == "f16" || std::string(type) == "bf16";
+      if (fallback) {
+        EXPECT_NE(r.out.find(" not in " + std::string(type) + " (rows not a multiple of its block): "),
+                  std::string::npos)
+            << r.out;
+        EXPECT_NE(r.out.find(std::string(" ") + fallback), std::string::npos) << r.out;
+      } else if (plain) {
+        EXPECT_EQ(r.out.find("not in"), std::string::npos) << r.out;
+      }
+      const auto j = loom("inspect " + out + " --json");
+      ASSERT_EQ(j.code, 0) << j.out;
+      const auto types_in_file = nlohmann::json::parse(j.out)["tensor_types"];
+      // stories260K: every matrix fell back; the synth model's ffn_down rows (256) did not
+      EXPECT_EQ(types_in_file.contains(type), !fallback || in == synth) << types_in_file.dump();
+      const auto run = loom("run -m " + out + " -p 'Once upon a time' -n 8 --temp 0 --json");
+      ASSERT_EQ(run.code, 0) << run.out;
+      EXPECT_EQ(nlohmann::json::parse(run.out)["tokens"].size(), 8u);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // `loom bench --requests`: the load benchmark's numbers are there and add up — every request
 // finished with its tokens, percentiles ordered, throughput = tokens / wall time, the prefix cache hit
 // on a shared prefix, preemptions on a tight paged store; Poisson arrivals run too.

@@ -53,9 +53,11 @@ TEST(HostileCli, EachBadInputIsAClearErrorOnOneLine) {
       {"bench -m {M} --threads -1", 2, "--threads must be in 0..1024"},
       {"bench -m {M} --pp 2147483647 --tg 1", 2, "--pp and --tg must be in 1.."},
       {"bench -m {M} --pp 1 --tg 2147483647", 2, "--pp and --tg must be in 1.."},
+      {"bench -m {M} --pp 1000000 --tg 1", 1, "was trained on 2048; use at most that many in all"},
       {"run -m {M} -p hi -n 2 --ctx-size 2000000000", 1, "lower [model] n_ctx"}, // before allocating
       // a capability error names the backend the pipeline chose, not the reference backend
-      {"run -m {M} -p hi -n 2 --set attention.kernel=flash", 1, "not supported by backend 'reference'"},
+      {"run -m {M} -p hi -n 2 --set 'backend.name=\"reference\"' --set attention.kernel=flash", 1,
+       "not supported by backend 'reference'"},
       {"run -m {M} -p hi -n 2 --set attention.sinks=4", 1, "needs a sliding window"},
       {"run -m {M} -p hi -n 2 --set attention.variant=standard --set attention.window=8", 1,
        "attention.window"},

@@ -122,6 +122,32 @@ TEST(Pipeline, UnavailableComponentsAreClearErrors) {
   EXPECT_THROW(Pipeline::create(cfg), Error);
 }
 
+// [backend] name = "auto" (the default): the cpu plugin when one is found and runs the model, else the
+// reference backend with one line saying why; keys meant for the cpu backend without it are an error.
+TEST(Pipeline, AutoBackendIsTheCpuPluginElseTheReferenceWithAReason) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto cfg = config_for(model);
+  EXPECT_EQ(cfg.backend.name, "auto");
+  cfg.plugins.paths = {"/nonexistent-plugin-dir"}; // (this test's own directory has no plugins either)
+  auto p = Pipeline::create(cfg);
+  EXPECT_EQ(p->backend_name(), "reference");
+  EXPECT_NE(p->backend_note().find("no cpu backend plugin in ["), std::string::npos) << p->backend_note();
+  cfg.backend.params = {{"repack", false}};
+  try {
+    (void)Pipeline::create(cfg);
+    FAIL() << "cpu keys without the cpu backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keys for the cpu backend were given (repack"), std::string::npos)
+        << e.what();
+  }
+  LOOM_REQUIRE_BIN();
+  cfg.plugins.paths = {std::filesystem::path(std::getenv("LOOM_BIN")).parent_path().string()};
+  p = Pipeline::create(cfg);
+  EXPECT_EQ(p->backend_name(), "cpu");
+  EXPECT_EQ(p->backend_note(), "");
+  EXPECT_NE(std::string(p->backend().describe()).find("exact f32 products"), std::string::npos);
+}
+
 TEST(Pipeline, SlidingWindowOfFullLengthEqualsStandard) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   auto cfg = config_for(model);

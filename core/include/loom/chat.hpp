@@ -71,6 +71,9 @@ std::vector<std::string_view> builtin_template_names();
 // The template a command uses: `spec` names a built-in template or a Jinja file; empty: the model's
 // `tokenizer.chat_template`. Throws loom::Error saying what to do when there is none.
 Template load_template(const std::string& spec, const GgufFile* model);
+// The built-in template whose turn tokens the model's vocabulary holds (gemma, llama3, chatml, phi3), for a
+// file without tokenizer.chat_template; nullopt when none matches.
+std::optional<std::string_view> builtin_for_vocabulary(const GgufFile& model);
 
 // A conversation as prompt tokens for a model: rendered with the tokenizer's BOS/EOS text (unless
 // `in` sets them), then tokenized with special-token text parsed (so "<|im_end|>" is that one token),

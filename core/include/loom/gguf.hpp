@@ -144,6 +144,10 @@ public:
   static GgufFile open(const std::string& path, const GgufLimits& limits = {});
   // Parses bytes that stay owned by the caller (fuzzing, tests). `name` appears in messages.
   static GgufFile parse(std::span<const uint8_t> bytes, std::string name, const GgufLimits& limits = {});
+  // A Hugging Face checkpoint directory as a GGUF file (loom/hf_checkpoint.hpp; open() calls it for a
+  // directory): metadata synthesized from its JSON files, tensors renamed, their bytes in the mapped
+  // safetensors files. version() is 0, file_size() the bytes of the safetensors files.
+  static GgufFile from_hf_dir(const std::string& dir, const GgufLimits& limits = {});
 
   GgufFile(GgufFile&&) noexcept;
   GgufFile& operator=(GgufFile&&) noexcept;
@@ -151,7 +155,7 @@ public:
 
   const std::string& path() const noexcept { return path_; }
   uint32_t version() const noexcept { return version_; }
-  uint64_t file_size() const noexcept { return bytes_.size(); }
+  uint64_t file_size() const noexcept { return bytes_.size() + hf_bytes_; }
   uint64_t data_offset() const noexcept { return data_offset_; }
   uint32_t alignment() const noexcept { return alignment_; }
   // Host memory the parsed metadata and tensor infos take, as estimated against GgufLimits.
@@ -189,6 +193,8 @@ private:
   uint64_t metadata_bytes_ = 0;
   std::vector<GgufKV> kv_;
   std::vector<GgufTensor> tensors_;
+  std::shared_ptr<const void> hf_storage_; // from_hf_dir: the mapped shards and converted tensors
+  uint64_t hf_bytes_ = 0;
 };
 
 // Writer: builds a GGUF v3 file (used by `loom synth`, tests and fuzz seeds).

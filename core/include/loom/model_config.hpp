@@ -21,6 +21,8 @@ struct RopeConfig {
   float factor = 1.0f;  // linear: positions / factor; yarn: context extension factor
   int32_t orig_ctx = 0; // yarn: original training context
   float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+  // Sliding-window layers' own base, unscaled (Gemma 3's local layers: 10 000); 0: as the others.
+  float theta_swa = 0.0f;
 };
 
 // The architectures ModelConfig reads (general.architecture), and what each adds to the Llama graph.
@@ -29,8 +31,11 @@ struct RopeConfig {
 //   qwen3   (Qwen3 dense): RMS norm of each head of q and k before RoPE; NeoX RoPE
 //   gemma2  (Gemma 2): GeGLU, embeddings × √n_embd, norms after attention and FFN too, attention and final
 //           logit soft-caps, every other layer a sliding window; NeoX RoPE; tied embeddings
+//   gemma3  (Gemma 3 text): Gemma 2's graph without soft-caps, plus q/k RMS norms per head; five sliding-window
+//           layers then one global (period 6 unless the file gives a pattern); local layers rotate with their
+//           own unscaled base (rope.freq_base_swa, default 10 000)
 //   phi3    (Phi-3, Phi-3.5 mini): fused q/k/v and gate/up matrices; NeoX RoPE
-constexpr const char* k_supported_archs = "llama, qwen2, qwen3, gemma2, phi3";
+constexpr const char* k_supported_archs = "llama, qwen2, qwen3, gemma2, gemma3, phi3";
 
 struct ModelConfig {
   std::string arch;   // general.architecture: one of k_supported_archs

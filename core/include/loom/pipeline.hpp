@@ -59,6 +59,10 @@ public:
   MemoryReport memory() const noexcept;
   const KVCacheStore& kv_store() const noexcept { return *kv_; }
   const Backend& backend() const noexcept { return *backend_; }
+  // The backend's name ([backend] name, or what "auto" chose: "cpu", else "reference").
+  const std::string& backend_name() const noexcept { return backend_name_; }
+  // Why "auto" fell back to the reference backend (one line; empty when it did not).
+  const std::string& backend_note() const noexcept { return backend_note_; }
   std::vector<TokenId> tokenize(std::string_view text) const; // with the [run] BOS/special settings
 
 private:
@@ -68,6 +72,7 @@ private:
   std::shared_ptr<Model> model_; // shared by the pipelines of one process that load the same file
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Backend> backend_;
+  std::string backend_name_, backend_note_;
   std::unique_ptr<KVCacheStore> kv_;
   SamplerChain chain_;
   std::vector<std::unique_ptr<StopPlugin>> stop_plugins_; // prototypes, cloned per sequence

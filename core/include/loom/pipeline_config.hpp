@@ -23,7 +23,7 @@ struct PipelineConfig {
     int32_t n_ctx = 0; // context window; 0 = the model's training context, capped at 4096
   } model;
   struct BackendSection {
-    std::string name = "reference";                         // "reference" is built in
+    std::string name = "auto"; // "reference" is built in; "auto": the cpu plugin when it runs the model
     int32_t threads = 0;                                    // 0 = all cores
     std::vector<std::pair<std::string, ParamValue>> params; // a plugin backend's other keys
   } backend;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,14 +38,23 @@ struct SynthOptions {
 // Writes the model; throws loom::Error for an unknown shape, an unsupported type or I/O errors.
 void synth_model(const SynthOptions& o);
 
-// `loom quantize`: a copy of a GGUF model with its 2-D weight matrices converted to `type` (rows whose
-// length is not a multiple of the type's block stay as they are; 1-D tensors such as norms stay f32,
-// as llama-quantize does). Every metadata key is copied; general.file_type is updated.
+// `loom quantize`: a copy of a GGUF model with its 2-D weight matrices converted to `type` (any type
+// quantize_row writes; 1-D tensors such as norms stay as they are, as llama-quantize does). A matrix
+// whose rows do not fit the type's block gets quantize_target's type. Every metadata key is copied;
+// general.file_type is updated. Rows are converted on all cores.
 struct QuantizeOptions {
   std::string in, out;
   DType type = DType::q8_0;
   std::function<void(double fraction)> progress; // optional
+  // optional: called for each matrix written in a type other than `type` (see quantize_target)
+  std::function<void(const std::string& tensor, DType used)> on_fallback;
 };
 void quantize_model(const QuantizeOptions& o);
+
+// The type `loom quantize --type want` writes a matrix with rows of `cols` values in: `want` when its block
+// divides cols; else, for the types with blocks of 256, llama-quantize's fallback — q2_k, q3_k, iq4_xs →
+// iq4_nl; q4_k → q5_0; q5_k → q5_1; q6_k → q8_0 — or f16 when that block (32) does not divide cols
+// either; nullopt for another type whose block does not divide cols (the matrix keeps its type).
+std::optional<DType> quantize_target(DType want, int64_t cols);
 
 } // namespace loom

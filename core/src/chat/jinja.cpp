@@ -2791,7 +2791,9 @@ std::string strftime_at(const std::tm& t, const std::string& fmt, int line) {
   return out;
 }
 
-// transformers' message normalization: keys with null values dropped; a reasoning field aliased to
+// transformers' message normalization: keys with null values dropped, except a null `content`, which stays
+// none as jinja2 sees json.loads' None (DeepSeek-style tool-call turns test `message['content'] is none`);
+// a reasoning field aliased to
 // both `thinking` (first) and `reasoning_content` (last), as {"thinking": r, **m, "reasoning_content": r}.
 nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages) {
   if (!messages.is_array()) return messages;
@@ -2803,7 +2805,7 @@ nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages
     }
     nlohmann::ordered_json kept = nlohmann::ordered_json::object();
     for (const auto& [k, v] : m.items())
-      if (!v.is_null()) kept[k] = v;
+      if (!v.is_null() || k == "content") kept[k] = v;
     const nlohmann::ordered_json* reasoning = nullptr;
     for (const char* k : {"reasoning_content", "thinking", "reasoning"})
       if (kept.contains(k)) {

@@ -166,7 +166,9 @@ def make_env():
 def prepare_messages(messages):
     out = []
     for m in messages:
-        m = {k: v for k, v in m.items() if v is not None}  # _normalize_chat_messages
+        # _normalize_chat_messages drops keys whose value is None, except "content": a null content
+        # stays None, as json.loads gives it to jinja2 (tool-call turns test `content is none`).
+        m = {k: v for k, v in m.items() if v is not None or k == "content"}
         reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
         if reasoning is not None:  # _alias_reasoning_fields
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
