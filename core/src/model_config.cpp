@@ -71,8 +71,7 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
     fail(Errc::unsupported, "model",
          gguf_printable(f.path(), 400) + ": tensor '" + name + "' is stored as " +
              std::string(dtype_name(t->type)) +
-             ", which Loom cannot compute with yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
-             "q4_k, q6_k)");
+             ", which Loom cannot compute with yet (supported: " + dtype_names(false) + ")");
 }
 
 } // namespace

@@ -76,8 +76,11 @@ std::string pipeline_error(const std::string& toml) {
 
 // A pipeline file: model, plugin directories (fixtures first), then `rest`.
 std::string pipeline_toml(const std::string& model, const std::string& rest) {
+  // the reference backend (built in): these tests load and unload plugins for real, and the cpu backend's
+  // OpenMP / oneDNN runtime is not one to unload
   return "[model]\npath = \"" + model + "\"\nn_ctx = 128\n\n[plugins]\npaths = [\"" + k_fixtures + "\", \"" +
-         k_bin_dir + "\"]\n\n" + rest;
+         k_bin_dir + "\"]\n\n" +
+         (rest.find("[backend]") == std::string::npos ? "[backend]\nname = \"reference\"\n\n" : "") + rest;
 }
 
 // Captures host log lines (plugin logs arrive here); restores the default sink when destroyed.

@@ -393,8 +393,17 @@ TEST(HfCheckpoint, ByteLevelPreTokenizerFromItsRegex) {
                         4},
                        {"c", 6},
                        {"d", 7}}},
-                     {"merges", {{"a", "b"}, {"\xC4\xA0", "a"}}}}}};
+                     {"merges", json::array()}}}};
+    // appended one pair at a time: a braced list of string pairs would be read as an object
+    json pair1 = json::array(), pair2 = json::array();
+    pair1.push_back("a");
+    pair1.push_back("b");
+    pair2.push_back("\xC4\xA0");
+    pair2.push_back("a");
+    c.tokenizer["model"]["merges"].push_back(pair1);
+    c.tokenizer["model"]["merges"].push_back(pair2);
     c.tokenizer_config = {{"eos_token", "<|endoftext|>"}, {"bos_token", nullptr}};
+    c.config.erase("bos_token_id"); // else BOS comes from config.json, as llama.cpp's converter takes it
     return c;
   };
   auto split = [](const std::string& re) {

@@ -143,7 +143,7 @@ TEST(Synth, FamiliesLoadAndContradictionsNameTheKeys) {
   } catch (const Error& e) {
     EXPECT_NE(
         std::string(e.what()).find("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                                   "gemma2, phi3)"),
+                                   "gemma2, gemma3, phi3)"),
         std::string::npos)
         << e.what();
   }

@@ -35,7 +35,7 @@ struct SafetensorsTensor {
 
 struct SafetensorsHeader {
   uint64_t data_offset = 0;               // 8 + header length
-  std::vector<SafetensorsTensor> tensors; // in the header's (JSON key) order
+  std::vector<SafetensorsTensor> tensors; // sorted by name
 };
 
 // The most header bytes a safetensors file may declare (the reference implementation's limit).
