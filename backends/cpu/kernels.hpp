@@ -115,8 +115,8 @@ bool dq_supports(Isa isa, DType type) noexcept;
 void dequantize_dq(DType type, const uint8_t* w, float* y, int64_t n);
 // y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (a few tokens: each row is read once for every four), rows split
 // over n_threads.
-void matmul_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x, int64_t T,
-               float* y, int n_threads);
+void matmul_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
+               int64_t T, float* y, int n_threads);
 // Inside a parallel region: this thread's share of one token's rows (gemv_multi).
 void gemv_share_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
                    float* y);

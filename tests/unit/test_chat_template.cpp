@@ -201,8 +201,7 @@ TEST(ChatTemplate, HostileTemplatesHitTheirBounds) {
 // names.
 TEST(ChatTemplate, MessagesAreNormalizedAsTransformersDoes) {
   RenderInput in;
-  in.messages =
-      json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r", "name": null}])");
+  in.messages = json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r", "name": null}])");
   const Outcome o = render("{% for m in messages %}{{ m.content is defined }} {{ m['content'] is none }} "
                            "{{ m.name is defined }} {{ m|tojson }}{% endfor %}",
                            in);

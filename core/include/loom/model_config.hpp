@@ -31,7 +31,8 @@ struct RopeConfig {
 //   qwen3   (Qwen3 dense): RMS norm of each head of q and k before RoPE; NeoX RoPE
 //   gemma2  (Gemma 2): GeGLU, embeddings × √n_embd, norms after attention and FFN too, attention and final
 //           logit soft-caps, every other layer a sliding window; NeoX RoPE; tied embeddings
-//   gemma3  (Gemma 3 text): Gemma 2's graph without soft-caps, plus q/k RMS norms per head; five sliding-window
+//   gemma3  (Gemma 3 text): Gemma 2's graph without soft-caps, plus q/k RMS norms per head; five
+//   sliding-window
 //           layers then one global (period 6 unless the file gives a pattern); local layers rotate with their
 //           own unscaled base (rope.freq_base_swa, default 10 000)
 //   phi3    (Phi-3, Phi-3.5 mini): fused q/k/v and gate/up matrices; NeoX RoPE

@@ -24,7 +24,7 @@ struct PipelineConfig {
   } model;
   struct BackendSection {
     std::string name = "auto"; // "reference" is built in; "auto": the cpu plugin when it runs the model
-    int32_t threads = 0;                                    // 0 = all cores
+    int32_t threads = 0;       // 0 = all cores
     std::vector<std::pair<std::string, ParamValue>> params; // a plugin backend's other keys
   } backend;
   struct AttentionSection {
