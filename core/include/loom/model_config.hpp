@@ -32,9 +32,8 @@ struct RopeConfig {
 //   gemma2  (Gemma 2): GeGLU, embeddings × √n_embd, norms after attention and FFN too, attention and final
 //           logit soft-caps, every other layer a sliding window; NeoX RoPE; tied embeddings
 //   gemma3  (Gemma 3 text): Gemma 2's graph without soft-caps, plus q/k RMS norms per head; five
-//   sliding-window
-//           layers then one global (period 6 unless the file gives a pattern); local layers rotate with their
-//           own unscaled base (rope.freq_base_swa, default 10 000)
+//           sliding-window layers then one global (period 6 unless the file gives a pattern); local
+//           layers rotate with their own unscaled base (rope.freq_base_swa, default 10 000)
 //   phi3    (Phi-3, Phi-3.5 mini): fused q/k/v and gate/up matrices; NeoX RoPE
 constexpr const char* k_supported_archs = "llama, qwen2, qwen3, gemma2, gemma3, phi3";
 
