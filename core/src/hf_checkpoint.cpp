@@ -718,7 +718,8 @@ void read_tokenizer(const std::string& dir, const Hyper& h, const json& cfg, Met
       }
     meta.add("tokenizer.ggml.tokens",
              v_array(GgufType::string, pieces, [](const std::string& s) { return v_str(s); }));
-    meta.add("tokenizer.ggml.scores", v_array(GgufType::f32, scores, [](float x) { return v_f32(x); }));
+    meta.add("tokenizer.ggml.scores",
+             v_array(GgufType::f32, scores, [](float x) { return v_f32(static_cast<double>(x)); }));
     // A "▁" prepended to the text: a Prepend normalizer, or a Metaspace pre-tokenizer that prepends.
     bool prefix = false;
     for (const json* c : components(normalizer, "normalizers", shown))
