@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <gtest/gtest.h>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace {
@@ -52,7 +53,7 @@ struct Step {
   double logit(int id) const {
     for (const auto& [i, l] : top)
       if (i == id) return l;
-    return NAN;
+    return std::numeric_limits<double>::quiet_NaN();
   }
 };
 
