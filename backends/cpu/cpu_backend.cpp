@@ -1077,7 +1077,8 @@ public:
                       "q2_k q3_k q5_k iq4_xs") +
           (o.exact_logits ? " and the output head" : "");
     else
-      description_ += "; other block types: rows dequantized to f32, then dotted";
+      description_ += std::string("; other block types: rows dequantized to f32, then dotted") +
+                      (o.exact_logits ? " (the output head too)" : "");
   }
 
   std::string_view name() const noexcept override { return "cpu"; }
@@ -1544,6 +1545,10 @@ private:
         matmul_dq(w.dtype, base, rb, K, N, x, T, y, threads_);
       return;
     }
+    if (exact && dtype_traits(w.dtype).block_size > 1) {
+      rows_dequantized(w, x, T, y); // below avx2: the exact head without the dq kernels
+      return;
+    }
     if (bf16_route(w)) {
       const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
       if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
@@ -1595,7 +1600,15 @@ private:
       cpu::matmul(opt_.isa, w.dtype, base, rb, K, N, x, T, y, threads_);
       return;
     }
-    // Any other dequantizable type (k-quants, q4_1, q5_*): a row dequantized, then dotted.
+    rows_dequantized(w, x, T, y);
+  }
+
+  // y = x · Wᵀ with each row of W dequantized to f32 (the SDK's values), then dotted: exact, and the route of
+  // the block types below avx2 (and of the logits' matmul there under exact_logits).
+  void rows_dequantized(const TensorDesc& w, const float* x, int64_t T, float* y) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const size_t rb = row_bytes(w.dtype, K);
 #pragma omp parallel if (N * K * T > 32768)
     {
       std::vector<float> row(static_cast<size_t>(K));

@@ -159,6 +159,17 @@ TEST(RealModels, SmolLM2ChatOnTheDefaultBackendIsTheReferenceBackendsReply) {
   };
   const auto def = run("");
   const auto rb = run("--set backend.name='\"reference\"'");
+  // every kernel level this CPU runs (LOOM_CPU_ISA; a level it lacks makes auto fall back: skipped here)
+  for (const char* isa : {"scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
+    const auto r =
+        loom::test::run_loom("run -m " + model.string() + " --messages " + msgs + " -n 40 --temp 0 --json",
+                             false, 600, std::string("LOOM_CPU_ISA=") + isa);
+    ASSERT_EQ(r.code, 0) << isa << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    if (j["backend"]["name"] != "cpu") continue; // this CPU lacks the level
+    EXPECT_EQ(j["tokens"], rb["tokens"]) << "LOOM_CPU_ISA=" << isa;
+    EXPECT_EQ(j["stop_reason"], "eos") << "LOOM_CPU_ISA=" << isa;
+  }
   ASSERT_TRUE(def.contains("tokens") && rb.contains("tokens"));
   EXPECT_EQ(def["backend"]["name"], "cpu") << "auto picks the cpu plugin";
   EXPECT_EQ(rb["backend"]["name"], "reference");
