@@ -1068,10 +1068,17 @@ public:
         !(o.f16_as_bf16 && at_least(o.isa, Isa::avx512_bf16)))
       description_ += ", f16x64 GEMV for F16 (exact)";
     // Which route each block type takes (loom run's backend line).
-    description_ +=
-        std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
-        (o.repack ? " (repacked)" : "");
-    if (at_least(o.isa, Isa::avx2))
+    if (o.exact_matmul)
+      description_ +=
+          at_least(o.isa, Isa::avx2)
+              ? "; exact f32 products for every block type (exact_matmul): weights unpacked in registers"
+              : "; every block type: rows dequantized to f32, then dotted (exact_matmul)";
+    else
+      description_ +=
+          std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
+          (o.repack ? " (repacked)" : "");
+    if (o.exact_matmul) {
+    } else if (at_least(o.isa, Isa::avx2))
       description_ +=
           std::string("; exact f32 products on weights unpacked in registers: q4_1 q5_0 q5_1 iq4_nl "
                       "q2_k q3_k q5_k iq4_xs") +
@@ -1109,7 +1116,7 @@ public:
     const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
-    std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
+    if (n_out > 0) std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
     workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
   }
 
@@ -1289,7 +1296,7 @@ private:
       const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
       const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
       LOOM_ASSERT(x.ne[0] == w.ne[0], "matmul inner dimensions differ");
-      matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_logits && n.dst == logits_);
+      matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_matmul || (opt_.exact_logits && n.dst == logits_));
       return;
     }
     case OpKind::rope: {
@@ -1485,6 +1492,11 @@ private:
     if (f16_route(w)) {
       if (opt_.gemm_min_rows == 1) return false;
       m = Gemv{DType::f16, repacked(w), 0, N, nullptr};
+      return true;
+    }
+    if (opt_.exact_matmul && dtype_traits(w.dtype).block_size > 1) { // every block type exact
+      if (opt_.gemm_min_rows == 1 || !dq_route(w, true)) return false;
+      m = Gemv{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, K), N, nullptr};
       return true;
     }
     if (opt_.repack && repackable(w.dtype, K, N)) {

@@ -54,6 +54,12 @@ struct CpuOptions {
   // errors decide between near-tied tokens (SmolLM2's outlier dimension makes them ≈ 1 % of the logits).
   // false: the head takes its type's route like any other matrix.
   bool exact_logits = true;
+  // Every matrix multiplied exactly (what exact_logits does for the head, for all of them): the block types
+  // with an int8 kernel (Q8_0, Q4_0, Q4_K, Q6_K) take the exact f32 route too, so no activation is rounded
+  // anywhere and the logits are the reference backend's up to summation order — for checking a model, or
+  // where the int8 routes' rounding matters (Gemma 3's residual outliers move its logits by up to ≈ 0.6 on
+  // them). Slower at decode (the int8 kernels are ≈ 1.3–2× the f32 FMAs on the same weights).
+  bool exact_matmul = false;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);

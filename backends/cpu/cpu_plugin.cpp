@@ -34,6 +34,11 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const bool f16_as_bf16 = c.get_bool("f16_as_bf16", false);
   const bool f16_gemv = c.get_bool("f16_gemv", true);
   const bool exact_logits = c.get_bool("exact_logits", true);
+  const bool exact_matmul = c.get_bool("exact_matmul", false);
+  if (exact_matmul && f16_as_bf16)
+    throw loom::sdk::Error(
+        "[backend] exact_matmul = true rounds no weight and no activation, but f16_as_bf16 = true "
+        "rounds F16 weights to bf16: set one of them");
   const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
   omp_set_num_threads(n); // one OpenMP pool for the process (oneDNN shares it)
   const loom::cpu::Isa isa = loom::cpu::detect_isa();
@@ -46,12 +51,13 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.gemm_min_rows = static_cast<int>(gemm_min);
   o.gemm_min_rows_quant = static_cast<int>(gemm_min_quant);
   o.repack = repack;
-  o.bf16_gemm = bf16_gemm;
+  o.bf16_gemm = bf16_gemm && !exact_matmul; // (both round the activations to bf16)
   o.fused_decode = fused_decode;
-  o.bf16_gemv = bf16_gemv;
+  o.bf16_gemv = bf16_gemv && !exact_matmul;
   o.f16_as_bf16 = f16_as_bf16;
   o.f16_gemv = f16_gemv;
   o.exact_logits = exact_logits;
+  o.exact_matmul = exact_matmul;
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;

@@ -131,7 +131,8 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,
                                      bool bf16_gemm = true, bool bf16_gemv = true, bool f16_as_bf16 = false,
-                                     bool f16_gemv = true, bool exact_logits = false) {
+                                     bool f16_gemv = true, bool exact_logits = false,
+                                     bool exact_matmul = false) {
   cpu::CpuOptions o;
   o.threads = 2;
   o.isa = isa;
@@ -143,6 +144,7 @@ std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repac
   o.f16_as_bf16 = f16_as_bf16;
   o.f16_gemv = f16_gemv;
   o.exact_logits = exact_logits; // (off: a matmul that is the graph's output takes its type's route)
+  o.exact_matmul = exact_matmul;
   return cpu::make_cpu_backend(o);
 }
 
@@ -276,7 +278,7 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
 // kernels_dq.cpp, the GEMM on dequantized panels) differ only in the order of the sums: 1e-5. The int8 routes
 // (q8_0, q4_0, q4_k, q6_k: activations rounded to 8 bits per block) 2e-2, and 1e-2 for bf16 products on
 // activations rounded to bf16. With exact_logits, the logits' matmul of every block type is exact: checked
-// with the matmul as the graph's output.
+// with the matmul as the graph's output; with exact_matmul every matmul of every type is.
 TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
   auto ref = make_reference_backend();
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,   DType::q4_1,
@@ -315,6 +317,13 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
           expect_close(want, h.run(*be(16, false), out), tol, "repack = false");
           // our kernels at every size (no oneDNN)
           expect_close(want, h.run(*be(0, true), out), bf16mm ? 1e-5 : tol, "gemm_min_rows = 0");
+          // exact_matmul: every type exact on every route, whether or not it is the logits' matmul (the
+          // plugin turns the bf16 routes off with it; CpuOptions leaves that to the caller)
+          for (int gemm_min : {16, 0}) {
+            auto exact = cpu_backend(isa, gemm_min, true, false, false, false, true, false, true);
+            expect_close(want, h.run(*exact, out), 1e-5,
+                         "exact_matmul, gemm_min_rows = " + std::to_string(gemm_min));
+          }
           if (cpu::dq_supports(isa, type) && !as_logits) { // the dq unpacking gives dequantize_row's values
             std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
             for (int64_t j = 0; j < N; ++j) {
