@@ -1076,13 +1076,13 @@ public:
     else
       description_ +=
           std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
-          (o.repack ? " (repacked)" : "");
+          (o.repack ? " (repacked)" : "") +
+          (at_least(o.isa, Isa::avx2) ? ", q4_1 q5_0 q5_1 iq4_nl (batches under gemm_min_rows)" : "");
     if (o.exact_matmul) {
     } else if (at_least(o.isa, Isa::avx2))
-      description_ +=
-          std::string("; exact f32 products on weights unpacked in registers: q4_1 q5_0 q5_1 iq4_nl "
-                      "q2_k q3_k q5_k iq4_xs") +
-          (o.exact_logits ? " and the output head" : "");
+      description_ += std::string("; exact f32 products on weights unpacked in registers: q2_k q3_k q5_k "
+                                  "iq4_xs (and q4_1 q5_0 q5_1 iq4_nl in longer batches)") +
+                      (o.exact_logits ? " and the output head" : "");
     else
       description_ += std::string("; other block types: rows dequantized to f32, then dotted") +
                       (o.exact_logits ? " (the output head too)" : "");
@@ -1504,6 +1504,11 @@ private:
       m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
       return true;
     }
+    if (i8dq_route(w, false)) {
+      if (opt_.gemm_min_rows == 1) return false;
+      m = Gemv{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, K), N, nullptr, true};
+      return true;
+    }
     const bool plain = w.dtype == DType::f32 || w.dtype == DType::f16 || w.dtype == DType::bf16;
     if (opt_.gemm_min_rows == 1 || !(dq_route(w) || (plain && gemv_multi_supports(opt_.isa, w.dtype, false))))
       return false;
@@ -1543,11 +1548,23 @@ private:
            w.ne[3] == 1 && w.ne[0] % dtype_traits(w.dtype).block_size == 0;
   }
 
+  // Whether w (Q4_1, Q5_0, Q5_1, IQ4_NL) takes the int8 route on its GGUF rows for decode and batches under
+  // gemm_min_rows (longer batches: the exact GEMM on dequantized panels); not under exact_matmul, nor for
+  // the logits' matmul under exact_logits (`exact`).
+  bool i8dq_route(const TensorDesc& w, bool exact) const noexcept {
+    return !exact && !opt_.exact_matmul && i8dq_supports(opt_.isa, w.dtype) && w.ne[2] == 1 && w.ne[3] == 1 &&
+           w.ne[0] % 32 == 0;
+  }
+
   // y[T][N] = x[T][K] · Wᵀ; exact: the logits' matmul under exact_logits (no activation rounded).
   void matmul(const TensorDesc& w, const float* x, int64_t T, float* y, bool exact = false) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
+    if (i8dq_route(w, exact) && !(opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)) {
+      matmul_i8dq(opt_.isa, w.dtype, base, rb, K, N, x, T, y, threads_);
+      return;
+    }
     if (dq_route(w, exact)) { // exact products: a GEMM on dequantized panels, or our FMA kernels
       if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
         gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) {

@@ -973,6 +973,103 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
+// ---- int8 products for Q4_1, Q5_0, Q5_1 and IQ4_NL on their GGUF rows (the "dq" types' fast route) ----
+// Each block of 32 weights is unpacked in registers to 32 small integers u (Q4_1: the nibbles 0..15; Q5_0 /
+// Q5_1: nibble | high bit << 4, 0..31; IQ4_NL: the signed level k_iq4nl_values[nibble]) with
+// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, IQ4_NL 0), and multiplied by the token's
+// 8-bit blocks: Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the activations' own (s8 / 8).
+// maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; IQ4_NL through dot_i8's sign trick, |u| ≤ 127).
+template <DType type> constexpr size_t i8dq_block_bytes() {
+  return type == DType::q4_1 ? 20 : type == DType::q5_0 ? 22 : type == DType::q5_1 ? 24 : 18;
+}
+
+// Block `blk` against the token's block xq: the int32 sums Σ u·q in 8 lanes; d and c as above.
+template <DType type>
+LOOM_AVX2 inline __m256i i8dq_block(const uint8_t* blk, __m256i xq, float& d, float& c) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  d = f16c(blk);
+  if constexpr (type == DType::iq4_nl) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values));
+    const __m256i a = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+                                       _mm_shuffle_epi8(lut, _mm_and_si128(q, mask)));
+    c = 0.0f;
+    return dot_i8(a, xq);
+  } else {
+    constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs_at));
+    __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+    if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
+      uint32_t qh;
+      std::memcpy(&qh, blk + (type == DType::q5_0 ? 2 : 4), 4);
+      const __m256i spread =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
+                                               2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    c = type == DType::q5_0 ? -16.0f * d : f16c(blk + 2);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+  }
+}
+
+// R rows (rb bytes apart) against one token (decode): R streams, R accumulators.
+template <DType type, int R>
+LOOM_AVX2 void rows_i8dq_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t bs = i8dq_block_bytes<type>();
+  __m256 acc[R];
+  float corr[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    corr[r] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256 xd = _mm256_set1_ps(x[b].d);
+    const float xs = 0.125f * x[b].s8; // x.d · Σ q
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0); // the next R rows
+      float d, c;
+      const __m256i dot = i8dq_block<type>(blk, xq, d, c);
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), xd), _mm256_cvtepi32_ps(dot), acc[r]);
+      corr[r] += c * xs;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    out[r] = hsum(acc[r]) + corr[r];
+}
+
+// Rows [j0, j1) of one token's product (4 rows at a time, then one by one).
+LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, int64_t j0,
+                         int64_t j1, float* y) {
+  const auto run = [&](auto four, auto one) {
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4)
+      four(w + static_cast<size_t>(j) * rb, rb, x, nb, y + j);
+    for (; j < j1; ++j)
+      one(w + static_cast<size_t>(j) * rb, rb, x, nb, y + j);
+  };
+  switch (type) {
+  case DType::q4_1:
+    run(rows_i8dq_avx2<DType::q4_1, 4>, rows_i8dq_avx2<DType::q4_1, 1>);
+    break;
+  case DType::q5_0:
+    run(rows_i8dq_avx2<DType::q5_0, 4>, rows_i8dq_avx2<DType::q5_0, 1>);
+    break;
+  case DType::q5_1:
+    run(rows_i8dq_avx2<DType::q5_1, 4>, rows_i8dq_avx2<DType::q5_1, 1>);
+    break;
+  default:
+    run(rows_i8dq_avx2<DType::iq4_nl, 4>, rows_i8dq_avx2<DType::iq4_nl, 1>);
+    break;
+  }
+}
+
 // H groups of 8 rows stored together (1: alone, 2: a pair; out[0..8H)) against one token, each group
 // through the same steps, so a row's float is the same in either storage.
 // q4_0x8: one group of 8 rows against one token. Per block: 4 loads give all 8 rows' 32 nibbles; the
@@ -1940,6 +2037,15 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   }
 }
 
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL rows on the int8 route: this thread's contiguous run of 4-row blocks, as
+// matmul_i8dq() splits them (so the same floats).
+void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  const int64_t n_blk = (m.N + 3) / 4;
+  const int64_t j0 = std::min(m.N, 4 * (n_blk * id / nt)), j1 = std::min(m.N, 4 * (n_blk * (id + 1) / nt));
+  i8dq_rows(m.type, m.w, m.row_bytes, xq, K / 32, j0, j1, m.y);
+}
+
 // The same for F32 / F16 / BF16 rows (AVX2 and up): this thread's contiguous run of 4-row blocks, as
 // matmul() computes them for one token.
 void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
@@ -1976,7 +2082,10 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
   bool blocks32 = false, blocks256 = false, bf16 = false;
   int64_t work = 0;
   for (int i = 0; i < n_mats; ++i) {
-    if (!gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0)) std::abort(); // a caller's bug
+    if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % 32 != 0
+                   : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
+      std::abort(); // a caller's bug
+    if (mats[i].i8) blocks32 = true;
     const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
     if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
       (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
@@ -1998,6 +2107,8 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
       gemv_share_f16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, x, mats[i].y);
     else if (mats[i].row_bytes == 0)
       gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
+    else if (mats[i].i8)
+      gemv_share_i8dq(mats[i], K, xq.data());
     else if (mats[i].type != DType::f32 && mats[i].type != DType::f16 && mats[i].type != DType::bf16)
       gemv_share_dq(mats[i].type, mats[i].w, mats[i].row_bytes, K, mats[i].N, x, mats[i].y);
     else
@@ -2110,6 +2221,29 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 bool int8_gemm(Isa isa, DType type) noexcept {
   return at_least(isa, Isa::avx512_vnni) &&
          (type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k);
+}
+
+bool i8dq_supports(Isa isa, DType type) noexcept {
+  return at_least(isa, Isa::avx2) &&
+         (type == DType::q4_1 || type == DType::q5_0 || type == DType::q5_1 || type == DType::iq4_nl);
+}
+
+void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N,
+                 const float* x, int64_t T, float* y, int n_threads) {
+  if (!i8dq_supports(isa, type) || K % 32 != 0) std::abort(); // callers check; reaching here is a bug
+  const int64_t nb = K / 32;
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  std::vector<BlockQ8> xq(static_cast<size_t>(T * nb));
+  quantize_rows(isa, x, K, T, xq.data(), threads);
+#pragma omp parallel num_threads(threads) if (N * K * T > 32768)
+  {
+    // contiguous runs of 4-row blocks per thread, as gemv_share_i8dq splits them
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t n_blk = (N + 3) / 4;
+    const int64_t j0 = std::min(N, 4 * (n_blk * id / nt)), j1 = std::min(N, 4 * (n_blk * (id + 1) / nt));
+    for (int64_t t = 0; t < T; ++t)
+      i8dq_rows(type, w, row_bytes, xq.data() + t * nb, nb, j0, j1, y + t * N);
+  }
 }
 
 bool has_kernel(DType t) noexcept {

@@ -115,14 +115,20 @@ std::vector<uint8_t> random_blocks(DType t, int64_t K, int64_t N, uint32_t seed)
 
 // The integer kernels are exact up to float rounding once the activations' own 8-bit quantization
 // (blocks of 32, of 256 for Q4_K/Q6_K: scale amax/127, round to nearest) is applied to the
-// reference too: 1e-5.
+// reference too: 1e-5. Q4_1 / Q5_0 / Q5_1 / IQ4_NL: their int8 route (matmul_i8dq, avx2 and up), and
+// gemv_multi on it gives matmul_i8dq's floats bit for bit (the same rows per thread, the same sums).
 TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
-  for (DType t : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
-    for (const auto& [K, N, T] : {std::tuple{256, 5, 1}, std::tuple{512, 9, 2}, std::tuple{768, 6, 5}}) {
+  for (DType t : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k, DType::q4_1, DType::q5_0, DType::q5_1,
+                  DType::iq4_nl})
+    for (const auto& [K, N, T] :
+         {std::tuple{256, 5, 1}, std::tuple{512, 9, 2}, std::tuple{768, 6, 5}, std::tuple{576, 37, 1}}) {
+      const bool i8dq = !cpu::has_kernel(t);
+      if (i8dq && !cpu::i8dq_supports(isa, t)) continue; // below avx2: those types are exact (dq / rows)
+      if (K % dtype_traits(t).block_size != 0) continue; // (576: SmolLM2's width, not a k-quant row)
       SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " T=" + std::to_string(T));
       const auto w = random_blocks(t, K, N, static_cast<uint32_t>(K + N));
       std::mt19937 rng(3);
@@ -142,7 +148,19 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
       }
       std::vector<float> y(static_cast<size_t>(N * T), NAN), row(static_cast<size_t>(K));
       const size_t rb = row_bytes(t, K);
-      cpu::matmul(isa, t, w.data(), rb, K, N, x.data(), T, y.data(), 2);
+      if (i8dq) {
+        cpu::matmul_i8dq(isa, t, w.data(), rb, K, N, x.data(), T, y.data(), 2);
+        if (T == 1) { // fused decode: two matrices in one region, the same floats
+          std::vector<float> y1(static_cast<size_t>(N), NAN), y2(static_cast<size_t>(N), NAN);
+          const cpu::Gemv mats[2] = {cpu::Gemv{t, w.data(), rb, N, y1.data(), true},
+                                     cpu::Gemv{t, w.data(), rb, N, y2.data(), true}};
+          cpu::gemv_multi(isa, mats, 2, K, x.data(), 2);
+          ASSERT_EQ(0, std::memcmp(y1.data(), y.data(), y1.size() * sizeof(float)));
+          ASSERT_EQ(0, std::memcmp(y2.data(), y.data(), y2.size() * sizeof(float)));
+        }
+      } else {
+        cpu::matmul(isa, t, w.data(), rb, K, N, x.data(), T, y.data(), 2);
+      }
       for (int64_t j = 0; j < N; ++j) {
         dequantize_row(t, w.data() + static_cast<size_t>(j) * rb, row.data(), K);
         for (int64_t tt = 0; tt < T; ++tt) {
