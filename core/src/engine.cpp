@@ -93,6 +93,10 @@ RequestId Engine::submit(EngineRequest req) {
       fail(Errc::invalid_argument, "engine",
            "prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
                std::to_string(n_vocab - 1) + ")");
+  if (req.max_new_tokens < -1)
+    fail(Errc::invalid_argument, "engine",
+         "max_new_tokens " + std::to_string(req.max_new_tokens) +
+             ": expected -1 (until a stop rule or the context ends it), 0 or more");
   if (req.prompt.empty())
     fail(Errc::invalid_argument, "engine",
          "the prompt is empty and no BOS token is added: there is nothing to condition on (give a prompt or "

@@ -3,6 +3,7 @@
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>
+#include <map>
 
 namespace {
 
@@ -112,6 +113,45 @@ TEST(Engine, PromptTooLongInABatchEndsOnlyThatRequest) {
   EXPECT_EQ(rs[0].stop_reason, StopReason::max_context);
   EXPECT_FALSE(rs[0].message.empty());
   EXPECT_EQ(rs[1].tokens.size(), 8u);
+}
+
+// A bad request from the C++ API fails alone, at submit, with a message; the engine is not wedged: the
+// next request completes (before, max_new_tokens = -5 threw inside admission, escaped step(), kept its KV
+// sequence and stayed at the head of the queue, so every later step threw again).
+TEST(Engine, BadMaxTokensFailsAloneAndTheNextRequestCompletes) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 64;
+  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+  auto p = Pipeline::create(cfg);
+  Engine& e = p->engine();
+  EngineRequest bad;
+  bad.prompt = {1, 400, 500};
+  bad.max_new_tokens = -5;
+  try {
+    (void)e.submit(bad);
+    ADD_FAILURE() << "max_new_tokens = -5 was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(err.what()).find("max_new_tokens"), std::string::npos) << err.what();
+  }
+  GenerationRequest bad2;
+  bad2.prompt = "Once upon a time";
+  bad2.max_new_tokens = -2;
+  EXPECT_THROW((void)p->submit(bad2), Error);
+  GenerationRequest ok;
+  ok.prompt = "Once upon a time";
+  ok.max_new_tokens = 6;
+  const RequestId id = p->submit(ok);
+  std::map<RequestId, GenerationResult> done;
+  for (int steps = 0; done.empty() && steps < 100; ++steps)
+    for (auto& [rid, r] : e.step())
+      done[rid] = std::move(r);
+  ASSERT_EQ(done.count(id), 1u);
+  EXPECT_EQ(done[id].tokens.size(), 6u);
+  EXPECT_EQ(done[id].stop_reason, StopReason::max_tokens);
+  EXPECT_TRUE(e.idle());
 }
 
 } // namespace
