@@ -60,6 +60,22 @@ DecodeSession::DecodeSession(SessionContext& ctx, RequestId id, std::vector<Toke
     : ctx_(ctx), id_(id), prompt_(std::move(prompt)), rng_(seed), max_new_tokens_(max_new_tokens),
       on_text_(std::move(cb)) {}
 
+namespace {
+// A KV sequence just allocated for a sequence whose state is still being built: that state is cloned from
+// plugins (sampler chain, stop criteria), which may throw — then the KV sequence goes back to the store.
+struct FreeKvOnThrow {
+  KVCacheStore& kv;
+  SeqId seq;
+  bool armed = true;
+  FreeKvOnThrow(KVCacheStore& store, SeqId s) : kv(store), seq(s) {}
+  FreeKvOnThrow(const FreeKvOnThrow&) = delete;
+  FreeKvOnThrow& operator=(const FreeKvOnThrow&) = delete;
+  ~FreeKvOnThrow() {
+    if (armed) kv.free(seq);
+  }
+};
+} // namespace
+
 DecodeSession::~DecodeSession() {
   release();
 }
@@ -92,6 +108,7 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   const SeqId kv = ctx_.next_kv_seq;
   if (!ctx_.kv.allocate(kv, 0)) return false;
   ++ctx_.next_kv_seq;
+  FreeKvOnThrow undo{ctx_.kv, kv};
   StopConfig stop_cfg = tmpl.stop;
   stop_cfg.max_tokens = max_new_tokens_;
   auto seq = std::make_unique<Seq>(std::move(stop_cfg));
@@ -110,6 +127,7 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   seq->detok.pending.clear();
   checkpoint(*seq);
   seqs_.emplace(next_seq_++, std::move(seq));
+  undo.armed = false;
   return true;
 }
 
@@ -120,6 +138,7 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   const bool ok = p.n_cached > 0 ? store.fork(p.kv, kv) : store.allocate(kv, 0);
   if (!ok) return -1; // no free KV sequence: the decoder goes on with fewer
   ++ctx_.next_kv_seq;
+  FreeKvOnThrow undo{store, kv};
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = p.model;
   c->kv = kv;
@@ -132,7 +151,8 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
                    p.rows.begin() + static_cast<std::ptrdiff_t>((p.row_off + p.n_rows) * V));
     c->n_rows = p.n_rows;
   }
-  copy_state(p, *c);
+  copy_state(p, *c); // clones plugin state: may throw
+  undo.armed = false;
   return adopt(std::move(c));
 }
 
@@ -170,11 +190,13 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   const SeqId kv = ctx_.next_kv_seq;
   if (!ctx_.draft_kv->allocate(kv, 0)) return -1; // no free draft KV sequence: recoverable
   ++ctx_.next_kv_seq;
+  FreeKvOnThrow undo{*ctx_.draft_kv, kv};
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = 1;
   c->kv = kv;
   c->tokens = p.tokens; // committed tokens only; none evaluated on the draft model yet
-  copy_state(p, *c);
+  copy_state(p, *c);    // clones plugin state: may throw
+  undo.armed = false;
   return adopt(std::move(c));
 }
 

@@ -251,8 +251,11 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
     Request& head = *waiting_.front();
     DecodeSession& s = *head.session;
     const auto finish_now = [&](StopReason reason, std::string message) {
-      if (!head.admitted && !s.exists(0))
-        (void)s.open(tmpl_); // a sequence for the result, when there is room
+      if (!head.admitted && !s.exists(0)) try {
+          (void)s.open(tmpl_); // a sequence for the result, when there is room
+        } catch (const std::exception&) {
+          // (the result goes out without one: its error is already recorded)
+        }
       s.end_all(reason);
       auto res = finish_request(head);
       if (!message.empty()) {
@@ -274,10 +277,20 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
       finish_now(d.reason, d.why);
       continue;
     }
+    // Opening clones the request's sampler chain and stop plugins (plugin code): an exception fails this
+    // request alone, with its KV given back, instead of escaping step() with the request still at the head.
+    bool room = false;
+    try {
+      room = head.admitted ? s.restore() : s.open(tmpl_);
+    } catch (const std::exception& e) {
+      head.failed(e.what());
+      finish_now(StopReason::error, "");
+      continue;
+    }
     if (head.admitted) {
-      if (!s.restore()) return; // no free KV sequences after all: wait
+      if (!room) return; // no free KV sequences after all: wait
     } else {
-      if (!s.open(tmpl_)) return; // the store refused a sequence after all: wait for room
+      if (!room) return; // the store refused a sequence after all: wait for room
       head.admitted = true;
       head.t_admit = Clock::now();
       if (head.max_new_tokens == 0) {
