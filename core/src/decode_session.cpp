@@ -64,14 +64,17 @@ namespace {
 // A KV sequence just allocated for a sequence whose state is still being built: that state is cloned from
 // plugins (sampler chain, stop criteria), which may throw — then the KV sequence goes back to the store.
 struct FreeKvOnThrow {
+  SessionContext& ctx;
   KVCacheStore& kv;
   SeqId seq;
   bool armed = true;
-  FreeKvOnThrow(KVCacheStore& store, SeqId s) : kv(store), seq(s) {}
+  FreeKvOnThrow(SessionContext& c, KVCacheStore& store, SeqId s) : ctx(c), kv(store), seq(s) {}
   FreeKvOnThrow(const FreeKvOnThrow&) = delete;
   FreeKvOnThrow& operator=(const FreeKvOnThrow&) = delete;
   ~FreeKvOnThrow() {
-    if (armed) kv.free(seq);
+    if (!armed) return;
+    kv.free(seq);
+    ctx.free_kv_seqs.push_back(seq);
   }
 };
 } // namespace
@@ -105,10 +108,10 @@ void DecodeSession::checkpoint(Seq& s) {
 
 bool DecodeSession::open(const SequenceTemplate& tmpl) {
   LOOM_ASSERT(seqs_.empty(), "a session is opened once");
-  const SeqId kv = ctx_.next_kv_seq;
+  const SeqId kv = ctx_.kv_seq_to_take();
   if (!ctx_.kv.allocate(kv, 0)) return false;
-  ++ctx_.next_kv_seq;
-  FreeKvOnThrow undo{ctx_.kv, kv};
+  ctx_.take_kv_seq(kv);
+  FreeKvOnThrow undo{ctx_, ctx_.kv, kv};
   StopConfig stop_cfg = tmpl.stop;
   stop_cfg.max_tokens = max_new_tokens_;
   auto seq = std::make_unique<Seq>(std::move(stop_cfg));
@@ -134,11 +137,11 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
 LocalSeq DecodeSession::fork(LocalSeq parent) {
   Seq& p = at(parent);
   KVCacheStore& store = kv_of(p.model);
-  const SeqId kv = ctx_.next_kv_seq;
+  const SeqId kv = ctx_.kv_seq_to_take();
   const bool ok = p.n_cached > 0 ? store.fork(p.kv, kv) : store.allocate(kv, 0);
   if (!ok) return -1; // no free KV sequence: the decoder goes on with fewer
-  ++ctx_.next_kv_seq;
-  FreeKvOnThrow undo{store, kv};
+  ctx_.take_kv_seq(kv);
+  FreeKvOnThrow undo{ctx_, store, kv};
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = p.model;
   c->kv = kv;
@@ -187,10 +190,10 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
          "the pipeline has no draft model; name one with [decoder] draft = \"x.gguf\"");
   if (p.model != 0)
     fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
-  const SeqId kv = ctx_.next_kv_seq;
+  const SeqId kv = ctx_.kv_seq_to_take();
   if (!ctx_.draft_kv->allocate(kv, 0)) return -1; // no free draft KV sequence: recoverable
-  ++ctx_.next_kv_seq;
-  FreeKvOnThrow undo{*ctx_.draft_kv, kv};
+  ctx_.take_kv_seq(kv);
+  FreeKvOnThrow undo{ctx_, *ctx_.draft_kv, kv};
   auto c = std::make_unique<Seq>(p.stop.config());
   c->model = 1;
   c->kv = kv;
@@ -227,7 +230,10 @@ KVCacheStore& DecodeSession::kv_of(int model) const {
 void DecodeSession::free(LocalSeq seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  if (it->second->kv >= 0) kv_of(it->second->model).free(it->second->kv);
+  if (it->second->kv >= 0) {
+    kv_of(it->second->model).free(it->second->kv);
+    ctx_.free_kv_seqs.push_back(it->second->kv);
+  }
   seqs_.erase(it);
   planned_.erase(std::remove(planned_.begin(), planned_.end(), seq), planned_.end());
   std::erase_if(results_, [seq](const auto& r) { return r.first == seq; });
@@ -741,6 +747,7 @@ void DecodeSession::release() {
   for (auto& [id, q] : seqs_)
     if (q->kv >= 0) {
       kv_of(q->model).free(q->kv);
+      ctx_.free_kv_seqs.push_back(q->kv);
       q->kv = -1;
     }
 }

@@ -70,8 +70,8 @@ KVRetention retention_for(const Model& m, const Backend& be) {
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, nullptr, {}, {}}, tmpl_(std::move(tmpl)),
-      scheduler_(kv, n_ctx) {
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, {}, {}},
+      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
   if (draft_) {
     if (draft_->model.config().n_vocab != ctx_.n_vocab)

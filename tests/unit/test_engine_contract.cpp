@@ -84,6 +84,15 @@ struct Rig {
   }
 };
 
+// The store TenThousandForksWithFreesReuseKvIds watches, and whether it holds no id outside `ids`.
+KVCacheStore* kv_for_ids = nullptr;
+bool rig_kv_holds_only(const DecodeSession&, std::initializer_list<SeqId> ids) {
+  int held = 0;
+  for (SeqId id : ids)
+    held += kv_for_ids->contains(id) ? 1 : 0;
+  return held == kv_for_ids->shape().n_seq_max - kv_for_ids->free_sequences();
+}
+
 // A decoder given as lambdas over the session (plan / update / done); results: sequence 0.
 struct LambdaDecoder final : Decoder {
   std::function<void(DecodeSession&)> on_plan = [](DecodeSession& s) { // sequence 0 while it is live
@@ -220,6 +229,53 @@ TEST(EngineContract, AForkWithoutKvRoomIsRecoverable) {
   EXPECT_EQ(forks[1], -1);
   EXPECT_EQ(forks[2], -1);
   EXPECT_EQ(rig.kv->free_sequences(), 2) << "every sequence is released when the request ends";
+}
+
+// 10 000 forks, each freed at once, in one request: the KV store never runs out, and the ids the engine
+// gives the store stay those of the sequences alive (an id goes back when its sequence ends for good), so
+// a long-running engine's int32 ids never wrap. Before: each fork took the next id for ever.
+TEST(EngineContract, TenThousandForksWithFreesReuseKvIds) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  int forked = 0;
+  bool small_ids = true;
+  Rig rig(model, 64, 3, [&] {
+    auto d = std::make_unique<LambdaDecoder>();
+    d->on_update = [&](DecodeSession& s) {
+      if (s.logits(0) && forked == 0)
+        for (; forked < 10000; ++forked) {
+          const LocalSeq a = s.fork(0), b = s.fork(0);
+          if (a < 0 || b < 0) {
+            ADD_FAILURE() << "fork " << forked << " found no KV room";
+            return;
+          }
+          // request 0's sequence holds id 0; the two forks alive now hold two of 1 and 2
+          small_ids = small_ids && rig_kv_holds_only(s, {0, 1, 2});
+          s.free(b);
+          s.free(a);
+        }
+      if (s.finished(0) == StopReason::none && s.logits(0)) s.append(0, s.sample(0));
+    };
+    d->on_done = [](const DecodeSession& s) {
+      return s.n_generated(0) >= 3 || s.finished(0) != StopReason::none;
+    };
+    return d;
+  });
+  kv_for_ids = rig.kv.get();
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  auto out = rig.run();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out.begin()->second.message.empty()) << out.begin()->second.message;
+  EXPECT_EQ(out.begin()->second.tokens.size(), 3u);
+  EXPECT_EQ(forked, 10000);
+  EXPECT_TRUE(small_ids) << "a fork got an id no live sequence had freed";
+  EXPECT_EQ(rig.kv->free_sequences(), 3) << "every sequence is released when the request ends";
+  // A second request after all that: the ids of the first are used again.
+  forked = 10000; // (no more forks)
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  out = rig.run();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out.begin()->second.tokens.size(), 3u);
+  kv_for_ids = nullptr;
 }
 
 // ---- 7. truncate -------------------------------------------------------------------------------

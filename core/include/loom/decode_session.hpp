@@ -63,7 +63,19 @@ struct SessionContext {
   KVCacheStore& kv;
   int32_t n_ctx = 0;
   int32_t n_vocab = 0;
-  SeqId next_kv_seq = 0;            // KV store ids, unique over the engine's life (both stores)
+  // KV store ids (both stores): unique among the sequences alive. An id goes back to free_kv_seqs when its
+  // sequence ends for good (freed, or its request released) — not when it is only evicted — and is used
+  // again first, so ids stay below the most sequences ever alive at once and never wrap however many
+  // forks a long-running engine makes.
+  SeqId next_kv_seq = 0; // never used yet
+  std::vector<SeqId> free_kv_seqs;
+  SeqId kv_seq_to_take() const noexcept { return free_kv_seqs.empty() ? next_kv_seq : free_kv_seqs.back(); }
+  void take_kv_seq(SeqId id) { // after the store allocated kv_seq_to_take()
+    if (!free_kv_seqs.empty() && free_kv_seqs.back() == id)
+      free_kv_seqs.pop_back();
+    else
+      ++next_kv_seq;
+  }
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text)> verify;
