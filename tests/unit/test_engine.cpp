@@ -68,13 +68,18 @@ TEST_P(EngineBatching, SixAtATimeEqualsOneAtATime) {
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSampling, EngineBatching, ::testing::Values(false, true));
 
-TEST(Engine, CancelEndsOneRequestOthersGoOn) {
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+// stories260K, greedy, a context of n_ctx.
+std::unique_ptr<Pipeline> greedy_pipeline(const std::filesystem::path& model, int32_t n_ctx) {
   PipelineConfig cfg;
   cfg.model.path = model.string();
-  cfg.model.n_ctx = 128;
+  cfg.model.n_ctx = n_ctx;
   cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  auto p = Pipeline::create(cfg);
+  return Pipeline::create(cfg);
+}
+
+TEST(Engine, CancelEndsOneRequestOthersGoOn) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  auto p = greedy_pipeline(model, 128);
   GenerationRequest a, b;
   a.prompt = "Once upon a time";
   a.max_new_tokens = 40;
@@ -99,11 +104,7 @@ TEST(Engine, CancelEndsOneRequestOthersGoOn) {
 
 TEST(Engine, PromptTooLongInABatchEndsOnlyThatRequest) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  PipelineConfig cfg;
-  cfg.model.path = model.string();
-  cfg.model.n_ctx = 32;
-  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  auto p = Pipeline::create(cfg);
+  auto p = greedy_pipeline(model, 32);
   GenerationRequest ok, big;
   ok.prompt = "Once upon a time";
   ok.max_new_tokens = 8;
@@ -120,11 +121,7 @@ TEST(Engine, PromptTooLongInABatchEndsOnlyThatRequest) {
 // sequence and stayed at the head of the queue, so every later step threw again).
 TEST(Engine, BadMaxTokensFailsAloneAndTheNextRequestCompletes) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  PipelineConfig cfg;
-  cfg.model.path = model.string();
-  cfg.model.n_ctx = 64;
-  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  auto p = Pipeline::create(cfg);
+  auto p = greedy_pipeline(model, 64);
   Engine& e = p->engine();
   EngineRequest bad;
   bad.prompt = {1, 400, 500};
