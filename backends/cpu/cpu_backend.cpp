@@ -101,7 +101,7 @@ constexpr int32_t k_tile = 64;
 // rows [lo, n_pos), stored one after the other. Kernels index them by that compact index c; the
 // position of c is pos_of(c). (Causal attention: n_sink 0, lo 0 — every row, c = position.)
 struct SeqRows {
-  SeqId seq;
+  int32_t seq;    // the sequence's index among the batch's (KVRows::seq_of)
   Pos n_pos = 0;  // rows [0, n_pos) exist
   Pos n_sink = 0; // rows [0, n_sink) at c = position
   Pos lo = 0;     // rows [lo, n_pos) at c = n_sink + position − lo
@@ -1097,7 +1097,7 @@ public:
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
-  void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
     check_batch(g, batch);
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
     const size_t total = plan(g);
@@ -1117,6 +1117,25 @@ public:
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
     if (n_out > 0) std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
+    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
+  }
+
+  // The model's weights, once: the matrices that run repacked are repacked here (the file's pages
+  // dropped behind, as a first matmul would), vector operands copied; the rest is read in place.
+  void load(std::span<const WeightDesc> weights) override {
+    omp_set_num_threads(threads_);
+    for (const WeightDesc& w : weights) {
+      const TensorDesc& t = w.tensor;
+      if (t.data == nullptr) continue;
+      if (w.uses & weight_use_vector) (void)vec_of(t);
+      if (w.uses & weight_use_matmul) prepare_matmul(t, opt_.exact_matmul);
+      if (w.uses & weight_use_logits) prepare_matmul(t, opt_.exact_matmul || opt_.exact_logits);
+    }
+    if (redrop_) {
+      for (const auto& [p, n] : dropped_)
+        drop_pages(p, n);
+      redrop_ = false;
+    }
     workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
   }
 
@@ -1226,6 +1245,9 @@ private:
   const float* vec(const Graph& g, int32_t id) {
     const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
     if (t.kind != TensorKind::weight) return f32(id);
+    return vec_of(t);
+  }
+  const float* vec_of(const TensorDesc& t) {
     if (!opt_.repack && t.dtype == DType::f32) return static_cast<const float*>(t.data);
     const auto key = std::pair{t.data, t.n_elements()};
     auto it = vectors_.find(key);
@@ -1256,7 +1278,7 @@ private:
       f(op, a, b, s, dst, c * chunk, std::min(n, (c + 1) * chunk), row);
   }
 
-  void run(const Graph& g, const Node& n, const BatchView& b, KVRows& kv) {
+  void run(const Graph& g, const Node& n, const BatchView& b, const KVRows& kv) {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);
     switch (n.op) {
@@ -1325,18 +1347,16 @@ private:
       const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
       const float* k = f32(n.src[1]);
       const float* v = f32(n.src[2]);
-      for (int32_t t = 0; t < T; ++t) { // this batch's K/V rows first
-        const SeqId s = b.seq_ids[static_cast<size_t>(t)];
-        const Pos ps = b.positions[static_cast<size_t>(t)];
-        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems, kv.k_data(p.layer, s, ps),
-                 static_cast<int64_t>(row_elems));
-        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems, kv.v_data(p.layer, s, ps),
-                 static_cast<int64_t>(row_elems));
+      for (int32_t t = 0; t < T; ++t) { // this batch's K/V rows at their slots first
+        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems,
+                 kv.k_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
+        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems,
+                 kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
       if (p.kernel == AttnKernel::naive) // asked for: the materialized-scores reference kernel
-        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst);
+        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst);
       else
-        flash_attention(p, f32(n.src[0]), T, b.positions.data(), b.seq_ids.data(), kv, dst, opt_.isa);
+        flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa);
       return;
     }
     case OpKind::swiglu:
@@ -1554,6 +1574,16 @@ private:
   bool i8dq_route(const TensorDesc& w, bool exact) const noexcept {
     return !exact && !opt_.exact_matmul && i8dq_supports(opt_.isa, w.dtype) && w.ne[2] == 1 && w.ne[3] == 1 &&
            w.ne[0] % 32 == 0;
+  }
+
+  // What matmul(w, …, exact) and gemv_route(w) repack, repacked now (load time).
+  void prepare_matmul(const TensorDesc& w, bool exact) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    if (i8dq_route(w, exact) || dq_route(w, exact) || (exact && dtype_traits(w.dtype).block_size > 1)) return;
+    if (bf16_route(w) || f16_route(w) ||
+        (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1 &&
+         !(opt_.exact_matmul && dtype_traits(w.dtype).block_size > 1)))
+      (void)repacked(w);
   }
 
   // y[T][N] = x[T][K] · Wᵀ; exact: the logits' matmul under exact_logits (no activation rounded).
@@ -1813,7 +1843,7 @@ private:
 } // namespace
 
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                     const SeqId* seq, KVRows& kv, float* out, Isa isa) {
+                     const KVRows& kv, float* out, Isa isa) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   // The K/V row addresses of every sequence in the batch that some token attends (sinks, then the
   // window rows from the earliest token's first key), fetched once for all heads and tokens.
@@ -1822,12 +1852,13 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
   std::vector<int32_t> row_of(static_cast<size_t>(n_tokens));
   for (int32_t t = 0; t < n_tokens; ++t) {
     size_t i = 0;
-    while (i < rows.size() && rows[i].seq != seq[t])
+    const int32_t sq = kv.seq_of(static_cast<size_t>(t));
+    while (i < rows.size() && rows[i].seq != sq)
       ++i;
     const KeySpan sp = key_span(p, pos[t]);
     if (i == rows.size()) {
       SeqRows r;
-      r.seq = seq[t];
+      r.seq = sq;
       r.lo = sp.first;
       r.dt = kv.kv_dtype();
       rows.push_back(std::move(r));
@@ -1846,8 +1877,8 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
     r.v.resize(n);
     for (size_t c = 0; c < n; ++c) {
       const Pos j = r.pos_of(static_cast<Pos>(c));
-      r.k[c] = static_cast<const uint8_t*>(kv.k_data(p.layer, r.seq, j));
-      r.v[c] = static_cast<const uint8_t*>(kv.v_data(p.layer, r.seq, j));
+      r.k[c] = kv.k_at(p.layer, r.seq, j);
+      r.v[c] = kv.v_at(p.layer, r.seq, j);
     }
   }
   attn_all(p, q, n_tokens, pos, rows, row_of, out, isa);

@@ -67,6 +67,6 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);
 // The attention kernel on its own (tests compare it with attention::reference_attention):
 // q [T][n_head][D], out [T][n_head][D]; the batch's K/V rows must already be in `kv`.
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                     const SeqId* seq, KVRows& kv, float* out, Isa isa);
+                     const KVRows& kv, float* out, Isa isa);
 
 } // namespace loom::cpu

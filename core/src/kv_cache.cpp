@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
@@ -38,46 +39,35 @@ template <class Map> size_t positions_bytes(const KVShape& s, const Map& seqs) n
   return n * 2 * static_cast<size_t>(s.n_layer) * kv_row_bytes(s);
 }
 
-// What both stores answer the same way from their shape, their sequence map and their row(layer,
-// seq, pos, 0 for K / 1 for V) address.
-template <class Store> class RowsOf : public KVCacheStore {
-public:
-  int32_t free_sequences() const noexcept override {
-    return self().shape().n_seq_max - static_cast<int32_t>(self().n_seqs());
-  }
-  float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(self().row(layer, seq, pos, 0));
-  }
-  float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept override {
-    return as_f32(self().row(layer, seq, pos, 1));
-  }
-  DType kv_dtype() const noexcept override { return self().shape().dtype; }
-  void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return self().row(layer, seq, pos, 0); }
-  void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept override { return self().row(layer, seq, pos, 1); }
-
-private:
-  Store& self() noexcept { return static_cast<Store&>(*this); }
-  const Store& self() const noexcept { return static_cast<const Store&>(*this); }
-  float* as_f32(uint8_t* p) const noexcept {
-    return self().shape().dtype == DType::f32 ? reinterpret_cast<float*>(p) : nullptr;
-  }
-};
+// The pool's layout for a shape: blocks of block_size (paged) or one n_ctx block per sequence.
+KVLayout layout_of(const KVShape& s, int32_t block_size, int64_t n_blocks) noexcept {
+  KVLayout l;
+  l.dtype = s.dtype;
+  l.n_layer = s.n_layer;
+  l.n_head_kv = s.n_head_kv;
+  l.head_dim = s.head_dim;
+  l.block_size = block_size;
+  l.n_blocks = n_blocks;
+  return l;
+}
 
 // One slab per live sequence: K and V of every layer, [n_layer][n_ctx][n_head_kv · head_dim] in
 // shape.dtype.
-class ContiguousKVCache final : public RowsOf<ContiguousKVCache> {
-  friend class RowsOf<ContiguousKVCache>;
-  size_t n_seqs() const noexcept { return seqs_.size(); }
-
+class ContiguousKVCache final : public KVCacheStore {
 public:
   explicit ContiguousKVCache(const KVShape& s) : shape_(s) {
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
       fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
     check_dtype(s);
     rb_ = kv_row_bytes(s);
+    layout_ = layout_of(s, s.n_ctx, s.n_seq_max);
   }
   std::string_view name() const noexcept override { return "contiguous"; }
   const KVShape& shape() const noexcept override { return shape_; }
+  const KVLayout& layout() const noexcept override { return layout_; }
+  int32_t free_sequences() const noexcept override {
+    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
+  }
 
   bool allocate(SeqId seq, int32_t n_new) override {
     if (n_new < 0) return false;
@@ -85,7 +75,7 @@ public:
     if (it == seqs_.end()) {
       if (static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max || n_new > shape_.n_ctx) return false;
       Slab s;
-      s.data = new_slab(); // untouched pages cost nothing
+      s.id[0] = take_slab(); // untouched pages cost nothing
       s.length = n_new;
       seqs_.emplace(seq, std::move(s));
       peak_seqs_ = std::max(peak_seqs_, seqs_.size());
@@ -95,19 +85,21 @@ public:
     it->second.length += n_new;
     return true;
   }
-  void free(SeqId seq) noexcept override { seqs_.erase(seq); }
+  void free(SeqId seq) noexcept override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return;
+    free_slabs_.push_back(it->second.id[0]);
+    seqs_.erase(it);
+  }
   bool fork(SeqId parent, SeqId child) override {
     auto it = seqs_.find(parent);
     if (it == seqs_.end() || seqs_.count(child) || static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max)
       return false;
     Slab copy;
-    copy.data = new_slab();
+    copy.id[0] = take_slab();
     copy.length = it->second.length;
-    // Only the used positions: [kv][layer] blocks of `length` rows each.
-    const size_t used = static_cast<size_t>(copy.length) * rb_;
-    const size_t stride = static_cast<size_t>(shape_.n_ctx) * rb_;
-    for (size_t b = 0; b < 2 * static_cast<size_t>(shape_.n_layer); ++b)
-      std::memcpy(copy.data.get() + b * stride, it->second.data.get() + b * stride, used);
+    // Only the used positions, by the backend before the next forward.
+    if (copy.length > 0) record_copy({it->second.id[0], copy.id[0], copy.length});
     seqs_.emplace(child, std::move(copy));
     peak_seqs_ = std::max(peak_seqs_, seqs_.size());
     return true;
@@ -135,49 +127,41 @@ public:
 
 private:
   size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
+  std::span<const int32_t> table(SeqId seq) const noexcept override {
+    auto it = seqs_.find(seq);
+    return it == seqs_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second.id, 1);
+  }
   struct Slab {
-    std::unique_ptr<uint8_t[]> data; // [2][n_layer][n_ctx][row]; rows ≥ length are uninitialised
+    int32_t id[1] = {-1}; // the pool's block of n_ctx positions; rows ≥ length are uninitialised
     int32_t length = 0;
     int32_t released = 0; // never: a slab is one unit
   };
-  std::unique_ptr<uint8_t[]> new_slab() const {
-    try {
-      return std::make_unique_for_overwrite<uint8_t[]>(slab_bytes());
-    } catch (const std::bad_alloc&) {
-      fail(Errc::out_of_memory, "kv_cache",
-           "cannot reserve " + std::to_string(slab_bytes() >> 20) + " MiB of KV for one sequence of " +
-               std::to_string(shape_.n_ctx) + " positions; lower [model] n_ctx (--ctx-size)");
+  // A free slab id: the most recently freed one (its pages are resident already), else the next new one.
+  int32_t take_slab() {
+    if (!free_slabs_.empty()) {
+      const int32_t id = free_slabs_.back();
+      free_slabs_.pop_back();
+      return id;
     }
+    return next_slab_++;
   }
   size_t slab_bytes() const noexcept {
     return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.n_ctx) * rb_;
   }
-  uint8_t* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
-    auto it = seqs_.find(seq);
-    LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
-    LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
-    LOOM_ASSERT(layer >= 0 && layer < shape_.n_layer, "KV layer out of range");
-    const size_t idx =
-        ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
-             static_cast<size_t>(shape_.n_ctx) +
-         static_cast<size_t>(pos)) *
-        rb_;
-    return it->second.data.get() + idx;
-  }
 
   KVShape shape_;
+  KVLayout layout_;
   size_t rb_ = 0; // bytes of one stored row
   std::map<SeqId, Slab> seqs_;
+  std::vector<int32_t> free_slabs_;
+  int32_t next_slab_ = 0;
 };
 
 // Blocks of `block_size` positions from one pool, a block table per sequence, reference counts:
 // fork shares the parent's blocks (no copy); a block is copied only when a sequence is about to
 // write into one it shares (copy-on-write at allocate); truncate and free return blocks to the pool.
 // A block holds K and V of every layer: [kv][layer][block_size][n_head_kv · head_dim] in shape.dtype.
-class PagedKVCache final : public RowsOf<PagedKVCache> {
-  friend class RowsOf<PagedKVCache>;
-  size_t n_seqs() const noexcept { return seqs_.size(); }
-
+class PagedKVCache final : public KVCacheStore {
 public:
   explicit PagedKVCache(const KVShape& s) : shape_(s) {
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
@@ -187,9 +171,18 @@ public:
     rb_ = kv_row_bytes(s);
     blocks_per_seq_ = (s.n_ctx + s.block_size - 1) / s.block_size;
     n_blocks_ = s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq_) * s.n_seq_max;
+    if (n_blocks_ > std::numeric_limits<int32_t>::max())
+      fail(Errc::invalid_argument, "kv_cache",
+           "a paged pool of " + std::to_string(n_blocks_) +
+               " blocks exceeds 2^31; raise [kv_cache] block_size");
+    layout_ = layout_of(s, s.block_size, n_blocks_);
   }
   std::string_view name() const noexcept override { return "paged"; }
   const KVShape& shape() const noexcept override { return shape_; }
+  const KVLayout& layout() const noexcept override { return layout_; }
+  int32_t free_sequences() const noexcept override {
+    return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
+  }
 
   bool allocate(SeqId seq, int32_t n_new) override {
     if (n_new < 0) return false;
@@ -217,7 +210,7 @@ public:
     if (cow) {
       const size_t at = static_cast<size_t>(len / shape_.block_size);
       const int32_t copy = take_block();
-      std::memcpy(block(copy), block(q.blocks[at]), block_bytes());
+      record_copy({q.blocks[at], copy, len % shape_.block_size}); // the positions written so far
       release(q.blocks[at]);
       q.blocks[at] = copy;
     }
@@ -363,7 +356,7 @@ public:
     return q.length;
   }
   int64_t cached_blocks() const noexcept override { return static_cast<int64_t>(cached_.size()); }
-  size_t bytes_resident() const noexcept override { return storage_.size() * block_bytes(); }
+  size_t bytes_resident() const noexcept override { return static_cast<size_t>(made_) * block_bytes(); }
 
   int64_t n_units() const noexcept override { return n_blocks_; }
   int64_t units_in_use() const noexcept override { return in_use_; }
@@ -380,7 +373,6 @@ private:
     return 2ull * static_cast<size_t>(shape_.n_layer) * static_cast<size_t>(shape_.block_size) * rb_;
   }
   int64_t free_blocks() const noexcept { return n_blocks_ - in_use_; }
-  uint8_t* block(int32_t b) noexcept { return storage_[static_cast<size_t>(b)].get(); }
   // A free block: one returned earlier, else a new one while the pool has room, else the least
   // recently used cached block nobody references (it stops being findable).
   int32_t take_block() {
@@ -388,14 +380,8 @@ private:
     if (!free_list_.empty()) {
       b = free_list_.back();
       free_list_.pop_back();
-    } else if (static_cast<int64_t>(storage_.size()) < n_blocks_ || lru_.empty()) {
-      b = static_cast<int32_t>(storage_.size());
-      try {
-        storage_.push_back(std::make_unique_for_overwrite<uint8_t[]>(block_bytes()));
-      } catch (const std::bad_alloc&) {
-        fail(Errc::out_of_memory, "kv_cache",
-             "cannot allocate a KV block of " + std::to_string(block_bytes()) + " bytes");
-      }
+    } else if (made_ < n_blocks_ || lru_.empty()) {
+      b = static_cast<int32_t>(made_++);
       refs_.push_back(0);
       cached_of_.push_back(0);
       block_tokens_.emplace_back();
@@ -436,26 +422,17 @@ private:
       h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
     return h == 0 ? 1 : h; // 0 marks "not cached"
   }
-  uint8_t* row(int32_t layer, SeqId seq, Pos pos, int kv) noexcept {
+  std::span<const int32_t> table(SeqId seq) const noexcept override {
     auto it = seqs_.find(seq);
-    LOOM_ASSERT(it != seqs_.end(), "KV row of an unknown sequence");
-    LOOM_ASSERT(pos >= 0 && pos < it->second.length, "KV row outside the allocated positions");
-    LOOM_ASSERT(layer >= 0 && layer < shape_.n_layer, "KV layer out of range");
-    const int32_t b = it->second.blocks[static_cast<size_t>(pos / shape_.block_size)];
-    LOOM_ASSERT(b >= 0, "KV row of a released position (outside the sliding window)");
-    const size_t idx =
-        ((static_cast<size_t>(kv) * static_cast<size_t>(shape_.n_layer) + static_cast<size_t>(layer)) *
-             static_cast<size_t>(shape_.block_size) +
-         static_cast<size_t>(pos % shape_.block_size)) *
-        rb_;
-    return block(b) + idx;
+    return it == seqs_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second.blocks);
   }
 
   KVShape shape_;
+  KVLayout layout_;
   size_t rb_ = 0; // bytes of one stored row
   int32_t blocks_per_seq_ = 0;
   int64_t n_blocks_ = 0;
-  std::vector<std::unique_ptr<uint8_t[]>> storage_; // blocks made so far (reused through free_list_)
+  int64_t made_ = 0; // blocks handed out so far (ids [0, made_)), reused through free_list_
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_list_;
   // Prefix cache: content hash → block, and per block its hash (0: none), tokens and parent hash.
@@ -470,6 +447,78 @@ private:
 };
 
 } // namespace
+
+void KVCacheStore::attach(std::unique_ptr<KVBuffer> memory) {
+  LOOM_ASSERT(memory != nullptr, "attaching no KV memory");
+  if (memory_) fail(Errc::internal, "kv_cache", "the KV store has its memory already");
+  memory_ = std::move(memory);
+}
+
+void KVCacheStore::sync() {
+  if (pending_.empty()) return;
+  if (memory_) memory_->copy(layout(), pending_);
+  pending_.clear();
+}
+
+KVRows KVCacheStore::rows_for(const BatchView& b) {
+  LOOM_ASSERT(memory_ != nullptr, "a forward over a KV store without memory");
+  sync();
+  const KVLayout& l = layout();
+  const size_t n = b.tokens.size();
+  slots_.resize(n);
+  row_seq_.resize(n);
+  // The batch's sequences in order of first appearance (a batch holds a few; a linear scan).
+  std::vector<SeqId> seqs;
+  size_t stride = 1;
+  for (size_t t = 0; t < n; ++t) {
+    const SeqId s = b.seq_ids[t];
+    size_t i = 0;
+    while (i < seqs.size() && seqs[i] != s)
+      ++i;
+    if (i == seqs.size()) {
+      seqs.push_back(s);
+      stride = std::max(stride, table(s).size());
+    }
+    row_seq_[t] = static_cast<int32_t>(i);
+    const std::span<const int32_t> tb = table(s);
+    const Pos p = b.positions[t];
+    const auto at = static_cast<size_t>(p / l.block_size);
+    LOOM_ASSERT(p >= 0 && p < length(s) && at < tb.size() && tb[at] >= 0,
+                "a batch row at a position its sequence has not allocated");
+    slots_[t] = static_cast<int64_t>(tb[at]) * l.block_size + p % l.block_size;
+  }
+  tables_.assign(seqs.size() * stride, -1);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::span<const int32_t> tb = table(seqs[i]);
+    std::copy(tb.begin(), tb.end(), tables_.begin() + static_cast<std::ptrdiff_t>(i * stride));
+  }
+  return KVRows(l, memory_->data(), slots_, row_seq_, tables_, static_cast<int32_t>(stride));
+}
+
+size_t KVCacheStore::row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const {
+  const KVLayout& l = layout();
+  const std::span<const int32_t> tb = table(seq);
+  const auto at = static_cast<size_t>(pos / l.block_size);
+  LOOM_ASSERT(layer >= 0 && layer < l.n_layer && pos >= 0 && pos < length(seq) && at < tb.size() &&
+                  tb[at] >= 0,
+              "KV row outside the allocated positions");
+  return l.offset(layer, kv, tb[at], pos % l.block_size);
+}
+
+std::vector<uint8_t> KVCacheStore::read_row(int32_t layer, int kv, SeqId seq, Pos pos) {
+  if (!memory_) attach(std::make_unique<HostKVBuffer>(layout().bytes()));
+  sync();
+  std::vector<uint8_t> out(layout().row_bytes());
+  memory_->read(row_offset(layer, kv, seq, pos), out.data(), out.size());
+  return out;
+}
+
+void KVCacheStore::write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes) {
+  if (!memory_) attach(std::make_unique<HostKVBuffer>(layout().bytes()));
+  sync();
+  LOOM_ASSERT(bytes.size() == layout().row_bytes(), "a KV row of another size");
+  memory_->write(row_offset(layer, kv, seq, pos), bytes.data(), bytes.size());
+}
 
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape) {
   return std::make_unique<ContiguousKVCache>(shape);

@@ -2,14 +2,60 @@
 
 #include "loom/error.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
 namespace loom {
 
+namespace {
+int64_t new_weight_id() noexcept {
+  static std::atomic<int64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+} // namespace
+
 Model::Model(GgufFile f)
     : file_(std::move(f)), cfg_(ModelConfig::from_gguf(file_)),
-      attention_(make_attention_variant(cfg_, AttentionChoice{})) {}
+      attention_(make_attention_variant(cfg_, AttentionChoice{})) {
+  // The weights a backend loads: those of a decode graph (every graph reads the same ones), each once,
+  // with how the graph uses it; later graphs carry their ids.
+  const Graph g = build_graph(1, 1);
+  int32_t head = g.out_logits; // the matmul making the logits (before Gemma 2's final soft-cap)
+  for (const Node& n : g.nodes)
+    if (n.dst == g.out_logits && n.op == OpKind::softcap) head = n.src[0];
+  std::map<std::string, size_t> at;
+  for (const Node& n : g.nodes)
+    for (size_t i = 0; i < n.src.size(); ++i) {
+      if (n.src[i] < 0) continue;
+      const TensorDesc& t = g.tensors[static_cast<size_t>(n.src[i])];
+      if (t.kind != TensorKind::weight) continue;
+      auto it = at.find(t.name);
+      if (it == at.end()) {
+        WeightDesc w;
+        w.tensor = t;
+        w.tensor.weight = new_weight_id();
+        w.bytes = row_bytes(t.dtype, t.ne[0]) * static_cast<size_t>(t.n_rows());
+        it = at.emplace(t.name, weights_.size()).first;
+        weight_ids_.emplace(t.name, w.tensor.weight);
+        weights_.push_back(std::move(w));
+      }
+      uint32_t& uses = weights_[it->second].uses;
+      if (i == 0 && n.op == OpKind::matmul)
+        uses |= n.dst == head ? weight_use_logits : weight_use_matmul;
+      else if (i == 0 && n.op == OpKind::get_rows)
+        uses |= weight_use_rows;
+      else
+        uses |= weight_use_vector;
+    }
+}
+
+void Model::load_into(Backend& be) {
+  if (std::find(loaded_.begin(), loaded_.end(), be.instance()) != loaded_.end()) return;
+  be.load(weights_);
+  loaded_.push_back(be.instance());
+}
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   return std::unique_ptr<Model>(new Model(GgufFile::open(path)));
@@ -55,7 +101,11 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
       fail(Errc::unsupported, "model",
            std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
                " for this model");
-  be.compute(g, batch, kv, logits);
+  load_into(be);
+  if (!kv.memory()) kv.attach(be.alloc_kv(kv.layout()));
+  LOOM_ASSERT(kv.memory()->owner() == nullptr || kv.memory()->owner() == be.instance_tag(),
+              "a KV store whose memory belongs to another backend");
+  be.compute(g, batch, kv.rows_for(batch), logits);
 }
 
 Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {
@@ -207,6 +257,9 @@ Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {
     logits = g.add_node(sc);
   }
   g.out_logits = logits;
+  for (TensorDesc& t : g.tensors) // the ids the backend loaded them under (none while the list is made)
+    if (t.kind == TensorKind::weight)
+      if (auto it = weight_ids_.find(t.name); it != weight_ids_.end()) t.weight = it->second;
   return g;
 }
 

@@ -7,6 +7,7 @@
 //   matmul f32/f16/bf16 and every type through oneDNN (weights dequantized exactly): 1e-5;
 //   matmul q8_0/q4_0 on our kernels: 1e-2 (activations quantized to 8 bits per block of 32).
 #include "../../backends/cpu/cpu_backend.hpp"
+#include "kv_rows.hpp"
 #include "loom/attention/reference.hpp"
 #include "loom/backend.hpp"
 #include "loom/dtype.hpp"
@@ -107,12 +108,12 @@ struct Harness {
   std::vector<float> run(Backend& be, int32_t out, KVCacheStore* kv = nullptr) {
     g.out_logits = out;
     std::vector<float> y(static_cast<size_t>(g.tensors[static_cast<size_t>(out)].n_elements()), NAN);
-    std::unique_ptr<KVCacheStore> dummy;
-    if (!kv) {
-      dummy = make_contiguous_kv_cache({1, 1, 1, 1, 1, DType::f32});
-      kv = dummy.get();
+    if (!kv) { // no attention: no KV pool
+      be.compute(g, batch(), KVRows{}, y);
+      return y;
     }
-    be.compute(g, batch(), *kv, y);
+    if (!kv->memory()) kv->attach(be.alloc_kv(kv->layout()));
+    be.compute(g, batch(), kv->rows_for(batch()), y);
     return y;
   }
 };
@@ -403,14 +404,17 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
         const auto v = r.normal(static_cast<size_t>(T) * row, 1.0f);
         for (int32_t t = 0; t < T; ++t)
           for (KVCacheStore* kv : {kv_ref.get(), kv_cpu.get()}) {
-            std::memcpy(kv->k_row(0, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)]),
-                        k.data() + static_cast<size_t>(t) * row, row * sizeof(float));
-            std::memcpy(kv->v_row(0, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)]),
-                        v.data() + static_cast<size_t>(t) * row, row * sizeof(float));
+            loom::test::set_kv_f32(*kv, 0, 0, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)],
+                                   std::span<const float>(k.data() + static_cast<size_t>(t) * row, row));
+            loom::test::set_kv_f32(*kv, 0, 1, seq[static_cast<size_t>(t)], pos[static_cast<size_t>(t)],
+                                   std::span<const float>(v.data() + static_cast<size_t>(t) * row, row));
           }
         std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
-        attention::reference_attention(p, q.data(), T, pos.data(), seq.data(), *kv_ref, want.data());
-        cpu::flash_attention(p, q.data(), T, pos.data(), seq.data(), *kv_cpu, got.data(), isa);
+        const std::vector<TokenId> toks(static_cast<size_t>(T), 0);
+        attention::reference_attention(p, q.data(), T, pos.data(),
+                                       kv_ref->rows_for(BatchView{toks, pos, seq, {}}), want.data());
+        cpu::flash_attention(p, q.data(), T, pos.data(), kv_cpu->rows_for(BatchView{toks, pos, seq, {}}),
+                             got.data(), isa);
         expect_close(want, got, 1e-5, "batch of " + std::to_string(T));
         done += per_seq;
         if (c.window > 0) // the next query is at `done`: it reads [0, sinks) and [done − window + 1, done]
@@ -442,8 +446,10 @@ TEST(CpuBackendOps, AttentionNodeWritesTheCacheLikeTheReference) {
     expect_close(h.run(*ref, out, kv_ref.get()), h.run(*cpu, out, kv_cpu.get()), 1e-5, "attention");
     for (Pos p = 0; p < T; ++p)
       for (int32_t i = 0; i < Hkv * D; ++i) {
-        ASSERT_EQ(kv_ref->k_row(0, 0, p)[i], kv_cpu->k_row(0, 0, p)[i]);
-        ASSERT_EQ(kv_ref->v_row(0, 0, p)[i], kv_cpu->v_row(0, 0, p)[i]);
+        ASSERT_EQ(loom::test::k_f32(*kv_ref, 0, 0, p)[static_cast<size_t>(i)],
+                  loom::test::k_f32(*kv_cpu, 0, 0, p)[static_cast<size_t>(i)]);
+        ASSERT_EQ(loom::test::v_f32(*kv_ref, 0, 0, p)[static_cast<size_t>(i)],
+                  loom::test::v_f32(*kv_cpu, 0, 0, p)[static_cast<size_t>(i)]);
       }
   }
 }

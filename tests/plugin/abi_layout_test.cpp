@@ -17,11 +17,13 @@
 #include <type_traits>
 
 #define LOOM_ABI_OFFSET(type, field, bytes)                                                                  \
-  static_assert(offsetof(type, field) == (bytes), #type "::" #field " moved: ABI 1.0 layouts are frozen")
+  static_assert(offsetof(type, field) == (bytes), #type "::" #field " moved: ABI layouts are frozen")
 #define LOOM_ABI_SIZE(type, bytes)                                                                           \
-  static_assert(sizeof(type) == (bytes), "sizeof(" #type ") changed: ABI 1.0 layouts are frozen")
+  static_assert(sizeof(type) == (bytes), "sizeof(" #type ") changed: ABI layouts are frozen")
 
-static_assert(LOOM_ABI_MAJOR == 1u, "a new ABI major needs its own frozen block below");
+// ABI 2.0 kept abi.h's 1.x layouts (the plugin table, the host API, decoders, samplers, stops) and
+// replaced backend.h's (its own 2.0 block below).
+static_assert(LOOM_ABI_MAJOR == 2u, "a new ABI major needs its own frozen block below");
 
 // The C ABI's tables must stay plain C data.
 static_assert(std::is_standard_layout_v<loom_plugin> && std::is_trivially_copyable_v<loom_plugin>);
@@ -171,19 +173,32 @@ static_assert(LOOM_KIND_VERIFIER == 5);
 // (ABI 1.1 and later: a new block here, asserting only the appended fields.)
 // ================================================================================================
 
-// ---- ABI 1.0, loom/sdk/backend.h — DO NOT MODIFY; append new fields and add a new block ----
+// ---- ABI 2.0, loom/sdk/backend.h — DO NOT MODIFY; append new fields and add a new block ----
+// (2.0 replaced 1.x's backend boundary: weights loaded by the backend, the KV pool its memory with block
+// tables per batch, logits in a backend buffer; arrays of structs carry their element size.)
 LOOM_ABI_OFFSET(loom_tensor, name, 0);
 LOOM_ABI_OFFSET(loom_tensor, kind, 8);
 LOOM_ABI_OFFSET(loom_tensor, dtype, 12);
 LOOM_ABI_OFFSET(loom_tensor, ne, 16);
 LOOM_ABI_OFFSET(loom_tensor, data, 48);
-LOOM_ABI_SIZE(loom_tensor, 56);
+LOOM_ABI_OFFSET(loom_tensor, weight, 56);
+LOOM_ABI_SIZE(loom_tensor, 64);
+LOOM_ABI_OFFSET(loom_weight, id, 0);
+LOOM_ABI_OFFSET(loom_weight, name, 8);
+LOOM_ABI_OFFSET(loom_weight, dtype, 16);
+LOOM_ABI_OFFSET(loom_weight, ne, 24);
+LOOM_ABI_OFFSET(loom_weight, data, 56);
+LOOM_ABI_OFFSET(loom_weight, bytes, 64);
+LOOM_ABI_OFFSET(loom_weight, uses, 72);
+LOOM_ABI_SIZE(loom_weight, 80);
 LOOM_ABI_OFFSET(loom_rope_params, n_dims, 0);
 LOOM_ABI_OFFSET(loom_rope_params, beta_slow, 32);
 LOOM_ABI_SIZE(loom_rope_params, 36);
 LOOM_ABI_OFFSET(loom_attention_params, layer, 0);
 LOOM_ABI_OFFSET(loom_attention_params, softcap, 24);
-LOOM_ABI_SIZE(loom_attention_params, 28);
+LOOM_ABI_OFFSET(loom_attention_params, sinks, 28);
+LOOM_ABI_OFFSET(loom_attention_params, kernel, 32);
+LOOM_ABI_SIZE(loom_attention_params, 36);
 LOOM_ABI_OFFSET(loom_node, op, 0);
 LOOM_ABI_OFFSET(loom_node, src, 4);
 LOOM_ABI_OFFSET(loom_node, dst, 16);
@@ -191,25 +206,32 @@ LOOM_ABI_OFFSET(loom_node, eps, 20);
 LOOM_ABI_OFFSET(loom_node, scale, 24);
 LOOM_ABI_OFFSET(loom_node, rope, 28);
 LOOM_ABI_OFFSET(loom_node, attn, 64);
-LOOM_ABI_SIZE(loom_node, 92);
+LOOM_ABI_SIZE(loom_node, 100);
 LOOM_ABI_OFFSET(loom_graph, struct_size, 0);
 LOOM_ABI_OFFSET(loom_graph, n_tensors, 8);
 LOOM_ABI_OFFSET(loom_graph, tensors, 16);
-LOOM_ABI_OFFSET(loom_graph, n_nodes, 24);
-LOOM_ABI_OFFSET(loom_graph, nodes, 32);
-LOOM_ABI_OFFSET(loom_graph, n_tokens, 40);
-LOOM_ABI_OFFSET(loom_graph, n_outputs, 44);
-LOOM_ABI_OFFSET(loom_graph, in_tokens, 48);
-LOOM_ABI_OFFSET(loom_graph, in_positions, 52);
-LOOM_ABI_OFFSET(loom_graph, in_out_ids, 56);
-LOOM_ABI_OFFSET(loom_graph, out_logits, 60);
-LOOM_ABI_OFFSET(loom_graph, id, 64);              // ABI 1.2 (appended)
-LOOM_ABI_OFFSET(loom_graph, attn_ext, 72);        // 1.5
-LOOM_ABI_OFFSET(loom_graph, attn_ext_stride, 80); // 1.5
+LOOM_ABI_OFFSET(loom_graph, tensor_size, 24);
+LOOM_ABI_OFFSET(loom_graph, n_nodes, 32);
+LOOM_ABI_OFFSET(loom_graph, nodes, 40);
+LOOM_ABI_OFFSET(loom_graph, node_size, 48);
+LOOM_ABI_OFFSET(loom_graph, n_tokens, 56);
+LOOM_ABI_OFFSET(loom_graph, n_outputs, 60);
+LOOM_ABI_OFFSET(loom_graph, in_tokens, 64);
+LOOM_ABI_OFFSET(loom_graph, in_positions, 68);
+LOOM_ABI_OFFSET(loom_graph, in_out_ids, 72);
+LOOM_ABI_OFFSET(loom_graph, out_logits, 76);
+LOOM_ABI_OFFSET(loom_graph, id, 80);
 LOOM_ABI_SIZE(loom_graph, 88);
-LOOM_ABI_OFFSET(loom_attention_ext, sinks, 0); // 1.5
-LOOM_ABI_OFFSET(loom_attention_ext, kernel, 4);
-LOOM_ABI_SIZE(loom_attention_ext, 8);
+LOOM_ABI_OFFSET(loom_kv_layout, struct_size, 0);
+LOOM_ABI_OFFSET(loom_kv_layout, dtype, 4);
+LOOM_ABI_OFFSET(loom_kv_layout, n_layer, 8);
+LOOM_ABI_OFFSET(loom_kv_layout, block_size, 20);
+LOOM_ABI_OFFSET(loom_kv_layout, n_blocks, 24);
+LOOM_ABI_SIZE(loom_kv_layout, 32);
+LOOM_ABI_OFFSET(loom_block_copy, src, 0);
+LOOM_ABI_OFFSET(loom_block_copy, dst, 8);
+LOOM_ABI_OFFSET(loom_block_copy, n_positions, 16);
+LOOM_ABI_SIZE(loom_block_copy, 24);
 LOOM_ABI_OFFSET(loom_batch, struct_size, 0);
 LOOM_ABI_OFFSET(loom_batch, n_tokens, 8);
 LOOM_ABI_OFFSET(loom_batch, tokens, 16);
@@ -217,15 +239,14 @@ LOOM_ABI_OFFSET(loom_batch, positions, 24);
 LOOM_ABI_OFFSET(loom_batch, seq_ids, 32);
 LOOM_ABI_OFFSET(loom_batch, n_outputs, 40);
 LOOM_ABI_OFFSET(loom_batch, output_rows, 48);
-LOOM_ABI_SIZE(loom_batch, 56);
-LOOM_ABI_OFFSET(loom_kv_view, struct_size, 0);
-LOOM_ABI_OFFSET(loom_kv_view, ctx, 8);
-LOOM_ABI_OFFSET(loom_kv_view, k_row, 16);
-LOOM_ABI_OFFSET(loom_kv_view, v_row, 24);
-LOOM_ABI_OFFSET(loom_kv_view, dtype, 32); // 1.4
-LOOM_ABI_OFFSET(loom_kv_view, k_data, 40);
-LOOM_ABI_OFFSET(loom_kv_view, v_data, 48);
-LOOM_ABI_SIZE(loom_kv_view, 56);
+LOOM_ABI_OFFSET(loom_batch, kv_layout, 56);
+LOOM_ABI_OFFSET(loom_batch, kv, 64);
+LOOM_ABI_OFFSET(loom_batch, slots, 72);
+LOOM_ABI_OFFSET(loom_batch, row_seq, 80);
+LOOM_ABI_OFFSET(loom_batch, n_seqs, 88);
+LOOM_ABI_OFFSET(loom_batch, tables, 96);
+LOOM_ABI_OFFSET(loom_batch, table_stride, 104);
+LOOM_ABI_SIZE(loom_batch, 112);
 LOOM_ABI_OFFSET(loom_backend_i, struct_size, 0);
 LOOM_ABI_OFFSET(loom_backend_i, name, 8);
 LOOM_ABI_OFFSET(loom_backend_i, supports, 16);
@@ -234,19 +255,21 @@ LOOM_ABI_OFFSET(loom_backend_i, buffer_alloc, 32);
 LOOM_ABI_OFFSET(loom_backend_i, buffer_free, 40);
 LOOM_ABI_OFFSET(loom_backend_i, buffer_upload, 48);
 LOOM_ABI_OFFSET(loom_backend_i, buffer_download, 56);
-LOOM_ABI_OFFSET(loom_backend_i, memory_info, 64);
-LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 72);
-LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 88);
-LOOM_ABI_OFFSET(loom_backend_i, destroy, 80);
-LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 96);   // 1.4
-LOOM_ABI_OFFSET(loom_backend_i, supports_attention, 104); // 1.5
-LOOM_ABI_OFFSET(loom_backend_i, describe, 112);           // 1.5
-LOOM_ABI_SIZE(loom_backend_i, 120);
+LOOM_ABI_OFFSET(loom_backend_i, kv_copy, 64);
+LOOM_ABI_OFFSET(loom_backend_i, load_weights, 72);
+LOOM_ABI_OFFSET(loom_backend_i, memory_info, 80);
+LOOM_ABI_OFFSET(loom_backend_i, workspace_bytes, 88);
+LOOM_ABI_OFFSET(loom_backend_i, activation_bytes, 96);
+LOOM_ABI_OFFSET(loom_backend_i, destroy, 104);
+LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 112);
+LOOM_ABI_OFFSET(loom_backend_i, supports_attention, 120);
+LOOM_ABI_OFFSET(loom_backend_i, describe, 128);
+LOOM_ABI_SIZE(loom_backend_i, 136);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.
 TEST(AbiLayout, Frozen) {
-  EXPECT_EQ(LOOM_ABI_MAJOR, 1u);
+  EXPECT_EQ(LOOM_ABI_MAJOR, 2u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
   EXPECT_EQ(sizeof(loom_host_api),

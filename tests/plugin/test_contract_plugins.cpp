@@ -72,46 +72,49 @@ TEST(ContractPlugins, ABenchWhoseRequestFailsExitsOne) {
   EXPECT_EQ(r.out.find("tok/s"), std::string::npos) << "no numbers for a failed benchmark: " << r.out;
 }
 
-TEST(ContractPlugins, AnAbi10PluginStillLoadsAndRuns) {
+TEST(ContractPlugins, AnAbi1PluginIsRefusedInOneLine) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   const auto list = loom::test::run_loom("plugins --plugin-path " LOOM_FIXTURE_DIR " --json", false, 60);
   ASSERT_EQ(list.code, 0) << list.err;
   bool found = false;
   for (const auto& p : nlohmann::json::parse(list.out))
-    if (p.value("name", "") == "fixture_abi10") {
+    if (p.value("path", "").find("libloom-fixture-abi10") != std::string::npos) {
       found = true;
-      EXPECT_EQ(p.value("abi", ""), "1.0") << p;
-      EXPECT_FALSE(p.contains("error") && !p["error"].is_null() && p["error"] != "") << p;
+      const std::string err = p.value("error", "");
+      EXPECT_NE(err.find("ABI 2.0"), std::string::npos) << p;
+      EXPECT_NE(err.find("rebuild"), std::string::npos) << p;
     }
   EXPECT_TRUE(found) << list.out;
-  // Its decoder (greedy over the logits) gives the built-in greedy tokens.
-  const std::string base = "-m " + model.string() + " -p 'Once upon a time' -n 16 --ignore-eos --json";
-  const auto greedy = loom_run(base + " --temp 0");
-  const auto old = loom_run(base + " --decoder fixture_abi10_greedy");
-  ASSERT_EQ(old.code, 0) << old.err;
-  EXPECT_EQ(nlohmann::json::parse(greedy.out)["tokens"], nlohmann::json::parse(old.out)["tokens"]);
-  // Its backend has 1.0's table (no activation_bytes, never read): it runs.
+  const auto old = loom_run("-m " + model.string() + " -p hi -n 4 --decoder fixture_abi10_greedy");
+  EXPECT_EQ(old.code, 1) << old.err;
+  EXPECT_NE(old.err.find("fixture_abi10_greedy"), std::string::npos) << old.err;
+}
+
+TEST(ContractPlugins, AMinimalBackendGetsTheDocumentedDefaults) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  // Every optional entry NULL: it runs (weights read in place, all-zero logits: greedy picks token 0).
   const auto zeros = loom_run("-m " + model.string() + " -p hi -n 4 --temp 0 --ignore-eos --json" +
-                              " --set backend.name=fixture_abi10_zeros");
+                              " --set backend.name=fixture_minimal_zeros");
   ASSERT_EQ(zeros.code, 0) << zeros.err;
   EXPECT_EQ(nlohmann::json::parse(zeros.out)["tokens"], (std::vector<int>{0, 0, 0, 0}));
-  // It reads f32 KV rows only (no supports_kv_dtype before ABI 1.4): f16 KV is refused in one line.
-  const auto f16 = loom_run("-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_abi10_zeros" +
+  // No supports_kv_dtype: f32 KV only; f16 KV is refused in one line.
+  const auto f16 = loom_run("-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_minimal_zeros" +
                             " --set 'kv_cache.dtype=\"f16\"'");
   EXPECT_EQ(f16.code, 1) << f16.err;
-  EXPECT_NE(f16.err.find("[kv_cache] dtype = 'f16' is not supported by backend 'fixture_abi10_zeros'"),
+  EXPECT_NE(f16.err.find("[kv_cache] dtype = 'f16' is not supported by backend 'fixture_minimal_zeros'"),
             std::string::npos)
       << f16.err;
-  // Nor does it declare attention kernels (supports_attention is ABI 1.5): a sliding window runs (every
-  // backend has had window and soft-cap since 1.0), attention sinks or an explicit kernel are refused.
-  const std::string win = "-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_abi10_zeros" +
+  // No supports_attention: a sliding window runs (window and soft-cap are every backend's), attention
+  // sinks or an explicit kernel are refused.
+  const std::string win = "-m " + model.string() + " -p hi -n 4 --set backend.name=fixture_minimal_zeros" +
                           " --set 'attention.variant=\"sliding_window\"' --set attention.window=8";
   EXPECT_EQ(loom_run(win).code, 0);
   for (const std::string extra : {" --set attention.sinks=2", " --set 'attention.kernel=\"flash\"'"}) {
     const auto r = loom_run(win + extra);
     EXPECT_EQ(r.code, 1) << extra << ": " << r.err;
-    EXPECT_NE(r.err.find("is not supported by backend 'fixture_abi10_zeros'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not supported by backend 'fixture_minimal_zeros'"), std::string::npos) << r.err;
   }
 }
 

@@ -3,6 +3,7 @@
 // pipeline; a sliding window releases the KV blocks it no longer reads, so a long generation holds a
 // bounded KV cache and still gives the tokens of a store that keeps everything; backends say which
 // kernels they run and a pipeline asking for another gets one clear line.
+#include "kv_rows.hpp"
 #include "loom/attention.hpp"
 #include "loom/attention/reference.hpp"
 #include "loom/error.hpp"
@@ -97,15 +98,17 @@ TEST(Attention, ReferenceKernelEqualsTheSoftmaxUnderTheVariantsMask) {
     auto kv = make_contiguous_kv_cache(shape);
     ASSERT_TRUE(kv->allocate(0, T));
     for (int32_t t = 0; t < T; ++t) {
-      std::memcpy(kv->k_row(0, 0, t), k.data() + t * Hkv * D, sizeof(float) * Hkv * D);
-      std::memcpy(kv->v_row(0, 0, t), v.data() + t * Hkv * D, sizeof(float) * Hkv * D);
+      loom::test::set_kv_f32(*kv, 0, 0, 0, t, std::span<const float>(k.data() + t * Hkv * D, Hkv * D));
+      loom::test::set_kv_f32(*kv, 0, 1, 0, t, std::span<const float>(v.data() + t * Hkv * D, Hkv * D));
     }
     std::vector<Pos> pos(T);
     std::vector<SeqId> seq(T, 0);
+    std::vector<TokenId> toks(T, 0);
     for (int32_t t = 0; t < T; ++t)
       pos[static_cast<size_t>(t)] = t;
     std::vector<float> got(q.size());
-    attention::reference_attention(p, q.data(), T, pos.data(), seq.data(), *kv, got.data());
+    const KVRows rows = kv->rows_for(BatchView{toks, pos, seq, {}});
+    attention::reference_attention(p, q.data(), T, pos.data(), rows, got.data());
     const auto want = masked_softmax(p, q, k, v, T);
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 1e-5) << "element " << i;

@@ -3,6 +3,7 @@
 // dropped, a fork that fails recoverably and copies only used positions, a truncate that restores a
 // sequence exactly, a free that releases everything, custom stops and plugin hold-back that never
 // lose text, and failures that end a request with a reason and a message — never a hang.
+#include "kv_rows.hpp"
 #include "loom/engine.hpp"
 #include "loom/error.hpp"
 #include "loom/pipeline.hpp"
@@ -437,20 +438,27 @@ TEST(EngineContract, ForkCopiesOnlyTheUsedPositions) {
   s.n_seq_max = 8;
   auto kv = make_contiguous_kv_cache(s);
   ASSERT_TRUE(kv->allocate(0, 4));
+  std::vector<float> row(256, 0.0f);
   for (int l = 0; l < s.n_layer; ++l)
     for (Pos p = 0; p < 4; ++p) {
-      kv->k_row(l, 0, p)[0] = static_cast<float>(l * 10 + p);
-      kv->v_row(l, 0, p)[255] = -static_cast<float>(l * 10 + p);
+      row[0] = static_cast<float>(l * 10 + p);
+      row[255] = 0.0f;
+      loom::test::set_kv_f32(*kv, l, 0, 0, p, row);
+      row[0] = 0.0f;
+      row[255] = -static_cast<float>(l * 10 + p);
+      loom::test::set_kv_f32(*kv, l, 1, 0, p, row);
     }
   const long before = resident_kib();
   for (SeqId c = 1; c <= 4; ++c)
     ASSERT_TRUE(kv->fork(0, c));
+  EXPECT_EQ(kv->pending_copies(), 4u) << "a fork's copy is recorded, run before the next forward";
+  kv->sync();
   const long grown = resident_kib() - before;
   EXPECT_LT(grown, 16 * 1024) << "4 forks of a 4-position sequence made " << grown << " KiB resident";
   for (SeqId c = 1; c <= 4; ++c) {
     EXPECT_EQ(kv->length(c), 4);
-    EXPECT_EQ(kv->k_row(7, c, 3)[0], 73.0f);
-    EXPECT_EQ(kv->v_row(2, c, 1)[255], -21.0f);
+    EXPECT_EQ(loom::test::k_f32(*kv, 7, c, 3)[0], 73.0f);
+    EXPECT_EQ(loom::test::v_f32(*kv, 2, c, 1)[255], -21.0f);
   }
   EXPECT_EQ(kv->free_sequences(), 3);
   ASSERT_TRUE(kv->allocate(0, 1)); // the parent grows independently of its forks
@@ -555,7 +563,7 @@ struct FailAfter final : Backend {
   explicit FailAfter(int n) : left(n) {}
   std::string_view name() const noexcept override { return "fail_after"; }
   bool supports(const Graph& g, const Node& n) const noexcept override { return inner->supports(g, n); }
-  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     if (left-- <= 0) fail(Errc::internal, "fail_after", "device lost");
     inner->compute(g, b, kv, logits);
   }
@@ -579,7 +587,7 @@ struct FailOnce final : Backend { // the n-th forward fails, the others run
   explicit FailOnce(int k) : n(k) {}
   std::string_view name() const noexcept override { return "fail_once"; }
   bool supports(const Graph& g, const Node& nd) const noexcept override { return inner->supports(g, nd); }
-  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     if (n-- == 0) fail(Errc::internal, "fail_once", "device lost");
     inner->compute(g, b, kv, logits);
   }
@@ -779,7 +787,7 @@ public:
   explicit CountingBackend(int* calls) : inner_(make_reference_backend()), calls_(calls) {}
   std::string_view name() const noexcept override { return "counting"; }
   bool supports(const Graph& g, const Node& n) const noexcept override { return inner_->supports(g, n); }
-  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     ++*calls_;
     inner_->compute(g, b, kv, logits);
   }

@@ -3,6 +3,7 @@
 // the contiguous store's under any sequence of operations; and whole pipelines (greedy, beam search,
 // speculative decoding, self-consistency) give the same tokens on either store, the paged one
 // holding the prompt's KV once for all forks.
+#include "kv_rows.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
 #include "test_util.hpp"
@@ -31,14 +32,20 @@ KVShape small_shape(int32_t block = 16, int64_t blocks = 0) {
 
 void write(KVCacheStore& kv, SeqId seq, Pos from, Pos to, float base) {
   const auto n = static_cast<size_t>(kv.shape().row_elems());
+  std::vector<float> k(n), v(n);
   for (int32_t l = 0; l < kv.shape().n_layer; ++l)
-    for (Pos p = from; p < to; ++p)
+    for (Pos p = from; p < to; ++p) {
       for (size_t i = 0; i < n; ++i) {
-        kv.k_row(l, seq, p)[i] = base + static_cast<float>(p * 100 + l * 10) + static_cast<float>(i) * 0.01f;
-        kv.v_row(l, seq, p)[i] =
-            -(base + static_cast<float>(p * 100 + l * 10) + static_cast<float>(i) * 0.01f);
+        k[i] = base + static_cast<float>(p * 100 + l * 10) + static_cast<float>(i) * 0.01f;
+        v[i] = -(base + static_cast<float>(p * 100 + l * 10) + static_cast<float>(i) * 0.01f);
       }
+      loom::test::set_kv_f32(kv, l, 0, seq, p, k);
+      loom::test::set_kv_f32(kv, l, 1, seq, p, v);
+    }
 }
+using loom::test::k_f32;
+using loom::test::same_row;
+using loom::test::v_f32;
 
 TEST(PagedKv, ReleasedBlocksGoBackToThePoolAndAreNeverReadAgain) {
   auto kv = make_paged_kv_cache(small_shape(4, 12));
@@ -54,7 +61,7 @@ TEST(PagedKv, ReleasedBlocksGoBackToThePoolAndAreNeverReadAgain) {
   EXPECT_TRUE(kv->holds(0, 0, 4));
   EXPECT_TRUE(kv->holds(0, 20, 30));
   EXPECT_FALSE(kv->holds(0, 19, 30));
-  EXPECT_EQ(kv->k_row(1, 0, 21)[0], 1.0f + 2100 + 10) << "kept rows are untouched";
+  EXPECT_EQ(k_f32(*kv, 1, 0, 21)[0], 1.0f + 2100 + 10) << "kept rows are untouched";
   EXPECT_EQ(kv->bytes_used(), (30u - 16u) * 2 * 2 * 8 * sizeof(float));
   EXPECT_EQ(kv->release_positions(0, 2, 21), 0) << "released once";
   // The freed blocks serve another sequence; growing this one reuses none of its released slots.
@@ -89,14 +96,14 @@ TEST(PagedKv, ForkSharesBlocksAndCopiesOnlyTheBlockItWritesInto) {
   EXPECT_EQ(kv->bytes_allocated(), 3 * block);
   ASSERT_TRUE(kv->fork(0, 1));
   EXPECT_EQ(kv->bytes_allocated(), 3 * block) << "a fork copies nothing";
-  EXPECT_EQ(kv->k_row(1, 1, 39), kv->k_row(1, 0, 39)) << "the child reads the parent's rows";
+  EXPECT_TRUE(same_row(*kv, 1, 1, 0, 39)) << "the child reads the parent's rows";
   ASSERT_TRUE(kv->allocate(1, 1)); // position 40 is in the shared third block: copy-on-write
   EXPECT_EQ(kv->bytes_allocated(), 4 * block);
-  EXPECT_NE(kv->k_row(1, 1, 39), kv->k_row(1, 0, 39));
-  EXPECT_EQ(kv->k_row(0, 1, 5), kv->k_row(0, 0, 5)) << "full blocks stay shared";
+  EXPECT_FALSE(same_row(*kv, 1, 1, 0, 39));
+  EXPECT_TRUE(same_row(*kv, 0, 1, 0, 5)) << "full blocks stay shared";
   write(*kv, 1, 40, 41, 9.0f);
   for (Pos p = 0; p < 40; ++p) // the child's copy holds the parent's rows; the parent is untouched
-    EXPECT_EQ(kv->k_row(1, 1, p)[3], kv->k_row(1, 0, p)[3]) << p;
+    EXPECT_EQ(k_f32(*kv, 1, 1, p)[3], k_f32(*kv, 1, 0, p)[3]) << p;
   EXPECT_EQ(kv->length(0), 40);
   EXPECT_FALSE(kv->allocate(1, 30)) << "41 + 30 positions exceed n_ctx = 64";
   EXPECT_EQ(kv->length(1), 41);
@@ -176,9 +183,11 @@ TEST(PagedKv, RowsEqualTheContiguousStoreUnderRandomOperations) {
         for (int32_t l = 0; l < s.n_layer; ++l)
           for (Pos p = 0; p < flat->length(seq); ++p)
             for (int64_t i = 0; i < s.row_elems(); ++i) {
-              ASSERT_EQ(flat->k_row(l, seq, p)[i], paged->k_row(l, seq, p)[i])
+              ASSERT_EQ(k_f32(*flat, l, seq, p)[static_cast<size_t>(i)],
+                        k_f32(*paged, l, seq, p)[static_cast<size_t>(i)])
                   << "seq " << seq << " pos " << p;
-              ASSERT_EQ(flat->v_row(l, seq, p)[i], paged->v_row(l, seq, p)[i]);
+              ASSERT_EQ(v_f32(*flat, l, seq, p)[static_cast<size_t>(i)],
+                        v_f32(*paged, l, seq, p)[static_cast<size_t>(i)]);
             }
       }
     }
@@ -201,7 +210,7 @@ TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
   EXPECT_EQ(kv->length(1), 8);
   EXPECT_EQ(kv->units_in_use(), 3) << "two blocks shared, one of seq 0's own";
   for (Pos p = 0; p < 8; ++p)
-    EXPECT_EQ(kv->k_row(1, 1, p), kv->k_row(1, 0, p)) << "the same storage at " << p;
+    EXPECT_TRUE(same_row(*kv, 1, 1, 0, p)) << "the same storage at " << p;
   // A different second block: only the first is found; a limit below one block finds nothing.
   std::vector<TokenId> other = toks;
   other[5] = 6;
@@ -251,14 +260,16 @@ TEST(PagedKvPrefix, ACachedBlockIsNeverWrittenInPlace) {
   ASSERT_TRUE(kv->allocate(0, 8));
   write(*kv, 0, 0, 8, 1.0f);
   kv->register_prefix(0, toks);
-  const float before = kv->k_row(0, 0, 5)[0];
+  const float before = k_f32(*kv, 0, 0, 5)[0];
   kv->truncate(0, 6); // into the second (cached) block; seq 0 alone holds it
   ASSERT_TRUE(kv->allocate(0, 1));
-  kv->k_row(0, 0, 6)[0] = -123.0f; // writes a private copy
+  std::vector<float> r = k_f32(*kv, 0, 0, 6);
+  r[0] = -123.0f;
+  loom::test::set_kv_f32(*kv, 0, 0, 0, 6, r); // writes a private copy
   ASSERT_TRUE(kv->allocate(1, 0));
   ASSERT_EQ(kv->reuse_prefix(1, toks, 8), 8);
-  EXPECT_EQ(kv->k_row(0, 1, 5)[0], before);
-  EXPECT_NE(kv->k_row(0, 1, 6)[0], -123.0f) << "the cached block kept its content";
+  EXPECT_EQ(k_f32(*kv, 0, 1, 5)[0], before);
+  EXPECT_NE(k_f32(*kv, 0, 1, 6)[0], -123.0f) << "the cached block kept its content";
 }
 
 // ---- whole pipelines -------------------------------------------------------------------------------

@@ -31,13 +31,38 @@ struct KVShape {
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
-// The rows themselves (k_data / v_data: n_head_kv · head_dim values of shape.dtype for (layer, seq,
-// pos), pos < length(seq); k_row / v_row the same as f32, only for an f32 store) are the KVRows
-// interface of the SDK, which backends see.
-class KVCacheStore : public KVRows {
+// The store keeps the accounting — which blocks each sequence holds, reference counts, the prefix
+// cache, copy-on-write, sliding-window release; the memory is a pool the backend allocated
+// (Backend::alloc_kv, attached once), and the store hands each forward the slots of its rows and the
+// block tables of its sequences (KVRows, loom/sdk/executor.hpp). Copies it needs (copy-on-write, a
+// contiguous fork) are recorded and run on the backend's memory, in order, before the next forward
+// (sync()).
+class KVCacheStore {
 public:
+  virtual ~KVCacheStore() = default;
   virtual std::string_view name() const noexcept = 0;
   virtual const KVShape& shape() const noexcept = 0;
+  // The pool's layout: paged, shape.block_size positions per block and the pool's blocks; contiguous,
+  // one block of n_ctx positions per sequence that can live at once.
+  virtual const KVLayout& layout() const noexcept = 0;
+
+  // The pool's memory. A store without memory keeps its accounting; model forwards attach the
+  // backend's (Model::forward). Attaching twice is an error.
+  void attach(std::unique_ptr<KVBuffer> memory);
+  KVBuffer* memory() noexcept { return memory_.get(); }
+  // Runs the recorded block copies on the memory (a no-op without memory: nothing was written yet).
+  void sync();
+  // The pool as the forward of `batch` sees it (its positions allocated): runs pending copies first.
+  // The view points into this store and is valid until the next call.
+  KVRows rows_for(const BatchView& batch);
+  // Byte offset in the pool of the K (kv 0) or V (kv 1) row of (layer, seq, pos): which block holds it.
+  size_t row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const;
+  // A row's bytes to and from host memory (tests, tools): pending copies run first; a store without
+  // memory gets host memory (HostKVBuffer).
+  std::vector<uint8_t> read_row(int32_t layer, int kv, SeqId seq, Pos pos);
+  void write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes);
+  // Block copies recorded and not yet run (tests).
+  size_t pending_copies() const noexcept { return pending_.size(); }
 
   // Reserves positions [length, length + n_new) of `seq` (creating the sequence if new). Returns
   // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
@@ -100,6 +125,18 @@ public:
   // Memory the store holds now: paged, every block made so far (free and cached ones are kept for
   // reuse); contiguous, the live slabs.
   virtual size_t bytes_resident() const noexcept { return bytes_allocated(); }
+
+protected:
+  // The block ids of seq, in position order (-1: released); empty for an unknown sequence.
+  virtual std::span<const int32_t> table(SeqId seq) const noexcept = 0;
+  void record_copy(KVBlockCopy c) { pending_.push_back(c); }
+
+private:
+  std::unique_ptr<KVBuffer> memory_;
+  std::vector<KVBlockCopy> pending_;
+  std::vector<int64_t> slots_;   // rows_for's view: per batch row
+  std::vector<int32_t> row_seq_; // per batch row, its sequence's index
+  std::vector<int32_t> tables_;  // per sequence of the batch, table_stride block ids
 };
 
 // Contiguous store (rows of shape.dtype). Slabs are reserved when a sequence is first created; their pages

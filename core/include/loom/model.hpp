@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -29,7 +30,13 @@ public:
   const Graph& graph(int32_t n_tokens, int32_t n_outputs);
   // Runs one batch: logits are [n_outputs][n_vocab], for batch.output_rows in order. The batch's
   // positions must already be allocated in `kv` for their sequences.
+  // A store without memory gets the backend's (Backend::alloc_kv); the backend gets the weights first if
+  // it has not got them (load_into).
   void forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits);
+  // Hands the weights to the backend (Backend::load), once per backend: it repacks or uploads them there,
+  // not inside a forward.
+  void load_into(Backend& be);
+  const std::vector<WeightDesc>& weights() const noexcept { return weights_; }
 
   KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept;
   // What each layer's attention computes (default: standard causal, soft-capped as the file says).
@@ -47,6 +54,9 @@ private:
   ModelConfig cfg_;
   std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
   std::shared_ptr<const AttentionVariant> attention_;
+  std::vector<WeightDesc> weights_;           // what a backend loads
+  std::map<std::string, int64_t> weight_ids_; // by tensor name
+  std::vector<uint64_t> loaded_;              // Backend::instance() of those that have them
 };
 
 } // namespace loom

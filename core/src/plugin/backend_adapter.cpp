@@ -16,27 +16,13 @@ static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
                   static_cast<int32_t>(OpKind::softcap) == LOOM_OP_SOFTCAP,
               "OpKind values are part of the backend ABI");
 
-// What a node asks beyond ABI 1.5: the geglu and softcap ops, a bias add (src1 broadcast along rows),
-// RoPE frequency divisors (src2). A plugin built before 1.6 would read past a bias or ignore the
-// divisors, so it is not asked to run such a node.
-bool needs_abi_1_6(const Graph& g, const Node& n) {
-  if (n.op == OpKind::geglu || n.op == OpKind::softcap) return true;
-  if (n.op == OpKind::rope) return n.src[2] >= 0;
-  if (n.op == OpKind::add)
-    return g.tensors[static_cast<size_t>(n.src[1])].n_elements() !=
-           g.tensors[static_cast<size_t>(n.dst)].n_elements();
-  return false;
-}
-
 struct CGraph {
   std::vector<loom_tensor> tensors;
   std::vector<loom_node> nodes;
-  std::vector<loom_attention_ext> ext; // ABI 1.5: one per node
   loom_graph g{};
   void point() noexcept { // the graph's arrays are its own vectors (again after a move)
     g.tensors = tensors.data();
     g.nodes = nodes.data();
-    g.attn_ext = ext.data();
   }
 };
 
@@ -53,6 +39,7 @@ CGraph to_c(const Graph& g) {
     for (int i = 0; i < 4; ++i)
       ct.ne[i] = t.ne[static_cast<size_t>(i)];
     ct.data = t.data;
+    ct.weight = t.weight;
     c.tensors.push_back(ct);
   }
   for (const auto& n : g.nodes) {
@@ -65,16 +52,18 @@ CGraph to_c(const Graph& g) {
     cn.scale = n.scale;
     cn.rope = {n.rope.n_dims,      n.rope.theta,    n.rope.neox ? 1 : 0, n.rope.freq_scale, n.rope.ext_factor,
                n.rope.attn_factor, n.rope.orig_ctx, n.rope.beta_fast,    n.rope.beta_slow};
-    cn.attn = {n.attn.layer, n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim,
-               n.attn.scale, n.attn.window, n.attn.softcap};
+    cn.attn = {n.attn.layer,    n.attn.n_head, n.attn.n_head_kv,
+               n.attn.head_dim, n.attn.scale,  n.attn.window,
+               n.attn.softcap,  n.attn.sinks,  static_cast<int32_t>(n.attn.kernel)};
     c.nodes.push_back(cn);
-    c.ext.push_back({n.attn.sinks, static_cast<int32_t>(n.attn.kernel)});
   }
   c.g.struct_size = sizeof(loom_graph);
   c.g.n_tensors = c.tensors.size();
   c.g.tensors = c.tensors.data();
+  c.g.tensor_size = sizeof(loom_tensor);
   c.g.n_nodes = c.nodes.size();
   c.g.nodes = c.nodes.data();
+  c.g.node_size = sizeof(loom_node);
   c.g.n_tokens = g.n_tokens;
   c.g.n_outputs = g.n_outputs;
   c.g.in_tokens = g.in_tokens;
@@ -82,33 +71,63 @@ CGraph to_c(const Graph& g) {
   c.g.in_out_ids = g.in_out_ids;
   c.g.out_logits = g.out_logits;
   c.g.id = g.id;
-  c.g.attn_ext_stride = sizeof(loom_attention_ext);
   return c;
 }
 
-float* kv_k_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVRows*>(ctx)->k_row(layer, seq, pos);
+loom_kv_layout to_c(const KVLayout& l) noexcept {
+  return {sizeof(loom_kv_layout),
+          static_cast<loom_dtype>(l.dtype),
+          l.n_layer,
+          l.n_head_kv,
+          l.head_dim,
+          l.block_size,
+          l.n_blocks};
 }
-float* kv_v_row(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVRows*>(ctx)->v_row(layer, seq, pos);
-}
-void* kv_k_data(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVRows*>(ctx)->k_data(layer, seq, pos);
-}
-void* kv_v_data(void* ctx, int32_t layer, int32_t seq, int32_t pos) {
-  return static_cast<KVRows*>(ctx)->v_data(layer, seq, pos);
-}
+
+// A buffer of a plugin backend's memory (a KV pool): freed through the plugin, copies and reads are its
+// calls.
+class PluginKVBuffer final : public KVBuffer {
+public:
+  PluginKVBuffer(std::shared_ptr<PluginLibrary> lib, void* self, const loom_backend_i* vt, void* data,
+                 const void* owner, std::string what)
+      : lib_(std::move(lib)), self_(self), vt_(vt), data_(data), owner_(owner), what_(std::move(what)) {}
+  ~PluginKVBuffer() override { vt_->buffer_free(self_, data_); }
+  void* data() noexcept override { return data_; }
+  const void* owner() const noexcept override { return owner_; }
+  void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
+    std::vector<loom_block_copy> c(copies.size());
+    for (size_t i = 0; i < copies.size(); ++i)
+      c[i] = {copies[i].src, copies[i].dst, copies[i].n_positions, 0};
+    const loom_kv_layout cl = to_c(l);
+    throw_if(vt_->kv_copy(self_, data_, &cl, c.data(), c.size()), what_ + ": kv_copy");
+  }
+  void read(size_t offset, void* dst, size_t n) const override {
+    throw_if(vt_->buffer_download(self_, data_, offset, dst, n), what_ + ": buffer_download");
+  }
+  void write(size_t offset, const void* src, size_t n) override {
+    if (!vt_->buffer_upload) fail(Errc::unsupported, "plugin", what_ + " has no buffer_upload");
+    throw_if(vt_->buffer_upload(self_, data_, offset, src, n), what_ + ": buffer_upload");
+  }
+
+private:
+  std::shared_ptr<PluginLibrary> lib_;
+  void* self_;
+  const loom_backend_i* vt_;
+  void* data_;
+  const void* owner_;
+  std::string what_;
+};
 
 class PluginBackend final : public Backend {
 public:
   PluginBackend(std::shared_ptr<PluginLibrary> lib, void* self, const loom_backend_i* vt, std::string name)
       : lib_(std::move(lib)), self_(self), vt_(vt), name_(std::move(name)) {}
   ~PluginBackend() override {
+    if (logits_buf_) vt_->buffer_free(self_, logits_buf_);
     if (vt_->destroy) vt_->destroy(self_);
   }
   std::string_view name() const noexcept override { return name_; }
   bool supports(const Graph& g, const Node& n) const noexcept override {
-    if (lib_ && lib_->plugin().abi_minor < 6 && needs_abi_1_6(g, n)) return false;
     if (!vt_->supports) return true;
     try {
       const CGraph& c = const_cast<PluginBackend*>(this)->converted(g);
@@ -118,43 +137,71 @@ public:
       return false;
     }
   }
-  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     const CGraph& c = converted(g);
-    loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),     b.positions.data(),
-                  b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data()};
-    const bool f32 = kv.kv_dtype() == DType::f32;
-    loom_kv_view view{sizeof(loom_kv_view),
-                      &kv,
-                      f32 ? &kv_k_row : nullptr,
-                      f32 ? &kv_v_row : nullptr,
-                      static_cast<int32_t>(kv.kv_dtype()),
-                      &kv_k_data,
-                      &kv_v_data};
-    throw_if(vt_->graph_compute(self_, &c.g, &cb, &view, logits.data(), logits.size()),
+    const loom_kv_layout layout = to_c(kv.layout());
+    loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),      b.positions.data(),
+                  b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data(), &layout,
+                  kv.pool(),          kv.slots().data(),    kv.row_seqs().data(), kv.n_seqs(),
+                  kv.tables().data(), kv.table_stride()};
+    const size_t bytes = logits.size() * sizeof(float);
+    if (bytes > logits_cap_) { // the logits buffer grows to the largest batch's
+      if (logits_buf_) vt_->buffer_free(self_, logits_buf_);
+      logits_buf_ = nullptr;
+      logits_cap_ = 0;
+      throw_if(vt_->buffer_alloc(self_, bytes, LOOM_BUFFER_LOGITS, &logits_buf_),
+               "backend '" + name_ + "' (" + lib_->path() + "): buffer_alloc for the logits");
+      logits_cap_ = bytes;
+    }
+    throw_if(vt_->graph_compute(self_, &c.g, &cb, logits_buf_, logits.size()),
              "backend '" + name_ + "' (" + lib_->path() + ")");
+    if (bytes > 0)
+      throw_if(vt_->buffer_download(self_, logits_buf_, 0, logits.data(), bytes),
+               "backend '" + name_ + "' (" + lib_->path() + "): buffer_download of the logits");
   }
+  std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) override {
+    void* data = nullptr;
+    const std::string what = "backend '" + name_ + "' (" + lib_->path() + ")";
+    throw_if(vt_->buffer_alloc(self_, l.bytes(), LOOM_BUFFER_KV, &data),
+             what + ": buffer_alloc of a KV pool of " + std::to_string(l.bytes() >> 20) + " MiB");
+    if (!data && l.bytes() > 0)
+      fail(Errc::out_of_memory, "plugin", what + ": buffer_alloc returned no KV pool");
+    return std::make_unique<PluginKVBuffer>(lib_, self_, vt_, data, instance_tag(), what);
+  }
+  void load(std::span<const WeightDesc> weights) override {
+    if (!vt_->load_weights) return;
+    std::vector<loom_weight> c(weights.size());
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const TensorDesc& t = weights[i].tensor;
+      c[i] = {t.weight,
+              t.name.c_str(),
+              static_cast<loom_dtype>(t.dtype),
+              {t.ne[0], t.ne[1], t.ne[2], t.ne[3]},
+              t.data,
+              weights[i].bytes,
+              weights[i].uses};
+    }
+    throw_if(vt_->load_weights(self_, c.data(), c.size(), sizeof(loom_weight)),
+             "backend '" + name_ + "' (" + lib_->path() + "): load_weights");
+  }
+  // (Every 2.0 table has these entries: create refused a shorter one.)
   size_t workspace_bytes() const noexcept override {
-    const bool has = vt_->struct_size >= offsetof(loom_backend_i, workspace_bytes) + sizeof(void*);
-    return has && vt_->workspace_bytes ? vt_->workspace_bytes(self_) : 0;
+    return vt_->workspace_bytes ? vt_->workspace_bytes(self_) : 0;
   }
   bool supports_kv_dtype(DType t) const noexcept override {
     if (t == DType::f32) return true;
-    const bool has = vt_->struct_size >= offsetof(loom_backend_i, supports_kv_dtype) + sizeof(void*);
-    return has && vt_->supports_kv_dtype && vt_->supports_kv_dtype(self_, static_cast<int32_t>(t)) != 0;
+    return vt_->supports_kv_dtype && vt_->supports_kv_dtype(self_, static_cast<int32_t>(t)) != 0;
   }
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
-    const bool has = vt_->struct_size >= offsetof(loom_backend_i, supports_attention) + sizeof(void*);
-    if (!has || !vt_->supports_attention) return Backend::supports_attention(k, features); // before ABI 1.5
+    if (!vt_->supports_attention) return Backend::supports_attention(k, features);
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
   std::string_view describe() const noexcept override {
-    const bool has = vt_->struct_size >= offsetof(loom_backend_i, describe) + sizeof(void*);
-    const char* d = has && vt_->describe ? vt_->describe(self_) : nullptr;
+    const char* d = vt_->describe ? vt_->describe(self_) : nullptr;
     return d ? std::string_view(d) : std::string_view();
   }
   size_t activation_bytes() const noexcept override {
-    const bool has = vt_->struct_size >= offsetof(loom_backend_i, activation_bytes) + sizeof(void*);
-    return has && vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
+    return vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
   }
 
 private:
@@ -179,6 +226,8 @@ private:
   std::string name_;
   std::unordered_map<uint64_t, CGraph> cache_;
   CGraph scratch_;
+  void* logits_buf_ = nullptr; // LOOM_BUFFER_LOGITS, logits_cap_ bytes
+  size_t logits_cap_ = 0;
 };
 
 } // namespace
@@ -194,10 +243,17 @@ std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, con
   const std::string ctx = "creating backend '" + name + "' from " + f.lib->path();
   throw_if(f.factory->create(&cfg, &self, &vt), ctx);
   const auto* bvt = static_cast<const loom_backend_i*>(vt);
-  if (!self || !bvt || bvt->struct_size < offsetof(loom_backend_i, destroy) + sizeof(void*) ||
-      !bvt->graph_compute || !bvt->destroy)
+  if (!self || !bvt || bvt->struct_size < sizeof(loom_backend_i) || !bvt->graph_compute || !bvt->destroy ||
+      !bvt->buffer_alloc || !bvt->buffer_free || !bvt->buffer_download || !bvt->kv_copy) {
+    if (self && bvt && bvt->struct_size >= offsetof(loom_backend_i, destroy) + sizeof(void*) &&
+        bvt->destroy && bvt->struct_size >= sizeof(loom_backend_i))
+      bvt->destroy(self);
     fail(Errc::invalid_argument, "plugin",
-         ctx + ": create returned no object or an incomplete loom_backend_i");
+         ctx +
+             ": create returned no object or an incomplete ABI 2.0 loom_backend_i (graph_compute, "
+             "buffer_alloc, "
+             "buffer_free, buffer_download, kv_copy and destroy are required); rebuild it against this SDK");
+  }
   auto be = std::make_unique<PluginBackend>(f.lib, self, bvt, name);
   check_all_read(cfg, "backend '" + name + "'");
   return be;

@@ -191,8 +191,11 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   const auto init = dl.get<const loom_plugin*(const loom_host_api*, uint32_t, uint32_t)>("loom_plugin_init");
   const loom_plugin* p = init(host_api(), LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
   if (!p)
-    bad(Errc::abi_mismatch, "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
-                                std::to_string(LOOM_ABI_MINOR) + "); rebuild the plugin against this SDK");
+    bad(Errc::abi_mismatch,
+        "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
+            std::to_string(LOOM_ABI_MINOR) +
+            "): built for another ABI major (1.x plugins do not load since 2.0 changed the "
+            "backend boundary); rebuild the plugin against this SDK");
   if (p->struct_size == 0)
     bad(Errc::abi_mismatch, "its loom_plugin table has struct_size 0: the table was not initialised (a "
                             "hand-written table must set struct_size = sizeof(loom_plugin); "

@@ -1,9 +1,11 @@
 // naive_backend — a minimal out-of-tree Loom backend, built against the installed SDK alone.
 //
-// Single-threaded f32: every weight is converted to f32 once (loom/sdk/dtype.hpp's dequantize_row)
-// and kept, every op of the graph is a plain loop. The SDK provides the rest: the graph as C++
-// (loom/sdk/graph.hpp), RoPE tables (loom/sdk/rope.hpp), the executor interface and the table that
-// puts it behind the backend ABI (loom/sdk/executor.hpp, loom/sdk/executor_plugin.hpp).
+// Single-threaded f32: every weight is converted to f32 once, when the host loads the model
+// (Backend::load; loom/sdk/dtype.hpp's dequantize_row), every op of the graph is a plain loop, the KV
+// pool is host memory (the default Backend::alloc_kv) read through the block tables of each batch. The SDK
+// provides the rest: the graph as C++ (loom/sdk/graph.hpp), RoPE tables (loom/sdk/rope.hpp), the executor
+// interface and the table that puts it behind the backend ABI (loom/sdk/executor.hpp,
+// loom/sdk/executor_plugin.hpp).
 //
 //   [backend]
 //   name = "naive"
@@ -40,7 +42,13 @@ public:
     return loom::weights_dequantizable(g, n);
   }
 
-  void compute(const Graph& g, const BatchView& b, KVRows& kv, std::span<float> logits) override {
+  // The model's weights, once: each converted to f32 and kept under its id (what graph tensors carry).
+  void load(std::span<const loom::WeightDesc> weights) override {
+    for (const loom::WeightDesc& w : weights)
+      (void)convert(w.tensor);
+  }
+
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     loom::check_batch(g, b);
     g_ = &g;
     b_ = &b;
@@ -64,11 +72,14 @@ public:
 private:
   const TensorDesc& desc(int32_t id) const { return g_->tensors[static_cast<size_t>(id)]; }
 
-  // A tensor as f32: an activation, or a weight converted once (weights stay valid while the model lives).
+  // A tensor as f32: an activation, or a weight as converted at load.
   const float* in(int32_t id) {
     const TensorDesc& t = desc(id);
     if (t.kind != TensorKind::weight) return values_[static_cast<size_t>(id)].data();
-    std::vector<float>& w = weights_[{t.data, static_cast<uint32_t>(t.dtype)}];
+    return convert(t);
+  }
+  const float* convert(const TensorDesc& t) {
+    std::vector<float>& w = weights_[t.weight];
     if (w.empty()) {
       w.resize(static_cast<size_t>(t.n_elements()));
       const size_t rb = loom::row_bytes(t.dtype, t.ne[0]);
@@ -87,7 +98,7 @@ private:
     throw loom::sdk::Error("naive: an integer tensor that is not a graph input");
   }
 
-  void step(const Node& n, KVRows& kv) {
+  void step(const Node& n, const KVRows& kv) {
     const TensorDesc& d = desc(n.dst);
     float* y = values_[static_cast<size_t>(n.dst)].data();
     const int64_t cols = d.ne[0], rows = d.n_rows(), total = d.n_elements();
@@ -220,10 +231,10 @@ private:
       y[i] /= sum;
   }
 
-  // Writes the batch's K/V rows at (seq, pos), then for each token and head attends causally over
-  // positions [pos − window + 1, pos] of its sequence (window 0: from 0); head h reads KV head
-  // h / (n_head / n_head_kv).
-  void attend(const Node& n, KVRows& kv, float* y) {
+  // Writes the batch's K/V rows at their slots, then for each token and head attends causally over
+  // positions [pos − window + 1, pos] of its sequence (window 0: from 0), read through its block table;
+  // head h reads KV head h / (n_head / n_head_kv). f32 KV only (supports_kv_dtype's default).
+  void attend(const Node& n, const KVRows& kv, float* y) {
     const loom::AttentionParams& p = n.attn;
     if (p.n_head <= 0 || p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0)
       throw loom::sdk::Error("naive: bad attention head grouping");
@@ -234,14 +245,14 @@ private:
     const int64_t T = desc(n.src[0]).ne[2];
     const int32_t group = p.n_head / p.n_head_kv;
     for (int64_t t = 0; t < T; ++t) {
-      const loom::SeqId s = b_->seq_ids[static_cast<size_t>(t)];
-      const loom::Pos at = b_->positions[static_cast<size_t>(t)];
-      std::memcpy(kv.k_row(p.layer, s, at), k + t * row, static_cast<size_t>(row) * sizeof(float));
-      std::memcpy(kv.v_row(p.layer, s, at), v + t * row, static_cast<size_t>(row) * sizeof(float));
+      std::memcpy(kv.k_new(p.layer, static_cast<size_t>(t)), k + t * row,
+                  static_cast<size_t>(row) * sizeof(float));
+      std::memcpy(kv.v_new(p.layer, static_cast<size_t>(t)), v + t * row,
+                  static_cast<size_t>(row) * sizeof(float));
     }
     std::vector<float> score, weight;
     for (int64_t t = 0; t < T; ++t) {
-      const loom::SeqId s = b_->seq_ids[static_cast<size_t>(t)];
+      const int32_t s = kv.seq_of(static_cast<size_t>(t));
       const loom::Pos last = b_->positions[static_cast<size_t>(t)];
       const loom::Pos first = p.window > 0 ? std::max<loom::Pos>(0, last - p.window + 1) : 0;
       const auto n_keys = static_cast<int64_t>(last - first + 1);
@@ -251,7 +262,8 @@ private:
         const int64_t kv_off = (h / group) * D;
         const float* qh = q + (t * p.n_head + h) * D;
         for (int64_t j = 0; j < n_keys; ++j) {
-          const float* kr = kv.k_row(p.layer, s, first + static_cast<loom::Pos>(j)) + kv_off;
+          const float* kr =
+              reinterpret_cast<const float*>(kv.k_at(p.layer, s, first + static_cast<loom::Pos>(j))) + kv_off;
           float dot = 0.0f;
           for (int64_t i = 0; i < D; ++i)
             dot += qh[i] * kr[i];
@@ -262,7 +274,8 @@ private:
         float* out = y + (t * p.n_head + h) * D;
         std::fill(out, out + D, 0.0f);
         for (int64_t j = 0; j < n_keys; ++j) {
-          const float* vr = kv.v_row(p.layer, s, first + static_cast<loom::Pos>(j)) + kv_off;
+          const float* vr =
+              reinterpret_cast<const float*>(kv.v_at(p.layer, s, first + static_cast<loom::Pos>(j))) + kv_off;
           for (int64_t i = 0; i < D; ++i)
             out[i] += weight[static_cast<size_t>(j)] * vr[i];
         }
@@ -272,8 +285,8 @@ private:
 
   const Graph* g_ = nullptr;
   const BatchView* b_ = nullptr;
-  std::vector<std::vector<float>> values_;                                 // activations, per tensor id
-  std::map<std::pair<const void*, uint32_t>, std::vector<float>> weights_; // weights as f32
+  std::vector<std::vector<float>> values_;        // activations, per tensor id
+  std::map<int64_t, std::vector<float>> weights_; // weights as f32, by id
   size_t bytes_ = 0;
 };
 

@@ -27,8 +27,8 @@
 extern "C" {
 #endif
 
-#define LOOM_ABI_MAJOR 1u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 6u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MAJOR 2u /* bump only for a breaking change; host and plugin must match exactly */
+#define LOOM_ABI_MINOR 0u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)

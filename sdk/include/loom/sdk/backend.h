@@ -1,16 +1,26 @@
 /* loom/sdk/backend.h — the backend part of the plugin ABI (C99): the model graph a backend runs.
  *
  * The host's model builds a node list once per batch shape; a backend executes it on its device.
- * Tensors are described, not allocated: weights point at their bytes as stored in the model file
- * (GGML block layouts), inputs (i32) are filled from the batch, activations are f32 and belong to
- * the backend. Shapes use GGML's order: ne[0] is the fastest-varying dimension (a row).
+ * ABI 2.0 gives the boundary the shape of a device:
+ * - Weights are loaded once (load_weights: id, name, type, shape, bytes, how the graphs use them); the
+ *   backend uploads, repacks or keeps them until destroy. Graph tensors name a weight by that id (and
+ *   still point at the host's bytes, for a host-memory backend that reads in place).
+ * - The KV pool is the backend's memory (buffer_alloc with LOOM_BUFFER_KV, loom_kv_layout's bytes); the
+ *   host keeps the accounting and hands each forward the slot of every new row and the block table of
+ *   every sequence (loom_batch). Copy-on-write and fork copies are kv_copy calls, in order, before the
+ *   forward that needs them.
+ * - Logits are written to a backend buffer (LOOM_BUFFER_LOGITS) and downloaded by the host.
+ * Tensors are described, not allocated: inputs (i32) are filled from the batch, activations are f32 and
+ * belong to the backend. Shapes use GGML's order: ne[0] is the fastest-varying dimension (a row).
+ * Arrays of structs (tensors, nodes, weights) come with their element size, so that each struct can grow
+ * at its end: a reader uses the fields inside min(element size, sizeof(its own view)).
  * Op semantics (src → dst):
  *   GET_ROWS   dst[:, r] = src0[:, src1[r]] (dequantizing)  src0 [n, rows] any, src1 [k] i32 → [n, k]
  *   RMS_NORM   dst = src0 / sqrt(mean(src0²) + eps) * src1   src0 [n, T], src1 [n] → [n, T]
  *   MATMUL     dst[t][j] = Σ_k src0[j][k] · src1[t][k]       src0 [K, N] weights, src1 [K, T] → [N, T]
  *   ROPE       rotary embedding of src0 at positions src1    src0 [D, H, T], src1 [T] i32 → [D, H, T]
- *   ATTENTION  writes k (src1), v (src2) rows into the KV cache at (seq, pos) of each batch row, then
- *              causal attention of q (src0) over the sequence's cached positions
+ *   ATTENTION  writes k (src1), v (src2) rows into the KV pool at each batch row's slot, then causal
+ *              attention of q (src0) over its sequence's positions (through the sequence's block table)
  *                                                           q [D, Hq, T], k, v [D, Hkv, T] → [D·Hq, T]
  *   SWIGLU     dst = silu(src0) ⊙ src1;  ADD dst = src0 + src1;  MUL (src1 broadcast along rows)
  *   SCALE      dst = src0 · scale;  SOFTMAX row-wise;  COPY dst = src0 as f32
@@ -66,8 +76,26 @@ typedef struct loom_tensor {
   int32_t kind; /* loom_tensor_kind */
   loom_dtype dtype;
   int64_t ne[4];
-  const void* data; /* weights: bytes as stored; else NULL */
+  const void* data; /* weights: the host's bytes as stored (valid until destroy); else NULL */
+  int64_t weight;   /* weights: the id load_weights gave it; else -1 */
 } loom_tensor;
+
+/* How the graphs use a weight (bits of loom_weight::uses). */
+#define LOOM_WEIGHT_USE_MATMUL 1u /* src0 of a matmul other than the logits' */
+#define LOOM_WEIGHT_USE_LOGITS 2u /* src0 of the matmul that makes the logits */
+#define LOOM_WEIGHT_USE_ROWS 4u   /* src0 of get_rows (an embedding table) */
+#define LOOM_WEIGHT_USE_VECTOR 8u /* an element-wise operand: norm weights, biases, RoPE divisors */
+
+/* One weight handed to load_weights. */
+typedef struct loom_weight {
+  int64_t id; /* what graph tensors carry in loom_tensor::weight */
+  const char* name;
+  loom_dtype dtype;
+  int64_t ne[4];
+  const void* data; /* host memory, valid until destroy */
+  uint64_t bytes;
+  uint32_t uses; /* LOOM_WEIGHT_USE_* */
+} loom_weight;
 
 typedef struct loom_rope_params {
   int32_t n_dims;   /* rotated dims per head */
@@ -86,9 +114,14 @@ typedef struct loom_attention_params {
   float scale;    /* usually 1/sqrt(head_dim) */
   int32_t window; /* sliding window in tokens (0 = full causal) */
   float softcap;  /* tanh soft-capping of scores (0 = off) */
+  /* Positions [0, sinks) are attended besides the window (attention sinks; only with a window): a query
+   * at pos reads [0, min(sinks, first)) and [first, pos], first = max(0, pos − window + 1); rows outside
+   * that are never read (the host may have released them). */
+  int32_t sinks;
+  int32_t kernel; /* LOOM_ATTN_KERNEL_* the pipeline asked for */
 } loom_attention_params;
 
-/* ABI 1.5: attention kernel strategies and the features an attention node may need. */
+/* Attention kernel strategies and the features an attention node may need. */
 #define LOOM_ATTN_KERNEL_AUTO 0  /* the backend's choice */
 #define LOOM_ATTN_KERNEL_NAIVE 1 /* materialized scores per query row (the reference kernel) */
 #define LOOM_ATTN_KERNEL_FLASH 2 /* tiled keys, online softmax, no scores matrix */
@@ -96,16 +129,6 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
 #define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
-
-/* ABI 1.5: what an ATTENTION node asks beyond loom_attention_params (which sits inside the node array
- * and so cannot grow). loom_graph::attn_ext holds one per node (zero for other ops), attn_ext_stride
- * bytes apart. Positions [0, sinks) are attended besides the window (attention sinks; only with a
- * window); a query at pos then reads [0, min(sinks, first)) and [first, pos], first = max(0, pos −
- * window + 1); rows outside that are never read (the host may have released them). */
-typedef struct loom_attention_ext {
-  int32_t sinks;
-  int32_t kernel; /* LOOM_ATTN_KERNEL_* the pipeline asked for */
-} loom_attention_ext;
 
 typedef struct loom_node {
   int32_t op; /* loom_op */
@@ -120,24 +143,42 @@ typedef struct loom_node {
 typedef struct loom_graph {
   uint32_t struct_size;
   size_t n_tensors;
-  const loom_tensor* tensors;
+  const loom_tensor* tensors; /* n_tensors entries tensor_size bytes apart */
+  size_t tensor_size;
   size_t n_nodes;
-  const loom_node* nodes;
+  const loom_node* nodes; /* n_nodes entries node_size bytes apart */
+  size_t node_size;
   int32_t n_tokens, n_outputs;
   int32_t in_tokens, in_positions, in_out_ids; /* input tensors (i32) */
   int32_t out_logits;                          /* [n_vocab, n_outputs] */
-  /* ABI 1.2: unique over the host process's life, never reused — a backend may cache what it
-   * derives from a graph under this id (never under the graph's address, which is reused for other
-   * shapes). 0 (or a struct_size without it): no identity, derive again on every call. */
+  /* Unique over the host process's life, never reused — a backend may cache what it derives from a
+   * graph under this id (never under the graph's address, which is reused for other shapes). */
   uint64_t id;
-  /* ABI 1.5: n_nodes entries attn_ext_stride bytes apart (NULL, or a struct_size without it: sinks 0,
-   * kernel AUTO). The host sends sinks or an explicit kernel only to a backend whose
-   * supports_attention says yes. */
-  const loom_attention_ext* attn_ext;
-  size_t attn_ext_stride;
 } loom_graph;
 
-/* The tokens one forward pass evaluates; rows of different sequences may be mixed. */
+/* The KV pool: K and V of every layer in blocks of block_size positions, one buffer of
+ *   [n_layer][2: K, V][n_blocks][block_size][n_head_kv · head_dim values of dtype]
+ * (dtype f32, f16, bf16 or q8_0 with its blocks of 32 along the row). The row at offset o of block b,
+ * layer l, K (kv 0) or V (kv 1) starts at byte (((l·2 + kv)·n_blocks + b)·block_size + o)·row_bytes. */
+typedef struct loom_kv_layout {
+  uint32_t struct_size;
+  loom_dtype dtype;
+  int32_t n_layer, n_head_kv, head_dim;
+  int32_t block_size;
+  int64_t n_blocks;
+} loom_kv_layout;
+
+/* Positions [0, n_positions) of block src copied to block dst, K and V of every layer. */
+typedef struct loom_block_copy {
+  int64_t src, dst;
+  int32_t n_positions;
+  int32_t reserved; /* 0 */
+} loom_block_copy;
+
+/* The tokens one forward pass evaluates (rows of different sequences may be mixed) and where their
+ * K/V live: row t writes its K/V at slots[t] (block · block_size + offset) and attends positions of its
+ * sequence through tables[row_seq[t] · table_stride + pos / block_size] (−1: a released block, outside
+ * every query's span, never read). The host allocated every position a row writes or reads. */
 typedef struct loom_batch {
   uint32_t struct_size;
   size_t n_tokens;
@@ -146,22 +187,14 @@ typedef struct loom_batch {
   const int32_t* seq_ids;
   size_t n_outputs;
   const int32_t* output_rows; /* ascending indices into tokens */
+  const loom_kv_layout* kv_layout;
+  void* kv; /* the pool: a LOOM_BUFFER_KV buffer of this backend */
+  const int64_t* slots;
+  const int32_t* row_seq;
+  size_t n_seqs;
+  const int32_t* tables; /* n_seqs × table_stride block ids */
+  int32_t table_stride;
 } loom_batch;
-
-/* The host's KV cache: rows of n_head_kv · head_dim values per (layer, sequence, position).
- * Positions of the batch are already allocated; rows are valid for the duration of graph_compute.
- * k_row / v_row give f32 rows and are NULL unless dtype is LOOM_DTYPE_F32. ABI 1.4: dtype and
- * k_data / v_data, the row in its stored type (f32, f16, bf16, or q8_0 blocks of 32 along the row);
- * the host uses a type other than f32 only with a backend whose supports_kv_dtype says yes. */
-typedef struct loom_kv_view {
-  uint32_t struct_size;
-  void* ctx;
-  float* (*k_row)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
-  float* (*v_row)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
-  int32_t dtype; /* ABI 1.4: LOOM_DTYPE_* of the stored rows */
-  void* (*k_data)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
-  void* (*v_data)(void* ctx, int32_t layer, int32_t seq, int32_t pos);
-} loom_kv_view;
 
 typedef struct loom_memory_info {
   uint64_t free_bytes;
@@ -170,8 +203,9 @@ typedef struct loom_memory_info {
 
 typedef enum loom_buffer_usage {
   LOOM_BUFFER_WEIGHTS = 0,
-  LOOM_BUFFER_KV = 1,
-  LOOM_BUFFER_SCRATCH = 2
+  LOOM_BUFFER_KV = 1, /* a KV pool (loom_kv_layout); its pages may be committed lazily */
+  LOOM_BUFFER_SCRATCH = 2,
+  LOOM_BUFFER_LOGITS = 3 /* where graph_compute writes the logits */
 } loom_buffer_usage;
 
 struct loom_backend_i {
@@ -179,26 +213,31 @@ struct loom_backend_i {
   const char* (*name)(const void* self); /* static storage */
   /* 1 if the backend can run this node (op + dtypes of its tensors). */
   int32_t (*supports)(const void* self, const loom_graph* g, const loom_node* n);
-  /* Runs g for one batch; writes logits of batch->output_rows, row-major [n_outputs][n_vocab]. */
-  loom_status* (*graph_compute)(void* self, const loom_graph* g, const loom_batch* b, const loom_kv_view* kv,
-                                float* logits, size_t n_logits);
-  /* Device buffers (optional for host-memory backends: NULL means the host allocates). */
+  /* Runs g for one batch; writes the logits of batch->output_rows, row-major [n_outputs][n_vocab] f32, at
+   * the start of `logits` (a LOOM_BUFFER_LOGITS buffer of at least n_logits floats). */
+  loom_status* (*graph_compute)(void* self, const loom_graph* g, const loom_batch* b, void* logits,
+                                size_t n_logits);
+  /* Buffers of the backend's memory (required): the KV pool, the logits, anything else. */
   loom_status* (*buffer_alloc)(void* self, size_t bytes, int32_t usage, void** out);
   void (*buffer_free)(void* self, void* buffer);
   loom_status* (*buffer_upload)(void* self, void* buffer, size_t offset, const void* src, size_t bytes);
   loom_status* (*buffer_download)(void* self, const void* buffer, size_t offset, void* dst, size_t bytes);
+  /* Runs block copies on a KV pool, in order (required). */
+  loom_status* (*kv_copy)(void* self, void* kv, const loom_kv_layout* layout, const loom_block_copy* copies,
+                          size_t n_copies);
+  /* Optional: the weights of a model, once, before its first graph_compute (n entries weight_size bytes
+   * apart). NULL: the backend reads loom_tensor::data in place. */
+  loom_status* (*load_weights)(void* self, const loom_weight* weights, size_t n, size_t weight_size);
   void (*memory_info)(const void* self, loom_memory_info* out); /* optional */
   size_t (*workspace_bytes)(const void* self);                  /* optional: bytes of the last compute */
-  void (*destroy)(void* self);                                  /* required */
-  /* ABI 1.1, optional: of workspace_bytes, the bytes holding activations (the rest is scratch). */
-  size_t (*activation_bytes)(const void* self);
-  /* ABI 1.4, optional: 1 if graph_compute reads and writes KV rows stored in this LOOM_DTYPE_*
-   * through k_data / v_data. NULL: f32 only. */
+  size_t (*activation_bytes)(const void* self); /* optional: of workspace_bytes, those holding activations */
+  void (*destroy)(void* self);                  /* required */
+  /* Optional: 1 if graph_compute reads and writes KV rows stored in this LOOM_DTYPE_*. NULL: f32 only. */
   int32_t (*supports_kv_dtype)(const void* self, int32_t dtype);
-  /* ABI 1.5, optional: 1 if attention nodes with kernel strategy `kernel` (LOOM_ATTN_KERNEL_*) and
-   * these LOOM_ATTN_FEATURE_* bits run as asked. NULL: kernel AUTO with window and softcap only. */
+  /* Optional: 1 if attention nodes with kernel strategy `kernel` (LOOM_ATTN_KERNEL_*) and these
+   * LOOM_ATTN_FEATURE_* bits run as asked. NULL: kernel AUTO with window and softcap only. */
   int32_t (*supports_attention)(const void* self, int32_t kernel, uint32_t features);
-  /* ABI 1.5, optional: one line on what runs (e.g. "avx512_bf16, 2 threads"), valid until destroy. */
+  /* Optional: one line on what runs (e.g. "avx512_bf16, 2 threads"), valid until destroy. */
   const char* (*describe)(const void* self);
 };
 

@@ -4,44 +4,212 @@
 // executor code runs built in or behind the ABI.
 #pragma once
 
+#include "loom/sdk/dtype.hpp"
+#include "loom/sdk/error.hpp"
 #include "loom/sdk/graph.hpp"
 #include "loom/sdk/types.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <sys/mman.h>
 
 namespace loom {
 
-// The K/V rows of the cache: n_head_kv · head_dim f32 values for (layer, seq, pos). Positions a
-// batch writes are allocated by the host before compute(). In a plugin the rows come through the
-// ABI's loom_kv_view; the host's KVCacheStore is one.
-// The rows of a KV cache. k_row / v_row: f32 rows, nullptr when the store holds another type;
-// k_data / v_data: the row in its stored type kv_dtype() (f32, f16, bf16, q8_0) — read and write
-// them with kv_load / kv_store (dtype.hpp), or type-specific kernels.
+// The KV pool: K and V of every layer in blocks of block_size positions, in one buffer the backend
+// allocated (Backend::alloc_kv). Byte layout, the same on every backend (the C ABI's loom_kv_layout):
+//   [n_layer][2: K, V][n_blocks][block_size][n_head_kv · head_dim values of dtype]
+// (dtype f32, f16, bf16, or q8_0 with its blocks of 32 along the row). The host's KVCacheStore keeps the
+// accounting (which blocks each sequence holds); a contiguous store is the same shape with one block of
+// n_ctx positions per sequence.
+struct KVLayout {
+  DType dtype = DType::f32;
+  int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+  int32_t block_size = 0;
+  int64_t n_blocks = 0;
+  int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
+  size_t row_bytes() const noexcept { return loom::row_bytes(dtype, row_elems()); }
+  size_t bytes() const noexcept {
+    return 2 * static_cast<size_t>(n_layer) * static_cast<size_t>(n_blocks) *
+           static_cast<size_t>(block_size) * row_bytes();
+  }
+  // Bytes of one layer's K (or V) in one block.
+  size_t block_bytes() const noexcept { return static_cast<size_t>(block_size) * row_bytes(); }
+  // Byte offset of the row at `off` in `block` of layer `layer`'s K (kv 0) or V (kv 1).
+  size_t offset(int32_t layer, int kv, int64_t block, int32_t off) const noexcept {
+    return ((static_cast<size_t>(layer) * 2 + static_cast<size_t>(kv)) * static_cast<size_t>(n_blocks) +
+            static_cast<size_t>(block)) *
+               block_bytes() +
+           static_cast<size_t>(off) * row_bytes();
+  }
+};
+
+// Positions [0, n_positions) of block src copied to block dst, K and V of every layer (copy-on-write of
+// a shared block, a fork's copy). A step's copies run in order, before its forward.
+struct KVBlockCopy {
+  int64_t src = 0, dst = 0;
+  int32_t n_positions = 0;
+};
+
+// The memory of one KV pool (KVLayout::bytes()), made by Backend::alloc_kv and freed with this object.
+class KVBuffer {
+public:
+  virtual ~KVBuffer() = default;
+  // The pool as compute() sees it (an address of the backend's memory; host memory for a CPU backend).
+  virtual void* data() noexcept = 0;
+  // The backend whose memory this is (nullptr: host memory, which every host-memory backend reads).
+  virtual const void* owner() const noexcept { return nullptr; }
+  virtual void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) = 0;
+  // Bytes [offset, offset + n) of the pool into host memory, and back (tests, tools).
+  virtual void read(size_t offset, void* dst, size_t n) const = 0;
+  virtual void write(size_t offset, const void* src, size_t n) = 0;
+};
+
+// Host memory for a KV pool: an anonymous mapping reserved without commitment, so that only the pages a
+// forward writes (or a copy reaches) become resident — a pool sized for 64 full sequences costs what the
+// live positions use.
+class HostKVBuffer final : public KVBuffer {
+public:
+  explicit HostKVBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    void* p =
+        mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error(Errc::out_of_memory, "kv_cache",
+                  "cannot reserve " + std::to_string(bytes_ >> 20) +
+                      " MiB of address space for the KV pool; lower [kv_cache] max_tokens or [model] n_ctx");
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~HostKVBuffer() override {
+    if (data_) munmap(data_, bytes_);
+  }
+  HostKVBuffer(const HostKVBuffer&) = delete;
+  HostKVBuffer& operator=(const HostKVBuffer&) = delete;
+  void* data() noexcept override { return data_; }
+  void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
+    copy_blocks(data_, l, copies);
+  }
+  void read(size_t offset, void* dst, size_t n) const override {
+    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "KV read outside the pool");
+    std::memcpy(dst, data_ + offset, n);
+  }
+  void write(size_t offset, const void* src, size_t n) override {
+    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "KV write outside the pool");
+    std::memcpy(data_ + offset, src, n);
+  }
+  // The copies on a pool in host memory (what a host-memory backend's kv_copy does).
+  static void copy_blocks(uint8_t* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) noexcept {
+    for (const KVBlockCopy& c : copies)
+      for (int32_t layer = 0; layer < l.n_layer; ++layer)
+        for (int kv = 0; kv < 2; ++kv)
+          std::memmove(pool + l.offset(layer, kv, c.dst, 0), pool + l.offset(layer, kv, c.src, 0),
+                       static_cast<size_t>(c.n_positions) * l.row_bytes());
+  }
+
+private:
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+// The KV pool as one forward sees it (vLLM's shape): batch row t writes its new K / V at slot(t) = block ·
+// block_size + offset, and reads the positions of its sequence through that sequence's block table —
+// tables[seq_of(t) · table_stride + pos / block_size] (−1: a block the host released, never read: it lies
+// outside every query's key_span). Rows are raw bytes of layout().dtype: read and write them with kv_load /
+// kv_store (dtype.hpp), or type-specific kernels.
 class KVRows {
 public:
-  virtual ~KVRows() = default;
-  virtual float* k_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
-  virtual float* v_row(int32_t layer, SeqId seq, Pos pos) noexcept = 0;
-  virtual DType kv_dtype() const noexcept { return DType::f32; }
-  virtual void* k_data(int32_t layer, SeqId seq, Pos pos) noexcept { return k_row(layer, seq, pos); }
-  virtual void* v_data(int32_t layer, SeqId seq, Pos pos) noexcept { return v_row(layer, seq, pos); }
+  KVRows() = default;
+  KVRows(const KVLayout& l, void* pool, std::span<const int64_t> slots, std::span<const int32_t> row_seq,
+         std::span<const int32_t> tables, int32_t table_stride) noexcept
+      : l_(l), pool_(static_cast<uint8_t*>(pool)), slots_(slots), row_seq_(row_seq), tables_(tables),
+        stride_(table_stride) {}
+  const KVLayout& layout() const noexcept { return l_; }
+  DType kv_dtype() const noexcept { return l_.dtype; }
+  uint8_t* pool() const noexcept { return pool_; }
+  // The index of batch row t's sequence among the batch's block tables.
+  int32_t seq_of(size_t t) const noexcept { return row_seq_[t]; }
+  // Where batch row t's new K (kv 0) / V (kv 1) of `layer` go.
+  uint8_t* slot_row(int32_t layer, int kv, size_t t) const noexcept {
+    const int64_t s = slots_[t];
+    return pool_ + l_.offset(layer, kv, s / l_.block_size, static_cast<int32_t>(s % l_.block_size));
+  }
+  uint8_t* k_new(int32_t layer, size_t t) const noexcept { return slot_row(layer, 0, t); }
+  uint8_t* v_new(int32_t layer, size_t t) const noexcept { return slot_row(layer, 1, t); }
+  // K / V of position pos of the batch's sequence `seq` (seq_of(t) of a row t).
+  uint8_t* row(int32_t layer, int kv, int32_t seq, Pos pos) const noexcept {
+    const int32_t b = tables_[static_cast<size_t>(seq) * static_cast<size_t>(stride_) +
+                              static_cast<size_t>(pos / l_.block_size)];
+    LOOM_ASSERT(b >= 0, "KV row of a released position (outside the sliding window)");
+    return pool_ + l_.offset(layer, kv, b, pos % l_.block_size);
+  }
+  uint8_t* k_at(int32_t layer, int32_t seq, Pos pos) const noexcept { return row(layer, 0, seq, pos); }
+  uint8_t* v_at(int32_t layer, int32_t seq, Pos pos) const noexcept { return row(layer, 1, seq, pos); }
+  // The arrays themselves (what goes over the ABI).
+  std::span<const int64_t> slots() const noexcept { return slots_; }
+  std::span<const int32_t> row_seqs() const noexcept { return row_seq_; }
+  std::span<const int32_t> tables() const noexcept { return tables_; }
+  int32_t table_stride() const noexcept { return stride_; }
+  size_t n_seqs() const noexcept { return stride_ > 0 ? tables_.size() / static_cast<size_t>(stride_) : 0; }
+
+private:
+  KVLayout l_;
+  uint8_t* pool_ = nullptr;
+  std::span<const int64_t> slots_;
+  std::span<const int32_t> row_seq_;
+  std::span<const int32_t> tables_;
+  int32_t stride_ = 0;
+};
+
+// How the graphs use a weight (the ABI's LOOM_WEIGHT_USE_* bits): a backend that prepares weights at load
+// (repacks, uploads) knows what for.
+enum WeightUse : uint32_t {
+  weight_use_matmul = 1u, // src0 of a matmul other than the logits'
+  weight_use_logits = 2u, // src0 of the matmul that makes the logits (the output head)
+  weight_use_rows = 4u,   // src0 of get_rows (an embedding table)
+  weight_use_vector = 8u, // an element-wise operand: norm weights, biases, RoPE divisors
+};
+
+// One weight as the backend gets it at load: the graphs' TensorDesc (its `weight` the id the graphs will
+// carry), the bytes in host memory (valid until the backend is destroyed) and how it is used.
+struct WeightDesc {
+  TensorDesc tensor;
+  size_t bytes = 0;
+  uint32_t uses = 0;
 };
 
 // One device that executes model graphs.
 class Backend {
 public:
+  Backend() noexcept : instance_(next_instance()) {}
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual ~Backend() = default;
+  // Unique over the process's life (never reused as an address would be): what a model records as
+  // having loaded its weights.
+  uint64_t instance() const noexcept { return instance_; }
+  // What KVBuffer::owner() of this backend's device memory returns (this object).
+  const void* instance_tag() const noexcept { return this; }
   virtual std::string_view name() const noexcept = 0;
   // Whether the backend can run this node (op + dtypes); the model falls back otherwise.
   virtual bool supports(const Graph& g, const Node& n) const noexcept = 0;
   // Runs `g` for one batch: inputs from `batch`; each attention node first writes the batch's K/V
-  // rows into `kv` (positions must already be allocated there), then attends causally over the
-  // sequence's cached positions. Writes logits of batch.output_rows to `logits`, row-major
-  // [n_outputs][n_vocab].
-  virtual void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) = 0;
+  // rows at their slots of `kv` (the host allocated those positions), then attends causally over the
+  // sequence's positions through its block table. Writes logits of batch.output_rows to `logits`,
+  // row-major [n_outputs][n_vocab].
+  virtual void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) = 0;
+  // The weights of a model, handed over once before its first compute (the host calls it when it
+  // loads the model). The backend uploads, repacks or keeps them; it may read them in place from
+  // `WeightDesc::tensor.data` until destroyed. Default: keep (read in place).
+  virtual void load(std::span<const WeightDesc> weights) { (void)weights; }
+  // The memory of a KV pool of this layout. Default: host memory.
+  virtual std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) {
+    return std::make_unique<HostKVBuffer>(l.bytes());
+  }
   // Bytes of activations + workspace the last compute used (memory accounting).
   virtual size_t workspace_bytes() const noexcept { return 0; }
   // Of workspace_bytes(), the bytes holding activations (the rest is scratch: GEMM panels, …).
@@ -56,6 +224,13 @@ public:
   }
   // One line on what runs (instruction set, threads, device), for reports; "" = nothing to say.
   virtual std::string_view describe() const noexcept { return {}; }
+
+private:
+  static uint64_t next_instance() noexcept {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t instance_;
 };
 
 } // namespace loom

@@ -1,7 +1,8 @@
 // loom/sdk/executor_plugin.hpp — a loom::Backend executor (loom/sdk/executor.hpp) behind the backend
 // ABI (header-only): the ABI's loom_graph converted back to a loom::Graph (once per host graph
-// identity, loom_graph::id), the KV cache seen through the ABI's row view, exceptions turned into
-// statuses. A backend plugin writes its executor and a factory:
+// identity, loom_graph::id), the KV pool and block tables of each batch as loom::KVRows, buffers in host
+// memory, the weights handed to Backend::load, exceptions turned into statuses. A backend plugin writes its
+// executor and a factory:
 //
 //   constexpr char k_name[] = "mine";
 //   loom_status* create(const loom_config* cfg, void** self, const void** vtable) noexcept {
@@ -21,11 +22,14 @@
 #include "loom/sdk/graph.hpp"
 #include "loom/sdk/plugin.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace loom::sdk {
 
@@ -37,38 +41,37 @@ static_assert(static_cast<int32_t>(loom::OpKind::get_rows) == LOOM_OP_GET_ROWS &
 static_assert(static_cast<uint32_t>(loom::DType::q4_k) == LOOM_DTYPE_Q4_K &&
               static_cast<uint32_t>(loom::DType::bf16) == LOOM_DTYPE_BF16);
 
-// The host's KV cache seen through the ABI's row view.
-class KVView final : public loom::KVRows {
-public:
-  explicit KVView(const loom_kv_view& v)
-      : v_(v),
-        typed_(v.struct_size >= offsetof(loom_kv_view, v_data) + sizeof(void*) && v.k_data && v.v_data) {}
-  float* k_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.k_row ? v_.k_row(v_.ctx, layer, seq, pos) : nullptr;
-  }
-  float* v_row(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return v_.v_row ? v_.v_row(v_.ctx, layer, seq, pos) : nullptr;
-  }
-  loom::DType kv_dtype() const noexcept override {
-    return typed_ ? static_cast<loom::DType>(v_.dtype) : loom::DType::f32;
-  }
-  void* k_data(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return typed_ ? v_.k_data(v_.ctx, layer, seq, pos) : k_row(layer, seq, pos);
-  }
-  void* v_data(int32_t layer, loom::SeqId seq, loom::Pos pos) noexcept override {
-    return typed_ ? v_.v_data(v_.ctx, layer, seq, pos) : v_row(layer, seq, pos);
-  }
+// Element i of an array of C structs `size` bytes apart, as this SDK's view of the struct: the fields a
+// shorter (older) struct lacks read as zero.
+template <class T> T element(const void* base, size_t i, size_t size) noexcept {
+  T out{};
+  std::memcpy(&out, static_cast<const char*>(base) + i * size, std::min(size, sizeof(T)));
+  return out;
+}
 
-private:
-  loom_kv_view v_;
-  bool typed_;
-};
+// The ABI's KV pool and batch tables as the executor's loom::KVRows.
+inline loom::KVRows kv_rows(const loom_batch& b) {
+  if (b.struct_size < offsetof(loom_batch, table_stride) + sizeof(b.table_stride) || !b.kv_layout || !b.kv)
+    throw loom::Error(loom::Errc::invalid_argument, "backend",
+                      "a batch without its KV pool (ABI before 2.0)");
+  const loom_kv_layout& c = *b.kv_layout;
+  loom::KVLayout l;
+  l.dtype = static_cast<loom::DType>(c.dtype);
+  l.n_layer = c.n_layer;
+  l.n_head_kv = c.n_head_kv;
+  l.head_dim = c.head_dim;
+  l.block_size = c.block_size;
+  l.n_blocks = c.n_blocks;
+  const size_t n_tables = b.n_seqs * static_cast<size_t>(std::max(b.table_stride, 0));
+  return loom::KVRows(l, b.kv, {b.slots, b.n_tokens}, {b.row_seq, b.n_tokens}, {b.tables, n_tables},
+                      b.table_stride);
+}
 
 // The ABI's graph as the executor's loom::Graph (tensor data pointers are borrowed).
 inline loom::Graph from_c(const loom_graph& c) {
   loom::Graph g;
   for (size_t i = 0; i < c.n_tensors; ++i) {
-    const loom_tensor& t = c.tensors[i];
+    const auto t = element<loom_tensor>(c.tensors, i, c.tensor_size);
     loom::TensorDesc d;
     d.name = t.name ? t.name : "";
     d.kind = t.kind == LOOM_TENSOR_WEIGHT  ? loom::TensorKind::weight
@@ -78,12 +81,11 @@ inline loom::Graph from_c(const loom_graph& c) {
     for (size_t k = 0; k < 4; ++k)
       d.ne[k] = t.ne[k];
     d.data = t.data;
+    d.weight = t.weight;
     g.tensors.push_back(std::move(d));
   }
-  const bool has_ext = c.struct_size >= offsetof(loom_graph, attn_ext_stride) + sizeof(size_t) &&
-                       c.attn_ext && c.attn_ext_stride >= sizeof(loom_attention_ext);
   for (size_t i = 0; i < c.n_nodes; ++i) {
-    const loom_node& n = c.nodes[i];
+    const auto n = element<loom_node>(c.nodes, i, c.node_size);
     loom::Node d;
     d.op = static_cast<loom::OpKind>(n.op);
     for (size_t k = 0; k < 3; ++k)
@@ -100,12 +102,8 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.attn.scale = n.attn.scale;
     d.attn.window = n.attn.window;
     d.attn.softcap = n.attn.softcap;
-    if (has_ext) {
-      const auto* e = reinterpret_cast<const loom_attention_ext*>(reinterpret_cast<const char*>(c.attn_ext) +
-                                                                  i * c.attn_ext_stride);
-      d.attn.sinks = e->sinks;
-      d.attn.kernel = static_cast<loom::AttnKernel>(e->kernel);
-    }
+    d.attn.sinks = n.attn.sinks;
+    d.attn.kernel = static_cast<loom::AttnKernel>(n.attn.kernel);
     g.nodes.push_back(d);
   }
   g.n_tokens = c.n_tokens;
@@ -117,9 +115,12 @@ inline loom::Graph from_c(const loom_graph& c) {
   return g;
 }
 
-// The object behind an ExecutorTable: the executor and its converted graphs.
+// The object behind an ExecutorTable: the executor, its converted graphs and its buffers (host memory: a
+// KV pool as loom::HostKVBuffer, others on the heap).
 struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
+  std::map<const void*, std::unique_ptr<loom::HostKVBuffer>> buffers; // by address
+  std::mutex buffers_mutex;
   std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
   loom::Graph scratch;                    // a graph without identity, converted every call
   std::string description;                // what describe() returned (once)
@@ -144,21 +145,84 @@ template <const char* NAME> struct ExecutorTable {
     try {
       auto* p = const_cast<ExecutorPlugin*>(static_cast<const ExecutorPlugin*>(self));
       const loom::Graph& gg = p->graph(g);
-      return p->be->supports(gg, gg.nodes[static_cast<size_t>(n - g->nodes)]) ? 1 : 0;
+      const auto at =
+          static_cast<size_t>(reinterpret_cast<const char*>(n) - reinterpret_cast<const char*>(g->nodes)) /
+          std::max<size_t>(g->node_size, 1);
+      return at < gg.nodes.size() && p->be->supports(gg, gg.nodes[at]) ? 1 : 0;
     } catch (...) {
       return 0;
     }
   }
-  static loom_status* compute_fn(void* self, const loom_graph* g, const loom_batch* b, const loom_kv_view* kv,
-                                 float* logits, size_t n_logits) noexcept {
+  static loom_status* compute_fn(void* self, const loom_graph* g, const loom_batch* b, void* logits,
+                                 size_t n_logits) noexcept {
     LOOM_SDK_TRY
     auto* p = static_cast<ExecutorPlugin*>(self);
-    KVView view(*kv);
+    const loom::KVRows kv = kv_rows(*b);
     const loom::BatchView batch{{b->tokens, b->n_tokens},
                                 {b->positions, b->n_tokens},
                                 {b->seq_ids, b->n_tokens},
                                 {b->output_rows, b->n_outputs}};
-    p->be->compute(p->graph(g), batch, view, {logits, n_logits});
+    p->be->compute(p->graph(g), batch, kv, {static_cast<float*>(logits), n_logits});
+    LOOM_SDK_CATCH
+  }
+  // Host memory: every buffer is a loom::HostKVBuffer (an uncommitted anonymous mapping; a small one is
+  // as cheap as the heap's).
+  static loom_status* alloc_fn(void* self, size_t bytes, int32_t, void** out) noexcept {
+    LOOM_SDK_TRY
+    auto* p = static_cast<ExecutorPlugin*>(self);
+    auto buf = std::make_unique<loom::HostKVBuffer>(std::max<size_t>(bytes, 1));
+    *out = buf->data();
+    const std::lock_guard<std::mutex> lock(p->buffers_mutex);
+    p->buffers.emplace(*out, std::move(buf));
+    LOOM_SDK_CATCH
+  }
+  static void free_fn(void* self, void* buffer) noexcept {
+    auto* p = static_cast<ExecutorPlugin*>(self);
+    const std::lock_guard<std::mutex> lock(p->buffers_mutex);
+    p->buffers.erase(buffer);
+  }
+  static loom_status* upload_fn(void*, void* buffer, size_t offset, const void* src, size_t bytes) noexcept {
+    std::memcpy(static_cast<char*>(buffer) + offset, src, bytes);
+    return nullptr;
+  }
+  static loom_status* download_fn(void*, const void* buffer, size_t offset, void* dst,
+                                  size_t bytes) noexcept {
+    std::memcpy(dst, static_cast<const char*>(buffer) + offset, bytes);
+    return nullptr;
+  }
+  static loom_status* kv_copy_fn(void*, void* kv, const loom_kv_layout* c, const loom_block_copy* copies,
+                                 size_t n) noexcept {
+    LOOM_SDK_TRY
+    loom::KVLayout l;
+    l.dtype = static_cast<loom::DType>(c->dtype);
+    l.n_layer = c->n_layer;
+    l.n_head_kv = c->n_head_kv;
+    l.head_dim = c->head_dim;
+    l.block_size = c->block_size;
+    l.n_blocks = c->n_blocks;
+    std::vector<loom::KVBlockCopy> v(n);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = {copies[i].src, copies[i].dst, copies[i].n_positions};
+    loom::HostKVBuffer::copy_blocks(static_cast<uint8_t*>(kv), l, v);
+    LOOM_SDK_CATCH
+  }
+  static loom_status* load_fn(void* self, const loom_weight* weights, size_t n, size_t size) noexcept {
+    LOOM_SDK_TRY
+    std::vector<loom::WeightDesc> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const auto w = element<loom_weight>(weights, i, size);
+      loom::TensorDesc& t = v[i].tensor;
+      t.name = w.name ? w.name : "";
+      t.kind = loom::TensorKind::weight;
+      t.dtype = static_cast<loom::DType>(w.dtype);
+      for (size_t k = 0; k < 4; ++k)
+        t.ne[k] = w.ne[k];
+      t.data = w.data;
+      t.weight = w.id;
+      v[i].bytes = static_cast<size_t>(w.bytes);
+      v[i].uses = w.uses;
+    }
+    static_cast<ExecutorPlugin*>(self)->be->load(v);
     LOOM_SDK_CATCH
   }
   static size_t workspace_fn(const void* self) {
@@ -193,14 +257,16 @@ template <const char* NAME> struct ExecutorTable {
                                            &name_fn,
                                            &supports_fn,
                                            &compute_fn,
-                                           nullptr,
-                                           nullptr,
-                                           nullptr,
-                                           nullptr,
+                                           &alloc_fn,
+                                           &free_fn,
+                                           &upload_fn,
+                                           &download_fn,
+                                           &kv_copy_fn,
+                                           &load_fn,
                                            nullptr,
                                            &workspace_fn,
-                                           &destroy_fn,
                                            &activation_fn,
+                                           &destroy_fn,
                                            &kv_dtype_fn,
                                            &attention_fn,
                                            &describe_fn};

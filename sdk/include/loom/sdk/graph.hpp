@@ -83,7 +83,8 @@ struct TensorDesc {
   TensorKind kind = TensorKind::activation;
   DType dtype = DType::f32;
   std::array<int64_t, 4> ne{1, 1, 1, 1};
-  const void* data = nullptr; // weight: bytes as stored (row_bytes(dtype, ne[0]) per row)
+  const void* data = nullptr; // weight: bytes as stored (row_bytes(dtype, ne[0]) per row), host memory
+  int64_t weight = -1;        // weight: the id Backend::load gave it to the backend (-1: none)
 
   int64_t n_elements() const noexcept { return ne[0] * ne[1] * ne[2] * ne[3]; }
   int64_t n_rows() const noexcept { return ne[1] * ne[2] * ne[3]; }

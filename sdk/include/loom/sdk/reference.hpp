@@ -23,7 +23,7 @@ namespace attention {
 
 // The plain attention kernel every backend's kernel is tested against (the `naive` strategy).
 // Standard (causal) and sliding-window variants, attention sinks and soft-capping; MHA/MQA/GQA
-// follow from n_head_kv. For each batch row t (sequence seq[t] at position pos[t]) and head h:
+// follow from n_head_kv. For each batch row t (its sequence kv.seq_of(t), at position pos[t]) and head h:
 //   out[t][h] = softmax_j( cap(scale · q[t][h] · K[seq, j][h / n_gqa]) ) · V[seq, j][h / n_gqa]
 // over the cached positions j of key_span(p, pos[t]): [max(0, pos − window + 1), pos] (window 0 = all
 // j ≤ pos) and, with a window, [0, sinks) besides; cap(s) = softcap · tanh(s / softcap) when softcap > 0.
@@ -32,7 +32,7 @@ namespace attention {
 //   q   [n_tokens][n_head][head_dim]
 //   out [n_tokens][n_head][head_dim]
 inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                                const SeqId* seq, KVRows& kv, float* out) {
+                                const KVRows& kv, float* out) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   const int32_t D = p.head_dim;
   const int32_t n_gqa = p.n_head / p.n_head_kv;
@@ -62,7 +62,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
                   static_cast<size_t>(D);
       float max_s = -INFINITY;
       for (size_t i = 0; i < keys.size(); ++i) {
-        const float* k = head(kv.k_data(p.layer, seq[t], keys[i]), hk, kbuf.data());
+        const float* k = head(kv.k_at(p.layer, kv.seq_of(static_cast<size_t>(t)), keys[i]), hk, kbuf.data());
         float s = 0.0f;
         for (int32_t d = 0; d < D; ++d)
           s += qh[d] * k[d];
@@ -81,7 +81,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
       std::fill(o, o + D, 0.0f);
       for (size_t i = 0; i < keys.size(); ++i) {
         const float w = scores[i] / sum;
-        const float* v = head(kv.v_data(p.layer, seq[t], keys[i]), hk, vbuf.data());
+        const float* v = head(kv.v_at(p.layer, kv.seq_of(static_cast<size_t>(t)), keys[i]), hk, vbuf.data());
         for (int32_t d = 0; d < D; ++d)
           o[d] += w * v[d];
       }
@@ -101,7 +101,7 @@ public:
 
   bool supports(const Graph& g, const Node& n) const noexcept override { return weights_dequantizable(g, n); }
 
-  void compute(const Graph& g, const BatchView& batch, KVRows& kv, std::span<float> logits) override {
+  void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
     check_batch(g, batch);
     act_.resize(g.tensors.size());
     size_t ws = 0;
@@ -147,7 +147,7 @@ private:
     return act_[static_cast<size_t>(id)].data() + r * t.ne[0];
   }
 
-  void run(const Graph& g, const Node& n, const BatchView& b, KVRows& kv) {
+  void run(const Graph& g, const Node& n, const BatchView& b, const KVRows& kv) {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);
     switch (n.op) {
@@ -222,16 +222,13 @@ private:
       const auto row_elems = static_cast<size_t>(p.n_head_kv) * static_cast<size_t>(p.head_dim);
       const float* k = f32(n.src[1]);
       const float* v = f32(n.src[2]);
-      for (int64_t t = 0; t < T; ++t) { // store this batch's K/V rows first
-        const SeqId s = b.seq_ids[static_cast<size_t>(t)];
-        const Pos ps = b.positions[static_cast<size_t>(t)];
-        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems, kv.k_data(p.layer, s, ps),
-                 static_cast<int64_t>(row_elems));
-        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems, kv.v_data(p.layer, s, ps),
-                 static_cast<int64_t>(row_elems));
+      for (int64_t t = 0; t < T; ++t) { // store this batch's K/V rows at their slots first
+        kv_store(kv.kv_dtype(), k + static_cast<size_t>(t) * row_elems,
+                 kv.k_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
+        kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems,
+                 kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
-      attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(),
-                                     b.seq_ids.data(), kv, dst);
+      attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst);
       return;
     }
     case OpKind::swiglu: {
