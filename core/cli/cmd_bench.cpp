@@ -603,6 +603,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                         {"decode_tok_s_runs", dec},
                         {"ttft_ms", median(ttft)},
                         {"tpot_ms", median(tpot)},
+                        {"load_ms", p->load_ms()},
                         {"peak_rss_bytes", rss},
                         {"memory",
                          {{"weights_bytes", mem.weights},
@@ -630,7 +631,9 @@ int cmd_bench(const std::vector<std::string>& args) {
               spread(pre).c_str());
   std::printf("decode:   tg%-5d%s %10.1f tok/s  (median of %d; %s)\n", tg, at.c_str(), median(dec), reps,
               spread(dec).c_str());
-  std::printf("latency:  TTFT %.1f ms, TPOT %.2f ms (medians)\n", median(ttft), median(tpot));
+  std::printf(
+      "latency:  TTFT %.1f ms, TPOT %.2f ms (medians); load %.1f ms (weights to the backend, KV pool)\n",
+      median(ttft), median(tpot), p->load_ms());
   std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s, workspace %s (file %s)\n",
               mib(rss).c_str(), mib(mem.weights).c_str(), mib(mem.kv).c_str(), mib(mem.activations).c_str(),
               mib(mem.workspace).c_str(), mib(file_bytes).c_str());

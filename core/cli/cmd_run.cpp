@@ -232,6 +232,7 @@ int cmd_run(const std::vector<std::string>& args) {
       if (vm.count("json")) {
         nlohmann::json j = to_json(results[i]);
         j["backend"] = backend_json(*pipeline);
+        j["metrics"]["load_ms"] = pipeline->load_ms(); // the pipeline's, once for all prompts
         std::cout << j.dump() << "\n";
       } else {
         std::cout << reqs[i].prompt << results[i].text << "\n";
@@ -284,6 +285,7 @@ int cmd_run(const std::vector<std::string>& args) {
     nlohmann::json j = to_json(r);
     if (chat) j["prompt"] = prompt;
     j["backend"] = backend_json(*pipeline);
+    j["metrics"]["load_ms"] = pipeline->load_ms(); // weights to the backend (repacks, uploads), KV pool
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.

@@ -298,8 +298,17 @@ void DecodeSession::stream(Seq& s, bool final) {
   }
 }
 
+void DecodeSession::drop_kv(Seq& s) {
+  if (s.kv < 0 || s.in_flight) return;
+  KVCacheStore& store = kv_of(s.model);
+  if (!store.contains(s.kv)) return;
+  store.free(s.kv); // the id stays this sequence's until it is freed (allocate() makes it again)
+  s.n_cached = 0;
+}
+
 void DecodeSession::end_seq(Seq& s, StopReason reason) {
   s.finished = reason;
+  drop_kv(s);
   ++events_;
   if (reason != StopReason::stop_string) { // held-back text is released (a matched stop string is not)
     std::string tail = s.stop.flush();
@@ -638,6 +647,7 @@ void DecodeSession::chunks_evaluated() {
       }
     }
     q->in_flight = false;
+    if (q->finished != StopReason::none) drop_kv(*q);
   }
 }
 
@@ -659,7 +669,7 @@ bool DecodeSession::restore() {
   if (!evicted_) return true;
   std::vector<Seq*> done;
   for (auto& [id, q] : seqs_) {
-    if (q->kv < 0) continue;
+    if (q->kv < 0 || q->finished != StopReason::none) continue; // a finished sequence holds no K/V
     if (!kv_of(q->model).allocate(q->kv, 0)) {
       for (Seq* d : done)
         kv_of(d->model).free(d->kv);

@@ -334,6 +334,17 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   check_attention(*p->backend_, *p->model_, "backend");
   if (p->draft_backend_) check_attention(*p->draft_backend_, *p->draft_model_, "the draft model's backend");
   if (p->draft_backend_) check_kv_type(*p->draft_backend_, "the draft model's backend");
+  { // The load step: each backend gets its model's weights once (it repacks or uploads them now, not
+    // inside the first forward) and allocates its KV pool.
+    const auto t0 = std::chrono::steady_clock::now();
+    p->model_->load_into(*p->backend_);
+    p->kv_->attach(p->backend_->alloc_kv(p->kv_->layout()));
+    if (p->draft_backend_) {
+      p->draft_model_->load_into(*p->draft_backend_);
+      p->draft_kv_->attach(p->draft_backend_->alloc_kv(p->draft_kv_->layout()));
+    }
+    p->load_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   p->engine_ = std::make_unique<Engine>(*p->model_, *p->tok_, *p->backend_, *p->kv_, p->n_ctx_,
                                         std::move(tmpl), draft);
   p->engine_->set_max_running(static_cast<size_t>(cfg.scheduler.max_sequences));

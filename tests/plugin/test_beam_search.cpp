@@ -4,6 +4,7 @@
 #include "fixtures/scripted_model.hpp"
 #include "loom/backend.hpp"
 #include "loom/model.hpp"
+#include "loom/pipeline.hpp"
 #include "loom/sampler.hpp"
 #include "loom/tokenizer.hpp"
 #include "test_util.hpp"
@@ -471,6 +472,47 @@ TEST(BeamSearch, BadGroupKeysAreOneLineErrors) {
     EXPECT_EQ(r.code, 1) << args;
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
   }
+}
+
+} // namespace
+
+namespace {
+
+// A finished hypothesis holds no KV: at width 8 with "." ending hypotheses early, the store never holds
+// more sequences than the live beams (8) after a step — before, each of up to 8 finished hypotheses kept
+// its sequence (16 held) until the request ended.
+TEST(BeamSearch, FinishedHypothesesHoldNoKv) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 128;
+  cfg.backend.name = "reference";
+  cfg.plugins.paths = {LOOM_BUILD_BIN_DIR};
+  cfg.decoder.name = "beam_search";
+  cfg.decoder.params = {
+      {"beam_width", int64_t{8}}, {"num_return", int64_t{8}}, {"early_stopping", std::string("never")}};
+  cfg.stop.strings = {"."};
+  auto p = Pipeline::create(cfg);
+  GenerationRequest req;
+  req.prompt = "Once upon a time";
+  req.max_new_tokens = 40;
+  p->submit(req);
+  const KVCacheStore& kv = p->kv_store();
+  int32_t most = 0;
+  std::vector<std::pair<RequestId, GenerationResult>> done;
+  for (int steps = 0; done.empty() && steps < 200; ++steps) {
+    done = p->engine().step();
+    most = std::max(most, kv.shape().n_seq_max - kv.free_sequences());
+  }
+  ASSERT_EQ(done.size(), 1u);
+  const GenerationResult& r = done[0].second;
+  ASSERT_EQ(r.n_best.size(), 8u);
+  size_t early = 0; // hypotheses that ended on "." while others went on
+  for (const auto& h : r.n_best)
+    early += h.stop_reason == StopReason::stop_string ? 1 : 0;
+  EXPECT_GE(early, 2u) << "the test needs hypotheses that finished before the search ended";
+  EXPECT_LE(most, 8) << "sequences held after a step: the live beams only";
+  EXPECT_EQ(kv.free_sequences(), kv.shape().n_seq_max) << "nothing held after the request";
 }
 
 } // namespace

@@ -233,6 +233,9 @@ private:
   Seq& at(LocalSeq seq);
   const Seq& at(LocalSeq seq) const;
   void end_seq(Seq& s, StopReason reason);
+  // A finished sequence's K/V go back to the store at once (not while its chunk is in flight: then after
+  // the forward). A decoder that truncates it back to life has it evaluated again.
+  void drop_kv(Seq& s);
   void stream(Seq& s, bool final);
   void checkpoint(Seq& s);
   StopReason commit_token(Seq& s, TokenId token);

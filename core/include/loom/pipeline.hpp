@@ -59,6 +59,8 @@ public:
   MemoryReport memory() const noexcept;
   const KVCacheStore& kv_store() const noexcept { return *kv_; }
   const Backend& backend() const noexcept { return *backend_; }
+  // Milliseconds the load step took: the backends' Backend::load (repacks, uploads) and KV pools.
+  double load_ms() const noexcept { return load_ms_; }
   // The backend's name ([backend] name, or what "auto" chose: "cpu", else "reference").
   const std::string& backend_name() const noexcept { return backend_name_; }
   // Why "auto" fell back to the reference backend (one line; empty when it did not).
@@ -81,6 +83,7 @@ private:
   std::unique_ptr<KVCacheStore> draft_kv_;
   std::unique_ptr<Engine> engine_;
   int32_t n_ctx_ = 0;
+  double load_ms_ = 0;
   int32_t n_seq_max_ = 0;
 };
 
