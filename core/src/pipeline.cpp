@@ -63,7 +63,23 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
       dirs.push_back(pd.string());
     }
     dirs = plugin_search_dirs(dirs);
-    p->registry_->discover(dirs, cfg.plugins.sha256);
+    // Only the files that provide what this pipeline names are opened (their static descriptors say
+    // so without loading them); a pin is checked before its file is opened.
+    DiscoverOptions only;
+    only.named_only = true;
+    const auto want = [&](int32_t kind, const std::string& name) { only.only.emplace_back(kind, name); };
+    for (const std::string& be : {cfg.backend.name, cfg.decoder.draft_backend})
+      if (be == "auto")
+        want(LOOM_KIND_BACKEND, "cpu");
+      else if (!be.empty() && be != "reference")
+        want(LOOM_KIND_BACKEND, be);
+    if (cfg.decoder.name != "sample") want(LOOM_KIND_DECODER, cfg.decoder.name);
+    for (const auto& sp : cfg.samplers)
+      if (!is_builtin(sp.name)) want(LOOM_KIND_SAMPLER, sp.name);
+    for (const auto& sc : cfg.stop_criteria)
+      want(LOOM_KIND_STOP, sc.name);
+    if (!cfg.verifier.name.empty()) want(LOOM_KIND_VERIFIER, cfg.verifier.name);
+    p->registry_->discover(dirs, cfg.plugins.sha256, only);
   }
   auto missing = [&](int32_t kind, const std::string& what, const std::string& name,
                      const std::string& builtins) {

@@ -16,11 +16,13 @@
 #include <cstdlib>
 #include <dlfcn.h>
 #include <filesystem>
+#include <fstream>
 #include <gtest/gtest.h>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -275,6 +277,52 @@ TEST(PluginLoading, Sha256PinMismatchInAPipeline) {
                                         "\"\n\n[[sampler]]\nname = \"fixture_greedy\"\n"));
   EXPECT_NE(ok.find("missing.gguf"), std::string::npos) << ok;
   EXPECT_EQ(ok.find("sha256"), std::string::npos) << ok;
+}
+
+// A pin is checked against the file before it is opened: a pinned plugin with the wrong hash never
+// runs its ELF constructors (the fixture's writes a marker file); with the right hash it is loaded.
+TEST(PluginLoading, APinnedPluginWithTheWrongHashNeverRunsItsConstructor) {
+  const std::string mark = ::testing::TempDir() + "loom-ctor-mark-" + std::to_string(::getpid());
+  std::remove(mark.c_str());
+  ScopedEnv env("LOOM_FIXTURE_CTOR_MARK", mark.c_str());
+  const std::string sampler = "\n\n[[sampler]]\nname = \"fixture_marked\"\n";
+  const std::string wrong(64, '0');
+  const std::string msg = pipeline_error(
+      pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_ctor_marker = \"" + wrong + "\"" + sampler));
+  EXPECT_NE(msg.find("pins " + wrong), std::string::npos) << msg;
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "the constructor of a plugin with a wrong pin ran";
+  EXPECT_FALSE(is_loaded(fixture("ctor-marker")));
+  const std::string ok =
+      pipeline_error(pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_ctor_marker = \"" +
+                                                       file_sha256(fixture("ctor-marker")) + "\"" + sampler));
+  EXPECT_NE(ok.find("missing.gguf"), std::string::npos) << ok;
+  EXPECT_TRUE(std::filesystem::exists(mark)) << "the right pin: loaded";
+  std::remove(mark.c_str());
+}
+
+// A pipeline opens only the files that provide what it names (each file's static descriptor says so
+// without loading it): naming one sampler of fixture_good maps that file and no other plugin file.
+TEST(PluginLoading, APipelineOpensOnlyThePluginsItNames) {
+  const std::string mark = ::testing::TempDir() + "loom-ctor-mark-named-" + std::to_string(::getpid());
+  std::remove(mark.c_str());
+  ScopedEnv env("LOOM_FIXTURE_CTOR_MARK", mark.c_str());
+  std::vector<std::string> before;
+  for (const auto& e : std::filesystem::directory_iterator(k_fixtures))
+    if (is_loaded(e.path().string())) before.push_back(e.path().filename().string());
+  ASSERT_TRUE(before.empty()) << "a fixture was loaded before the test: " << before.front();
+  const std::string msg =
+      pipeline_error(pipeline_toml("missing.gguf", "[[sampler]]\nname = \"fixture_greedy\"\n"));
+  EXPECT_NE(msg.find("missing.gguf"), std::string::npos) << msg;
+  std::vector<std::string> opened;
+  for (const auto& e : std::filesystem::directory_iterator(k_fixtures))
+    if (is_loaded(e.path().string())) opened.push_back(e.path().filename().string());
+  EXPECT_EQ(opened, std::vector<std::string>{"libloom-fixture-good.so"});
+  EXPECT_FALSE(std::filesystem::exists(mark));
+  // A name no file provides: the message lists what the unopened files provide.
+  const std::string none =
+      pipeline_error(pipeline_toml("missing.gguf", "[[sampler]]\nname = \"fixture_nothing\"\n"));
+  EXPECT_NE(none.find("fixture_marked (fixture_ctor_marker)"), std::string::npos) << none;
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "listing what a file provides does not open it";
 }
 
 TEST(PluginLoading, CreateThrowsCarriesThePluginsMessage) {
@@ -664,6 +712,50 @@ TEST(PluginLifetime, RealUnloadLoop) {
   }
 }
 
+// Production: a plugin whose users are all gone is neither shut down nor initialised again when loaded
+// once more; its shutdown() runs once, at exit (a child process loads it and exits).
+TEST(PluginLifetime, AShutDownPluginIsNeverInitialisedAgain) {
+  std::optional<std::string> old;
+  if (const char* o = std::getenv("LOOM_TEST_REAL_UNLOAD")) old = o;
+  ::unsetenv("LOOM_TEST_REAL_UNLOAD");
+  {
+    LogCapture logs;
+    for (int i = 0; i < 3; ++i) {
+      PluginRegistry reg;
+      auto lib = reg.load(fixture("shutdown"));
+    }
+    EXPECT_EQ(logs.count(LOOM_LOG_INFO, "fixture_shutdown", "init"), 1u);
+    EXPECT_EQ(logs.count(LOOM_LOG_INFO, "fixture_shutdown", "shutdown"), 0u);
+  }
+  const std::string out = ::testing::TempDir() + "loom-shutdown-" + std::to_string(::getpid());
+  const pid_t pid = ::fork();
+  if (pid == 0) { // the child: load, drop, exit normally; the log lines go to `out`
+    std::FILE* f = std::fopen(out.c_str(), "w");
+    if (!f) ::_exit(3);
+    set_log_sink([f](int32_t, std::string_view plugin, std::string_view msg) {
+      std::fprintf(f, "%.*s: %.*s\n", static_cast<int>(plugin.size()), plugin.data(),
+                   static_cast<int>(msg.size()), msg.data());
+      std::fflush(f);
+    });
+    {
+      PluginRegistry reg;
+      (void)reg.load(fixture("shutdown"));
+    }
+    std::exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(out.c_str());
+  // (In this process the library was already initialised above: the child's load found it.)
+  EXPECT_NE(text.str().find("fixture_shutdown: shutdown"), std::string::npos) << text.str();
+  if (old) ::setenv("LOOM_TEST_REAL_UNLOAD", old->c_str(), 1);
+}
+
 } // namespace
 
 namespace {
@@ -672,6 +764,7 @@ namespace {
 // one mapped library; dropping one of them must not shut the plugin down under the other.
 // The host keeps one PluginLibrary per mapped file (core/src/plugin/registry.cpp).
 TEST(PluginLifetime, ShutdownWaitsForTheLastUser) {
+  ScopedEnv real_unload("LOOM_TEST_REAL_UNLOAD", "1"); // (in production: at exit, below)
   LogCapture logs;
   {
     PluginRegistry a, b;

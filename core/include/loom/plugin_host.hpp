@@ -41,6 +41,12 @@ private:
   std::string path_, sha256_;
   int32_t score_ = 1;
   std::vector<std::string> factory_problems_; // one per factory, "" when usable
+  bool shut_down_ = false;
+
+public:
+  // Calls the plugin's shutdown() once (the registry: when the last user goes under
+  // LOOM_TEST_REAL_UNLOAD=1, else at exit).
+  void shut_down() noexcept;
 };
 
 struct PluginFactoryInfo {
@@ -71,6 +77,10 @@ struct DiscoverOptions {
   // Only a file whose probe got through is then loaded in-process. Off for pipelines (`loom run`).
   bool probe_in_child = false;
   std::chrono::milliseconds probe_timeout{10000};
+  // For pipelines: open only the files that provide one of `only` (LOOM_KIND_*, name), known from each
+  // file's static descriptor without loading it; a pin is checked before such a file is opened.
+  bool named_only = false;
+  std::vector<std::pair<int32_t, std::string>> only;
 };
 
 class PluginRegistry {
@@ -106,6 +116,11 @@ public:
 private:
   std::vector<std::shared_ptr<PluginLibrary>> libs_;
   std::vector<PluginInfo> last_;
+  struct Described {
+    int32_t kind;
+    std::string name, plugin;
+  };
+  std::vector<Described> described_; // what unopened files provide (named_only), for messages
 };
 
 // [plugins] paths (relative to the current directory), then the directory of the running executable.

@@ -15,6 +15,7 @@
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 namespace loom::plugin {
 
@@ -196,6 +197,62 @@ std::optional<FileProblem> check_plugin_file(const std::string& path) {
   if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
     return FileProblem{Errc::invalid_argument, "not a regular file; a plugin must be a shared library file"};
   return check_elf(f.fd, static_cast<uint64_t>(st.st_size));
+}
+
+std::optional<PluginDescriptor> read_plugin_descriptor(const std::string& path) {
+  std::string why;
+  Fd f;
+  f.fd = open_regular_file(path, why);
+  if (f.fd < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) return std::nullopt;
+  const auto size = static_cast<uint64_t>(st.st_size);
+  Elf64_Ehdr eh{};
+  if (size < sizeof eh || !read_at(f.fd, &eh, sizeof eh, 0) ||
+      std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shnum > 4096 ||
+      eh.e_shstrndx >= eh.e_shnum)
+    return std::nullopt;
+  const uint64_t table = static_cast<uint64_t>(eh.e_shnum) * sizeof(Elf64_Shdr);
+  if (eh.e_shoff > size || table > size - eh.e_shoff) return std::nullopt;
+  std::vector<Elf64_Shdr> sh(eh.e_shnum);
+  if (!read_at(f.fd, sh.data(), table, eh.e_shoff)) return std::nullopt;
+  const auto inside = [&](const Elf64_Shdr& h) {
+    return h.sh_type != SHT_NOBITS && h.sh_offset <= size && h.sh_size <= size - h.sh_offset;
+  };
+  const Elf64_Shdr& strtab = sh[eh.e_shstrndx];
+  if (!inside(strtab) || strtab.sh_size > (1u << 20)) return std::nullopt;
+  std::string names(strtab.sh_size, '\0');
+  if (!read_at(f.fd, names.data(), names.size(), strtab.sh_offset)) return std::nullopt;
+  constexpr char k_section[] = ".loom_plugin";
+  constexpr char k_magic[] = "loom-plugin-descriptor-2";
+  for (const Elf64_Shdr& h : sh) {
+    if (h.sh_name >= names.size() || std::strcmp(names.c_str() + h.sh_name, k_section) != 0) continue;
+    if (!inside(h) || h.sh_size > (1u << 16)) return std::nullopt;
+    std::string bytes(h.sh_size, '\0');
+    if (!read_at(f.fd, bytes.data(), bytes.size(), h.sh_offset)) return std::nullopt;
+    // NUL-terminated strings: the magic, the plugin name, "kind:name" per factory, an empty one last.
+    std::vector<std::string> parts;
+    size_t at = 0;
+    while (at < bytes.size()) {
+      const size_t end = bytes.find('\0', at);
+      if (end == std::string::npos) return std::nullopt;
+      parts.push_back(bytes.substr(at, end - at));
+      at = end + 1;
+      if (parts.back().empty()) break;
+    }
+    if (parts.size() < 3 || parts[0] != k_magic || parts.back() != "" || parts[1].empty())
+      return std::nullopt;
+    PluginDescriptor d;
+    d.name = parts[1];
+    for (size_t i = 2; i + 1 < parts.size(); ++i) {
+      const std::string& e = parts[i];
+      if (e.size() < 3 || e[1] != ':' || e[0] < '0' || e[0] > '9') return std::nullopt;
+      d.provides.emplace_back(e[0] - '0', e.substr(2));
+    }
+    return d;
+  }
+  return std::nullopt;
 }
 
 int open_regular_file(const std::string& path, std::string& why) {

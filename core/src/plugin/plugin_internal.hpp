@@ -42,6 +42,14 @@ struct FileProblem {
 // program header table, every PT_LOAD/PT_DYNAMIC segment and the section header table lie inside the
 // file (a truncated file would otherwise be mapped and kill the process with SIGBUS). Reads with pread.
 std::optional<FileProblem> check_plugin_file(const std::string& path);
+// What a plugin file says it provides in its static descriptor (the ELF section ".loom_plugin" that
+// LOOM_PLUGIN_DEFINE emits, loom/sdk/plugin.hpp), read with pread from the section headers — nothing is
+// mapped or run. nullopt: no descriptor (a hand-written loom_plugin_init), or a malformed one.
+struct PluginDescriptor {
+  std::string name;                                      // the plugin's name
+  std::vector<std::pair<int32_t, std::string>> provides; // (LOOM_KIND_*, object name)
+};
+std::optional<PluginDescriptor> read_plugin_descriptor(const std::string& path);
 // Opens `path` for reading only if it is a regular file (never blocks on a FIFO). Returns the
 // descriptor (O_CLOEXEC), or -1 with `why` set.
 int open_regular_file(const std::string& path, std::string& why);

@@ -29,11 +29,18 @@ struct PluginLibrary::Handle {
   boost::dll::shared_library lib;
 };
 
-PluginLibrary::~PluginLibrary() {
-  // One PluginLibrary per mapped file (see loaded_libraries()), so this runs when its last user goes.
+void PluginLibrary::shut_down() noexcept {
+  if (shut_down_) return;
+  shut_down_ = true;
   if (plugin_ && plugin_->struct_size >= offsetof(loom_plugin, shutdown) + sizeof(plugin_->shutdown) &&
       plugin_->shutdown)
     plugin_->shutdown();
+}
+
+PluginLibrary::~PluginLibrary() {
+  // One PluginLibrary per mapped file (see loaded_libraries()): this runs when its last user goes — in
+  // production at exit (retained_libraries()), after shut_down() ran there.
+  shut_down();
   // No dlclose in production: promote the library to RTLD_NODELETE so unloading the handle keeps
   // it mapped (plugin threads or atexit hooks may still run). Tests set LOOM_TEST_REAL_UNLOAD=1.
   const char* real = std::getenv("LOOM_TEST_REAL_UNLOAD");
@@ -138,6 +145,27 @@ std::map<std::string, std::weak_ptr<PluginLibrary>>& loaded_libraries() {
   static std::map<std::string, std::weak_ptr<PluginLibrary>> m;
   return m;
 }
+bool real_unload() {
+  const char* real = std::getenv("LOOM_TEST_REAL_UNLOAD");
+  return real && std::string(real) == "1";
+}
+// Production: a library, once initialised, stays for the process's life — it stays mapped anyway (no
+// dlclose), and a plugin whose shutdown() ran is never initialised again — and is shut down at exit,
+// newest first. The handler is registered after each library's init, so it runs before the static
+// destructors of the plugins loaded until then (registered while dlopen ran their constructors).
+std::vector<std::shared_ptr<PluginLibrary>>& retained_libraries() {
+  static std::vector<std::shared_ptr<PluginLibrary>> v;
+  return v;
+}
+void shut_down_retained() noexcept {
+  std::vector<std::shared_ptr<PluginLibrary>> libs;
+  {
+    std::lock_guard<std::mutex> lock(libraries_mutex());
+    libs = retained_libraries();
+  }
+  for (auto it = libs.rbegin(); it != libs.rend(); ++it)
+    (*it)->shut_down();
+}
 } // namespace
 
 std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
@@ -155,6 +183,7 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   std::string canonical = fs::weakly_canonical(path, ec).string();
   if (ec || canonical.empty()) canonical = path;
   std::lock_guard<std::mutex> lock(libraries_mutex());
+  (void)retained_libraries(); // made before any plugin's statics: destroyed after them
   if (auto it = loaded_libraries().find(canonical); it != loaded_libraries().end())
     if (auto existing = it->second.lock()) {
       check_pin(existing->sha256_);
@@ -164,10 +193,10 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   lib->path_ = canonical;
   lib->sha256_ = file_sha256(path);
   check_pin(lib->sha256_);
-  // dlopen once ourselves for a clean dlerror() message (Boost.DLL's wraps it twice over).
-  if (void* probe = dlopen(lib->path_.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-    dlclose(probe);
-  } else {
+  // The one dlopen that runs its constructors (its message is dlerror()'s, clean); Boost.DLL's load
+  // then finds the library mapped and only takes a reference — nothing is unloaded in between.
+  void* own = dlopen(lib->path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!own) {
     const char* e = dlerror();
     std::string why = e ? e : "unknown dlopen error";
     if (why.rfind(lib->path_ + ": ", 0) == 0) why = why.substr(lib->path_.size() + 2);
@@ -177,8 +206,10 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   try {
     lib->handle_->lib.load(lib->path_, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
+    dlclose(own);
     bad(Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + e.what());
   }
+  dlclose(own); // Boost.DLL's handle keeps it
   auto& dl = lib->handle_->lib;
   if (!dl.has("loom_plugin_init"))
     bad(Errc::invalid_argument,
@@ -242,6 +273,10 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   }
   lib->plugin_ = p;
   loaded_libraries()[canonical] = lib;
+  if (!real_unload()) {
+    retained_libraries().push_back(lib);
+    std::atexit(&shut_down_retained);
+  }
   return lib;
 }
 
@@ -483,7 +518,61 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
     for (auto& f : here)
       if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
   }
-  for (const auto& f : files) {
+  // A pipeline loads only what it names: a file whose descriptor provides none of it is never opened,
+  // one that does has its pin checked before dlopen; files without a descriptor (a hand-written
+  // loom_plugin_init) are opened only while something named is still missing.
+  std::vector<std::string> undescribed;
+  const auto wanted = [&](int32_t kind, const std::string& name) {
+    return std::find(options.only.begin(), options.only.end(), std::pair{kind, name}) != options.only.end();
+  };
+  if (options.named_only) {
+    std::vector<std::string> keep;
+    for (const auto& f : files) {
+      const auto d = plugin::read_plugin_descriptor(f);
+      if (!d) {
+        undescribed.push_back(f);
+        continue;
+      }
+      bool use = false;
+      for (const auto& [kind, name] : d->provides) {
+        described_.push_back({kind, name, d->name});
+        use = use || wanted(kind, name);
+      }
+      if (!use) continue;
+      if (auto it = pins.find(d->name); it != pins.end()) {
+        std::string sha;
+        try {
+          sha = file_sha256(f);
+        } catch (const Error&) {
+        }
+        if (sha != it->second) {
+          PluginInfo info;
+          info.path = f;
+          info.sha256 = sha;
+          info.name = d->name;
+          info.error =
+              one_line("sha256 is " + sha + " but the pipeline pins " + it->second + " for plugin '" +
+                       d->name + "' — the file changed; rebuild it or update the pin (not loaded)");
+          out.push_back(std::move(info));
+          continue;
+        }
+      }
+      keep.push_back(f);
+    }
+    files = std::move(keep);
+  }
+  const auto missing_any = [&] {
+    for (const auto& [kind, name] : options.only)
+      if (!find(kind, name)) return true;
+    return false;
+  };
+  for (size_t fi = 0; fi < files.size() || (options.named_only && !undescribed.empty() && missing_any());
+       ++fi) {
+    if (fi >= files.size()) { // a file without a descriptor, while something named is missing
+      files.push_back(undescribed.front());
+      undescribed.erase(undescribed.begin());
+    }
+    const std::string f = files[fi];
     PluginInfo info;
     info.path = f;
     try {
@@ -553,6 +642,9 @@ std::optional<PluginRegistry::Found> PluginRegistry::find(int32_t kind, std::str
 
 std::string PluginRegistry::available(int32_t kind) const {
   std::string s;
+  for (const auto& d : described_) // provided by files a named-only discover did not open
+    if (d.kind == kind && !find(kind, d.name) && s.find(one_line(d.name) + " (") == std::string::npos)
+      s += (s.empty() ? "" : ", ") + one_line(d.name) + " (" + one_line(d.plugin) + ")";
   for (const auto& l : libs_) {
     const loom_plugin& p = l->plugin();
     for (size_t i = 0; i < p.n_factories; ++i)

@@ -455,6 +455,46 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
 
 } // namespace loom::sdk
 
+// The plugin's static descriptor (ABI 2.0): its name and factories as bytes in the ELF section
+// ".loom_plugin", so that the host can tell what a file provides — and check a sha256 pin — without
+// loading it (no constructor runs). Layout: the magic "loom-plugin-descriptor-2", the plugin name, then
+// per factory its kind as one digit, ':' and its name; every string NUL-terminated, an empty one last.
+namespace loom::sdk::detail {
+inline constexpr char k_descriptor_magic[] = "loom-plugin-descriptor-2";
+constexpr size_t descriptor_strlen(const char* s) {
+  size_t n = 0;
+  while (s[n] != 0)
+    ++n;
+  return n;
+}
+template <size_t N> struct PluginDescriptor { char bytes[N]; };
+template <size_t F> constexpr size_t descriptor_size(const char* name, const loom_factory (&f)[F]) {
+  size_t n = sizeof(k_descriptor_magic) + descriptor_strlen(name) + 1 + 1;
+  for (const loom_factory& x : f)
+    n += 2 + descriptor_strlen(x.name) + 1;
+  return n;
+}
+template <size_t N, size_t F>
+constexpr PluginDescriptor<N> make_descriptor(const char* name, const loom_factory (&f)[F]) {
+  PluginDescriptor<N> d{};
+  size_t at = 0;
+  const auto put = [&](const char* s) {
+    while (*s != 0)
+      d.bytes[at++] = *s++;
+    d.bytes[at++] = 0;
+  };
+  put(k_descriptor_magic);
+  put(name);
+  for (const loom_factory& x : f) {
+    d.bytes[at++] = static_cast<char>('0' + x.kind);
+    d.bytes[at++] = ':';
+    put(x.name);
+  }
+  d.bytes[at++] = 0;
+  return d;
+}
+} // namespace loom::sdk::detail
+
 #define LOOM_SAMPLER(NAME, TYPE) ::loom::sdk::sampler_factory<TYPE>(NAME)
 #define LOOM_STOP(NAME, TYPE) ::loom::sdk::stop_factory<TYPE>(NAME)
 #define LOOM_DECODER(NAME, TYPE) ::loom::sdk::decoder_factory<TYPE>(NAME)
@@ -468,6 +508,12 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
 
 // DESCRIBE: `const char* f()` (noexcept), one line for `loom plugins`, or nullptr (ABI 1.6).
 #define LOOM_PLUGIN_DEFINE_DESCRIBED(NAME, VERSION, SCORE, SHUTDOWN, DESCRIBE, ...)                          \
+  namespace {                                                                                                \
+  constexpr loom_factory loom_plugin_factories_[] = {__VA_ARGS__};                                           \
+  [[gnu::used, gnu::section(".loom_plugin")]] constexpr auto loom_plugin_descriptor_ =                       \
+      ::loom::sdk::detail::make_descriptor<::loom::sdk::detail::descriptor_size(                             \
+          NAME, loom_plugin_factories_)>(NAME, loom_plugin_factories_);                                      \
+  }                                                                                                          \
   extern "C" LOOM_EXPORT int32_t loom_plugin_score(void) {                                                   \
     return (SCORE);                                                                                          \
   }                                                                                                          \
@@ -480,14 +526,13 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
     }                                                                                                        \
     ::loom::sdk::detail::host_ref() = h;                                                                     \
     ::loom::sdk::detail::plugin_name_ref() = NAME;                                                           \
-    static const loom_factory factories[] = {__VA_ARGS__};                                                   \
     static const loom_plugin plugin = {sizeof(loom_plugin),                                                  \
                                        LOOM_ABI_MAJOR,                                                       \
                                        LOOM_ABI_MINOR,                                                       \
                                        NAME,                                                                 \
                                        VERSION,                                                              \
-                                       sizeof(factories) / sizeof(factories[0]),                             \
-                                       factories,                                                            \
+                                       sizeof(loom_plugin_factories_) / sizeof(loom_plugin_factories_[0]),   \
+                                       loom_plugin_factories_,                                               \
                                        SHUTDOWN,                                                             \
                                        DESCRIBE};                                                            \
     return &plugin;                                                                                          \
