@@ -517,6 +517,17 @@ double DecodeSession::score(LocalSeq seq) const {
   return at(seq).logprob_sum;
 }
 
+std::vector<TokenId> DecodeSession::tokenize(std::string_view text, bool add_special,
+                                             bool parse_special) const {
+  EncodeOptions o;
+  if (!add_special) {
+    o.add_bos = false;
+    o.add_eos = false;
+  }
+  o.parse_special = parse_special;
+  return ctx_.tok.encode(text, o);
+}
+
 std::string DecodeSession::detokenize(std::span<const TokenId> ids) const {
   for (TokenId t : ids)
     if (t < 0 || t >= n_vocab())

@@ -166,7 +166,13 @@ LOOM_ABI_OFFSET(loom_host_api, session_has_draft, 296);
 LOOM_ABI_OFFSET(loom_host_api, seq_fork_draft, 304);
 LOOM_ABI_OFFSET(loom_host_api, session_set_metric, 312);
 LOOM_ABI_OFFSET(loom_host_api, session_uniform, 320);
-LOOM_ABI_SIZE(loom_host_api, 328);
+LOOM_ABI_OFFSET(loom_host_api, status_code, 328); // ABI 2.0 (appended)
+LOOM_ABI_OFFSET(loom_host_api, status_message, 336);
+LOOM_ABI_OFFSET(loom_host_api, status_free, 344);
+LOOM_ABI_OFFSET(loom_host_api, config_get_i64_array, 352);
+LOOM_ABI_OFFSET(loom_host_api, config_get_f64_array, 360);
+LOOM_ABI_OFFSET(loom_host_api, tokenize, 368);
+LOOM_ABI_SIZE(loom_host_api, 376);
 static_assert(LOOM_KIND_VERIFIER == 5);
 
 // ================================================================================================
@@ -273,7 +279,8 @@ TEST(AbiLayout, Frozen) {
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
   EXPECT_EQ(sizeof(loom_host_api),
-            328u); // 1.2 appended config_type … session_verify; 1.3 seq_set_draft … session_uniform
+            376u); // 1.2 config_type … session_verify; 1.3 seq_set_draft … session_uniform; 2.0 status_code …
+                   // tokenize
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

@@ -1,6 +1,10 @@
 // The engine's contract seen from plugins built with the SDK alone (fixtures/contract.cpp): a
 // decoder's truncate restores the sequence exactly, and a backend that fails after some tokens makes
 // `loom run` exit 1 with its message (not 0 with a short answer).
+#include "loom/error.hpp"
+#include "loom/gguf.hpp"
+#include "loom/pipeline.hpp"
+#include "loom/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <filesystem>
@@ -116,6 +120,59 @@ TEST(ContractPlugins, AMinimalBackendGetsTheDocumentedDefaults) {
     EXPECT_EQ(r.code, 1) << extra << ": " << r.err;
     EXPECT_NE(r.err.find("is not supported by backend 'fixture_minimal_zeros'"), std::string::npos) << r.err;
   }
+}
+
+// ABI 2.0's host entries a third-party plugin lacked: array config values, tokenize, a status's message.
+TEST(ContractPlugins, ArrayKeysTokenizeAndStatusMessagesReachPlugins) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "-m " + model.string() + " -p 'Once upon a time' -n 6 --ignore-eos --json";
+  const auto greedy = loom_run(base + " --temp 0");
+  ASSERT_EQ(greedy.code, 0) << greedy.err;
+  const auto g = nlohmann::json::parse(greedy.out)["tokens"].get<std::vector<int>>();
+  // An integer array: the greedy first token banned, so the first token differs; `scale` an integer array
+  // read as numbers (a positive factor: the arg-max otherwise unchanged).
+  const auto run_ban = [&](loom::ParamValue ban) {
+    loom::PipelineConfig cfg;
+    cfg.model.path = model.string();
+    cfg.model.n_ctx = 64;
+    cfg.backend.name = "reference";
+    cfg.plugins.paths = {LOOM_FIXTURE_DIR};
+    cfg.samplers = {
+        loom::SamplerSpec{"fixture_ban", {{"ban", std::move(ban)}, {"scale", std::vector<int64_t>{2, 3}}}}};
+    auto p = loom::Pipeline::create(cfg);
+    loom::GenerationRequest r;
+    r.prompt = "Once upon a time";
+    r.max_new_tokens = 6;
+    return p->generate(r).tokens;
+  };
+  const auto b = run_ban(std::vector<int64_t>{g[0]});
+  ASSERT_FALSE(b.empty());
+  EXPECT_NE(b[0], g[0]);
+  EXPECT_EQ(run_ban(std::vector<int64_t>{})[0], g[0]) << "nothing banned: greedy";
+  // A value of another type: one line naming the key.
+  try {
+    (void)run_ban(std::string("x"));
+    ADD_FAILURE() << "a string for an integer array was accepted";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'ban': expected an array of integers"), std::string::npos)
+        << e.what();
+  }
+  // tokenize: the decoder appends the tokens of its text — those of the model's tokenizer, without BOS.
+  const auto forced =
+      loom_run("-m " + model.string() +
+               " -p 'Once' --json --decoder fixture_forced --set 'decoder.text=\"the cat sat\"'");
+  ASSERT_EQ(forced.code, 0) << forced.err;
+  auto tok = loom::Tokenizer::from_gguf(loom::GgufFile::open(model.string()));
+  loom::EncodeOptions o;
+  o.add_bos = false;
+  o.add_eos = false;
+  const std::vector<loom::TokenId> want = tok->encode("the cat sat", o);
+  EXPECT_EQ(nlohmann::json::parse(forced.out)["tokens"].get<std::vector<int>>(),
+            std::vector<int>(want.begin(), want.end()));
+  // The status of a failed host call, read and released by the plugin: its message, not a placeholder.
+  EXPECT_NE(forced.err.find("fixture_forced caught: "), std::string::npos) << forced.err;
+  EXPECT_NE(forced.err.find("9999"), std::string::npos) << forced.err;
 }
 
 } // namespace

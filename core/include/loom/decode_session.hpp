@@ -146,6 +146,9 @@ public:
   double score(LocalSeq seq) const;
   void set_stream(LocalSeq seq) noexcept { stream_ = seq; }
   std::string detokenize(std::span<const TokenId> ids) const;
+  // The request's tokenizer on a text: add_special adds BOS/EOS as the model's metadata says;
+  // parse_special matches special-token texts.
+  std::vector<TokenId> tokenize(std::string_view text, bool add_special, bool parse_special) const;
   void add_result(LocalSeq seq, double score);
   // A field the decoder adds to the result: one JSON value (validated) under a key that is not one of
   // the result's own fields.

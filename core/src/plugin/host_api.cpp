@@ -177,6 +177,55 @@ int32_t config_type(const loom_config* cfg, const char* key) noexcept {
   return LOOM_CONFIG_NONE;
 }
 
+loom_status* config_get_i64_array(const loom_config* cfg, const char* key, const int64_t** out,
+                                  size_t* n) noexcept {
+  *out = nullptr;
+  *n = 0;
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) return nullptr;
+  if (const auto* a = std::get_if<std::vector<int64_t>>(v)) {
+    *out = a->data();
+    *n = a->size();
+    return nullptr;
+  }
+  return type_error(cfg, key, "an array of integers");
+}
+
+loom_status* config_get_f64_array(const loom_config* cfg, const char* key, const double** out,
+                                  size_t* n) noexcept {
+  *out = nullptr;
+  *n = 0;
+  const ParamValue* v = lookup(cfg, key);
+  if (!v) return nullptr;
+  if (const auto* a = std::get_if<std::vector<double>>(v)) {
+    *out = a->data();
+    *n = a->size();
+    return nullptr;
+  }
+  if (const auto* a = std::get_if<std::vector<int64_t>>(v)) {
+    try {
+      auto& conv = const_cast<loom_config*>(cfg)->as_f64[key];
+      conv.assign(a->begin(), a->end());
+      *out = conv.data();
+      *n = conv.size();
+      return nullptr;
+    } catch (...) {
+      return &k_oom_status;
+    }
+  }
+  return type_error(cfg, key, "an array of numbers");
+}
+
+int32_t status_code(const loom_status* st) noexcept {
+  return st ? st->code : 0;
+}
+const char* status_message(const loom_status* st) noexcept {
+  return st ? st->message.c_str() : "";
+}
+void status_free(loom_status* st) noexcept {
+  if (st && st != &k_oom_status) delete st;
+}
+
 double rng_uniform(void* state) noexcept {
   if (!state) return 0.0;
   auto& rng = *static_cast<std::mt19937_64*>(state);
@@ -359,6 +408,20 @@ loom_status* session_set_metric(loom_session* s, const char* key, double value) 
 double session_uniform(loom_session* s) noexcept {
   return S(s).uniform();
 }
+size_t tokenize(const loom_session* s, const char* text, size_t len, int32_t add_special,
+                int32_t parse_special, loom_token* out, size_t cap) noexcept {
+  try {
+    if (!text && len > 0) return 0;
+    const std::vector<TokenId> ids =
+        S(s).tokenize(std::string_view(text ? text : "", len), add_special != 0, parse_special != 0);
+    if (out)
+      for (size_t i = 0; i < std::min(cap, ids.size()); ++i)
+        out[i] = ids[i];
+    return ids.size();
+  } catch (...) {
+    return 0;
+  }
+}
 
 const loom_host_api k_host = {sizeof(loom_host_api),
                               LOOM_ABI_MAJOR,
@@ -401,7 +464,13 @@ const loom_host_api k_host = {sizeof(loom_host_api),
                               &session_has_draft,
                               &seq_fork_draft,
                               &session_set_metric,
-                              &session_uniform};
+                              &session_uniform,
+                              &status_code,
+                              &status_message,
+                              &status_free,
+                              &config_get_i64_array,
+                              &config_get_f64_array,
+                              &tokenize};
 
 } // namespace
 

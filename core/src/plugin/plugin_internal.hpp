@@ -10,6 +10,7 @@
 #include "loom/sdk/abi.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -27,6 +28,7 @@ struct loom_config {
   std::string where; // "p.toml:12:1: [decoder] 'best_of_n'"
   const std::vector<std::pair<std::string, loom::ParamValue>>* params = nullptr;
   std::set<std::string> read;
+  std::map<std::string, std::vector<double>> as_f64; // int arrays read as numbers (config_get_f64_array)
 };
 
 namespace loom::plugin {

@@ -149,7 +149,13 @@ typedef struct loom_verifier_i {
 
 /* A decoder (search strategy) is driven by the engine. Each step the engine calls plan() on every
  * live request, evaluates every planned sequence in one batched forward pass, then calls update()
- * with the logits in place. Sequence 0 exists at start and holds the prompt (not yet evaluated). */
+ * with the logits in place. Sequence 0 exists at start and holds the prompt (not yet evaluated).
+ * Progress rule: each step, a decoder that is not done() must plan a sequence with tokens to evaluate or
+ * change the session (append, fork, finish); a request whose decoder does neither for several steps in a
+ * row is ended by the host with LOOM_STOP_ERROR ("the decoder made no progress"). The host may end a sequence
+ * itself — LOOM_STOP_MAX_CONTEXT when its next position does not fit the context, LOOM_STOP_TIMEOUT,
+ * LOOM_STOP_CANCELLED: seq_finished says so at the next update(), and planning it is an error; a
+ * decoder reads seq_finished before planning a sequence it did not end itself. */
 typedef struct loom_decoder_i {
   uint32_t struct_size;
   loom_status* (*start)(void* self, loom_session* s);   /* optional: set up sequences */
@@ -300,6 +306,25 @@ typedef struct loom_host_api {
   loom_status* (*session_set_metric)(loom_session* s, const char* key, double value);
   /* Uniform in [0, 1) from the request's seeded RNG. */
   double (*session_uniform)(loom_session* s);
+
+  /* ABI 2.0: what a third-party plugin lacked. */
+  /* A status the plugin got from a host call: its code and message (valid until released), and its
+   * release — a plugin that handles a status instead of returning it must free it. */
+  int32_t (*status_code)(const loom_status* st);
+  const char* (*status_message)(const loom_status* st);
+  void (*status_free)(loom_status* st);
+  /* Array values of a key (LOOM_CONFIG_INT_ARRAY; for f64 also LOOM_CONFIG_FLOAT_ARRAY, an int array
+   * read as numbers): *out points at *n values that live as long as cfg. A missing key: *n = 0, *out
+   * NULL, status NULL; a value of another type: an error status naming the key. */
+  loom_status* (*config_get_i64_array)(const loom_config* cfg, const char* key, const int64_t** out,
+                                       size_t* n);
+  loom_status* (*config_get_f64_array)(const loom_config* cfg, const char* key, const double** out,
+                                       size_t* n);
+  /* Tokens of a text with the request's tokenizer: add_special adds what the model adds at the start
+   * (BOS) when its metadata says so; parse_special matches special-token texts ("<|eot_id|>"). Writes
+   * up to cap tokens to out (may be NULL when cap is 0) and returns the full count. */
+  size_t (*tokenize)(const loom_session* s, const char* text, size_t len, int32_t add_special,
+                     int32_t parse_special, loom_token* out, size_t cap);
 } loom_host_api;
 
 typedef enum loom_config_type {

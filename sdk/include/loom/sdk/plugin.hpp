@@ -51,12 +51,21 @@ private:
   int32_t code_;
 };
 
-// A status from the host becomes an exception inside plugin code (the host owns the status; its
-// message is not readable from here, so the host rethrows it with the full text at the boundary).
+// A status from the host becomes an exception inside plugin code. Left alone it reaches the boundary
+// and the host reports it with its full text; plugin code that handles it instead reads code() and
+// message() and calls release() (ABI 2.0: status_code, status_message, status_free).
 struct StatusError : std::exception {
   loom_status* status;
   explicit StatusError(loom_status* s) : status(s) {}
-  const char* what() const noexcept override { return "host call failed"; }
+  const char* what() const noexcept override {
+    return status && host().status_message ? host().status_message(status) : "host call failed";
+  }
+  int32_t code() const noexcept { return status && host().status_code ? host().status_code(status) : 0; }
+  std::string message() const { return what(); }
+  void release() noexcept {
+    if (status && host().status_free) host().status_free(status);
+    status = nullptr;
+  }
 };
 inline void check(loom_status* s) {
   if (s) throw StatusError(s);
@@ -71,7 +80,8 @@ inline loom_status* current_exception_to_status() noexcept {
   try {
     throw;
   } catch (const StatusError& e) {
-    return e.status;
+    if (e.status) return e.status;
+    return host().status_create(LOOM_STATUS_INTERNAL, "a host status rethrown after release()");
   } catch (const Error& e) {
     return host().status_create(e.code(), e.what());
   } catch (const std::bad_alloc&) {
@@ -116,6 +126,22 @@ public:
     return v ? v : "";
   }
   bool has(const char* key) const { return host().config_has(c_, key) != 0; }
+  // An array of integers (`ban = [1, 2]`), or of numbers (an integer array reads as numbers too); a
+  // missing key gives `def`.
+  std::vector<int64_t> get_i64_array(const char* key, std::vector<int64_t> def = {}) const {
+    if (!has(key)) return def;
+    const int64_t* v = nullptr;
+    size_t n = 0;
+    check(host().config_get_i64_array(c_, key, &v, &n));
+    return std::vector<int64_t>(v, v + n);
+  }
+  std::vector<double> get_f64_array(const char* key, std::vector<double> def = {}) const {
+    if (!has(key)) return def;
+    const double* v = nullptr;
+    size_t n = 0;
+    check(host().config_get_f64_array(c_, key, &v, &n));
+    return std::vector<double>(v, v + n);
+  }
   // The value's type (LOOM_CONFIG_*), for keys that accept several; LOOM_CONFIG_NONE when absent or
   // when the host predates ABI 1.2. Reading the value still goes through a typed getter.
   int32_t type(const char* key) const {
@@ -213,6 +239,21 @@ public:
   }
   double score(loom_seq seq) const { return host().seq_score(s_, seq); }
   void set_stream(loom_seq seq) { host().session_set_stream(s_, seq); }
+  // Tokens of a text with the request's tokenizer (add_special: BOS as the model adds it;
+  // parse_special: special-token texts are tokens).
+  std::vector<loom_token> tokenize(std::string_view text, bool add_special = false,
+                                   bool parse_special = false) const {
+    std::vector<loom_token> out(text.size() + 2);
+    size_t n = host().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
+                               out.data(), out.size());
+    if (n > out.size()) {
+      out.resize(n);
+      n = host().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
+                          out.data(), out.size());
+    }
+    out.resize(n);
+    return out;
+  }
   std::string detokenize(std::span<const loom_token> toks) const {
     std::string out(64, '\0');
     size_t n = host().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
