@@ -10,6 +10,7 @@
 #include "loom/sdk/abi.h"
 
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -64,6 +65,22 @@ int open_regular_file(const std::string& path, std::string& why);
 // still running at `timeout` is killed. Run check_plugin_file() first: the child must not map a
 // truncated file either.
 std::string probe_in_child(const std::string& path, std::chrono::milliseconds timeout);
+
+// The plugin's describe() line (ABI 1.6), if its table has the field and sets it; at most 512 bytes.
+inline std::string plugin_description(const loom_plugin& p) {
+  if (p.struct_size < offsetof(loom_plugin, describe) + sizeof(p.describe) || !p.describe) return {};
+  const char* s = p.describe();
+  return s ? one_line(std::string(s, strnlen(s, 512))) : std::string();
+}
+
+// More factories than any plugin has: the table holds garbage (it is read before anything is used).
+constexpr size_t k_max_factories = 1 << 16;
+
+// Entries of the factory array are factories[0].struct_size apart (a newer minor may append fields).
+inline const loom_factory& factory_at(const loom_plugin& p, size_t i) {
+  const auto* base = reinterpret_cast<const char*>(p.factories);
+  return *reinterpret_cast<const loom_factory*>(base + i * p.factories[0].struct_size);
+}
 
 // Takes ownership of a status from a plugin and throws it as loom::Error ("context: message").
 void throw_if(loom_status* s, const std::string& context);
