@@ -546,6 +546,44 @@ max_tokens = 24
 // Engine::step(), kept the request's KV sequence and stayed at the head of the queue, so every later step
 // threw again) and at every checkpoint. Clone 3 is the second request's admission; the others and a second
 // round complete, and the store holds no more KV after each round than before.
+// A sampler's apply() or a stop criterion's check() that throws fails the request it ran for; the other
+// requests of the batch complete, the next round too, and no KV is held after.
+TEST(PluginPipeline, AThrowingSamplerOrStopCriterionFailsOneRequest) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  for (const std::string& rest :
+       {std::string(
+            "[[sampler]]\nname = \"fixture_apply_throws\"\nfail_at = 7\n\n[[sampler]]\nname = \"greedy\"\n"),
+        std::string("[[sampler]]\nname = \"greedy\"\n\n[[stop_criterion]]\nname = \"fixture_check_throws\"\n"
+                    "fail_at = 7\n")}) {
+    SCOPED_TRACE(rest);
+    auto p = Pipeline::create(parse_pipeline(pipeline_toml(model.string(), rest), "throws.toml"));
+    const int64_t units_free = p->kv_store().n_units() - p->kv_store().units_in_use();
+    std::vector<GenerationRequest> reqs(4);
+    for (auto& r : reqs) {
+      r.prompt = "Once upon a time";
+      r.max_new_tokens = 8;
+    }
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      const auto rs = p->generate_all(reqs, 4);
+      int failed = 0;
+      for (const auto& r : rs) {
+        if (r.stop_reason == StopReason::error) {
+          ++failed;
+          EXPECT_NE(r.message.find("failed on purpose"), std::string::npos) << r.message;
+        } else {
+          EXPECT_EQ(r.stop_reason, StopReason::max_tokens);
+          EXPECT_EQ(r.tokens.size(), 8u);
+        }
+      }
+      EXPECT_EQ(failed, round == 0 ? 1 : 0);
+      EXPECT_TRUE(p->engine().idle());
+      EXPECT_EQ(p->kv_store().n_units() - p->kv_store().units_in_use(), units_free)
+          << "KV held after the run";
+    }
+  }
+}
+
 TEST(PluginPipeline, AThrowingCloneFailsOneRequest) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   auto p = Pipeline::create(parse_pipeline(
