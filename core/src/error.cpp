@@ -1,5 +1,7 @@
 #include "loom/error.hpp"
 
+#include "tokenizer/utf8.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -28,28 +30,13 @@ std::string_view errc_name(Errc c) noexcept {
   return "unknown";
 }
 
-namespace {
-// Length of the valid UTF-8 sequence at s[i] (1–4), or 0 when it is not one.
-size_t utf8_len(std::string_view s, size_t i) noexcept {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size() || (n == 2 && c < 0xC2)) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-  if (n == 3 && ((c == 0xE0 && b(i + 1) < 0xA0) || (c == 0xED && b(i + 1) >= 0xA0))) return 0;
-  if (n == 4 && ((c == 0xF0 && b(i + 1) < 0x90) || c > 0xF4 || (c == 0xF4 && b(i + 1) >= 0x90))) return 0;
-  return n;
-}
-} // namespace
-
 std::string one_line(std::string_view s) {
   static const char* hex = "0123456789abcdef";
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = utf8_len(s, i);
+    const size_t n = tok::utf8_valid_len(s.substr(i)); // 0: not a well-formed sequence
     if (n > 1) {
       out.append(s.substr(i, n));
       i += n;

@@ -5,6 +5,7 @@
 // transformers configures it.
 #include "loom/chat.hpp"
 #include "loom/error.hpp"
+#include "tokenizer/utf8.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -209,15 +210,12 @@ bool truthy(const Value& v) {
   return false;
 }
 
-// ---- UTF-8 ----
+// ---- UTF-8 (the tree's one decoder: tokenizer/utf8.hpp; an ill-formed byte is a character of its own) ----
 
-size_t utf8_len(unsigned char c) {
-  return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-}
 // The code points of s as byte offsets (one past the last included).
 std::vector<size_t> cp_offsets(std::string_view s) {
   std::vector<size_t> o;
-  for (size_t i = 0; i < s.size(); i += std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i))
+  for (size_t i = 0; i < s.size(); i += tok::utf8_char_len(s.substr(i)))
     o.push_back(i);
   o.push_back(s.size());
   return o;
@@ -225,31 +223,13 @@ std::vector<size_t> cp_offsets(std::string_view s) {
 size_t cp_count(std::string_view s) {
   return cp_offsets(s).size() - 1;
 }
+// The code point at byte `at` (an ill-formed byte: its own value).
 uint32_t decode_cp(std::string_view s, size_t at) {
-  const auto c = static_cast<unsigned char>(s[at]);
-  const size_t n = std::min(utf8_len(c), s.size() - at);
-  if (n == 1) return c;
-  uint32_t cp = c & (0x7F >> n);
-  for (size_t k = 1; k < n; ++k)
-    cp = (cp << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3F);
-  return cp;
+  const size_t n = tok::utf8_valid_len(s.substr(at));
+  return n == 0 ? static_cast<unsigned char>(s[at]) : tok::utf8_decode(s.substr(at), n);
 }
 void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  tok::utf8_append(out, cp);
 }
 // Python's str.isspace() for a code point.
 bool py_space(uint32_t c) {
@@ -1165,7 +1145,7 @@ std::string strip_chars(std::string_view s, const Value* chars, bool left, bool 
   std::vector<uint32_t> set;
   const bool ws = !chars || chars->is(Value::K::none) || chars->is(Value::K::undefined);
   if (!ws)
-    for (size_t i = 0; i < chars->s.size(); i += utf8_len(static_cast<unsigned char>(chars->s[i])))
+    for (size_t i = 0; i < chars->s.size(); i += tok::utf8_char_len(std::string_view(chars->s).substr(i)))
       set.push_back(decode_cp(chars->s, i));
   const auto strip = [&](size_t at) {
     const uint32_t cp = decode_cp(s, o[at]);
