@@ -49,12 +49,8 @@ template <class T> T element(const void* base, size_t i, size_t size) noexcept {
   return out;
 }
 
-// The ABI's KV pool and batch tables as the executor's loom::KVRows.
-inline loom::KVRows kv_rows(const loom_batch& b) {
-  if (b.struct_size < offsetof(loom_batch, table_stride) + sizeof(b.table_stride) || !b.kv_layout || !b.kv)
-    throw loom::Error(loom::Errc::invalid_argument, "backend",
-                      "a batch without its KV pool (ABI before 2.0)");
-  const loom_kv_layout& c = *b.kv_layout;
+// The ABI's KV pool layout as loom::KVLayout.
+inline loom::KVLayout from_c(const loom_kv_layout& c) noexcept {
   loom::KVLayout l;
   l.dtype = static_cast<loom::DType>(c.dtype);
   l.n_layer = c.n_layer;
@@ -62,6 +58,23 @@ inline loom::KVRows kv_rows(const loom_batch& b) {
   l.head_dim = c.head_dim;
   l.block_size = c.block_size;
   l.n_blocks = c.n_blocks;
+  return l;
+}
+
+// Block copies on a KV pool in host memory (what a host-memory backend's kv_copy does).
+inline void copy_blocks_c(void* kv, const loom_kv_layout& c, const loom_block_copy* copies, size_t n) {
+  std::vector<loom::KVBlockCopy> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = {copies[i].src, copies[i].dst, copies[i].n_positions};
+  loom::HostKVBuffer::copy_blocks(static_cast<uint8_t*>(kv), from_c(c), v);
+}
+
+// The ABI's KV pool and batch tables as the executor's loom::KVRows.
+inline loom::KVRows kv_rows(const loom_batch& b) {
+  if (b.struct_size < offsetof(loom_batch, table_stride) + sizeof(b.table_stride) || !b.kv_layout || !b.kv)
+    throw loom::Error(loom::Errc::invalid_argument, "backend",
+                      "a batch without its KV pool (ABI before 2.0)");
+  const loom::KVLayout l = from_c(*b.kv_layout);
   const size_t n_tables = b.n_seqs * static_cast<size_t>(std::max(b.table_stride, 0));
   return loom::KVRows(l, b.kv, {b.slots, b.n_tokens}, {b.row_seq, b.n_tokens}, {b.tables, n_tables},
                       b.table_stride);
@@ -193,17 +206,7 @@ template <const char* NAME> struct ExecutorTable {
   static loom_status* kv_copy_fn(void*, void* kv, const loom_kv_layout* c, const loom_block_copy* copies,
                                  size_t n) noexcept {
     LOOM_SDK_TRY
-    loom::KVLayout l;
-    l.dtype = static_cast<loom::DType>(c->dtype);
-    l.n_layer = c->n_layer;
-    l.n_head_kv = c->n_head_kv;
-    l.head_dim = c->head_dim;
-    l.block_size = c->block_size;
-    l.n_blocks = c->n_blocks;
-    std::vector<loom::KVBlockCopy> v(n);
-    for (size_t i = 0; i < n; ++i)
-      v[i] = {copies[i].src, copies[i].dst, copies[i].n_positions};
-    loom::HostKVBuffer::copy_blocks(static_cast<uint8_t*>(kv), l, v);
+    copy_blocks_c(kv, *c, copies, n);
     LOOM_SDK_CATCH
   }
   static loom_status* load_fn(void* self, const loom_weight* weights, size_t n, size_t size) noexcept {
