@@ -15,8 +15,7 @@ namespace loom {
 // replay of accept() could not rebuild (Mirostat's μ moves in apply()).
 struct DecodeSession::Checkpoint {
   std::unique_ptr<Sampler> chain;
-  std::vector<std::unique_ptr<StopPlugin>> plugins;
-  StopTracker stop;
+  StopTracker stop; // every criterion, built-in and plugin, with its state
   DecodeState detok;
   size_t text_size = 0;
   explicit Checkpoint(const StopTracker& st) : stop(st) {}
@@ -35,8 +34,7 @@ struct DecodeSession::Seq {
   size_t n_rows = 0;
   bool has_logits() const noexcept { return n_rows > 0; }
   std::unique_ptr<Sampler> chain; // this sequence's sampler state
-  StopTracker stop;
-  std::vector<std::unique_ptr<StopPlugin>> plugins;
+  StopTracker stop; // its stop criteria (built-in and plugin) and the text held back from streaming
   DecodeState detok;
   std::string text; // released text
   std::vector<float> logprobs;
@@ -52,7 +50,7 @@ struct DecodeSession::Seq {
   int32_t target = 0, out_from = 0;
   std::vector<std::shared_ptr<const Checkpoint>> history; // [k]: after k generated tokens
 
-  explicit Seq(StopConfig cfg) : stop(std::move(cfg)) {}
+  explicit Seq(StopTracker st) : stop(std::move(st)) {}
 };
 
 DecodeSession::DecodeSession(SessionContext& ctx, RequestId id, std::vector<TokenId> prompt, uint64_t seed,
@@ -97,8 +95,6 @@ const DecodeSession::Seq& DecodeSession::at(LocalSeq seq) const {
 void DecodeSession::checkpoint(Seq& s) {
   auto cp = std::make_shared<Checkpoint>(s.stop);
   cp->chain = s.chain->clone();
-  for (const auto& p : s.plugins)
-    cp->plugins.push_back(p->clone());
   cp->detok = s.detok;
   cp->text_size = s.text.size();
   const size_t k = s.tokens.size() - prompt_.size();
@@ -114,7 +110,9 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   FreeKvOnThrow undo{ctx_, ctx_.kv, kv};
   StopConfig stop_cfg = tmpl.stop;
   stop_cfg.max_tokens = max_new_tokens_;
-  auto seq = std::make_unique<Seq>(std::move(stop_cfg));
+  auto seq = std::make_unique<Seq>(StopTracker(
+      std::move(stop_cfg),
+      tmpl.make_stop_criteria ? tmpl.make_stop_criteria() : std::vector<std::unique_ptr<StopCriterion>>{}));
   seq->kv = kv;
   seq->tokens = prompt_;
   // Blocks of an earlier request with the same leading tokens (the last prompt token is evaluated
@@ -122,7 +120,6 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   cached_prompt_ = ctx_.kv.reuse_prefix(kv, prompt_, static_cast<int32_t>(prompt_.size()) - 1);
   seq->n_cached = cached_prompt_;
   seq->chain = tmpl.make_chain();
-  if (tmpl.make_stop_plugins) seq->plugins = tmpl.make_stop_plugins();
   // SentencePiece's leading-space rule applies only when the prompt produced no text.
   std::string prompt_text;
   for (TokenId t : prompt_)
@@ -142,7 +139,7 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   if (!ok) return -1; // no free KV sequence: the decoder goes on with fewer
   ctx_.take_kv_seq(kv);
   FreeKvOnThrow undo{ctx_, store, kv};
-  auto c = std::make_unique<Seq>(p.stop.config());
+  auto c = std::make_unique<Seq>(p.stop); // clones the stop criteria: may throw
   c->model = p.model;
   c->kv = kv;
   c->tokens = p.tokens;
@@ -159,13 +156,10 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   return adopt(std::move(c));
 }
 
-// What a fork carries besides tokens, K/V and logits: sampler / stop / detokenizer state, text,
+// What a fork carries besides tokens, K/V, logits and stop state: sampler / detokenizer state, text,
 // log-probs, the end state and the per-length checkpoints.
 void DecodeSession::copy_state(const Seq& p, Seq& c) {
-  c.stop = p.stop;
   c.chain = p.chain->clone();
-  for (const auto& sp : p.plugins)
-    c.plugins.push_back(sp->clone());
   c.detok = p.detok;
   c.text = p.text;
   c.logprobs = p.logprobs;
@@ -194,7 +188,7 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   if (!ctx_.draft_kv->allocate(kv, 0)) return -1; // no free draft KV sequence: recoverable
   ctx_.take_kv_seq(kv);
   FreeKvOnThrow undo{ctx_, *ctx_.draft_kv, kv};
-  auto c = std::make_unique<Seq>(p.stop.config());
+  auto c = std::make_unique<Seq>(p.stop); // clones the stop criteria: may throw
   c->model = 1;
   c->kv = kv;
   c->tokens = p.tokens; // committed tokens only; none evaluated on the draft model yet
@@ -259,9 +253,6 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   for (float lp : s.logprobs)
     s.logprob_sum += static_cast<double>(lp);
   s.chain = cp.chain->clone();
-  s.plugins.clear();
-  for (const auto& p : cp.plugins)
-    s.plugins.push_back(p->clone());
   s.stop = cp.stop;
   s.detok = cp.detok;
   s.text.resize(cp.text_size);
@@ -287,11 +278,8 @@ void DecodeSession::stream(Seq& s, bool final) {
   if (!on_text_ || stream_ < 0) return;
   auto it = seqs_.find(stream_);
   if (it == seqs_.end() || it->second.get() != &s) return;
-  size_t hold = 0;
-  if (!final)
-    for (const auto& p : s.plugins)
-      hold = std::max(hold, p->holdback_bytes());
-  const size_t upto = s.text.size() > hold ? s.text.size() - hold : 0;
+  (void) final; // s.text holds only released text: what the stop criteria hold back is in s.stop
+  const size_t upto = s.text.size();
   if (upto > streamed_) { // text streamed before a truncate is never taken back (nor repeated)
     on_text_(std::string_view(s.text).substr(streamed_, upto - streamed_));
     streamed_ = upto;
@@ -361,21 +349,11 @@ StopReason DecodeSession::commit_token(Seq& s, TokenId token) {
   const Tokenizer& tok = ctx_.tok;
   std::string piece;
   if (!tok.is_eog(token) || !s.stop.config().eos) tok.decode_step(s.detok, token, piece);
-  StopStep st = s.stop.on_token(token, piece);
+  const std::span<const TokenId> gen(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size());
+  StopStep st = s.stop.on_token(token, piece, gen); // built-in and plugin criteria, in order
   s.text += st.emit;
-  if (st.reason == StopReason::none) {
-    const std::span<const TokenId> gen(s.tokens.data() + prompt_.size(), s.tokens.size() - prompt_.size());
-    for (auto& p : s.plugins) {
-      const StopReason r = p->check(gen, piece);
-      if (r != StopReason::none) {
-        st.reason = r;
-        break;
-      }
-    }
-  }
   if (st.reason == StopReason::none && static_cast<int32_t>(s.tokens.size()) > ctx_.n_ctx)
     st.reason = StopReason::max_context; // the token just sampled has no position left to be evaluated at
-  if (st.reason == StopReason::none && s.stop.timed_out()) st.reason = StopReason::timeout;
   checkpoint(s);
   if (st.reason != StopReason::none) {
     drop_draft(s); // tokens drafted after a stop are never committed

@@ -195,8 +195,8 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     else
       missing(LOOM_KIND_VERIFIER, "verifier", cfg.verifier.name, "none");
   }
-  tmpl.make_stop_plugins = [pp = p.get()] {
-    std::vector<std::unique_ptr<StopPlugin>> v;
+  tmpl.make_stop_criteria = [pp = p.get()] {
+    std::vector<std::unique_ptr<StopCriterion>> v;
     for (const auto& sp : pp->stop_plugins_)
       v.push_back(sp->clone());
     return v;

@@ -1,4 +1,4 @@
-// stop.cpp — stop reasons and the per-sequence StopTracker.
+// stop.cpp — stop reasons, the built-in stop criteria and the per-sequence StopTracker.
 //
 // Stop strings are matched on bytes. With valid UTF-8 on both sides a match can only start at a
 // character boundary, so nothing held back or emitted ever splits a character.
@@ -40,82 +40,204 @@ std::string_view stop_reason_name(StopReason r) noexcept {
   return "none";
 }
 
-StopTracker::StopTracker(StopConfig cfg) : cfg_(std::move(cfg)), start_(std::chrono::steady_clock::now()) {
-  for (size_t i = 0; i < cfg_.strings.size(); ++i)
-    if (cfg_.strings[i].empty())
-      fail(Errc::invalid_argument, "stop",
-           "stop string " + std::to_string(i) + " is empty; expected a non-empty string");
-  if (cfg_.max_tokens < -1)
-    fail(Errc::invalid_argument, "stop",
-         "max_tokens = " + std::to_string(cfg_.max_tokens) + "; expected an integer ≥ 0, or -1 for no limit");
-  if (cfg_.timeout_ms < 0)
-    fail(Errc::invalid_argument, "stop",
-         "timeout_ms = " + std::to_string(cfg_.timeout_ms) + "; expected an integer ≥ 0 (0 = no limit)");
+namespace {
+
+bool contains(const std::vector<TokenId>& v, TokenId id) {
+  return std::find(v.begin(), v.end(), id) != v.end();
 }
 
-StopStep StopTracker::on_token(TokenId id, std::string_view text) {
-  ++n_generated_;
-  StopStep step;
-  const auto contains = [id](const std::vector<TokenId>& v) {
-    return std::find(v.begin(), v.end(), id) != v.end();
-  };
+// End-of-generation tokens (EOS, EOT, …): their own text is never part of the output.
+class EosStop final : public StopCriterion {
+public:
+  explicit EosStop(std::vector<TokenId> ids) : ids_(std::move(ids)) {}
+  std::string_view name() const noexcept override { return "eos"; }
+  StopVerdict check(const StopInput& in) override {
+    if (!contains(ids_, in.token)) return {};
+    return {StopReason::eos, in.piece.size(), {}};
+  }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<EosStop>(*this); }
 
-  // 1–2. End-of-generation and stop tokens: the token's own text is never streamed; the held text
-  // can no longer become a stop string, so it is released.
-  if (cfg_.eos && contains(cfg_.eog_tokens)) {
-    step.emit = flush();
-    step.reason = StopReason::eos;
-    return step;
-  }
-  if (contains(cfg_.stop_tokens)) {
-    step.emit = flush();
-    step.reason = StopReason::stop_token;
-    return step;
-  }
+private:
+  std::vector<TokenId> ids_;
+};
 
-  // 3. Stop strings over the held text plus the new text.
-  held_.append(text);
-  size_t best_end = std::string::npos, best_start = 0;
-  const std::string* best = nullptr;
-  for (const auto& s : cfg_.strings) {
-    const size_t pos = held_.find(s);
-    if (pos == std::string::npos) continue;
-    const size_t end = pos + s.size();
-    if (best == nullptr || end < best_end || (end == best_end && pos < best_start)) {
-      best = &s;
-      best_end = end;
-      best_start = pos;
-    }
+// Configured stop token ids: their text is not part of the output either.
+class TokenStop final : public StopCriterion {
+public:
+  explicit TokenStop(std::vector<TokenId> ids) : ids_(std::move(ids)) {}
+  std::string_view name() const noexcept override { return "stop_tokens"; }
+  StopVerdict check(const StopInput& in) override {
+    if (!contains(ids_, in.token)) return {};
+    return {StopReason::stop_token, in.piece.size(), {}};
   }
-  if (best != nullptr) {
-    step.emit = held_.substr(0, best_start);
-    step.matched = *best;
-    step.reason = StopReason::stop_string;
-    held_.clear(); // the stop string and anything after it are dropped
-    return step;
-  }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<TokenStop>(*this); }
 
-  // No match: hold back the longest suffix that is a proper prefix of some stop string.
-  size_t hold = 0;
-  for (const auto& s : cfg_.strings) {
-    for (size_t len = std::min(held_.size(), s.size() - 1); len > hold; --len) {
-      if (std::string_view(held_).substr(held_.size() - len) == std::string_view(s).substr(0, len)) {
-        hold = len;
-        break;
+private:
+  std::vector<TokenId> ids_;
+};
+
+// Stop strings over the text across token boundaries. `window_` is the end of the text that may still
+// begin a stop string: it is held back from streaming.
+class StringStop final : public StopCriterion {
+public:
+  explicit StringStop(std::vector<std::string> strings)
+      : strings_(std::make_shared<const std::vector<std::string>>(std::move(strings))) {}
+  std::string_view name() const noexcept override { return "stop_strings"; }
+  StopVerdict check(const StopInput& in) override {
+    window_.append(in.piece);
+    size_t best_end = std::string::npos, best_start = 0;
+    const std::string* best = nullptr;
+    for (const auto& s : *strings_) {
+      const size_t pos = window_.find(s);
+      if (pos == std::string::npos) continue;
+      const size_t end = pos + s.size();
+      if (best == nullptr || end < best_end || (end == best_end && pos < best_start)) {
+        best = &s;
+        best_end = end;
+        best_start = pos;
       }
     }
+    if (best != nullptr) { // the stop string and anything after it are dropped
+      StopVerdict v{StopReason::stop_string, window_.size() - best_start, *best};
+      window_.clear();
+      return v;
+    }
+    // No match: keep the longest suffix that is a proper prefix of some stop string.
+    size_t hold = 0;
+    for (const auto& s : *strings_)
+      for (size_t len = std::min(window_.size(), s.size() - 1); len > hold; --len)
+        if (std::string_view(window_).substr(window_.size() - len) == std::string_view(s).substr(0, len)) {
+          hold = len;
+          break;
+        }
+    window_.erase(0, window_.size() - hold);
+    return {};
   }
+  size_t holdback_bytes() const override { return window_.size(); }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<StringStop>(*this); }
+
+private:
+  std::shared_ptr<const std::vector<std::string>> strings_;
+  std::string window_;
+};
+
+class MaxTokensStop final : public StopCriterion {
+public:
+  explicit MaxTokensStop(int32_t max) : max_(max) {}
+  std::string_view name() const noexcept override { return "max_tokens"; }
+  StopVerdict check(const StopInput&) override {
+    ++n_;
+    return n_ >= max_ ? StopVerdict{StopReason::max_tokens, 0, {}} : StopVerdict{};
+  }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<MaxTokensStop>(*this); }
+
+private:
+  int32_t max_;
+  int32_t n_ = 0;
+};
+
+class TimeoutStop final : public StopCriterion {
+public:
+  explicit TimeoutStop(int64_t ms) : ms_(ms), start_(std::chrono::steady_clock::now()) {}
+  std::string_view name() const noexcept override { return "timeout"; }
+  StopVerdict check(const StopInput&) override {
+    return std::chrono::steady_clock::now() - start_ >= std::chrono::milliseconds(ms_)
+               ? StopVerdict{StopReason::timeout, 0, {}}
+               : StopVerdict{};
+  }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<TimeoutStop>(*this); }
+
+private:
+  int64_t ms_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+} // namespace
+
+std::unique_ptr<StopCriterion> make_eos_stop(std::vector<TokenId> eog_tokens) {
+  return std::make_unique<EosStop>(std::move(eog_tokens));
+}
+std::unique_ptr<StopCriterion> make_stop_tokens(std::vector<TokenId> stop_tokens) {
+  return std::make_unique<TokenStop>(std::move(stop_tokens));
+}
+std::unique_ptr<StopCriterion> make_stop_strings(std::vector<std::string> strings) {
+  for (size_t i = 0; i < strings.size(); ++i)
+    if (strings[i].empty())
+      fail(Errc::invalid_argument, "stop",
+           "stop string " + std::to_string(i) + " is empty; expected a non-empty string");
+  return std::make_unique<StringStop>(std::move(strings));
+}
+std::unique_ptr<StopCriterion> make_max_tokens(int32_t max_tokens) {
+  if (max_tokens < 0)
+    fail(Errc::invalid_argument, "stop",
+         "max_tokens = " + std::to_string(max_tokens) + "; expected an integer ≥ 0");
+  return std::make_unique<MaxTokensStop>(max_tokens);
+}
+std::unique_ptr<StopCriterion> make_timeout(int64_t timeout_ms) {
+  if (timeout_ms <= 0)
+    fail(Errc::invalid_argument, "stop",
+         "timeout_ms = " + std::to_string(timeout_ms) + "; expected an integer > 0");
+  return std::make_unique<TimeoutStop>(timeout_ms);
+}
+
+StopTracker::StopTracker(StopConfig cfg, std::vector<std::unique_ptr<StopCriterion>> custom)
+    : start_(std::chrono::steady_clock::now()) {
+  for (size_t i = 0; i < cfg.strings.size(); ++i)
+    if (cfg.strings[i].empty())
+      fail(Errc::invalid_argument, "stop",
+           "stop string " + std::to_string(i) + " is empty; expected a non-empty string");
+  if (cfg.max_tokens < -1)
+    fail(Errc::invalid_argument, "stop",
+         "max_tokens = " + std::to_string(cfg.max_tokens) + "; expected an integer ≥ 0, or -1 for no limit");
+  if (cfg.timeout_ms < 0)
+    fail(Errc::invalid_argument, "stop",
+         "timeout_ms = " + std::to_string(cfg.timeout_ms) + "; expected an integer ≥ 0 (0 = no limit)");
+  if (cfg.eos && !cfg.eog_tokens.empty()) criteria_.push_back(make_eos_stop(cfg.eog_tokens));
+  if (!cfg.stop_tokens.empty()) criteria_.push_back(make_stop_tokens(cfg.stop_tokens));
+  if (!cfg.strings.empty()) criteria_.push_back(make_stop_strings(cfg.strings));
+  if (cfg.max_tokens >= 0) criteria_.push_back(make_max_tokens(cfg.max_tokens));
+  if (cfg.timeout_ms > 0) criteria_.push_back(make_timeout(cfg.timeout_ms));
+  for (auto& c : custom)
+    if (c) criteria_.push_back(std::move(c));
+  cfg_ = std::make_shared<const StopConfig>(std::move(cfg));
+}
+
+StopTracker::StopTracker(const StopTracker& o)
+    : cfg_(o.cfg_), held_(o.held_), n_generated_(o.n_generated_), start_(o.start_) {
+  criteria_.reserve(o.criteria_.size());
+  for (const auto& c : o.criteria_)
+    criteria_.push_back(c->clone());
+}
+
+StopTracker& StopTracker::operator=(const StopTracker& o) {
+  if (this != &o) *this = StopTracker(o); // clones first: a throwing clone leaves *this as it was
+  return *this;
+}
+
+StopTracker::~StopTracker() = default;
+
+StopStep StopTracker::on_token(TokenId id, std::string_view text, std::span<const TokenId> generated) {
+  ++n_generated_;
+  held_.append(text);
+  const StopInput in{id, text, generated};
+  StopStep step;
+  for (auto& c : criteria_) {
+    StopVerdict v = c->check(in);
+    if (v.reason == StopReason::none) continue;
+    // The sequence ends here: what is not dropped can be streamed, nothing needs holding back.
+    const size_t drop = std::min(v.drop, held_.size());
+    step.emit = held_.substr(0, held_.size() - drop);
+    held_.clear();
+    step.reason = v.reason;
+    step.matched = std::move(v.matched);
+    return step;
+  }
+  size_t hold = 0;
+  for (const auto& c : criteria_)
+    hold = std::max(hold, c->holdback_bytes());
+  hold = std::min(hold, held_.size());
   step.emit = held_.substr(0, held_.size() - hold);
   held_.erase(0, held_.size() - hold);
-
-  // 4. Token budget, 5. wall clock: the sequence ends here, so nothing needs holding back any more.
-  if (cfg_.max_tokens >= 0 && n_generated_ >= cfg_.max_tokens) {
-    step.emit += flush();
-    step.reason = StopReason::max_tokens;
-  } else if (timed_out()) {
-    step.emit += flush();
-    step.reason = StopReason::timeout;
-  }
   return step;
 }
 
@@ -126,8 +248,8 @@ std::string StopTracker::flush() {
 }
 
 bool StopTracker::timed_out() const {
-  return cfg_.timeout_ms > 0 &&
-         std::chrono::steady_clock::now() - start_ >= std::chrono::milliseconds(cfg_.timeout_ms);
+  return cfg_->timeout_ms > 0 &&
+         std::chrono::steady_clock::now() - start_ >= std::chrono::milliseconds(cfg_->timeout_ms);
 }
 
 } // namespace loom

@@ -87,9 +87,6 @@ public:
   void start(Session& s) override {
     max_new_ = s.max_new_tokens();
     s.set_stream(-1); // the answer is known only at the end
-    if (sample_ && !Session::has_speculative_api())
-      throw loom::sdk::Error("beam_search: sample = true needs a Loom host with ABI 1.3 (seq_probs)",
-                             LOOM_STATUS_UNSUPPORTED);
     groups_.assign(n_groups_, Group{});
     for (Group& g : groups_)
       g.beams.assign(1, Beam{0, 0.0}); // every group starts from the prompt

@@ -87,9 +87,6 @@ public:
   }
 
   void start(Session& s) override {
-    if (!Session::has_speculative_api())
-      throw Error("speculative: this Loom host predates ABI 1.3 (draft tokens); upgrade Loom",
-                  LOOM_STATUS_UNSUPPORTED);
     V_ = static_cast<size_t>(s.n_vocab());
     p_.assign(V_, 0.0f);
     r_.assign(V_, 0.0f);

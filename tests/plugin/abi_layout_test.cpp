@@ -21,13 +21,13 @@
 #define LOOM_ABI_SIZE(type, bytes)                                                                           \
   static_assert(sizeof(type) == (bytes), "sizeof(" #type ") changed: ABI layouts are frozen")
 
-// ABI 2.0 kept abi.h's 1.x layouts (the plugin table, the host API, decoders, samplers, stops) and
-// replaced backend.h's (its own 2.0 block below).
+// ABI 2.0 kept abi.h's 1.x layouts of the plugin table, decoders, samplers and stops, and replaced the
+// host API (versioned tables), loom_candidates (element size) and backend.h (their 2.0 blocks below).
 static_assert(LOOM_ABI_MAJOR == 2u, "a new ABI major needs its own frozen block below");
 
 // The C ABI's tables must stay plain C data.
 static_assert(std::is_standard_layout_v<loom_plugin> && std::is_trivially_copyable_v<loom_plugin>);
-static_assert(std::is_standard_layout_v<loom_host_api> && std::is_trivially_copyable_v<loom_host_api>);
+static_assert(std::is_standard_layout_v<loom_host> && std::is_trivially_copyable_v<loom_host>);
 static_assert(std::is_standard_layout_v<loom_candidates> && std::is_trivially_copyable_v<loom_candidates>);
 static_assert(sizeof(loom_token) == 4 && sizeof(loom_seq) == 4);
 
@@ -57,39 +57,6 @@ LOOM_ABI_OFFSET(loom_factory, name, 8);
 LOOM_ABI_OFFSET(loom_factory, create, 16);
 LOOM_ABI_SIZE(loom_factory, 24);
 
-// loom_host_api
-LOOM_ABI_OFFSET(loom_host_api, struct_size, 0);
-LOOM_ABI_OFFSET(loom_host_api, abi_major, 4);
-LOOM_ABI_OFFSET(loom_host_api, abi_minor, 8);
-LOOM_ABI_OFFSET(loom_host_api, log, 16);
-LOOM_ABI_OFFSET(loom_host_api, status_create, 24);
-LOOM_ABI_OFFSET(loom_host_api, config_get_i64, 32);
-LOOM_ABI_OFFSET(loom_host_api, config_get_f64, 40);
-LOOM_ABI_OFFSET(loom_host_api, config_get_bool, 48);
-LOOM_ABI_OFFSET(loom_host_api, config_get_str, 56);
-LOOM_ABI_OFFSET(loom_host_api, config_has, 64);
-LOOM_ABI_OFFSET(loom_host_api, rng_uniform, 72);
-LOOM_ABI_OFFSET(loom_host_api, session_n_vocab, 80);
-LOOM_ABI_OFFSET(loom_host_api, session_n_prompt, 88);
-LOOM_ABI_OFFSET(loom_host_api, session_max_new_tokens, 96);
-LOOM_ABI_OFFSET(loom_host_api, seq_fork, 104);
-LOOM_ABI_OFFSET(loom_host_api, seq_free, 112);
-LOOM_ABI_OFFSET(loom_host_api, seq_truncate, 120);
-LOOM_ABI_OFFSET(loom_host_api, seq_append, 128);
-LOOM_ABI_OFFSET(loom_host_api, seq_tokens, 136);
-LOOM_ABI_OFFSET(loom_host_api, seq_n_generated, 144);
-LOOM_ABI_OFFSET(loom_host_api, seq_finished, 152);
-LOOM_ABI_OFFSET(loom_host_api, session_plan, 160);
-LOOM_ABI_OFFSET(loom_host_api, seq_logits, 168);
-LOOM_ABI_OFFSET(loom_host_api, seq_sample, 176);
-LOOM_ABI_OFFSET(loom_host_api, seq_logprob, 184);
-LOOM_ABI_OFFSET(loom_host_api, seq_finish, 192);
-LOOM_ABI_OFFSET(loom_host_api, seq_score, 200);
-LOOM_ABI_OFFSET(loom_host_api, session_set_stream, 208);
-LOOM_ABI_OFFSET(loom_host_api, detokenize, 216);
-LOOM_ABI_OFFSET(loom_host_api, session_add_result, 224);
-// sizeof(loom_host_api) was 232 in ABI 1.0–1.1; 1.2 appends config_type (asserted below).
-
 // loom_sampler_i
 LOOM_ABI_OFFSET(loom_sampler_i, struct_size, 0);
 LOOM_ABI_OFFSET(loom_sampler_i, apply, 8);
@@ -117,14 +84,6 @@ LOOM_ABI_OFFSET(loom_decoder_i, done, 32);
 LOOM_ABI_OFFSET(loom_decoder_i, results, 40);
 LOOM_ABI_OFFSET(loom_decoder_i, destroy, 48);
 LOOM_ABI_SIZE(loom_decoder_i, 56);
-
-// loom_candidates
-LOOM_ABI_OFFSET(loom_candidates, data, 0);
-LOOM_ABI_OFFSET(loom_candidates, size, 8);
-LOOM_ABI_OFFSET(loom_candidates, sorted, 16);
-LOOM_ABI_OFFSET(loom_candidates, has_probs, 20);
-LOOM_ABI_OFFSET(loom_candidates, selected, 24);
-LOOM_ABI_SIZE(loom_candidates, 32);
 
 // loom_token_data
 LOOM_ABI_OFFSET(loom_token_data, id, 0);
@@ -154,30 +113,79 @@ static_assert(LOOM_STOP_NONE == 0 && LOOM_STOP_EOS == 1 && LOOM_STOP_STOP_TOKEN 
 static_assert(LOOM_STOP_ERROR == 9); // ABI 1.2
 static_assert(LOOM_CONFIG_NONE == 0 && LOOM_CONFIG_BOOL == 1 && LOOM_CONFIG_STRING == 4 &&
               LOOM_CONFIG_FLOAT_ARRAY == 6);
-LOOM_ABI_OFFSET(loom_host_api, config_type, 232);        // ABI 1.2 (appended)
-LOOM_ABI_OFFSET(loom_host_api, session_set_output, 240); // ABI 1.2 (appended)
-LOOM_ABI_OFFSET(loom_host_api, session_verify, 248);     // ABI 1.2 (appended)
-LOOM_ABI_OFFSET(loom_host_api, seq_set_draft, 256);      // ABI 1.3 (appended)
-LOOM_ABI_OFFSET(loom_host_api, seq_commit, 264);
-LOOM_ABI_OFFSET(loom_host_api, seq_n_draft, 272);
-LOOM_ABI_OFFSET(loom_host_api, seq_logits_at, 280);
-LOOM_ABI_OFFSET(loom_host_api, seq_probs, 288);
-LOOM_ABI_OFFSET(loom_host_api, session_has_draft, 296);
-LOOM_ABI_OFFSET(loom_host_api, seq_fork_draft, 304);
-LOOM_ABI_OFFSET(loom_host_api, session_set_metric, 312);
-LOOM_ABI_OFFSET(loom_host_api, session_uniform, 320);
-LOOM_ABI_OFFSET(loom_host_api, status_code, 328); // ABI 2.0 (appended)
-LOOM_ABI_OFFSET(loom_host_api, status_message, 336);
-LOOM_ABI_OFFSET(loom_host_api, status_free, 344);
-LOOM_ABI_OFFSET(loom_host_api, config_get_i64_array, 352);
-LOOM_ABI_OFFSET(loom_host_api, config_get_f64_array, 360);
-LOOM_ABI_OFFSET(loom_host_api, tokenize, 368);
-LOOM_ABI_SIZE(loom_host_api, 376);
 static_assert(LOOM_KIND_VERIFIER == 5);
 
 // ================================================================================================
 // (ABI 1.1 and later: a new block here, asserting only the appended fields.)
 // ================================================================================================
+
+// ---- ABI 2.0, loom/sdk/abi.h: the host and its versioned tables — DO NOT MODIFY ----
+// (The tables are asked for by version, loom_host.get_api(table, minor); a minor appends entries, so each
+// entry's offset is frozen here; asserting the size as well catches an entry inserted in the middle.)
+LOOM_ABI_OFFSET(loom_host, struct_size, 0);
+LOOM_ABI_OFFSET(loom_host, abi_major, 4);
+LOOM_ABI_OFFSET(loom_host, abi_minor, 8);
+LOOM_ABI_OFFSET(loom_host, log, 16); // where 1.x hosts had it: a 1.x plugin still logs its refusal
+LOOM_ABI_OFFSET(loom_host, get_api, 24);
+LOOM_ABI_OFFSET(loom_host, version, 32);
+LOOM_ABI_SIZE(loom_host, 40);
+static_assert(LOOM_API_CORE == 1u && LOOM_API_CONFIG == 2u && LOOM_API_SESSION == 3u);
+LOOM_ABI_OFFSET(loom_core_api, status_create, 0);
+LOOM_ABI_OFFSET(loom_core_api, status_code, 8);
+LOOM_ABI_OFFSET(loom_core_api, status_message, 16);
+LOOM_ABI_OFFSET(loom_core_api, status_free, 24);
+LOOM_ABI_OFFSET(loom_core_api, rng_uniform, 32);
+LOOM_ABI_SIZE(loom_core_api, 40);
+LOOM_ABI_OFFSET(loom_config_api, get_i64, 0);
+LOOM_ABI_OFFSET(loom_config_api, get_f64, 8);
+LOOM_ABI_OFFSET(loom_config_api, get_bool, 16);
+LOOM_ABI_OFFSET(loom_config_api, get_str, 24);
+LOOM_ABI_OFFSET(loom_config_api, has, 32);
+LOOM_ABI_OFFSET(loom_config_api, type, 40);
+LOOM_ABI_OFFSET(loom_config_api, get_i64_array, 48);
+LOOM_ABI_OFFSET(loom_config_api, get_f64_array, 56);
+LOOM_ABI_SIZE(loom_config_api, 64);
+LOOM_ABI_OFFSET(loom_session_api, n_vocab, 0);
+LOOM_ABI_OFFSET(loom_session_api, n_prompt, 8);
+LOOM_ABI_OFFSET(loom_session_api, max_new_tokens, 16);
+LOOM_ABI_OFFSET(loom_session_api, seq_fork, 24);
+LOOM_ABI_OFFSET(loom_session_api, seq_free, 32);
+LOOM_ABI_OFFSET(loom_session_api, seq_truncate, 40);
+LOOM_ABI_OFFSET(loom_session_api, seq_append, 48);
+LOOM_ABI_OFFSET(loom_session_api, seq_tokens, 56);
+LOOM_ABI_OFFSET(loom_session_api, seq_n_generated, 64);
+LOOM_ABI_OFFSET(loom_session_api, seq_finished, 72);
+LOOM_ABI_OFFSET(loom_session_api, plan, 80);
+LOOM_ABI_OFFSET(loom_session_api, seq_logits, 88);
+LOOM_ABI_OFFSET(loom_session_api, seq_sample, 96);
+LOOM_ABI_OFFSET(loom_session_api, seq_logprob, 104);
+LOOM_ABI_OFFSET(loom_session_api, seq_finish, 112);
+LOOM_ABI_OFFSET(loom_session_api, seq_score, 120);
+LOOM_ABI_OFFSET(loom_session_api, set_stream, 128);
+LOOM_ABI_OFFSET(loom_session_api, tokenize, 136);
+LOOM_ABI_OFFSET(loom_session_api, detokenize, 144);
+LOOM_ABI_OFFSET(loom_session_api, add_result, 152);
+LOOM_ABI_OFFSET(loom_session_api, set_output, 160);
+LOOM_ABI_OFFSET(loom_session_api, verify, 168);
+LOOM_ABI_OFFSET(loom_session_api, set_metric, 176);
+LOOM_ABI_OFFSET(loom_session_api, uniform, 184);
+LOOM_ABI_OFFSET(loom_session_api, seq_set_draft, 192);
+LOOM_ABI_OFFSET(loom_session_api, seq_commit, 200);
+LOOM_ABI_OFFSET(loom_session_api, seq_n_draft, 208);
+LOOM_ABI_OFFSET(loom_session_api, seq_logits_at, 216);
+LOOM_ABI_OFFSET(loom_session_api, seq_probs, 224);
+LOOM_ABI_OFFSET(loom_session_api, has_draft, 232);
+LOOM_ABI_OFFSET(loom_session_api, seq_fork_draft, 240);
+LOOM_ABI_SIZE(loom_session_api, 248);
+// loom_candidates: an array of loom_token_data that carries its element size
+LOOM_ABI_OFFSET(loom_candidates, struct_size, 0);
+LOOM_ABI_OFFSET(loom_candidates, data_size, 4);
+LOOM_ABI_OFFSET(loom_candidates, data, 8);
+LOOM_ABI_OFFSET(loom_candidates, size, 16);
+LOOM_ABI_OFFSET(loom_candidates, sorted, 24);
+LOOM_ABI_OFFSET(loom_candidates, has_probs, 28);
+LOOM_ABI_OFFSET(loom_candidates, selected, 32);
+LOOM_ABI_SIZE(loom_candidates, 40);
 
 // ---- ABI 2.0, loom/sdk/backend.h — DO NOT MODIFY; append new fields and add a new block ----
 // (2.0 replaced 1.x's backend boundary: weights loaded by the backend, the KV pool its memory with block
@@ -278,9 +286,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 2u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_host_api),
-            376u); // 1.2 config_type … session_verify; 1.3 seq_set_draft … session_uniform; 2.0 status_code …
-                   // tokenize
+  EXPECT_EQ(sizeof(loom_session_api), 248u); // 31 entries in 2.0
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

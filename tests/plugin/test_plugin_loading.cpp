@@ -224,6 +224,27 @@ TEST(PluginLoading, WrongAbiMajor) {
   EXPECT_EQ(e.code(), Errc::abi_mismatch);
 }
 
+TEST(PluginLoading, APluginForANewerMinorIsRefusedWithItsReason) {
+  // The host hands out its tables by version (loom_host.get_api): none of a minor it does not have.
+  const loom_host* h = host_api();
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->abi_major, LOOM_ABI_MAJOR);
+  EXPECT_NE(h->get_api(LOOM_API_SESSION, 0), nullptr);
+  EXPECT_NE(h->get_api(LOOM_API_CORE, LOOM_ABI_MINOR), nullptr);
+  EXPECT_EQ(h->get_api(LOOM_API_CONFIG, LOOM_ABI_MINOR + 1), nullptr);
+  EXPECT_EQ(h->get_api(99, 0), nullptr);
+  EXPECT_STRNE(h->version(), "");
+  // A plugin built for the next minor asks for it, gets NULL and refuses; the reason is in the error.
+  const Error e = load_error(fixture("future-minor"));
+  expect_one_line(e.what(), fixture("future-minor"), "refused the host");
+  const std::string msg = e.what();
+  const std::string newer = "older than this plugin's ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
+                            std::to_string(LOOM_ABI_MINOR + 1);
+  EXPECT_NE(msg.find(newer), std::string::npos) << msg;
+  EXPECT_NE(msg.find("LOOM_SDK_TARGET_MINOR"), std::string::npos) << msg;
+  EXPECT_EQ(e.code(), Errc::abi_mismatch);
+}
+
 TEST(PluginLoading, ScoreZero) {
   const Error e = load_error(fixture("score0"));
   expect_one_line(e.what(), fixture("score0"), "score");

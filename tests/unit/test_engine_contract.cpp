@@ -40,7 +40,7 @@ struct Rig {
   Rig(const std::filesystem::path& path, int32_t ctx, int32_t n_seq,
       std::function<std::unique_ptr<Decoder>()> dec,
       std::vector<SamplerSpec> chain = {SamplerSpec{"greedy", {}}}, StopConfig stop = {},
-      std::function<std::vector<std::unique_ptr<StopPlugin>>()> plugins = {},
+      std::function<std::vector<std::unique_ptr<StopCriterion>>()> plugins = {},
       std::unique_ptr<Backend> be = nullptr, std::unique_ptr<Backend> draft_be = nullptr)
       : n_ctx(ctx) {
     model = Model::load(path.string());
@@ -62,7 +62,7 @@ struct Rig {
         c->add(create_sampler(s));
       return c;
     };
-    t.make_stop_plugins = std::move(plugins);
+    t.make_stop_criteria = std::move(plugins);
     stop.eog_tokens = tok->eog_tokens();
     t.stop = stop;
     engine = std::make_unique<Engine>(*model, *tok, *backend, *kv, ctx, std::move(t), draft);
@@ -499,15 +499,16 @@ TEST(EngineContract, FreeReleasesTheSequence) {
 
 // ---- 9. custom stops and plugin hold-back never lose text --------------------------------------
 
-struct StopAfter final : StopPlugin {
+struct StopAfter final : StopCriterion {
   size_t n;
   size_t hold;
   StopAfter(size_t n_, size_t hold_) : n(n_), hold(hold_) {}
-  StopReason check(std::span<const TokenId> generated, std::string_view) override {
-    return generated.size() >= n ? StopReason::custom : StopReason::none;
+  std::string_view name() const noexcept override { return "stop_after"; }
+  StopVerdict check(const StopInput& in) override {
+    return in.generated.size() >= n ? StopVerdict{StopReason::custom, 0, {}} : StopVerdict{};
   }
   size_t holdback_bytes() const override { return hold; }
-  std::unique_ptr<StopPlugin> clone() const override { return std::make_unique<StopAfter>(*this); }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<StopAfter>(*this); }
 };
 
 std::unique_ptr<Decoder> greedy_decoder() {
@@ -525,7 +526,7 @@ TEST(EngineContract, ACustomStopReleasesTheHeldBackText) {
   for (char c = ' '; c <= '~'; ++c)
     stop.strings.push_back(std::string(1, c) + "\x01");
   Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, stop, [] {
-    std::vector<std::unique_ptr<StopPlugin>> v;
+    std::vector<std::unique_ptr<StopCriterion>> v;
     v.push_back(std::make_unique<StopAfter>(6, 0));
     return v;
   });
@@ -542,7 +543,7 @@ TEST(EngineContract, ACustomStopReleasesTheHeldBackText) {
 TEST(EngineContract, PluginHoldbackIsHonouredWhileStreaming) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, [] {
-    std::vector<std::unique_ptr<StopPlugin>> v;
+    std::vector<std::unique_ptr<StopCriterion>> v;
     v.push_back(std::make_unique<StopAfter>(1000, size_t{1} << 30)); // holds everything back
     return v;
   });

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <gtest/gtest.h>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -226,6 +227,97 @@ TEST(StopTracker, CopiesAreIndependent) {
   EXPECT_EQ(s.reason, StopReason::none);
   EXPECT_EQ(s.emit, "STAR");
   EXPECT_EQ(b.n_generated(), 2);
+}
+
+// ---- one StopCriterion interface for built-in and custom rules --------------------------------
+
+// A custom criterion (as a plugin's adapter is): stops with `custom` once the generated text it saw
+// contains "END"; holds back one byte while its last piece ended in 'E' or "EN".
+struct EndWord final : StopCriterion {
+  std::string seen;
+  std::vector<size_t> lengths; // generated.size() at each call
+  std::string_view name() const noexcept override { return "end_word"; }
+  StopVerdict check(const StopInput& in) override {
+    seen += in.piece;
+    lengths.push_back(in.generated.size());
+    return seen.find("END") != std::string::npos ? StopVerdict{StopReason::custom, 0, {}} : StopVerdict{};
+  }
+  size_t holdback_bytes() const override {
+    if (seen.size() >= 2 && seen.compare(seen.size() - 2, 2, "EN") == 0) return 2;
+    return !seen.empty() && seen.back() == 'E' ? 1 : 0;
+  }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<EndWord>(*this); }
+};
+
+StopTracker with_end_word(StopConfig c) {
+  std::vector<std::unique_ptr<StopCriterion>> custom;
+  custom.push_back(std::make_unique<EndWord>());
+  return StopTracker(std::move(c), std::move(custom));
+}
+
+TEST(StopCriterion, TheBuiltInRulesAreCriteriaToo) {
+  auto eos = make_eos_stop({kEos});
+  EXPECT_EQ(eos->name(), "eos");
+  EXPECT_EQ(eos->check({kText, "a", {}}).reason, StopReason::none);
+  const StopVerdict v = eos->check({kEos, "</s>", {}});
+  EXPECT_EQ(v.reason, StopReason::eos);
+  EXPECT_EQ(v.drop, 4u); // an end token's own text is not output
+
+  auto strings = make_stop_strings({"STOP"});
+  EXPECT_EQ(strings->check({kText, "abST", {}}).reason, StopReason::none);
+  EXPECT_EQ(strings->holdback_bytes(), 2u);
+  auto copy = strings->clone(); // state travels with a clone
+  const StopVerdict m = copy->check({kText, "OPxyz", {}});
+  EXPECT_EQ(m.reason, StopReason::stop_string);
+  EXPECT_EQ(m.matched, "STOP");
+  EXPECT_EQ(m.drop, 7u); // "STOPxyz": the match and what followed it
+  EXPECT_EQ(strings->check({kText, "OX", {}}).reason, StopReason::none); // the original did not move
+
+  auto max = make_max_tokens(2);
+  EXPECT_EQ(max->check({kText, "", {}}).reason, StopReason::none);
+  EXPECT_EQ(max->check({kText, "", {}}).reason, StopReason::max_tokens);
+  EXPECT_THROW(make_stop_strings({""}), Error);
+  EXPECT_THROW(make_timeout(0), Error);
+}
+
+TEST(StopTracker, ACustomCriterionRunsAfterTheBuiltInOnesWithTheGeneratedTokens) {
+  StopConfig c = config({"STOP"});
+  c.max_tokens = 3;
+  StopTracker t = with_end_word(c);
+  EXPECT_EQ(t.n_criteria(), 4u); // eos, stop strings, max tokens, then end_word
+  const std::vector<TokenId> gen = {kText, kText, kText};
+  EXPECT_EQ(t.on_token(kText, "ab", std::span(gen).first(1)).emit, "ab");
+  // "E" is held back by the custom criterion, not only by the stop strings.
+  EXPECT_EQ(t.on_token(kText, "cE", std::span(gen).first(2)).emit, "c");
+  EXPECT_EQ(t.holdback_bytes(), 1u);
+  // The third token reaches max_tokens: a built-in rule decides first and everything is released.
+  const StopStep s = t.on_token(kText, "ND", std::span(gen).first(3));
+  EXPECT_EQ(s.reason, StopReason::max_tokens);
+  EXPECT_EQ(s.emit, "END");
+}
+
+TEST(StopTracker, ACustomStopReleasesWhatEveryCriterionHeld) {
+  StopTracker t = with_end_word(config({"S\x01"}));
+  EXPECT_EQ(t.on_token(kText, "xS").emit, "x"); // "S" held for the stop string
+  EXPECT_EQ(t.on_token(kText, "EN").emit, "S"); // "SEN" can no longer be "S\x01"; "EN" is end_word's
+  const StopStep s = t.on_token(kText, "D!");
+  EXPECT_EQ(s.reason, StopReason::custom);
+  EXPECT_EQ(s.emit, "END!"); // a custom stop drops nothing
+  EXPECT_EQ(t.holdback_bytes(), 0u);
+}
+
+TEST(StopTracker, CopiesCloneEveryCriterionWithItsState) {
+  StopTracker a = with_end_word(config());
+  (void)a.on_token(kText, "xE");
+  StopTracker b = a;
+  EXPECT_EQ(a.on_token(kText, "ND").reason, StopReason::custom);
+  const StopStep s = b.on_token(kText, "NX"); // b's end_word saw "xE" too, and nothing of a's "ND"
+  EXPECT_EQ(s.reason, StopReason::none);
+  EXPECT_EQ(s.emit, "ENX");
+  StopTracker c = with_end_word(config());
+  c = b; // assignment clones as well
+  EXPECT_EQ(c.on_token(kText, "END").reason, StopReason::custom);
+  EXPECT_EQ(b.on_token(kText, "q").reason, StopReason::none);
 }
 
 TEST(StopTracker, RejectsBadConfig) {

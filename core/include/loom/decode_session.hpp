@@ -46,17 +46,6 @@ using RequestId = int64_t;
 using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
 using StreamCallback = std::function<void(std::string_view text)>;
 
-// A plugin stop criterion (custom rule) as the engine sees it.
-class StopPlugin {
-public:
-  virtual ~StopPlugin() = default;
-  // StopReason::none to go on.
-  virtual StopReason check(std::span<const TokenId> generated, std::string_view new_text) = 0;
-  // Bytes at the end of the text so far that must not be streamed yet.
-  virtual size_t holdback_bytes() const { return 0; }
-  virtual std::unique_ptr<StopPlugin> clone() const = 0;
-};
-
 // What a session needs of the engine: shared, outliving every session.
 struct SessionContext {
   const Tokenizer& tok;
@@ -87,7 +76,8 @@ struct SessionContext {
 // The per-sequence state a new request starts from.
 struct SequenceTemplate {
   std::function<std::unique_ptr<Sampler>()> make_chain;
-  std::function<std::vector<std::unique_ptr<StopPlugin>>()> make_stop_plugins; // may be empty
+  // The custom stop criteria (plugins) of a new sequence, run after StopConfig's built-in ones.
+  std::function<std::vector<std::unique_ptr<StopCriterion>>()> make_stop_criteria; // may be empty
   StopConfig stop;
 };
 

@@ -77,8 +77,8 @@ private:
   std::string backend_name_, backend_note_;
   std::unique_ptr<KVCacheStore> kv_;
   SamplerChain chain_;
-  std::vector<std::unique_ptr<StopPlugin>> stop_plugins_; // prototypes, cloned per sequence
-  std::shared_ptr<Model> draft_model_;                    // [decoder] draft (speculative decoding)
+  std::vector<std::unique_ptr<StopCriterion>> stop_plugins_; // prototypes, cloned per sequence
+  std::shared_ptr<Model> draft_model_;                       // [decoder] draft (speculative decoding)
   std::unique_ptr<Backend> draft_backend_;
   std::unique_ptr<KVCacheStore> draft_kv_;
   std::unique_ptr<Engine> engine_;

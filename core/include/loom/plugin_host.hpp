@@ -135,7 +135,7 @@ std::string file_sha256(const std::string& path);
 using LogSink = std::function<void(int32_t level, std::string_view plugin, std::string_view message)>;
 void set_log_sink(LogSink sink);
 
-// The host's service table handed to plugins.
-const loom_host_api* host_api() noexcept;
+// The host handed to plugins (its tables are asked for by version: loom_host.get_api).
+const loom_host* host_api() noexcept;
 
 } // namespace loom

@@ -41,6 +41,48 @@ struct StopConfig {
   int64_t timeout_ms = 0;           // 0 = none
 };
 
+// ---- the one interface every stop rule implements ------------------------------------------------
+// The built-in rules (end-of-generation tokens, stop tokens, stop strings with hold-back, the token
+// budget, the wall clock) and a plugin's stop criterion (through its adapter) are StopCriterion
+// objects, run in order by a sequence's StopTracker after each generated token.
+
+// What a criterion sees after one generated token.
+struct StopInput {
+  TokenId token = -1;                 // the token just generated
+  std::string_view piece;             // the text it added (empty while a UTF-8 character is incomplete,
+                                      // and for an end-of-generation token that is not printed)
+  std::span<const TokenId> generated; // every generated token, `token` last (empty when the caller
+                                      // has none to give: only plugin criteria read it)
+};
+
+// A criterion's answer.
+struct StopVerdict {
+  StopReason reason = StopReason::none; // none: go on
+  // Bytes at the end of the sequence's text (this piece included) that are not part of the output:
+  // a matched stop string and what followed it, or a stop token's own text. 0 keeps all of it.
+  size_t drop = 0;
+  std::string matched; // the stop string that matched (reason == stop_string)
+};
+
+class StopCriterion {
+public:
+  virtual ~StopCriterion() = default;
+  virtual std::string_view name() const noexcept = 0;
+  virtual StopVerdict check(const StopInput& in) = 0;
+  // Bytes at the end of the text so far that must not be streamed yet (they may still become a stop).
+  virtual size_t holdback_bytes() const { return 0; }
+  // A copy with the same state (forks, and the per-length checkpoints a truncate goes back to).
+  virtual std::unique_ptr<StopCriterion> clone() const = 0;
+};
+
+// The built-in rules (StopTracker makes them from a StopConfig; usable on their own).
+std::unique_ptr<StopCriterion> make_eos_stop(std::vector<TokenId> eog_tokens);      // reason eos
+std::unique_ptr<StopCriterion> make_stop_tokens(std::vector<TokenId> stop_tokens);  // stop_token
+std::unique_ptr<StopCriterion> make_stop_strings(std::vector<std::string> strings); // stop_string
+std::unique_ptr<StopCriterion> make_max_tokens(int32_t max_tokens);                 // max_tokens
+// The clock starts now; a clone keeps the start.
+std::unique_ptr<StopCriterion> make_timeout(int64_t timeout_ms); // timeout
+
 // What one generated token did to the stream.
 struct StopStep {
   std::string emit;                     // text that may be streamed now
@@ -48,27 +90,38 @@ struct StopStep {
   std::string matched;                  // the stop string that matched (reason == stop_string)
 };
 
-// Tracks one sequence: feed every generated token with its decoded text (possibly empty while a
-// UTF-8 character is incomplete). Cheap to copy (beams / samples clone it).
+// The stop rules of one sequence: StopConfig's built-in criteria (end-of-generation tokens, stop
+// tokens, stop strings, the token budget, the wall clock — in that order), then the custom ones (plugin
+// criteria), and the text not streamed yet. Feed every generated token with its decoded text; a copy
+// clones every criterion with its state (beams, samples and checkpoints copy it).
 class StopTracker {
 public:
-  explicit StopTracker(StopConfig cfg);
+  explicit StopTracker(StopConfig cfg, std::vector<std::unique_ptr<StopCriterion>> custom = {});
+  StopTracker(const StopTracker& o);
+  StopTracker& operator=(const StopTracker& o);
+  StopTracker(StopTracker&&) noexcept = default;
+  StopTracker& operator=(StopTracker&&) noexcept = default;
+  ~StopTracker();
 
-  // Called once per generated token, after sampling. `text` = newly decoded text of this token.
-  StopStep on_token(TokenId id, std::string_view text);
+  // Called once per generated token, after sampling. `text` = newly decoded text of this token;
+  // `generated` = every generated token, `id` last (for custom criteria; may be empty without them).
+  // The first criterion that stops decides the reason.
+  StopStep on_token(TokenId id, std::string_view text, std::span<const TokenId> generated = {});
   // Called when the sequence ends for a reason decided outside (max_context, cancelled …): returns
   // the held-back text that can now be streamed (no stop string matched it).
   std::string flush();
-  // Whether the wall-clock limit has passed (checked by the engine between steps too).
+  // Whether the wall-clock limit has passed.
   bool timed_out() const;
 
   size_t holdback_bytes() const noexcept { return held_.size(); }
   int32_t n_generated() const noexcept { return n_generated_; }
-  const StopConfig& config() const noexcept { return cfg_; }
+  const StopConfig& config() const noexcept { return *cfg_; }
+  size_t n_criteria() const noexcept { return criteria_.size(); }
 
 private:
-  StopConfig cfg_;
-  std::string held_; // text not yet streamed: may be the start of a stop string
+  std::shared_ptr<const StopConfig> cfg_; // shared by copies: a checkpoint per token stays cheap
+  std::vector<std::unique_ptr<StopCriterion>> criteria_;
+  std::string held_; // text not yet streamed: may still become (part of) a stop
   int32_t n_generated_ = 0;
   std::chrono::steady_clock::time_point start_;
 };

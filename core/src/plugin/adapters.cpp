@@ -61,8 +61,15 @@ public:
       : o_(std::move(o)), name_(std::move(name)) {}
   std::string_view name() const noexcept override { return name_; }
   void apply(Candidates& c, SamplerContext& ctx) override {
-    loom_candidates lc{reinterpret_cast<loom_token_data*>(c.data.data()), c.data.size(), c.sorted ? 1 : 0,
-                       c.has_probs ? 1 : 0, c.selected};
+    // Every 2.x minor so far has a 12-byte loom_token_data: the host's array is the plugin's view. A
+    // minor that appends a field converts here for plugins built before it (data_size says which).
+    loom_candidates lc{sizeof(loom_candidates),
+                       sizeof(loom_token_data),
+                       reinterpret_cast<loom_token_data*>(c.data.data()),
+                       c.data.size(),
+                       c.sorted ? 1 : 0,
+                       c.has_probs ? 1 : 0,
+                       c.selected};
     loom_sampler_ctx sc{sizeof(loom_sampler_ctx), ctx.prompt.data(),    ctx.prompt.size(),
                         ctx.generated.data(),     ctx.generated.size(), ctx.rng};
     throw_if(o_->vt->apply(o_->self, &lc, &sc), "sampler '" + name_ + "'");
@@ -98,25 +105,27 @@ private:
 
 // ---- stop criteria ----
 
-class PluginStopAdapter final : public StopPlugin {
+// A plugin's stop criterion (loom_stop_i) as one more StopCriterion of the sequence's StopTracker.
+class PluginStopAdapter final : public StopCriterion {
 public:
   PluginStopAdapter(std::shared_ptr<Object<loom_stop_i>> o, std::string name)
       : o_(std::move(o)), name_(std::move(name)) {}
-  StopReason check(std::span<const TokenId> generated, std::string_view new_text) override {
+  std::string_view name() const noexcept override { return name_; }
+  StopVerdict check(const StopInput& in) override {
     int32_t reason = LOOM_STOP_NONE;
-    throw_if(o_->vt->check(o_->self, generated.data(), generated.size(), new_text.data(), new_text.size(),
-                           &reason),
+    throw_if(o_->vt->check(o_->self, in.generated.data(), in.generated.size(), in.piece.data(),
+                           in.piece.size(), &reason),
              "stop criterion '" + name_ + "'");
-    if (reason <= 0) return StopReason::none;
-    if (reason > static_cast<int32_t>(StopReason::custom)) return StopReason::custom;
-    return static_cast<StopReason>(reason);
+    if (reason <= 0) return {};
+    if (reason > static_cast<int32_t>(StopReason::custom)) return {StopReason::custom, 0, {}};
+    return {static_cast<StopReason>(reason), 0, {}};
   }
   size_t holdback_bytes() const override {
     return LOOM_HAS(o_->vt, loom_stop_i, holdback_bytes) && o_->vt->holdback_bytes
                ? o_->vt->holdback_bytes(o_->self)
                : 0;
   }
-  std::unique_ptr<StopPlugin> clone() const override {
+  std::unique_ptr<StopCriterion> clone() const override {
     void* out = nullptr;
     throw_if(o_->vt->clone(o_->self, &out), "cloning stop criterion '" + name_ + "'");
     return std::make_unique<PluginStopAdapter>(std::make_shared<Object<loom_stop_i>>(o_->lib, out, o_->vt),
@@ -167,7 +176,7 @@ std::unique_ptr<Sampler> make_plugin_sampler(const PluginRegistry::Found& f, con
   return std::make_unique<PluginSampler>(std::shared_ptr<Object<loom_sampler_i>>(std::move(o)), spec.name);
 }
 
-std::unique_ptr<StopPlugin> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec) {
+std::unique_ptr<StopCriterion> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec) {
   auto o = create_object<loom_stop_i>(
       f, spec.name, spec.params, spec.where,
       {offsetof(loom_stop_i, check), offsetof(loom_stop_i, clone), offsetof(loom_stop_i, destroy)});

@@ -1,5 +1,5 @@
-// The host's service table (loom_host_api): statuses, logging, configuration, RNG and the decoder
-// session API. Every entry point is noexcept; host errors become statuses.
+// The host's services (loom_host and the tables it hands out by version): statuses, logging,
+// configuration, RNG and the decoder session API. Every entry point is noexcept; host errors become statuses.
 #include "loom/engine.hpp"
 #include "plugin_internal.hpp"
 
@@ -35,11 +35,18 @@ LogSink& log_sink() {
   return s;
 }
 
+thread_local std::string* t_init_log = nullptr; // plugin::InitLogCapture
+
 void host_log(int32_t level, const char* plugin, const char* message) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(log_mutex());
     const std::string_view p = plugin ? plugin : "plugin";
     const std::string_view m = message ? message : "";
+    if (t_init_log && level >= LOOM_LOG_WARN) { // a refusal's reason becomes part of the load error
+      if (!t_init_log->empty()) *t_init_log += "; ";
+      *t_init_log += m;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(log_mutex());
     if (log_sink()) {
       log_sink()(level, p, m);
       return;
@@ -423,58 +430,49 @@ size_t tokenize(const loom_session* s, const char* text, size_t len, int32_t add
   }
 }
 
-const loom_host_api k_host = {sizeof(loom_host_api),
-                              LOOM_ABI_MAJOR,
-                              LOOM_ABI_MINOR,
-                              &host_log,
-                              &status_create,
-                              &config_get_i64,
-                              &config_get_f64,
-                              &config_get_bool,
-                              &config_get_str,
-                              &config_has,
-                              &rng_uniform,
-                              &session_n_vocab,
-                              &session_n_prompt,
-                              &session_max_new_tokens,
-                              &seq_fork,
-                              &seq_free,
-                              &seq_truncate,
-                              &seq_append,
-                              &seq_tokens,
-                              &seq_n_generated,
-                              &seq_finished,
-                              &session_plan,
-                              &seq_logits,
-                              &seq_sample,
-                              &seq_logprob,
-                              &seq_finish,
-                              &seq_score,
-                              &session_set_stream,
-                              &detokenize,
-                              &session_add_result,
-                              &config_type,
-                              &session_set_output,
-                              &session_verify,
-                              &seq_set_draft,
-                              &seq_commit,
-                              &seq_n_draft,
-                              &seq_logits_at,
-                              &seq_probs,
-                              &session_has_draft,
-                              &seq_fork_draft,
-                              &session_set_metric,
-                              &session_uniform,
-                              &status_code,
-                              &status_message,
-                              &status_free,
-                              &config_get_i64_array,
-                              &config_get_f64_array,
-                              &tokenize};
+// The tables as of ABI 2.0 (entries of a later minor are appended, each table's minor noted in
+// get_api).
+const loom_core_api k_core = {&status_create, &status_code, &status_message, &status_free, &rng_uniform};
+const loom_config_api k_config = {&config_get_i64,       &config_get_f64,      &config_get_bool,
+                                  &config_get_str,       &config_has,          &config_type,
+                                  &config_get_i64_array, &config_get_f64_array};
+const loom_session_api k_session = {&session_n_vocab, &session_n_prompt,   &session_max_new_tokens,
+                                    &seq_fork,        &seq_free,           &seq_truncate,
+                                    &seq_append,      &seq_tokens,         &seq_n_generated,
+                                    &seq_finished,    &session_plan,       &seq_logits,
+                                    &seq_sample,      &seq_logprob,        &seq_finish,
+                                    &seq_score,       &session_set_stream, &tokenize,
+                                    &detokenize,      &session_add_result, &session_set_output,
+                                    &session_verify,  &session_set_metric, &session_uniform,
+                                    &seq_set_draft,   &seq_commit,         &seq_n_draft,
+                                    &seq_logits_at,   &seq_probs,          &session_has_draft,
+                                    &seq_fork_draft};
+
+// Each table as of 2.`minor`; a minor this host does not have yet gives NULL.
+const void* get_api(uint32_t table, uint32_t minor) noexcept {
+  if (minor > LOOM_ABI_MINOR) return nullptr;
+  switch (table) {
+  case LOOM_API_CORE:
+    return &k_core;
+  case LOOM_API_CONFIG:
+    return &k_config;
+  case LOOM_API_SESSION:
+    return &k_session;
+  default:
+    return nullptr;
+  }
+}
+
+const char* host_version() noexcept {
+  return LOOM_HOST_VERSION;
+}
+
+const loom_host k_host = {sizeof(loom_host), LOOM_ABI_MAJOR, LOOM_ABI_MINOR,
+                          &host_log,         &get_api,       &host_version};
 
 } // namespace
 
-const loom_host_api* host_api() noexcept {
+const loom_host* host_api() noexcept {
   return &k_host;
 }
 
@@ -484,6 +482,13 @@ void set_log_sink(LogSink sink) {
 }
 
 namespace plugin {
+
+InitLogCapture::InitLogCapture() : prev_(t_init_log) {
+  t_init_log = &text;
+}
+InitLogCapture::~InitLogCapture() {
+  t_init_log = prev_;
+}
 
 Errc errc_of(int32_t code) noexcept {
   switch (code) {

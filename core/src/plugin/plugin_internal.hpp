@@ -34,6 +34,19 @@ struct loom_config {
 
 namespace loom::plugin {
 
+// While alive, what plugins log at warn or error level on this thread is collected in `text` instead
+// of logged: loom_plugin_init's reason for refusing the host becomes part of the load error.
+struct InitLogCapture {
+  InitLogCapture();
+  ~InitLogCapture();
+  InitLogCapture(const InitLogCapture&) = delete;
+  InitLogCapture& operator=(const InitLogCapture&) = delete;
+  std::string text;
+
+private:
+  std::string* prev_;
+};
+
 // Why a file cannot be a plugin, found without mapping or running it.
 struct FileProblem {
   Errc code;
@@ -91,7 +104,7 @@ void check_all_read(const loom_config& cfg, std::string_view plugin_object);
 
 // Adapters: plugin objects behind the host's C++ interfaces. Each holds the library alive.
 std::unique_ptr<Sampler> make_plugin_sampler(const PluginRegistry::Found& f, const SamplerSpec& spec);
-std::unique_ptr<StopPlugin> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec);
+std::unique_ptr<StopCriterion> make_plugin_stop(const PluginRegistry::Found& f, const SamplerSpec& spec);
 std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, const std::string& name,
                                              const std::vector<std::pair<std::string, ParamValue>>& params,
                                              const std::string& where);

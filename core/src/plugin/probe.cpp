@@ -90,7 +90,7 @@ void put(int fd, char c) noexcept {
 
 // The child: only dlopen/dlsym, the plugin's own code, write() and _exit() — it may have been forked
 // from a process with other threads, so nothing here allocates or takes a lock of the host's.
-[[noreturn]] void probe_child(const char* path, int out, const loom_host_api* api, pid_t parent) noexcept {
+[[noreturn]] void probe_child(const char* path, int out, const loom_host* api, pid_t parent) noexcept {
   // Die by the signal (no sanitizer or host handler, no core file), and go with the parent.
   for (const int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) {
     struct sigaction sa {};
@@ -149,7 +149,7 @@ std::string duration_text(std::chrono::milliseconds t) {
 
 std::string probe_in_child(const std::string& path, std::chrono::milliseconds timeout) {
   // Everything the child needs, made before fork(): it allocates nothing.
-  loom_host_api api = *host_api();
+  loom_host api = *host_api();
   api.log = &quiet_log; // the host's sink takes a lock another thread may hold at fork time
   const pid_t parent = ::getpid();
   int fds[2];

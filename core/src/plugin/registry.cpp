@@ -169,14 +169,21 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
     if (lib->score_ <= 0)
       bad(Errc::unsupported, "loom_plugin_score() is 0: the plugin cannot run on this machine");
   }
-  const auto init = dl.get<const loom_plugin*(const loom_host_api*, uint32_t, uint32_t)>("loom_plugin_init");
-  const loom_plugin* p = init(host_api(), LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
+  const auto init = dl.get<const loom_plugin*(const loom_host*, uint32_t, uint32_t)>("loom_plugin_init");
+  const loom_plugin* p = nullptr;
+  std::string said;
+  {
+    plugin::InitLogCapture capture;
+    p = init(host_api(), LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
+    said = std::move(capture.text);
+  }
   if (!p)
     bad(Errc::abi_mismatch,
         "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
-            std::to_string(LOOM_ABI_MINOR) +
-            "): built for another ABI major (1.x plugins do not load since 2.0 changed the "
-            "backend boundary); rebuild the plugin against this SDK");
+            std::to_string(LOOM_ABI_MINOR) + ")" + (said.empty() ? "" : ": \"" + said + "\"") +
+            ". A plugin for another ABI major needs a rebuild against this SDK (every 1.x plugin: 2.0 "
+            "changed the backend boundary); one built for a newer 2.x minor needs a newer Loom");
+  if (!said.empty()) host_api()->log(LOOM_LOG_WARN, path.c_str(), said.c_str()); // not a refusal: log it
   if (p->struct_size == 0)
     bad(Errc::abi_mismatch, "its loom_plugin table has struct_size 0: the table was not initialised (a "
                             "hand-written table must set struct_size = sizeof(loom_plugin); "

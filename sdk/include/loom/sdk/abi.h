@@ -1,20 +1,22 @@
 /* loom/sdk/abi.h — the C ABI between the Loom host and its plugins (C99, no C++ types).
  *
  * A plugin is a shared library that exports exactly two symbols:
- *   const loom_plugin* loom_plugin_init(const loom_host_api* host, uint32_t abi_major, uint32_t abi_minor);
+ *   const loom_plugin* loom_plugin_init(const loom_host* host, uint32_t abi_major, uint32_t abi_minor);
  *   int32_t            loom_plugin_score(void);   (optional: 0 = cannot run on this machine)
  *
  * Rules (docs/plugins.md has the long form):
- * - Versioning: LOOM_ABI_MAJOR must match exactly; LOOM_ABI_MINOR is additive. Every table starts
- *   with `struct_size` and only ever grows at its end; a reader uses the fields that lie inside
+ * - Versioning: LOOM_ABI_MAJOR must match exactly; LOOM_ABI_MINOR is additive. The host's services
+ *   are tables asked for by version (loom_host.get_api). Tables a plugin hands the host start with
+ *   `struct_size` and only ever grow at their end; the host uses the fields that lie inside
  *   min(struct_size, sizeof(its own view)). A NULL optional function means the documented default.
+ *   Arrays of structs carry their element size (loom_graph.node_size, loom_candidates.data_size).
  * - No exception crosses the boundary: fallible calls return loom_status* (NULL = success), made
- *   with host->status_create and owned by the host from then on.
+ *   with the core table's status_create and owned by the host from then on.
  * - Memory is freed by the module that allocated it: every plugin object has destroy(self).
  * - Pointers passed into a call are valid for that call only, unless documented otherwise.
  *   Strings a plugin returns (names, versions) have static storage duration.
- * - Plugins log through host->log and read their TOML table through host->config_*; a key the
- *   plugin never reads is reported to the user as an error (typo protection).
+ * - Plugins log through host->log and read their TOML table through the LOOM_API_CONFIG table; a
+ *   key the plugin never reads is reported to the user as an error (typo protection).
  * Layouts are frozen by static_asserts in tests/plugin/abi_layout_test.cpp.
  */
 #ifndef LOOM_SDK_ABI_H
@@ -91,8 +93,13 @@ typedef struct loom_token_data {
 } loom_token_data;
 
 /* The candidate list of one sampling step. A sampler may reorder data, shrink `size`, change
- * logits/probabilities, or select (set `selected` to an index into data). */
+ * logits/probabilities, or select (set `selected` to an index into data). data's elements are
+ * data_size bytes apart: the size of loom_token_data in the ABI minor the plugin was built with
+ * (loom_plugin.abi_minor) — a host whose loom_token_data has grown converts — so a plugin may index
+ * data[] as it knows the struct, and a host may append fields to loom_token_data in a minor. */
 typedef struct loom_candidates {
+  uint32_t struct_size;
+  uint32_t data_size; /* bytes per element of data; ≥ 12 (id, logit, p) */
   loom_token_data* data;
   size_t size;
   int32_t sorted;    /* 1: sorted by logit, descending */
@@ -107,7 +114,7 @@ typedef struct loom_sampler_ctx {
   size_t n_prompt;
   const loom_token* generated;
   size_t n_generated;
-  void* rng_state; /* pass to host->rng_uniform: the request's seeded RNG */
+  void* rng_state; /* pass to the core table's rng_uniform: the request's seeded RNG */
 } loom_sampler_ctx;
 
 typedef struct loom_sampler_i {
@@ -137,7 +144,7 @@ typedef struct loom_stop_i {
 /* ---- verifiers (ABI 1.2) -------------------------------------------------------------------- */
 
 /* Scores a candidate answer: *score in [0, 1] (1 = certainly right). Decoders reach the pipeline's
- * verifier through host->session_verify; a verifier must be safe to call for any text. */
+ * verifier through the session table's verify; a verifier must be safe to call for any text. */
 typedef struct loom_verifier_i {
   uint32_t struct_size;
   loom_status* (*score)(void* self, const char* prompt, size_t prompt_len, const char* text, size_t text_len,
@@ -159,10 +166,10 @@ typedef struct loom_verifier_i {
 typedef struct loom_decoder_i {
   uint32_t struct_size;
   loom_status* (*start)(void* self, loom_session* s);   /* optional: set up sequences */
-  loom_status* (*plan)(void* self, loom_session* s);    /* required: host->session_plan(...) */
+  loom_status* (*plan)(void* self, loom_session* s);    /* required: session table's plan(...) */
   loom_status* (*update)(void* self, loom_session* s);  /* required: read logits, sample, append */
   int32_t (*done)(void* self, const loom_session* s);   /* required: 1 when finished */
-  loom_status* (*results)(void* self, loom_session* s); /* required: host->session_add_result(...) */
+  loom_status* (*results)(void* self, loom_session* s); /* required: add_result(...) */
   void (*destroy)(void* self);                          /* required */
 } loom_decoder_i;
 
@@ -197,42 +204,81 @@ typedef struct loom_plugin {
 /* The size of a loom_plugin table of ABI 1.0 (up to shutdown): the least a host accepts. */
 #define LOOM_PLUGIN_SIZE_1_0 (offsetof(loom_plugin, shutdown) + sizeof(void (*)(void)))
 
-/* ---- the host's services ------------------------------------------------------------------- */
+/* ---- the host's services: tables asked for by version ------------------------------------- */
 
-typedef struct loom_host_api {
+/* The host hands loom_plugin_init a small loom_host; the services live in three tables that a plugin
+ * asks for with get_api(table, minor), as ONNX Runtime's GetApi(version):
+ *   LOOM_API_CORE    statuses and the RNG            (loom_core_api)
+ *   LOOM_API_CONFIG  the plugin's TOML table          (loom_config_api)
+ *   LOOM_API_SESSION a request, as its decoder sees it (loom_session_api)
+ * get_api returns the table as it was in ABI 2.`minor`: every entry of that version present and
+ * non-NULL, for the life of the process; NULL when the host is older than 2.`minor` (or does not know
+ * the table). Tables are never reordered: a later minor only appends entries (marked "2.m" below), so
+ * a plugin built for 2.m keeps working on every later 2.x host and is refused in one line by an older
+ * one — no struct_size checks and no NULL entries in plugin code. The SDK asks for every table at
+ * LOOM_SDK_TARGET_MINOR (default: the SDK's LOOM_ABI_MINOR) inside loom_plugin_init. */
+#define LOOM_API_CORE 1u
+#define LOOM_API_CONFIG 2u
+#define LOOM_API_SESSION 3u
+
+typedef struct loom_host {
   uint32_t struct_size;
-  uint32_t abi_major, abi_minor;
-
-  /* logging and statuses */
+  uint32_t abi_major, abi_minor; /* the host's */
+  /* Logging (also usable before get_api; at the offset 1.x hosts had it, so a 1.x plugin that refuses a
+   * 2.x host can still say so). */
   void (*log)(int32_t level, const char* plugin, const char* message);
+  const void* (*get_api)(uint32_t table, uint32_t minor);
+  const char* (*version)(void); /* the host's version string, e.g. "0.24.0" */
+} loom_host;
+
+/* LOOM_API_CORE: statuses and random numbers. */
+typedef struct loom_core_api {
   loom_status* (*status_create)(int32_t code, const char* message); /* code: loom_status_code */
-
-  /* configuration: typed getters on the plugin's TOML table. A missing key gives `def` and
-   * status NULL; a present key of another type (or out of int64/double range) gives an error
-   * status naming the key and the file position. Returned strings live as long as cfg. */
-  loom_status* (*config_get_i64)(const loom_config* cfg, const char* key, int64_t def, int64_t* out);
-  loom_status* (*config_get_f64)(const loom_config* cfg, const char* key, double def, double* out);
-  loom_status* (*config_get_bool)(const loom_config* cfg, const char* key, int32_t def, int32_t* out);
-  loom_status* (*config_get_str)(const loom_config* cfg, const char* key, const char* def, const char** out);
-  int32_t (*config_has)(const loom_config* cfg, const char* key);
-
-  /* random numbers: uniform in [0, 1) from the request's seeded RNG */
+  /* A status the plugin got from a host call: its code and message (valid until released), and its
+   * release — a plugin that handles a status instead of returning it must free it. */
+  int32_t (*status_code)(const loom_status* st);
+  const char* (*status_message)(const loom_status* st);
+  void (*status_free)(loom_status* st);
+  /* uniform in [0, 1) from the request's seeded RNG (loom_sampler_ctx.rng_state) */
   double (*rng_uniform)(void* rng_state);
+} loom_core_api;
 
-  /* session API (decoders). Sequences are request-local ids; 0 is the prompt sequence. */
-  int32_t (*session_n_vocab)(const loom_session* s);
-  size_t (*session_n_prompt)(const loom_session* s);
-  int32_t (*session_max_new_tokens)(const loom_session* s); /* -1: until the context is full */
+/* LOOM_API_CONFIG: typed getters on the plugin's TOML table. A missing key gives `def` and status
+ * NULL; a present key of another type (or out of int64/double range) gives an error status naming the
+ * key and the file position. Returned strings and arrays live as long as cfg. A key the plugin never
+ * reads is reported to the user as an error. */
+typedef struct loom_config_api {
+  loom_status* (*get_i64)(const loom_config* cfg, const char* key, int64_t def, int64_t* out);
+  loom_status* (*get_f64)(const loom_config* cfg, const char* key, double def, double* out);
+  loom_status* (*get_bool)(const loom_config* cfg, const char* key, int32_t def, int32_t* out);
+  loom_status* (*get_str)(const loom_config* cfg, const char* key, const char* def, const char** out);
+  int32_t (*has)(const loom_config* cfg, const char* key);
+  /* The type of a key's value (LOOM_CONFIG_*; LOOM_CONFIG_NONE when absent), so a key may take more
+   * than one type (e.g. true / false / "never") without a failing typed getter. */
+  int32_t (*type)(const loom_config* cfg, const char* key);
+  /* Array values (LOOM_CONFIG_INT_ARRAY; for f64 also LOOM_CONFIG_FLOAT_ARRAY, an int array read as
+   * numbers): *out points at *n values. A missing key: *n = 0, *out NULL, status NULL; a value of
+   * another type: an error status naming the key. */
+  loom_status* (*get_i64_array)(const loom_config* cfg, const char* key, const int64_t** out, size_t* n);
+  loom_status* (*get_f64_array)(const loom_config* cfg, const char* key, const double** out, size_t* n);
+} loom_config_api;
+
+/* LOOM_API_SESSION: a request as its decoder sees it. Sequences are request-local ids; 0 is the
+ * prompt sequence. */
+typedef struct loom_session_api {
+  int32_t (*n_vocab)(const loom_session* s);
+  size_t (*n_prompt)(const loom_session* s);
+  int32_t (*max_new_tokens)(const loom_session* s); /* -1: until the context is full */
   /* Copies tokens, the used KV positions, logits, sampler / stop / detokenizer state and text.
    * *child = -1 (status NULL) when the KV cache has no free sequence: recoverable — go on with fewer
    * sequences. An error status only for a parent that does not exist. */
   loom_status* (*seq_fork)(loom_session* s, loom_seq parent, loom_seq* child);
-  /* Releases everything the sequence holds (KV, logits, state); its id no longer exists. */
+  /* Releases everything the sequence holds (KV, logits, state) at once; its id no longer exists. */
   void (*seq_free)(loom_session* s, loom_seq seq);
   /* Rolls back to n_tokens (n_prompt ≤ n ≤ length): tokens, KV, log-probs, text, stop / sampler /
    * detokenizer state as they were at that length; a finished sequence is live again. Its logits are
    * those of the new last token once it is planned again. Streamed text is never taken back: stream
-   * (session_set_stream) only a sequence whose tokens are committed. */
+   * (set_stream) only a sequence whose tokens are committed. */
   loom_status* (*seq_truncate)(loom_session* s, loom_seq seq, size_t n_tokens);
   /* Appends a token: records it, runs the stop criteria (max tokens, EOS, stop strings …) and, for
    * the streamed sequence, streams its text. *reason receives the stop reason (NONE = go on); a
@@ -244,41 +290,46 @@ typedef struct loom_host_api {
   int32_t (*seq_finished)(const loom_session* s, loom_seq seq); /* its loom_stop_reason, 0 if live */
   /* Plans `seq` for the next forward pass: its tokens not yet in the KV cache are evaluated and the
    * logits of its last token become available to update(). */
-  loom_status* (*session_plan)(loom_session* s, loom_seq seq);
+  loom_status* (*plan)(loom_session* s, loom_seq seq);
   /* Logits [n_vocab] of seq's last evaluated token (NULL if none); valid until the next step. */
   const float* (*seq_logits)(const loom_session* s, loom_seq seq);
   /* Samples from seq's logits with the request's sampler chain (seq's own state) and RNG. */
   loom_status* (*seq_sample)(loom_session* s, loom_seq seq, loom_token* token);
   float (*seq_logprob)(const loom_session* s, loom_seq seq,
                        loom_token token); /* log-softmax of the raw logits */
-  /* Ends seq with a reason and a score (e.g. its mean log-prob). */
+  /* Ends seq with a reason and a score (e.g. its mean log-prob); its KV is released at once. */
   loom_status* (*seq_finish)(loom_session* s, loom_seq seq, int32_t reason, double score);
   double (*seq_score)(const loom_session* s, loom_seq seq); /* sum of the log-probs of its generated tokens */
   /* Which sequence's text is streamed to the caller (default 0; -1: none). */
-  void (*session_set_stream)(loom_session* s, loom_seq seq);
+  void (*set_stream)(loom_session* s, loom_seq seq);
+  /* Tokens of a text with the request's tokenizer: add_special adds what the model adds at the start
+   * (BOS) when its metadata says so; parse_special matches special-token texts ("<|eot_id|>"). Writes
+   * up to cap tokens to out (may be NULL when cap is 0) and returns the full count. */
+  size_t (*tokenize)(const loom_session* s, const char* text, size_t len, int32_t add_special,
+                     int32_t parse_special, loom_token* out, size_t cap);
   /* Text of tokens; writes up to cap bytes (not NUL-terminated), returns the full length. */
   size_t (*detokenize)(const loom_session* s, const loom_token* tokens, size_t n, char* buf, size_t cap);
   /* Reports a hypothesis from results(), best first. */
-  loom_status* (*session_add_result)(loom_session* s, loom_seq seq, double score);
-
-  /* ABI 1.2: the type of a key's value (LOOM_CONFIG_*; LOOM_CONFIG_NONE when absent), so a key may
-   * take more than one type (e.g. true / false / "never") without a failing typed getter. */
-  int32_t (*config_type)(const loom_config* cfg, const char* key);
-  /* ABI 1.2: a field the decoder adds to the request's result (`loom run --json` prints it at the top
-   * level): `json` is one JSON value; `key` must not be one of the result's own fields (tokens, text,
+  loom_status* (*add_result)(loom_session* s, loom_seq seq, double score);
+  /* A field the decoder adds to the request's result (`loom run --json` prints it at the top level):
+   * `json` is one JSON value; `key` must not be one of the result's own fields (tokens, text,
    * hypotheses, metrics, …). Setting a key again replaces it. */
-  loom_status* (*session_set_output)(loom_session* s, const char* key, const char* json);
-  /* ABI 1.2: the pipeline's verifier ([verifier]) on a text of this request (its prompt is passed
-   * along): *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier.
-   * text NULL only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
-  loom_status* (*session_verify)(loom_session* s, const char* text, size_t len, double* score);
+  loom_status* (*set_output)(loom_session* s, const char* key, const char* json);
+  /* The pipeline's verifier ([verifier]) on a text of this request (its prompt is passed along):
+   * *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier. text NULL
+   * only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
+  loom_status* (*verify)(loom_session* s, const char* text, size_t len, double* score);
+  /* A number in the request's metrics (`loom run --json` → metrics.KEY); setting it again replaces it. */
+  loom_status* (*set_metric)(loom_session* s, const char* key, double value);
+  /* Uniform in [0, 1) from the request's seeded RNG. */
+  double (*uniform)(loom_session* s);
 
-  /* ABI 1.3: speculative decoding — uncommitted tokens, rows of logits, a second model. */
+  /* Speculative decoding — uncommitted tokens, rows of logits, a second model. */
   /* Sets seq's uncommitted (draft) tokens after its committed ones, replacing earlier drafts. The next
-   * session_plan evaluates them in the same forward pass and yields a logits row after the committed
-   * tokens (row 0) and after each draft token (rows 1..n). Drafts are not streamed and not seen by
-   * stop rules or the sampler chain until committed. *n_kept (may be NULL): how many the context had
-   * room for. n = 0 drops the draft (its K/V rolled back). */
+   * plan evaluates them in the same forward pass and yields a logits row after the committed tokens
+   * (row 0) and after each draft token (rows 1..n). Drafts are not streamed and not seen by stop rules
+   * or the sampler chain until committed. *n_kept (may be NULL): how many the context had room for.
+   * n = 0 drops the draft (its K/V rolled back). */
   loom_status* (*seq_set_draft)(loom_session* s, loom_seq seq, const loom_token* tokens, size_t n,
                                 size_t* n_kept);
   /* Commits the first n draft tokens in order, each exactly as seq_append would (log-prob under its
@@ -296,36 +347,13 @@ typedef struct loom_host_api {
    * Samplers that use the RNG (dist excepted) draw from the request's RNG as they would when sampling. */
   loom_status* (*seq_probs)(loom_session* s, loom_seq seq, float* out, size_t n);
   /* 1 when the pipeline names a draft model ([decoder] draft = "x.gguf"). */
-  int32_t (*session_has_draft)(const loom_session* s);
+  int32_t (*has_draft)(const loom_session* s);
   /* A sequence on the draft model with parent's committed tokens (none evaluated there yet) and a copy
    * of its sampler / stop / detokenizer state. Driven with the same calls (plan, logits, append,
    * truncate, free); all requests' draft sequences are evaluated in one draft forward pass per step.
    * *child = -1 (status NULL) when the draft model's KV cache has no free sequence. */
   loom_status* (*seq_fork_draft)(loom_session* s, loom_seq parent, loom_seq* child);
-  /* A number in the request's metrics (`loom run --json` → metrics.KEY); setting it again replaces it. */
-  loom_status* (*session_set_metric)(loom_session* s, const char* key, double value);
-  /* Uniform in [0, 1) from the request's seeded RNG. */
-  double (*session_uniform)(loom_session* s);
-
-  /* ABI 2.0: what a third-party plugin lacked. */
-  /* A status the plugin got from a host call: its code and message (valid until released), and its
-   * release — a plugin that handles a status instead of returning it must free it. */
-  int32_t (*status_code)(const loom_status* st);
-  const char* (*status_message)(const loom_status* st);
-  void (*status_free)(loom_status* st);
-  /* Array values of a key (LOOM_CONFIG_INT_ARRAY; for f64 also LOOM_CONFIG_FLOAT_ARRAY, an int array
-   * read as numbers): *out points at *n values that live as long as cfg. A missing key: *n = 0, *out
-   * NULL, status NULL; a value of another type: an error status naming the key. */
-  loom_status* (*config_get_i64_array)(const loom_config* cfg, const char* key, const int64_t** out,
-                                       size_t* n);
-  loom_status* (*config_get_f64_array)(const loom_config* cfg, const char* key, const double** out,
-                                       size_t* n);
-  /* Tokens of a text with the request's tokenizer: add_special adds what the model adds at the start
-   * (BOS) when its metadata says so; parse_special matches special-token texts ("<|eot_id|>"). Writes
-   * up to cap tokens to out (may be NULL when cap is 0) and returns the full count. */
-  size_t (*tokenize)(const loom_session* s, const char* text, size_t len, int32_t add_special,
-                     int32_t parse_special, loom_token* out, size_t cap);
-} loom_host_api;
+} loom_session_api;
 
 typedef enum loom_config_type {
   LOOM_CONFIG_NONE = 0,
@@ -338,7 +366,7 @@ typedef enum loom_config_type {
 } loom_config_type;
 
 /* The exports. */
-typedef const loom_plugin* (*loom_plugin_init_fn)(const loom_host_api* host, uint32_t abi_major,
+typedef const loom_plugin* (*loom_plugin_init_fn)(const loom_host* host, uint32_t abi_major,
                                                   uint32_t abi_minor);
 typedef int32_t (*loom_plugin_score_fn)(void);
 

@@ -25,19 +25,73 @@
 
 namespace loom::sdk {
 
+// The host minor whose tables the plugin asks for (abi.h: loom_host.get_api). Define it lower before
+// including this header to run on older 2.x hosts, using only what that minor has.
+#ifndef LOOM_SDK_TARGET_MINOR
+#define LOOM_SDK_TARGET_MINOR LOOM_ABI_MINOR
+#endif
+
 namespace detail {
-inline const loom_host_api*& host_ref() noexcept {
-  static const loom_host_api* h = nullptr; // set by loom_plugin_init; one per plugin (hidden)
-  return h;
+struct HostTables {
+  const loom_host* host = nullptr;
+  const loom_core_api* core = nullptr;
+  const loom_config_api* config = nullptr;
+  const loom_session_api* session = nullptr;
+};
+inline HostTables& tables() noexcept {
+  static HostTables t; // set by loom_plugin_init; one per plugin (hidden)
+  return t;
 }
 inline const char*& plugin_name_ref() noexcept {
   static const char* n = "plugin";
   return n;
 }
+// Asks the host for every table at LOOM_SDK_TARGET_MINOR; false (after one log line) when the host is
+// older than that minor or speaks another major.
+inline bool bind_host(const loom_host* h, uint32_t abi_major, const char* name) noexcept {
+  if (!h) return false;
+  char line[200];
+  if (abi_major != LOOM_ABI_MAJOR) {
+    std::snprintf(line, sizeof line,
+                  "the host speaks ABI %u.x, this plugin ABI %u.x: rebuild it against the host's SDK",
+                  abi_major, LOOM_ABI_MAJOR);
+    if (h->log) h->log(LOOM_LOG_ERROR, name, line);
+    return false;
+  }
+  HostTables t;
+  t.host = h;
+  if (h->struct_size >= offsetof(loom_host, get_api) + sizeof(h->get_api) && h->get_api) {
+    t.core = static_cast<const loom_core_api*>(h->get_api(LOOM_API_CORE, LOOM_SDK_TARGET_MINOR));
+    t.config = static_cast<const loom_config_api*>(h->get_api(LOOM_API_CONFIG, LOOM_SDK_TARGET_MINOR));
+    t.session = static_cast<const loom_session_api*>(h->get_api(LOOM_API_SESSION, LOOM_SDK_TARGET_MINOR));
+  }
+  if (!t.core || !t.config || !t.session) {
+    std::snprintf(
+        line, sizeof line,
+        "the host (ABI %u.%u) is older than this plugin's ABI %u.%u: upgrade Loom, or build the plugin "
+        "with LOOM_SDK_TARGET_MINOR=%u",
+        h->abi_major, h->abi_minor, LOOM_ABI_MAJOR, static_cast<unsigned>(LOOM_SDK_TARGET_MINOR),
+        h->abi_minor);
+    if (h->log) h->log(LOOM_LOG_ERROR, name, line);
+    return false;
+  }
+  tables() = t;
+  return true;
+}
 } // namespace detail
 
-inline const loom_host_api& host() {
-  return *detail::host_ref();
+// The host and its tables (valid from loom_plugin_init on).
+inline const loom_host& host() {
+  return *detail::tables().host;
+}
+inline const loom_core_api& core_api() {
+  return *detail::tables().core;
+}
+inline const loom_config_api& config_api() {
+  return *detail::tables().config;
+}
+inline const loom_session_api& session_api() {
+  return *detail::tables().session;
 }
 
 // Thrown by plugin code; becomes a status with `code` at the boundary.
@@ -58,12 +112,12 @@ struct StatusError : std::exception {
   loom_status* status;
   explicit StatusError(loom_status* s) : status(s) {}
   const char* what() const noexcept override {
-    return status && host().status_message ? host().status_message(status) : "host call failed";
+    return status ? core_api().status_message(status) : "host call failed";
   }
-  int32_t code() const noexcept { return status && host().status_code ? host().status_code(status) : 0; }
+  int32_t code() const noexcept { return status ? core_api().status_code(status) : 0; }
   std::string message() const { return what(); }
   void release() noexcept {
-    if (status && host().status_free) host().status_free(status);
+    if (status) core_api().status_free(status);
     status = nullptr;
   }
 };
@@ -72,7 +126,7 @@ inline void check(loom_status* s) {
 }
 
 inline void log(loom_log_level level, const std::string& msg) {
-  if (detail::host_ref() && host().log) host().log(level, detail::plugin_name_ref(), msg.c_str());
+  if (detail::tables().host) host().log(level, detail::plugin_name_ref(), msg.c_str());
 }
 
 // Converts the exception in flight into a status for the host.
@@ -81,15 +135,15 @@ inline loom_status* current_exception_to_status() noexcept {
     throw;
   } catch (const StatusError& e) {
     if (e.status) return e.status;
-    return host().status_create(LOOM_STATUS_INTERNAL, "a host status rethrown after release()");
+    return core_api().status_create(LOOM_STATUS_INTERNAL, "a host status rethrown after release()");
   } catch (const Error& e) {
-    return host().status_create(e.code(), e.what());
+    return core_api().status_create(e.code(), e.what());
   } catch (const std::bad_alloc&) {
-    return host().status_create(LOOM_STATUS_OUT_OF_MEMORY, "out of memory in plugin");
+    return core_api().status_create(LOOM_STATUS_OUT_OF_MEMORY, "out of memory in plugin");
   } catch (const std::exception& e) {
-    return host().status_create(LOOM_STATUS_INTERNAL, e.what());
+    return core_api().status_create(LOOM_STATUS_INTERNAL, e.what());
   } catch (...) {
-    return host().status_create(LOOM_STATUS_INTERNAL, "unknown exception in plugin");
+    return core_api().status_create(LOOM_STATUS_INTERNAL, "unknown exception in plugin");
   }
 }
 
@@ -107,49 +161,44 @@ public:
   explicit Config(const loom_config* c) : c_(c) {}
   int64_t get_i64(const char* key, int64_t def) const {
     int64_t v = def;
-    check(host().config_get_i64(c_, key, def, &v));
+    check(config_api().get_i64(c_, key, def, &v));
     return v;
   }
   double get_f64(const char* key, double def) const {
     double v = def;
-    check(host().config_get_f64(c_, key, def, &v));
+    check(config_api().get_f64(c_, key, def, &v));
     return v;
   }
   bool get_bool(const char* key, bool def) const {
     int32_t v = def ? 1 : 0;
-    check(host().config_get_bool(c_, key, def ? 1 : 0, &v));
+    check(config_api().get_bool(c_, key, def ? 1 : 0, &v));
     return v != 0;
   }
   std::string get_str(const char* key, const char* def) const {
     const char* v = def;
-    check(host().config_get_str(c_, key, def, &v));
+    check(config_api().get_str(c_, key, def, &v));
     return v ? v : "";
   }
-  bool has(const char* key) const { return host().config_has(c_, key) != 0; }
+  bool has(const char* key) const { return config_api().has(c_, key) != 0; }
   // An array of integers (`ban = [1, 2]`), or of numbers (an integer array reads as numbers too); a
   // missing key gives `def`.
   std::vector<int64_t> get_i64_array(const char* key, std::vector<int64_t> def = {}) const {
     if (!has(key)) return def;
     const int64_t* v = nullptr;
     size_t n = 0;
-    check(host().config_get_i64_array(c_, key, &v, &n));
+    check(config_api().get_i64_array(c_, key, &v, &n));
     return std::vector<int64_t>(v, v + n);
   }
   std::vector<double> get_f64_array(const char* key, std::vector<double> def = {}) const {
     if (!has(key)) return def;
     const double* v = nullptr;
     size_t n = 0;
-    check(host().config_get_f64_array(c_, key, &v, &n));
+    check(config_api().get_f64_array(c_, key, &v, &n));
     return std::vector<double>(v, v + n);
   }
-  // The value's type (LOOM_CONFIG_*), for keys that accept several; LOOM_CONFIG_NONE when absent or
-  // when the host predates ABI 1.2. Reading the value still goes through a typed getter.
-  int32_t type(const char* key) const {
-    const loom_host_api& h = host();
-    if (h.struct_size < offsetof(loom_host_api, config_type) + sizeof(h.config_type) || !h.config_type)
-      return LOOM_CONFIG_NONE;
-    return h.config_type(c_, key);
-  }
+  // The value's type (LOOM_CONFIG_*), for keys that accept several; LOOM_CONFIG_NONE when absent.
+  // Reading the value still goes through a typed getter.
+  int32_t type(const char* key) const { return config_api().type(c_, key); }
 
 private:
   const loom_config* c_;
@@ -160,7 +209,7 @@ private:
 struct SamplerContext {
   std::span<const loom_token> prompt, generated;
   void* rng_state;
-  double uniform() const { return host().rng_uniform(rng_state); } // [0, 1), the request's RNG
+  double uniform() const { return core_api().rng_uniform(rng_state); } // [0, 1), the request's RNG
 };
 
 class Sampler {
@@ -199,149 +248,125 @@ public:
 class Session {
 public:
   explicit Session(loom_session* s) : s_(s) {}
-  int32_t n_vocab() const { return host().session_n_vocab(s_); }
-  size_t n_prompt() const { return host().session_n_prompt(s_); }
-  int32_t max_new_tokens() const { return host().session_max_new_tokens(s_); }
+  int32_t n_vocab() const { return session_api().n_vocab(s_); }
+  size_t n_prompt() const { return session_api().n_prompt(s_); }
+  int32_t max_new_tokens() const { return session_api().max_new_tokens(s_); }
   // -1 when the KV cache has no free sequence (recoverable: go on with fewer sequences).
   loom_seq fork(loom_seq parent) {
     loom_seq child = -1;
-    check(host().seq_fork(s_, parent, &child));
+    check(session_api().seq_fork(s_, parent, &child));
     return child;
   }
-  void free(loom_seq seq) { host().seq_free(s_, seq); }
-  void truncate(loom_seq seq, size_t n) { check(host().seq_truncate(s_, seq, n)); }
+  void free(loom_seq seq) { session_api().seq_free(s_, seq); }
+  void truncate(loom_seq seq, size_t n) { check(session_api().seq_truncate(s_, seq, n)); }
   // Returns the stop reason the token caused (LOOM_STOP_NONE = go on).
   int32_t append(loom_seq seq, loom_token t) {
     int32_t reason = 0;
-    check(host().seq_append(s_, seq, t, &reason));
+    check(session_api().seq_append(s_, seq, t, &reason));
     return reason;
   }
   std::span<const loom_token> tokens(loom_seq seq) const {
     const loom_token* p = nullptr;
-    const size_t n = host().seq_tokens(s_, seq, &p);
+    const size_t n = session_api().seq_tokens(s_, seq, &p);
     return {p, n};
   }
-  size_t n_generated(loom_seq seq) const { return host().seq_n_generated(s_, seq); }
-  int32_t finished(loom_seq seq) const { return host().seq_finished(s_, seq); }
-  void plan(loom_seq seq) { check(host().session_plan(s_, seq)); }
+  size_t n_generated(loom_seq seq) const { return session_api().seq_n_generated(s_, seq); }
+  int32_t finished(loom_seq seq) const { return session_api().seq_finished(s_, seq); }
+  void plan(loom_seq seq) { check(session_api().plan(s_, seq)); }
   std::span<const float> logits(loom_seq seq) const {
-    const float* p = host().seq_logits(s_, seq);
+    const float* p = session_api().seq_logits(s_, seq);
     return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
   }
   loom_token sample(loom_seq seq) {
     loom_token t = -1;
-    check(host().seq_sample(s_, seq, &t));
+    check(session_api().seq_sample(s_, seq, &t));
     return t;
   }
-  float logprob(loom_seq seq, loom_token t) const { return host().seq_logprob(s_, seq, t); }
+  float logprob(loom_seq seq, loom_token t) const { return session_api().seq_logprob(s_, seq, t); }
   void finish(loom_seq seq, int32_t reason, double score) {
-    check(host().seq_finish(s_, seq, reason, score));
+    check(session_api().seq_finish(s_, seq, reason, score));
   }
-  double score(loom_seq seq) const { return host().seq_score(s_, seq); }
-  void set_stream(loom_seq seq) { host().session_set_stream(s_, seq); }
+  double score(loom_seq seq) const { return session_api().seq_score(s_, seq); }
+  void set_stream(loom_seq seq) { session_api().set_stream(s_, seq); }
   // Tokens of a text with the request's tokenizer (add_special: BOS as the model adds it;
   // parse_special: special-token texts are tokens).
   std::vector<loom_token> tokenize(std::string_view text, bool add_special = false,
                                    bool parse_special = false) const {
     std::vector<loom_token> out(text.size() + 2);
-    size_t n = host().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
-                               out.data(), out.size());
+    size_t n = session_api().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0,
+                                      parse_special ? 1 : 0, out.data(), out.size());
     if (n > out.size()) {
       out.resize(n);
-      n = host().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
-                          out.data(), out.size());
+      n = session_api().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
+                                 out.data(), out.size());
     }
     out.resize(n);
     return out;
   }
   std::string detokenize(std::span<const loom_token> toks) const {
     std::string out(64, '\0');
-    size_t n = host().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
+    size_t n = session_api().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
     if (n > out.size()) {
       out.resize(n);
-      n = host().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
+      n = session_api().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
     }
     out.resize(n);
     return out;
   }
-  void add_result(loom_seq seq, double score) { check(host().session_add_result(s_, seq, score)); }
-  // The pipeline's verifier ([verifier]) on a text: a score in [0, 1], or nothing when the pipeline
-  // names none (or the host predates ABI 1.2).
-  std::optional<double> verify(std::string_view text) {
-    const loom_host_api& h = host();
-    if (h.struct_size < offsetof(loom_host_api, session_verify) + sizeof(h.session_verify) ||
-        !h.session_verify)
-      return std::nullopt;
+  void add_result(loom_seq seq, double score) { check(session_api().add_result(s_, seq, score)); }
+  // The pipeline's verifier ([verifier]) on a text: a score in [0, 1]. Throws (LOOM_STATUS_NOT_FOUND)
+  // when the pipeline names none: a decoder that needs one says so at start (has_verifier()).
+  double verify(std::string_view text) {
     double v = 0;
-    loom_status* st = h.session_verify(s_, text.data(), text.size(), &v);
-    if (st) throw StatusError(st); // also "no verifier": a decoder that needs one says so at start
+    check(session_api().verify(s_, text.data(), text.size(), &v));
     return v;
   }
   bool has_verifier() {
-    const loom_host_api& h = host();
-    if (h.struct_size < offsetof(loom_host_api, session_verify) + sizeof(h.session_verify) ||
-        !h.session_verify)
-      return false;
     double v = 0;
-    check(h.session_verify(s_, nullptr, 0, &v)); // a NULL text only asks
+    check(session_api().verify(s_, nullptr, 0, &v)); // a NULL text only asks
     return v == 1.0;
   }
-  // A field of the result (`--json` top level): `json` is one JSON value (ABI 1.2; a host that
-  // predates it drops the field).
+  // A field of the result (`--json` top level): `json` is one JSON value.
   void set_output(const std::string& key, const std::string& json) {
-    const loom_host_api& h = host();
-    if (h.struct_size < offsetof(loom_host_api, session_set_output) + sizeof(h.session_set_output) ||
-        !h.session_set_output)
-      return;
-    check(h.session_set_output(s_, key.c_str(), json.c_str()));
+    check(session_api().set_output(s_, key.c_str(), json.c_str()));
   }
-  // ---- ABI 1.3: speculative decoding (a host before 1.3 throws Error(UNSUPPORTED) here) ----
-  // Whether the host has the 1.3 session calls (draft tokens, probs, draft model, metrics).
-  static bool has_speculative_api() {
-    const loom_host_api& h = host();
-    return h.struct_size >= offsetof(loom_host_api, session_uniform) + sizeof(h.session_uniform) &&
-           h.session_uniform;
-  }
+  // ---- speculative decoding ----
   // Uncommitted tokens after the committed ones, evaluated by the next plan with a logits row after
   // each (logits_at). Returns how many the context had room for.
   size_t set_draft(loom_seq seq, std::span<const loom_token> toks) {
     size_t kept = 0;
-    check(need().seq_set_draft(s_, seq, toks.data(), toks.size(), &kept));
+    check(session_api().seq_set_draft(s_, seq, toks.data(), toks.size(), &kept));
     return kept;
   }
   // Commits the first n draft tokens (as append would); returns the stop reason they caused.
   int32_t commit(loom_seq seq, size_t n) {
     int32_t reason = 0;
-    check(need().seq_commit(s_, seq, n, &reason));
+    check(session_api().seq_commit(s_, seq, n, &reason));
     return reason;
   }
-  size_t n_draft(loom_seq seq) const { return need().seq_n_draft(s_, seq); }
+  size_t n_draft(loom_seq seq) const { return session_api().seq_n_draft(s_, seq); }
   std::span<const float> logits_at(loom_seq seq, size_t row) const {
-    const float* p = need().seq_logits_at(s_, seq, row);
+    const float* p = session_api().seq_logits_at(s_, seq, row);
     return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
   }
   // The sampler chain's distribution of seq's next token (row 0): out.size() ≥ n_vocab.
-  void probs(loom_seq seq, std::span<float> out) { check(need().seq_probs(s_, seq, out.data(), out.size())); }
-  bool has_draft_model() const { return has_speculative_api() && host().session_has_draft(s_) == 1; }
+  void probs(loom_seq seq, std::span<float> out) {
+    check(session_api().seq_probs(s_, seq, out.data(), out.size()));
+  }
+  bool has_draft_model() const { return session_api().has_draft(s_) == 1; }
   // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
   loom_seq fork_draft(loom_seq parent) {
     loom_seq child = -1;
-    check(need().seq_fork_draft(s_, parent, &child));
+    check(session_api().seq_fork_draft(s_, parent, &child));
     return child;
   }
   void set_metric(const std::string& key, double value) {
-    check(need().session_set_metric(s_, key.c_str(), value));
+    check(session_api().set_metric(s_, key.c_str(), value));
   }
-  double uniform() { return need().session_uniform(s_); } // [0, 1), the request's RNG
+  double uniform() { return session_api().uniform(s_); } // [0, 1), the request's RNG
   loom_session* raw() const { return s_; }
 
 private:
-  static const loom_host_api& need() {
-    if (!has_speculative_api())
-      throw Error("this Loom host predates ABI 1.3 (draft tokens, probs, draft models); upgrade Loom",
-                  LOOM_STATUS_UNSUPPORTED);
-    return host();
-  }
   loom_session* s_;
 };
 
@@ -558,14 +583,10 @@ constexpr PluginDescriptor<N> make_descriptor(const char* name, const loom_facto
   extern "C" LOOM_EXPORT int32_t loom_plugin_score(void) {                                                   \
     return (SCORE);                                                                                          \
   }                                                                                                          \
-  extern "C" LOOM_EXPORT const loom_plugin* loom_plugin_init(const loom_host_api* h, uint32_t abi_major,     \
+  extern "C" LOOM_EXPORT const loom_plugin* loom_plugin_init(const loom_host* h, uint32_t abi_major,         \
                                                              uint32_t abi_minor) {                           \
     (void)abi_minor;                                                                                         \
-    if (!h || abi_major != LOOM_ABI_MAJOR) {                                                                 \
-      if (h && h->log) h->log(LOOM_LOG_ERROR, NAME, "host ABI major differs from the plugin's");             \
-      return nullptr;                                                                                        \
-    }                                                                                                        \
-    ::loom::sdk::detail::host_ref() = h;                                                                     \
+    if (!::loom::sdk::detail::bind_host(h, abi_major, NAME)) return nullptr;                                 \
     ::loom::sdk::detail::plugin_name_ref() = NAME;                                                           \
     static const loom_plugin plugin = {sizeof(loom_plugin),                                                  \
                                        LOOM_ABI_MAJOR,                                                       \
