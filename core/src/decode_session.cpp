@@ -586,7 +586,15 @@ bool DecodeSession::work_pending() const noexcept {
 std::vector<DecodeSession::Pending> DecodeSession::pending() const {
   std::vector<Pending> out;
   for (const auto& [id, q] : seqs_)
-    if (q->pending) out.push_back({id, q->model, q->target - q->n_cached});
+    if (q->pending) out.push_back({id, q->model, q->kv, q->target - q->n_cached});
+  return out;
+}
+
+std::vector<SeqId> DecodeSession::kv_held(int model) const {
+  std::vector<SeqId> out;
+  for (const auto& [id, q] : seqs_)
+    if (q->kv >= 0 && (q->model == 0) == (model == 0) && kv_of(q->model).contains(q->kv))
+      out.push_back(q->kv);
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include "loom/error.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 namespace loom {
@@ -345,23 +346,47 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   for (auto& r : running_)
     if (r->cancelled) r->session->release();
 
-  // 3. The scheduler's batch: chunks of pending work within the token budget; preemption for room.
+  // 3. The scheduler's plan (chunks of pending work within the token budget; preemption for room),
+  // applied in order: preemptions evict, takes reserve KV and fill each model's batch.
   std::vector<Request*> owners;
-  std::vector<Scheduler::Candidate> cands;
+  std::vector<Scheduler::RequestState> states;
   for (auto& r : running_)
     if (!r->cancelled) {
       owners.push_back(r.get());
-      cands.push_back({r->session.get(), r->prefilled && !r->recompute});
+      Scheduler::RequestState st;
+      st.decoding = r->prefilled && !r->recompute;
+      st.evicted = r->session->evicted();
+      for (const DecodeSession::Pending& p : r->session->pending())
+        st.pending.push_back({p.seq, p.model, p.kv, p.remaining});
+      for (int m = 0; m < 2; ++m)
+        st.kv_held[m] = r->session->kv_held(m);
+      states.push_back(std::move(st));
     }
-  const Scheduler::Step plan = scheduler_.build(cands);
-  for (size_t j : plan.preempted) {
-    owners[j]->recompute = true;
-    ++owners[j]->preemptions;
-    ++stats_.preemptions;
+  const Scheduler::StepPlan plan = scheduler_.plan(states, draft_ ? &draft_->kv : nullptr);
+  std::array<Scheduler::Batch, 2> batches;
+  for (const Scheduler::Action& a : plan.actions) {
+    DecodeSession& s = *owners[a.request]->session;
+    switch (a.op) {
+    case Scheduler::Action::Op::preempt:
+      s.evict();
+      owners[a.request]->recompute = true;
+      ++owners[a.request]->preemptions;
+      ++stats_.preemptions;
+      break;
+    case Scheduler::Action::Op::end:
+      s.end_pending(a.seq, a.reason);
+      break;
+    case Scheduler::Action::Op::take:
+      if (auto w = s.take_chunk(a.seq, a.n))
+        batches[a.model == 0 ? 0 : 1].add(a.request, *w);
+      else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
+        ++stats_.plan_misses;
+      break;
+    }
   }
   bool any_forward = false;
   for (int m = 0; m < 2; ++m) {
-    const Scheduler::Batch& batch = plan.batches[static_cast<size_t>(m)];
+    const Scheduler::Batch& batch = batches[static_cast<size_t>(m)];
     if (batch.empty()) continue;
     LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
     any_forward = true;

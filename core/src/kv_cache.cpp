@@ -85,6 +85,21 @@ public:
     it->second.length += n_new;
     return true;
   }
+  int64_t units_to_grow(SeqId seq, int32_t n_new) const noexcept override {
+    if (n_new < 0) return -1;
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end())
+      return static_cast<int32_t>(seqs_.size()) < shape_.n_seq_max && n_new <= shape_.n_ctx ? 1 : -1;
+    return it->second.length + n_new <= shape_.n_ctx ? 0 : -1;
+  }
+  int64_t units_freed_by(std::span<const SeqId> seqs) const override {
+    int64_t n = 0;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (seqs_.count(seqs[i]) && std::find(seqs.begin(), seqs.begin() + static_cast<std::ptrdiff_t>(i),
+                                            seqs[i]) == seqs.begin() + static_cast<std::ptrdiff_t>(i))
+        ++n;
+    return n;
+  }
   void free(SeqId seq) noexcept override {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;
@@ -219,6 +234,41 @@ public:
     q.length = len + n_new;
     peak_blocks_ = std::max(peak_blocks_, in_use_);
     return true;
+  }
+  // allocate()'s arithmetic without its effects.
+  int64_t units_to_grow(SeqId seq, int32_t n_new) const noexcept override {
+    if (n_new < 0) return -1;
+    auto it = seqs_.find(seq);
+    const bool fresh = it == seqs_.end();
+    if (fresh && static_cast<int32_t>(seqs_.size()) >= shape_.n_seq_max) return -1;
+    const int32_t len = fresh ? 0 : it->second.length;
+    if (len + n_new > shape_.n_ctx) return -1;
+    const size_t n_table = fresh ? 0 : it->second.blocks.size();
+    const int32_t need_blocks = (len + n_new + shape_.block_size - 1) / shape_.block_size;
+    const int64_t fresh_blocks = std::max<int64_t>(0, need_blocks - static_cast<int64_t>(n_table));
+    bool cow = false;
+    if (n_new > 0 && len % shape_.block_size != 0) {
+      const int32_t last = it->second.blocks[static_cast<size_t>(len / shape_.block_size)];
+      if (last < 0) return -1; // grows into a released block: allocate() refuses it as an internal error
+      cow = refs_[static_cast<size_t>(last)] > 1 || cached_of_[static_cast<size_t>(last)] != 0;
+    }
+    return fresh_blocks + (cow ? 1 : 0);
+  }
+  int64_t units_freed_by(std::span<const SeqId> seqs) const override {
+    std::unordered_map<int32_t, int32_t> held; // block → references from the set
+    std::vector<SeqId> seen;
+    for (SeqId s : seqs) {
+      if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+      seen.push_back(s);
+      auto it = seqs_.find(s);
+      if (it == seqs_.end()) continue;
+      for (int32_t b : it->second.blocks)
+        if (b >= 0) ++held[b];
+    }
+    int64_t n = 0;
+    for (const auto& [b, r] : held)
+      if (r == refs_[static_cast<size_t>(b)]) ++n;
+    return n;
   }
   void free(SeqId seq) noexcept override {
     auto it = seqs_.find(seq);

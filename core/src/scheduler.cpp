@@ -2,6 +2,7 @@
 #include "loom/scheduler.hpp"
 
 #include <algorithm>
+#include <optional>
 
 namespace loom {
 
@@ -36,11 +37,16 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   return {Admission::admit, StopReason::none, {}};
 }
 
-Scheduler::Step Scheduler::build(std::span<const Candidate> cands) const {
-  Step out;
-  const size_t n = cands.size();
+Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
+  StepPlan out;
+  const size_t n = reqs.size();
+  const KVCacheStore* store[2] = {&kv_, draft};
+  int64_t free_units[2] = {kv_.free_units(), draft ? draft->free_units() : 0};
   std::vector<char> scheduled(n, 0), evicted(n, 0);
+  std::vector<std::array<int64_t, 2>> reserved(n, {0, 0}); // units each request's takes reserved
   int32_t budget[2] = {max_batch_tokens_, max_batch_tokens_};
+  for (size_t i = 0; i < n; ++i)
+    evicted[i] = reqs[i].evicted ? 1 : 0;
   const auto newest_victim = [&](size_t i) -> std::optional<size_t> {
     for (size_t j = n; j-- > i + 1;)
       if (!scheduled[j] && !evicted[j]) return j;
@@ -51,66 +57,88 @@ Scheduler::Step Scheduler::build(std::span<const Candidate> cands) const {
       if (j != i && !evicted[j]) return true;
     return false;
   };
-  const auto evict = [&](size_t j) {
-    cands[j].session->evict();
+  const auto preempt = [&](size_t j) { // what it holds, and what it reserved this step, become free
+    for (int m = 0; m < 2; ++m)
+      if (store[m]) free_units[m] += store[m]->units_freed_by(reqs[j].kv_held[m]) + reserved[j][m];
     evicted[j] = 1;
+    out.actions.push_back({Action::Op::preempt, j, -1, 0, 0, StopReason::none});
     out.preempted.push_back(j);
   };
   for (int pass = 0; pass < 2; ++pass) // decodes, then prefills
     for (size_t i = 0; i < n; ++i) {
-      const Candidate& c = cands[i];
-      if (evicted[i] || c.decoding != (pass == 0) || c.session->evicted()) continue;
-      std::vector<DecodeSession::Work> works;
+      const RequestState& r = reqs[i];
+      if (evicted[i] || r.decoding != (pass == 0)) continue;
+      const size_t first_action = out.actions.size();
       bool self_preempted = false;
-      for (const DecodeSession::Pending& p : c.session->pending()) {
+      int32_t taken[2] = {0, 0};
+      for (const PendingSeq& p : r.pending) {
         const int m = p.model == 0 ? 0 : 1;
         const int32_t take = std::min(p.remaining, budget[m]);
-        if (take <= 0) continue; // the budget is spent: the rest waits for the next step
-        std::optional<DecodeSession::Work> w;
-        while (!(w = c.session->take_chunk(p.seq, take))) {
+        if (take <= 0 || !store[m]) continue; // the budget is spent: the rest waits for the next step
+        bool took = false;
+        for (;;) {
+          const int64_t need = store[m]->units_to_grow(p.kv, take);
+          if (need >= 0 && need <= free_units[m]) {
+            free_units[m] -= need;
+            reserved[i][m] += need;
+            took = true;
+            break;
+          }
           if (auto v = newest_victim(i)) {
-            evict(*v);
+            preempt(*v);
             continue;
           }
           if (!others_hold_kv(i)) { // alone and still no room: this sequence cannot grow further
-            c.session->end_pending(p.seq, StopReason::max_context);
+            out.actions.push_back({Action::Op::end, i, p.seq, p.model, 0, StopReason::max_context});
             break;
           }
-          if (c.decoding || (out.batches[0].empty() && out.batches[1].empty() && works.empty())) {
-            evict(i); // it gives way to the older requests and is recomputed later
-            self_preempted = true;
+          if (r.decoding || (out.tokens[0] == 0 && out.tokens[1] == 0 && taken[0] + taken[1] == 0)) {
+            self_preempted = true; // it gives way to the older requests and is recomputed later
           }
           break; // a prefill waits for the next step
         }
         if (self_preempted) break;
-        if (w) {
+        if (took) {
           budget[m] -= take;
-          works.push_back(std::move(*w));
+          taken[m] += take;
+          out.actions.push_back({Action::Op::take, i, p.seq, p.model, take, StopReason::none});
         }
       }
-      if (self_preempted) {
-        for (const DecodeSession::Work& w : works) // its chunks are dropped: their budget comes back
-          budget[w.model == 0 ? 0 : 1] += static_cast<int32_t>(w.tokens.size());
+      if (self_preempted) { // its chunks are dropped (their budget and KV come back); victims stay out
+        std::vector<Action> kept(out.actions.begin(),
+                                 out.actions.begin() + static_cast<std::ptrdiff_t>(first_action));
+        for (size_t k = first_action; k < out.actions.size(); ++k)
+          if (out.actions[k].request != i || out.actions[k].op != Action::Op::take)
+            kept.push_back(out.actions[k]);
+        out.actions = std::move(kept);
+        for (int m = 0; m < 2; ++m)
+          budget[m] += taken[m];
+        preempt(i);
         continue;
       }
-      if (!works.empty()) scheduled[i] = 1;
-      for (const DecodeSession::Work& w : works) {
-        Batch& b = out.batches[w.model == 0 ? 0 : 1];
-        if (b.sessions.empty() || b.sessions.back() != i) b.sessions.push_back(i);
-        size_t row = static_cast<size_t>(w.first_row);
-        for (size_t k = 0; k < w.tokens.size(); ++k) {
-          const Pos pos = w.first_pos + static_cast<Pos>(k);
-          b.tokens.push_back(w.tokens[k]);
-          b.positions.push_back(pos);
-          b.seq_ids.push_back(w.kv);
-          if (pos >= w.out_from) {
-            b.out_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-            b.outs.push_back({i, w.seq, row++});
-          }
-        }
-      }
+      if (taken[0] + taken[1] > 0) scheduled[i] = 1;
+      for (int m = 0; m < 2; ++m)
+        out.tokens[m] += taken[m];
     }
+  for (int m = 0; m < 2; ++m)
+    for (size_t i = 0; i < n; ++i)
+      out.units[m] += evicted[i] ? 0 : reserved[i][m];
   return out;
+}
+
+void Scheduler::Batch::add(size_t request, const DecodeSession::Work& w) {
+  if (sessions.empty() || sessions.back() != request) sessions.push_back(request);
+  size_t row = static_cast<size_t>(w.first_row);
+  for (size_t k = 0; k < w.tokens.size(); ++k) {
+    const Pos pos = w.first_pos + static_cast<Pos>(k);
+    tokens.push_back(w.tokens[k]);
+    positions.push_back(pos);
+    seq_ids.push_back(w.kv);
+    if (pos >= w.out_from) {
+      out_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+      outs.push_back({request, w.seq, row++});
+    }
+  }
 }
 
 } // namespace loom

@@ -83,6 +83,7 @@ TEST(Scheduler, PreemptionKeepsEveryRequestsTokens) {
     }
     EXPECT_GT(preemptions, 0) << "the budget was meant to force preemption";
     EXPECT_EQ(static_cast<size_t>(preemptions), p->engine().stats().preemptions);
+    EXPECT_EQ(p->engine().stats().plan_misses, 0u) << "every planned chunk got its KV room";
     EXPECT_LE(p->engine().stats().peak_kv_units, 10);
   }
 }

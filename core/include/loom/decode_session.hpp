@@ -174,9 +174,12 @@ public:
   struct Pending {
     LocalSeq seq;
     int model = 0;
+    SeqId kv = -1;         // its sequence in that model's KV store
     int32_t remaining = 0; // tokens left to evaluate
   };
   std::vector<Pending> pending() const;
+  // The KV store sequences this request holds on a model (0 target, 1 draft): what preempting it frees.
+  std::vector<SeqId> kv_held(int model) const;
   // The next (at most n) tokens of a pending sequence, their KV positions reserved; nullopt, changing
   // nothing, when the store has no room for them.
   std::optional<Work> take_chunk(LocalSeq seq, int32_t n);

@@ -98,6 +98,14 @@ public:
   int64_t capacity_positions() const noexcept {
     return n_units() * static_cast<int64_t>(positions_per_unit());
   }
+  int64_t free_units() const noexcept { return n_units() - units_in_use(); }
+  // What the scheduler plans with (it changes nothing): the units allocate(seq, n_new) would take from
+  // the free ones now — new blocks, and a private copy of a shared last block — or -1 when it can never
+  // succeed (past n_ctx, or a new sequence with no sequence free).
+  virtual int64_t units_to_grow(SeqId seq, int32_t n_new) const noexcept = 0;
+  // The units that would become free if all of `seqs` were freed now (a block also held by a sequence
+  // outside the set stays in use).
+  virtual int64_t units_freed_by(std::span<const SeqId> seqs) const = 0;
 
   // Prefix reuse across requests (paged store with shape().prefix_cache; others: no-ops).
   // register_prefix: positions [0, min(length, tokens.size())) of seq hold the K/V of `tokens` (all

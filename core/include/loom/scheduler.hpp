@@ -1,6 +1,8 @@
 // loom/scheduler.hpp — the one place that decides what goes into a step: which waiting requests
 // start (they wait for KV room and a running slot; a request that can never fit is refused with a
-// reason) and which planned tokens of which running requests form the batch.
+// reason) and which planned tokens of which running requests form the batch. Both are functions of
+// the engine's state (the KV stores are read, never changed): the engine applies what they return,
+// and tests drive them without a model.
 #pragma once
 
 #include "loom/decode_session.hpp"
@@ -40,37 +42,67 @@ public:
   // to hold its sequences again (a preempted request; n_prompt for a new one).
   Decision admission(size_t n_prompt, int64_t needed, size_t n_running) const;
 
-  // The forward passes of one step, one per model: chunks of the running requests' pending work; the
-  // rows from each sequence's Work::out_from on produce logits.
+  // ---- one step: a function of the engine's state that returns what the step does ----
+
+  // What the scheduler reads of a running request (the engine fills it; tests write it by hand).
+  struct PendingSeq {
+    LocalSeq seq = 0;
+    int model = 0;         // 0 target, 1 draft
+    SeqId kv = -1;         // its sequence in that model's KV store
+    int32_t remaining = 0; // tokens left to evaluate
+  };
+  struct RequestState {
+    bool decoding = false; // past its prompt: scheduled before the prefills
+    bool evicted = false;  // preempted earlier and not restored: nothing to schedule
+    std::vector<PendingSeq> pending;
+    std::vector<SeqId> kv_held[2]; // the KV sequences it holds on each model (preempting frees them)
+  };
+  // What a step does, in order: the engine applies the actions one after the other.
+  struct Action {
+    enum class Op : uint8_t {
+      take,    // evaluate the next n tokens of (request, seq): reserve their KV and put them in the batch
+      preempt, // evict the request (its KV freed, recomputed when it runs again)
+      end,     // end (request, seq) with `reason`: it cannot get KV room even with the engine to itself
+    };
+    Op op = Op::take;
+    size_t request = 0; // index into the states passed to plan()
+    LocalSeq seq = -1;
+    int model = 0;
+    int32_t n = 0;
+    StopReason reason = StopReason::none;
+    bool operator==(const Action&) const = default;
+  };
+  struct StepPlan {
+    std::vector<Action> actions;
+    std::vector<size_t> preempted; // requests preempted (each once), in the order of their actions
+    int32_t tokens[2] = {0, 0};    // rows of each model's forward
+    int64_t units[2] = {0, 0};     // KV units the takes reserve (blocks, copies of shared blocks)
+  };
+  // Requests in admission order (oldest first). Decodes go first, then prefill chunks, within each
+  // model's token budget. When the KV store has no room for a chunk, the newest request not yet in the
+  // batch is preempted; with none newer, a decode preempts itself and a prefill waits for the next
+  // step; a request alone that still does not fit ends that sequence with max_context. Reads the KV
+  // stores (kv: the target's; draft: the draft model's, or null) and changes nothing.
+  StepPlan plan(std::span<const RequestState> requests, const KVCacheStore* draft) const;
+
+  // The forward pass of one model, built by the engine from the chunks it took: the rows from each
+  // sequence's Work::out_from on produce logits.
   struct Batch {
     std::vector<TokenId> tokens;
     std::vector<Pos> positions;
     std::vector<SeqId> seq_ids;
     std::vector<int32_t> out_rows;
     struct Out {
-      size_t session; // index into the candidates passed to build()
+      size_t session; // the request's index
       LocalSeq seq;
       size_t row; // the sequence's logits row (DecodeSession::set_logits)
     };
     std::vector<Out> outs;
-    std::vector<size_t> sessions; // candidates with tokens in this batch (a failed forward fails them all)
+    std::vector<size_t> sessions; // requests with tokens in this batch (a failed forward fails them all)
     bool empty() const noexcept { return tokens.empty(); }
     BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
+    void add(size_t request, const DecodeSession::Work& w);
   };
-  struct Candidate {
-    DecodeSession* session;
-    bool decoding; // past its prompt: scheduled before the prefills
-  };
-  struct Step {
-    std::array<Batch, 2> batches;  // [0]: the target model's; [1]: the draft model's
-    std::vector<size_t> preempted; // candidates evicted to make room (newest first): back to the queue
-  };
-  // Candidates in admission order (oldest first). Decodes go first, then prefill chunks, within the
-  // token budget. When the KV store has no room for a chunk, the newest candidate not yet in the
-  // batch is preempted (evicted: its KV freed, recomputed when it runs again); with none newer, a
-  // decode preempts itself and a prefill waits for the next step; a request alone that still
-  // does not fit ends that sequence with max_context.
-  Step build(std::span<const Candidate> candidates) const;
 
 private:
   KVCacheStore& kv_;
