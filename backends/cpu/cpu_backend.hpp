@@ -5,6 +5,7 @@
 // a tiled online-softmax kernel over the KV cache (FlashAttention-style, GQA-aware).
 #pragma once
 
+#include "attention_cpu.hpp" // flash_attention
 #include "kernels.hpp"
 #include "loom/sdk/executor.hpp"
 
@@ -63,10 +64,5 @@ struct CpuOptions {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);
-
-// The attention kernel on its own (tests compare it with attention::reference_attention):
-// q [T][n_head][D], out [T][n_head][D]; the batch's K/V rows must already be in `kv`.
-void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                     const KVRows& kv, float* out, Isa isa);
 
 } // namespace loom::cpu

@@ -204,8 +204,8 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.n_generated = static_cast<int32_t>(res.tokens.size());
   m.total_ms = ms_between(r.t_submit, t_end);
   m.forward_ms = r.forward_ms[0];
-  m.tokens_evaluated = s.evaluated(0);
-  m.draft_tokens_evaluated = s.evaluated(1);
+  m.tokens_evaluated = s.book().evaluated(0);
+  m.draft_tokens_evaluated = s.book().evaluated(1);
   m.kv_reserved_peak_bytes = r.kv_reserved_peak;
   m.kv_used_peak_bytes = r.kv_used_peak;
   m.draft_forward_ms = r.forward_ms[1];
@@ -218,7 +218,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.itl_p90_ms = ab::quantile(r.itl_ms, 0.9);
   m.itl_max_ms = r.itl_ms.empty() ? 0 : *std::max_element(r.itl_ms.begin(), r.itl_ms.end());
   m.preemptions = r.preemptions;
-  m.cached_prompt_tokens = s.cached_prompt();
+  m.cached_prompt_tokens = s.book().cached_prompt();
   stats_.cached_prompt_tokens += static_cast<size_t>(m.cached_prompt_tokens);
   ++stats_.finished;
   stats_.prompt_tokens += static_cast<size_t>(m.n_prompt);
@@ -271,7 +271,7 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
       finish_now(head.error.empty() ? StopReason::cancelled : StopReason::error, "");
       continue;
     }
-    const int64_t needed = head.admitted ? s.positions_needed() : static_cast<int64_t>(s.n_prompt());
+    const int64_t needed = head.admitted ? s.book().positions_needed() : static_cast<int64_t>(s.n_prompt());
     const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), needed, running_.size());
     if (d.admission == Scheduler::Admission::wait) return;
     if (d.admission == Scheduler::Admission::never) {
@@ -282,7 +282,7 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
     // request alone, with its KV given back, instead of escaping step() with the request still at the head.
     bool room = false;
     try {
-      room = head.admitted ? s.restore() : s.open(tmpl_);
+      room = head.admitted ? s.book().restore() : s.open(tmpl_);
     } catch (const std::exception& e) {
       head.failed(e.what());
       finish_now(StopReason::error, "");
@@ -336,7 +336,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       }
       if (r.decoder->done(s)) return;
       r.decoder->plan(s);
-      s.begin_work();
+      s.book().begin_work();
       r.awaiting_update = true;
     });
   }
@@ -355,11 +355,11 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       owners.push_back(r.get());
       Scheduler::RequestState st;
       st.decoding = r->prefilled && !r->recompute;
-      st.evicted = r->session->evicted();
-      for (const DecodeSession::Pending& p : r->session->pending())
+      st.evicted = r->session->book().evicted();
+      for (const SequenceBook::Pending& p : r->session->book().pending())
         st.pending.push_back({p.seq, p.model, p.kv, p.remaining});
       for (int m = 0; m < 2; ++m)
-        st.kv_held[m] = r->session->kv_held(m);
+        st.kv_held[m] = r->session->book().kv_held(m);
       states.push_back(std::move(st));
     }
   const Scheduler::StepPlan plan = scheduler_.plan(states, draft_ ? &draft_->kv : nullptr);
@@ -368,7 +368,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     DecodeSession& s = *owners[a.request]->session;
     switch (a.op) {
     case Scheduler::Action::Op::preempt:
-      s.evict();
+      s.book().evict();
       owners[a.request]->recompute = true;
       ++owners[a.request]->preemptions;
       ++stats_.preemptions;
@@ -377,7 +377,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       s.end_pending(a.seq, a.reason);
       break;
     case Scheduler::Action::Op::take:
-      if (auto w = s.take_chunk(a.seq, a.n))
+      if (auto w = s.book().take_chunk(a.seq, a.n))
         batches[a.model == 0 ? 0 : 1].add(a.request, *w);
       else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
         ++stats_.plan_misses;
@@ -420,14 +420,14 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       }
     for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
       const auto& o = batch.outs[i];
-      owners[o.session]->session->set_logits(
+      owners[o.session]->session->book().set_logits(
           o.seq, o.row,
           std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
     }
   }
   const auto t_forward = Clock::now();
   for (Request* r : owners) // rows of a failed forward are never made findable by content
-    if (r->error.empty()) r->session->chunks_evaluated();
+    if (r->error.empty()) r->session->book().chunks_evaluated();
 
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   for (auto& r : running_)
@@ -438,7 +438,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   for (Request* rp : owners) {
     Request& r = *rp;
     DecodeSession& s = *r.session;
-    if (r.cancelled || s.evicted() || s.work_pending()) continue;
+    if (r.cancelled || s.book().evicted() || s.book().work_pending()) continue;
     if (!r.prefilled) {
       r.prefilled = true;
       r.t_prefill0 = r.t_admit;
@@ -451,7 +451,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       if (r.decoder->done(s)) return;
       r.decoder->update(s);
     });
-    const size_t g = s.max_generated();
+    const size_t g = s.book().max_generated();
     if (g > r.n_generated) {
       const auto now = Clock::now();
       if (r.t_first == Clock::time_point{})
@@ -476,7 +476,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     bool finished = r.cancelled;
     if (!finished && !r.awaiting_update) guard(r, [&] { finished = r.decoder->done(*r.session); });
     if (!finished && !r.cancelled && k < called.size() && called[k]) {
-      const uint64_t p = r.session->progress();
+      const uint64_t p = r.session->book().progress();
       r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
       r.last_progress = p;
       if (r.stalled >= k_max_stalled_steps)
@@ -493,7 +493,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       if (r.on_finish) r.on_finish(res.first, res.second);
       done.push_back(std::move(res));
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else if (r.session->evicted()) {
+    } else if (r.session->book().evicted()) {
       auto owned = std::move(running_[i]);
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
       requeue(std::move(owned));

@@ -126,7 +126,7 @@ Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KV
   return out;
 }
 
-void Scheduler::Batch::add(size_t request, const DecodeSession::Work& w) {
+void Scheduler::Batch::add(size_t request, const SequenceBook::Work& w) {
   if (sessions.empty() || sessions.back() != request) sessions.push_back(request);
   size_t row = static_cast<size_t>(w.first_row);
   for (size_t k = 0; k < w.tokens.size(); ++k) {

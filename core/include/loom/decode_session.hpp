@@ -2,8 +2,10 @@
 //
 // A request owns sequences (request-local ids; 0 holds the prompt). Each sequence has its tokens,
 // its K/V in the store, the logits of its last evaluated token, and its own sampler-chain, stop and
-// detokenizer state. The decoder-facing half is what a decoder (built-in or plugin, through the C
-// ABI) calls; the engine-facing half is what the engine and its scheduler call around it.
+// detokenizer state. The bookkeeping — tokens, K/V, logits rows, the step's work, preemption — is the
+// request's SequenceBook (loom/sequence_book.hpp), which the engine and its scheduler drive; this
+// class is the decoder's face (built-in or plugin, through the C ABI): sampling, stop rules, text and
+// streaming, checkpoints for truncate, results — and it drives the book for everything touching K/V.
 //
 // The contract decoders rely on:
 //   fork      copies tokens, the used KV positions, logits, sampler/stop/detokenizer state and the
@@ -23,9 +25,8 @@
 //             both kinds are planned alike and each model gets one batched forward per step.
 #pragma once
 
-#include "loom/attention.hpp"
-#include "loom/kv_cache.hpp"
 #include "loom/sampler.hpp"
+#include "loom/sequence_book.hpp"
 #include "loom/stop.hpp"
 #include "loom/tokenizer.hpp"
 
@@ -41,37 +42,6 @@
 #include <vector>
 
 namespace loom {
-
-using RequestId = int64_t;
-using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
-using StreamCallback = std::function<void(std::string_view text)>;
-
-// What a session needs of the engine: shared, outliving every session.
-struct SessionContext {
-  const Tokenizer& tok;
-  KVCacheStore& kv;
-  int32_t n_ctx = 0;
-  int32_t n_vocab = 0;
-  // KV store ids (both stores): unique among the sequences alive. An id goes back to free_kv_seqs when its
-  // sequence ends for good (freed, or its request released) — not when it is only evicted — and is used
-  // again first, so ids stay below the most sequences ever alive at once and never wrap however many
-  // forks a long-running engine makes.
-  SeqId next_kv_seq = 0; // never used yet
-  std::vector<SeqId> free_kv_seqs;
-  SeqId kv_seq_to_take() const noexcept { return free_kv_seqs.empty() ? next_kv_seq : free_kv_seqs.back(); }
-  void take_kv_seq(SeqId id) { // after the store allocated kv_seq_to_take()
-    if (!free_kv_seqs.empty() && free_kv_seqs.back() == id)
-      free_kv_seqs.pop_back();
-    else
-      ++next_kv_seq;
-  }
-  KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
-  // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
-  std::function<double(std::string_view prompt, std::string_view text)> verify;
-  // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
-  // window the rest is released from the store after every forward.
-  KVRetention retention[2];
-};
 
 // The per-sequence state a new request starts from.
 struct SequenceTemplate {
@@ -153,62 +123,14 @@ public:
   // Creates sequence 0 (the prompt) and reserves its KV sequence; false when the store has none free.
   bool open(const SequenceTemplate& tmpl);
   const std::vector<TokenId>& prompt() const noexcept { return prompt_; }
-
-  // One planned sequence's unevaluated tokens, for the scheduler's batch.
-  struct Work {
-    LocalSeq seq;
-    int model = 0; // 0 target, 1 draft
-    SeqId kv = -1;
-    Pos first_pos = 0;           // position of tokens[0]
-    std::vector<TokenId> tokens; // to evaluate
-    Pos out_from = 0;            // positions ≥ out_from produce logits rows …
-    int32_t first_row = 0;       // … rows first_row, first_row + 1, … (set_logits)
-  };
-  // Turns this step's plans into pending work: each planned sequence's tokens without K/V (the
-  // committed ones a truncate or a preemption dropped, the new ones, the drafts) and the logits rows
-  // it owes. Reserves nothing: the scheduler takes the work in chunks (take_chunk) as its token budget
-  // and the KV store allow, over one step or several; the decoder is called again only when
-  // work_pending() is false.
-  void begin_work();
-  bool work_pending() const noexcept;
-  struct Pending {
-    LocalSeq seq;
-    int model = 0;
-    SeqId kv = -1;         // its sequence in that model's KV store
-    int32_t remaining = 0; // tokens left to evaluate
-  };
-  std::vector<Pending> pending() const;
-  // The KV store sequences this request holds on a model (0 target, 1 draft): what preempting it frees.
-  std::vector<SeqId> kv_held(int model) const;
-  // The next (at most n) tokens of a pending sequence, their KV positions reserved; nullopt, changing
-  // nothing, when the store has no room for them.
-  std::optional<Work> take_chunk(LocalSeq seq, int32_t n);
-  // The forward passes of this step's chunks ran (their rows are set; their full blocks become
-  // findable by content for later requests).
-  void chunks_evaluated();
-  // Prompt positions found in the prefix cache when the request started (not evaluated again).
-  int32_t cached_prompt() const noexcept { return cached_prompt_; }
+  // The sequences' tokens, K/V, logits rows and the step's work: what the engine and its scheduler
+  // drive (begin_work, take_chunk, set_logits, evict / restore, …).
+  SequenceBook& book() noexcept { return book_; }
+  const SequenceBook& book() const noexcept { return book_; }
   // Ends a pending sequence that cannot get KV room even with the engine to itself.
   void end_pending(LocalSeq seq, StopReason reason);
-  // Preemption: every sequence's K/V and KV sequence id are given back (logits rows, tokens and all
-  // other state stay); its pending work, and any later plan, evaluates from position 0 once restore()
-  // got the ids back.
-  void evict();
-  bool evicted() const noexcept { return evicted_; }
-  bool restore(); // false, holding nothing, when the stores lack free sequences
-  // Positions the live sequences hold or will need once their pending work is done (admission of a
-  // preempted request).
-  int64_t positions_needed() const noexcept;
-  // Tokens generated so far by the sequence with the most (metrics: inter-token latency).
-  size_t max_generated() const noexcept;
-  void set_logits(LocalSeq seq, size_t row, std::span<const float> logits);
   // Ends every live sequence with `reason` (cancel, failure).
   void end_all(StopReason reason);
-  // A number that changes whenever the decoder does something (appends, evaluates, ends, forks).
-  uint64_t progress() const noexcept;
-  // Token rows evaluated for this request so far, on the target (0) and on the draft model (1).
-  size_t evaluated(int model) const noexcept { return evaluated_[model == 0 ? 0 : 1]; }
-  bool any_generated() const noexcept;
 
   struct Outcome {
     LocalSeq seq;
@@ -221,7 +143,7 @@ public:
   };
   // The reported results (sequence 0 with its own score if the decoder reported none), best first.
   std::vector<Outcome> outcomes() const;
-  void release(); // frees every sequence's KV
+  void release() { book_.release(); } // frees every sequence's KV
 
 private:
   struct Seq;
@@ -229,17 +151,11 @@ private:
   Seq& at(LocalSeq seq);
   const Seq& at(LocalSeq seq) const;
   void end_seq(Seq& s, StopReason reason);
-  // A finished sequence's K/V go back to the store at once (not while its chunk is in flight: then after
-  // the forward). A decoder that truncates it back to life has it evaluated again.
-  void drop_kv(Seq& s);
-  void stream(Seq& s, bool final);
+  void stream(Seq& s);
   void checkpoint(Seq& s);
   StopReason commit_token(Seq& s, TokenId token);
   void copy_state(const Seq& p, Seq& c);
-  LocalSeq adopt(std::unique_ptr<Seq> s);
-  void drop_draft(Seq& s);
-  void uncache(Seq& s, int32_t keep); // K/V of positions ≥ keep dropped
-  KVCacheStore& kv_of(int model) const;
+  LocalSeq adopt(SequenceBook::Entry e, std::unique_ptr<Seq> s);
   template <class Apply> TokenId sample_with(LocalSeq seq, Seq& s, Apply&& apply);
 
   SessionContext& ctx_;
@@ -248,19 +164,14 @@ private:
   std::mt19937_64 rng_;
   int32_t max_new_tokens_;
   StreamCallback on_text_;
-  std::map<LocalSeq, std::unique_ptr<Seq>> seqs_;
-  LocalSeq next_seq_ = 0;
+  SequenceBook book_;                             // tokens, K/V, rows, work (by the same ids as seqs_)
+  std::map<LocalSeq, std::unique_ptr<Seq>> seqs_; // sampler / stop / detokenizer state, text, results
   LocalSeq stream_ = 0;
   size_t streamed_ = 0; // bytes of the streamed sequence's text already handed to on_text_
-  std::vector<LocalSeq> planned_;
-  bool evicted_ = false;
-  int32_t cached_prompt_ = 0;
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
-  size_t evaluated_[2] = {0, 0};
-  uint64_t events_ = 0;                            // progress counter
-  mutable std::optional<std::string> prompt_text_; // decoded once, for the verifier
+  mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
 };
 
 } // namespace loom

@@ -95,13 +95,13 @@ public:
     struct Out {
       size_t session; // the request's index
       LocalSeq seq;
-      size_t row; // the sequence's logits row (DecodeSession::set_logits)
+      size_t row; // the sequence's logits row (SequenceBook::set_logits)
     };
     std::vector<Out> outs;
     std::vector<size_t> sessions; // requests with tokens in this batch (a failed forward fails them all)
     bool empty() const noexcept { return tokens.empty(); }
     BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
-    void add(size_t request, const DecodeSession::Work& w);
+    void add(size_t request, const SequenceBook::Work& w);
   };
 
 private:

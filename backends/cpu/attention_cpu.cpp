@@ -1,0 +1,868 @@
+// The cpu backend's attention: tiled online softmax over the KV cache, generic, AVX2 and AVX-512 kernels.
+#include "attention_cpu.hpp"
+
+#include "loom/sdk/error.hpp"
+#include "simd_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <immintrin.h>
+#include <utility>
+#include <vector>
+
+// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
+// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace loom::cpu {
+
+namespace {
+
+// ---- attention: tiled online softmax (one pass over the keys, scores of one tile at a time) ----
+
+constexpr int32_t k_tile = 64;
+
+// A sequence's K/V rows in the cache's stored type dt (f32, f16, bf16, q8_0), read in place: the
+// f32/f16/bf16 decode kernels load them directly; the other paths convert one tile of one head at a
+// time into scratch (tile_rows), never the whole cache.
+// Only the rows some query of the batch attends are fetched: the sinks [0, n_sink) and the window
+// rows [lo, n_pos), stored one after the other. Kernels index them by that compact index c; the
+// position of c is pos_of(c). (Causal attention: n_sink 0, lo 0 — every row, c = position.)
+struct SeqRows {
+  int32_t seq;    // the sequence's index among the batch's (KVRows::seq_of)
+  Pos n_pos = 0;  // rows [0, n_pos) exist
+  Pos n_sink = 0; // rows [0, n_sink) at c = position
+  Pos lo = 0;     // rows [lo, n_pos) at c = n_sink + position − lo
+  std::vector<const uint8_t*> k, v;
+  DType dt = DType::f32;
+  Pos at(Pos j) const noexcept { return j < n_sink ? j : n_sink + (j - lo); }
+  Pos pos_of(Pos c) const noexcept { return c < n_sink ? c : c - n_sink + lo; }
+};
+
+// The keys of one query (or of a block of queries) in compact indices: [0, a_end) and [b0, b1].
+struct KeySegs {
+  Pos a_end = 0, b0 = 0, b1 = -1;
+};
+// Segments covering the spans of queries whose sinks end by sink_end (max) and whose windows cover
+// [first, last] (min first, max last), without counting a row twice.
+inline KeySegs key_segs(const SeqRows& r, Pos sink_end, Pos first, Pos last) noexcept {
+  KeySegs k;
+  k.b0 = r.at(first);
+  k.b1 = r.at(last);
+  k.a_end = sink_end > 0 ? std::min(r.at(sink_end - 1) + 1, k.b0) : 0;
+  return k;
+}
+
+struct AttnScratch {
+  bool f16c = false; // F16 / BF16 cache rows convert with AVX2 + F16C (exact either way)
+  std::vector<float> s, acc, m, l;
+  std::vector<float> ks, vs;        // a tile of K / V rows of one head, as f32 (non-f32 caches)
+  std::vector<const float*> kp, vp; // the tile's rows of that head
+};
+
+// n (a multiple of 8) F16 or BF16 values to f32, 8 at a time: exactly kv_load's values.
+LOOM_AVX2 void kv_half_avx2(DType dt, const uint8_t* row, int32_t n, float* out) {
+  for (int32_t i = 0; i < n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+    _mm256_storeu_ps(out + i, dt == DType::f16
+                                  ? _mm256_cvtph_ps(h)
+                                  : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+}
+
+// Rows j0 .. j0+n-1 of kv head hk (values [koff, koff + D)) as f32 pointers: into the cache itself for
+// f32, else into `stage` after conversion (vectorized for F16 / BF16 when `f16c`).
+LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src, DType dt, Pos j0, int32_t n,
+                                          size_t koff, int32_t D, std::vector<float>& stage,
+                                          std::vector<const float*>& ptrs, bool f16c) {
+  ptrs.resize(static_cast<size_t>(n));
+  if (dt == DType::f32) {
+    for (int32_t jj = 0; jj < n; ++jj)
+      ptrs[static_cast<size_t>(jj)] =
+          reinterpret_cast<const float*>(src[static_cast<size_t>(j0 + jj)]) + koff;
+  } else {
+    stage.resize(static_cast<size_t>(n) * static_cast<size_t>(D));
+    for (int32_t jj = 0; jj < n; ++jj) {
+      float* dst = stage.data() + static_cast<size_t>(jj) * static_cast<size_t>(D);
+      if (f16c && (dt == DType::f16 || dt == DType::bf16) && D % 8 == 0)
+        kv_half_avx2(dt, src[static_cast<size_t>(j0 + jj)] + 2 * koff, D, dst);
+      else
+        kv_load(dt, src[static_cast<size_t>(j0 + jj)], static_cast<int64_t>(koff), D, dst);
+      ptrs[static_cast<size_t>(jj)] = dst;
+    }
+  }
+  return ptrs.data();
+}
+
+// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys ks (compact).
+LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                           const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv;
+  w.s.resize(static_cast<size_t>(G) * k_tile);
+  w.acc.assign(static_cast<size_t>(G) * static_cast<size_t>(D), 0.0f);
+  w.m.assign(static_cast<size_t>(G), -INFINITY);
+  w.l.assign(static_cast<size_t>(G), 0.0f);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* kt = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vt = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qh = q + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+        float* s = w.s.data() + static_cast<size_t>(g) * k_tile;
+        float tmax = -INFINITY;
+        for (int32_t jj = 0; jj < n; ++jj) {
+          float v = vdot(qh, kt[jj], D) * p.scale;
+          if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+          s[jj] = v;
+          tmax = std::max(tmax, v);
+        }
+        float& m = w.m[static_cast<size_t>(g)];
+        float& l = w.l[static_cast<size_t>(g)];
+        float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
+        if (tmax > m) { // rescale what was summed under the old maximum
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          vscale(acc, c, D);
+          m = tmax;
+        }
+        for (int32_t jj = 0; jj < n; ++jj) {
+          const float ex = std::exp(s[jj] - m);
+          l += ex;
+          vaxpy(acc, ex, vt[jj], D);
+        }
+      }
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    const float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
+    float* o = out + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+    const float inv = 1.0f / w.l[static_cast<size_t>(g)];
+    for (int32_t d = 0; d < D; ++d)
+      o[d] = acc[d] * inv;
+  }
+}
+
+// A prefill block's scratch: R rows of k_tile scores, then the [D][k_tile] transposed key tile (returned);
+// R accumulators of D, running maxima and sums.
+LOOM_INLINE float* block_setup(int32_t D, int32_t R, AttnScratch& w) {
+  w.s.resize(static_cast<size_t>(R) * k_tile + static_cast<size_t>(D) * k_tile);
+  w.acc.assign(static_cast<size_t>(R) * static_cast<size_t>(D), 0.0f);
+  w.m.assign(static_cast<size_t>(R), -INFINITY);
+  w.l.assign(static_cast<size_t>(R), 0.0f);
+  return w.s.data() + static_cast<size_t>(R) * k_tile;
+}
+
+// The keys any query of the block attends: the union of their spans as (at most) two segments.
+LOOM_INLINE KeySegs block_keys(const AttentionParams& p, const SeqRows& rows, const Pos* pos, int32_t nq) {
+  Pos lo = pos[0], hi = pos[0], sink_end = 0;
+  for (int32_t i = 0; i < nq; ++i) {
+    const KeySpan sp = key_span(p, pos[i]);
+    lo = std::min(lo, sp.first);
+    hi = std::max(hi, pos[i]);
+    sink_end = std::max(sink_end, sp.sink_end);
+  }
+  return key_segs(rows, sink_end, lo, hi);
+}
+
+// Rows ktr[0..n) of a key tile (D values each) transposed into kt [D][k_tile]; lanes n..k_tile zeroed
+// when `pad` (kernels that read whole vectors of the tile).
+LOOM_INLINE void transpose_tile(const float* const* ktr, int32_t n, int32_t D, float* kt, bool pad) {
+  for (int32_t jj = 0; jj < n; ++jj) {
+    const float* kr = ktr[jj];
+    for (int32_t d = 0; d < D; ++d)
+      kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = kr[d];
+  }
+  if (pad)
+    for (int32_t jj = n; jj < k_tile; ++jj)
+      for (int32_t d = 0; d < D; ++d)
+        kt[static_cast<size_t>(d) * k_tile + static_cast<size_t>(jj)] = 0.0f;
+}
+
+// A block of nq consecutive tokens of one sequence (prefill) against kv head hk: the K tile is
+// transposed once and shared by all nq·G query rows, so the scores are FMAs along the keys (no
+// horizontal sums); each query row keeps its own causal / window range (masked lanes get −∞).
+LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out, size_t tok,
+                            const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv, R = nq * G;
+  float* const kt = block_setup(D, R, w); // [D][k_tile]
+  const KeySegs ks = block_keys(p, rows, pos, nq);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
+      transpose_tile(ktr, n, D, kt, false);
+      const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
+      for (int32_t r = 0; r < R; ++r) {
+        const int32_t qi = r / G, g = r % G;
+        const KeySpan sp = key_span(p, pos[qi]);
+        if (p0 > sp.last || (p1 < sp.first && p0 >= sp.sink_end)) continue; // the whole tile is masked
+        const float* qh =
+            q + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+        float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+        { // all k_tile scores in flight at once (independent FMA chains; lanes ≥ n are discarded)
+          float a[k_tile] = {};
+          for (int32_t d = 0; d < D; ++d) {
+            const float qd = qh[d];
+            const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+#pragma omp simd
+            for (int32_t l = 0; l < k_tile; ++l)
+              a[l] += qd * ktd[l];
+          }
+          std::copy(a, a + n, s);
+        }
+        float tmax = -INFINITY;
+        for (int32_t jj = 0; jj < n; ++jj) {
+          float v = s[jj] * p.scale;
+          if (p.softcap > 0.0f) v = p.softcap * std::tanh(v / p.softcap);
+          if (!sp.contains(rows.pos_of(j0 + jj))) v = -INFINITY;
+          s[jj] = v;
+          tmax = std::max(tmax, v);
+        }
+        float& m = w.m[static_cast<size_t>(r)];
+        float& l = w.l[static_cast<size_t>(r)];
+        float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          vscale(acc, c, D);
+          m = tmax;
+        }
+        for (int32_t jj = 0; jj < n; ++jj) {
+          if (s[jj] == -INFINITY) continue;
+          const float ex = std::exp(s[jj] - m);
+          l += ex;
+          vaxpy(acc, ex, vtr[jj], D);
+        }
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t qi = r / G, g = r % G;
+    const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+    float* o = out + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
+    const float inv = 1.0f / w.l[static_cast<size_t>(r)];
+    for (int32_t d = 0; d < D; ++d)
+      o[d] = acc[d] * inv;
+  }
+}
+
+constexpr int32_t k_qblock = 16; // query tokens per prefill block
+
+LOOM_AVX2 void attn_item_avx2(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                              const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, ks, hk, w);
+}
+void attn_item_generic(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                       const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  attn_item(p, q, out, rows, ks, hk, w);
+}
+LOOM_AVX2 void attn_block_avx2(const AttentionParams& p, const float* q, float* out, size_t tok,
+                               const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  attn_block(p, q, out, tok, rows, pos, nq, hk, w);
+}
+// The same prefill block compiled for AVX-512 (a key tile's 64 scores in four 16-lane FMA chains).
+LOOM_AVX512 void attn_block_avx512(const AttentionParams& p, const float* q, float* out, size_t tok,
+                                   const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,
+                                   AttnScratch& w) {
+  attn_block(p, q, out, tok, rows, pos, nq, hk, w);
+}
+void attn_block_generic(const AttentionParams& p, const float* q, float* out, size_t tok, const SeqRows& rows,
+                        const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
+  attn_block(p, q, out, tok, rows, pos, nq, hk, w);
+}
+
+// attn_block for head dims 16·NV with AVX-512: the same tiles and online softmax, but a query row's
+// output accumulator stays in NV registers across a tile's keys (attn_block loads and stores it per
+// key), the exps are vectorized (exp512), and the scores of two rows share each key-tile load.
+template <int NV>
+LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, float* out, size_t tok,
+                                     const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,
+                                     AttnScratch& w) {
+  constexpr int32_t D = 16 * NV;
+  const int32_t G = p.n_head / p.n_head_kv, R = nq * G;
+  float* const kt = block_setup(D, R, w); // [D][k_tile]
+  const KeySegs ks = block_keys(p, rows, pos, nq);
+  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
+  constexpr int NT = k_tile / 16; // score vectors per row
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
+      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
+      transpose_tile(ktr, n, D, kt, true); // lanes past the tile: finite, then masked
+      const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
+      // whether lane jj of the tile holds a key (a position every row then checks against its span)
+      alignas(64) int32_t kpos[k_tile];
+      for (int32_t jj = 0; jj < k_tile; ++jj)
+        kpos[jj] = jj < n ? static_cast<int32_t>(rows.pos_of(j0 + jj)) : -1;
+      const auto row_live = [&](int32_t r) {
+        const KeySpan sp = key_span(p, pos[r / G]);
+        return !(p0 > sp.last || (p1 < sp.first && p0 >= sp.sink_end));
+      };
+      const auto qrow = [&](int32_t r) {
+        return q + static_cast<size_t>(r / G) * tok +
+               static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
+      };
+      // scores: four rows at a time, each key-tile vector loaded once for all four (rows past R repeat
+      // the last one and are not stored)
+      for (int32_t r = 0; r < R; r += 4) {
+        const float* qr[4];
+        for (int u = 0; u < 4; ++u)
+          qr[u] = qrow(std::min(r + u, R - 1));
+        __m512 a[4][NT];
+        for (auto& au : a)
+          for (auto& v : au)
+            v = _mm512_setzero_ps();
+        for (int32_t d = 0; d < D; ++d) {
+          __m512 x[4];
+          for (int u = 0; u < 4; ++u)
+            x[u] = _mm512_set1_ps(qr[u][d]);
+          const float* ktd = kt + static_cast<size_t>(d) * k_tile;
+#pragma GCC unroll 4
+          for (int i = 0; i < NT; ++i) {
+            const __m512 kv = _mm512_loadu_ps(ktd + 16 * i); // (the scratch is only 16-byte aligned)
+            for (int u = 0; u < 4; ++u)
+              a[u][i] = _mm512_fmadd_ps(x[u], kv, a[u][i]);
+          }
+        }
+        for (int u = 0; u < 4 && r + u < R; ++u)
+          for (int i = 0; i < NT; ++i)
+            _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + u) * k_tile + 16 * i, a[u][i]);
+      }
+      // Rows two at a time: first each one's masked scores, running max (its output rescaled in scratch)
+      // and exps; then the weighted sum of V for both together, each V vector loaded once for the two and
+      // their accumulators two independent chains (one row's NV chains alone wait on the FMA latency at
+      // every key). Per row the same operations in the same order as one row at a time.
+      for (int32_t r0 = 0; r0 < R; r0 += 2) {
+        bool live[2] = {false, false};
+        for (int32_t u = 0; u < 2 && r0 + u < R; ++u) {
+          const int32_t r = r0 + u;
+          if (!row_live(r)) continue; // the whole tile is masked
+          const KeySpan sp = key_span(p, pos[r / G]);
+          float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
+          // scale, soft-cap, mask; the tile's max
+          __m512 vmax = neg_inf;
+          for (int i = 0; i < NT; ++i) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), _mm512_set1_ps(p.scale));
+            if (p.softcap > 0.0f) {
+              alignas(64) float t[16];
+              _mm512_store_ps(t, v);
+              for (float& x : t)
+                x = p.softcap * std::tanh(x / p.softcap);
+              v = _mm512_load_ps(t);
+            }
+            const __m512i kp = _mm512_load_si512(kpos + 16 * i);
+            // in span: first ≤ pos ≤ last, or pos < sink_end (a sink); lanes past the tile hold −1
+            const __mmask16 valid = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512());
+            const __mmask16 in_win =
+                _mm512_cmpge_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.first))) &
+                _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.last)));
+            const __mmask16 sink =
+                _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.sink_end)));
+            v = _mm512_mask_blend_ps(valid & (in_win | sink), neg_inf, v);
+            _mm512_storeu_ps(s + 16 * i, v);
+            vmax = _mm512_max_ps(vmax, v);
+          }
+          const float tmax = _mm512_reduce_max_ps(vmax);
+          if (tmax == -INFINITY) continue;
+          float& m = w.m[static_cast<size_t>(r)];
+          float& l = w.l[static_cast<size_t>(r)];
+          if (tmax > m) {
+            const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+            l *= c;
+            float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+            for (int i = 0; i < NV; ++i)
+              _mm512_storeu_ps(acc + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), _mm512_set1_ps(c)));
+            m = tmax;
+          }
+          __m512 lsum = _mm512_setzero_ps();
+          for (int i = 0; i < NT; ++i) {
+            const __m512 v = _mm512_loadu_ps(s + 16 * i);
+            // masked lanes give 0; a NaN score stays NaN and spreads to the output, as in attn_block
+            const __mmask16 lv = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_UQ);
+            const __m512 ex = _mm512_maskz_mov_ps(lv, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
+            _mm512_storeu_ps(s + 16 * i, ex);
+            lsum = _mm512_add_ps(lsum, ex);
+          }
+          l += _mm512_reduce_add_ps(lsum);
+          live[u] = true;
+        }
+        if (!live[0] && !live[1]) continue;
+        // one live row: its own loop; two: both at once, a row whose weight is 0 left unchanged (masked)
+        const int32_t ra = live[0] ? r0 : r0 + 1, rb = live[0] && live[1] ? r0 + 1 : ra;
+        const float* wa = w.s.data() + static_cast<size_t>(ra) * k_tile;
+        const float* wb = w.s.data() + static_cast<size_t>(rb) * k_tile;
+        float* acca = w.acc.data() + static_cast<size_t>(ra) * static_cast<size_t>(D);
+        float* accb = w.acc.data() + static_cast<size_t>(rb) * static_cast<size_t>(D);
+        __m512 av[NV], bv[NV];
+        for (int i = 0; i < NV; ++i)
+          av[i] = _mm512_loadu_ps(acca + 16 * i);
+        if (rb == ra) {
+          for (int32_t jj = 0; jj < n; ++jj) {
+            if (wa[jj] == 0.0f) continue;
+            const __m512 ev = _mm512_set1_ps(wa[jj]);
+            const float* vv = vtr[jj];
+            for (int i = 0; i < NV; ++i)
+              av[i] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(vv + 16 * i), av[i]);
+          }
+        } else {
+          for (int i = 0; i < NV; ++i)
+            bv[i] = _mm512_loadu_ps(accb + 16 * i);
+          for (int32_t jj = 0; jj < n; ++jj) {
+            const bool za = wa[jj] == 0.0f, zb = wb[jj] == 0.0f;
+            if (za && zb) continue;
+            const __mmask16 ka = za ? 0 : 0xFFFF, kb = zb ? 0 : 0xFFFF;
+            const __m512 ea = _mm512_set1_ps(wa[jj]), eb = _mm512_set1_ps(wb[jj]);
+            const float* vv = vtr[jj];
+            for (int i = 0; i < NV; ++i) {
+              const __m512 v = _mm512_loadu_ps(vv + 16 * i);
+              av[i] = _mm512_mask3_fmadd_ps(ea, v, av[i], ka);
+              bv[i] = _mm512_mask3_fmadd_ps(eb, v, bv[i], kb);
+            }
+          }
+          for (int i = 0; i < NV; ++i)
+            _mm512_storeu_ps(accb + 16 * i, bv[i]);
+        }
+        for (int i = 0; i < NV; ++i)
+          _mm512_storeu_ps(acca + 16 * i, av[i]);
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
+    float* o =
+        out + static_cast<size_t>(r / G) * tok + static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
+    const __m512 inv = _mm512_set1_ps(1.0f / w.l[static_cast<size_t>(r)]);
+    for (int i = 0; i < NV; ++i)
+      _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), inv));
+  }
+}
+
+// Decode attention with AVX2 intrinsics for head dims 8·NV: q and the output accumulator live in
+// registers, eight keys' scores are reduced together (one transpose of eight partial sums instead of
+// eight horizontal sums).
+// Eight values of a KV row from element `at` on: f32 (KT 0), f16 (1, F16C) or bf16 (2) storage.
+template <int KT> LOOM_AVX2 inline __m256 load8(const uint8_t* row, size_t at) {
+  if constexpr (KT == 0) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + at);
+  } else if constexpr (KT == 1) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+template <int NV, int KT>
+LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                                const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  constexpr int32_t D = NV * 8;
+  constexpr size_t esize = KT == 0 ? 4 : 2;
+  const int32_t G = p.n_head / p.n_head_kv;
+  const size_t koff = static_cast<size_t>(hk) * D;
+  w.s.resize(k_tile);
+  float* s = w.s.data();
+  // The G query heads take each tile of keys in turn (as attn_item_avx512_d: at depth, one head at a time
+  // over all keys reads the KV head's rows G times from L3).
+  w.acc.assign(static_cast<size_t>(G) * D, 0.0f);
+  w.m.assign(static_cast<size_t>(G), -INFINITY);
+  w.l.assign(static_cast<size_t>(G), 0.0f);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const uint8_t* const* kr = rows.k.data() + j0;
+      const uint8_t* const* vr = rows.v.data() + j0;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qh = q + static_cast<size_t>(hk * G + g) * D;
+        float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+        __m256 qv[NV], acc[NV];
+        for (int i = 0; i < NV; ++i) {
+          qv[i] = _mm256_loadu_ps(qh + 8 * i);
+          acc[i] = _mm256_loadu_ps(ga + 8 * i);
+        }
+        float m = w.m[static_cast<size_t>(g)], l = w.l[static_cast<size_t>(g)];
+        int32_t jj = 0;
+        for (; jj + 8 <= n; jj += 8) {
+          __m256 d[8];
+          if (g == 0 && jj + 16 <= n) // the first head brings the tile in
+            for (int k = 8; k < 16; ++k)
+              _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
+          for (int k = 0; k < 8; ++k) {
+            const uint8_t* kk = kr[jj + k];
+            d[k] = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
+            for (int i = 1; i < NV; ++i)
+              d[k] = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d[k]);
+          }
+          const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+          const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+          const __m256 r =
+              _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+          _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
+        }
+        for (; jj < n; ++jj) {
+          const uint8_t* kk = kr[jj];
+          __m256 d = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
+          for (int i = 1; i < NV; ++i)
+            d = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d);
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_movehdup_ps(h));
+          s[jj] = _mm_cvtss_f32(h) * p.scale;
+        }
+        float tmax = -INFINITY;
+        for (jj = 0; jj < n; ++jj) {
+          if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
+          tmax = std::max(tmax, s[jj]);
+        }
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          for (int i = 0; i < NV; ++i)
+            acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
+          m = tmax;
+        }
+        { // the exps first, 8 at a time (a call in the loop below would spill acc)
+          const __m256 mv = _mm256_set1_ps(m);
+          __m256 lv = _mm256_setzero_ps();
+          for (jj = 0; jj + 8 <= n; jj += 8) {
+            const __m256 ev = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv));
+            _mm256_storeu_ps(s + jj, ev);
+            lv = _mm256_add_ps(lv, ev);
+          }
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(lv), _mm256_extractf128_ps(lv, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_movehdup_ps(h));
+          l += _mm_cvtss_f32(h);
+          for (; jj < n; ++jj) {
+            s[jj] = std::exp(s[jj] - m);
+            l += s[jj];
+          }
+        }
+        for (jj = 0; jj < n; ++jj) {
+          if (g == 0 && jj + 4 < n)
+            _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
+          const __m256 ev = _mm256_set1_ps(s[jj]);
+          const uint8_t* vv = vr[jj];
+          for (int i = 0; i < NV; ++i)
+            acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
+        }
+        for (int i = 0; i < NV; ++i)
+          _mm256_storeu_ps(ga + 8 * i, acc[i]);
+        w.m[static_cast<size_t>(g)] = m;
+        w.l[static_cast<size_t>(g)] = l;
+      }
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    float* o = out + static_cast<size_t>(hk * G + g) * D;
+    const float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+    const __m256 inv = _mm256_set1_ps(1.0f / w.l[static_cast<size_t>(g)]);
+    for (int i = 0; i < NV; ++i)
+      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(ga + 8 * i), inv));
+  }
+}
+
+// attn_item_avx2_d with AVX-512 (D = 16·NW): a key row is NW vectors; sixteen keys' dot products are
+// summed into one vector of sixteen scores by a transpose-and-add tree (45 operations for 16 keys, where
+// the AVX2 kernel spends 10 per 8); the softmax update and the weighted sum of V as there — half the
+// instructions per key, the exps 16 at a time (exp512).
+template <int KT> LOOM_AVX512 inline __m512 load16(const uint8_t* row, size_t at) {
+  if constexpr (KT == 0) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + at);
+  } else if constexpr (KT == 1) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * at)));
+  } else {
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * at)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+}
+
+// Lane k = the sum of d[k]'s sixteen lanes.
+LOOM_AVX512 inline __m512 sum16x16(const __m512 (&d)[16]) {
+  __m512 t[8], u[4];
+  for (int k = 0; k < 8; ++k) // per 128-bit lane: d[2k]'s pair sums at 0, 2; d[2k + 1]'s at 1, 3
+    t[k] =
+        _mm512_add_ps(_mm512_unpacklo_ps(d[2 * k], d[2 * k + 1]), _mm512_unpackhi_ps(d[2 * k], d[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) { // per 128-bit lane L: the lane sums of d[4k .. 4k + 3]
+    const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] =
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 x0 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+  const __m512 x1 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
+}
+
+template <int NW, int KT>
+LOOM_AVX512 void attn_item_avx512_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
+                                    const KeySegs& ks, int32_t hk, AttnScratch& w) {
+  constexpr int32_t D = NW * 16;
+  constexpr size_t esize = KT == 0 ? 4 : 2;
+  const int32_t G = p.n_head / p.n_head_kv;
+  const size_t koff = static_cast<size_t>(hk) * D;
+  w.s.resize(k_tile);
+  float* s = w.s.data();
+  // The G query heads of this KV head take each tile of keys in turn while it is in L1/L2 (one head at a
+  // time over all keys would read the head's whole K and V G times: from L3 once they outgrow L2, the
+  // limit at depth), each head's running max, sum and output kept in scratch between tiles — per head the
+  // same operations in the same order as over all keys at once.
+  w.acc.assign(static_cast<size_t>(G) * D, 0.0f);
+  w.m.assign(static_cast<size_t>(G), -INFINITY);
+  w.l.assign(static_cast<size_t>(G), 0.0f);
+  for (int seg = 0; seg < 2; ++seg) {
+    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
+    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
+      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
+      const uint8_t* const* kr = rows.k.data() + j0;
+      const uint8_t* const* vr = rows.v.data() + j0;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qh = q + static_cast<size_t>(hk * G + g) * D;
+        float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+        __m512 qv[NW], acc[NW];
+        for (int i = 0; i < NW; ++i) {
+          qv[i] = _mm512_loadu_ps(qh + 16 * i);
+          acc[i] = _mm512_loadu_ps(ga + 16 * i);
+        }
+        float m = w.m[static_cast<size_t>(g)], l = w.l[static_cast<size_t>(g)];
+        int32_t jj = 0;
+        for (; jj + 16 <= n; jj += 16) {
+          __m512 d[16];
+          if (g == 0 && jj + 32 <= n) // the first head brings the tile in
+            for (int k = 16; k < 32; ++k)
+              _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
+          for (int k = 0; k < 16; ++k) {
+            const uint8_t* kk = kr[jj + k];
+            d[k] = _mm512_mul_ps(qv[0], load16<KT>(kk, koff));
+            for (int i = 1; i < NW; ++i)
+              d[k] = _mm512_fmadd_ps(qv[i], load16<KT>(kk, koff + 16 * static_cast<size_t>(i)), d[k]);
+          }
+          _mm512_storeu_ps(s + jj, _mm512_mul_ps(sum16x16(d), _mm512_set1_ps(p.scale)));
+        }
+        for (; jj < n; ++jj) {
+          const uint8_t* kk = kr[jj];
+          __m512 d = _mm512_mul_ps(qv[0], load16<KT>(kk, koff));
+          for (int i = 1; i < NW; ++i)
+            d = _mm512_fmadd_ps(qv[i], load16<KT>(kk, koff + 16 * static_cast<size_t>(i)), d);
+          s[jj] = _mm512_reduce_add_ps(d) * p.scale;
+        }
+        float tmax = -INFINITY;
+        for (jj = 0; jj < n; ++jj) {
+          if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
+          tmax = std::max(tmax, s[jj]);
+        }
+        if (tmax > m) {
+          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
+          l *= c;
+          for (int i = 0; i < NW; ++i)
+            acc[i] = _mm512_mul_ps(acc[i], _mm512_set1_ps(c));
+          m = tmax;
+        }
+        { // the exps first, 16 at a time (a call in the loop below would spill acc)
+          const __m512 mv = _mm512_set1_ps(m);
+          __m512 lv = _mm512_setzero_ps();
+          for (jj = 0; jj + 16 <= n; jj += 16) {
+            const __m512 ev = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + jj), mv));
+            _mm512_storeu_ps(s + jj, ev);
+            lv = _mm512_add_ps(lv, ev);
+          }
+          l += _mm512_reduce_add_ps(lv);
+          for (; jj < n; ++jj) {
+            s[jj] = std::exp(s[jj] - m);
+            l += s[jj];
+          }
+        }
+        for (jj = 0; jj < n; ++jj) {
+          if (g == 0 && jj + 4 < n)
+            _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
+          const __m512 ev = _mm512_set1_ps(s[jj]);
+          const uint8_t* vv = vr[jj];
+          for (int i = 0; i < NW; ++i)
+            acc[i] = _mm512_fmadd_ps(ev, load16<KT>(vv, koff + 16 * static_cast<size_t>(i)), acc[i]);
+        }
+        for (int i = 0; i < NW; ++i)
+          _mm512_storeu_ps(ga + 16 * i, acc[i]);
+        w.m[static_cast<size_t>(g)] = m;
+        w.l[static_cast<size_t>(g)] = l;
+      }
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    float* o = out + static_cast<size_t>(hk * G + g) * D;
+    const float* ga = w.acc.data() + static_cast<size_t>(g) * D;
+    const __m512 inv = _mm512_set1_ps(1.0f / w.l[static_cast<size_t>(g)]);
+    for (int i = 0; i < NW; ++i)
+      _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ga + 16 * i), inv));
+  }
+}
+
+using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, const KeySegs&,
+                            int32_t, AttnScratch&);
+
+template <int KT> AttnItemFn pick_item_typed(int32_t D) {
+  switch (D) {
+  case 8:
+    return attn_item_avx2_d<1, KT>;
+  case 16:
+    return attn_item_avx2_d<2, KT>;
+  case 32:
+    return attn_item_avx2_d<4, KT>;
+  case 64:
+    return attn_item_avx2_d<8, KT>;
+  case 128:
+    return attn_item_avx2_d<16, KT>;
+  default:
+    return attn_item_avx2;
+  }
+}
+
+template <int KT> AttnItemFn pick_item_avx512(int32_t D) {
+  switch (D) {
+  case 32:
+    return attn_item_avx512_d<2, KT>;
+  case 64:
+    return attn_item_avx512_d<4, KT>;
+  case 128:
+    return attn_item_avx512_d<8, KT>;
+  default:
+    return pick_item_typed<KT>(D);
+  }
+}
+
+AttnItemFn pick_item(Isa isa, int32_t D, DType dt) {
+  if (!at_least(isa, Isa::avx2)) return attn_item_generic;
+  if (at_least(isa, Isa::avx512)) switch (dt) {
+    case DType::f32:
+      return pick_item_avx512<0>(D);
+    case DType::f16:
+      return pick_item_avx512<1>(D);
+    case DType::bf16:
+      return pick_item_avx512<2>(D);
+    default:
+      break;
+    }
+  switch (dt) {
+  case DType::f32:
+    return pick_item_typed<0>(D);
+  case DType::f16:
+    return pick_item_typed<1>(D);
+  case DType::bf16:
+    return pick_item_typed<2>(D);
+  default: // q8_0: converted a tile at a time
+    return attn_item_avx2;
+  }
+}
+
+void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa) {
+  const int32_t Hkv = p.n_head_kv;
+  const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
+  const bool avx2 = at_least(isa, Isa::avx2);
+  const AttnItemFn item = pick_item(isa, p.head_dim, rows.empty() ? DType::f32 : rows.front().dt);
+  auto block = at_least(isa, Isa::avx512) ? attn_block_avx512 : avx2 ? attn_block_avx2 : attn_block_generic;
+  if (at_least(isa, Isa::avx512)) switch (p.head_dim) {
+    case 16:
+      block = attn_block_avx512_d<1>;
+      break;
+    case 32:
+      block = attn_block_avx512_d<2>;
+      break;
+    case 64:
+      block = attn_block_avx512_d<4>;
+      break;
+    case 128:
+      block = attn_block_avx512_d<8>;
+      break;
+    default:
+      break;
+    }
+  // Blocks of up to k_qblock consecutive tokens of the same sequence.
+  std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
+  for (int32_t t = 0; t < T;) {
+    int32_t e = t + 1;
+    while (e < T && e - t < k_qblock && row_of[static_cast<size_t>(e)] == row_of[static_cast<size_t>(t)])
+      ++e;
+    blocks.emplace_back(t, e - t);
+    t = e;
+  }
+  const int64_t items = static_cast<int64_t>(blocks.size()) * Hkv;
+#pragma omp parallel if (items > 1)
+  {
+    AttnScratch w;
+    w.f16c = avx2;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const auto [t, nq] = blocks[static_cast<size_t>(it / Hkv)];
+      const auto hk = static_cast<int32_t>(it % Hkv);
+      const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
+      if (nq == 1) { // decode: one token, no transpose worth its cost
+        const KeySpan sp = key_span(p, pos[t]);
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr,
+             key_segs(sr, sp.sink_end, sp.first, sp.last), hk, w);
+      } else {
+        block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t, nq,
+              hk, w);
+      }
+    }
+  }
+}
+
+} // namespace
+
+void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
+                     const KVRows& kv, float* out, Isa isa) {
+  LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
+  // The K/V row addresses of every sequence in the batch that some token attends (sinks, then the
+  // window rows from the earliest token's first key), fetched once for all heads and tokens.
+  std::vector<SeqRows> rows;
+  std::vector<Pos> sink_end; // per sequence: the most sink rows any of its tokens reads
+  std::vector<int32_t> row_of(static_cast<size_t>(n_tokens));
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    size_t i = 0;
+    const int32_t sq = kv.seq_of(static_cast<size_t>(t));
+    while (i < rows.size() && rows[i].seq != sq)
+      ++i;
+    const KeySpan sp = key_span(p, pos[t]);
+    if (i == rows.size()) {
+      SeqRows r;
+      r.seq = sq;
+      r.lo = sp.first;
+      r.dt = kv.kv_dtype();
+      rows.push_back(std::move(r));
+      sink_end.push_back(0);
+    }
+    rows[i].n_pos = std::max(rows[i].n_pos, pos[t] + 1);
+    rows[i].lo = std::min(rows[i].lo, sp.first);
+    sink_end[i] = std::max(sink_end[i], sp.sink_end);
+    row_of[static_cast<size_t>(t)] = static_cast<int32_t>(i);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SeqRows& r = rows[i];
+    r.n_sink = std::min(sink_end[i], r.lo);
+    const auto n = static_cast<size_t>(r.n_sink + (r.n_pos - r.lo));
+    r.k.resize(n);
+    r.v.resize(n);
+    for (size_t c = 0; c < n; ++c) {
+      const Pos j = r.pos_of(static_cast<Pos>(c));
+      r.k[c] = kv.k_at(p.layer, r.seq, j);
+      r.v[c] = kv.v_at(p.layer, r.seq, j);
+    }
+  }
+  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa);
+}
+
+} // namespace loom::cpu
