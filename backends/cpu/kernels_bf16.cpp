@@ -22,7 +22,8 @@
 #include <vector>
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file as for kernels.cpp.
+// unmasked intrinsics): a known false positive, silenced for this file as for kernels_avx512.cpp,
+// kernels_vnni.cpp and kernels_amx.cpp.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"

@@ -1,0 +1,203 @@
+// Private to the cpu backend's kernels*.cpp: target macros, shared types and helpers, per-ISA kernels.
+#pragma once
+
+#include "kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+
+// The instruction-set levels' target attributes (simd_cpu.hpp defines LOOM_AVX2 with the same text). A
+// declaration carries its definition's attribute: GCC takes a different target for another version.
+#ifndef LOOM_AVX2
+#define LOOM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+#ifndef LOOM_AVX512F
+#define LOOM_AVX512F __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#endif
+#ifndef LOOM_AVX512VNNI
+#define LOOM_AVX512VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#endif
+#ifndef LOOM_AMX
+#define LOOM_AMX                                                                                             \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+#endif
+
+namespace loom::cpu {
+
+// Activations quantized per block of 32 for the integer dot products (a float scale keeps the
+// error at the int8 rounding only).
+struct BlockQ8 {
+  float d;
+  float s8;    // 8 · d · Σ qs: the q4_0 kernels multiply unsigned nibbles and subtract this
+  int32_t sum; // Σ qs (the int8 GEMM's offsets)
+  int8_t qs[32];
+};
+
+// std::lround(v) for |v| ≤ 127 (v clamped there first; NaN gives −127), written so that the
+// quantizers' loops vectorize instead of calling libm per element: truncate, then step away from
+// zero when the exact remainder is at least one half.
+inline __attribute__((always_inline)) int32_t round_q8(float v) {
+  v = v >= -127.0f ? v : -127.0f; // NaN too
+  v = v <= 127.0f ? v : 127.0f;
+  const auto t = static_cast<int32_t>(v);
+  const float rem = v - static_cast<float>(t);
+  return t + (rem >= 0.5f ? 1 : 0) - (rem <= -0.5f ? 1 : 0);
+}
+
+// n values to int8 with the scale d = amax / 127, which it returns.
+inline __attribute__((always_inline)) float quantize_block(const float* v, int n, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i)
+    amax = std::max(amax, std::fabs(v[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < n; ++i)
+    q[i] = static_cast<int8_t>(round_q8(v[i] * id));
+  return d;
+}
+
+inline __attribute__((always_inline)) void quantize_x(const float* x, int64_t K, BlockQ8* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float d = quantize_block(x + b * 32, 32, out[b].qs);
+    out[b].d = d;
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i)
+      sum += out[b].qs[i];
+    out[b].s8 = 8.0f * d * static_cast<float>(sum);
+    out[b].sum = sum;
+  }
+}
+
+// k-quant activations: one scale per 256-element super-block (as the weights' own scales are
+// integers within a super-block, the whole super-block's dot product stays in integers), and the
+// sums of each 16 quantized values for the weights' offsets (Q4_K mins, Q6_K's −32).
+struct BlockQ8K {
+  float d;
+  int16_t bsums[16];
+  int8_t qs[256];
+};
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+// The repacked layouts (described in kernels.cpp): Q4_0 / Q8_0 blocks and their offsets, Q4_K and Q6_K
+// super-blocks.
+constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272;
+constexpr size_t q_scale_at(int h) {
+  return 16 * static_cast<size_t>(h);
+}
+constexpr size_t q_vec_at(int H, int h, int c) {
+  return 16 * static_cast<size_t>(H) + 32 * static_cast<size_t>(H * c + h);
+}
+constexpr size_t k_q4kx8_block = 1152;
+constexpr size_t k_q6kx8_block = 1680;
+
+// One weight of a row (f32, f16 or bf16) as f32 (the AVX2 and AVX-512 loops' tails).
+template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
+  if constexpr (type == DType::f32) {
+    float f;
+    std::memcpy(&f, row + 4 * k, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    return type == DType::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+  }
+}
+
+// Two 32-byte vectors (one per group of 8 rows) as one 64-byte vector: rows 0..7 low, 8..15 high.
+LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// Block b of a pair of repacked Q4_0 / Q8_0 groups (16 rows): its vector c (rows 0..7 low, 8..15 high) and
+// its 16 scales as floats. The vector is read as two 32-byte halves: pair blocks are 288 / 544 bytes, so
+// every other block's 64-byte vectors straddle two cache lines, and such loads cost Q4_0 prefill 4 %
+// (pp256, interleaved A/B) where two aligned-enough halves cost nothing; decode reads the same either way.
+LOOM_AVX512VNNI inline __m512i pair_vec(const uint8_t* a, int c) {
+  return pair256(a + q_vec_at(2, 0, c), a + q_vec_at(2, 1, c));
+}
+LOOM_AVX512VNNI inline __m512 pair_scales(const uint8_t* a) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+}
+
+// ---- kernels_avx2.cpp (the i8dq_rows int8 route of Q4_1, Q5_0, Q5_1 and IQ4_NL included) ----
+
+__attribute__((target("avx2,fma,f16c"))) void quantize_x_avx2(const float* x, int64_t K, BlockQ8* out);
+LOOM_AVX2 float dot_f32_avx2(const uint8_t* w, const float* x, int64_t K);
+LOOM_AVX2 float dot_f16_avx2(const uint8_t* w, const float* x, int64_t K);
+LOOM_AVX2 float dot_bf16_avx2(const uint8_t* w, const float* x, int64_t K);
+LOOM_AVX2 float dot_q8_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb);
+LOOM_AVX2 float dot_q4_0_avx2(const uint8_t* w, const BlockQ8* x, int64_t nb);
+LOOM_AVX2 float dot_q4_k_avx2(const uint8_t* w, const BlockQ8K* x, int64_t nsb);
+LOOM_AVX2 float dot_q6_k_avx2(const uint8_t* w, const BlockQ8K* x, int64_t nsb);
+template <DType type> // q4_k or q6_k
+LOOM_AVX2 void rows4_k_avx2(const uint8_t* w, size_t rb, const BlockQ8K* x, int64_t nsb, float* out);
+LOOM_AVX2 void dot4_f32_avx2(const uint8_t* w, const float* x, int64_t K, float* out);
+LOOM_AVX2 void dot4_f16_avx2(const uint8_t* w, const float* x, int64_t K, float* out);
+LOOM_AVX2 void dot4_q_avx2(DType type, const uint8_t* w, const BlockQ8* x, int64_t nb, float* out);
+LOOM_AVX2 void rows4_f32_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out);
+template <DType type> // f16 or bf16
+LOOM_AVX2 void rows4_half_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out);
+template <DType type> // f32, f16 or bf16
+LOOM_AVX2 void rows4x2_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out);
+template <DType type> // q8_0 or q4_0
+LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out);
+LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, int64_t j0,
+                         int64_t j1, float* y);
+template <int H> // 1 or 2
+LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
+template <int H> // 1 or 2
+LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
+template <int P> // 4
+LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs);
+LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
+template <int P> // 4
+LOOM_AVX2 void gemv_q6_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs);
+LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out);
+LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n);
+LOOM_AVX2 void dequant_q8_0_avx2(const uint8_t* w, float* y, int64_t nb);
+LOOM_AVX2 void dequant_q4_0_avx2(const uint8_t* w, float* y, int64_t nb);
+
+// ---- kernels_avx512.cpp ----
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void
+quantize_x_avx512(const float* x, int64_t K, BlockQ8* out);
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void
+quantize_x_k_avx512(const float* x, int64_t K, BlockQ8K* out);
+template <DType type> // f32, f16 or bf16
+LOOM_AVX512F void rows4_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out);
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) void
+to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
+
+// ---- kernels_vnni.cpp ----
+
+template <bool Q4, int P> // P: 1 or 4
+LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
+                                     float* const y[P]);
+// A pair of repacked Q4_0 / Q8_0 groups against T tokens (tiles of 16, 8, 4, 2, 1 on gemm_x16_vnni).
+template <bool Q4>
+void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
+template <int TT> // 16, 8, 4, 2 or 1
+LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy);
+template <int TT> // 16, 8, 4, 2 or 1
+LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy);
+
+// ---- kernels_amx.cpp ----
+
+template <bool Q4>
+LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int tt, float* y, int64_t ldy);
+
+} // namespace loom::cpu

@@ -1,0 +1,338 @@
+// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_K and Q6_K.
+#include "kernels_internal.hpp"
+
+#include <immintrin.h>
+
+// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
+// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace loom::cpu {
+
+// ---- AVX-512 VNNI: the int8 GEMM of repacked Q8_0 / Q4_0 against several tokens ----
+
+namespace {
+
+// Blocks ahead that the one- and two-token kernels prefetch.
+constexpr size_t k_prefetch_blocks = 8;
+
+// 16 rows (a pair of repacked groups, p) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
+// x: the tokens' blocks, nb per token (with Σ qs of each). Per block the 16 rows' weights are
+// unpacked once, as unsigned bytes u (Q4_0: the nibbles, u = q + 8; Q8_0: u = q + 128, the sign bit
+// flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each token
+// broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
+// Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
+// the AVX2 kernel per block, so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2, bit for bit.
+template <int TT, bool Q4>
+LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t nb, float* y, int64_t ldy) {
+  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* a = p + static_cast<size_t>(b) * blk;
+    if constexpr (TT <= 2) // decode reads the weights once: keep more lines in flight than the prefetchers do
+      for (size_t c = 0; c < blk; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
+    __m512i w[8];
+    if constexpr (Q4) {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) { // low nibbles: columns 4c..4c+3; high: 16 + 4c..
+        const __m512i v = pair_vec(a, c);
+        w[c] = _mm512_and_si512(v, mask);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c)
+        w[c] = _mm512_xor_si512(pair_vec(a, c), flip);
+    }
+    const __m512 dw = pair_scales(a);
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
+      const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
+      // Q8_0 starts from −128 · Σ x (exact: Σ q·x then); Q4_0 from 0 (Σ nibble · x), its −8 · Σ x taken
+      // off in float as the AVX2 kernel does (xb.s8), so both give that kernel's very floats.
+      __m512i s = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c)
+        s = _mm512_dpbusd_epi32(s, w[c], _mm512_set1_epi32(xw[c]));
+      if constexpr (Q4)
+        acc[t] = _mm512_fmadd_ps(
+            dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[t]);
+      else
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
+} // namespace
+
+// One token against P pairs (16·P rows) at once: P sequential weight streams per thread instead of one,
+// which is what the machine's read bandwidth needs (`loom bench --bandwidth`: one stream per thread reads
+// half of what four do). Each block's integer sum in two chains of vpdpbusd (exact either way); the same
+// float steps as gemm_x16_vnni<1, Q4> for each pair, so the same results.
+template <bool Q4, int P>
+LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
+                                     float* const y[P]) {
+  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
+  __m512 acc[P];
+  for (auto& a : acc)
+    a = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8& xb = x[b];
+    const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
+#pragma GCC unroll 8
+    for (int h = 0; h < P; ++h) {
+      const uint8_t* a = p[h] + static_cast<size_t>(b) * blk;
+      for (size_t c = 0; c < blk; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
+      __m512i s0 = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum),
+              s1 = _mm512_setzero_si512();
+      if constexpr (Q4) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = pair_vec(a, c);
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, mask), _mm512_set1_epi32(xw[c]));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
+                                   _mm512_set1_epi32(xw[4 + c]));
+        }
+      } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < 8; c += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(pair_vec(a, c), flip), _mm512_set1_epi32(xw[c]));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_xor_si512(pair_vec(a, c + 1), flip),
+                                   _mm512_set1_epi32(xw[c + 1]));
+        }
+      }
+      const __m512i s = _mm512_add_epi32(s0, s1);
+      const __m512 dw = pair_scales(a);
+      if constexpr (Q4)
+        acc[h] = _mm512_fmadd_ps(
+            dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[h]);
+      else
+        acc[h] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc[h]);
+    }
+  }
+  for (int h = 0; h < P; ++h)
+    _mm512_storeu_ps(y[h], acc[h]);
+}
+
+template <bool Q4>
+void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy) {
+  int64_t t = 0;
+  const auto at = [&](int64_t u) { return static_cast<size_t>(u) * static_cast<size_t>(nb); };
+  for (; t + 16 <= T; t += 16)
+    gemm_x16_vnni<16, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+  if (t + 8 <= T) {
+    gemm_x16_vnni<8, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    t += 8;
+  }
+  if (t + 4 <= T) {
+    gemm_x16_vnni<4, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    t += 4;
+  }
+  if (t + 2 <= T) {
+    gemm_x16_vnni<2, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    t += 2;
+  }
+  if (t < T) gemm_x16_vnni<1, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+}
+
+// ---- AVX-512 VNNI: the int8 GEMM of repacked Q4_K / Q6_K against several tokens ----
+// The same integer sums as gemv_q4_kx8_avx2 / gemv_q6_kx8_avx2, and their float steps per super-block,
+// so the results are theirs bit for bit. 16 rows (two 8-row groups g0, g1) per 64-byte vector; the
+// weights of one scale's columns are unpacked once (unsigned: Q4_K's nibbles, Q6_K's 6-bit values
+// 0..63) and shared by the TT tokens; vpdpbusd sums 4 columns per lane, vpmulld applies the rows' scale
+// (a 6-bit or int8 integer), and the mins (Q4_K) or the −32 offset (Q6_K) come from the tokens' bsums.
+
+// acc/accm (Q4_K) and acc (Q6_K) per token stay in memory: they change once per super-block.
+template <int TT>
+LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT], accm[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = accm[t] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(0x3f3f3f3f),
+                m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x30303030),
+                lo16 = _mm512_set1_epi32(0x00FF00FF), byte = _mm512_set1_epi32(0xFF);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q4kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q4kx8_block;
+    if constexpr (TT <= 2) // two super-blocks ahead (as gemm_x16_vnni)
+      for (size_t c = 0; c < k_q4kx8_block; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + 2 * k_q4kx8_block + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + 2 * k_q4kx8_block + c), _MM_HINT_T0);
+      }
+    // the 16 rows' scales and mins as in gemv_q4_kx8_avx2: dword r of sc[h] holds row r's scales
+    // 4h..4h+3 as bytes, of mn[h] its mins
+    const __m512i u0 = pair256(a0 + 32, a1 + 32), u1 = pair256(a0 + 64, a1 + 64),
+                  u2 = pair256(a0 + 96, a1 + 96);
+    const __m512i sc[2] = {
+        _mm512_and_si512(u0, m6),
+        _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), m2))};
+    const __m512i mn[2] = {_mm512_and_si512(u1, m6),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi32(u1, 2), m2))};
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int s = 0; s < 8; ++s) { // sub-block s: columns 32s..32s+31, nibbles (s & 1) of chunk s / 2
+      const uint8_t* q0 = a0 + 128 + 256 * (s / 2);
+      const uint8_t* q1 = a1 + 128 + 256 * (s / 2);
+      __m512i w[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = pair256(q0 + 32 * c, q1 + 32 * c);
+        w[c] = _mm512_and_si512((s & 1) ? _mm512_srli_epi16(v, 4) : v, mask);
+      }
+      const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(sc[s / 4], 8 * (s % 4)), byte);
+#pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) {
+        const auto* xw =
+            reinterpret_cast<const int32_t*>(
+                x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
+            8 * s;
+        __m512i is = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c)
+          is = _mm512_dpbusd_epi32(is, w[c], _mm512_set1_epi32(xw[c]));
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 16))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 16)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      int32_t b[8];
+      for (int s = 0; s < 8; ++s)
+        b[s] = xb.bsums[2 * s] + xb.bsums[2 * s + 1];
+      __m512i summ = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        const int32_t* bh = b + 4 * h;
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
+                                                        _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
+                                                        _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
+      }
+      const __m512 xd = _mm512_set1_ps(xb.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), _mm512_sub_ps(acc[t], accm[t]));
+}
+
+template <int TT>
+LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q6kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q6kx8_block;
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+    __m512i scales[8]; // dword r: row r's scales of groups 2p, 2p+1 as int16
+    for (int p = 0; p < 8; ++p)
+      scales[p] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 16 + 16 * p))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 16 + 16 * p)), 1));
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1 of 16 columns
+      const __m512i scp = scales[p];
+#pragma GCC unroll 1
+      for (int e = 0; e < 2; ++e) {
+        const int g = 2 * p + e;
+        const __m512i v0 = pair256(a0 + 144 + 64 * g, a1 + 144 + 64 * g);
+        const __m512i v1 = pair256(a0 + 176 + 64 * g, a1 + 176 + 64 * g);
+        const __m512i h = pair256(a0 + 1168 + 32 * g, a1 + 1168 + 32 * g);
+        const __m512i q[4] = {
+            _mm512_or_si512(_mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                            _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+            _mm512_or_si512(_mm512_and_si512(v1, m4), _mm512_and_si512(h, m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+        const __m512i scs =
+            e ? _mm512_srai_epi32(scp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
+#pragma GCC unroll 16
+        for (int t = 0; t < TT; ++t) {
+          const auto* xw =
+              reinterpret_cast<const int32_t*>(
+                  x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
+              4 * g;
+          __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xw[0]));
+          is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
+          is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
+          is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
+          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      __m512i off = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        off = _mm512_add_epi32(off,
+                               _mm512_madd_epi16(scales[p], _mm512_set1_epi32((xb.bsums[2 * p + 1] << 16) |
+                                                                              (xb.bsums[2 * p] & 0xFFFF))));
+      const __m512i si = _mm512_sub_epi32(sumi[t], _mm512_slli_epi32(off, 5));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(si), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
+// The specializations that kernels.cpp calls.
+template void gemv_pairs_vnni<true, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<false, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<true, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<false, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemm_x16_tokens<true>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemm_x16_tokens<false>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemm_q4_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                     int64_t);
+template void gemm_q4_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q4_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q4_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q4_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q6_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                     int64_t);
+template void gemm_q6_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q6_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q6_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q6_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+
+} // namespace loom::cpu
