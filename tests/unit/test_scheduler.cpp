@@ -88,6 +88,37 @@ TEST(Scheduler, PreemptionKeepsEveryRequestsTokens) {
   }
 }
 
+// Beam search forks share blocks (copy-on-write when a beam writes into a shared part-filled block):
+// the plan's room arithmetic counts those copies, so on a store too small for every request each planned
+// take still gets its KV, and preemption keeps every request's beams.
+TEST(Scheduler, ForkedBeamsUnderPreemptionGetEveryPlannedTake) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  LOOM_REQUIRE_BIN(); // the decoder plugins lie next to it
+  const char* bin = std::getenv("LOOM_BIN");
+  auto cfg = [&](int32_t max_tokens) {
+    PipelineConfig c = paged_config(model, max_tokens);
+    c.plugins.paths = {std::filesystem::path(bin).parent_path().string()};
+    c.decoder.name = "beam_search";
+    c.decoder.params = {{"beam_width", int64_t{4}}};
+    c.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+    return c;
+  };
+  const auto reqs = requests(6, 24);
+  auto solo = Pipeline::create(cfg(0));
+  std::vector<GenerationResult> ref;
+  for (const auto& r : reqs)
+    ref.push_back(solo->generate(r));
+  auto p = Pipeline::create(cfg(320)); // 20 blocks for 6 requests × 4 beams
+  const auto got = p->generate_all(reqs, 6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(got[i].tokens, ref[i].tokens);
+    EXPECT_TRUE(got[i].message.empty()) << got[i].message;
+  }
+  EXPECT_GT(p->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
+  EXPECT_EQ(p->engine().stats().plan_misses, 0u);
+}
+
 TEST(Scheduler, ChunkSizeConcurrencyAndArrivalOrderChangeNoSeededResult) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   const auto reqs = requests(6, 24);
