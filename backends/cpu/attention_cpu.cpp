@@ -1,6 +1,7 @@
 // The cpu backend's attention: tiled online softmax over the KV cache, generic, AVX2 and AVX-512 kernels.
 #include "attention_cpu.hpp"
 
+#include "avx512_gcc_warnings.hpp"
 #include "loom/sdk/error.hpp"
 #include "simd_cpu.hpp"
 
@@ -10,12 +11,6 @@
 #include <immintrin.h>
 #include <utility>
 #include <vector>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace loom::cpu {
 

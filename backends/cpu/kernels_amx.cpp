@@ -1,14 +1,8 @@
 // The cpu backend's AMX kernel: the int8 GEMM of repacked Q8_0 / Q4_0 on tiles.
+#include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
 #include <immintrin.h>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace loom::cpu {
 

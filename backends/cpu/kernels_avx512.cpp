@@ -1,15 +1,9 @@
 // The cpu backend's AVX-512 (F, BW, VL, DQ) kernels, and to_bf16's AVX512-BF16 loop.
+#include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
 #include <cstring>
 #include <immintrin.h>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace loom::cpu {
 

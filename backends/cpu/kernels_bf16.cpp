@@ -11,6 +11,7 @@
 // on GGUF rows reaches ≈ 80. And it is oneDNN's own blocked layout for a bf16 matmul's weights,
 // BA16a64b2a (K in blocks of 16, N in blocks of 64, pairs of K innermost) when K % 16 == 0: the prefill
 // GEMM reads the copy in place, without oneDNN's per-call packing of plain weights.
+#include "avx512_gcc_warnings.hpp"
 #include "kernels.hpp"
 
 #include <algorithm>
@@ -20,14 +21,6 @@
 #include <omp.h>
 #include <type_traits>
 #include <vector>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file as for kernels_avx512.cpp,
-// kernels_vnni.cpp and kernels_amx.cpp.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace loom::cpu {
 

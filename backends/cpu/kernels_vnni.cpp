@@ -1,14 +1,8 @@
 // The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_K and Q6_K.
+#include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
 #include <immintrin.h>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace loom::cpu {
 

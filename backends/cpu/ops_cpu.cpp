@@ -1,17 +1,12 @@
 // The cpu backend's element-wise and row ops (RMS norm, add, mul, scale, SwiGLU, GeGLU, soft-cap), per ISA.
 #include "ops_cpu.hpp"
 
+#include "avx512_gcc_warnings.hpp"
 #include "loom/sdk/graph.hpp"
 
 #include <cmath>
 #include <cstdint>
 #include <immintrin.h>
-
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* pass-through operands of the
-// unmasked intrinsics): a known false positive, silenced for this file's AVX-512 code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace loom::cpu {
 

@@ -46,34 +46,23 @@ bool contains(const std::vector<TokenId>& v, TokenId id) {
   return std::find(v.begin(), v.end(), id) != v.end();
 }
 
-// End-of-generation tokens (EOS, EOT, …): their own text is never part of the output.
-class EosStop final : public StopCriterion {
+// A set of token ids that ends the sequence with `reason` (end-of-generation tokens: eos; configured
+// stop tokens: stop_token). The token's own text is never part of the output.
+class TokenSetStop final : public StopCriterion {
 public:
-  explicit EosStop(std::vector<TokenId> ids) : ids_(std::move(ids)) {}
-  std::string_view name() const noexcept override { return "eos"; }
+  TokenSetStop(std::vector<TokenId> ids, StopReason reason, std::string_view name)
+      : ids_(std::move(ids)), reason_(reason), name_(name) {}
+  std::string_view name() const noexcept override { return name_; }
   StopVerdict check(const StopInput& in) override {
     if (!contains(ids_, in.token)) return {};
-    return {StopReason::eos, in.piece.size(), {}};
+    return {reason_, in.piece.size(), {}};
   }
-  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<EosStop>(*this); }
+  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<TokenSetStop>(*this); }
 
 private:
   std::vector<TokenId> ids_;
-};
-
-// Configured stop token ids: their text is not part of the output either.
-class TokenStop final : public StopCriterion {
-public:
-  explicit TokenStop(std::vector<TokenId> ids) : ids_(std::move(ids)) {}
-  std::string_view name() const noexcept override { return "stop_tokens"; }
-  StopVerdict check(const StopInput& in) override {
-    if (!contains(ids_, in.token)) return {};
-    return {StopReason::stop_token, in.piece.size(), {}};
-  }
-  std::unique_ptr<StopCriterion> clone() const override { return std::make_unique<TokenStop>(*this); }
-
-private:
-  std::vector<TokenId> ids_;
+  StopReason reason_;
+  std::string_view name_; // a literal
 };
 
 // Stop strings over the text across token boundaries. `window_` is the end of the text that may still
@@ -155,10 +144,10 @@ private:
 } // namespace
 
 std::unique_ptr<StopCriterion> make_eos_stop(std::vector<TokenId> eog_tokens) {
-  return std::make_unique<EosStop>(std::move(eog_tokens));
+  return std::make_unique<TokenSetStop>(std::move(eog_tokens), StopReason::eos, "eos");
 }
 std::unique_ptr<StopCriterion> make_stop_tokens(std::vector<TokenId> stop_tokens) {
-  return std::make_unique<TokenStop>(std::move(stop_tokens));
+  return std::make_unique<TokenSetStop>(std::move(stop_tokens), StopReason::stop_token, "stop_tokens");
 }
 std::unique_ptr<StopCriterion> make_stop_strings(std::vector<std::string> strings) {
   for (size_t i = 0; i < strings.size(); ++i)
@@ -182,10 +171,6 @@ std::unique_ptr<StopCriterion> make_timeout(int64_t timeout_ms) {
 
 StopTracker::StopTracker(StopConfig cfg, std::vector<std::unique_ptr<StopCriterion>> custom)
     : start_(std::chrono::steady_clock::now()) {
-  for (size_t i = 0; i < cfg.strings.size(); ++i)
-    if (cfg.strings[i].empty())
-      fail(Errc::invalid_argument, "stop",
-           "stop string " + std::to_string(i) + " is empty; expected a non-empty string");
   if (cfg.max_tokens < -1)
     fail(Errc::invalid_argument, "stop",
          "max_tokens = " + std::to_string(cfg.max_tokens) + "; expected an integer ≥ 0, or -1 for no limit");
