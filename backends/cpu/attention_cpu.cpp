@@ -444,266 +444,19 @@ LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, f
   }
 }
 
-// Decode attention with AVX2 intrinsics for head dims 8·NV: q and the output accumulator live in
-// registers, eight keys' scores are reduced together (one transpose of eight partial sums instead of
-// eight horizontal sums).
-// Eight values of a KV row from element `at` on: f32 (KT 0), f16 (1, F16C) or bf16 (2) storage.
-template <int KT> LOOM_AVX2 inline __m256 load8(const uint8_t* row, size_t at) {
-  if constexpr (KT == 0) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + at);
-  } else if constexpr (KT == 1) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
-  } else {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * at)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-}
-
-template <int NV, int KT>
-LOOM_AVX2 void attn_item_avx2_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                                const KeySegs& ks, int32_t hk, AttnScratch& w) {
-  constexpr int32_t D = NV * 8;
-  constexpr size_t esize = KT == 0 ? 4 : 2;
-  const int32_t G = p.n_head / p.n_head_kv;
-  const size_t koff = static_cast<size_t>(hk) * D;
-  w.s.resize(k_tile);
-  float* s = w.s.data();
-  // The G query heads take each tile of keys in turn (as attn_item_avx512_d: at depth, one head at a time
-  // over all keys reads the KV head's rows G times from L3).
-  w.acc.assign(static_cast<size_t>(G) * D, 0.0f);
-  w.m.assign(static_cast<size_t>(G), -INFINITY);
-  w.l.assign(static_cast<size_t>(G), 0.0f);
-  for (int seg = 0; seg < 2; ++seg) {
-    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
-    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
-      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const uint8_t* const* kr = rows.k.data() + j0;
-      const uint8_t* const* vr = rows.v.data() + j0;
-      for (int32_t g = 0; g < G; ++g) {
-        const float* qh = q + static_cast<size_t>(hk * G + g) * D;
-        float* ga = w.acc.data() + static_cast<size_t>(g) * D;
-        __m256 qv[NV], acc[NV];
-        for (int i = 0; i < NV; ++i) {
-          qv[i] = _mm256_loadu_ps(qh + 8 * i);
-          acc[i] = _mm256_loadu_ps(ga + 8 * i);
-        }
-        float m = w.m[static_cast<size_t>(g)], l = w.l[static_cast<size_t>(g)];
-        int32_t jj = 0;
-        for (; jj + 8 <= n; jj += 8) {
-          __m256 d[8];
-          if (g == 0 && jj + 16 <= n) // the first head brings the tile in
-            for (int k = 8; k < 16; ++k)
-              _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
-          for (int k = 0; k < 8; ++k) {
-            const uint8_t* kk = kr[jj + k];
-            d[k] = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
-            for (int i = 1; i < NV; ++i)
-              d[k] = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d[k]);
-          }
-          const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-          const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
-          const __m256 r =
-              _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-          _mm256_storeu_ps(s + jj, _mm256_mul_ps(r, _mm256_set1_ps(p.scale)));
-        }
-        for (; jj < n; ++jj) {
-          const uint8_t* kk = kr[jj];
-          __m256 d = _mm256_mul_ps(qv[0], load8<KT>(kk, koff));
-          for (int i = 1; i < NV; ++i)
-            d = _mm256_fmadd_ps(qv[i], load8<KT>(kk, koff + 8 * static_cast<size_t>(i)), d);
-          __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
-          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-          h = _mm_add_ss(h, _mm_movehdup_ps(h));
-          s[jj] = _mm_cvtss_f32(h) * p.scale;
-        }
-        float tmax = -INFINITY;
-        for (jj = 0; jj < n; ++jj) {
-          if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
-          tmax = std::max(tmax, s[jj]);
-        }
-        if (tmax > m) {
-          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-          l *= c;
-          for (int i = 0; i < NV; ++i)
-            acc[i] = _mm256_mul_ps(acc[i], _mm256_set1_ps(c));
-          m = tmax;
-        }
-        { // the exps first, 8 at a time (a call in the loop below would spill acc)
-          const __m256 mv = _mm256_set1_ps(m);
-          __m256 lv = _mm256_setzero_ps();
-          for (jj = 0; jj + 8 <= n; jj += 8) {
-            const __m256 ev = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv));
-            _mm256_storeu_ps(s + jj, ev);
-            lv = _mm256_add_ps(lv, ev);
-          }
-          __m128 h = _mm_add_ps(_mm256_castps256_ps128(lv), _mm256_extractf128_ps(lv, 1));
-          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-          h = _mm_add_ss(h, _mm_movehdup_ps(h));
-          l += _mm_cvtss_f32(h);
-          for (; jj < n; ++jj) {
-            s[jj] = std::exp(s[jj] - m);
-            l += s[jj];
-          }
-        }
-        for (jj = 0; jj < n; ++jj) {
-          if (g == 0 && jj + 4 < n)
-            _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
-          const __m256 ev = _mm256_set1_ps(s[jj]);
-          const uint8_t* vv = vr[jj];
-          for (int i = 0; i < NV; ++i)
-            acc[i] = _mm256_fmadd_ps(ev, load8<KT>(vv, koff + 8 * static_cast<size_t>(i)), acc[i]);
-        }
-        for (int i = 0; i < NV; ++i)
-          _mm256_storeu_ps(ga + 8 * i, acc[i]);
-        w.m[static_cast<size_t>(g)] = m;
-        w.l[static_cast<size_t>(g)] = l;
-      }
-    }
-  }
-  for (int32_t g = 0; g < G; ++g) {
-    float* o = out + static_cast<size_t>(hk * G + g) * D;
-    const float* ga = w.acc.data() + static_cast<size_t>(g) * D;
-    const __m256 inv = _mm256_set1_ps(1.0f / w.l[static_cast<size_t>(g)]);
-    for (int i = 0; i < NV; ++i)
-      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(ga + 8 * i), inv));
-  }
-}
-
-// attn_item_avx2_d with AVX-512 (D = 16·NW): a key row is NW vectors; sixteen keys' dot products are
-// summed into one vector of sixteen scores by a transpose-and-add tree (45 operations for 16 keys, where
-// the AVX2 kernel spends 10 per 8); the softmax update and the weighted sum of V as there — half the
-// instructions per key, the exps 16 at a time (exp512).
-template <int KT> LOOM_AVX512 inline __m512 load16(const uint8_t* row, size_t at) {
-  if constexpr (KT == 0) {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + at);
-  } else if constexpr (KT == 1) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * at)));
-  } else {
-    const __m512i w =
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * at)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  }
-}
-
-// Lane k = the sum of d[k]'s sixteen lanes.
-LOOM_AVX512 inline __m512 sum16x16(const __m512 (&d)[16]) {
-  __m512 t[8], u[4];
-  for (int k = 0; k < 8; ++k) // per 128-bit lane: d[2k]'s pair sums at 0, 2; d[2k + 1]'s at 1, 3
-    t[k] =
-        _mm512_add_ps(_mm512_unpacklo_ps(d[2 * k], d[2 * k + 1]), _mm512_unpackhi_ps(d[2 * k], d[2 * k + 1]));
-  for (int k = 0; k < 4; ++k) { // per 128-bit lane L: the lane sums of d[4k .. 4k + 3]
-    const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
-    u[k] =
-        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 x0 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
-  const __m512 x1 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
-}
-
-template <int NW, int KT>
-LOOM_AVX512 void attn_item_avx512_d(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                                    const KeySegs& ks, int32_t hk, AttnScratch& w) {
-  constexpr int32_t D = NW * 16;
-  constexpr size_t esize = KT == 0 ? 4 : 2;
-  const int32_t G = p.n_head / p.n_head_kv;
-  const size_t koff = static_cast<size_t>(hk) * D;
-  w.s.resize(k_tile);
-  float* s = w.s.data();
-  // The G query heads of this KV head take each tile of keys in turn while it is in L1/L2 (one head at a
-  // time over all keys would read the head's whole K and V G times: from L3 once they outgrow L2, the
-  // limit at depth), each head's running max, sum and output kept in scratch between tiles — per head the
-  // same operations in the same order as over all keys at once.
-  w.acc.assign(static_cast<size_t>(G) * D, 0.0f);
-  w.m.assign(static_cast<size_t>(G), -INFINITY);
-  w.l.assign(static_cast<size_t>(G), 0.0f);
-  for (int seg = 0; seg < 2; ++seg) {
-    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
-    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
-      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const uint8_t* const* kr = rows.k.data() + j0;
-      const uint8_t* const* vr = rows.v.data() + j0;
-      for (int32_t g = 0; g < G; ++g) {
-        const float* qh = q + static_cast<size_t>(hk * G + g) * D;
-        float* ga = w.acc.data() + static_cast<size_t>(g) * D;
-        __m512 qv[NW], acc[NW];
-        for (int i = 0; i < NW; ++i) {
-          qv[i] = _mm512_loadu_ps(qh + 16 * i);
-          acc[i] = _mm512_loadu_ps(ga + 16 * i);
-        }
-        float m = w.m[static_cast<size_t>(g)], l = w.l[static_cast<size_t>(g)];
-        int32_t jj = 0;
-        for (; jj + 16 <= n; jj += 16) {
-          __m512 d[16];
-          if (g == 0 && jj + 32 <= n) // the first head brings the tile in
-            for (int k = 16; k < 32; ++k)
-              _mm_prefetch(reinterpret_cast<const char*>(kr[jj + k] + koff * esize), _MM_HINT_T0);
-          for (int k = 0; k < 16; ++k) {
-            const uint8_t* kk = kr[jj + k];
-            d[k] = _mm512_mul_ps(qv[0], load16<KT>(kk, koff));
-            for (int i = 1; i < NW; ++i)
-              d[k] = _mm512_fmadd_ps(qv[i], load16<KT>(kk, koff + 16 * static_cast<size_t>(i)), d[k]);
-          }
-          _mm512_storeu_ps(s + jj, _mm512_mul_ps(sum16x16(d), _mm512_set1_ps(p.scale)));
-        }
-        for (; jj < n; ++jj) {
-          const uint8_t* kk = kr[jj];
-          __m512 d = _mm512_mul_ps(qv[0], load16<KT>(kk, koff));
-          for (int i = 1; i < NW; ++i)
-            d = _mm512_fmadd_ps(qv[i], load16<KT>(kk, koff + 16 * static_cast<size_t>(i)), d);
-          s[jj] = _mm512_reduce_add_ps(d) * p.scale;
-        }
-        float tmax = -INFINITY;
-        for (jj = 0; jj < n; ++jj) {
-          if (p.softcap > 0.0f) s[jj] = p.softcap * std::tanh(s[jj] / p.softcap);
-          tmax = std::max(tmax, s[jj]);
-        }
-        if (tmax > m) {
-          const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-          l *= c;
-          for (int i = 0; i < NW; ++i)
-            acc[i] = _mm512_mul_ps(acc[i], _mm512_set1_ps(c));
-          m = tmax;
-        }
-        { // the exps first, 16 at a time (a call in the loop below would spill acc)
-          const __m512 mv = _mm512_set1_ps(m);
-          __m512 lv = _mm512_setzero_ps();
-          for (jj = 0; jj + 16 <= n; jj += 16) {
-            const __m512 ev = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + jj), mv));
-            _mm512_storeu_ps(s + jj, ev);
-            lv = _mm512_add_ps(lv, ev);
-          }
-          l += _mm512_reduce_add_ps(lv);
-          for (; jj < n; ++jj) {
-            s[jj] = std::exp(s[jj] - m);
-            l += s[jj];
-          }
-        }
-        for (jj = 0; jj < n; ++jj) {
-          if (g == 0 && jj + 4 < n)
-            _mm_prefetch(reinterpret_cast<const char*>(vr[jj + 4] + koff * esize), _MM_HINT_T0);
-          const __m512 ev = _mm512_set1_ps(s[jj]);
-          const uint8_t* vv = vr[jj];
-          for (int i = 0; i < NW; ++i)
-            acc[i] = _mm512_fmadd_ps(ev, load16<KT>(vv, koff + 16 * static_cast<size_t>(i)), acc[i]);
-        }
-        for (int i = 0; i < NW; ++i)
-          _mm512_storeu_ps(ga + 16 * i, acc[i]);
-        w.m[static_cast<size_t>(g)] = m;
-        w.l[static_cast<size_t>(g)] = l;
-      }
-    }
-  }
-  for (int32_t g = 0; g < G; ++g) {
-    float* o = out + static_cast<size_t>(hk * G + g) * D;
-    const float* ga = w.acc.data() + static_cast<size_t>(g) * D;
-    const __m512 inv = _mm512_set1_ps(1.0f / w.l[static_cast<size_t>(g)]);
-    for (int i = 0; i < NW; ++i)
-      _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ga + 16 * i), inv));
-  }
-}
+// The decode kernel for head dims W·NV, written once (attention_item.inc) and compiled per level.
+namespace avx2 {
+using V = VecAvx2;
+#define LOOM_ITEM_TARGET LOOM_AVX2
+#include "attention_item.inc"
+#undef LOOM_ITEM_TARGET
+} // namespace avx2
+namespace avx512 {
+using V = VecAvx512;
+#define LOOM_ITEM_TARGET LOOM_AVX512
+#include "attention_item.inc"
+#undef LOOM_ITEM_TARGET
+} // namespace avx512
 
 using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, const KeySegs&,
                             int32_t, AttnScratch&);
@@ -711,15 +464,15 @@ using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const 
 template <int KT> AttnItemFn pick_item_typed(int32_t D) {
   switch (D) {
   case 8:
-    return attn_item_avx2_d<1, KT>;
+    return avx2::attn_item_d<1, KT>;
   case 16:
-    return attn_item_avx2_d<2, KT>;
+    return avx2::attn_item_d<2, KT>;
   case 32:
-    return attn_item_avx2_d<4, KT>;
+    return avx2::attn_item_d<4, KT>;
   case 64:
-    return attn_item_avx2_d<8, KT>;
+    return avx2::attn_item_d<8, KT>;
   case 128:
-    return attn_item_avx2_d<16, KT>;
+    return avx2::attn_item_d<16, KT>;
   default:
     return attn_item_avx2;
   }
@@ -728,11 +481,11 @@ template <int KT> AttnItemFn pick_item_typed(int32_t D) {
 template <int KT> AttnItemFn pick_item_avx512(int32_t D) {
   switch (D) {
   case 32:
-    return attn_item_avx512_d<2, KT>;
+    return avx512::attn_item_d<2, KT>;
   case 64:
-    return attn_item_avx512_d<4, KT>;
+    return avx512::attn_item_d<4, KT>;
   case 128:
-    return attn_item_avx512_d<8, KT>;
+    return avx512::attn_item_d<8, KT>;
   default:
     return pick_item_typed<KT>(D);
   }

@@ -364,6 +364,10 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
   const Scheduler::StepPlan plan = scheduler_.plan(states, draft_ ? &draft_->kv : nullptr);
   std::array<Scheduler::Batch, 2> batches;
+  KVCacheStore* stores[2] = {&ctx_.kv, draft_ ? &draft_->kv : nullptr};
+  size_t copies_before[2] = {0, 0};
+  for (int m = 0; m < 2; ++m)
+    if (stores[m]) copies_before[m] = stores[m]->pending_copies();
   for (const Scheduler::Action& a : plan.actions) {
     DecodeSession& s = *owners[a.request]->session;
     switch (a.op) {
@@ -382,6 +386,21 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
         ++stats_.plan_misses;
       break;
+    }
+  }
+  // The block copies the takes recorded are the plan's (each one listed; the plan may list more).
+  for (int m = 0; m < 2; ++m) {
+    if (!stores[m]) continue;
+    std::vector<int64_t> listed;
+    for (const auto& c : plan.copies)
+      if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
+    const auto made = stores[m]->pending().subspan(std::min(copies_before[m], stores[m]->pending_copies()));
+    for (const KVBlockCopy& c : made) {
+      ++stats_.block_copies;
+      if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())
+        listed.erase(it);
+      else
+        ++stats_.plan_misses;
     }
   }
   bool any_forward = false;

@@ -254,6 +254,17 @@ public:
     }
     return fresh_blocks + (cow ? 1 : 0);
   }
+  GrowCopy copy_to_grow(SeqId seq, int32_t n_new) const noexcept override {
+    auto it = seqs_.find(seq);
+    if (n_new <= 0 || it == seqs_.end()) return {};
+    const int32_t len = it->second.length;
+    if (len % shape_.block_size == 0 || len + n_new > shape_.n_ctx) return {};
+    const int32_t last = it->second.blocks[static_cast<size_t>(len / shape_.block_size)];
+    if (last < 0) return {};
+    if (refs_[static_cast<size_t>(last)] > 1 || cached_of_[static_cast<size_t>(last)] != 0)
+      return {last, len % shape_.block_size};
+    return {};
+  }
   int64_t units_freed_by(std::span<const SeqId> seqs) const override {
     std::unordered_map<int32_t, int32_t> held; // block → references from the set
     std::vector<SeqId> seen;

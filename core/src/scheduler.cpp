@@ -61,6 +61,7 @@ Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KV
     for (int m = 0; m < 2; ++m)
       if (store[m]) free_units[m] += store[m]->units_freed_by(reqs[j].kv_held[m]) + reserved[j][m];
     evicted[j] = 1;
+    std::erase_if(out.copies, [&](const StepPlan::BlockCopy& c) { return c.request == j; });
     out.actions.push_back({Action::Op::preempt, j, -1, 0, 0, StopReason::none});
     out.preempted.push_back(j);
   };
@@ -102,6 +103,8 @@ Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KV
           budget[m] -= take;
           taken[m] += take;
           out.actions.push_back({Action::Op::take, i, p.seq, p.model, take, StopReason::none});
+          if (const KVCacheStore::GrowCopy c = store[m]->copy_to_grow(p.kv, take); c.src >= 0)
+            out.copies.push_back({i, p.seq, p.model, c});
         }
       }
       if (self_preempted) { // its chunks are dropped (their budget and KV come back); victims stay out
@@ -111,6 +114,7 @@ Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KV
           if (out.actions[k].request != i || out.actions[k].op != Action::Op::take)
             kept.push_back(out.actions[k]);
         out.actions = std::move(kept);
+        std::erase_if(out.copies, [&](const StepPlan::BlockCopy& c) { return c.request == i; });
         for (int m = 0; m < 2; ++m)
           budget[m] += taken[m];
         preempt(i);

@@ -130,6 +130,41 @@ TEST(StepPlan, ASharedPartlyFilledBlockCostsACopyAndIsFreedOnlyWithAllItsHolders
   EXPECT_EQ(before - kv->free_units(), 2);
 }
 
+TEST(StepPlan, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
+  auto kv = paged(16);
+  ASSERT_TRUE(kv->allocate(0, 20)); // blocks b0 (full), b1 (4 of 16)
+  ASSERT_TRUE(kv->fork(0, 1));      // beams 0 and 1 share both
+  ASSERT_TRUE(kv->allocate(2, 32)); // a third request: two full blocks, nothing shared
+  const auto shared = kv->copy_to_grow(0, 1);
+  ASSERT_GE(shared.src, 0);
+  EXPECT_EQ(shared.positions, 4) << "the positions written in the shared block are copied";
+  EXPECT_EQ(kv->copy_to_grow(2, 1), KVCacheStore::GrowCopy{}) << "a full last block: a new block, no copy";
+  Scheduler sch(*kv, 256);
+  std::vector<Scheduler::RequestState> reqs(2);
+  reqs[0].decoding = true; // the beams: a token each
+  reqs[0].pending = {{0, 0, 0, 1}, {1, 0, 1, 1}};
+  reqs[0].kv_held[0] = {0, 1};
+  reqs[1].decoding = true;
+  reqs[1].pending = {{0, 0, 2, 1}};
+  reqs[1].kv_held[0] = {2};
+  const auto plan = sch.plan(reqs, nullptr);
+  ASSERT_EQ(plan.actions.size(), 3u);
+  // Each beam's take is planned with a copy of the shared block (an upper bound: the second beam's take
+  // then finds it no longer shared).
+  ASSERT_EQ(plan.copies.size(), 2u);
+  EXPECT_EQ(plan.copies[0], (Scheduler::StepPlan::BlockCopy{0, 0, 0, shared}));
+  EXPECT_EQ(plan.copies[1], (Scheduler::StepPlan::BlockCopy{0, 1, 0, shared}));
+  EXPECT_EQ(kv->pending_copies(), 0u) << "planning changes nothing";
+  // Applying the takes records one copy, of the listed block, and the second beam writes in place.
+  for (const auto& a : plan.actions)
+    ASSERT_TRUE(kv->allocate(reqs[a.request].pending[static_cast<size_t>(a.seq)].kv, a.n));
+  ASSERT_EQ(kv->pending_copies(), 1u);
+  EXPECT_EQ(kv->pending()[0].src, shared.src);
+  EXPECT_EQ(kv->pending()[0].n_positions, 4);
+  kv->sync(); // no memory attached: the copies are dropped (nothing was written)
+  EXPECT_EQ(kv->pending_copies(), 0u);
+}
+
 TEST(StepPlan, TheContiguousStoreGrowsWithinItsSlab) {
   KVShape s;
   s.n_layer = 1;

@@ -109,7 +109,8 @@ struct EngineStats {
   size_t finished = 0;
   size_t prompt_tokens = 0, output_tokens = 0; // of the finished requests
   size_t preemptions = 0;
-  size_t plan_misses = 0;          // planned chunks the KV store refused (the plan is conservative: 0)
+  size_t plan_misses = 0;  // planned chunks the KV store refused, or block copies the plan did not list (0)
+  size_t block_copies = 0; // copy-on-write block copies the steps' takes made (run by the backend)
   size_t cached_prompt_tokens = 0; // of prompt_tokens, found in the prefix cache
   size_t steps = 0, forwards = 0;
   double busy_ms = 0;             // wall time of steps that ran a forward

@@ -61,8 +61,9 @@ public:
   // memory gets host memory (HostKVBuffer).
   std::vector<uint8_t> read_row(int32_t layer, int kv, SeqId seq, Pos pos);
   void write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes);
-  // Block copies recorded and not yet run (tests).
+  // Block copies recorded and not yet run, in the order they will run.
   size_t pending_copies() const noexcept { return pending_.size(); }
+  std::span<const KVBlockCopy> pending() const noexcept { return pending_; }
 
   // Reserves positions [length, length + n_new) of `seq` (creating the sequence if new). Returns
   // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
@@ -103,6 +104,14 @@ public:
   // the free ones now — new blocks, and a private copy of a shared last block — or -1 when it can never
   // succeed (past n_ctx, or a new sequence with no sequence free).
   virtual int64_t units_to_grow(SeqId seq, int32_t n_new) const noexcept = 0;
+  // The block copy allocate(seq, n_new) would record now (copy-on-write of a shared, part-filled last
+  // block: its id and the positions written in it), or {-1, 0} when it would copy nothing.
+  struct GrowCopy {
+    int32_t src = -1;
+    int32_t positions = 0;
+    bool operator==(const GrowCopy&) const = default;
+  };
+  virtual GrowCopy copy_to_grow(SeqId /*seq*/, int32_t /*n_new*/) const noexcept { return {}; }
   // The units that would become free if all of `seqs` were freed now (a block also held by a sequence
   // outside the set stays in use).
   virtual int64_t units_freed_by(std::span<const SeqId> seqs) const = 0;

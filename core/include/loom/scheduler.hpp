@@ -77,6 +77,18 @@ public:
     std::vector<size_t> preempted; // requests preempted (each once), in the order of their actions
     int32_t tokens[2] = {0, 0};    // rows of each model's forward
     int64_t units[2] = {0, 0};     // KV units the takes reserve (blocks, copies of shared blocks)
+    // The block copies the takes cause (copy-on-write of a shared last block), in action order: the
+    // store records them as the engine applies the takes and the backend runs them before the forward
+    // (KVCacheStore::sync). An upper bound, as units: a copy whose sharer is preempted first, or that a
+    // co-holder's earlier take already made, is not made.
+    struct BlockCopy {
+      size_t request = 0;
+      LocalSeq seq = -1;
+      int model = 0;
+      KVCacheStore::GrowCopy copy;
+      bool operator==(const BlockCopy&) const = default;
+    };
+    std::vector<BlockCopy> copies;
   };
   // Requests in admission order (oldest first). Decodes go first, then prefill chunks, within each
   // model's token budget. When the KV store has no room for a chunk, the newest request not yet in the
