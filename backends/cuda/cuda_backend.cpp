@@ -1,0 +1,583 @@
+// The cuda executor: weights uploaded once at load (through pinned staging), the graph's activations in
+// one device arena per graph shape, each node a kernel or a cuBLAS call on one stream; the host waits
+// only when the logits are read. What it computes is the reference's (loom/sdk/reference.hpp), op by op.
+#include "cuda_backend.hpp"
+
+#include "kernels.cuh"
+#include "loom/sdk/dtype.hpp"
+#include "loom/sdk/error.hpp"
+#include "loom/sdk/rope.hpp"
+#include "quant_device.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+namespace loom::cuda {
+
+namespace {
+
+void check(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  const Errc code = e == cudaErrorMemoryAllocation ? Errc::out_of_memory : Errc::device_error;
+  fail(code, "cuda", what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+void check(cublasStatus_t e, const std::string& what) {
+  if (e == CUBLAS_STATUS_SUCCESS) return;
+  fail(Errc::device_error, "cuda", what + ": cuBLAS status " + std::to_string(static_cast<int>(e)));
+}
+
+// A device allocation freed with its owner.
+struct DeviceMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DeviceMem() = default;
+  explicit DeviceMem(size_t n) : bytes(n) {
+    if (n) check(cudaMalloc(&p, n), "cudaMalloc of " + std::to_string(n >> 20) + " MiB");
+  }
+  DeviceMem(DeviceMem&& o) noexcept : p(o.p), bytes(o.bytes) {
+    o.p = nullptr;
+    o.bytes = 0;
+  }
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  ~DeviceMem() {
+    if (p) cudaFree(p);
+  }
+  // At least n bytes (contents not kept).
+  void reserve(size_t n) {
+    if (n <= bytes) return;
+    *this = DeviceMem(n);
+  }
+  template <class T> T* as() const noexcept { return static_cast<T*>(p); }
+};
+
+// A weight on the device: its bytes as stored, and (element-wise operands) an f32 copy.
+struct DeviceWeight {
+  uint32_t type = 0;
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+  int64_t row_bytes = 0;
+  DeviceMem raw;
+  DeviceMem f32;               // element-wise operands: norm weights, biases, RoPE divisors
+  std::vector<float> host_f32; // RoPE divisors: the host computes the angle tables
+};
+
+constexpr size_t k_align = 256;
+size_t align_up(size_t n) {
+  return (n + k_align - 1) / k_align * k_align;
+}
+
+// Rows of a weight per dequantized tile for the GEMMs (bounds the scratch to ≈ 256 MiB of f32).
+int64_t tile_rows(int64_t K) {
+  return std::max<int64_t>(64, (int64_t{64} << 20) / std::max<int64_t>(K, 1));
+}
+
+class CudaBackendImpl final : public CudaBackend {
+public:
+  explicit CudaBackendImpl(const CudaOptions& o) : o_(o) {
+    check(cudaSetDevice(o.device), "cudaSetDevice(" + std::to_string(o.device) + ")");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cublasCreate(&blas_), "cublasCreate");
+    check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    // Exact mode: no TF32 (CUBLAS_PEDANTIC_MATH keeps f32 products in f32).
+    check(cublasSetMathMode(blas_, o.exact_matmul ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
+          "cublasSetMathMode");
+    describe_ =
+        describe_device(o.device) + (o.exact_matmul ? ", exact f32 GEMMs" : ", f16/bf16 tensor-core GEMMs");
+  }
+  ~CudaBackendImpl() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    weights_.clear();
+    lazy_.clear();
+    if (staging_) cudaFreeHost(staging_);
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string_view name() const noexcept override { return "cuda"; }
+  std::string_view describe() const noexcept override { return describe_; }
+
+  bool supports(const Graph& g, const Node& n) const noexcept override {
+    for (int32_t s : n.src) {
+      if (s < 0) continue;
+      const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
+      if (t.kind == TensorKind::weight && !readable(static_cast<uint32_t>(t.dtype))) return false;
+    }
+    if (n.op == OpKind::attention)
+      return n.attn.head_dim > 0 && n.attn.head_dim <= 256 && n.attn.n_head_kv > 0 &&
+             n.attn.n_head % n.attn.n_head_kv == 0;
+    return true;
+  }
+  bool supports_kv_dtype(DType t) const noexcept override {
+    return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0;
+  }
+  // An online-softmax kernel over each query's span (flash-decoding's shape): never materialized scores.
+  bool supports_attention(AttnKernel k, uint32_t) const noexcept override { return k != AttnKernel::naive; }
+
+  size_t workspace_bytes() const noexcept override { return arena_used_ + scratch_used_; }
+  size_t activation_bytes() const noexcept override { return arena_used_; }
+
+  // ---- memory ----
+  void* buffer_alloc(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
+          "cudaMalloc of " + std::to_string(bytes >> 20) + " MiB (free it, or lower [kv_cache] max_tokens)");
+    return p;
+  }
+  void buffer_free(void* p) noexcept override {
+    if (!p) return;
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    check(cudaStreamSynchronize(stream_), "download");
+  }
+  void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) override {
+    const KvPool kv = pool_of(pool, l);
+    for (const KVBlockCopy& c : copies)
+      cuda::kv_copy(kv, c.src, c.dst, c.n_positions, stream_);
+    check(cudaGetLastError(), "kv_copy");
+  }
+  void memory_info(size_t& free_bytes, size_t& total_bytes) const override {
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  }
+  std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) override {
+    return std::make_unique<Pool>(*this, l.bytes());
+  }
+
+  // ---- load ----
+  void load(std::span<const WeightDesc> weights) override {
+    size_t total = 0;
+    for (const WeightDesc& w : weights)
+      total += w.bytes;
+    if (!staging_) check(cudaMallocHost(&staging_, o_.staging_bytes), "cudaMallocHost (upload staging)");
+    size_t done = 0, next_report = size_t{1} << 30;
+    for (const WeightDesc& w : weights) {
+      if (w.tensor.weight < 0) continue;
+      weights_[w.tensor.weight] = make_weight(w.tensor, w.bytes, w.uses);
+      done += w.bytes;
+      if (total >= (size_t{2} << 30) && done >= next_report) { // a line per GiB of large models
+        std::fprintf(stderr, "cuda: uploaded %zu of %zu MiB\n", done >> 20, total >> 20);
+        next_report += size_t{1} << 30;
+      }
+    }
+    check(cudaStreamSynchronize(stream_), "weight upload");
+  }
+
+  // ---- compute ----
+  void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
+    dev_logits_.reserve(logits.size() * sizeof(float));
+    compute_device(g, batch, kv, dev_logits_.as<float>(), logits.size());
+    download(logits.data(), dev_logits_.p, logits.size() * sizeof(float));
+  }
+
+  void compute_device(const Graph& g, const BatchView& b, const KVRows& kv, float* logits,
+                      size_t n_logits) override {
+    const auto T = static_cast<int64_t>(b.tokens.size());
+    LOOM_ASSERT(g.n_tokens == T, "graph and batch differ in tokens");
+    // Inputs: the batch's ids and positions, the KV slots and block tables, in one upload.
+    std::vector<uint8_t> in;
+    const auto put = [&](const void* p, size_t n) {
+      const size_t at = align_up(in.size());
+      in.resize(at + n);
+      if (n) std::memcpy(in.data() + at, p, n);
+      return at;
+    };
+    const size_t o_tok = put(b.tokens.data(), b.tokens.size() * 4);
+    const size_t o_pos = put(b.positions.data(), b.positions.size() * 4);
+    const size_t o_out = put(b.output_rows.data(), b.output_rows.size() * 4);
+    const size_t o_slot = put(kv.slots().data(), kv.slots().size() * 8);
+    const size_t o_rseq = put(kv.row_seqs().data(), kv.row_seqs().size() * 4);
+    const size_t o_tab = put(kv.tables().data(), kv.tables().size() * 4);
+    inputs_.reserve(std::max<size_t>(in.size(), 1));
+    check(cudaMemcpyAsync(inputs_.p, in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "batch upload");
+    const auto dev_in = [&](size_t at) { return inputs_.as<uint8_t>() + at; };
+    const auto* d_tok = reinterpret_cast<const int32_t*>(dev_in(o_tok));
+    const auto* d_pos = reinterpret_cast<const int32_t*>(dev_in(o_pos));
+    const auto* d_out = reinterpret_cast<const int32_t*>(dev_in(o_out));
+    const auto* d_slot = reinterpret_cast<const int64_t*>(dev_in(o_slot));
+    const auto* d_rseq = reinterpret_cast<const int32_t*>(dev_in(o_rseq));
+    const auto* d_tab = reinterpret_cast<const int32_t*>(dev_in(o_tab));
+
+    // Activations: one arena, each tensor at its offset.
+    std::vector<size_t> off(g.tensors.size(), 0);
+    size_t arena = 0;
+    for (size_t i = 0; i < g.tensors.size(); ++i)
+      if (g.tensors[i].kind == TensorKind::activation) {
+        off[i] = arena;
+        arena += align_up(static_cast<size_t>(g.tensors[i].n_elements()) * sizeof(float));
+      }
+    arena_.reserve(std::max<size_t>(arena, 1));
+    arena_used_ = arena;
+    const auto act = [&](int32_t id) {
+      return reinterpret_cast<float*>(arena_.as<uint8_t>() + off[static_cast<size_t>(id)]);
+    };
+    const auto ints = [&](int32_t id) -> const int32_t* {
+      if (id == g.in_tokens) return d_tok;
+      if (id == g.in_positions) return d_pos;
+      if (id == g.in_out_ids) return d_out;
+      fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
+    };
+    const KvPool pool = kv.pool() ? pool_of(kv.pool(), kv.layout()) : KvPool{};
+    rope_cache_.clear();
+
+    for (const Node& n : g.nodes) {
+      const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+      float* dst = act(n.dst);
+      const auto src_t = [&](int k) -> const TensorDesc& { return g.tensors[static_cast<size_t>(n.src[k])]; };
+      // An element-wise operand as f32 on the device (a weight's f32 copy, or an activation).
+      const auto vec = [&](int k) -> const float* {
+        const TensorDesc& t = src_t(k);
+        if (t.kind == TensorKind::weight) return weight(t, weight_use_vector).f32.as<float>();
+        return act(n.src[k]);
+      };
+      switch (n.op) {
+      case OpKind::get_rows: {
+        const TensorDesc& s = src_t(0);
+        const int32_t* idx = ints(n.src[1]);
+        const auto k = static_cast<int64_t>(g.tensors[static_cast<size_t>(n.src[1])].ne[0]);
+        if (s.kind == TensorKind::weight) {
+          const DeviceWeight& w = weight(s, weight_use_rows);
+          get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, s.ne[0], idx, k, dst, stream_);
+        } else {
+          get_rows(qt_f32, reinterpret_cast<const uint8_t*>(act(n.src[0])), s.ne[0] * 4, s.ne[0], idx, k, dst,
+                   stream_);
+        }
+        break;
+      }
+      case OpKind::rms_norm: {
+        const TensorDesc& s = src_t(0);
+        rms_norm(act(n.src[0]), n.src[1] >= 0 ? vec(1) : nullptr, dst, s.n_rows(), s.ne[0], n.eps, stream_);
+        break;
+      }
+      case OpKind::matmul:
+        matmul(g, n, act(n.src[1]), dst);
+        break;
+      case OpKind::rope: {
+        const TensorDesc& s = src_t(0);
+        const auto [cs, sn] = rope_tables(g, n, b.positions);
+        rope(act(n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
+        break;
+      }
+      case OpKind::attention: {
+        LOOM_ASSERT(pool.data != nullptr, "attention without a KV pool");
+        const AttentionParams& p = n.attn;
+        kv_write(pool, p.layer, act(n.src[1]), act(n.src[2]), d_slot, T, stream_);
+        AttnArgs a;
+        a.layer = p.layer;
+        a.n_head = p.n_head;
+        a.n_head_kv = p.n_head_kv;
+        a.head_dim = p.head_dim;
+        a.scale = p.scale;
+        a.window = p.window;
+        a.softcap = p.softcap;
+        a.sinks = p.sinks;
+        attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, dst, stream_);
+        break;
+      }
+      case OpKind::swiglu:
+        binary(Binary::swiglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
+        break;
+      case OpKind::geglu:
+        binary(Binary::geglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
+        break;
+      case OpKind::add:
+        binary(Binary::add, act(n.src[0]), vec(1), dst, d.n_elements(), src_t(1).n_elements(), stream_);
+        break;
+      case OpKind::mul:
+        binary(Binary::mul, act(n.src[0]), vec(1), dst, d.n_elements(),
+               src_t(1).n_rows() == 1 ? d.ne[0] : src_t(1).n_elements(), stream_);
+        break;
+      case OpKind::scale:
+        unary(Unary::scale, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
+        break;
+      case OpKind::softcap:
+        unary(Unary::softcap, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
+        break;
+      case OpKind::softmax:
+        softmax(act(n.src[0]), dst, d.n_rows(), d.ne[0], stream_);
+        break;
+      case OpKind::copy: {
+        const TensorDesc& s = src_t(0);
+        if (s.kind == TensorKind::weight) {
+          const DeviceWeight& w = weight(s, weight_use_rows);
+          get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, d.ne[0], nullptr, d.n_rows(), dst, stream_);
+        } else {
+          check(cudaMemcpyAsync(dst, act(n.src[0]), static_cast<size_t>(d.n_elements()) * 4,
+                                cudaMemcpyDeviceToDevice, stream_),
+                "copy");
+        }
+        break;
+      }
+      default:
+        fail(Errc::unsupported, "cuda", std::string("op ") + op_name(n.op) + " is not implemented");
+      }
+      check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
+    }
+    const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
+    const auto n_out = static_cast<size_t>(out.n_elements());
+    LOOM_ASSERT(n_logits >= n_out, "logits buffer too small");
+    check(
+        cudaMemcpyAsync(logits, act(g.out_logits), n_out * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+        "logits");
+    // A fault inside a kernel shows here at the latest (the download that follows synchronizes).
+    check(cudaGetLastError(), "compute");
+  }
+
+private:
+  // A KV pool as the kernels see it.
+  static KvPool pool_of(void* p, const KVLayout& l) {
+    KvPool k;
+    k.data = static_cast<uint8_t*>(p);
+    k.dtype = static_cast<uint32_t>(l.dtype);
+    k.n_layer = l.n_layer;
+    k.n_head_kv = l.n_head_kv;
+    k.head_dim = l.head_dim;
+    k.block_size = l.block_size;
+    k.n_blocks = l.n_blocks;
+    k.row_bytes = static_cast<int64_t>(l.row_bytes());
+    return k;
+  }
+
+  // Device memory of a KV pool made through the C++ API (the plugin table uses buffer_alloc).
+  class Pool final : public KVBuffer {
+  public:
+    Pool(CudaBackendImpl& be, size_t bytes) : be_(be), mem_(bytes) {
+      if (bytes) check(cudaMemsetAsync(mem_.p, 0, bytes, be.stream_), "clearing the KV pool");
+    }
+    void* data() noexcept override { return mem_.p; }
+    const void* owner() const noexcept override { return be_.instance_tag(); }
+    void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
+      be_.kv_copy(mem_.p, l, copies);
+    }
+    void read(size_t offset, void* dst, size_t n) const override {
+      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "KV read outside the pool");
+      be_.download(dst, mem_.as<uint8_t>() + offset, n);
+    }
+    void write(size_t offset, const void* src, size_t n) override {
+      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "KV write outside the pool");
+      be_.upload(mem_.as<uint8_t>() + offset, src, n);
+    }
+
+  private:
+    CudaBackendImpl& be_;
+    DeviceMem mem_;
+  };
+
+  // Host bytes to the device through the pinned staging buffer (chunks; the stream orders them).
+  void stage(void* dst, const void* src, size_t bytes) {
+    const auto* s = static_cast<const uint8_t*>(src);
+    auto* d = static_cast<uint8_t*>(dst);
+    for (size_t at = 0; at < bytes; at += o_.staging_bytes) {
+      const size_t n = std::min(o_.staging_bytes, bytes - at);
+      check(cudaStreamSynchronize(stream_), "weight upload"); // the staging buffer is free again
+      std::memcpy(staging_, s + at, n);
+      check(cudaMemcpyAsync(d + at, staging_, n, cudaMemcpyHostToDevice, stream_), "weight upload");
+    }
+  }
+
+  DeviceWeight make_weight(const TensorDesc& t, size_t bytes, uint32_t uses) {
+    const auto type = static_cast<uint32_t>(t.dtype);
+    if (!readable(type))
+      fail(Errc::unsupported, "cuda",
+           "weight " + t.name + " is stored as " + std::string(dtype_name(t.dtype)) +
+               ", which the cuda backend cannot read");
+    DeviceWeight w;
+    w.type = type;
+    w.ne = t.ne;
+    w.row_bytes = cuda::row_bytes(type, t.ne[0]);
+    if (!staging_) check(cudaMallocHost(&staging_, o_.staging_bytes), "cudaMallocHost (upload staging)");
+    if (uses & (weight_use_matmul | weight_use_logits | weight_use_rows)) {
+      w.raw = DeviceMem(bytes);
+      stage(w.raw.p, t.data, bytes);
+    }
+    if (uses & weight_use_vector) { // small: dequantized on the host, exactly
+      w.host_f32.resize(static_cast<size_t>(t.n_elements()));
+      const size_t rb = loom::row_bytes(t.dtype, t.ne[0]);
+      for (int64_t r = 0; r < t.n_rows(); ++r)
+        dequantize_row(t.dtype, static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r) * rb,
+                       w.host_f32.data() + r * t.ne[0], t.ne[0]);
+      w.f32 = DeviceMem(w.host_f32.size() * sizeof(float));
+      stage(w.f32.p, w.host_f32.data(), w.host_f32.size() * sizeof(float));
+    }
+    return w;
+  }
+
+  // The device copy of a graph weight: loaded (by id), or uploaded on first use (a graph built without a
+  // load step, as tests do), keyed by its host bytes.
+  const DeviceWeight& weight(const TensorDesc& t, uint32_t use) {
+    if (t.weight >= 0) {
+      auto it = weights_.find(t.weight);
+      if (it != weights_.end()) {
+        const bool has =
+            (use == weight_use_vector) ? it->second.f32.p != nullptr : it->second.raw.p != nullptr;
+        if (has) return it->second;
+      }
+    }
+    const std::pair<const void*, uint32_t> key{t.data, use};
+    auto it = lazy_.find(key);
+    if (it == lazy_.end()) {
+      const size_t bytes = loom::row_bytes(t.dtype, t.ne[0]) * static_cast<size_t>(t.n_rows());
+      it = lazy_.emplace(key, make_weight(t, bytes, use)).first;
+    }
+    return it->second;
+  }
+
+  // cos/sin tables [T][n_dims / 2] of a rope node on the device, computed by the host's rope_table (the
+  // very angles of the reference) once per compute and distinct parameters.
+  std::pair<const float*, const float*> rope_tables(const Graph& g, const Node& n, std::span<const Pos> pos) {
+    const float* ff = nullptr;
+    if (n.src[2] >= 0)
+      ff = weight(g.tensors[static_cast<size_t>(n.src[2])], weight_use_vector).host_f32.data();
+    const RopeParams& r = n.rope;
+    for (const auto& c : rope_cache_)
+      if (c.ff == ff && c.p.n_dims == r.n_dims && c.p.theta == r.theta && c.p.neox == r.neox &&
+          c.p.freq_scale == r.freq_scale && c.p.ext_factor == r.ext_factor &&
+          c.p.attn_factor == r.attn_factor && c.p.orig_ctx == r.orig_ctx && c.p.beta_fast == r.beta_fast &&
+          c.p.beta_slow == r.beta_slow)
+        return {c.mem.as<float>(), c.mem.as<float>() + c.half * static_cast<int64_t>(pos.size())};
+    const int64_t half = r.n_dims / 2, T = static_cast<int64_t>(pos.size());
+    std::vector<float> host(static_cast<size_t>(2 * half * T));
+    for (int64_t t = 0; t < T; ++t)
+      rope_table(r, pos[static_cast<size_t>(t)], host.data() + t * half, host.data() + (T + t) * half, ff);
+    RopeCache c{r, ff, half, DeviceMem(std::max<size_t>(host.size() * sizeof(float), 1))};
+    check(cudaMemcpyAsync(c.mem.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "rope tables");
+    // (from pageable memory: the call returns once the bytes are staged, so `host` may go)
+    rope_cache_.push_back(std::move(c));
+    const float* base = rope_cache_.back().mem.as<float>();
+    return {base, base + half * T};
+  }
+
+  // dst [T][N] = x [T][K] · Wᵀ: small batches on the GEMV kernel (any type), larger ones on cuBLAS.
+  void matmul(const Graph& g, const Node& n, const float* x, float* dst) {
+    const TensorDesc& wt = g.tensors[static_cast<size_t>(n.src[0])];
+    const TensorDesc& xt = g.tensors[static_cast<size_t>(n.src[1])];
+    const int64_t K = wt.ne[0], N = wt.ne[1], T = xt.n_rows();
+    LOOM_ASSERT(xt.ne[0] == K, "matmul inner dimensions differ");
+    uint32_t type = qt_f32;
+    const uint8_t* w = nullptr;
+    int64_t rb = K * 4;
+    if (wt.kind == TensorKind::weight) {
+      const DeviceWeight& dw = weight(wt, weight_use_matmul);
+      type = dw.type;
+      w = dw.raw.as<uint8_t>();
+      rb = dw.row_bytes;
+    } else {
+      fail(Errc::unsupported, "cuda", "a matmul whose matrix is an activation");
+    }
+    if (T <= 8) {
+      gemv(type, w, rb, x, dst, K, N, static_cast<int32_t>(T), stream_);
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    if (o_.exact_matmul || K % 8 != 0) { // f32 tiles, SGEMM
+      if (type == qt_f32) {
+        check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(T),
+                          static_cast<int>(K), &one, reinterpret_cast<const float*>(w), static_cast<int>(K),
+                          x, static_cast<int>(K), &zero, dst, static_cast<int>(N)),
+              "cublasSgemm");
+        return;
+      }
+      const int64_t tr = std::min(N, tile_rows(K));
+      scratch_.reserve(static_cast<size_t>(tr * K) * sizeof(float));
+      scratch_used_ = std::max(scratch_used_, static_cast<size_t>(tr * K) * sizeof(float));
+      for (int64_t j0 = 0; j0 < N; j0 += tr) {
+        const int64_t r = std::min(tr, N - j0);
+        dequant_rows(type, w + j0 * rb, rb, K, r, scratch_.p, qt_f32, stream_);
+        check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(r), static_cast<int>(T),
+                          static_cast<int>(K), &one, scratch_.as<float>(), static_cast<int>(K), x,
+                          static_cast<int>(K), &zero, dst + j0, static_cast<int>(N)),
+              "cublasSgemm");
+      }
+      return;
+    }
+    // Tensor cores: the activations rounded to bf16 for bf16 weights, else f16; the weights as stored
+    // (f16 / bf16) or dequantized a tile at a time into that type.
+    const bool bf16 = type == qt_bf16;
+    const cudaDataType_t ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const size_t xbytes = static_cast<size_t>(T * K) * 2;
+    const int64_t tr = (type == qt_f16 || type == qt_bf16) ? N : std::min(N, tile_rows(K) * 2);
+    const size_t wbytes = (type == qt_f16 || type == qt_bf16) ? 0 : static_cast<size_t>(tr * K) * 2;
+    scratch_.reserve(align_up(xbytes) + wbytes);
+    scratch_used_ = std::max(scratch_used_, align_up(xbytes) + wbytes);
+    void* xh = scratch_.p;
+    void* wh = scratch_.as<uint8_t>() + align_up(xbytes);
+    to_half(x, xh, T * K, bf16, stream_);
+    for (int64_t j0 = 0; j0 < N; j0 += tr) {
+      const int64_t r = std::min(tr, N - j0);
+      const void* a = w + j0 * rb;
+      if (type != qt_f16 && type != qt_bf16) {
+        dequant_rows(type, w + j0 * rb, rb, K, r, wh, qt_f16, stream_);
+        a = wh;
+      }
+      check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(r), static_cast<int>(T),
+                         static_cast<int>(K), &one, a, ht, static_cast<int>(K), xh, ht, static_cast<int>(K),
+                         &zero, dst + j0, CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    }
+  }
+
+  struct RopeCache {
+    RopeParams p;
+    const float* ff;
+    int64_t half;
+    DeviceMem mem;
+  };
+
+  CudaOptions o_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::string describe_;
+  void* staging_ = nullptr;
+  std::unordered_map<int64_t, DeviceWeight> weights_;
+  std::map<std::pair<const void*, uint32_t>, DeviceWeight> lazy_; // by host bytes and use
+  DeviceMem inputs_, arena_, scratch_, dev_logits_;
+  size_t arena_used_ = 0, scratch_used_ = 0;
+  std::vector<RopeCache> rope_cache_;
+};
+
+} // namespace
+
+std::string unavailable_reason() {
+  int n = 0; // (left unwritten on failure)
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess)
+    return std::string("no usable CUDA device: cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")";
+  if (n <= 0) return "no CUDA device";
+  return {};
+}
+
+std::string describe_device(int d) {
+  if (std::string why = unavailable_reason(); !why.empty()) return why;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, d) != cudaSuccess)
+    return "CUDA device " + std::to_string(d) + ": no properties";
+  char mem[32];
+  std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(p.totalGlobalMem) / (1 << 30));
+  return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " + mem;
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const CudaOptions& o) {
+  if (std::string why = unavailable_reason(); !why.empty())
+    fail(Errc::device_error, "cuda", why + "; use [backend] name = \"cpu\" on this machine");
+  return std::make_unique<CudaBackendImpl>(o);
+}
+
+} // namespace loom::cuda

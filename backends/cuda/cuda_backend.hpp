@@ -1,0 +1,46 @@
+// The cuda backend's executor: a loom::Backend whose weights, KV pool, activations and logits live in
+// device memory. Graph nodes run as kernels (kernels.cuh) and cuBLAS GEMMs on one stream; the host waits
+// only for the logits.
+#pragma once
+
+#include "loom/sdk/executor.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace loom::cuda {
+
+struct CudaOptions {
+  int device = 0;
+  // Matrix products of more than 8 rows: false (default) — weights of any type as f16/bf16 tiles and
+  // activations rounded to that type on the tensor cores (f32 accumulation); true — f32 throughout
+  // (dequantized tiles, SGEMM without TF32): what the op tests compare with the reference.
+  bool exact_matmul = false;
+  size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
+};
+
+// Whether a CUDA device can be used, and if not, why (one line; "" when it can).
+std::string unavailable_reason();
+// "NVIDIA H200, sm_90, 139.8 GiB" for device `d`, or the reason none is usable.
+std::string describe_device(int d);
+
+class CudaBackend;
+std::unique_ptr<CudaBackend> make_cuda_backend(const CudaOptions& o);
+
+class CudaBackend : public Backend {
+public:
+  // Device buffers for the plugin table (buffer_alloc / free / upload / download, kv_copy).
+  virtual void* buffer_alloc(size_t bytes) = 0;
+  virtual void buffer_free(void* p) noexcept = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) = 0;
+  virtual void memory_info(size_t& free_bytes, size_t& total_bytes) const = 0;
+  // compute() with the logits in device memory (the plugin's LOOM_BUFFER_LOGITS buffer).
+  virtual void compute_device(const Graph& g, const BatchView& batch, const KVRows& kv, float* logits,
+                              size_t n_logits) = 0;
+};
+
+} // namespace loom::cuda

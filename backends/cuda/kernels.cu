@@ -1,0 +1,428 @@
+// The cuda backend's kernels: plain, obviously correct first (each checked against the reference by the
+// backend-op tests on a GPU: scripts/gpu-check.sh). The weight formats are quant_device.hpp's, shared with
+// the host tests.
+#include "kernels.cuh"
+#include "quant_device.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int k_threads = 256;
+
+unsigned blocks_for(int64_t n, int threads = k_threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The sum of v over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets it.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  __syncthreads(); // (part reused by a previous call)
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int nw = static_cast<int>(blockDim.x / 32);
+  float t = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(t);
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int nw = static_cast<int>(blockDim.x / 32);
+  float t = lane < nw ? part[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1)
+    t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+  return t;
+}
+
+__global__ void k_get_rows(uint32_t type, const uint8_t* src, int64_t row_bytes, int64_t n,
+                           const int32_t* idx, int64_t rows, float* dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * rows) return;
+  const int64_t r = i / n, c = i % n;
+  const int64_t sr = idx ? idx[r] : r;
+  dst[i] = value_at(type, src + sr * row_bytes, c);
+}
+
+__global__ void k_rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * n;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    yr[i] = (w ? w[i] : 1.0f) * (inv * xr[i]);
+}
+
+template <int T>
+__global__ void k_gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, float* y,
+                       int64_t K, int64_t N) {
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (j >= N) return;
+  const uint8_t* row = w + j * row_bytes;
+  float acc[T];
+  for (int t = 0; t < T; ++t)
+    acc[t] = 0.0f;
+  if (block_values(type) == 1) { // plain types: lanes along the row
+    for (int64_t k = lane; k < K; k += 32) {
+      const float wv = value_at(type, row, k);
+      for (int t = 0; t < T; ++t)
+        acc[t] += wv * x[t * K + k];
+    }
+  } else { // 32 values at a time
+    float v[32];
+    for (int64_t sb = lane; sb < K / 32; sb += 32) {
+      dequant32(type, row, sb, v);
+      for (int t = 0; t < T; ++t) {
+        const float* xs = x + t * K + 32 * sb;
+        float a = 0.0f;
+        for (int q = 0; q < 32; ++q)
+          a += v[q] * xs[q];
+        acc[t] += a;
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const float r = warp_sum(acc[t]);
+    if (lane == 0) y[t * N + j] = r;
+  }
+}
+
+__global__ void k_dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows,
+                               void* out, uint32_t out_type) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= K * rows) return;
+  const float v = value_at(type, w + (i / K) * row_bytes, i % K);
+  if (out_type == qt_f32)
+    static_cast<float*>(out)[i] = v;
+  else if (out_type == qt_f16)
+    static_cast<__half*>(out)[i] = __float2half_rn(v);
+  else
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+}
+
+__global__ void k_to_half(const float* x, void* y, int64_t n, bool bf16) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (bf16)
+    static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
+  else
+    static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
+}
+
+__global__ void k_rope(const float* x, float* y, const float* cs, const float* sn, int64_t D, int64_t H,
+                       int64_t T, int32_t n_dims, bool neox) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= D * H * T) return;
+  const int64_t d = i % D, head = i - d; // head: the index of this head's first value
+  const int64_t t = i / (D * H);
+  if (d >= n_dims) {
+    y[i] = x[i];
+    return;
+  }
+  const int64_t half = n_dims / 2;
+  int64_t p, a, b;
+  bool first;
+  if (neox) {
+    p = d < half ? d : d - half;
+    a = p;
+    b = p + half;
+    first = d < half;
+  } else {
+    p = d / 2;
+    a = 2 * p;
+    b = 2 * p + 1;
+    first = d % 2 == 0;
+  }
+  const float c = cs[t * half + p], s = sn[t * half + p];
+  const float x0 = x[head + a], x1 = x[head + b];
+  y[i] = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+}
+
+__device__ __forceinline__ uint8_t* pool_row(const KvPool& kv, int32_t layer, int which, int64_t block,
+                                             int64_t off) {
+  return kv.data +
+         ((static_cast<int64_t>(layer) * 2 + which) * kv.n_blocks + block) * kv.block_size * kv.row_bytes +
+         off * kv.row_bytes;
+}
+
+// One thread per 32 values (q8_0: one block) or per value (plain types) of each new row.
+__global__ void k_kv_write(KvPool kv, int32_t layer, const float* k, const float* v, const int64_t* slots,
+                           int64_t T) {
+  const int64_t E = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
+  const int64_t per_row = kv.dtype == qt_q8_0 ? E / 32 : E;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= 2 * T * per_row) return;
+  const int which = static_cast<int>(i / (T * per_row));
+  const int64_t t = (i / per_row) % T, e = i % per_row;
+  const float* src = (which == 0 ? k : v) + t * E;
+  const int64_t slot = slots[t];
+  uint8_t* row = pool_row(kv, layer, which, slot / kv.block_size, slot % kv.block_size);
+  switch (kv.dtype) {
+  case qt_f32:
+    reinterpret_cast<float*>(row)[e] = src[e];
+    break;
+  case qt_f16: {
+    const uint16_t h = float_to_half(src[e]);
+    row[2 * e] = static_cast<uint8_t>(h & 0xFF);
+    row[2 * e + 1] = static_cast<uint8_t>(h >> 8);
+    break;
+  }
+  case qt_bf16: {
+    const uint16_t h = float_to_bf16(src[e]);
+    row[2 * e] = static_cast<uint8_t>(h & 0xFF);
+    row[2 * e + 1] = static_cast<uint8_t>(h >> 8);
+    break;
+  }
+  default: // q8_0
+    quant32_q8_0(src + 32 * e, row + 34 * e);
+    break;
+  }
+}
+
+// One block of k_attn_warps warps per (token, head): the warps take the span's keys in turn, each with an
+// online softmax (running max, sum, output in registers: lane l holds dims l, l + 32, …), then the warps'
+// partial results are merged. Rows outside each query's span are never read.
+constexpr int k_attn_warps = 4;
+constexpr int k_attn_dims = 8; // per lane: head_dim ≤ 256
+
+__global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t* pos, const int32_t* row_seq,
+                            const int32_t* tables, int32_t stride, float* out) {
+  const int64_t t = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int D = a.head_dim, hk = h / (a.n_head / a.n_head_kv);
+  const float* qh = q + (t * a.n_head + h) * D;
+  float qr[k_attn_dims], acc[k_attn_dims];
+  for (int i = 0; i < k_attn_dims; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < D ? qh[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  // key_span: [0, sink_end) ∪ [first, last]
+  const int32_t p = pos[t];
+  const int32_t first = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const int32_t sink_end = a.window > 0 ? min(max(a.sinks, 0), first) : 0;
+  const int32_t count = sink_end + (p - first + 1);
+  const int32_t* table = tables + static_cast<int64_t>(row_seq[t]) * stride;
+  float m = -INFINITY, l = 0.0f;
+  for (int32_t c = warp; c < count; c += k_attn_warps) {
+    const int32_t j = c < sink_end ? c : first + (c - sink_end);
+    const int32_t blk = table[j / kv.block_size];
+    const uint8_t* kr = pool_row(kv, a.layer, 0, blk, j % kv.block_size);
+    const uint8_t* vr = pool_row(kv, a.layer, 1, blk, j % kv.block_size);
+    float part = 0.0f;
+    for (int i = 0; i < k_attn_dims; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) part += qr[i] * value_at(kv.dtype, kr, static_cast<int64_t>(hk) * D + d);
+    }
+    float sc = warp_sum(part) * a.scale;
+    if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+    const float mn = fmaxf(m, sc);
+    const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+    const float e = expf(sc - mn);
+    l = l * corr + e;
+    for (int i = 0; i < k_attn_dims; ++i) {
+      const int d = lane + 32 * i;
+      acc[i] = acc[i] * corr + (d < D ? e * value_at(kv.dtype, vr, static_cast<int64_t>(hk) * D + d) : 0.0f);
+    }
+    m = mn;
+  }
+  __shared__ float sm[k_attn_warps], sl[k_attn_warps];
+  __shared__ float sacc[k_attn_warps][32 * k_attn_dims];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+  for (int i = 0; i < k_attn_dims; ++i)
+    sacc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -INFINITY;
+  for (int w = 0; w < k_attn_warps; ++w)
+    M = fmaxf(M, sm[w]);
+  float L = 0.0f, f[k_attn_warps];
+  for (int w = 0; w < k_attn_warps; ++w) {
+    f[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
+    L += sl[w] * f[w];
+  }
+  float* o = out + (t * a.n_head + h) * D;
+  for (int i = 0; i < k_attn_dims; ++i) {
+    const int d = lane + 32 * i;
+    if (d >= D) continue;
+    float v = 0.0f;
+    for (int w = 0; w < k_attn_warps; ++w)
+      v += sacc[w][d] * f[w];
+    o[d] = v / L;
+  }
+}
+
+__global__ void k_kv_copy(KvPool kv, int64_t src, int64_t dst, int64_t bytes) {
+  // grid.y: layer · 2 + (K or V)
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= bytes) return;
+  const int32_t layer = static_cast<int32_t>(blockIdx.y / 2);
+  const int which = static_cast<int>(blockIdx.y % 2);
+  pool_row(kv, layer, which, dst, 0)[i] = pool_row(kv, layer, which, src, 0)[i];
+}
+
+__global__ void k_unary(Unary op, const float* a, float* dst, int64_t n, float p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  dst[i] = op == Unary::scale ? a[i] * p : p * tanhf(a[i] / p);
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+__global__ void k_binary(Binary op, const float* a, const float* b, float* dst, int64_t n, int64_t nb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = a[i], y = b[i % nb];
+  switch (op) {
+  case Binary::add:
+    dst[i] = x + y;
+    break;
+  case Binary::mul:
+    dst[i] = x * y;
+    break;
+  case Binary::swiglu:
+    dst[i] = x * (1.0f / (1.0f + expf(-x))) * y;
+    break;
+  case Binary::geglu:
+    dst[i] = gelu_tanh(x) * y;
+    break;
+  }
+}
+
+__global__ void k_softmax(const float* a, float* dst, int64_t n) {
+  const float* x = a + static_cast<int64_t>(blockIdx.x) * n;
+  float* y = dst + static_cast<int64_t>(blockIdx.x) * n;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    mx = fmaxf(mx, x[i]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    s += expf(x[i] - mx);
+  s = block_sum(s);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    y[i] = expf(x[i] - mx) / s;
+}
+
+} // namespace
+
+void get_rows(uint32_t type, const uint8_t* src, int64_t row_bytes, int64_t n, const int32_t* idx,
+              int64_t rows, float* dst, cudaStream_t s) {
+  if (n * rows == 0) return;
+  k_get_rows<<<blocks_for(n * rows), k_threads, 0, s>>>(type, src, row_bytes, n, idx, rows, dst);
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  k_rms_norm<<<static_cast<unsigned>(rows), k_threads, 0, s>>>(x, w, y, n, eps);
+}
+
+void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, float* y, int64_t K, int64_t N,
+          int32_t T, cudaStream_t s) {
+  if (N == 0 || T == 0) return;
+  const unsigned grid = blocks_for(N * 32);
+  switch (T) {
+#define LOOM_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    k_gemv<n><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x, y, K, N);                                    \
+    break;
+    LOOM_GEMV_CASE(1)
+    LOOM_GEMV_CASE(2)
+    LOOM_GEMV_CASE(3)
+    LOOM_GEMV_CASE(4)
+    LOOM_GEMV_CASE(5)
+    LOOM_GEMV_CASE(6)
+    LOOM_GEMV_CASE(7)
+    LOOM_GEMV_CASE(8)
+#undef LOOM_GEMV_CASE
+  default: // callers keep T ≤ 8; larger T in chunks of 8
+    for (int32_t t0 = 0; t0 < T; t0 += 8) {
+      const int32_t n = T - t0 < 8 ? T - t0 : 8;
+      gemv(type, w, row_bytes, x + static_cast<int64_t>(t0) * K, y + static_cast<int64_t>(t0) * N, K, N, n,
+           s);
+    }
+  }
+}
+
+void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,
+                  uint32_t out_type, cudaStream_t s) {
+  if (K * rows == 0) return;
+  k_dequant_rows<<<blocks_for(K * rows), k_threads, 0, s>>>(type, w, row_bytes, K, rows, out, out_type);
+}
+
+void to_half(const float* x, void* y, int64_t n, bool bf16, cudaStream_t s) {
+  if (n == 0) return;
+  k_to_half<<<blocks_for(n), k_threads, 0, s>>>(x, y, n, bf16);
+}
+
+void rope(const float* x, float* y, const float* cs, const float* sn, int64_t D, int64_t H, int64_t T,
+          int32_t n_dims, bool neox, cudaStream_t s) {
+  if (D * H * T == 0) return;
+  k_rope<<<blocks_for(D * H * T), k_threads, 0, s>>>(x, y, cs, sn, D, H, T, n_dims, neox);
+}
+
+void kv_write(const KvPool& kv, int32_t layer, const float* k, const float* v, const int64_t* slots,
+              int64_t T, cudaStream_t s) {
+  const int64_t E = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
+  const int64_t per_row = kv.dtype == qt_q8_0 ? E / 32 : E;
+  if (T * per_row == 0) return;
+  k_kv_write<<<blocks_for(2 * T * per_row), k_threads, 0, s>>>(kv, layer, k, v, slots, T);
+}
+
+void attention(const KvPool& kv, const AttnArgs& a, const float* q, const int32_t* pos,
+               const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, float* out,
+               cudaStream_t s) {
+  if (T == 0) return;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head));
+  k_attention<<<grid, 32 * k_attn_warps, 0, s>>>(kv, a, q, pos, row_seq, tables, stride, out);
+}
+
+void kv_copy(const KvPool& kv, int64_t src, int64_t dst, int32_t n, cudaStream_t s) {
+  const int64_t bytes = static_cast<int64_t>(n) * kv.row_bytes;
+  if (bytes == 0 || kv.n_layer == 0) return;
+  const dim3 grid(blocks_for(bytes), static_cast<unsigned>(kv.n_layer * 2));
+  k_kv_copy<<<grid, k_threads, 0, s>>>(kv, src, dst, bytes);
+}
+
+void unary(Unary op, const float* a, float* dst, int64_t n, float p, cudaStream_t s) {
+  if (n == 0) return;
+  k_unary<<<blocks_for(n), k_threads, 0, s>>>(op, a, dst, n, p);
+}
+
+void binary(Binary op, const float* a, const float* b, float* dst, int64_t n, int64_t nb, cudaStream_t s) {
+  if (n == 0) return;
+  k_binary<<<blocks_for(n), k_threads, 0, s>>>(op, a, b, dst, n, nb);
+}
+
+void softmax(const float* a, float* dst, int64_t rows, int64_t n, cudaStream_t s) {
+  if (rows == 0) return;
+  k_softmax<<<static_cast<unsigned>(rows), k_threads, 0, s>>>(a, dst, n);
+}
+
+} // namespace loom::cuda

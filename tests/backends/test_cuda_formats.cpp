@@ -1,0 +1,70 @@
+// The cuda backend's weight and KV formats (backends/cuda/quant_device.hpp) compiled for the host: every
+// type the kernels read, 32 values at a time and one at a time, equals the SDK's dequantize_row, and the
+// q8_0 KV rows the kernels write equal quantize_row's bytes. These run on every machine; the kernels that
+// use them are checked on a GPU (scripts/gpu-check.sh).
+#include "../../backends/cuda/quant_device.hpp"
+#include "loom/dtype.hpp"
+
+#include <cstring>
+#include <gtest/gtest.h>
+#include <random>
+#include <vector>
+
+namespace {
+
+using namespace loom;
+
+TEST(CudaFormats, EveryReadableTypeDequantizesLikeTheSdk) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 512; // two K-quant blocks
+  std::vector<float> x(n), want(n), got(n);
+  int checked = 0;
+  for (const auto& [id, tr] : dtype_detail::k_types) {
+    const auto t = static_cast<DType>(id);
+    if (!tr.can_dequantize) continue;
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    ASSERT_TRUE(cuda::readable(id));
+    EXPECT_EQ(cuda::row_bytes(id, n), static_cast<int64_t>(row_bytes(t, n)));
+    for (int rep = 0; rep < 4; ++rep) {
+      for (auto& v : x)
+        v = nd(rng) * (rep + 1.0f);
+      std::vector<uint8_t> row(row_bytes(t, n));
+      quantize_row(t, x.data(), row.data(), n);
+      dequantize_row(t, row.data(), want.data(), n);
+      for (int64_t sb = 0; sb < n / 32; ++sb)
+        cuda::dequant32(id, row.data(), sb, got.data() + 32 * sb);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << "value " << i;
+        ASSERT_EQ(cuda::value_at(id, row.data(), i), want[static_cast<size_t>(i)]) << "value " << i;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 15) << "f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k iq4_nl iq4_xs";
+}
+
+TEST(CudaFormats, Q8_0KvRowsAreQuantizeRowsBytes) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int rep = 0; rep < 200; ++rep) {
+    float x[32];
+    for (float& v : x)
+      v = nd(rng);
+    if (rep == 0) std::fill(x, x + 32, 0.0f); // a zero block: scale 0
+    uint8_t want[34], got[34];
+    quantize_row(DType::q8_0, x, want, 32);
+    cuda::quant32_q8_0(x, got);
+    ASSERT_EQ(std::memcmp(want, got, 34), 0) << "block " << rep;
+  }
+}
+
+TEST(CudaFormats, HalfAndBf16ConversionsMatchTheSdk) {
+  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 1e-7f, 3.14159f, 1e30f, -1e-30f}) {
+    EXPECT_EQ(cuda::float_to_half(f), fp32_to_fp16(f)) << f;
+    EXPECT_EQ(cuda::float_to_bf16(f), fp32_to_bf16(f)) << f;
+    EXPECT_EQ(cuda::bf16_to_float(cuda::float_to_bf16(f)), bf16_to_fp32(fp32_to_bf16(f))) << f;
+  }
+}
+
+} // namespace

@@ -1,0 +1,295 @@
+// Every backend plugin op by op against the reference backend, through the backend ABI as the host drives
+// it (weights of any type, a KV pool in the backend's memory, logits through its buffer): reference_plugin,
+// cpu and cuda. A backend that cannot run on this machine — cuda without a GPU — is SKIPPED with its
+// reason (scripts/gpu-check.sh runs these on a GPU). Tolerances, relative to the largest output value:
+// f32 throughout (element-wise ops, norms, RoPE, attention, exact matmuls): 1e-4; matmuls on activations
+// rounded to 8 bits (cpu's int8 kernels) 2e-2.
+#include "loom/backend.hpp"
+#include "loom/dtype.hpp"
+#include "loom/kv_cache.hpp"
+#include "loom/plugin_host.hpp"
+#include "plugin/plugin_internal.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <gtest/gtest.h>
+#include <random>
+
+namespace {
+
+using namespace loom;
+
+struct Rand {
+  std::mt19937 rng;
+  explicit Rand(uint32_t seed) : rng(seed) {}
+  std::vector<float> normal(size_t n, float sd) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v)
+      x = nd(rng);
+    return v;
+  }
+};
+
+struct Weight {
+  DType type;
+  int64_t n, rows;
+  std::vector<uint8_t> bytes;
+  Weight(DType t, int64_t n_, int64_t rows_, Rand& r, float sd = 1.0f) : type(t), n(n_), rows(rows_) {
+    const auto f = r.normal(static_cast<size_t>(n * rows), sd);
+    const size_t rb = row_bytes(t, n);
+    bytes.resize(rb * static_cast<size_t>(rows));
+    for (int64_t j = 0; j < rows; ++j)
+      quantize_row(t, f.data() + j * n, bytes.data() + static_cast<size_t>(j) * rb, n);
+  }
+};
+
+// A plugin backend by name from the build's bin directory, with its [backend] keys; nullopt and the reason
+// when it cannot run here.
+struct Made {
+  std::unique_ptr<Backend> be;
+  std::string why;
+};
+Made make(const std::string& name, std::vector<std::pair<std::string, ParamValue>> params = {}) {
+  static PluginRegistry reg; // one load per library for the whole run
+  const std::string file = std::string(LOOM_BUILD_BIN_DIR) + "/libloom-backend-" +
+                           (name == "reference_plugin" ? "reference" : name) + ".so";
+  if (!std::filesystem::exists(file)) return {nullptr, file + " was not built (no nvcc on this machine?)"};
+  if (!reg.find(LOOM_KIND_BACKEND, name)) reg.load(file);
+  const auto f = reg.find(LOOM_KIND_BACKEND, name);
+  if (!f) return {nullptr, file + " has no backend '" + name + "'"};
+  params.emplace_back("threads", int64_t{2});
+  try {
+    return {plugin::make_plugin_backend(*f, name, params, "test"), {}};
+  } catch (const Error& e) {
+    if (name == "cuda") return {nullptr, e.what()}; // no GPU: the reason, one line
+    throw;
+  }
+}
+
+// A graph of T tokens whose inputs are looked up from f32 tables (weights), run on a backend with a paged
+// KV store of its own (the host's shape: the pool in the backend's memory).
+struct Harness {
+  Graph g;
+  std::vector<TokenId> tokens;
+  std::vector<Pos> pos;
+  std::vector<SeqId> seq;
+  std::vector<int32_t> out_rows;
+  std::vector<std::unique_ptr<Weight>> weights;
+
+  explicit Harness(int32_t T) {
+    g.n_tokens = T;
+    g.in_tokens = g.add_tensor({"tokens", TensorKind::input, DType::i32, {T, 1, 1, 1}, nullptr});
+    g.in_positions = g.add_tensor({"pos", TensorKind::input, DType::i32, {T, 1, 1, 1}, nullptr});
+    g.in_out_ids = g.add_tensor({"out", TensorKind::input, DType::i32, {0, 1, 1, 1}, nullptr});
+    for (int32_t t = 0; t < T; ++t) {
+      tokens.push_back(t);
+      pos.push_back(t);
+      seq.push_back(0);
+    }
+  }
+  int32_t weight(DType t, int64_t n, int64_t rows, Rand& r, float sd = 1.0f) {
+    weights.push_back(std::make_unique<Weight>(t, n, rows, r, sd));
+    const Weight& w = *weights.back();
+    return g.add_weight("w" + std::to_string(weights.size()), t, {n, rows, 1, 1}, w.bytes.data());
+  }
+  // An activation [ne] of random values (T rows looked up from an f32 table).
+  int32_t input(Rand& r, std::array<int64_t, 4> ne, float sd = 1.0f) {
+    const int64_t row = ne[0] * ne[1] * ne[2] * ne[3] / g.n_tokens;
+    const int32_t w = weight(DType::f32, row, g.n_tokens, r, sd);
+    return op(OpKind::get_rows, w, g.in_tokens, ne);
+  }
+  int32_t op(OpKind k, int32_t a, int32_t b, std::array<int64_t, 4> ne, Node n = {}, int32_t c = -1) {
+    n.op = k;
+    n.src = {a, b, c};
+    n.dst = g.add_activation(op_name(k), ne);
+    return g.add_node(n);
+  }
+  BatchView batch() const { return {tokens, pos, seq, out_rows}; }
+  std::vector<float> run(Backend& be, KVCacheStore& kv, int32_t out) {
+    g.out_logits = out;
+    std::vector<float> y(static_cast<size_t>(g.tensors[static_cast<size_t>(out)].n_elements()), NAN);
+    if (!kv.memory()) kv.attach(be.alloc_kv(kv.layout()));
+    be.compute(g, batch(), kv.rows_for(batch()), y);
+    return y;
+  }
+};
+
+std::unique_ptr<KVCacheStore> store(int32_t n_head_kv, int32_t head_dim, DType dt = DType::f32) {
+  KVShape s{1, n_head_kv, head_dim, 256, 2, dt};
+  s.block_size = 4;
+  return make_paged_kv_cache(s);
+}
+
+void expect_close(const std::vector<float>& ref, const std::vector<float>& got, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  double mag = 0;
+  for (float v : ref)
+    mag = std::max(mag, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(ref[i]), tol * (mag + 1.0))
+        << what << " at " << i;
+}
+
+class BackendOps : public ::testing::TestWithParam<std::string> {
+protected:
+  // The backend under test with exact matrix products where it has the choice.
+  Made under_test() {
+    const std::string& n = GetParam();
+    if (n == "cuda" || n == "cpu") return make(n, {{"exact_matmul", true}});
+    return make(n);
+  }
+};
+
+#define LOOM_BACKEND_OR_SKIP(var)                                                                            \
+  Made var = under_test();                                                                                   \
+  if (!var.be) GTEST_SKIP() << "SKIPPED: " << GetParam() << ": " << var.why;
+
+TEST_P(BackendOps, ElementwiseNormRopeAndCopies) {
+  LOOM_BACKEND_OR_SKIP(m);
+  auto ref = make_reference_backend();
+  for (int32_t T : {1, 5, 70}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    Rand r(static_cast<uint32_t>(T));
+    const int64_t D = 12, H = 3, n = D * H;
+    Harness h(T);
+    const int32_t a = h.input(r, {n, T, 1, 1}), b = h.input(r, {n, T, 1, 1});
+    const int32_t wide = h.input(r, {n, T, 1, 1}, 40.0f);
+    const int32_t norm = h.weight(DType::f32, n, 1, r), row16 = h.weight(DType::f16, n, 1, r);
+    const int32_t bias = h.weight(DType::f32, D, 1, r), q8 = h.weight(DType::q8_0, 64, 3, r);
+    const int32_t ff = h.weight(DType::f32, D / 2, 1, r, 0.3f);
+    Node nn;
+    nn.eps = 1e-5f;
+    Node sc;
+    sc.scale = 0.37f;
+    Node cap;
+    cap.scale = 3.0f;
+    Node rp;
+    rp.rope = {8, 10000.0f, false, 1.0f, 0.0f, 1.0f, 0, 32.0f, 1.0f};
+    Node rpx = rp;
+    rpx.rope.neox = true;
+    rpx.rope.n_dims = D;
+    Node yarn;
+    yarn.rope = {D, 10000.0f, true, 0.25f, 1.0f, 1.0f, 64, 32.0f, 1.0f};
+    const int32_t x3 = h.input(r, {D, H, T, 1});
+    std::vector<float> ffv(D / 2);
+    const std::vector<std::pair<std::string, int32_t>> outs = {
+        {"rms_norm", h.op(OpKind::rms_norm, a, norm, {n, T, 1, 1}, nn)},
+        {"rms_norm f16 weight", h.op(OpKind::rms_norm, a, row16, {n, T, 1, 1}, nn)},
+        {"rms_norm no weight", h.op(OpKind::rms_norm, a, -1, {n, T, 1, 1}, nn)},
+        {"add", h.op(OpKind::add, a, b, {n, T, 1, 1})},
+        {"add bias", h.op(OpKind::add, a, bias, {n, T, 1, 1})},
+        {"mul", h.op(OpKind::mul, a, b, {n, T, 1, 1})},
+        {"mul row", h.op(OpKind::mul, a, norm, {n, T, 1, 1})},
+        {"scale", h.op(OpKind::scale, a, -1, {n, T, 1, 1}, sc)},
+        {"softcap", h.op(OpKind::softcap, wide, -1, {n, T, 1, 1}, cap)},
+        {"swiglu", h.op(OpKind::swiglu, a, b, {n, T, 1, 1})},
+        {"swiglu wide", h.op(OpKind::swiglu, wide, b, {n, T, 1, 1})},
+        {"geglu", h.op(OpKind::geglu, a, b, {n, T, 1, 1})},
+        {"softmax", h.op(OpKind::softmax, a, -1, {n, T, 1, 1})},
+        {"softmax wide", h.op(OpKind::softmax, wide, -1, {n, T, 1, 1})},
+        {"copy", h.op(OpKind::copy, a, -1, {n, T, 1, 1})},
+        {"copy q8_0 weight", h.op(OpKind::copy, q8, -1, {64, 3, 1, 1})},
+        {"rope", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, rp)},
+        {"rope neox", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, rpx)},
+        {"rope neox, frequency divisors", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, rpx, ff)},
+        {"rope yarn", h.op(OpKind::rope, x3, h.g.in_positions, {D, H, T, 1}, yarn)},
+    };
+    for (const auto& [name, id] : outs) {
+      auto kr = store(1, 4), kb = store(1, 4);
+      expect_close(h.run(*ref, *kr, id), h.run(*m.be, *kb, id), 1e-4, name);
+    }
+  }
+}
+
+TEST_P(BackendOps, GetRowsAndMatmulOnEveryWeightType) {
+  LOOM_BACKEND_OR_SKIP(m);
+  auto ref = make_reference_backend();
+  const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,   DType::q4_1,
+                         DType::q5_0, DType::q5_1, DType::q8_0, DType::q2_k,   DType::q3_k,
+                         DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_nl, DType::iq4_xs};
+  for (const DType type : types)
+    for (int32_t T : {1, 3, 8, 9, 40}) { // the decode kernels (≤ 8 rows) and the GEMM route
+      SCOPED_TRACE(std::string(dtype_name(type)) + " T=" + std::to_string(T));
+      Rand r(static_cast<uint32_t>(T * 31 + static_cast<int>(type)));
+      const int64_t K = 512, N = 67;
+      Harness h(T);
+      const int32_t x = h.input(r, {K, T, 1, 1});
+      const int32_t w = h.weight(type, K, N, r, 0.1f);
+      const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1});
+      for (int32_t t = 0; t < T; ++t)
+        h.pos[static_cast<size_t>(t)] = static_cast<Pos>((t * 5) % N);
+      const int32_t rows = h.op(OpKind::get_rows, w, h.g.in_positions, {K, T, 1, 1});
+      auto k1 = store(1, 4), k2 = store(1, 4), k3 = store(1, 4), k4 = store(1, 4);
+      // cpu: its int8 kernels round activations to 8 bits (exact_matmul covers the GEMM routes)
+      const double tol =
+          GetParam() == "cpu" && type != DType::f32 && type != DType::f16 && type != DType::bf16 ? 2e-2
+                                                                                                 : 1e-4;
+      expect_close(h.run(*ref, *k1, y), h.run(*m.be, *k2, y), tol, "matmul");
+      expect_close(h.run(*ref, *k3, rows), h.run(*m.be, *k4, rows), 0.0, "get_rows");
+    }
+}
+
+// Attention over a KV pool the backend owns: a prefill of two interleaved sequences, each then in a run of
+// its own, then a decode-sized batch, every KV type, GQA / MQA / MHA, sliding window with sinks, soft-cap.
+TEST_P(BackendOps, AttentionOverThePagedPoolForEveryKvType) {
+  LOOM_BACKEND_OR_SKIP(m);
+  auto ref = make_reference_backend();
+  struct Case {
+    int32_t n_head, n_head_kv, head_dim, window;
+    float softcap;
+    int32_t sinks;
+  };
+  for (const DType dt : {DType::f32, DType::f16, DType::bf16, DType::q8_0})
+    for (const Case c :
+         {Case{4, 4, 32, 0, 0.0f, 0}, Case{8, 2, 64, 0, 0.0f, 0}, Case{8, 1, 128, 0, 0.0f, 0},
+          Case{4, 2, 64, 5, 0.0f, 2}, Case{2, 1, 32, 20, 30.0f, 0}, Case{6, 3, 96, 9, 0.0f, 1}}) {
+      if (!m.be->supports_kv_dtype(dt)) continue;
+      const std::string what = std::string(dtype_name(dt)) + " Hq=" + std::to_string(c.n_head) +
+                               " Hkv=" + std::to_string(c.n_head_kv) + " D=" + std::to_string(c.head_dim) +
+                               " window=" + std::to_string(c.window) + " sinks=" + std::to_string(c.sinks);
+      SCOPED_TRACE(what);
+      auto kv_ref = store(c.n_head_kv, c.head_dim, dt), kv_be = store(c.n_head_kv, c.head_dim, dt);
+      AttentionParams p{
+          0,        c.n_head, c.n_head_kv, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+          c.window, c.softcap};
+      p.sinks = c.sinks;
+      Rand r(static_cast<uint32_t>(c.n_head * 31 + c.head_dim));
+      int32_t done = 0;
+      for (const auto& [per_seq, interleaved] :
+           {std::pair{40, true}, std::pair{9, false}, std::pair{1, false}}) {
+        const int32_t T = 2 * per_seq;
+        Harness h(T);
+        h.pos.clear();
+        h.seq.clear();
+        for (int32_t i = 0; i < T; ++i) {
+          const SeqId s = interleaved ? i % 2 : i / per_seq;
+          const int32_t k = interleaved ? i / 2 : i % per_seq;
+          h.pos.push_back(done + k);
+          h.seq.push_back(s);
+        }
+        for (SeqId s : {0, 1}) {
+          ASSERT_TRUE(kv_ref->allocate(s, per_seq));
+          ASSERT_TRUE(kv_be->allocate(s, per_seq));
+        }
+        const int64_t qe = static_cast<int64_t>(c.n_head) * c.head_dim,
+                      ke = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+        const int32_t q = h.input(r, {c.head_dim, c.n_head, T, 1});
+        const int32_t k = h.input(r, {c.head_dim, c.n_head_kv, T, 1});
+        const int32_t v = h.input(r, {c.head_dim, c.n_head_kv, T, 1});
+        Node an;
+        an.attn = p;
+        const int32_t out = h.op(OpKind::attention, q, k, {qe, T, 1, 1}, an, v);
+        (void)ke;
+        expect_close(h.run(*ref, *kv_ref, out), h.run(*m.be, *kv_be, out), 1e-4,
+                     "batch of " + std::to_string(T));
+        done += per_seq;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::Values("reference_plugin", "cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+} // namespace
