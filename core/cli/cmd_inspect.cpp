@@ -4,6 +4,7 @@
 #include "loom/error.hpp"
 #include "loom/gguf.hpp"
 #include "loom/model_config.hpp"
+#include "loom/plugin_host.hpp"
 #include "loom/tokenizer.hpp"
 
 #include <cstdio>
@@ -88,7 +89,10 @@ int cmd_inspect(const std::vector<std::string>& args) {
     ("model", po::value<std::string>(), "model file (GGUF)")
     ("ctx-size", po::value<int>(), "context for the KV total (default: the model's training context)")
     ("kv-memory", po::value<std::string>(), "KV budget: memory for the KV cache (e.g. 512MiB, 2GiB): the "
-                                            "tokens that fit")
+                                            "tokens that fit; `free`: what --backend's device has free, less "
+                                            "the weights and 10% for activations")
+    ("backend", po::value<std::string>(), "with --kv-memory free: the backend plugin whose device to ask (e.g. cuda)")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "with --backend: a directory to search (repeatable)")
     ("kv-dtype", po::value<std::string>()->default_value("f16"), "KV budget: storage type (f32, f16, bf16, q8_0)")
     ("block-size", po::value<int>()->default_value(16), "KV budget: positions per block (paged store)")
     ("metadata", "list every metadata key")
@@ -99,8 +103,9 @@ int cmd_inspect(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(
           args, desc, vm,
-          "usage: loom inspect MODEL.gguf [--ctx-size N] [--kv-memory SIZE [--kv-dtype T] [--block-size B]]\n"
-          "                    [--metadata] [--json]\n"
+          "usage: loom inspect MODEL.gguf [--ctx-size N] [--kv-memory SIZE|free [--backend NAME] [--kv-dtype "
+          "T]\n"
+          "                    [--block-size B]] [--metadata] [--json]\n"
           "Architecture, parameter count, tensor types, weight bytes, KV bytes per token and for the full\n"
           "context (2·L·S·H_kv·D·b, for f32 and f16 KV); with --kv-memory, the KV budget: the tokens (and\n"
           "full-context sequences) that SIZE holds in whole blocks of B positions of type T.",
@@ -130,9 +135,31 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::optional<nlohmann::json> budget;
   if (vm.count("kv-memory")) {
     const std::string mem_s = vm["kv-memory"].as<std::string>();
-    const auto mem = parse_byte_size(mem_s);
+    std::optional<uint64_t> mem;
+    nlohmann::json device;
+    if (mem_s == "free") { // the device's free memory, less the weights and a tenth for activations
+      if (!vm.count("backend"))
+        throw UsageError("--kv-memory free: name the backend whose device to ask (--backend cuda)");
+      const std::string be = vm["backend"].as<std::string>();
+      std::vector<std::string> dirs;
+      if (vm.count("plugin-path")) dirs = vm["plugin-path"].as<std::vector<std::string>>();
+      const auto m = backend_memory(be, dirs);
+      if (!m)
+        throw UsageError("--kv-memory free: backend '" + be +
+                         "' does not report its device memory (a host-memory backend): give a size");
+      const uint64_t reserve = m->free_bytes / 10, weights = c.weight_bytes;
+      mem = m->free_bytes > weights + reserve ? m->free_bytes - weights - reserve : 0;
+      device = {{"backend", be},
+                {"free_bytes", m->free_bytes},
+                {"total_bytes", m->total_bytes},
+                {"weight_bytes", weights},
+                {"reserve_bytes", reserve}};
+    } else {
+      mem = parse_byte_size(mem_s);
+    }
     if (!mem)
-      throw UsageError("--kv-memory " + mem_s + ": expected a size such as 512MiB, 2GiB or 1000000 (bytes)");
+      throw UsageError("--kv-memory " + mem_s +
+                       ": expected a size such as 512MiB, 2GiB or 1000000 (bytes), or free (with --backend)");
     const std::string dt = vm["kv-dtype"].as<std::string>();
     const auto t = dtype_from_name(dt);
     if (!t || (*t != DType::f32 && *t != DType::f16 && *t != DType::bf16 && *t != DType::q8_0))
@@ -152,6 +179,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
                             {"tokens", tokens},
                             {"bytes_used", blocks * per_block},
                             {"full_context_sequences", tokens / static_cast<uint64_t>(ctx)}};
+    if (!device.is_null()) (*budget)["device"] = device;
   }
 
   if (vm.count("json")) {
@@ -268,6 +296,15 @@ int cmd_inspect(const std::vector<std::string>& args) {
         static_cast<unsigned long long>(b["tokens"].get<uint64_t>()),
         static_cast<unsigned long long>(b["full_context_sequences"].get<uint64_t>()),
         static_cast<long long>(ctx));
+    if (b.contains("device")) {
+      const auto& d = b["device"];
+      std::printf(
+          "               from %s's device: %s free of %s, less %s of weights and %s for activations\n",
+          d["backend"].get<std::string>().c_str(), human_bytes(d["free_bytes"].get<uint64_t>()).c_str(),
+          human_bytes(d["total_bytes"].get<uint64_t>()).c_str(),
+          human_bytes(d["weight_bytes"].get<uint64_t>()).c_str(),
+          human_bytes(d["reserve_bytes"].get<uint64_t>()).c_str());
+    }
   }
   if (vm.count("metadata")) {
     std::printf("metadata:\n");

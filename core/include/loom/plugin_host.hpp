@@ -123,6 +123,14 @@ private:
   std::vector<Described> described_; // what unopened files provide (named_only), for messages
 };
 
+// The memory of a backend plugin's device as it reports it (loom_backend_i.memory_info): free and total
+// bytes; nullopt for a backend in host memory that does not say. The backend is made (and released) to
+// ask; throws loom::Error with the reason when it cannot be (no such plugin, no GPU).
+struct BackendMemory {
+  uint64_t free_bytes = 0, total_bytes = 0;
+};
+std::optional<BackendMemory> backend_memory(const std::string& backend, const std::vector<std::string>& dirs);
+
 // [plugins] paths (relative to the current directory), then the directory of the running executable.
 std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& configured);
 

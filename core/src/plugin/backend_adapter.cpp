@@ -203,6 +203,14 @@ public:
   size_t activation_bytes() const noexcept override {
     return vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
   }
+  // What the plugin says of its device's memory (memory_info), or nullopt when it does not say.
+  std::optional<BackendMemory> memory() const {
+    if (!vt_->memory_info) return std::nullopt;
+    loom_memory_info m{0, 0};
+    vt_->memory_info(self_, &m);
+    if (m.total_bytes == 0) return std::nullopt;
+    return BackendMemory{m.free_bytes, m.total_bytes};
+  }
 
 private:
   // Converted once per graph identity (Graph::id); a graph without one is converted every call.
@@ -259,4 +267,28 @@ std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, con
   return be;
 }
 
+std::optional<BackendMemory> backend_memory(const Backend& be) {
+  const auto* p = dynamic_cast<const PluginBackend*>(&be);
+  return p ? p->memory() : std::nullopt;
+}
+
 } // namespace loom::plugin
+
+namespace loom {
+
+std::optional<BackendMemory> backend_memory(const std::string& name, const std::vector<std::string>& dirs) {
+  PluginRegistry reg;
+  DiscoverOptions o;
+  o.named_only = true; // only the file that provides it
+  o.only = {{LOOM_KIND_BACKEND, name}};
+  reg.discover(plugin_search_dirs(dirs), {}, o);
+  const auto f = reg.find(LOOM_KIND_BACKEND, name);
+  if (!f)
+    fail(Errc::not_found, "plugin",
+         "no backend plugin '" + name + "' (loom plugins lists what is found)" + reg.failures());
+  const std::vector<std::pair<std::string, ParamValue>> params = {{"threads", int64_t{1}}};
+  const auto be = plugin::make_plugin_backend(*f, name, params, "loom inspect");
+  return plugin::backend_memory(*be);
+}
+
+} // namespace loom
