@@ -128,6 +128,7 @@ public:
 
   // ---- memory ----
   void* buffer_alloc(size_t bytes) override {
+    bind();
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
           "cudaMalloc of " + std::to_string(bytes >> 20) + " MiB (free it, or lower [kv_cache] max_tokens)");
@@ -139,14 +140,21 @@ public:
     cudaFree(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override {
+    bind();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
     check(cudaStreamSynchronize(stream_), "upload");
   }
+  void zero(void* dst, size_t bytes) override {
+    bind();
+    check(cudaMemsetAsync(dst, 0, bytes, stream_), "clearing a buffer");
+  }
   void download(void* dst, const void* src, size_t bytes) override {
+    bind();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     check(cudaStreamSynchronize(stream_), "download");
   }
   void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) override {
+    bind();
     const KvPool kv = pool_of(pool, l);
     for (const KVBlockCopy& c : copies)
       cuda::kv_copy(kv, c.src, c.dst, c.n_positions, stream_);
@@ -161,6 +169,7 @@ public:
 
   // ---- load ----
   void load(std::span<const WeightDesc> weights) override {
+    bind();
     size_t total = 0;
     for (const WeightDesc& w : weights)
       total += w.bytes;
@@ -187,6 +196,7 @@ public:
 
   void compute_device(const Graph& g, const BatchView& b, const KVRows& kv, float* logits,
                       size_t n_logits) override {
+    bind();
     const auto T = static_cast<int64_t>(b.tokens.size());
     LOOM_ASSERT(g.n_tokens == T, "graph and batch differ in tokens");
     // Inputs: the batch's ids and positions, the KV slots and block tables, in one upload.
@@ -339,6 +349,10 @@ public:
   }
 
 private:
+  // The device is per-thread state of the CUDA runtime: every entry point binds ours (the engine may step
+  // on another thread than the one that made the backend).
+  void bind() const { check(cudaSetDevice(o_.device), "cudaSetDevice(" + std::to_string(o_.device) + ")"); }
+
   // A KV pool as the kernels see it.
   static KvPool pool_of(void* p, const KVLayout& l) {
     KvPool k;

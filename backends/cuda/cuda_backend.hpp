@@ -36,6 +36,7 @@ public:
   virtual void buffer_free(void* p) noexcept = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
   virtual void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) = 0;
   virtual void memory_info(size_t& free_bytes, size_t& total_bytes) const = 0;
   // compute() with the logits in device memory (the plugin's LOOM_BUFFER_LOGITS buffer).

@@ -58,12 +58,8 @@ struct Table {
   static loom_status* alloc_fn(void* self, size_t bytes, int32_t usage, void** out) noexcept {
     LOOM_SDK_TRY
     *out = self_of(self)->be->buffer_alloc(bytes);
-    if (usage == LOOM_BUFFER_KV) { // a fresh pool reads as zeros (as host memory's)
-      const std::vector<uint8_t> zero(std::min<size_t>(bytes, size_t{16} << 20), 0);
-      for (size_t at = 0; at < bytes; at += zero.size())
-        self_of(self)->be->upload(static_cast<uint8_t*>(*out) + at, zero.data(),
-                                  std::min(zero.size(), bytes - at));
-    }
+    if (usage == LOOM_BUFFER_KV && bytes > 0) // a fresh pool reads as zeros (as host memory's)
+      self_of(self)->be->zero(*out, bytes);
     LOOM_SDK_CATCH
   }
   static void free_fn(void* self, void* buffer) noexcept { self_of(self)->be->buffer_free(buffer); }

@@ -275,3 +275,71 @@ TEST(GoldenPluginBackend, IdenticalToBuiltInReference) {
 }
 
 } // namespace
+
+namespace {
+
+// The golden runs on the cuda backend (exact f32 GEMMs): run.c's greedy tokens; six requests batched equal
+// each alone; a paged store with a prefix cache and too few blocks (preemption) changes no seeded token.
+// SKIPPED with the reason where no GPU is (scripts/gpu-check.sh runs it on one).
+TEST(GoldenCudaBackend, GreedyBatchedAndPagedRunsMatch) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const char* bin = std::getenv("LOOM_BIN");
+  if (!bin || !std::filesystem::exists(bin))
+    GTEST_SKIP() << "LOOM_BIN not set: cannot find the plugin directory";
+  const std::string plugin_dir = std::filesystem::path(bin).parent_path().string();
+  if (!std::filesystem::exists(plugin_dir + "/libloom-backend-cuda.so"))
+    GTEST_SKIP() << "SKIPPED: the cuda backend was not built (no nvcc)";
+  auto cfg = greedy_config(model.string());
+  cfg.backend.name = "cuda";
+  cfg.backend.params = {{"exact_matmul", true}};
+  cfg.plugins.paths = {plugin_dir};
+  std::unique_ptr<Pipeline> p;
+  try {
+    p = Pipeline::create(cfg);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("CUDA device") != std::string::npos)
+      GTEST_SKIP() << "SKIPPED: " << e.what();
+    throw;
+  }
+  const auto runs = read_token_ids(test::models_dir() / "reference" / "token_ids.txt");
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.prompt);
+    GenerationRequest req;
+    req.prompt = r.prompt;
+    req.max_new_tokens = static_cast<int32_t>(r.ids.size() - p->tokenize(r.prompt).size());
+    const auto res = p->generate(req);
+    std::vector<TokenId> all = res.prompt_tokens;
+    all.insert(all.end(), res.tokens.begin(), res.tokens.end());
+    EXPECT_EQ(all, r.ids);
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const char* s : {"Once upon a time", "The little dog", "", "Lily", "Tom and Sue", "One day"}) {
+    GenerationRequest q;
+    q.prompt = s;
+    q.max_new_tokens = 40;
+    q.seed = 7;
+    reqs.push_back(q);
+  }
+  std::vector<GenerationResult> alone;
+  for (const auto& q : reqs)
+    alone.push_back(p->generate(q));
+  const auto batched = p->generate_all(reqs, 6);
+  auto paged_cfg = cfg;
+  paged_cfg.kv_cache.store = "paged";
+  paged_cfg.kv_cache.block_size = 16;
+  paged_cfg.kv_cache.prefix_cache = true;
+  paged_cfg.kv_cache.max_tokens = 160; // 10 blocks for six requests of up to 50 positions: preemption
+  paged_cfg.stop.eos = false;
+  auto paged = Pipeline::create(paged_cfg);
+  const auto squeezed = paged->generate_all(reqs, 6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE(reqs[i].prompt);
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens);
+    const size_t n = std::min(squeezed[i].tokens.size(), alone[i].tokens.size());
+    EXPECT_TRUE(std::equal(alone[i].tokens.begin(), alone[i].tokens.begin() + static_cast<std::ptrdiff_t>(n),
+                           squeezed[i].tokens.begin()));
+  }
+  EXPECT_GT(paged->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
+}
+
+} // namespace
