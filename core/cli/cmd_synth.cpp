@@ -15,7 +15,7 @@ int cmd_synth(const std::vector<std::string>& args) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b")
+    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b | llama-3-8b")
     ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 (of the matrices)")
     ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
     ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")

@@ -21,6 +21,7 @@ const std::vector<SynthShape>& synth_shapes() {
       {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f, false},
       {"llama-3.2-1b-like", 2048, 16, 32, 8, 8192, 128256, 8192, 500000.0f, true},
       {"llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f, false},
+      {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, false}, // (scripts/gpu-check.sh)
   };
   return shapes;
 }
