@@ -243,7 +243,7 @@ public:
       fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
     };
     const KvPool pool = kv.pool() ? pool_of(kv.pool(), kv.layout()) : KvPool{};
-    rope_cache_.clear();
+    rope_used_ = 0; // (the tables' device memory is kept between computes)
 
     for (const Node& n : g.nodes) {
       const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
@@ -458,22 +458,28 @@ private:
     if (n.src[2] >= 0)
       ff = weight(g.tensors[static_cast<size_t>(n.src[2])], weight_use_vector).host_f32.data();
     const RopeParams& r = n.rope;
-    for (const auto& c : rope_cache_)
+    for (size_t i = 0; i < rope_used_; ++i) {
+      const RopeCache& c = rope_cache_[i];
       if (c.ff == ff && c.p.n_dims == r.n_dims && c.p.theta == r.theta && c.p.neox == r.neox &&
           c.p.freq_scale == r.freq_scale && c.p.ext_factor == r.ext_factor &&
           c.p.attn_factor == r.attn_factor && c.p.orig_ctx == r.orig_ctx && c.p.beta_fast == r.beta_fast &&
           c.p.beta_slow == r.beta_slow)
         return {c.mem.as<float>(), c.mem.as<float>() + c.half * static_cast<int64_t>(pos.size())};
+    }
     const int64_t half = r.n_dims / 2, T = static_cast<int64_t>(pos.size());
     std::vector<float> host(static_cast<size_t>(2 * half * T));
     for (int64_t t = 0; t < T; ++t)
       rope_table(r, pos[static_cast<size_t>(t)], host.data() + t * half, host.data() + (T + t) * half, ff);
-    RopeCache c{r, ff, half, DeviceMem(std::max<size_t>(host.size() * sizeof(float), 1))};
+    if (rope_used_ == rope_cache_.size()) rope_cache_.emplace_back();
+    RopeCache& c = rope_cache_[rope_used_++];
+    c.p = r;
+    c.ff = ff;
+    c.half = half;
+    c.mem.reserve(std::max<size_t>(host.size() * sizeof(float), 1));
     check(cudaMemcpyAsync(c.mem.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
           "rope tables");
     // (from pageable memory: the call returns once the bytes are staged, so `host` may go)
-    rope_cache_.push_back(std::move(c));
-    const float* base = rope_cache_.back().mem.as<float>();
+    const float* base = c.mem.as<float>();
     return {base, base + half * T};
   }
 
@@ -549,8 +555,8 @@ private:
 
   struct RopeCache {
     RopeParams p;
-    const float* ff;
-    int64_t half;
+    const float* ff = nullptr;
+    int64_t half = 0;
     DeviceMem mem;
   };
 
@@ -563,7 +569,8 @@ private:
   std::map<std::pair<const void*, uint32_t>, DeviceWeight> lazy_; // by host bytes and use
   DeviceMem inputs_, arena_, scratch_, dev_logits_;
   size_t arena_used_ = 0, scratch_used_ = 0;
-  std::vector<RopeCache> rope_cache_;
+  std::vector<RopeCache> rope_cache_; // [0, rope_used_): this compute's tables
+  size_t rope_used_ = 0;
 };
 
 } // namespace
