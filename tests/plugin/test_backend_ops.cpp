@@ -7,8 +7,10 @@
 #include "loom/backend.hpp"
 #include "loom/dtype.hpp"
 #include "loom/kv_cache.hpp"
+#include "loom/pipeline.hpp"
 #include "loom/plugin_host.hpp"
 #include "plugin/plugin_internal.hpp"
+#include "test_util.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -300,6 +302,62 @@ TEST_P(BackendOps, AttentionOverThePagedPoolForEveryKvType) {
         done += per_seq;
       }
     }
+}
+
+// stories260K end to end on the cuda backend (exact f32 GEMMs) against the built-in reference backend (which
+// the golden tests hold to run.c): the greedy tokens of six prompts, the six batched equal to each alone, and
+// a paged store with a prefix cache and too few blocks (preemption) changes no token. Label `plugin`, not
+// `golden`: it is SKIPPED with the reason where no GPU is (scripts/gpu-check.sh runs it on one).
+TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  if (!std::filesystem::exists(std::string(LOOM_BUILD_BIN_DIR) + "/libloom-backend-cuda.so"))
+    GTEST_SKIP() << "SKIPPED: the cuda backend was not built (no nvcc)";
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 512;
+  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+  cfg.backend.name = "reference";
+  auto ref = Pipeline::create(cfg);
+  cfg.backend.name = "cuda";
+  cfg.backend.params = {{"exact_matmul", true}};
+  cfg.plugins.paths = {LOOM_BUILD_BIN_DIR};
+  std::unique_ptr<Pipeline> p;
+  try {
+    p = Pipeline::create(cfg);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("CUDA device") != std::string::npos)
+      GTEST_SKIP() << "SKIPPED: " << e.what();
+    throw;
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const char* s : {"Once upon a time", "The little dog", "", "Lily", "Tom and Sue", "One day"}) {
+    GenerationRequest q;
+    q.prompt = s;
+    q.max_new_tokens = 40;
+    reqs.push_back(q);
+  }
+  std::vector<GenerationResult> alone;
+  for (const auto& q : reqs) {
+    alone.push_back(p->generate(q));
+    EXPECT_EQ(alone.back().tokens, ref->generate(q).tokens) << q.prompt;
+  }
+  const auto batched = p->generate_all(reqs, 6);
+  auto paged_cfg = cfg;
+  paged_cfg.kv_cache.store = "paged";
+  paged_cfg.kv_cache.block_size = 16;
+  paged_cfg.kv_cache.prefix_cache = true;
+  paged_cfg.kv_cache.max_tokens = 160; // 10 blocks for six requests of up to 50 positions: preemption
+  paged_cfg.stop.eos = false;
+  auto paged = Pipeline::create(paged_cfg);
+  const auto squeezed = paged->generate_all(reqs, 6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE(reqs[i].prompt);
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens);
+    const size_t n = std::min(squeezed[i].tokens.size(), alone[i].tokens.size());
+    EXPECT_TRUE(std::equal(alone[i].tokens.begin(), alone[i].tokens.begin() + static_cast<std::ptrdiff_t>(n),
+                           squeezed[i].tokens.begin()));
+  }
+  EXPECT_GT(paged->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::Values("reference_plugin", "cpu", "cuda"),
