@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -95,6 +96,7 @@ public:
         describe_device(o.device) + (o.exact_matmul ? ", exact f32 GEMMs" : ", f16/bf16 tensor-core GEMMs");
   }
   ~CudaBackendImpl() override {
+    cudaSetDevice(o_.device); // (no throw here)
     if (stream_) cudaStreamSynchronize(stream_);
     weights_.clear();
     lazy_.clear();
@@ -112,6 +114,12 @@ public:
       const TensorDesc& t = g.tensors[static_cast<size_t>(s)];
       if (t.kind == TensorKind::weight && !readable(static_cast<uint32_t>(t.dtype))) return false;
     }
+    // (the model's graphs multiply by weights and take RoPE divisors from weights; nothing else runs here)
+    if (n.op == OpKind::matmul && g.tensors[static_cast<size_t>(n.src[0])].kind != TensorKind::weight)
+      return false;
+    if (n.op == OpKind::rope && n.src[2] >= 0 &&
+        g.tensors[static_cast<size_t>(n.src[2])].kind != TensorKind::weight)
+      return false;
     if (n.op == OpKind::attention)
       return n.attn.head_dim > 0 && n.attn.head_dim <= 256 && n.attn.n_head_kv > 0 &&
              n.attn.n_head % n.attn.n_head_kv == 0;
@@ -136,6 +144,7 @@ public:
   }
   void buffer_free(void* p) noexcept override {
     if (!p) return;
+    cudaSetDevice(o_.device);
     cudaStreamSynchronize(stream_);
     cudaFree(p);
   }
@@ -161,9 +170,11 @@ public:
     check(cudaGetLastError(), "kv_copy");
   }
   void memory_info(size_t& free_bytes, size_t& total_bytes) const override {
+    bind();
     check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   }
   std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) override {
+    bind();
     return std::make_unique<Pool>(*this, l.bytes());
   }
 
@@ -189,6 +200,7 @@ public:
 
   // ---- compute ----
   void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
+    bind();
     dev_logits_.reserve(logits.size() * sizeof(float));
     compute_device(g, batch, kv, dev_logits_.as<float>(), logits.size());
     download(logits.data(), dev_logits_.p, logits.size() * sizeof(float));
@@ -442,7 +454,7 @@ private:
         if (has) return it->second;
       }
     }
-    const std::pair<const void*, uint32_t> key{t.data, use};
+    const LazyKey key{t.data, static_cast<uint32_t>(t.dtype), t.ne, use};
     auto it = lazy_.find(key);
     if (it == lazy_.end()) {
       const size_t bytes = loom::row_bytes(t.dtype, t.ne[0]) * static_cast<size_t>(t.n_rows());
@@ -505,7 +517,7 @@ private:
       return;
     }
     const float one = 1.0f, zero = 0.0f;
-    if (o_.exact_matmul || K % 8 != 0) { // f32 tiles, SGEMM
+    if (o_.exact_matmul || K % 8 != 0 || type == qt_f32) { // f32 tiles (f32 weights as they are), SGEMM
       if (type == qt_f32) {
         check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(T),
                           static_cast<int>(K), &one, reinterpret_cast<const float*>(w), static_cast<int>(K),
@@ -566,7 +578,9 @@ private:
   std::string describe_;
   void* staging_ = nullptr;
   std::unordered_map<int64_t, DeviceWeight> weights_;
-  std::map<std::pair<const void*, uint32_t>, DeviceWeight> lazy_; // by host bytes and use
+  // by host bytes, type, shape and use (a view of a fused tensor starts where its parent does)
+  using LazyKey = std::tuple<const void*, uint32_t, std::array<int64_t, 4>, uint32_t>;
+  std::map<LazyKey, DeviceWeight> lazy_;
   DeviceMem inputs_, arena_, scratch_, dev_logits_;
   size_t arena_used_ = 0, scratch_used_ = 0;
   std::vector<RopeCache> rope_cache_; // [0, rope_used_): this compute's tables
