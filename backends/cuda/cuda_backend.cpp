@@ -65,6 +65,7 @@ struct DeviceMem {
 // A weight on the device: its bytes as stored, and (element-wise operands) an f32 copy.
 struct DeviceWeight {
   uint32_t type = 0;
+  uint32_t uses = 0; // weight_use_* bits it was loaded with
   std::array<int64_t, 4> ne{1, 1, 1, 1};
   int64_t row_bytes = 0;
   DeviceMem raw;
@@ -424,6 +425,7 @@ private:
                ", which the cuda backend cannot read");
     DeviceWeight w;
     w.type = type;
+    w.uses = uses;
     w.ne = t.ne;
     w.row_bytes = cuda::row_bytes(type, t.ne[0]);
     if (!staging_) check(cudaMallocHost(&staging_, o_.staging_bytes), "cudaMallocHost (upload staging)");
@@ -504,16 +506,26 @@ private:
     uint32_t type = qt_f32;
     const uint8_t* w = nullptr;
     int64_t rb = K * 4;
+    bool logits = false; // the output head: exact products unless exact_logits = false
     if (wt.kind == TensorKind::weight) {
       const DeviceWeight& dw = weight(wt, weight_use_matmul);
       type = dw.type;
       w = dw.raw.as<uint8_t>();
       rb = dw.row_bytes;
+      logits = (dw.uses & weight_use_logits) != 0 || n.dst == g.out_logits;
     } else {
       fail(Errc::unsupported, "cuda", "a matmul whose matrix is an activation");
     }
     if (T <= 8) {
-      gemv(type, w, rb, x, dst, K, N, static_cast<int32_t>(T), stream_);
+      if (!o_.exact_matmul && !(logits && o_.exact_logits) && block_values(type) > 1) { // int8 products
+        const size_t qbytes = static_cast<size_t>(T * (K / 32)) * q8_block_bytes();
+        scratch_.reserve(qbytes);
+        scratch_used_ = std::max(scratch_used_, qbytes);
+        quantize_acts(x, scratch_.p, T * (K / 32), stream_);
+        gemv_int8(type, w, rb, scratch_.p, dst, K, N, static_cast<int32_t>(T), stream_);
+      } else {
+        gemv(type, w, rb, x, dst, K, N, static_cast<int32_t>(T), stream_);
+      }
       return;
     }
     const float one = 1.0f, zero = 0.0f;

@@ -14,10 +14,14 @@ namespace loom::cuda {
 
 struct CudaOptions {
   int device = 0;
-  // Matrix products of more than 8 rows: false (default) — weights of any type as f16/bf16 tiles and
-  // activations rounded to that type on the tensor cores (f32 accumulation); true — f32 throughout
-  // (dequantized tiles, SGEMM without TF32): what the op tests compare with the reference.
+  // false (default): quantized weights in batches of ≤ 8 rows multiply activations rounded to int8 per
+  // block of 32 (integer sums, dp4a), longer batches run as f16/bf16 tiles with the activations rounded to
+  // that type on the tensor cores (f32 accumulation); true: f32 throughout (exact weights on the GEMV kernel,
+  // dequantized tiles and SGEMM without TF32): what the op tests compare with the reference.
   bool exact_matmul = false;
+  // The output head's products exact whatever exact_matmul says (as the cpu backend's exact_logits: 8-bit
+  // activations move logits enough to flip near-ties).
+  bool exact_logits = true;
   size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
 };
 

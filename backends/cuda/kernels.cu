@@ -106,6 +106,36 @@ __global__ void k_gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const
   }
 }
 
+__global__ void k_quantize_acts(const float* x, Q8Block* xq, int64_t n_blocks) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_blocks) return;
+  quantize_q8(x + 32 * i, xq[i]);
+}
+
+template <int T>
+__global__ void k_gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const Q8Block* xq, float* y,
+                            int64_t K, int64_t N) {
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (j >= N) return;
+  const uint8_t* row = w + j * row_bytes;
+  const int64_t nsb = K / 32;
+  float acc[T];
+  for (int t = 0; t < T; ++t)
+    acc[t] = 0.0f;
+  int8_t q[32];
+  float a[2], b[2];
+  for (int64_t sb = lane; sb < nsb; sb += 32) {
+    unpack32(type, row, sb, q, a, b);
+    for (int t = 0; t < T; ++t)
+      acc[t] += dot32(q, a, b, xq[t * nsb + sb]);
+  }
+  for (int t = 0; t < T; ++t) {
+    const float r = warp_sum(acc[t]);
+    if (lane == 0) y[t * N + j] = r;
+  }
+}
+
 __global__ void k_dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows,
                                void* out, uint32_t out_type) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -366,6 +396,42 @@ void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, fl
       const int32_t n = T - t0 < 8 ? T - t0 : 8;
       gemv(type, w, row_bytes, x + static_cast<int64_t>(t0) * K, y + static_cast<int64_t>(t0) * N, K, N, n,
            s);
+    }
+  }
+}
+
+void quantize_acts(const float* x, void* xq, int64_t n_blocks, cudaStream_t s) {
+  if (n_blocks == 0) return;
+  k_quantize_acts<<<blocks_for(n_blocks), k_threads, 0, s>>>(x, static_cast<Q8Block*>(xq), n_blocks);
+}
+
+size_t q8_block_bytes() {
+  return sizeof(Q8Block);
+}
+
+void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* xq, float* y, int64_t K,
+               int64_t N, int32_t T, cudaStream_t s) {
+  if (N == 0 || T == 0) return;
+  const unsigned grid = blocks_for(N * 32);
+  const auto* x = static_cast<const Q8Block*>(xq);
+  switch (T) {
+#define LOOM_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    k_gemv_int8<n><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x, y, K, N);                               \
+    break;
+    LOOM_GEMV_CASE(1)
+    LOOM_GEMV_CASE(2)
+    LOOM_GEMV_CASE(3)
+    LOOM_GEMV_CASE(4)
+    LOOM_GEMV_CASE(5)
+    LOOM_GEMV_CASE(6)
+    LOOM_GEMV_CASE(7)
+    LOOM_GEMV_CASE(8)
+#undef LOOM_GEMV_CASE
+  default:
+    for (int32_t t0 = 0; t0 < T; t0 += 8) {
+      const int32_t n = T - t0 < 8 ? T - t0 : 8;
+      gemv_int8(type, w, row_bytes, x + t0 * (K / 32), y + static_cast<int64_t>(t0) * N, K, N, n, s);
     }
   }
 }

@@ -34,6 +34,13 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 // y[t][j] = Σ_k w[j][k] · x[t][k] for T ≤ 8 rows of x: one warp per output j (weights of any readable type).
 void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, float* y, int64_t K, int64_t N,
           int32_t T, cudaStream_t s);
+// x [n_blocks · 32] f32 as int8 blocks of 32 with a scale (Q8Block, quant_device.hpp) in xq.
+void quantize_acts(const float* x, void* xq, int64_t n_blocks, cudaStream_t s);
+size_t q8_block_bytes();
+// y[t][j] = Σ_k w[j][k] · x[t][k] on the activations quantized by quantize_acts (K / 32 blocks per row of x),
+// integer sums (dp4a) per half sub-block, for T ≤ 8 rows: one warp per output j. Quantized weight types only.
+void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* xq, float* y, int64_t K,
+               int64_t N, int32_t T, cudaStream_t s);
 // Rows [j0, j0 + rows) of a weight (any readable type) as f32, f16 or bf16 (out_type 0, 1, 30), K per row.
 void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,
                   uint32_t out_type, cudaStream_t s);

@@ -380,3 +380,198 @@ LOOM_HD void quant32_q8_0(const float* x, uint8_t* out) {
 }
 
 } // namespace loom::cuda
+
+namespace loom::cuda {
+
+// ---- integer products: a weight sub-block as int8 values and per-16 affine steps ----
+
+// Values [32·sb, 32·sb + 32) of a quantized row as y[l] = a[l / 16] · w[l] − b[l / 16] with integer w[l] in
+// int8 (exactly dequant32's values: the same float steps), so that a dot product with activations quantized
+// to int8 (x[l] ≈ dx · q[l]) is a[h] · dx · Σ w·q − b[h] · dx · Σ q per half h — integer sums (dp4a).
+// False for the plain types (f32, f16, bf16), which have no such form.
+LOOM_HD bool unpack32(uint32_t t, const uint8_t* row, int64_t sb, int8_t* w, float* a, float* b) {
+  a[0] = a[1] = 0.0f;
+  b[0] = b[1] = 0.0f;
+  switch (t) {
+  case qt_q4_0: {
+    const uint8_t* p = row + 18 * sb;
+    a[0] = a[1] = load_half(p);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<int8_t>((p[2 + j] & 0x0F) - 8);
+      w[j + 16] = static_cast<int8_t>((p[2 + j] >> 4) - 8);
+    }
+    return true;
+  }
+  case qt_q4_1: {
+    const uint8_t* p = row + 20 * sb;
+    a[0] = a[1] = load_half(p);
+    b[0] = b[1] = -load_half(p + 2);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<int8_t>(p[4 + j] & 0x0F);
+      w[j + 16] = static_cast<int8_t>(p[4 + j] >> 4);
+    }
+    return true;
+  }
+  case qt_q5_0:
+  case qt_q5_1: {
+    const bool one = t == qt_q5_1;
+    const uint8_t* p = row + (one ? 24 : 22) * sb;
+    a[0] = a[1] = load_half(p);
+    if (one) b[0] = b[1] = -load_half(p + 2);
+    const uint32_t qh = load_u32(p + (one ? 4 : 2));
+    const uint8_t* qs = p + (one ? 8 : 6);
+    const int off = one ? 0 : 16;
+    for (int j = 0; j < 16; ++j) {
+      const int xh0 = static_cast<int>(((qh >> j) << 4) & 0x10);
+      const int xh1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+      w[j] = static_cast<int8_t>(((qs[j] & 0x0F) | xh0) - off);
+      w[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | xh1) - off);
+    }
+    return true;
+  }
+  case qt_q8_0: {
+    const uint8_t* p = row + 34 * sb;
+    a[0] = a[1] = load_half(p);
+    for (int j = 0; j < 32; ++j)
+      w[j] = static_cast<int8_t>(p[2 + j]);
+    return true;
+  }
+  case qt_iq4_nl: {
+    const uint8_t* p = row + 18 * sb;
+    a[0] = a[1] = load_half(p);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = iq4nl_value(p[2 + j] & 0xF);
+      w[j + 16] = iq4nl_value(p[2 + j] >> 4);
+    }
+    return true;
+  }
+  default:
+    break;
+  }
+  const int g = static_cast<int>(sb % 8);
+  const int64_t blk = sb / 8;
+  switch (t) {
+  case qt_q2_k: {
+    const uint8_t* p = row + 84 * blk;
+    const float d = load_half(p + 80), dmin = load_half(p + 82);
+    const int h = g / 4, j = g % 4;
+    for (int s = 0; s < 2; ++s) {
+      const int sc = p[8 * h + 2 * j + s];
+      a[s] = d * static_cast<float>(sc & 0xF);
+      b[s] = dmin * static_cast<float>(sc >> 4);
+      const uint8_t* q = p + 16 + 32 * h + 16 * s;
+      for (int l = 0; l < 16; ++l)
+        w[16 * s + l] = static_cast<int8_t>((q[l] >> (2 * j)) & 3);
+    }
+    return true;
+  }
+  case qt_q3_k: {
+    const uint8_t* p = row + 110 * blk;
+    const float d = load_half(p + 108);
+    const int h = g / 4, j = g % 4, bit = 4 * h + j;
+    for (int s = 0; s < 2; ++s) {
+      a[s] = d * static_cast<float>(q3_k_scale(p + 96, 8 * h + 2 * j + s));
+      const uint8_t* q = p + 32 + 32 * h + 16 * s;
+      const uint8_t* m = p + 16 * s;
+      for (int l = 0; l < 16; ++l)
+        w[16 * s + l] = static_cast<int8_t>(((q[l] >> (2 * j)) & 3) - (((m[l] >> bit) & 1) ? 0 : 4));
+    }
+    return true;
+  }
+  case qt_q4_k:
+  case qt_q5_k: {
+    const bool five = t == qt_q5_k;
+    const uint8_t* p = row + (five ? 176 : 144) * blk;
+    const float d = load_half(p), dmin = load_half(p + 2);
+    int sc = 0, mn = 0;
+    scale_min_k4(g, p + 4, sc, mn);
+    a[0] = a[1] = d * static_cast<float>(sc);
+    b[0] = b[1] = dmin * static_cast<float>(mn);
+    const uint8_t* ql = p + (five ? 48 : 16) + 32 * (g / 2);
+    for (int l = 0; l < 32; ++l) {
+      int v = g % 2 == 0 ? (ql[l] & 0xF) : (ql[l] >> 4);
+      if (five) v |= ((p[16 + l] >> g) & 1) << 4;
+      w[l] = static_cast<int8_t>(v);
+    }
+    return true;
+  }
+  case qt_q6_k: {
+    const uint8_t* p = row + 210 * blk;
+    const float d = load_half(p + 208);
+    const int n = g / 4, q = g % 4;
+    const uint8_t* ql = p + 64 * n + (q % 2) * 32;
+    const uint8_t* qh = p + 128 + 32 * n;
+    const auto* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * n);
+    a[0] = d * static_cast<float>(sc[2 * q]);
+    a[1] = d * static_cast<float>(sc[1 + 2 * q]);
+    for (int l = 0; l < 32; ++l) {
+      const int lo = q < 2 ? (ql[l] & 0xF) : (ql[l] >> 4);
+      w[l] = static_cast<int8_t>((lo | (((qh[l] >> (2 * q)) & 3) << 4)) - 32);
+    }
+    return true;
+  }
+  case qt_iq4_xs: {
+    const uint8_t* p = row + 136 * blk;
+    const float d = load_half(p);
+    const uint16_t sh = load_u16(p + 2);
+    const int ls = ((p[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4);
+    a[0] = a[1] = d * static_cast<float>(ls - 32);
+    const uint8_t* qs = p + 8 + 16 * g;
+    for (int j = 0; j < 16; ++j) {
+      w[j] = iq4nl_value(qs[j] & 0xF);
+      w[j + 16] = iq4nl_value(qs[j] >> 4);
+    }
+    return true;
+  }
+  default:
+    return false;
+  }
+}
+
+// 32 activations as int8 with one scale (amax / 127, round half away from zero): x[l] ≈ d · q[l]; s[h] = the
+// sum of the q of half h (the offsets' terms).
+struct Q8Block {
+  float d = 0.0f;
+  int32_t s[2] = {0, 0};
+  int8_t q[32] = {};
+};
+LOOM_HD void quantize_q8(const float* x, Q8Block& o) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j)
+    amax = fmaxf(amax, fabsf(x[j]));
+  o.d = amax / 127.0f;
+  const float id = o.d != 0.0f ? 1.0f / o.d : 0.0f;
+  o.s[0] = o.s[1] = 0;
+  for (int j = 0; j < 32; ++j) {
+    o.q[j] = static_cast<int8_t>(lroundf(x[j] * id));
+    o.s[j / 16] += o.q[j];
+  }
+}
+
+// Σ_l w[l] · q[l] over [16·h, 16·h + 16): four bytes at a time (dp4a on the device).
+LOOM_HD int32_t dot16(const int8_t* w, const int8_t* q) {
+  int32_t s = 0;
+#ifdef __CUDA_ARCH__
+  for (int k = 0; k < 16; k += 4) {
+    int wa, qa;
+    memcpy(&wa, w + k, 4);
+    memcpy(&qa, q + k, 4);
+    s = __dp4a(wa, qa, s);
+  }
+#else
+  for (int k = 0; k < 16; ++k)
+    s += static_cast<int32_t>(w[k]) * static_cast<int32_t>(q[k]);
+#endif
+  return s;
+}
+
+// The sub-block's contribution to a dot product with quantized activations x (unpack32's form).
+LOOM_HD float dot32(const int8_t* w, const float* a, const float* b, const Q8Block& x) {
+  float r = 0.0f;
+  for (int h = 0; h < 2; ++h)
+    r += x.d *
+         (a[h] * static_cast<float>(dot16(w + 16 * h, x.q + 16 * h)) - b[h] * static_cast<float>(x.s[h]));
+  return r;
+}
+
+} // namespace loom::cuda

@@ -68,3 +68,62 @@ TEST(CudaFormats, HalfAndBf16ConversionsMatchTheSdk) {
 }
 
 } // namespace
+
+namespace {
+
+// The integer form of every quantized type: a·w − b is dequant32's value exactly, and a dot product on
+// activations quantized to int8 equals the float dot product of the dequantized weights with the
+// dequantized activations (up to float rounding), and the true one within the 8-bit rounding.
+TEST(CudaFormats, IntegerFormOfEveryQuantizedTypeIsItsValues) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 512;
+  int checked = 0;
+  for (const auto& [id, tr] : dtype_detail::k_types) {
+    const auto t = static_cast<DType>(id);
+    if (!tr.can_dequantize) continue;
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    std::vector<float> wf(n), x(n), deq(n);
+    for (auto& v : wf)
+      v = nd(rng) * 0.1f;
+    for (auto& v : x)
+      v = nd(rng);
+    std::vector<uint8_t> row(row_bytes(t, n));
+    quantize_row(t, wf.data(), row.data(), n);
+    dequantize_row(t, row.data(), deq.data(), n);
+    int8_t w[32];
+    float a[2], b[2];
+    if (!cuda::unpack32(id, row.data(), 0, w, a, b)) {
+      EXPECT_TRUE(id == 0 || id == 1 || id == 30) << "only the plain types have no integer form";
+      continue;
+    }
+    double got = 0, want_q = 0, want = 0, mag = 0;
+    for (int64_t sb = 0; sb < n / 32; ++sb) {
+      ASSERT_TRUE(cuda::unpack32(id, row.data(), sb, w, a, b));
+      for (int l = 0; l < 32; ++l)
+        ASSERT_EQ(a[l / 16] * static_cast<float>(w[l]) - b[l / 16], deq[static_cast<size_t>(32 * sb + l)])
+            << "value " << 32 * sb + l;
+      cuda::Q8Block q;
+      cuda::quantize_q8(x.data() + 32 * sb, q);
+      got += static_cast<double>(cuda::dot32(w, a, b, q));
+      for (int l = 0; l < 32; ++l) {
+        const double dv = deq[static_cast<size_t>(32 * sb + l)];
+        want_q += dv * static_cast<double>(q.d) * q.q[l];
+        want += dv * static_cast<double>(x[static_cast<size_t>(32 * sb + l)]);
+        mag += std::fabs(dv * static_cast<double>(x[static_cast<size_t>(32 * sb + l)]));
+      }
+      EXPECT_EQ(q.s[0] + q.s[1], [&] {
+        int s = 0;
+        for (int l = 0; l < 32; ++l)
+          s += q.q[l];
+        return s;
+      }());
+    }
+    EXPECT_NEAR(got, want_q, 1e-5 * (mag + 1.0)) << "integer sums, then a few float steps";
+    EXPECT_NEAR(got, want, 2e-2 * (mag + 1.0)) << "activations rounded to 8 bits";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 12);
+}
+
+} // namespace
