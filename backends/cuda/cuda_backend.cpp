@@ -256,6 +256,9 @@ public:
       fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
     };
     const KvPool pool = kv.pool() ? pool_of(kv.pool(), kv.layout()) : KvPool{};
+    int32_t max_keys = 1; // the longest span any row attends (at most: its position + 1)
+    for (const Pos p : b.positions)
+      max_keys = std::max<int32_t>(max_keys, p + 1);
     rope_used_ = 0; // (the tables' device memory is kept between computes)
 
     for (const Node& n : g.nodes) {
@@ -309,7 +312,10 @@ public:
         a.window = p.window;
         a.softcap = p.softcap;
         a.sinks = p.sinks;
-        attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, dst, stream_);
+        const size_t sb = attention_scratch_bytes(T, p.n_head, p.head_dim, max_keys);
+        attn_scratch_.reserve(std::max<size_t>(sb, 1));
+        attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, max_keys,
+                  sb ? attn_scratch_.as<float>() : nullptr, dst, stream_);
         break;
       }
       case OpKind::swiglu:
@@ -593,7 +599,7 @@ private:
   // by host bytes, type, shape and use (a view of a fused tensor starts where its parent does)
   using LazyKey = std::tuple<const void*, uint32_t, std::array<int64_t, 4>, uint32_t>;
   std::map<LazyKey, DeviceWeight> lazy_;
-  DeviceMem inputs_, arena_, scratch_, dev_logits_;
+  DeviceMem inputs_, arena_, scratch_, dev_logits_, attn_scratch_;
   size_t arena_used_ = 0, scratch_used_ = 0;
   std::vector<RopeCache> rope_cache_; // [0, rope_used_): this compute's tables
   size_t rope_used_ = 0;

@@ -4,6 +4,7 @@
 #include "kernels.cuh"
 #include "quant_device.hpp"
 
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -228,16 +229,22 @@ __global__ void k_kv_write(KvPool kv, int32_t layer, const float* k, const float
   }
 }
 
-// One block of k_attn_warps warps per (token, head): the warps take the span's keys in turn, each with an
-// online softmax (running max, sum, output in registers: lane l holds dims l, l + 32, …), then the warps'
-// partial results are merged. Rows outside each query's span are never read.
+// One block of k_attn_warps warps per (token, head, split): the split's share of the query's span (split-K,
+// as flash-decoding: a batch of few tokens still fills the device) is taken by the warps in turn, each with
+// an online softmax (running max, sum, output in registers: lane l holds dims l, l + 32, …), then the
+// warps' partial results are merged — into the output (one split) or into `part` (max, sum, unnormalized
+// output per split; k_attn_combine merges them). Rows outside each query's span are never read.
 constexpr int k_attn_warps = 4;
-constexpr int k_attn_dims = 8; // per lane: head_dim ≤ 256
+constexpr int k_attn_dims = 8;    // per lane: head_dim ≤ 256
+constexpr int k_attn_fill = 264;  // blocks that keep every SM of an H100/H200 busy (2 × 132)
+constexpr int k_attn_splits = 32; // at most
+constexpr int k_attn_chunk = 256; // keys per split at least
 
 __global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t* pos, const int32_t* row_seq,
-                            const int32_t* tables, int32_t stride, float* out) {
+                            const int32_t* tables, int32_t stride, float* out, float* part) {
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
+  const int split = static_cast<int>(blockIdx.z), n_split = static_cast<int>(gridDim.z);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = a.head_dim, hk = h / (a.n_head / a.n_head_kv);
   const float* qh = q + (t * a.n_head + h) * D;
@@ -253,8 +260,10 @@ __global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t
   const int32_t sink_end = a.window > 0 ? min(max(a.sinks, 0), first) : 0;
   const int32_t count = sink_end + (p - first + 1);
   const int32_t* table = tables + static_cast<int64_t>(row_seq[t]) * stride;
+  const int32_t chunk = (count + n_split - 1) / n_split;
+  const int32_t c0 = split * chunk, c1 = min(count, c0 + chunk);
   float m = -INFINITY, l = 0.0f;
-  for (int32_t c = warp; c < count; c += k_attn_warps) {
+  for (int32_t c = c0 + warp; c < c1; c += k_attn_warps) {
     const int32_t j = c < sink_end ? c : first + (c - sink_end);
     const int32_t blk = table[j / kv.block_size];
     const uint8_t* kr = pool_row(kv, a.layer, 0, blk, j % kv.block_size);
@@ -294,15 +303,55 @@ __global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t
     f[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
     L += sl[w] * f[w];
   }
-  float* o = out + (t * a.n_head + h) * D;
+  float* o =
+      n_split == 1 ? out + (t * a.n_head + h) * D : part + ((t * a.n_head + h) * n_split + split) * (D + 2);
+  if (n_split > 1 && lane == 0) {
+    o[0] = M;
+    o[1] = L;
+  }
   for (int i = 0; i < k_attn_dims; ++i) {
     const int d = lane + 32 * i;
     if (d >= D) continue;
     float v = 0.0f;
     for (int w = 0; w < k_attn_warps; ++w)
       v += sacc[w][d] * f[w];
-    o[d] = v / L;
+    if (n_split == 1)
+      o[d] = v / L;
+    else
+      o[2 + d] = v;
   }
+}
+
+// The splits of one (token, head) merged: out = Σ_s acc_s · e^(M_s − M) / Σ_s L_s · e^(M_s − M).
+__global__ void k_attn_combine(AttnArgs a, int32_t n_split, const float* part, float* out) {
+  const int64_t t = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y);
+  const int D = a.head_dim;
+  const float* p = part + (t * a.n_head + h) * n_split * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < n_split; ++s)
+    M = fmaxf(M, p[s * (D + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < n_split; ++s) {
+    const float ms = p[s * (D + 2)];
+    L += ms == -INFINITY ? 0.0f : p[s * (D + 2) + 1] * expf(ms - M);
+  }
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < n_split; ++s) {
+      const float ms = p[s * (D + 2)];
+      if (ms != -INFINITY) v += p[s * (D + 2) + 2 + d] * expf(ms - M);
+    }
+    out[(t * a.n_head + h) * D + d] = v / L;
+  }
+}
+
+int attn_splits(int64_t T, int32_t n_head, int32_t max_keys) {
+  const int64_t blocks = T * n_head;
+  if (blocks >= k_attn_fill) return 1;
+  const int64_t want = (k_attn_fill + blocks - 1) / blocks,
+                by_keys = (max_keys + k_attn_chunk - 1) / k_attn_chunk;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, by_keys, k_attn_splits})));
 }
 
 __global__ void k_kv_copy(KvPool kv, int64_t src, int64_t dst, int64_t bytes) {
@@ -461,12 +510,21 @@ void kv_write(const KvPool& kv, int32_t layer, const float* k, const float* v, c
   k_kv_write<<<blocks_for(2 * T * per_row), k_threads, 0, s>>>(kv, layer, k, v, slots, T);
 }
 
+size_t attention_scratch_bytes(int64_t T, int32_t n_head, int32_t head_dim, int32_t max_keys) {
+  const int n = attn_splits(T, n_head, max_keys);
+  return n == 1 ? 0 : static_cast<size_t>(T * n_head * n) * static_cast<size_t>(head_dim + 2) * sizeof(float);
+}
+
 void attention(const KvPool& kv, const AttnArgs& a, const float* q, const int32_t* pos,
-               const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, float* out,
-               cudaStream_t s) {
+               const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, int32_t max_keys,
+               float* scratch, float* out, cudaStream_t s) {
   if (T == 0) return;
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head));
-  k_attention<<<grid, 32 * k_attn_warps, 0, s>>>(kv, a, q, pos, row_seq, tables, stride, out);
+  const int n_split = scratch ? attn_splits(T, a.n_head, max_keys) : 1;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_split));
+  k_attention<<<grid, 32 * k_attn_warps, 0, s>>>(kv, a, q, pos, row_seq, tables, stride, out, scratch);
+  if (n_split > 1)
+    k_attn_combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head)), 128, 0, s>>>(
+        a, n_split, scratch, out);
 }
 
 void kv_copy(const KvPool& kv, int64_t src, int64_t dst, int32_t n, cudaStream_t s) {

@@ -53,10 +53,14 @@ void rope(const float* x, float* y, const float* cs, const float* sn, int64_t D,
 void kv_write(const KvPool& kv, int32_t layer, const float* k, const float* v, const int64_t* slots,
               int64_t T, cudaStream_t s);
 // Attention of q [T][n_head][head_dim] over each row's sequence (its block table) into out, same shape.
-// pos [T], row_seq [T], tables [n_seqs][stride]; head_dim ≤ 256.
+// pos [T], row_seq [T], tables [n_seqs][stride]; head_dim ≤ 256. A batch of few tokens splits each span
+// (max_keys: the longest, at most) over several blocks and merges them, when `scratch` holds
+// attention_scratch_bytes(T, n_head, head_dim, max_keys) (null: no split).
+size_t attention_scratch_bytes(int64_t T, int32_t n_head, int32_t head_dim, int32_t max_keys);
 void attention(const KvPool& kv, const AttnArgs& a, const float* q, const int32_t* pos,
-               const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, float* out,
-               cudaStream_t s);
+               const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, int32_t max_keys,
+               float* scratch, float* out, cudaStream_t s);
+
 // Block copies on the pool: positions [0, n) of block src to block dst, K and V of every layer.
 void kv_copy(const KvPool& kv, int64_t src, int64_t dst, int32_t n, cudaStream_t s);
 

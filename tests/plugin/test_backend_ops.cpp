@@ -126,8 +126,9 @@ struct Harness {
   }
 };
 
-std::unique_ptr<KVCacheStore> store(int32_t n_head_kv, int32_t head_dim, DType dt = DType::f32) {
-  KVShape s{1, n_head_kv, head_dim, 256, 2, dt};
+std::unique_ptr<KVCacheStore> store(int32_t n_head_kv, int32_t head_dim, DType dt = DType::f32,
+                                    int32_t n_ctx = 256) {
+  KVShape s{1, n_head_kv, head_dim, n_ctx, 2, dt};
   s.block_size = 4;
   return make_paged_kv_cache(s);
 }
@@ -364,6 +365,38 @@ TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
                            squeezed[i].tokens.begin()));
   }
   EXPECT_GT(paged->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
+}
+
+// A long span read by one token (decode at depth): a device backend splits it over several blocks and
+// merges them (split-K); causal and a window with sinks, f16 and q8_0 KV.
+TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
+  LOOM_BACKEND_OR_SKIP(m);
+  auto ref = make_reference_backend();
+  for (const DType dt : {DType::f16, DType::q8_0})
+    for (const int32_t window : {0, 300}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " window=" + std::to_string(window));
+      auto be = under_test().be;
+      auto kv_ref = store(2, 64, dt, 1024), kv_be = store(2, 64, dt, 1024);
+      AttentionParams p{0, 8, 2, 64, 0.125f, window, 0.0f};
+      p.sinks = window > 0 ? 4 : 0;
+      Rand r(5);
+      std::vector<std::unique_ptr<Harness>> kept;
+      int32_t done = 0;
+      for (const int32_t T : {600, 1, 1}) { // the decodes: 601 and 602 keys, three splits (window: two)
+        Harness& h = *kept.emplace_back(std::make_unique<Harness>(T));
+        for (int32_t i = 0; i < T; ++i)
+          h.pos[static_cast<size_t>(i)] = done + i;
+        const int32_t q = h.input(r, {64, 8, T, 1});
+        const int32_t k = h.input(r, {64, 2, T, 1});
+        const int32_t v = h.input(r, {64, 2, T, 1});
+        Node an;
+        an.attn = p;
+        const int32_t out = h.op(OpKind::attention, q, k, {64 * 8, T, 1, 1}, an, v);
+        expect_close(h.run(*ref, *kv_ref, out), h.run(*be, *kv_be, out), 1e-4,
+                     "batch of " + std::to_string(T));
+        done += T;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::Values("reference_plugin", "cpu", "cuda"),
