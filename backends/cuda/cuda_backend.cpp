@@ -99,6 +99,7 @@ public:
   ~CudaBackendImpl() override {
     cudaSetDevice(o_.device); // (no throw here)
     if (stream_) cudaStreamSynchronize(stream_);
+    clear_graphs();
     weights_.clear();
     lazy_.clear();
     if (staging_) cudaFreeHost(staging_);
@@ -261,102 +262,137 @@ public:
       max_keys = std::max<int32_t>(max_keys, p + 1);
     rope_used_ = 0; // (the tables' device memory is kept between computes)
 
-    for (const Node& n : g.nodes) {
-      const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
-      float* dst = act(n.dst);
-      const auto src_t = [&](int k) -> const TensorDesc& { return g.tensors[static_cast<size_t>(n.src[k])]; };
-      // An element-wise operand as f32 on the device (a weight's f32 copy, or an activation).
-      const auto vec = [&](int k) -> const float* {
-        const TensorDesc& t = src_t(k);
-        if (t.kind == TensorKind::weight) return weight(t, weight_use_vector).f32.as<float>();
-        return act(n.src[k]);
-      };
-      switch (n.op) {
-      case OpKind::get_rows: {
-        const TensorDesc& s = src_t(0);
-        const int32_t* idx = ints(n.src[1]);
-        const auto k = static_cast<int64_t>(g.tensors[static_cast<size_t>(n.src[1])].ne[0]);
-        if (s.kind == TensorKind::weight) {
-          const DeviceWeight& w = weight(s, weight_use_rows);
-          get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, s.ne[0], idx, k, dst, stream_);
-        } else {
-          get_rows(qt_f32, reinterpret_cast<const uint8_t*>(act(n.src[0])), s.ne[0] * 4, s.ne[0], idx, k, dst,
-                   stream_);
+    // Every node's launches; the host work they need (weights, RoPE tables, buffers) is done by an eager
+    // run of the same shape first, so that a replayed CUDA graph of them finds it all in place.
+    const auto walk = [&] {
+      for (const Node& n : g.nodes) {
+        const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+        float* dst = act(n.dst);
+        const auto src_t = [&](int k) -> const TensorDesc& {
+          return g.tensors[static_cast<size_t>(n.src[k])];
+        };
+        // An element-wise operand as f32 on the device (a weight's f32 copy, or an activation).
+        const auto vec = [&](int k) -> const float* {
+          const TensorDesc& t = src_t(k);
+          if (t.kind == TensorKind::weight) return weight(t, weight_use_vector).f32.as<float>();
+          return act(n.src[k]);
+        };
+        switch (n.op) {
+        case OpKind::get_rows: {
+          const TensorDesc& s = src_t(0);
+          const int32_t* idx = ints(n.src[1]);
+          const auto k = static_cast<int64_t>(g.tensors[static_cast<size_t>(n.src[1])].ne[0]);
+          if (s.kind == TensorKind::weight) {
+            const DeviceWeight& w = weight(s, weight_use_rows);
+            get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, s.ne[0], idx, k, dst, stream_);
+          } else {
+            get_rows(qt_f32, reinterpret_cast<const uint8_t*>(act(n.src[0])), s.ne[0] * 4, s.ne[0], idx, k,
+                     dst, stream_);
+          }
+          break;
         }
-        break;
-      }
-      case OpKind::rms_norm: {
-        const TensorDesc& s = src_t(0);
-        rms_norm(act(n.src[0]), n.src[1] >= 0 ? vec(1) : nullptr, dst, s.n_rows(), s.ne[0], n.eps, stream_);
-        break;
-      }
-      case OpKind::matmul:
-        matmul(g, n, act(n.src[1]), dst);
-        break;
-      case OpKind::rope: {
-        const TensorDesc& s = src_t(0);
-        const auto [cs, sn] = rope_tables(g, n, b.positions);
-        rope(act(n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
-        break;
-      }
-      case OpKind::attention: {
-        LOOM_ASSERT(pool.data != nullptr, "attention without a KV pool");
-        const AttentionParams& p = n.attn;
-        kv_write(pool, p.layer, act(n.src[1]), act(n.src[2]), d_slot, T, stream_);
-        AttnArgs a;
-        a.layer = p.layer;
-        a.n_head = p.n_head;
-        a.n_head_kv = p.n_head_kv;
-        a.head_dim = p.head_dim;
-        a.scale = p.scale;
-        a.window = p.window;
-        a.softcap = p.softcap;
-        a.sinks = p.sinks;
-        const size_t sb = attention_scratch_bytes(T, p.n_head, p.head_dim, max_keys);
-        attn_scratch_.reserve(std::max<size_t>(sb, 1));
-        attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, max_keys,
-                  sb ? attn_scratch_.as<float>() : nullptr, dst, stream_);
-        break;
-      }
-      case OpKind::swiglu:
-        binary(Binary::swiglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
-        break;
-      case OpKind::geglu:
-        binary(Binary::geglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
-        break;
-      case OpKind::add:
-        binary(Binary::add, act(n.src[0]), vec(1), dst, d.n_elements(), src_t(1).n_elements(), stream_);
-        break;
-      case OpKind::mul:
-        binary(Binary::mul, act(n.src[0]), vec(1), dst, d.n_elements(),
-               src_t(1).n_rows() == 1 ? d.ne[0] : src_t(1).n_elements(), stream_);
-        break;
-      case OpKind::scale:
-        unary(Unary::scale, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
-        break;
-      case OpKind::softcap:
-        unary(Unary::softcap, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
-        break;
-      case OpKind::softmax:
-        softmax(act(n.src[0]), dst, d.n_rows(), d.ne[0], stream_);
-        break;
-      case OpKind::copy: {
-        const TensorDesc& s = src_t(0);
-        if (s.kind == TensorKind::weight) {
-          const DeviceWeight& w = weight(s, weight_use_rows);
-          get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, d.ne[0], nullptr, d.n_rows(), dst, stream_);
-        } else {
-          check(cudaMemcpyAsync(dst, act(n.src[0]), static_cast<size_t>(d.n_elements()) * 4,
-                                cudaMemcpyDeviceToDevice, stream_),
-                "copy");
+        case OpKind::rms_norm: {
+          const TensorDesc& s = src_t(0);
+          rms_norm(act(n.src[0]), n.src[1] >= 0 ? vec(1) : nullptr, dst, s.n_rows(), s.ne[0], n.eps, stream_);
+          break;
         }
-        break;
+        case OpKind::matmul:
+          matmul(g, n, act(n.src[1]), dst);
+          break;
+        case OpKind::rope: {
+          const TensorDesc& s = src_t(0);
+          const auto [cs, sn] = rope_tables(g, n, b.positions);
+          rope(act(n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
+          break;
+        }
+        case OpKind::attention: {
+          LOOM_ASSERT(pool.data != nullptr, "attention without a KV pool");
+          const AttentionParams& p = n.attn;
+          kv_write(pool, p.layer, act(n.src[1]), act(n.src[2]), d_slot, T, stream_);
+          AttnArgs a;
+          a.layer = p.layer;
+          a.n_head = p.n_head;
+          a.n_head_kv = p.n_head_kv;
+          a.head_dim = p.head_dim;
+          a.scale = p.scale;
+          a.window = p.window;
+          a.softcap = p.softcap;
+          a.sinks = p.sinks;
+          const size_t sb = attention_scratch_bytes(T, p.n_head, p.head_dim, max_keys);
+          attn_scratch_.reserve(std::max<size_t>(sb, 1));
+          attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, max_keys,
+                    sb ? attn_scratch_.as<float>() : nullptr, dst, stream_);
+          break;
+        }
+        case OpKind::swiglu:
+          binary(Binary::swiglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
+          break;
+        case OpKind::geglu:
+          binary(Binary::geglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
+          break;
+        case OpKind::add:
+          binary(Binary::add, act(n.src[0]), vec(1), dst, d.n_elements(), src_t(1).n_elements(), stream_);
+          break;
+        case OpKind::mul:
+          binary(Binary::mul, act(n.src[0]), vec(1), dst, d.n_elements(),
+                 src_t(1).n_rows() == 1 ? d.ne[0] : src_t(1).n_elements(), stream_);
+          break;
+        case OpKind::scale:
+          unary(Unary::scale, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
+          break;
+        case OpKind::softcap:
+          unary(Unary::softcap, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
+          break;
+        case OpKind::softmax:
+          softmax(act(n.src[0]), dst, d.n_rows(), d.ne[0], stream_);
+          break;
+        case OpKind::copy: {
+          const TensorDesc& s = src_t(0);
+          if (s.kind == TensorKind::weight) {
+            const DeviceWeight& w = weight(s, weight_use_rows);
+            get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, d.ne[0], nullptr, d.n_rows(), dst, stream_);
+          } else {
+            check(cudaMemcpyAsync(dst, act(n.src[0]), static_cast<size_t>(d.n_elements()) * 4,
+                                  cudaMemcpyDeviceToDevice, stream_),
+                  "copy");
+          }
+          break;
+        }
+        default:
+          fail(Errc::unsupported, "cuda", std::string("op ") + op_name(n.op) + " is not implemented");
+        }
+        check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
       }
-      default:
-        fail(Errc::unsupported, "cuda", std::string("op ") + op_name(n.op) + " is not implemented");
-      }
-      check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
+    };
+    // RoPE tables before any launch (their upload is host work; the walk then finds them).
+    for (const Node& n : g.nodes)
+      if (n.op == OpKind::rope) rope_tables(g, n, b.positions);
+    // Decode steps of a recurring shape replay a CUDA graph of the walk (captured the second time the
+    // shape comes with the same buffers: the first run is eager and makes every buffer the walk uses);
+    // anything that changes a launch's arguments is in the key.
+    GraphKey key;
+    const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0;
+    if (graphable) {
+      key.v = {g.id,
+               static_cast<uint64_t>(T),
+               static_cast<uint64_t>(b.output_rows.size()),
+               static_cast<uint64_t>(kv.table_stride()),
+               static_cast<uint64_t>(kv.n_seqs()),
+               static_cast<uint64_t>(attention_scratch_bytes(T, 1, 1, max_keys)),
+               reinterpret_cast<uint64_t>(pool.data),
+               static_cast<uint64_t>(pool.dtype),
+               static_cast<uint64_t>(pool.n_blocks),
+               static_cast<uint64_t>(pool.block_size),
+               reinterpret_cast<uint64_t>(arena_.p),
+               reinterpret_cast<uint64_t>(scratch_.p),
+               reinterpret_cast<uint64_t>(attn_scratch_.p),
+               reinterpret_cast<uint64_t>(inputs_.p)};
+      for (size_t r = 0; r < rope_used_; ++r)
+        key.v.push_back(reinterpret_cast<uint64_t>(rope_cache_[r].mem.p));
+      for (int32_t h : {1, 2, 4, 8, 16, 32, 64}) // the attention launches' split counts
+        key.v.push_back(static_cast<uint64_t>(attention_scratch_bytes(T, h, 1, max_keys)));
     }
+    if (!graphable || !replay_or_capture(key, walk)) walk();
     const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(n_logits >= n_out, "logits buffer too small");
@@ -368,6 +404,57 @@ public:
   }
 
 private:
+  struct GraphKey {
+    std::vector<uint64_t> v;
+    bool operator<(const GraphKey& o) const { return v < o.v; }
+  };
+  struct GraphState {
+    int runs = 0;
+    bool failed = false;
+    cudaGraphExec_t exec = nullptr;
+  };
+  // Replays the graph of `key`, or captures it (second sighting) and replays it; false: run eagerly.
+  template <class Walk> bool replay_or_capture(const GraphKey& key, const Walk& walk) {
+    if (graphs_.size() >= 64 && !graphs_.count(key)) clear_graphs(); // bounded
+    GraphState& st = graphs_[key];
+    if (st.exec) {
+      check(cudaGraphLaunch(st.exec, stream_), "cudaGraphLaunch");
+      return true;
+    }
+    if (st.failed || ++st.runs < 2) return false;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      cudaGetLastError();
+      st.failed = true;
+      return false;
+    }
+    try {
+      walk();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      st.failed = true;
+      return false; // (nothing ran: the eager walk follows)
+    }
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (e != cudaSuccess || !graph || cudaGraphInstantiate(&st.exec, graph, 0) != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      st.exec = nullptr;
+      st.failed = true;
+      return false;
+    }
+    cudaGraphDestroy(graph);
+    check(cudaGraphLaunch(st.exec, stream_), "cudaGraphLaunch");
+    return true;
+  }
+  void clear_graphs() noexcept {
+    for (auto& [k, st] : graphs_)
+      if (st.exec) cudaGraphExecDestroy(st.exec);
+    graphs_.clear();
+  }
+
   // The device is per-thread state of the CUDA runtime: every entry point binds ours (the engine may step
   // on another thread than the one that made the backend).
   void bind() const { check(cudaSetDevice(o_.device), "cudaSetDevice(" + std::to_string(o_.device) + ")"); }
@@ -601,6 +688,7 @@ private:
   std::map<LazyKey, DeviceWeight> lazy_;
   DeviceMem inputs_, arena_, scratch_, dev_logits_, attn_scratch_;
   size_t arena_used_ = 0, scratch_used_ = 0;
+  std::map<GraphKey, GraphState> graphs_;
   std::vector<RopeCache> rope_cache_; // [0, rope_used_): this compute's tables
   size_t rope_used_ = 0;
 };

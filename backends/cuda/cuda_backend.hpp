@@ -23,6 +23,8 @@ struct CudaOptions {
   // activations move logits enough to flip near-ties).
   bool exact_logits = true;
   size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
+  // Decode steps (≤ 8 rows) of a recurring shape replayed as CUDA graphs (one launch per step).
+  bool cuda_graphs = true;
 };
 
 // Whether a CUDA device can be used, and if not, why (one line; "" when it can).
