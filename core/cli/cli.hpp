@@ -72,5 +72,6 @@ int cmd_bench(const std::vector<std::string>& args);
 int bandwidth_probe(const po::variables_map& vm);
 int cmd_template(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
 
 } // namespace loom::cli

@@ -103,6 +103,7 @@ commands:
   explain    the sampler chain step by step: candidates and probabilities after each stage
   ab         A/B comparison of pipelines on the same prompts and seeds: speed and quality, with CIs
   chat       a conversation in the terminal under the model's chat template (/reset, /save, Ctrl-C)
+  serve      an OpenAI-compatible HTTP server (chat / completions, streaming, /metrics)
   template   render a chat template for a list of messages: exactly what the model is fed
 
 Run 'loom <command> --help' for the options of a command.
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(rest);
     if (cmd == "template") return cmd_template(rest);
     if (cmd == "chat") return cmd_chat(rest);
+    if (cmd == "serve") return cmd_serve(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;
   } catch (const UsageError& e) {

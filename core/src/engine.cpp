@@ -31,6 +31,7 @@ struct Engine::Request {
   std::function<std::unique_ptr<Decoder>()> make_decoder; // called at the first admission (stepping thread)
   std::unique_ptr<Decoder> decoder;
   std::function<void(RequestId, const GenerationResult&)> on_finish;
+  std::shared_ptr<const SequenceTemplate> sequence; // its own chain and stop rules (null: the pipeline's)
   bool started = false;
   bool cancelled = false;
   bool admitted = false;
@@ -108,6 +109,7 @@ RequestId Engine::submit(EngineRequest req) {
   r->t_submit = Clock::now();
   r->make_decoder = req.decoder ? std::move(req.decoder) : tmpl_.make_decoder;
   r->on_finish = std::move(req.on_finish);
+  r->sequence = std::move(req.sequence);
   std::lock_guard lock(mu_);
   r->id = next_id_++;
   // The session only keeps references here; the KV store is touched at admission (stepping thread).
@@ -253,7 +255,8 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
     DecodeSession& s = *head.session;
     const auto finish_now = [&](StopReason reason, std::string message) {
       if (!head.admitted && !s.exists(0)) try {
-          (void)s.open(tmpl_); // a sequence for the result, when there is room
+          (void)s.open(head.sequence ? *head.sequence
+                                     : tmpl_); // a sequence for the result, when there is room
         } catch (const std::exception&) {
           // (the result goes out without one: its error is already recorded)
         }
@@ -282,7 +285,7 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
     // request alone, with its KV given back, instead of escaping step() with the request still at the head.
     bool room = false;
     try {
-      room = head.admitted ? s.book().restore() : s.open(tmpl_);
+      room = head.admitted ? s.book().restore() : s.open(head.sequence ? *head.sequence : tmpl_);
     } catch (const std::exception& e) {
       head.failed(e.what());
       finish_now(StopReason::error, "");

@@ -100,6 +100,9 @@ struct EngineRequest {
   int32_t max_new_tokens = -1;
   StreamCallback on_text;
   std::function<std::unique_ptr<Decoder>()> decoder; // this request's decoder; empty = the pipeline's
+  // This request's sampler chain and stop rules (an API request's temperature, stop strings, …); null =
+  // the pipeline's. Start from Engine::request_template() to keep its end-of-generation tokens.
+  std::shared_ptr<const SequenceTemplate> sequence;
   // Called on the stepping thread when the request ends (besides step() returning it).
   std::function<void(RequestId, const GenerationResult&)> on_finish;
 };
@@ -149,6 +152,8 @@ public:
   size_t max_running() const noexcept { return scheduler_.max_running(); }
   void set_max_batch_tokens(int32_t n) { scheduler_.set_max_batch_tokens(n); }
   const EngineStats& stats() const noexcept { return stats_; }
+  // What a request gets when it names no decoder, chain or stop rules of its own.
+  const RequestTemplate& request_template() const noexcept { return tmpl_; }
   void reset_stats() noexcept { stats_ = {}; }
 
 private:

@@ -1,0 +1,77 @@
+// `loom serve`: an OpenAI-compatible HTTP server for one pipeline (serve.hpp).
+#include "cli.hpp"
+#include "loom/error.hpp"
+#include "serve.hpp"
+
+#include <cstdio>
+#include <filesystem>
+
+namespace loom::cli {
+
+int cmd_serve(const std::vector<std::string>& args) {
+  po::options_description desc("loom serve options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
+    ("host", po::value<std::string>()->default_value("127.0.0.1"), "address to listen on (0.0.0.0: every interface)")
+    ("port", po::value<int>()->default_value(8080), "port (0: any free port, printed at start)")
+    ("api-key", po::value<std::string>(), "require `Authorization: Bearer KEY` (also $LOOM_API_KEY)")
+    ("name", po::value<std::string>(), "the model name clients use (default: the file's stem)")
+    ("parallel", po::value<int>(), "requests in the running batch at most ([scheduler] max_sequences)")
+    ("max-body", po::value<long>()->default_value(8L << 20), "request body bytes at most")
+    ("max-connections", po::value<long>()->default_value(256), "connections served at once (more: 503)")
+    ("max-queue", po::value<long>()->default_value(512), "requests waiting at most (more: 503)")
+    ("timeout", po::value<int>()->default_value(10), "seconds a client has to send its request")
+    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom serve (-c PIPELINE.toml | -m MODEL.gguf) [--host 127.0.0.1] [--port 8080]\n"
+          "                  [--api-key KEY] [--name NAME] [--parallel N]\n"
+          "An OpenAI-compatible server on the batching engine: POST /v1/chat/completions, "
+          "/v1/completions\n(streamed with \"stream\": true), /tokenize, /detokenize; GET /v1/models, "
+          "/health, /metrics\n(Prometheus, vLLM's names). Binds localhost unless told otherwise; "
+          "SIGTERM drains."))
+    return k_exit_ok;
+  if (!vm.count("config") && !vm.count("model"))
+    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
+  PipelineConfig cfg = run_config_from_args(vm);
+  if (vm.count("parallel")) {
+    const int n = vm["parallel"].as<int>();
+    if (n < 1) throw UsageError("--parallel must be ≥ 1, got " + std::to_string(n));
+    cfg.scheduler.max_sequences = n;
+  }
+  serve::ServeOptions o;
+  o.host = vm["host"].as<std::string>();
+  const int port = vm["port"].as<int>();
+  if (port < 0 || port > 65535) throw UsageError("--port must be 0..65535, got " + std::to_string(port));
+  o.port = static_cast<uint16_t>(port);
+  if (vm.count("api-key"))
+    o.api_key = vm["api-key"].as<std::string>();
+  else if (const char* k = std::getenv("LOOM_API_KEY"))
+    o.api_key = k;
+  const auto positive = [&](const char* name) {
+    const long v = vm[name].as<long>();
+    if (v < 1) throw UsageError(std::string("--") + name + " must be ≥ 1, got " + std::to_string(v));
+    return static_cast<size_t>(v);
+  };
+  o.max_body = positive("max-body");
+  o.max_connections = positive("max-connections");
+  o.max_queue = positive("max-queue");
+  const int timeout = vm["timeout"].as<int>();
+  if (timeout < 1) throw UsageError("--timeout must be ≥ 1 second, got " + std::to_string(timeout));
+  o.header_timeout = std::chrono::seconds(timeout);
+  o.model_name =
+      vm.count("name") ? vm["name"].as<std::string>() : std::filesystem::path(cfg.model.path).stem().string();
+  auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
+  serve::Service service(std::move(pipeline), o);
+  return serve::run_server(service);
+}
+
+} // namespace loom::cli

@@ -1,0 +1,146 @@
+// `loom serve`: an OpenAI-compatible HTTP server on the batching engine (serve_http.cpp: the HTTP side,
+// serve_openai.cpp: requests → engine → responses, the metrics).
+//
+// One engine step loop per model (Service: a thread that steps while there is work); each connection is
+// served by a thread of its own that submits to the engine and waits for its request's text and result,
+// so the HTTP side never blocks the step loop. A client that goes away cancels its request: its KV is
+// freed in the next step.
+#pragma once
+
+#include "loom/chat.hpp"
+#include "loom/pipeline.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace loom::cli::serve {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  std::string api_key;                     // empty: no authentication
+  size_t max_body = size_t{8} << 20;       // request body bytes
+  size_t max_header = size_t{16} << 10;    // request header bytes
+  size_t max_connections = 256;            // served at once; more get 503
+  size_t max_queue = 512;                  // requests waiting in the engine; more get 503
+  int64_t max_n_tokens = int64_t{1} << 20; // n × max_tokens of one request
+  std::chrono::seconds header_timeout{10}; // a client must send its request within this
+  std::chrono::seconds idle_timeout{60};   // keep-alive: the next request within this
+  std::string model_name;                  // the `model` this server answers to
+};
+
+// What a waiting HTTP thread learns of its engine request.
+struct Job {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text; // streamed text not yet taken
+  bool done = false;
+  GenerationResult result;
+  RequestId id = 0;
+};
+
+// Latency histograms and counters in Prometheus' text format, under vLLM's names and `loom:`.
+class Metrics {
+public:
+  void finished(const GenerationResult& r, bool ok);
+  void http_error() noexcept { ++http_errors_; }
+  // The gauges are the service's snapshot (taken on the stepping thread).
+  std::string render(size_t running, size_t waiting, double kv_usage, size_t preemptions,
+                     const std::string& model) const;
+
+private:
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<uint64_t> counts; // per bound, then +Inf
+    double sum = 0;
+    uint64_t n = 0;
+    void add(double v);
+  };
+  mutable std::mutex mu_;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, success_ = 0, failed_ = 0;
+  std::atomic<uint64_t> http_errors_{0};
+  Histogram ttft_{
+      {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}, {}, 0, 0};
+  Histogram tpot_{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}, {}, 0, 0};
+  Histogram e2e_{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
+  Histogram queue_{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
+};
+
+// One model's engine and its step loop.
+class Service {
+public:
+  Service(std::unique_ptr<Pipeline> p, ServeOptions o);
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  Pipeline& pipeline() noexcept { return *p_; }
+  const ServeOptions& options() const noexcept { return o_; }
+  const chat::Template* chat_template() const noexcept { return tmpl_ ? &*tmpl_ : nullptr; }
+  Metrics& metrics() noexcept { return metrics_; }
+
+  // Submits a request; its text and result reach `job` (on the stepping thread). Throws loom::Error for a
+  // request the engine refuses.
+  RequestId submit(EngineRequest req, const std::shared_ptr<Job>& job);
+  void cancel(RequestId id) { p_->engine().cancel(id); }
+  size_t in_flight() const noexcept { return in_flight_.load(); }
+  // Gauges as of the last step.
+  struct Snapshot {
+    size_t running = 0, waiting = 0, preemptions = 0;
+    double kv_usage = 0;
+  };
+  Snapshot snapshot() const;
+  // Stops taking requests' steps once none is left (drain), then ends the loop.
+  void stop();
+
+private:
+  void loop();
+  std::unique_ptr<Pipeline> p_;
+  ServeOptions o_;
+  std::optional<chat::Template> tmpl_;
+  Metrics metrics_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> in_flight_{0};
+  mutable std::mutex snap_mu_;
+  Snapshot snap_;
+};
+
+// An HTTP response: status, JSON or text body, content type.
+struct Reply {
+  unsigned status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
+// OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
+Reply error_reply(unsigned status, const std::string& message,
+                  const std::string& type = "invalid_request_error", const std::string& param = "");
+
+// A streaming writer: writes one SSE event (`data: ...\n\n`); false when the client is gone.
+using EventSink = std::function<bool(const std::string& data)>;
+// Whether the client closed its side (polled while a request runs).
+using ClientGone = std::function<bool()>;
+
+// The endpoints. `stream` is non-null when the handler may stream (it then returns nullopt after writing
+// every event itself).
+std::optional<Reply> handle(Service& s, const std::string& method, const std::string& target,
+                            const std::string& body, const EventSink* stream, const ClientGone& gone,
+                            bool& wants_stream);
+
+// Runs the HTTP server until SIGINT / SIGTERM (then drains: stops accepting, lets the requests in flight
+// finish, returns 0).
+int run_server(Service& s);
+
+} // namespace loom::cli::serve

@@ -1,0 +1,237 @@
+// `loom serve`: the HTTP side on Boost.Beast — a listener, and a thread per connection (at most
+// max_connections; more get 503) that reads a request with limits on header and body size and on time
+// (a slow client cannot hold a slot), checks the API key in constant time, and writes the reply or the
+// stream of server-sent events. SIGINT / SIGTERM: stop accepting, let the requests in flight finish,
+// return.
+#include "serve.hpp"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <csignal>
+#include <cstdio>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+namespace loom::cli::serve {
+
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) {
+  g_stop = true;
+}
+
+// Constant-time comparison of the bearer token (a mismatch at the first byte takes as long as at the last).
+bool same_key(std::string_view a, std::string_view b) noexcept {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+void set_recv_timeout(int fd, std::chrono::seconds s) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(s.count());
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+// Whether the peer closed the connection (or it broke): polled while its request runs.
+bool peer_gone(int fd) {
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  if (p.revents & POLLIN) {
+    char c;
+    const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0; // (bytes waiting: a pipelined request, not a close)
+  }
+  return false;
+}
+
+void write_reply(tcp::socket& sock, unsigned version, bool keep_alive, const Reply& r,
+                 beast::error_code& ec) {
+  http::response<http::string_body> res{static_cast<http::status>(r.status), version};
+  res.set(http::field::server, "loom");
+  res.set(http::field::content_type, r.content_type);
+  res.keep_alive(keep_alive);
+  res.body() = r.body;
+  res.prepare_payload();
+  http::write(sock, res, ec);
+}
+
+void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
+  struct Done {
+    std::atomic<size_t>& live;
+    ~Done() { --live; }
+  } done{live};
+  const ServeOptions& o = s.options();
+  const int fd = sock.native_handle();
+  beast::flat_buffer buf;
+  bool first = true;
+  for (;;) {
+    if (!first) { // keep-alive: wait for the next request in slices, so that a drain need not wait for it
+      bool ready = false;
+      for (auto waited = std::chrono::milliseconds(0); waited < o.idle_timeout && !g_stop;
+           waited += std::chrono::milliseconds(200)) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 200) > 0) {
+          ready = true;
+          break;
+        }
+      }
+      if (!ready) break;
+    }
+    set_recv_timeout(fd, o.header_timeout);
+    first = false;
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(o.max_header));
+    parser.body_limit(o.max_body);
+    beast::error_code ec;
+    http::read_header(sock, buf, parser, ec);
+    if (ec == http::error::end_of_stream || ec == net::error::eof) break;
+    if (ec == http::error::header_limit) {
+      write_reply(sock, 11, false,
+                  error_reply(431, "the request's header exceeds " + std::to_string(o.max_header) + " bytes"),
+                  ec);
+      break;
+    }
+    if (ec) break;                          // a timeout, a reset, a malformed request line: close
+    set_recv_timeout(fd, o.header_timeout); // the body as promptly as the header
+    http::read(sock, buf, parser, ec);
+    if (ec == http::error::body_limit) {
+      write_reply(sock, parser.get().version(), false,
+                  error_reply(413, "the request body exceeds " + std::to_string(o.max_body) + " bytes"), ec);
+      break;
+    }
+    if (ec) {
+      write_reply(sock, 11, false, error_reply(400, std::string("malformed request: ") + ec.message()), ec);
+      break;
+    }
+    auto& req = parser.get();
+    const bool keep_alive = req.keep_alive() && !g_stop;
+    if (!o.api_key.empty() && std::string(req.target()) != "/health") {
+      const auto auth = req[http::field::authorization];
+      const std::string_view prefix = "Bearer ";
+      const bool ok =
+          auth.size() > prefix.size() && std::string_view(auth.data(), prefix.size()) == prefix &&
+          same_key(std::string_view(auth.data() + prefix.size(), auth.size() - prefix.size()), o.api_key);
+      if (!ok) {
+        write_reply(sock, req.version(), keep_alive,
+                    error_reply(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                "authentication_error"),
+                    ec);
+        if (ec || !keep_alive) break;
+        continue;
+      }
+    }
+    // Server-sent events: the header once, then a chunk per event.
+    bool started = false;
+    bool broken = false;
+    const unsigned version = req.version();
+    EventSink sink = [&](const std::string& data) {
+      beast::error_code wec;
+      if (!started) {
+        http::response<http::empty_body> res{http::status::ok, version};
+        res.set(http::field::server, "loom");
+        res.set(http::field::content_type, "text/event-stream");
+        res.set(http::field::cache_control, "no-cache");
+        res.keep_alive(keep_alive);
+        res.chunked(true);
+        http::response_serializer<http::empty_body> sr{res};
+        http::write_header(sock, sr, wec);
+        started = true;
+        if (wec) broken = true;
+      }
+      if (broken) return false;
+      const std::string ev = "data: " + data + "\n\n";
+      net::write(sock, http::make_chunk(net::buffer(ev)), wec);
+      if (wec) broken = true;
+      return !broken;
+    };
+    const ClientGone gone = [fd] { return peer_gone(fd); };
+    bool wants_stream = false;
+    const std::optional<Reply> reply = handle(s, std::string(req.method_string()), std::string(req.target()),
+                                              req.body(), &sink, gone, wants_stream);
+    if (reply) {
+      if (started) break; // (cannot happen: a handler that streamed returns nothing)
+      write_reply(sock, version, keep_alive, *reply, ec);
+      if (ec) break;
+    } else {
+      if (!started || broken) break; // the client went away before or while it was served
+      net::write(sock, http::make_chunk_last(), ec);
+      if (ec) break;
+    }
+    if (!keep_alive) break;
+  }
+  beast::error_code ec;
+  sock.shutdown(tcp::socket::shutdown_send, ec);
+}
+
+} // namespace
+
+int run_server(Service& s) {
+  const ServeOptions& o = s.options();
+  net::io_context io;
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(o.host, ec);
+  if (ec)
+    throw Error(Errc::invalid_argument, "serve",
+                "--host " + o.host + ": not an IP address (" + ec.message() + ")");
+  tcp::acceptor acc(io);
+  const tcp::endpoint ep(addr, o.port);
+  acc.open(ep.protocol(), ec);
+  if (!ec) acc.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acc.bind(ep, ec);
+  if (!ec) acc.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw Error(Errc::invalid_argument, "serve",
+                "cannot listen on " + o.host + ":" + std::to_string(o.port) + ": " + ec.message() +
+                    " (another server there? try --port)");
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::fprintf(stderr, "loom serve: %s on http://%s:%u (model '%s'; Ctrl-C or SIGTERM drains and stops)\n",
+               s.pipeline().config().model.path.c_str(), o.host.c_str(),
+               static_cast<unsigned>(acc.local_endpoint().port()), o.model_name.c_str());
+  std::atomic<size_t> live{0};
+  const int afd = acc.native_handle();
+  while (!g_stop) {
+    pollfd p{afd, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue; // (wakes to see a signal)
+    tcp::socket sock(io);
+    acc.accept(sock, ec);
+    if (ec) continue;
+    if (live >= o.max_connections) { // a slot for nobody else: say so and close
+      const Reply r = error_reply(503,
+                                  "the server is at its connection limit (" +
+                                      std::to_string(o.max_connections) + "): retry later",
+                                  "server_error");
+      beast::error_code wec;
+      write_reply(sock, 11, false, r, wec);
+      sock.shutdown(tcp::socket::shutdown_send, wec);
+      continue;
+    }
+    ++live;
+    std::thread(session, std::move(sock), std::ref(s), std::ref(live)).detach();
+  }
+  std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight)\n", live.load(),
+               s.in_flight());
+  acc.close(ec);
+  // The connections finish their requests (the engine keeps stepping until none is left).
+  for (int i = 0; i < 600 && live > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  s.stop();
+  std::fprintf(stderr, "loom serve: stopped\n");
+  return 0;
+}
+
+} // namespace loom::cli::serve

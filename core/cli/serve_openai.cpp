@@ -1,0 +1,640 @@
+// `loom serve`: OpenAI requests → engine requests → OpenAI responses (whole or streamed as server-sent
+// events), the step loop, and the Prometheus metrics.
+#include "loom/error.hpp"
+#include "loom/gguf.hpp"
+#include "loom/sampler.hpp"
+#include "loom/stop.hpp"
+#include "loom/tokenizer.hpp"
+#include "serve.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace loom::cli::serve {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A request the client got wrong: a 400 with OpenAI's error body naming the field.
+struct BadRequest {
+  std::string message, param;
+  unsigned status = 400;
+  std::string type = "invalid_request_error";
+};
+[[noreturn]] void bad(const std::string& param, const std::string& message, unsigned status = 400) {
+  throw BadRequest{message, param, status, status == 503 ? "server_error" : "invalid_request_error"};
+}
+
+// A field of the request, checked for its type; unset (or null) gives nullopt. Unknown fields are ignored,
+// as OpenAI does.
+std::optional<double> number(const json& j, const char* key, double lo, double hi) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) bad(key, std::string("'") + key + "' must be a number");
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi) || !std::isfinite(v))
+    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "], got " + std::to_string(v));
+  return v;
+}
+std::optional<int64_t> integer(const json& j, const char* key, int64_t lo, int64_t hi) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() && !it->is_number_unsigned())
+    bad(key, std::string("'") + key + "' must be an integer");
+  const auto v = it->is_number_unsigned()
+                     ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), INT64_MAX))
+                     : it->get<int64_t>();
+  if (v < lo || v > hi)
+    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "], got " + std::to_string(v));
+  return v;
+}
+std::optional<bool> boolean(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) bad(key, std::string("'") + key + "' must be a boolean");
+  return it->get<bool>();
+}
+
+// What one OpenAI request asks of the engine.
+struct Ask {
+  std::vector<TokenId> prompt;
+  int64_t n = 1;
+  int32_t max_tokens = -1;
+  std::optional<uint64_t> seed;
+  bool stream = false, include_usage = false;
+  bool logprobs = false;
+  std::shared_ptr<SequenceTemplate> sequence;
+};
+
+// Sampling and stop rules from the request, on top of the pipeline's (its end-of-generation tokens): the
+// order llama.cpp's server uses — penalties, top-k, top-p, min-p, temperature, then a draw.
+std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
+  auto t = std::make_shared<SequenceTemplate>(s.pipeline().engine().request_template());
+  const auto temperature = number(j, "temperature", 0.0, 2.0);
+  const auto top_p = number(j, "top_p", 0.0, 1.0);
+  const auto top_k = integer(j, "top_k", -1, 1 << 20);
+  const auto min_p = number(j, "min_p", 0.0, 1.0);
+  const auto presence = number(j, "presence_penalty", -2.0, 2.0);
+  const auto frequency = number(j, "frequency_penalty", -2.0, 2.0);
+  const auto repetition = number(j, "repetition_penalty", 0.01, 10.0);
+  const bool any = temperature || top_p || top_k || min_p || presence || frequency || repetition;
+  if (any) { // a chain of the request's own (otherwise the pipeline's)
+    std::vector<SamplerSpec> specs;
+    if (presence || frequency || repetition)
+      specs.push_back({"penalties",
+                       {{"repeat", repetition.value_or(1.0)},
+                        {"frequency", frequency.value_or(0.0)},
+                        {"presence", presence.value_or(0.0)}}});
+    if (top_k && *top_k > 0) specs.push_back({"top_k", {{"k", *top_k}}});
+    if (top_p && *top_p < 1.0) specs.push_back({"top_p", {{"p", *top_p}}});
+    if (min_p && *min_p > 0.0) specs.push_back({"min_p", {{"p", *min_p}}});
+    specs.push_back({"temperature", {{"value", temperature.value_or(1.0)}}}); // OpenAI's default: 1
+    t->make_chain = [specs] {
+      auto c = std::make_unique<SamplerChain>();
+      for (const auto& sp : specs)
+        c->add(create_sampler(sp));
+      return c;
+    };
+    (void)t->make_chain(); // a bad parameter is the client's error now, not the engine's later
+  }
+  if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    std::vector<std::string> stops;
+    if (it->is_string()) {
+      stops.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& e : *it) {
+        if (!e.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        stops.push_back(e.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of strings");
+    }
+    if (stops.size() > 4) bad("stop", "'stop' takes at most 4 sequences");
+    for (auto& x : stops)
+      if (!x.empty()) t->stop.strings.push_back(std::move(x));
+  }
+  return t;
+}
+
+Ask ask_of(const json& j, Service& s, bool chat) {
+  Ask a;
+  Pipeline& p = s.pipeline();
+  if (chat) {
+    const auto it = j.find("messages");
+    if (it == j.end() || !it->is_array() || it->empty())
+      bad("messages", "'messages' must be a non-empty array of {role, content}");
+    for (const auto& m : *it)
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        bad("messages", "each message must be an object with a string 'role'");
+    if (!s.chat_template())
+      bad("messages", "this model has no chat template (tokenizer.chat_template): use /v1/completions");
+    chat::RenderInput in;
+    in.messages = nlohmann::ordered_json::parse(it->dump());
+    try {
+      a.prompt = chat::chat_prompt(*s.chat_template(), in, p.tokenizer()).tokens;
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+  } else {
+    const auto it = j.find("prompt");
+    if (it == j.end()) bad("prompt", "'prompt' is required");
+    if (it->is_string()) {
+      a.prompt = p.tokenize(it->get<std::string>());
+    } else if (it->is_array() && !it->empty() &&
+               std::all_of(it->begin(), it->end(), [](const json& e) { return e.is_number_integer(); })) {
+      for (const auto& e : *it) {
+        const auto v = e.get<int64_t>();
+        if (v < 0 || v >= p.tokenizer().vocab_size())
+          bad("prompt", "token id " + std::to_string(v) + " is out of range");
+        a.prompt.push_back(static_cast<TokenId>(v));
+      }
+    } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+      a.prompt = p.tokenize((*it)[0].get<std::string>());
+    } else {
+      bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request)");
+    }
+  }
+  if (a.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
+  if (static_cast<int64_t>(a.prompt.size()) >= p.n_ctx())
+    bad(chat ? "messages" : "prompt", "the prompt is " + std::to_string(a.prompt.size()) +
+                                          " tokens; this model's context is " + std::to_string(p.n_ctx()) +
+                                          " tokens: shorten it");
+  a.n = integer(j, "n", 1, 128).value_or(1);
+  auto mt = integer(j, "max_completion_tokens", 0, INT32_MAX);
+  if (!mt) mt = integer(j, "max_tokens", 0, INT32_MAX);
+  const int64_t room = p.n_ctx() - static_cast<int64_t>(a.prompt.size());
+  a.max_tokens = static_cast<int32_t>(std::min<int64_t>(mt.value_or(chat ? room : 16), room));
+  if (a.n * std::max<int64_t>(a.max_tokens, 1) > s.options().max_n_tokens)
+    bad("n", "n × max_tokens is " + std::to_string(a.n * a.max_tokens) + "; this server allows " +
+                 std::to_string(s.options().max_n_tokens));
+  if (const auto seed = integer(j, "seed", INT64_MIN, INT64_MAX)) a.seed = static_cast<uint64_t>(*seed);
+  a.stream = boolean(j, "stream").value_or(false);
+  if (const auto it = j.find("stream_options"); it != j.end() && it->is_object())
+    a.include_usage = boolean(*it, "include_usage").value_or(false);
+  if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null())
+    a.logprobs = it->is_boolean() ? it->get<bool>() : (it->is_number_integer() && it->get<int64_t>() > 0);
+  a.sequence = sequence_of(j, s);
+  return a;
+}
+
+std::string finish_reason(StopReason r) {
+  switch (r) {
+  case StopReason::eos:
+  case StopReason::stop_string:
+  case StopReason::stop_token:
+    return "stop";
+  case StopReason::max_tokens:
+  case StopReason::max_context:
+    return "length";
+  default:
+    return "stop";
+  }
+}
+
+std::string new_id(const char* prefix) {
+  static std::atomic<uint64_t> n{0};
+  char b[64];
+  std::snprintf(b, sizeof b, "%s-%llx%06llx", prefix,
+                static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count() &
+                                                0xffffffffffULL),
+                static_cast<unsigned long long>(++n));
+  return b;
+}
+
+int64_t unix_now() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
+
+// OpenAI's logprobs object for chosen tokens only (top_logprobs: empty lists).
+json logprobs_json(const Tokenizer& tok, const GenerationResult& r, bool chat) {
+  json content = json::array();
+  std::vector<std::string> tokens;
+  for (size_t i = 0; i < r.tokens.size() && i < r.logprobs.size(); ++i) {
+    const std::string text = tok.decode(std::span<const TokenId>(&r.tokens[i], 1));
+    if (chat)
+      content.push_back({{"token", text},
+                         {"logprob", r.logprobs[i]},
+                         {"bytes", json::array()},
+                         {"top_logprobs", json::array()}});
+    tokens.push_back(text);
+  }
+  if (chat) return {{"content", content}};
+  return {{"tokens", tokens},
+          {"token_logprobs",
+           std::vector<float>(r.logprobs.begin(),
+                              r.logprobs.begin() + static_cast<std::ptrdiff_t>(tokens.size()))}};
+}
+
+// Runs an Ask: n engine requests; whole or streamed. Returns the reply (nullopt: streamed).
+std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* sink, const ClientGone& gone) {
+  const std::string id = new_id(chat ? "chatcmpl" : "cmpl");
+  const int64_t created = unix_now();
+  const std::string& model = s.options().model_name;
+  const std::string object = chat ? "chat.completion" : "text_completion";
+  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int64_t i = 0; i < a.n; ++i) {
+    EngineRequest r;
+    r.prompt = a.prompt;
+    r.max_new_tokens = a.max_tokens;
+    r.seed = a.seed ? *a.seed + static_cast<uint64_t>(i)
+                    : std::random_device{}() * 2654435761ULL + static_cast<uint64_t>(i);
+    r.sequence = a.sequence;
+    auto job = std::make_shared<Job>();
+    try {
+      job->id = s.submit(std::move(r), job);
+    } catch (const Error& e) {
+      for (const auto& j : jobs)
+        s.cancel(j->id);
+      if (e.code() == Errc::out_of_memory) bad("", e.what(), 503);
+      bad("", e.what());
+    }
+    jobs.push_back(job);
+  }
+  const bool streaming = a.stream && sink;
+  bool client_ok = true;
+  const auto send = [&](const json& j) {
+    if (client_ok && !(*sink)(j.dump(-1, ' ', false, json::error_handler_t::replace))) client_ok = false;
+  };
+  if (streaming && chat) // the role first, as OpenAI streams it
+    for (int64_t i = 0; i < a.n; ++i)
+      send({{"id", id},
+            {"object", chunk_object},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array({{{"index", i},
+                                      {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                      {"finish_reason", nullptr}}})}});
+  // Wait for every job; stream text as it comes; a client that goes away cancels them all.
+  size_t done = 0;
+  std::vector<bool> finished(jobs.size(), false);
+  while (done < jobs.size()) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (finished[i]) continue;
+      Job& jb = *jobs[i];
+      std::string piece;
+      bool now_done = false;
+      {
+        std::unique_lock lk(jb.mu);
+        jb.cv.wait_for(lk, std::chrono::milliseconds(jobs.size() == 1 ? 50 : 5),
+                       [&] { return jb.done || !jb.text.empty(); });
+        piece.swap(jb.text);
+        now_done = jb.done;
+      }
+      if (streaming && !piece.empty()) {
+        json choice = chat ? json{{"index", i}, {"delta", {{"content", piece}}}, {"finish_reason", nullptr}}
+                           : json{{"index", i}, {"text", piece}, {"finish_reason", nullptr}};
+        send({{"id", id},
+              {"object", chunk_object},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})}});
+      }
+      if (now_done) {
+        finished[i] = true;
+        ++done;
+        if (streaming) {
+          json choice =
+              chat
+                  ? json{{"index", i},
+                         {"delta", json::object()},
+                         {"finish_reason", finish_reason(jb.result.stop_reason)}}
+                  : json{{"index", i}, {"text", ""}, {"finish_reason", finish_reason(jb.result.stop_reason)}};
+          send({{"id", id},
+                {"object", chunk_object},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array({choice})}});
+        }
+      }
+    }
+    if ((streaming && !client_ok) || gone()) { // the client went away: free its KV in the next step
+      for (size_t i = 0; i < jobs.size(); ++i)
+        if (!finished[i]) s.cancel(jobs[i]->id);
+      for (size_t i = 0; i < jobs.size(); ++i) { // (the engine ends them at its next step)
+        std::unique_lock lk(jobs[i]->mu);
+        jobs[i]->cv.wait_for(lk, std::chrono::seconds(30), [&] { return jobs[i]->done; });
+      }
+      return std::nullopt;
+    }
+  }
+  int64_t prompt_tokens = static_cast<int64_t>(a.prompt.size()), completion_tokens = 0;
+  for (const auto& j : jobs)
+    completion_tokens += static_cast<int64_t>(j->result.tokens.size());
+  const json usage = {{"prompt_tokens", prompt_tokens},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens}};
+  for (const auto& j : jobs)
+    if (!j->result.message.empty()) { // the engine failed the request (a backend error, …)
+      if (streaming) {
+        send({{"error", {{"message", j->result.message}, {"type", "server_error"}}}});
+        return std::nullopt;
+      }
+      return error_reply(500, j->result.message, "server_error");
+    }
+  if (streaming) {
+    if (a.include_usage)
+      send({{"id", id},
+            {"object", chunk_object},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array()},
+            {"usage", usage}});
+    if (client_ok) (*sink)("[DONE]");
+    return std::nullopt;
+  }
+  json choices = json::array();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const GenerationResult& r = jobs[i]->result;
+    json c = chat ? json{{"index", i},
+                         {"message", {{"role", "assistant"}, {"content", r.text}}},
+                         {"finish_reason", finish_reason(r.stop_reason)}}
+                  : json{{"index", i}, {"text", r.text}, {"finish_reason", finish_reason(r.stop_reason)}};
+    c["logprobs"] = a.logprobs ? logprobs_json(s.pipeline().tokenizer(), r, chat) : json(nullptr);
+    choices.push_back(std::move(c));
+  }
+  const json body = {{"id", id},       {"object", object},   {"created", created},
+                     {"model", model}, {"choices", choices}, {"usage", usage}};
+  return Reply{200, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
+}
+
+} // namespace
+
+Reply error_reply(unsigned status, const std::string& message, const std::string& type,
+                  const std::string& param) {
+  const json j = {{"error",
+                   {{"message", message},
+                    {"type", type},
+                    {"param", param.empty() ? json(nullptr) : json(param)},
+                    {"code", nullptr}}}};
+  return Reply{status, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
+}
+
+// ---- the endpoints ----
+
+std::optional<Reply> handle(Service& s, const std::string& method, const std::string& target,
+                            const std::string& body, const EventSink* stream, const ClientGone& gone,
+                            bool& wants_stream) {
+  wants_stream = false;
+  std::string path = target.substr(0, target.find('?'));
+  try {
+    if (path == "/health") {
+      if (method != "GET") return error_reply(405, "use GET");
+      return Reply{200, R"({"status":"ok"})", "application/json"};
+    }
+    if (path == "/v1/models") {
+      if (method != "GET") return error_reply(405, "use GET");
+      const json j = {{"object", "list"},
+                      {"data", json::array({{{"id", s.options().model_name},
+                                             {"object", "model"},
+                                             {"created", unix_now()},
+                                             {"owned_by", "loom"},
+                                             {"max_model_len", s.pipeline().n_ctx()}}})}};
+      return Reply{200, j.dump(), "application/json"};
+    }
+    if (path == "/metrics") {
+      if (method != "GET") return error_reply(405, "use GET");
+      const auto snap = s.snapshot();
+      return Reply{200,
+                   s.metrics().render(snap.running, snap.waiting, snap.kv_usage, snap.preemptions,
+                                      s.options().model_name),
+                   "text/plain; version=0.0.4"};
+    }
+    const bool completions = path == "/v1/completions", chat = path == "/v1/chat/completions";
+    const bool tokenize = path == "/tokenize", detokenize = path == "/detokenize";
+    if (!completions && !chat && !tokenize && !detokenize)
+      return error_reply(404, "no route " + path, "not_found_error");
+    if (method != "POST") return error_reply(405, "use POST");
+    json j;
+    try {
+      j = json::parse(body);
+    } catch (const json::exception& e) {
+      return error_reply(400, std::string("the body is not JSON: ") + e.what());
+    }
+    if (!j.is_object()) return error_reply(400, "the body must be a JSON object");
+    if (const auto m = j.find("model"); m != j.end() && !m->is_null()) {
+      if (!m->is_string()) bad("model", "'model' must be a string");
+      if (m->get<std::string>() != s.options().model_name)
+        return error_reply(404,
+                           "the model '" + m->get<std::string>() + "' does not exist; this server has '" +
+                               s.options().model_name + "'",
+                           "not_found_error", "model");
+    }
+    Pipeline& p = s.pipeline();
+    if (tokenize) {
+      std::vector<TokenId> ids;
+      if (j.contains("messages")) {
+        ids = ask_of(json{{"messages", j["messages"]}}, s, true).prompt;
+      } else {
+        const auto it = j.find("prompt");
+        if (it == j.end() || !it->is_string()) bad("prompt", "'prompt' must be a string");
+        ids = p.tokenize(it->get<std::string>());
+      }
+      return Reply{200, json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", p.n_ctx()}}.dump(),
+                   "application/json"};
+    }
+    if (detokenize) {
+      const auto it = j.find("tokens");
+      if (it == j.end() || !it->is_array()) bad("tokens", "'tokens' must be an array of token ids");
+      std::vector<TokenId> ids;
+      for (const auto& e : *it) {
+        if (!e.is_number_integer()) bad("tokens", "'tokens' must be an array of token ids");
+        const auto v = e.get<int64_t>();
+        if (v < 0 || v >= p.tokenizer().vocab_size())
+          bad("tokens", "token id " + std::to_string(v) + " is out of range");
+        ids.push_back(static_cast<TokenId>(v));
+      }
+      return Reply{
+          200,
+          json{{"prompt", p.tokenizer().decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+          "application/json"};
+    }
+    const Ask a = ask_of(j, s, chat);
+    wants_stream = a.stream;
+    return run(s, a, chat, a.stream ? stream : nullptr, gone);
+  } catch (const BadRequest& e) {
+    s.metrics().http_error();
+    return error_reply(e.status, e.message, e.type, e.param);
+  } catch (const Error& e) {
+    s.metrics().http_error();
+    return error_reply(400, e.what());
+  }
+}
+
+// ---- the service: one engine's step loop ----
+
+Service::Service(std::unique_ptr<Pipeline> p, ServeOptions o) : p_(std::move(p)), o_(std::move(o)) {
+  // The chat template: --template, else the model's, else the built-in one whose turn tokens the vocabulary
+  // holds, else ChatML (as llama-server does), said on stderr.
+  try {
+    tmpl_.emplace(chat::load_template(o_.chat_template, &p_->model().file()));
+  } catch (const Error& e) {
+    if (!o_.chat_template.empty()) throw;
+    const auto b = chat::builtin_for_vocabulary(p_->model().file());
+    const std::string name(b ? *b : "chatml");
+    tmpl_.emplace(chat::load_template(name, &p_->model().file()));
+    std::fprintf(stderr,
+                 "loom serve: the model has no chat template: chat completions use the built-in '%s'\n",
+                 name.c_str());
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+Service::~Service() {
+  stop();
+}
+
+void Service::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+RequestId Service::submit(EngineRequest req, const std::shared_ptr<Job>& job) {
+  if (snapshot().waiting >= o_.max_queue)
+    throw Error(Errc::out_of_memory, "serve",
+                "the queue is full (" + std::to_string(o_.max_queue) + " requests waiting): retry later");
+  std::weak_ptr<Job> w = job;
+  req.on_text = [w](std::string_view t) {
+    if (auto j = w.lock()) {
+      {
+        std::lock_guard lk(j->mu);
+        j->text.append(t);
+      }
+      j->cv.notify_all();
+    }
+  };
+  req.on_finish = [this, w](RequestId, const GenerationResult& r) {
+    metrics_.finished(r, r.message.empty());
+    --in_flight_;
+    if (auto j = w.lock()) {
+      {
+        std::lock_guard lk(j->mu);
+        j->result = r;
+        j->done = true;
+      }
+      j->cv.notify_all();
+    }
+  };
+  ++in_flight_;
+  try {
+    return p_->engine().submit(std::move(req));
+  } catch (...) {
+    --in_flight_;
+    throw;
+  }
+}
+
+Service::Snapshot Service::snapshot() const {
+  std::lock_guard lk(snap_mu_);
+  return snap_;
+}
+
+void Service::loop() {
+  Engine& e = p_->engine();
+  const KVCacheStore& kv = p_->kv_store();
+  // Runs until stop() and no request is left (a drain lets the requests in flight finish).
+  while (!stop_ || in_flight_ > 0) {
+    if (e.idle() &&
+        !e.wait_for_work(std::chrono::milliseconds(50))) { // nothing to step: sleep until a submit
+      if (stop_ && in_flight_ == 0) break;
+      continue;
+    }
+    (void)e.step(); // (results reach their jobs through on_finish)
+    Snapshot sn;
+    sn.running = e.n_running();
+    sn.waiting = e.n_waiting();
+    sn.preemptions = e.stats().preemptions;
+    sn.kv_usage =
+        kv.n_units() > 0 ? static_cast<double>(kv.units_in_use()) / static_cast<double>(kv.n_units()) : 0.0;
+    std::lock_guard lk(snap_mu_);
+    snap_ = sn;
+  }
+}
+
+// ---- metrics ----
+
+void Metrics::Histogram::add(double v) {
+  if (counts.empty()) counts.assign(bounds.size() + 1, 0);
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i])
+    ++i;
+  ++counts[i];
+  sum += v;
+  ++n;
+}
+
+void Metrics::finished(const GenerationResult& r, bool ok) {
+  std::lock_guard lk(mu_);
+  (ok ? success_ : failed_) += 1;
+  prompt_tokens_ += static_cast<uint64_t>(r.metrics.n_prompt);
+  generation_tokens_ += static_cast<uint64_t>(r.metrics.n_generated);
+  if (r.metrics.n_generated > 0) ttft_.add(r.metrics.ttft_ms / 1e3);
+  if (r.metrics.n_generated > 1) tpot_.add(r.metrics.tpot_ms / 1e3);
+  e2e_.add(r.metrics.total_ms / 1e3);
+  queue_.add(r.metrics.queue_ms / 1e3);
+}
+
+std::string Metrics::render(size_t running, size_t waiting, double kv_usage, size_t preemptions,
+                            const std::string& model) const {
+  std::lock_guard lk(mu_);
+  std::string out;
+  const std::string label = "{model_name=\"" + model + "\"}";
+  const auto line = [&](const std::string& name, const std::string& type, const std::string& help, double v) {
+    for (const char* ns : {"vllm:", "loom:"}) {
+      out += "# HELP " + std::string(ns) + name + " " + help + "\n# TYPE " + ns + name + " " + type + "\n";
+      char b[64];
+      std::snprintf(b, sizeof b, "%.17g", v);
+      out += std::string(ns) + name + label + " " + b + "\n";
+    }
+  };
+  const auto hist = [&](const std::string& name, const std::string& help, const Histogram& h) {
+    for (const char* ns : {"vllm:", "loom:"}) {
+      out += "# HELP " + std::string(ns) + name + " " + help + "\n# TYPE " + ns + name + " histogram\n";
+      uint64_t cum = 0;
+      for (size_t i = 0; i <= h.bounds.size(); ++i) {
+        cum += h.counts.empty() ? 0 : h.counts[i];
+        char le[32];
+        if (i < h.bounds.size())
+          std::snprintf(le, sizeof le, "%g", h.bounds[i]);
+        else
+          std::snprintf(le, sizeof le, "+Inf");
+        out += std::string(ns) + name + "_bucket{model_name=\"" + model + "\",le=\"" + le + "\"} " +
+               std::to_string(cum) + "\n";
+      }
+      char b[64];
+      std::snprintf(b, sizeof b, "%.17g", h.sum);
+      out += std::string(ns) + name + "_sum" + label + " " + b + "\n";
+      out += std::string(ns) + name + "_count" + label + " " + std::to_string(h.n) + "\n";
+    }
+  };
+  line("num_requests_running", "gauge", "Requests in the engine's running batch.",
+       static_cast<double>(running));
+  line("num_requests_waiting", "gauge", "Requests waiting to start.", static_cast<double>(waiting));
+  line("kv_cache_usage_perc", "gauge", "Fraction of the KV cache's blocks in use (1 = full).", kv_usage);
+  line("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+       static_cast<double>(prompt_tokens_));
+  line("generation_tokens_total", "counter", "Generated tokens of finished requests.",
+       static_cast<double>(generation_tokens_));
+  line("num_preemptions_total", "counter", "Requests preempted (KV taken back, recomputed later).",
+       static_cast<double>(preemptions));
+  line("request_success_total", "counter", "Requests that finished without an error.",
+       static_cast<double>(success_));
+  line("request_failure_total", "counter", "Requests that ended with an engine error.",
+       static_cast<double>(failed_));
+  line("http_request_errors_total", "counter", "Requests refused with a 4xx/5xx before reaching the engine.",
+       static_cast<double>(http_errors_.load()));
+  hist("time_to_first_token_seconds", "Time to first token.", ttft_);
+  hist("time_per_output_token_seconds", "Time per output token after the first.", tpot_);
+  hist("e2e_request_latency_seconds", "Request latency, submit to end.", e2e_);
+  hist("request_queue_time_seconds", "Time waiting before the first admission.", queue_);
+  return out;
+}
+
+} // namespace loom::cli::serve
