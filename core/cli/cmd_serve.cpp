@@ -19,6 +19,7 @@ int cmd_serve(const std::vector<std::string>& args) {
     ("port", po::value<int>()->default_value(8080), "port (0: any free port, printed at start)")
     ("api-key", po::value<std::string>(), "require `Authorization: Bearer KEY` (also $LOOM_API_KEY)")
     ("name", po::value<std::string>(), "the model name clients use (default: the file's stem)")
+    ("template", po::value<std::string>(), "chat template: a built-in one or a Jinja file (default: the model's)")
     ("parallel", po::value<int>(), "requests in the running batch at most ([scheduler] max_sequences)")
     ("max-body", po::value<long>()->default_value(8L << 20), "request body bytes at most")
     ("max-connections", po::value<long>()->default_value(256), "connections served at once (more: 503)")
@@ -68,6 +69,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   o.header_timeout = std::chrono::seconds(timeout);
   o.model_name =
       vm.count("name") ? vm["name"].as<std::string>() : std::filesystem::path(cfg.model.path).stem().string();
+  if (vm.count("template")) o.chat_template = vm["template"].as<std::string>();
   auto pipeline = Pipeline::create(cfg);
   announce_backend(*pipeline);
   serve::Service service(std::move(pipeline), o);

@@ -38,6 +38,7 @@ struct ServeOptions {
   std::chrono::seconds header_timeout{10}; // a client must send its request within this
   std::chrono::seconds idle_timeout{60};   // keep-alive: the next request within this
   std::string model_name;                  // the `model` this server answers to
+  std::string chat_template;               // a built-in template or a Jinja file; empty: the model's
 };
 
 // What a waiting HTTP thread learns of its engine request.
