@@ -35,6 +35,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The official OpenAI client for `loom serve`'s tests, into .pydeps (pip --target: no virtual environment
+# needed, nothing installed system-wide).
+if ! PYTHONPATH=.pydeps python3 -c "import openai" 2>/dev/null; then
+  echo "setup: installing the openai Python client into .pydeps"
+  python3 -m pip install --quiet --disable-pip-version-check --target .pydeps "openai>=1.40" >/dev/null 2>&1 ||
+    echo "setup: could not install the openai client (pip, PyPI): the serve test's client checks will be skipped" >&2
+fi
 [ "$deps_only" = 1 ] && exit 0
 
 cmake --preset default >/dev/null

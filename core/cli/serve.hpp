@@ -69,7 +69,7 @@ private:
     void add(double v);
   };
   mutable std::mutex mu_;
-  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, success_ = 0, failed_ = 0;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, success_ = 0, failed_ = 0, cancelled_ = 0;
   std::atomic<uint64_t> http_errors_{0};
   Histogram ttft_{
       {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}, {}, 0, 0};

@@ -68,6 +68,47 @@ void write_reply(tcp::socket& sock, unsigned version, bool keep_alive, const Rep
   http::write(sock, res, ec);
 }
 
+// The socket for Beast's reads with a deadline: each read waits in poll() for what is left of it (asio's
+// blocking reads retry past SO_RCVTIMEO), so a client that sends nothing, or a byte now and then, cannot
+// hold its thread past the deadline.
+struct TimedReader {
+  tcp::socket& sock;
+  std::chrono::steady_clock::time_point deadline;
+  using executor_type = tcp::socket::executor_type;
+  executor_type get_executor() { return sock.get_executor(); }
+  template <class Buffers> size_t read_some(const Buffers& b, beast::error_code& ec) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count();
+    pollfd p{sock.native_handle(), POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) {
+      ec = net::error::timed_out;
+      return 0;
+    }
+    return sock.read_some(b, ec);
+  }
+  template <class Buffers> size_t read_some(const Buffers& b) {
+    beast::error_code ec;
+    const size_t n = read_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+};
+
+// After a refusal that leaves the request unread: our side closed for writing, what the client still sends
+// read and dropped for a moment (so that it gets the reply rather than a reset), then the socket closed.
+void linger_close(tcp::socket& sock) {
+  beast::error_code ec;
+  sock.shutdown(tcp::socket::shutdown_send, ec);
+  set_recv_timeout(sock.native_handle(), std::chrono::seconds(1));
+  char junk[16384];
+  for (size_t total = 0; total < (size_t{64} << 20);) {
+    const size_t n = sock.read_some(net::buffer(junk), ec);
+    if (ec || n == 0) break;
+    total += n;
+  }
+}
+
 void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
   struct Done {
     std::atomic<size_t>& live;
@@ -96,8 +137,15 @@ void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
     parser.header_limit(static_cast<std::uint32_t>(o.max_header));
     parser.body_limit(o.max_body);
     beast::error_code ec;
-    http::read_header(sock, buf, parser, ec);
+    TimedReader rd{sock, std::chrono::steady_clock::now() + o.header_timeout};
+    http::read_header(rd, buf, parser, ec);
     if (ec == http::error::end_of_stream || ec == net::error::eof) break;
+    if (ec == http::error::body_limit) { // (a Content-Length over the limit fails with the header)
+      write_reply(sock, 11, false,
+                  error_reply(413, "the request body exceeds " + std::to_string(o.max_body) + " bytes"), ec);
+      linger_close(sock);
+      return;
+    }
     if (ec == http::error::header_limit) {
       write_reply(sock, 11, false,
                   error_reply(431, "the request's header exceeds " + std::to_string(o.max_header) + " bytes"),
@@ -105,12 +153,13 @@ void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
       break;
     }
     if (ec) break;                          // a timeout, a reset, a malformed request line: close
-    set_recv_timeout(fd, o.header_timeout); // the body as promptly as the header
-    http::read(sock, buf, parser, ec);
+    rd.deadline = std::chrono::steady_clock::now() + o.header_timeout + std::chrono::seconds(30); // the body
+    http::read(rd, buf, parser, ec);
     if (ec == http::error::body_limit) {
       write_reply(sock, parser.get().version(), false,
                   error_reply(413, "the request body exceeds " + std::to_string(o.max_body) + " bytes"), ec);
-      break;
+      linger_close(sock);
+      return;
     }
     if (ec) {
       write_reply(sock, 11, false, error_reply(400, std::string("malformed request: ") + ec.message()), ec);

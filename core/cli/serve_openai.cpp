@@ -572,7 +572,10 @@ void Metrics::Histogram::add(double v) {
 
 void Metrics::finished(const GenerationResult& r, bool ok) {
   std::lock_guard lk(mu_);
-  (ok ? success_ : failed_) += 1;
+  if (r.stop_reason == StopReason::cancelled)
+    ++cancelled_;
+  else
+    (ok ? success_ : failed_) += 1;
   prompt_tokens_ += static_cast<uint64_t>(r.metrics.n_prompt);
   generation_tokens_ += static_cast<uint64_t>(r.metrics.n_generated);
   if (r.metrics.n_generated > 0) ttft_.add(r.metrics.ttft_ms / 1e3);
@@ -628,6 +631,8 @@ std::string Metrics::render(size_t running, size_t waiting, double kv_usage, siz
        static_cast<double>(success_));
   line("request_failure_total", "counter", "Requests that ended with an engine error.",
        static_cast<double>(failed_));
+  line("request_cancelled_total", "counter", "Requests cancelled (their client went away).",
+       static_cast<double>(cancelled_));
   line("http_request_errors_total", "counter", "Requests refused with a 4xx/5xx before reaching the engine.",
        static_cast<double>(http_errors_.load()));
   hist("time_to_first_token_seconds", "Time to first token.", ttft_);

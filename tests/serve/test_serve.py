@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""`loom serve` end to end on loopback: the OpenAI protocol (the official `openai` client where it is
+installed — scripts/setup.sh --deps puts it in .pydeps — and plain HTTP for the rest), streaming, stop
+strings across chunks, n, 64 concurrent streams each equal to its request alone, cancellation of a client
+that goes away, hostile HTTP (malformed JSON, wrong types, a huge body, a header flood, a slow client), the
+API key, and a SIGTERM drain.
+
+usage: test_serve.py LOOM_BINARY SOURCE_DIR   (models: $LOOM_TEST_MODELS, default SOURCE_DIR/../shared/models;
+       LOOM_REQUIRE_OPENAI=1 makes a missing openai client a failure, as CI sets it)
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+MODELS = os.environ.get("LOOM_TEST_MODELS") or os.path.join(SRC, "..", "shared", "models")
+sys.path.insert(0, os.path.join(SRC, ".pydeps"))
+MODEL = os.path.join(MODELS, "stories260K.gguf")
+if not os.path.exists(MODEL):
+    print(f"SKIPPED: {MODEL} is missing (set LOOM_TEST_MODELS)")
+    sys.exit(0)
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAIL: {what}", flush=True)
+
+
+class Server:
+    def __init__(self, *extra):
+        cfg = os.path.join(SRC, "configs", "quickstart.toml")
+        self.p = subprocess.Popen([LOOM, "serve", "-c", cfg, "-m", MODEL, "--port", "0", "--set", "stop.eos=false",
+                                   "--timeout", "1", "--max-body", "65536", *extra],
+                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.port = None
+        self.log = []
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.p.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if self.port is None:
+            raise RuntimeError("the server did not start: " + "".join(self.log))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.p.stderr:
+            self.log.append(line)
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        c.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = r.status, r.read()
+        c.close()
+        return out
+
+    def post(self, path, body, headers=None):
+        st, raw = self.request("POST", path, body, headers)
+        return st, json.loads(raw)
+
+    def stream(self, path, body):
+        """The server-sent events of a streamed request, as parsed JSON ("[DONE]" kept as a string)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        events = []
+        for line in r.read().decode().split("\n"):
+            if line.startswith("data: "):
+                d = line[6:]
+                events.append(d if d == "[DONE]" else json.loads(d))
+        c.close()
+        return events
+
+    def metric(self, name):
+        st, raw = self.request("GET", "/metrics")
+        m = re.search(r"^" + re.escape(name) + r"\{[^}]*\} (\S+)$", raw.decode(), re.M)
+        return float(m.group(1)) if m else None
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        return self.p.wait(timeout=60)
+
+
+def text_of(events, chat=False):
+    out = ""
+    for e in events:
+        if e == "[DONE]" or not e.get("choices"):
+            continue
+        c = e["choices"][0]
+        out += (c.get("delta", {}).get("content") or "") if chat else c.get("text", "")
+    return out
+
+
+s = Server()
+try:
+    # ---- the endpoints ----
+    st, raw = s.request("GET", "/health")
+    check(st == 200 and json.loads(raw)["status"] == "ok", "/health")
+    st, models = s.request("GET", "/v1/models")
+    models = json.loads(models)
+    check(st == 200 and models["data"][0]["id"] == "stories260K", "/v1/models names the model")
+    expected = open(os.path.join(MODELS, "reference", "once_upon_a_time.n64.txt")).read().strip()
+    st, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40})
+    check(st == 200 and ("Once upon a time" + r["choices"][0]["text"]).strip() in expected,
+          "a greedy completion is llama2.c's text: " + json.dumps(r)[:300])
+    check(r["usage"]["completion_tokens"] == 40 and r["choices"][0]["finish_reason"] == "length", "usage, finish_reason")
+    whole = r["choices"][0]["text"]
+    ev = s.stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "stream": True,
+                                      "stream_options": {"include_usage": True}})
+    check(text_of(ev) == whole, "the streamed text is the whole text")
+    check(ev[-1] == "[DONE]" and ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 40,
+          "the usage chunk with empty choices, then [DONE]")
+    # a stop string that straddles chunks ("little girl": " little", " g", "ir", "l")
+    st, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "stop": ["le girl"]})
+    t = r["choices"][0]["text"]
+    check(r["choices"][0]["finish_reason"] == "stop" and "le girl" not in t and whole.startswith(t),
+          "a stop string across chunks: " + repr(t))
+    ev = s.stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "stop": "le girl", "stream": True})
+    check(text_of(ev) == t, "the same stop streamed: " + repr(text_of(ev)))
+    # chat, whole and streamed
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 12})
+    check(st == 200 and r["object"] == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant",
+          "chat completion: " + json.dumps(r)[:300])
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "stream": True})
+    check(ev[0]["choices"][0]["delta"].get("role") == "assistant", "the role first")
+    check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "streamed chat == whole chat")
+    # n, seeds, sampling fields, logprobs
+    st, r = s.post("/v1/completions", {"prompt": "Once", "n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 5,
+                                       "logprobs": 1})
+    check(st == 200 and len(r["choices"]) == 2 and len(r["choices"][1]["logprobs"]["token_logprobs"]) == 8,
+          "n = 2 with logprobs")
+    st2, r2 = s.post("/v1/completions", {"prompt": "Once", "n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 5})
+    check([c["text"] for c in r["choices"]] == [c["text"] for c in r2["choices"]], "a seed repeats")
+    st, r = s.post("/tokenize", {"prompt": "Once upon a time"})
+    st2, d = s.post("/detokenize", {"tokens": r["tokens"]})
+    check(d["prompt"] == "Once upon a time", "tokenize / detokenize round trip")
+
+    # ---- 64 concurrent streams, each its text alone (greedy) ----
+    prompts = ["Once upon a time", "The little dog", "Lily", "Tom and Sue", "One day", "The sun"]
+    alone = {}
+    for p in prompts:
+        alone[p] = s.post("/v1/completions", {"prompt": p, "max_tokens": 16})[1]["choices"][0]["text"]
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(64) as ex:
+        futs = [ex.submit(s.stream, "/v1/completions", {"prompt": prompts[i % len(prompts)], "max_tokens": 16,
+                                                        "stream": True}) for i in range(64)]
+        got = [f.result(timeout=120) for f in futs]
+    check(all(text_of(g) == alone[prompts[i % len(prompts)]] and g[-1] == "[DONE]" for i, g in enumerate(got)),
+          "64 concurrent streams each equal to the request alone")
+    print(f"64 concurrent streams of 16 tokens: {time.time() - t0:.2f} s", flush=True)
+
+    # ---- a client that goes away mid-stream cancels its request ----
+    before = s.metric("loom:request_cancelled_total") or 0
+    c = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "stream": True}).encode()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    c.recv(1024)  # the stream began
+    c.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and (s.metric("loom:request_cancelled_total") or 0) <= before:
+        time.sleep(0.1)
+    check((s.metric("loom:request_cancelled_total") or 0) > before, "a dropped stream is cancelled")
+    deadline = time.time() + 10
+    while time.time() < deadline and s.metric("vllm:num_requests_running") != 0:
+        time.sleep(0.1)
+    check(s.metric("vllm:num_requests_running") == 0, "the running gauge returns to 0")
+
+    # ---- hostile HTTP: 4xx or a closed connection, and the server goes on ----
+    st, r = s.post("/v1/completions", b"{not json")
+    check(st == 400 and r["error"]["type"] == "invalid_request_error", "malformed JSON: 400")
+    st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": "ten"})
+    check(st == 400 and r["error"]["param"] == "max_tokens", "a wrong type: 400 naming the field")
+    st, r = s.post("/v1/completions", {"prompt": "x", "model": "gpt-9"})
+    check(st == 404, "an unknown model: 404")
+    st, r = s.post("/v1/completions", {"prompt": "x" * 100000})
+    check(st == 413, "a body over --max-body: 413")
+    st, r = s.post("/v1/completions", {"prompt": "x " * 5000, "max_tokens": 4})
+    check(st == 400 and "context" in r["error"]["message"], "a prompt longer than the context: 400")
+    c = socket.create_connection(("127.0.0.1", s.port))
+    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Flood: " + b"a" * 40000 + b"\r\n\r\n")
+    resp = c.recv(4096)
+    check(resp == b"" or b" 431 " in resp.split(b"\r\n")[0], "a header flood: 431 or closed")
+    c.close()
+    c = socket.create_connection(("127.0.0.1", s.port))  # a slow client: half a request line, then silence
+    c.sendall(b"POST /v1/compl")
+    c.settimeout(5)
+    t0 = time.time()
+    try:
+        closed = c.recv(10) == b""
+    except (socket.timeout, ConnectionResetError):
+        closed = False
+    check(closed and time.time() - t0 < 4, "a slow client is dropped after --timeout")
+    c.close()
+    for junk in [b"\x00\x01\x02garbage\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\n"
+                 b"Content-Length: -5\r\n\r\n"]:
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(junk)
+        c.settimeout(5)
+        try:
+            c.recv(4096)
+        except (socket.timeout, ConnectionResetError):
+            pass
+        c.close()
+    st, raw = s.request("GET", "/health")
+    check(st == 200, "still healthy after hostile clients")
+
+    # ---- the official client ----
+    try:
+        import openai
+    except ImportError:
+        openai = None
+        print("SKIPPED: the openai client is not installed here (scripts/setup.sh --deps installs it in .pydeps)")
+        check(os.environ.get("LOOM_REQUIRE_OPENAI") != "1", "the openai client is required (LOOM_REQUIRE_OPENAI=1)")
+    if openai:
+        cl = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="none")
+        r = cl.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=40)
+        check(r.choices[0].text == whole, "openai: completions")
+        parts = [ch.choices[0].text for ch in cl.completions.create(model="stories260K", prompt="Once upon a time",
+                                                                    max_tokens=40, stream=True) if ch.choices]
+        check("".join(parts) == whole, "openai: streamed completions")
+        r = cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=12)
+        check(r.choices[0].message.role == "assistant", "openai: chat")
+        parts = []
+        usage = None
+        for ch in cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=12, stream=True,
+                                             stream_options={"include_usage": True}):
+            if ch.choices:
+                parts.append(ch.choices[0].delta.content or "")
+            if ch.usage:
+                usage = ch.usage
+        check("".join(parts) == r.choices[0].message.content and usage and usage.completion_tokens == 12,
+              "openai: streamed chat with usage")
+        r = cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=4, n=2, logprobs=True)
+        check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 4, "openai: n = 2, logprobs")
+        try:
+            cl.completions.create(model="stories260K", prompt="x", max_tokens=-3)
+            check(False, "openai: a bad request raises")
+        except openai.BadRequestError:
+            pass
+        print("openai client: checked", flush=True)
+finally:
+    rc = s.stop()
+check(rc == 0, "SIGTERM: exit 0")
+
+# ---- the API key, and a drain that finishes the request in flight ----
+k = Server("--api-key", "sesame")
+st, _ = k.request("GET", "/v1/models")
+check(st == 401, "no key: 401")
+st, _ = k.request("GET", "/v1/models", headers={"Authorization": "Bearer sesamE"})
+check(st == 401, "a wrong key: 401")
+st, _ = k.request("GET", "/v1/models", headers={"Authorization": "Bearer sesame"})
+check(st == 200, "the key: 200")
+result = {}
+
+
+def long_request():
+    c = http.client.HTTPConnection("127.0.0.1", k.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "max_tokens": 300}).encode(),
+              headers={"Content-Type": "application/json", "Authorization": "Bearer sesame"})
+    r = c.getresponse()
+    result["status"], result["body"] = r.status, json.loads(r.read())
+
+
+th = threading.Thread(target=long_request)
+th.start()
+time.sleep(0.3)
+rc = k.stop()
+th.join(60)
+check(rc == 0 and result.get("status") == 200 and result["body"]["usage"]["completion_tokens"] == 300,
+      "SIGTERM drains: the request in flight completes, exit 0")
+
+if failures:
+    print(f"{len(failures)} check(s) failed", flush=True)
+    sys.exit(1)
+print("serve: every check passed", flush=True)
