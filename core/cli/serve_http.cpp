@@ -152,7 +152,7 @@ void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
                   ec);
       break;
     }
-    if (ec) break;                          // a timeout, a reset, a malformed request line: close
+    if (ec) break; // a timeout, a reset, a malformed request line: close
     rd.deadline = std::chrono::steady_clock::now() + o.header_timeout + std::chrono::seconds(30); // the body
     http::read(rd, buf, parser, ec);
     if (ec == http::error::body_limit) {
