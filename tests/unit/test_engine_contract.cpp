@@ -219,7 +219,7 @@ TEST(EngineContract, AForkWithoutKvRoomIsRecoverable) {
     };
     return d;
   });
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}, {}});
   auto out = rig.run();
   ASSERT_EQ(out.size(), 1u);
   const auto& r = out.begin()->second;
@@ -262,7 +262,7 @@ TEST(EngineContract, TenThousandForksWithFreesReuseKvIds) {
     return d;
   });
   kv_for_ids = rig.kv.get();
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}, {}});
   auto out = rig.run();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_TRUE(out.begin()->second.message.empty()) << out.begin()->second.message;
@@ -272,7 +272,7 @@ TEST(EngineContract, TenThousandForksWithFreesReuseKvIds) {
   EXPECT_EQ(rig.kv->free_sequences(), 3) << "every sequence is released when the request ends";
   // A second request after all that: the ids of the first are used again.
   forked = 10000; // (no more forks)
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}, {}});
   out = rig.run();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out.begin()->second.tokens.size(), 3u);
@@ -317,7 +317,7 @@ TEST(EngineContract, TruncateRestoresTheSequenceExactly) {
       },
       {SamplerSpec{"penalties", {{"repeat", 1.5}, {"last_n", int64_t{64}}}}, SamplerSpec{"greedy", {}}},
       stop);
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 40, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 40, {}, {}, {}, {}});
   auto out = rig.run(200);
   ASSERT_EQ(out.size(), 1u);
   const auto& r = out.begin()->second;
@@ -339,7 +339,7 @@ TEST(EngineContract, TruncateRestoresTheSequenceExactly) {
       },
       {SamplerSpec{"penalties", {{"repeat", 1.5}, {"last_n", int64_t{64}}}}, SamplerSpec{"greedy", {}}},
       stop);
-  ref.engine->submit({ref.prompt("Once upon a time"), 1, 40, {}, {}, {}});
+  ref.engine->submit({ref.prompt("Once upon a time"), 1, 40, {}, {}, {}, {}});
   auto want = ref.run(200).begin()->second;
   EXPECT_EQ(r.tokens, want.tokens);
   EXPECT_EQ(r.text, want.text);
@@ -366,7 +366,7 @@ TEST(EngineContract, TruncateOfAFinishedSequenceMakesItLiveAgain) {
     d->on_done = [](const DecodeSession& s) { return s.finished(0) != StopReason::none; };
     return d;
   });
-  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}, {}, {}});
+  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}, {}, {}, {}});
   auto r = rig.run(100).begin()->second;
   EXPECT_TRUE(truncated);
   EXPECT_EQ(r.stop_reason, StopReason::max_tokens);
@@ -397,7 +397,7 @@ TEST(EngineContract, TruncateToItsOwnLengthRevivesAFinishedSequence) {
     d->on_done = [&](const DecodeSession&) { return phase == 2; };
     return d;
   });
-  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}, {}, {}});
+  rig.engine->submit({rig.prompt("The dog"), 1, 4, {}, {}, {}, {}});
   auto r = rig.run(100).begin()->second;
   EXPECT_EQ(r.stop_reason, StopReason::custom);
   EXPECT_EQ(r.tokens.size(), 4u);
@@ -412,7 +412,7 @@ TEST(EngineContract, ADecoderThatMakesNoProgressFailsItsRequest) {
     d->on_done = [](const DecodeSession&) { return false; };
     return d;
   });
-  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}, {}});
   auto out = rig.run(50);
   ASSERT_EQ(out.size(), 1u);
   const auto& r = out.begin()->second;
@@ -491,7 +491,7 @@ TEST(EngineContract, FreeReleasesTheSequence) {
     return d;
   });
   kvp = rig.kv.get();
-  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}, {}});
   rig.run(50);
   EXPECT_TRUE(checked);
   EXPECT_EQ(rig.kv->free_sequences(), 4);
@@ -518,7 +518,7 @@ std::unique_ptr<Decoder> greedy_decoder() {
 TEST(EngineContract, ACustomStopReleasesTheHeldBackText) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   Rig plain(model, 128, 2, greedy_decoder);
-  plain.engine->submit({plain.prompt("Once upon a time"), 1, 6, {}, {}, {}});
+  plain.engine->submit({plain.prompt("Once upon a time"), 1, 6, {}, {}, {}, {}});
   const auto want = plain.run(50).begin()->second;
   ASSERT_EQ(want.tokens.size(), 6u);
 
@@ -532,7 +532,7 @@ TEST(EngineContract, ACustomStopReleasesTheHeldBackText) {
   });
   std::string streamed;
   rig.engine->submit(
-      {rig.prompt("Once upon a time"), 1, 40, [&](std::string_view t) { streamed += t; }, {}, {}});
+      {rig.prompt("Once upon a time"), 1, 40, [&](std::string_view t) { streamed += t; }, {}, {}, {}});
   const auto r = rig.run(50).begin()->second;
   EXPECT_EQ(r.stop_reason, StopReason::custom);
   EXPECT_EQ(r.tokens, want.tokens);
@@ -548,8 +548,13 @@ TEST(EngineContract, PluginHoldbackIsHonouredWhileStreaming) {
     return v;
   });
   std::vector<std::string> chunks;
-  rig.engine->submit(
-      {rig.prompt("Once upon a time"), 1, 10, [&](std::string_view t) { chunks.emplace_back(t); }, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"),
+                      1,
+                      10,
+                      [&](std::string_view t) { chunks.emplace_back(t); },
+                      {},
+                      {},
+                      {}});
   const auto r = rig.run(50).begin()->second;
   EXPECT_EQ(r.stop_reason, StopReason::max_tokens);
   ASSERT_EQ(chunks.size(), 1u) << "nothing may be streamed while the plugin holds it back";
@@ -573,7 +578,7 @@ struct FailAfter final : Backend {
 TEST(EngineContract, AForwardFailureAfterSomeTokensIsAnError) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, {}, std::make_unique<FailAfter>(4));
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 20, {}, {}, {}, {}});
   const auto r = rig.run(50).begin()->second;
   EXPECT_EQ(r.stop_reason, StopReason::error);
   EXPECT_EQ(r.tokens.size(), 4u);
@@ -598,7 +603,7 @@ TEST(EngineContract, AForwardFailureInAMiddlePrefillChunkIsAnError) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   Rig rig(model, 128, 2, greedy_decoder, {SamplerSpec{"greedy", {}}}, {}, {}, std::make_unique<FailOnce>(1));
   rig.engine->set_max_batch_tokens(2);
-  rig.engine->submit({rig.prompt("Once upon a time there was a dog"), 1, 20, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time there was a dog"), 1, 20, {}, {}, {}, {}});
   const auto r = rig.run(50).begin()->second;
   EXPECT_EQ(r.stop_reason, StopReason::error);
   EXPECT_TRUE(r.tokens.empty());
@@ -625,7 +630,7 @@ TEST(EngineContract, DecoderOutputsAreValidatedJsonUnderTheirOwnKeys) {
     };
     return d;
   });
-  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Hello"), 1, 10, {}, {}, {}, {}});
   const auto r = rig.run(20).begin()->second;
   EXPECT_TRUE(r.message.empty()) << r.message;
   ASSERT_EQ(r.outputs.size(), 2u);
@@ -660,7 +665,7 @@ GreedyTrace greedy_trace(const std::filesystem::path& model, size_t n, StopConfi
         return d;
       },
       {SamplerSpec{"greedy", {}}}, stop);
-  ref.engine->submit({ref.prompt("Once upon a time"), 1, 64, {}, {}, {}});
+  ref.engine->submit({ref.prompt("Once upon a time"), 1, 64, {}, {}, {}, {}});
   (void)ref.run(200);
   return tr;
 }
@@ -716,7 +721,7 @@ TEST(EngineContract, DraftRowsEqualOneTokenAtATimeAndRejectedDraftsRollBack) {
     return d;
   });
   rig.engine->submit(
-      {rig.prompt("Once upon a time"), 1, 64, [&](std::string_view t) { streamed += t; }, {}, {}});
+      {rig.prompt("Once upon a time"), 1, 64, [&](std::string_view t) { streamed += t; }, {}, {}, {}});
   auto out = rig.run(50);
   ASSERT_EQ(out.size(), 1u);
   const auto& r = out.begin()->second;
@@ -754,7 +759,7 @@ TEST(EngineContract, CommitRunsTheStopRulesAndDropsTheRest) {
         return d;
       },
       {SamplerSpec{"greedy", {}}}, stop);
-  rig.engine->submit({rig.prompt("Once upon a time"), 1, 64, {}, {}, {}});
+  rig.engine->submit({rig.prompt("Once upon a time"), 1, 64, {}, {}, {}, {}});
   auto out = rig.run(50);
   ASSERT_TRUE(checked);
   EXPECT_EQ(out.begin()->second.stop_reason, StopReason::stop_token);
@@ -776,7 +781,7 @@ TEST(EngineContract, DraftContextRoomIsReportedNotOverrun) {
     return d;
   });
   const auto prompt = rig.prompt("Once upon a time");
-  rig.engine->submit({prompt, 1, -1, {}, {}, {}});
+  rig.engine->submit({prompt, 1, -1, {}, {}, {}, {}});
   auto out = rig.run(100);
   EXPECT_EQ(kept, 16 - (prompt.size() + 8)) << "the draft keeps what the context has room for";
   EXPECT_EQ(out.begin()->second.stop_reason, StopReason::max_context);
@@ -831,7 +836,7 @@ TEST(EngineContract, DraftSequencesOfAllRequestsShareOneDraftForwardPerStep) {
       {SamplerSpec{"greedy", {}}}, {}, {}, nullptr, std::make_unique<CountingBackend>(&draft_calls));
   rig.engine->set_max_running(4);
   for (const char* p : {"Once upon a time", "The dog", "Lily", "One day"})
-    rig.engine->submit({rig.prompt(p), 1, 10, {}, {}, {}});
+    rig.engine->submit({rig.prompt(p), 1, 10, {}, {}, {}, {}});
   while (!rig.engine->idle()) {
     const int before = draft_calls;
     auto done = rig.engine->step();

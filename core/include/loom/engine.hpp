@@ -100,11 +100,11 @@ struct EngineRequest {
   int32_t max_new_tokens = -1;
   StreamCallback on_text;
   std::function<std::unique_ptr<Decoder>()> decoder; // this request's decoder; empty = the pipeline's
+  // Called on the stepping thread when the request ends (besides step() returning it).
+  std::function<void(RequestId, const GenerationResult&)> on_finish;
   // This request's sampler chain and stop rules (an API request's temperature, stop strings, …); null =
   // the pipeline's. Start from Engine::request_template() to keep its end-of-generation tokens.
   std::shared_ptr<const SequenceTemplate> sequence;
-  // Called on the stepping thread when the request ends (besides step() returning it).
-  std::function<void(RequestId, const GenerationResult&)> on_finish;
 };
 
 // What the engine did since it was made (or reset_stats()): the per-run numbers of `loom bench`.
