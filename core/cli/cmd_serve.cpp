@@ -1,6 +1,7 @@
 // `loom serve`: an OpenAI-compatible HTTP server for one pipeline (serve.hpp).
 #include "cli.hpp"
 #include "loom/error.hpp"
+#include "loom/pipeline_config.hpp"
 #include "serve.hpp"
 
 #include <cstdio>
@@ -13,7 +14,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("config,c", po::value<std::vector<std::string>>()->composing(), "pipeline TOML file (repeatable: each served under its file's stem)")
     ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
     ("host", po::value<std::string>()->default_value("127.0.0.1"), "address to listen on (0.0.0.0: every interface)")
     ("port", po::value<int>()->default_value(8080), "port (0: any free port, printed at start)")
@@ -40,13 +41,42 @@ int cmd_serve(const std::vector<std::string>& args) {
           "SIGTERM drains."))
     return k_exit_ok;
   if (!vm.count("config") && !vm.count("model"))
-    throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
-  PipelineConfig cfg = run_config_from_args(vm);
-  if (vm.count("parallel")) {
-    const int n = vm["parallel"].as<int>();
-    if (n < 1) throw UsageError("--parallel must be ≥ 1, got " + std::to_string(n));
-    cfg.scheduler.max_sequences = n;
+    throw UsageError("give a pipeline (-c FILE.toml, repeatable) or a model (-m FILE.gguf)");
+  // Each pipeline's config: its file with the --set overrides, then the command line's model and context.
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("set"))
+    for (const auto& x : vm["set"].as<std::vector<std::string>>())
+      overrides.push_back(parse_override(x));
+  std::vector<std::string> files;
+  if (vm.count("config")) files = vm["config"].as<std::vector<std::string>>();
+  if (files.empty()) files.push_back("");
+  std::vector<PipelineConfig> cfgs;
+  for (const auto& f : files) {
+    PipelineConfig cfg;
+    if (!f.empty()) {
+      cfg = load_pipeline(f, overrides);
+    } else {
+      cfg.source = "<command line>";
+      cfg = apply_overrides(cfg, overrides);
+    }
+    if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
+    if (vm.count("ctx-size")) {
+      const int n = vm["ctx-size"].as<int>();
+      if (n <= 0) throw UsageError("--ctx-size must be > 0, got " + std::to_string(n));
+      cfg.model.n_ctx = n;
+    }
+    if (vm.count("plugin-path"))
+      for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
+        cfg.plugins.paths.push_back(d);
+    if (vm.count("parallel")) {
+      const int n = vm["parallel"].as<int>();
+      if (n < 1) throw UsageError("--parallel must be ≥ 1, got " + std::to_string(n));
+      cfg.scheduler.max_sequences = n;
+    }
+    cfgs.push_back(std::move(cfg));
   }
+  if (vm.count("name") && cfgs.size() > 1)
+    throw UsageError("--name names the one pipeline; with several -c, each is served under its file's stem");
   serve::ServeOptions o;
   o.host = vm["host"].as<std::string>();
   const int port = vm["port"].as<int>();
@@ -67,13 +97,21 @@ int cmd_serve(const std::vector<std::string>& args) {
   const int timeout = vm["timeout"].as<int>();
   if (timeout < 1) throw UsageError("--timeout must be ≥ 1 second, got " + std::to_string(timeout));
   o.header_timeout = std::chrono::seconds(timeout);
-  o.model_name =
-      vm.count("name") ? vm["name"].as<std::string>() : std::filesystem::path(cfg.model.path).stem().string();
   if (vm.count("template")) o.chat_template = vm["template"].as<std::string>();
-  auto pipeline = Pipeline::create(cfg);
-  announce_backend(*pipeline);
-  serve::Service service(std::move(pipeline), o);
-  return serve::run_server(service);
+  serve::Services services;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    serve::ServeOptions oi = o;
+    oi.model_name = vm.count("name")    ? vm["name"].as<std::string>()
+                    : !files[i].empty() ? std::filesystem::path(files[i]).stem().string()
+                                        : std::filesystem::path(cfgs[i].model.path).stem().string();
+    if (services.find(oi.model_name))
+      throw UsageError("two pipelines would be served as '" + oi.model_name +
+                       "': give the files distinct names");
+    auto pipeline = Pipeline::create(cfgs[i]);
+    announce_backend(*pipeline);
+    services.add(std::make_unique<serve::Service>(std::move(pipeline), oi));
+  }
+  return serve::run_server(services);
 }
 
 } // namespace loom::cli

@@ -56,11 +56,6 @@ class Metrics {
 public:
   void finished(const GenerationResult& r, bool ok);
   void http_error() noexcept { ++http_errors_; }
-  // The gauges are the service's snapshot (taken on the stepping thread).
-  std::string render(size_t running, size_t waiting, double kv_usage, size_t preemptions,
-                     const std::string& model) const;
-
-private:
   struct Histogram {
     std::vector<double> bounds;
     std::vector<uint64_t> counts; // per bound, then +Inf
@@ -68,14 +63,21 @@ private:
     uint64_t n = 0;
     void add(double v);
   };
+  struct Values {
+    uint64_t prompt_tokens = 0, generation_tokens = 0, success = 0, failed = 0, cancelled = 0,
+             http_errors = 0;
+    Histogram ttft{
+        {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}, {}, 0, 0};
+    Histogram tpot{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}, {}, 0, 0};
+    Histogram e2e{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
+    Histogram queue{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
+  };
+  Values values() const;
+
+private:
   mutable std::mutex mu_;
-  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, success_ = 0, failed_ = 0, cancelled_ = 0;
+  Values v_;
   std::atomic<uint64_t> http_errors_{0};
-  Histogram ttft_{
-      {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}, {}, 0, 0};
-  Histogram tpot_{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}, {}, 0, 0};
-  Histogram e2e_{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
-  Histogram queue_{{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}, {}, 0, 0};
 };
 
 // One model's engine and its step loop.
@@ -118,6 +120,35 @@ private:
   Snapshot snap_;
 };
 
+// The pipelines a server serves, each under its model name (the first is the default).
+class Services {
+public:
+  void add(std::unique_ptr<Service> s) { all_.push_back(std::move(s)); }
+  Service* find(const std::string& name) noexcept {
+    for (auto& s : all_)
+      if (s->options().model_name == name) return s.get();
+    return nullptr;
+  }
+  Service& first() noexcept { return *all_.front(); }
+  const std::vector<std::unique_ptr<Service>>& all() const noexcept { return all_; }
+  size_t in_flight() const noexcept {
+    size_t n = 0;
+    for (const auto& s : all_)
+      n += s->in_flight();
+    return n;
+  }
+  void stop() {
+    for (auto& s : all_)
+      s->stop();
+  }
+
+private:
+  std::vector<std::unique_ptr<Service>> all_;
+};
+
+// Prometheus text of every service's metrics, each sample labelled with its model name.
+std::string render_metrics(const Services& ss);
+
 // An HTTP response: status, JSON or text body, content type.
 struct Reply {
   unsigned status = 200;
@@ -136,12 +167,12 @@ using ClientGone = std::function<bool()>;
 
 // The endpoints. `stream` is non-null when the handler may stream (it then returns nullopt after writing
 // every event itself).
-std::optional<Reply> handle(Service& s, const std::string& method, const std::string& target,
+std::optional<Reply> handle(Services& ss, const std::string& method, const std::string& target,
                             const std::string& body, const EventSink* stream, const ClientGone& gone,
                             bool& wants_stream);
 
 // Runs the HTTP server until SIGINT / SIGTERM (then drains: stops accepting, lets the requests in flight
 // finish, returns 0).
-int run_server(Service& s);
+int run_server(Services& ss);
 
 } // namespace loom::cli::serve

@@ -109,12 +109,12 @@ void linger_close(tcp::socket& sock) {
   }
 }
 
-void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
+void session(tcp::socket sock, Services& ss, std::atomic<size_t>& live) {
   struct Done {
     std::atomic<size_t>& live;
     ~Done() { --live; }
   } done{live};
-  const ServeOptions& o = s.options();
+  const ServeOptions& o = ss.first().options();
   const int fd = sock.native_handle();
   beast::flat_buffer buf;
   bool first = true;
@@ -208,7 +208,7 @@ void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
     };
     const ClientGone gone = [fd] { return peer_gone(fd); };
     bool wants_stream = false;
-    const std::optional<Reply> reply = handle(s, std::string(req.method_string()), std::string(req.target()),
+    const std::optional<Reply> reply = handle(ss, std::string(req.method_string()), std::string(req.target()),
                                               req.body(), &sink, gone, wants_stream);
     if (reply) {
       if (started) break; // (cannot happen: a handler that streamed returns nothing)
@@ -227,8 +227,8 @@ void session(tcp::socket sock, Service& s, std::atomic<size_t>& live) {
 
 } // namespace
 
-int run_server(Service& s) {
-  const ServeOptions& o = s.options();
+int run_server(Services& ss) {
+  const ServeOptions& o = ss.first().options();
   net::io_context io;
   beast::error_code ec;
   const auto addr = net::ip::make_address(o.host, ec);
@@ -248,9 +248,11 @@ int run_server(Service& s) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  std::fprintf(stderr, "loom serve: %s on http://%s:%u (model '%s'; Ctrl-C or SIGTERM drains and stops)\n",
-               s.pipeline().config().model.path.c_str(), o.host.c_str(),
-               static_cast<unsigned>(acc.local_endpoint().port()), o.model_name.c_str());
+  for (const auto& sv : ss.all())
+    std::fprintf(stderr, "loom serve: model '%s' = %s\n", sv->options().model_name.c_str(),
+                 sv->pipeline().config().source.c_str());
+  std::fprintf(stderr, "loom serve: listening on http://%s:%u (Ctrl-C or SIGTERM drains and stops)\n",
+               o.host.c_str(), static_cast<unsigned>(acc.local_endpoint().port()));
   std::atomic<size_t> live{0};
   const int afd = acc.native_handle();
   while (!g_stop) {
@@ -270,15 +272,15 @@ int run_server(Service& s) {
       continue;
     }
     ++live;
-    std::thread(session, std::move(sock), std::ref(s), std::ref(live)).detach();
+    std::thread(session, std::move(sock), std::ref(ss), std::ref(live)).detach();
   }
   std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight)\n", live.load(),
-               s.in_flight());
+               ss.in_flight());
   acc.close(ec);
   // The connections finish their requests (the engine keeps stepping until none is left).
   for (int i = 0; i < 600 && live > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  s.stop();
+  ss.stop();
   std::fprintf(stderr, "loom serve: stopped\n");
   return 0;
 }

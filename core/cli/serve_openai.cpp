@@ -379,11 +379,12 @@ Reply error_reply(unsigned status, const std::string& message, const std::string
 
 // ---- the endpoints ----
 
-std::optional<Reply> handle(Service& s, const std::string& method, const std::string& target,
+std::optional<Reply> handle(Services& ss, const std::string& method, const std::string& target,
                             const std::string& body, const EventSink* stream, const ClientGone& gone,
                             bool& wants_stream) {
   wants_stream = false;
   std::string path = target.substr(0, target.find('?'));
+  Service* sp = &ss.first(); // the request's model (errors before it is known count on the first)
   try {
     if (path == "/health") {
       if (method != "GET") return error_reply(405, "use GET");
@@ -391,21 +392,18 @@ std::optional<Reply> handle(Service& s, const std::string& method, const std::st
     }
     if (path == "/v1/models") {
       if (method != "GET") return error_reply(405, "use GET");
-      const json j = {{"object", "list"},
-                      {"data", json::array({{{"id", s.options().model_name},
-                                             {"object", "model"},
-                                             {"created", unix_now()},
-                                             {"owned_by", "loom"},
-                                             {"max_model_len", s.pipeline().n_ctx()}}})}};
-      return Reply{200, j.dump(), "application/json"};
+      json data = json::array();
+      for (const auto& s : ss.all())
+        data.push_back({{"id", s->options().model_name},
+                        {"object", "model"},
+                        {"created", unix_now()},
+                        {"owned_by", "loom"},
+                        {"max_model_len", s->pipeline().n_ctx()}});
+      return Reply{200, json{{"object", "list"}, {"data", data}}.dump(), "application/json"};
     }
     if (path == "/metrics") {
       if (method != "GET") return error_reply(405, "use GET");
-      const auto snap = s.snapshot();
-      return Reply{200,
-                   s.metrics().render(snap.running, snap.waiting, snap.kv_usage, snap.preemptions,
-                                      s.options().model_name),
-                   "text/plain; version=0.0.4"};
+      return Reply{200, render_metrics(ss), "text/plain; version=0.0.4"};
     }
     const bool completions = path == "/v1/completions", chat = path == "/v1/chat/completions";
     const bool tokenize = path == "/tokenize", detokenize = path == "/detokenize";
@@ -419,14 +417,20 @@ std::optional<Reply> handle(Service& s, const std::string& method, const std::st
       return error_reply(400, std::string("the body is not JSON: ") + e.what());
     }
     if (!j.is_object()) return error_reply(400, "the body must be a JSON object");
-    if (const auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (const auto m = j.find("model"); m != j.end() && !m->is_null()) { // which pipeline serves it
       if (!m->is_string()) bad("model", "'model' must be a string");
-      if (m->get<std::string>() != s.options().model_name)
-        return error_reply(404,
-                           "the model '" + m->get<std::string>() + "' does not exist; this server has '" +
-                               s.options().model_name + "'",
-                           "not_found_error", "model");
+      sp = ss.find(m->get<std::string>());
+      if (!sp) {
+        std::string names;
+        for (const auto& s : ss.all())
+          names += (names.empty() ? "'" : ", '") + s->options().model_name + "'";
+        sp = &ss.first();
+        return error_reply(
+            404, "the model '" + m->get<std::string>() + "' does not exist; this server has " + names,
+            "not_found_error", "model");
+      }
     }
+    Service& s = *sp;
     Pipeline& p = s.pipeline();
     if (tokenize) {
       std::vector<TokenId> ids;
@@ -460,10 +464,10 @@ std::optional<Reply> handle(Service& s, const std::string& method, const std::st
     wants_stream = a.stream;
     return run(s, a, chat, a.stream ? stream : nullptr, gone);
   } catch (const BadRequest& e) {
-    s.metrics().http_error();
+    sp->metrics().http_error();
     return error_reply(e.status, e.message, e.type, e.param);
   } catch (const Error& e) {
-    s.metrics().http_error();
+    sp->metrics().http_error();
     return error_reply(400, e.what());
   }
 }
@@ -573,72 +577,99 @@ void Metrics::Histogram::add(double v) {
 void Metrics::finished(const GenerationResult& r, bool ok) {
   std::lock_guard lk(mu_);
   if (r.stop_reason == StopReason::cancelled)
-    ++cancelled_;
+    ++v_.cancelled;
   else
-    (ok ? success_ : failed_) += 1;
-  prompt_tokens_ += static_cast<uint64_t>(r.metrics.n_prompt);
-  generation_tokens_ += static_cast<uint64_t>(r.metrics.n_generated);
-  if (r.metrics.n_generated > 0) ttft_.add(r.metrics.ttft_ms / 1e3);
-  if (r.metrics.n_generated > 1) tpot_.add(r.metrics.tpot_ms / 1e3);
-  e2e_.add(r.metrics.total_ms / 1e3);
-  queue_.add(r.metrics.queue_ms / 1e3);
+    (ok ? v_.success : v_.failed) += 1;
+  v_.prompt_tokens += static_cast<uint64_t>(r.metrics.n_prompt);
+  v_.generation_tokens += static_cast<uint64_t>(r.metrics.n_generated);
+  if (r.metrics.n_generated > 0) v_.ttft.add(r.metrics.ttft_ms / 1e3);
+  if (r.metrics.n_generated > 1) v_.tpot.add(r.metrics.tpot_ms / 1e3);
+  v_.e2e.add(r.metrics.total_ms / 1e3);
+  v_.queue.add(r.metrics.queue_ms / 1e3);
 }
 
-std::string Metrics::render(size_t running, size_t waiting, double kv_usage, size_t preemptions,
-                            const std::string& model) const {
+Metrics::Values Metrics::values() const {
   std::lock_guard lk(mu_);
+  Values v = v_;
+  v.http_errors = http_errors_.load();
+  return v;
+}
+
+std::string render_metrics(const Services& ss) {
+  struct One {
+    std::string label;
+    Service::Snapshot snap;
+    Metrics::Values v;
+  };
+  std::vector<One> all;
+  for (const auto& s : ss.all())
+    all.push_back({"model_name=\"" + s->options().model_name + "\"", s->snapshot(), s->metrics().values()});
   std::string out;
-  const std::string label = "{model_name=\"" + model + "\"}";
-  const auto line = [&](const std::string& name, const std::string& type, const std::string& help, double v) {
+  const auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  // One family: HELP and TYPE once per namespace, then a sample per model.
+  const auto line = [&](const std::string& name, const std::string& type, const std::string& help,
+                        const std::function<double(const One&)>& value) {
     for (const char* ns : {"vllm:", "loom:"}) {
       out += "# HELP " + std::string(ns) + name + " " + help + "\n# TYPE " + ns + name + " " + type + "\n";
-      char b[64];
-      std::snprintf(b, sizeof b, "%.17g", v);
-      out += std::string(ns) + name + label + " " + b + "\n";
+      for (const One& o : all)
+        out += std::string(ns) + name + "{" + o.label + "} " + num(value(o)) + "\n";
     }
   };
-  const auto hist = [&](const std::string& name, const std::string& help, const Histogram& h) {
+  const auto hist = [&](const std::string& name, const std::string& help,
+                        const std::function<const Metrics::Histogram&(const One&)>& h) {
     for (const char* ns : {"vllm:", "loom:"}) {
       out += "# HELP " + std::string(ns) + name + " " + help + "\n# TYPE " + ns + name + " histogram\n";
-      uint64_t cum = 0;
-      for (size_t i = 0; i <= h.bounds.size(); ++i) {
-        cum += h.counts.empty() ? 0 : h.counts[i];
-        char le[32];
-        if (i < h.bounds.size())
-          std::snprintf(le, sizeof le, "%g", h.bounds[i]);
-        else
-          std::snprintf(le, sizeof le, "+Inf");
-        out += std::string(ns) + name + "_bucket{model_name=\"" + model + "\",le=\"" + le + "\"} " +
-               std::to_string(cum) + "\n";
+      for (const One& o : all) {
+        const Metrics::Histogram& x = h(o);
+        uint64_t cum = 0;
+        for (size_t i = 0; i <= x.bounds.size(); ++i) {
+          cum += x.counts.empty() ? 0 : x.counts[i];
+          char le[32];
+          if (i < x.bounds.size())
+            std::snprintf(le, sizeof le, "%g", x.bounds[i]);
+          else
+            std::snprintf(le, sizeof le, "+Inf");
+          out += std::string(ns) + name + "_bucket{" + o.label + ",le=\"" + le + "\"} " +
+                 std::to_string(cum) + "\n";
+        }
+        out += std::string(ns) + name + "_sum{" + o.label + "} " + num(x.sum) + "\n";
+        out += std::string(ns) + name + "_count{" + o.label + "} " + std::to_string(x.n) + "\n";
       }
-      char b[64];
-      std::snprintf(b, sizeof b, "%.17g", h.sum);
-      out += std::string(ns) + name + "_sum" + label + " " + b + "\n";
-      out += std::string(ns) + name + "_count" + label + " " + std::to_string(h.n) + "\n";
     }
   };
+  const auto d = [](auto v) { return static_cast<double>(v); };
   line("num_requests_running", "gauge", "Requests in the engine's running batch.",
-       static_cast<double>(running));
-  line("num_requests_waiting", "gauge", "Requests waiting to start.", static_cast<double>(waiting));
-  line("kv_cache_usage_perc", "gauge", "Fraction of the KV cache's blocks in use (1 = full).", kv_usage);
+       [&](const One& o) { return d(o.snap.running); });
+  line("num_requests_waiting", "gauge", "Requests waiting to start.",
+       [&](const One& o) { return d(o.snap.waiting); });
+  line("kv_cache_usage_perc", "gauge", "Fraction of the KV cache's blocks in use (1 = full).",
+       [&](const One& o) { return o.snap.kv_usage; });
   line("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-       static_cast<double>(prompt_tokens_));
+       [&](const One& o) { return d(o.v.prompt_tokens); });
   line("generation_tokens_total", "counter", "Generated tokens of finished requests.",
-       static_cast<double>(generation_tokens_));
+       [&](const One& o) { return d(o.v.generation_tokens); });
   line("num_preemptions_total", "counter", "Requests preempted (KV taken back, recomputed later).",
-       static_cast<double>(preemptions));
+       [&](const One& o) { return d(o.snap.preemptions); });
   line("request_success_total", "counter", "Requests that finished without an error.",
-       static_cast<double>(success_));
+       [&](const One& o) { return d(o.v.success); });
   line("request_failure_total", "counter", "Requests that ended with an engine error.",
-       static_cast<double>(failed_));
+       [&](const One& o) { return d(o.v.failed); });
   line("request_cancelled_total", "counter", "Requests cancelled (their client went away).",
-       static_cast<double>(cancelled_));
+       [&](const One& o) { return d(o.v.cancelled); });
   line("http_request_errors_total", "counter", "Requests refused with a 4xx/5xx before reaching the engine.",
-       static_cast<double>(http_errors_.load()));
-  hist("time_to_first_token_seconds", "Time to first token.", ttft_);
-  hist("time_per_output_token_seconds", "Time per output token after the first.", tpot_);
-  hist("e2e_request_latency_seconds", "Request latency, submit to end.", e2e_);
-  hist("request_queue_time_seconds", "Time waiting before the first admission.", queue_);
+       [&](const One& o) { return d(o.v.http_errors); });
+  hist("time_to_first_token_seconds", "Time to first token.",
+       [](const One& o) -> const Metrics::Histogram& { return o.v.ttft; });
+  hist("time_per_output_token_seconds", "Time per output token after the first.",
+       [](const One& o) -> const Metrics::Histogram& { return o.v.tpot; });
+  hist("e2e_request_latency_seconds", "Request latency, submit to end.",
+       [](const One& o) -> const Metrics::Histogram& { return o.v.e2e; });
+  hist("request_queue_time_seconds", "Time waiting before the first admission.",
+       [](const One& o) -> const Metrics::Histogram& { return o.v.queue; });
   return out;
 }
 

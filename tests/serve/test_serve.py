@@ -116,7 +116,7 @@ try:
     check(st == 200 and json.loads(raw)["status"] == "ok", "/health")
     st, models = s.request("GET", "/v1/models")
     models = json.loads(models)
-    check(st == 200 and models["data"][0]["id"] == "stories260K", "/v1/models names the model")
+    check(st == 200 and models["data"][0]["id"] == "quickstart", "/v1/models names the pipeline (the file's stem)")
     expected = open(os.path.join(MODELS, "reference", "once_upon_a_time.n64.txt")).read().strip()
     st, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40})
     check(st == 200 and ("Once upon a time" + r["choices"][0]["text"]).strip() in expected,
@@ -233,16 +233,16 @@ try:
         check(os.environ.get("LOOM_REQUIRE_OPENAI") != "1", "the openai client is required (LOOM_REQUIRE_OPENAI=1)")
     if openai:
         cl = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="none")
-        r = cl.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=40)
+        r = cl.completions.create(model="quickstart", prompt="Once upon a time", max_tokens=40)
         check(r.choices[0].text == whole, "openai: completions")
-        parts = [ch.choices[0].text for ch in cl.completions.create(model="stories260K", prompt="Once upon a time",
+        parts = [ch.choices[0].text for ch in cl.completions.create(model="quickstart", prompt="Once upon a time",
                                                                     max_tokens=40, stream=True) if ch.choices]
         check("".join(parts) == whole, "openai: streamed completions")
-        r = cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=12)
+        r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=12)
         check(r.choices[0].message.role == "assistant", "openai: chat")
         parts = []
         usage = None
-        for ch in cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=12, stream=True,
+        for ch in cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=12, stream=True,
                                              stream_options={"include_usage": True}):
             if ch.choices:
                 parts.append(ch.choices[0].delta.content or "")
@@ -250,10 +250,10 @@ try:
                 usage = ch.usage
         check("".join(parts) == r.choices[0].message.content and usage and usage.completion_tokens == 12,
               "openai: streamed chat with usage")
-        r = cl.chat.completions.create(model="stories260K", messages=msgs, max_tokens=4, n=2, logprobs=True)
+        r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=4, n=2, logprobs=True)
         check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 4, "openai: n = 2, logprobs")
         try:
-            cl.completions.create(model="stories260K", prompt="x", max_tokens=-3)
+            cl.completions.create(model="quickstart", prompt="x", max_tokens=-3)
             check(False, "openai: a bad request raises")
         except openai.BadRequestError:
             pass
@@ -261,6 +261,23 @@ try:
 finally:
     rc = s.stop()
 check(rc == 0, "SIGTERM: exit 0")
+
+# ---- two pipelines behind one server, each under its file's stem ----
+two = Server("-c", os.path.join(SRC, "configs", "sampling.toml"))
+try:
+    st, raw = two.request("GET", "/v1/models")
+    ids = [m["id"] for m in json.loads(raw)["data"]]
+    check(ids == ["quickstart", "sampling"], "two pipelines listed: " + repr(ids))
+    st, a = two.post("/v1/completions", {"model": "quickstart", "prompt": "Once upon a time", "max_tokens": 40})
+    check(st == 200 and a["model"] == "quickstart" and a["choices"][0]["text"] == whole,
+          "the model field picks the greedy pipeline")
+    st, b = two.post("/v1/completions", {"model": "sampling", "prompt": "Once upon a time", "max_tokens": 40, "seed": 9})
+    check(st == 200 and b["model"] == "sampling", "... and the other")
+    st, raw = two.request("GET", "/metrics")
+    check('model_name="sampling"' in raw.decode() and raw.decode().count("# TYPE vllm:num_requests_running gauge") == 1,
+          "metrics: one family, a sample per pipeline")
+finally:
+    check(two.stop() == 0, "two pipelines: SIGTERM exit 0")
 
 # ---- the API key, and a drain that finishes the request in flight ----
 k = Server("--api-key", "sesame")
