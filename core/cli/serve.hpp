@@ -9,6 +9,7 @@
 
 #include "loom/chat.hpp"
 #include "loom/pipeline.hpp"
+#include "loom/tool_calls.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -91,6 +92,8 @@ public:
   Pipeline& pipeline() noexcept { return *p_; }
   const ServeOptions& options() const noexcept { return o_; }
   const chat::Template* chat_template() const noexcept { return tmpl_ ? &*tmpl_ : nullptr; }
+  // How the chat template writes tool calls (what replies are parsed for when a request gives tools).
+  tools::Format tool_format() const noexcept { return tool_format_; }
   Metrics& metrics() noexcept { return metrics_; }
 
   // Submits a request; its text and result reach `job` (on the stepping thread). Throws loom::Error for a
@@ -112,6 +115,7 @@ private:
   std::unique_ptr<Pipeline> p_;
   ServeOptions o_;
   std::optional<chat::Template> tmpl_;
+  tools::Format tool_format_ = tools::Format::none;
   Metrics metrics_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -70,6 +70,7 @@ struct Ask {
   std::optional<uint64_t> seed;
   bool stream = false, include_usage = false;
   bool logprobs = false;
+  bool tools = false; // the request gave tools (and tool_choice is not "none"): replies are parsed for calls
   std::shared_ptr<SequenceTemplate> sequence;
 };
 
@@ -137,6 +138,22 @@ Ask ask_of(const json& j, Service& s, bool chat) {
       bad("messages", "this model has no chat template (tokenizer.chat_template): use /v1/completions");
     chat::RenderInput in;
     in.messages = nlohmann::ordered_json::parse(it->dump());
+    if (const auto t = j.find("tools"); t != j.end() && !t->is_null()) {
+      if (!t->is_array()) bad("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
+      std::string choice = "auto";
+      if (const auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+        if (c->is_string())
+          choice = c->get<std::string>();
+        else if (!c->is_object())
+          bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {type, function}");
+      }
+      if (choice != "none" && choice != "auto" && choice != "required")
+        bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {type, function}");
+      if (choice != "none" && !t->empty()) {
+        in.tools = nlohmann::ordered_json::parse(t->dump());
+        a.tools = true;
+      }
+    }
     try {
       a.prompt = chat::chat_prompt(*s.chat_template(), in, p.tokenizer()).tokens;
     } catch (const Error& e) {
@@ -232,6 +249,32 @@ json logprobs_json(const Tokenizer& tok, const GenerationResult& r, bool chat) {
                               r.logprobs.begin() + static_cast<std::ptrdiff_t>(tokens.size()))}};
 }
 
+// A chat choice: the reply, or its tool calls (OpenAI's tool_calls; finish_reason "tool_calls").
+json tool_calls_json(const tools::Parsed& p, size_t choice) {
+  json calls = json::array();
+  for (size_t k = 0; k < p.calls.size(); ++k)
+    calls.push_back({{"index", k},
+                     {"id", "call_" + std::to_string(choice) + "_" + std::to_string(k) + new_id("")},
+                     {"type", "function"},
+                     {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
+  return calls;
+}
+json chat_choice(Service& s, const Ask& a, const GenerationResult& r, size_t i) {
+  if (a.tools) {
+    const tools::Parsed p = tools::parse(s.tool_format(), r.text);
+    if (!p.calls.empty())
+      return {{"index", i},
+              {"message",
+               {{"role", "assistant"},
+                {"content", p.content.empty() ? json(nullptr) : json(p.content)},
+                {"tool_calls", tool_calls_json(p, i)}}},
+              {"finish_reason", "tool_calls"}};
+  }
+  return {{"index", i},
+          {"message", {{"role", "assistant"}, {"content", r.text}}},
+          {"finish_reason", finish_reason(r.stop_reason)}};
+}
+
 // Runs an Ask: n engine requests; whole or streamed. Returns the reply (nullopt: streamed).
 std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* sink, const ClientGone& gone) {
   const std::string id = new_id(chat ? "chatcmpl" : "cmpl");
@@ -288,7 +331,8 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
         piece.swap(jb.text);
         now_done = jb.done;
       }
-      if (streaming && !piece.empty()) {
+      const bool held = chat && a.tools; // a reply that may be tool calls goes out whole, at its end
+      if (streaming && !piece.empty() && !held) {
         json choice = chat ? json{{"index", i}, {"delta", {{"content", piece}}}, {"finish_reason", nullptr}}
                            : json{{"index", i}, {"text", piece}, {"finish_reason", nullptr}};
         send({{"id", id},
@@ -300,7 +344,27 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
       if (now_done) {
         finished[i] = true;
         ++done;
-        if (streaming) {
+        if (streaming && held) { // the content, or the tool calls as deltas (arguments whole, never null)
+          const tools::Parsed p = tools::parse(s.tool_format(), jb.result.text);
+          json delta = p.calls.empty()
+                           ? json{{"content", jb.result.text}}
+                           : json{{"content", p.content.empty() ? json(nullptr) : json(p.content)},
+                                  {"tool_calls", tool_calls_json(p, i)}};
+          send({{"id", id},
+                {"object", chunk_object},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array({{{"index", i}, {"delta", delta}, {"finish_reason", nullptr}}})}});
+          send({{"id", id},
+                {"object", chunk_object},
+                {"created", created},
+                {"model", model},
+                {"choices",
+                 json::array({{{"index", i},
+                               {"delta", json::object()},
+                               {"finish_reason",
+                                p.calls.empty() ? finish_reason(jb.result.stop_reason) : "tool_calls"}}})}});
+        } else if (streaming) {
           json choice =
               chat
                   ? json{{"index", i},
@@ -353,9 +417,7 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
   json choices = json::array();
   for (size_t i = 0; i < jobs.size(); ++i) {
     const GenerationResult& r = jobs[i]->result;
-    json c = chat ? json{{"index", i},
-                         {"message", {{"role", "assistant"}, {"content", r.text}}},
-                         {"finish_reason", finish_reason(r.stop_reason)}}
+    json c = chat ? chat_choice(s, a, r, i)
                   : json{{"index", i}, {"text", r.text}, {"finish_reason", finish_reason(r.stop_reason)}};
     c["logprobs"] = a.logprobs ? logprobs_json(s.pipeline().tokenizer(), r, chat) : json(nullptr);
     choices.push_back(std::move(c));
@@ -488,6 +550,11 @@ Service::Service(std::unique_ptr<Pipeline> p, ServeOptions o) : p_(std::move(p))
                  "loom serve: the model has no chat template: chat completions use the built-in '%s'\n",
                  name.c_str());
   }
+  tool_format_ = tools::format_of_template(
+      !o_.chat_template.empty()
+          ? std::string_view(o_.chat_template)
+          : std::string_view(
+                p_->model().file().get_string_opt("tokenizer.chat_template").value_or(tmpl_->name())));
   thread_ = std::thread([this] { loop(); });
 }
 

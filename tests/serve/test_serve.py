@@ -143,6 +143,15 @@ try:
     ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "stream": True})
     check(ev[0]["choices"][0]["delta"].get("role") == "assistant", "the role first")
     check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "streamed chat == whole chat")
+    # tools: accepted and rendered; a reply without a call is content (the format's parser is unit-tested)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "the weather",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools})
+    check(st == 200 and r["choices"][0]["message"]["content"] is not None, "a request with tools: " + json.dumps(r)[:200])
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools, "stream": True})
+    check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the reply whole at its end")
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": "sometimes"})
+    check(st == 400 and r["error"]["param"] == "tool_choice", "a bad tool_choice: 400")
     # n, seeds, sampling fields, logprobs
     st, r = s.post("/v1/completions", {"prompt": "Once", "n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 5,
                                        "logprobs": 1})
