@@ -101,9 +101,10 @@ int cmd_serve(const std::vector<std::string>& args) {
   serve::Services services;
   for (size_t i = 0; i < cfgs.size(); ++i) {
     serve::ServeOptions oi = o;
-    oi.model_name = vm.count("name")    ? vm["name"].as<std::string>()
-                    : !files[i].empty() ? std::filesystem::path(files[i]).stem().string()
-                                        : std::filesystem::path(cfgs[i].model.path).stem().string();
+    oi.model_name = vm.count("name")              ? vm["name"].as<std::string>()
+                    : !cfgs[i].serve.name.empty() ? cfgs[i].serve.name
+                    : !files[i].empty()           ? std::filesystem::path(files[i]).stem().string()
+                                                  : std::filesystem::path(cfgs[i].model.path).stem().string();
     if (services.find(oi.model_name))
       throw UsageError("two pipelines would be served as '" + oi.model_name +
                        "': give the files distinct names");

@@ -433,7 +433,7 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   cfg.base_dir = base_dir;
   c.only_keys(root, "the pipeline",
               {"model", "backend", "attention", "kv_cache", "scheduler", "decoder", "verifier", "sampler",
-               "stop_criterion", "stop", "run", "plugins"});
+               "stop_criterion", "stop", "run", "plugins", "serve"});
 
   if (const auto* t = section(c, root, "model")) {
     c.only_keys(*t, "[model]", {"path", "n_ctx"});
@@ -495,6 +495,16 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
         read_int(c, *t, "scheduler", "max_batch_tokens", 2048, 1, 1 << 20, "in 1..1048576"));
     cfg.scheduler.max_sequences =
         static_cast<int32_t>(read_int(c, *t, "scheduler", "max_sequences", 64, 1, 4096, "in 1..4096"));
+  }
+  if (const auto* t = section(c, root, "serve")) {
+    c.only_keys(*t, "[serve]", {"name"});
+    read_string(c, *t, "serve", "name", cfg.serve.name);
+    for (const char ch : cfg.serve.name)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == '"' || ch == '\\')
+        c.error(*t->get("name"), "[serve] name",
+                "a model name without control characters, quotes or backslashes (it is a label in /metrics)");
+    if (t->get("name") && cfg.serve.name.empty())
+      c.error(*t->get("name"), "[serve] name", "a non-empty name");
   }
   if (const auto* t = section(c, root, "verifier")) {
     read_string(c, *t, "verifier", "name", cfg.verifier.name);
@@ -779,6 +789,10 @@ std::string to_toml(const PipelineConfig& cfg) {
   o << "\n[scheduler]\n";
   kv("max_batch_tokens", std::to_string(cfg.scheduler.max_batch_tokens));
   kv("max_sequences", std::to_string(cfg.scheduler.max_sequences));
+  if (!cfg.serve.name.empty()) {
+    o << "\n[serve]\n";
+    kv("name", toml_string(cfg.serve.name));
+  }
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));
   if (!cfg.decoder.draft.empty()) {

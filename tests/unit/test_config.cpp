@@ -156,3 +156,15 @@ TEST(Config, MissingFileIsNotFound) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Config, ServeNameIsAMetricsSafeLabel) {
+  EXPECT_EQ(loom::parse_pipeline("[serve]\nname = \"tiny-greedy\"\n", "p.toml").serve.name, "tiny-greedy");
+  EXPECT_TRUE(loom::parse_pipeline("[model]\npath = \"m.gguf\"\n", "p.toml").serve.name.empty());
+  for (const char* bad : {"[serve]\nname = \"a\\\"b\"\n", "[serve]\nname = \"\"\n", "[serve]\nname = 3\n",
+                          "[serve]\nnam = \"x\"\n"})
+    EXPECT_THROW((void)loom::parse_pipeline(bad, "p.toml"), loom::Error) << bad;
+}
+
+} // namespace

@@ -47,6 +47,10 @@ struct PipelineConfig {
     int32_t max_batch_tokens = 2048; // token rows per forward: decodes first, then prefill chunks
     int32_t max_sequences = 64;      // requests running at once (`--parallel` sets it for a run)
   } scheduler;
+
+  struct ServeSection {
+    std::string name; // the model name `loom serve` answers to ("": the pipeline file's stem)
+  } serve;
   struct DecoderSection {
     std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain); else a plugin
     std::vector<std::pair<std::string, ParamValue>> params; // the other keys: the decoder plugin reads them
