@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <type_traits>
 
 namespace loom::cuda {
 
@@ -422,31 +423,47 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
   k_rms_norm<<<static_cast<unsigned>(rows), k_threads, 0, s>>>(x, w, y, n, eps);
 }
 
+// Runs launch(integral_constant<int, n>, t0) for the rows of a GEMV in chunks of at most 8 (the kernels'
+// accumulators per lane are a template argument).
+template <class Launch> void by_chunks_of_8(int32_t T, const Launch& launch) {
+  for (int32_t t0 = 0; t0 < T; t0 += 8) {
+    switch (T - t0 < 8 ? T - t0 : 8) {
+    case 1:
+      launch(std::integral_constant<int, 1>{}, t0);
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>{}, t0);
+      break;
+    case 3:
+      launch(std::integral_constant<int, 3>{}, t0);
+      break;
+    case 4:
+      launch(std::integral_constant<int, 4>{}, t0);
+      break;
+    case 5:
+      launch(std::integral_constant<int, 5>{}, t0);
+      break;
+    case 6:
+      launch(std::integral_constant<int, 6>{}, t0);
+      break;
+    case 7:
+      launch(std::integral_constant<int, 7>{}, t0);
+      break;
+    default:
+      launch(std::integral_constant<int, 8>{}, t0);
+      break;
+    }
+  }
+}
+
 void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, float* y, int64_t K, int64_t N,
           int32_t T, cudaStream_t s) {
   if (N == 0 || T == 0) return;
   const unsigned grid = blocks_for(N * 32);
-  switch (T) {
-#define LOOM_GEMV_CASE(n)                                                                                    \
-  case n:                                                                                                    \
-    k_gemv<n><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x, y, K, N);                                    \
-    break;
-    LOOM_GEMV_CASE(1)
-    LOOM_GEMV_CASE(2)
-    LOOM_GEMV_CASE(3)
-    LOOM_GEMV_CASE(4)
-    LOOM_GEMV_CASE(5)
-    LOOM_GEMV_CASE(6)
-    LOOM_GEMV_CASE(7)
-    LOOM_GEMV_CASE(8)
-#undef LOOM_GEMV_CASE
-  default: // callers keep T ≤ 8; larger T in chunks of 8
-    for (int32_t t0 = 0; t0 < T; t0 += 8) {
-      const int32_t n = T - t0 < 8 ? T - t0 : 8;
-      gemv(type, w, row_bytes, x + static_cast<int64_t>(t0) * K, y + static_cast<int64_t>(t0) * N, K, N, n,
-           s);
-    }
-  }
+  by_chunks_of_8(T, [&](auto n, int32_t t0) {
+    k_gemv<decltype(n)::value><<<grid, k_threads, 0, s>>>(
+        type, w, row_bytes, x + static_cast<int64_t>(t0) * K, y + static_cast<int64_t>(t0) * N, K, N);
+  });
 }
 
 void quantize_acts(const float* x, void* xq, int64_t n_blocks, cudaStream_t s) {
@@ -463,26 +480,10 @@ void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* x
   if (N == 0 || T == 0) return;
   const unsigned grid = blocks_for(N * 32);
   const auto* x = static_cast<const Q8Block*>(xq);
-  switch (T) {
-#define LOOM_GEMV_CASE(n)                                                                                    \
-  case n:                                                                                                    \
-    k_gemv_int8<n><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x, y, K, N);                               \
-    break;
-    LOOM_GEMV_CASE(1)
-    LOOM_GEMV_CASE(2)
-    LOOM_GEMV_CASE(3)
-    LOOM_GEMV_CASE(4)
-    LOOM_GEMV_CASE(5)
-    LOOM_GEMV_CASE(6)
-    LOOM_GEMV_CASE(7)
-    LOOM_GEMV_CASE(8)
-#undef LOOM_GEMV_CASE
-  default:
-    for (int32_t t0 = 0; t0 < T; t0 += 8) {
-      const int32_t n = T - t0 < 8 ? T - t0 : 8;
-      gemv_int8(type, w, row_bytes, x + t0 * (K / 32), y + static_cast<int64_t>(t0) * N, K, N, n, s);
-    }
-  }
+  by_chunks_of_8(T, [&](auto n, int32_t t0) {
+    k_gemv_int8<decltype(n)::value><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x + t0 * (K / 32),
+                                                               y + static_cast<int64_t>(t0) * N, K, N);
+  });
 }
 
 void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,
