@@ -11,6 +11,7 @@
 #include "loom/attention/reference.hpp"
 #include "loom/backend.hpp"
 #include "loom/dtype.hpp"
+#include "op_harness.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -24,6 +25,9 @@
 namespace {
 
 using namespace loom;
+using test::expect_close;
+using test::Rand;
+using test::Weight;
 
 // Every level this CPU runs (the log of each test names the level of each check).
 std::vector<cpu::Isa> isas() {
@@ -32,35 +36,6 @@ std::vector<cpu::Isa> isas() {
     if (cpu::isa_supported(l)) v.push_back(l);
   return v;
 }
-
-struct Rand {
-  std::mt19937 rng;
-  explicit Rand(uint32_t seed) : rng(seed) {}
-  std::vector<float> normal(size_t n, float sd) {
-    std::normal_distribution<float> nd(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v)
-      x = nd(rng);
-    return v;
-  }
-};
-
-// A weight of `rows` rows of `n` elements stored as `type` (random, std sd).
-struct Weight {
-  DType type;
-  int64_t n, rows;
-  std::vector<uint8_t> bytes;
-  Weight(DType t, int64_t n_, int64_t rows_, Rand& r, float sd = 1.0f) : type(t), n(n_), rows(rows_) {
-    const auto f = r.normal(static_cast<size_t>(n * rows), sd);
-    const size_t rb = row_bytes(t, n);
-    bytes.resize(rb * static_cast<size_t>(rows));
-    for (int64_t j = 0; j < rows; ++j)
-      quantize_row(t, f.data() + j * n, bytes.data() + static_cast<size_t>(j) * rb, n);
-  }
-  int32_t add(Graph& g, const std::string& name) const {
-    return g.add_weight(name, type, {n, rows, 1, 1}, bytes.data());
-  }
-};
 
 // A graph whose inputs are T tokens; `src` rows are looked up from an f32 table, so every op under
 // test reads activations that earlier nodes wrote.
@@ -117,17 +92,6 @@ struct Harness {
     return y;
   }
 };
-
-void expect_close(const std::vector<float>& ref, const std::vector<float>& got, double tol,
-                  const std::string& what) {
-  ASSERT_EQ(ref.size(), got.size()) << what;
-  double mag = 0;
-  for (float v : ref)
-    mag = std::max(mag, std::fabs(static_cast<double>(v)));
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(ref[i]), tol * (mag + 1.0))
-        << what << " at " << i;
-}
 
 // gemm_min applies to every matrix type here, so a test asking for oneDNN gets it for quantized ones too.
 std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repack = true,

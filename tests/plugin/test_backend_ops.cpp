@@ -9,6 +9,7 @@
 #include "loom/kv_cache.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/plugin_host.hpp"
+#include "op_harness.hpp"
 #include "plugin/plugin_internal.hpp"
 #include "test_util.hpp"
 
@@ -20,31 +21,9 @@
 namespace {
 
 using namespace loom;
-
-struct Rand {
-  std::mt19937 rng;
-  explicit Rand(uint32_t seed) : rng(seed) {}
-  std::vector<float> normal(size_t n, float sd) {
-    std::normal_distribution<float> nd(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v)
-      x = nd(rng);
-    return v;
-  }
-};
-
-struct Weight {
-  DType type;
-  int64_t n, rows;
-  std::vector<uint8_t> bytes;
-  Weight(DType t, int64_t n_, int64_t rows_, Rand& r, float sd = 1.0f) : type(t), n(n_), rows(rows_) {
-    const auto f = r.normal(static_cast<size_t>(n * rows), sd);
-    const size_t rb = row_bytes(t, n);
-    bytes.resize(rb * static_cast<size_t>(rows));
-    for (int64_t j = 0; j < rows; ++j)
-      quantize_row(t, f.data() + j * n, bytes.data() + static_cast<size_t>(j) * rb, n);
-  }
-};
+using test::expect_close;
+using test::Rand;
+using test::Weight;
 
 // A plugin backend by name from the build's bin directory, with its [backend] keys; nullopt and the reason
 // when it cannot run here.
@@ -131,17 +110,6 @@ std::unique_ptr<KVCacheStore> store(int32_t n_head_kv, int32_t head_dim, DType d
   KVShape s{1, n_head_kv, head_dim, n_ctx, 2, dt};
   s.block_size = 4;
   return make_paged_kv_cache(s);
-}
-
-void expect_close(const std::vector<float>& ref, const std::vector<float>& got, double tol,
-                  const std::string& what) {
-  ASSERT_EQ(ref.size(), got.size()) << what;
-  double mag = 0;
-  for (float v : ref)
-    mag = std::max(mag, std::fabs(static_cast<double>(v)));
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(ref[i]), tol * (mag + 1.0))
-        << what << " at " << i;
 }
 
 class BackendOps : public ::testing::TestWithParam<std::string> {
