@@ -17,7 +17,7 @@ namespace loom::cli::serve {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json; // key order kept: a JSON schema's properties, the replies' fields
 using Clock = std::chrono::steady_clock;
 
 // A request the client got wrong: a 400 with OpenAI's error body naming the field.
@@ -104,6 +104,43 @@ std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
       return c;
     };
     (void)t->make_chain(); // a bad parameter is the client's error now, not the engine's later
+  }
+  // response_format: the json_schema stage in front of the chain (the request's or the pipeline's), so
+  // the reply always parses.
+  if (const auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    const char* expected =
+        "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}";
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+      bad("response_format", expected);
+    const std::string type = (*it)["type"].get<std::string>();
+    std::optional<std::string> schema;
+    if (type == "json_object") {
+      schema = "";
+    } else if (type == "json_schema") {
+      const auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object())
+        bad("response_format", "'response_format.json_schema' must be an object {name, schema, strict}");
+      const auto sc = js->find("schema");
+      if (sc != js->end() && !sc->is_null() && !sc->is_object() && !sc->is_boolean())
+        bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object");
+      schema = (sc == js->end() || sc->is_null()) ? std::string() : sc->dump();
+    } else if (type != "text") {
+      bad("response_format", expected);
+    }
+    if (schema) {
+      std::shared_ptr<const Sampler> stage;
+      try {
+        stage = create_sampler({"json_schema", {{"schema", *schema}}});
+      } catch (const Error& e) {
+        bad("response_format", e.what());
+      }
+      t->make_chain = [stage, base = t->make_chain] {
+        auto c = std::make_unique<SamplerChain>();
+        c->add(stage->clone());
+        c->add(base());
+        return c;
+      };
+    }
   }
   if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     std::vector<std::string> stops;

