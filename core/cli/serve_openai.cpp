@@ -70,6 +70,7 @@ struct Ask {
   std::optional<uint64_t> seed;
   bool stream = false, include_usage = false;
   bool logprobs = false;
+  int32_t top_logprobs = 0; // alternatives per token (chat: top_logprobs; completions: logprobs = N)
   bool tools = false; // the request gave tools (and tool_choice is not "none"): replies are parsed for calls
   std::shared_ptr<SequenceTemplate> sequence;
 };
@@ -232,8 +233,18 @@ Ask ask_of(const json& j, Service& s, bool chat) {
   a.stream = boolean(j, "stream").value_or(false);
   if (const auto it = j.find("stream_options"); it != j.end() && it->is_object())
     a.include_usage = boolean(*it, "include_usage").value_or(false);
-  if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null())
-    a.logprobs = it->is_boolean() ? it->get<bool>() : (it->is_number_integer() && it->get<int64_t>() > 0);
+  if (chat) { // logprobs: a boolean; top_logprobs: 0 … 20 alternatives, with logprobs
+    a.logprobs = boolean(j, "logprobs").value_or(false);
+    a.top_logprobs = static_cast<int32_t>(integer(j, "top_logprobs", 0, 20).value_or(0));
+    if (a.top_logprobs > 0 && !a.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  } else if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) { // completions: 0 … 20
+    if (it->is_boolean()) {
+      a.logprobs = it->get<bool>();
+    } else {
+      a.top_logprobs = static_cast<int32_t>(integer(j, "logprobs", 0, 20).value_or(0));
+      a.logprobs = true;
+    }
+  }
   a.sequence = sequence_of(j, s);
   return a;
 }
@@ -266,24 +277,59 @@ int64_t unix_now() {
   return static_cast<int64_t>(std::time(nullptr));
 }
 
-// OpenAI's logprobs object for chosen tokens only (top_logprobs: empty lists).
+// A token's own bytes (no prefix space stripped, a partial UTF-8 character kept): what OpenAI's
+// logprobs report as its text and bytes.
+std::string token_bytes(const Tokenizer& tok, TokenId id) {
+  DecodeState st;
+  st.at_start = false;
+  std::string out;
+  tok.decode_step(st, id, out, false);
+  return out + st.pending;
+}
+
+json bytes_json(const std::string& b) {
+  json a = json::array();
+  for (const char c : b)
+    a.push_back(static_cast<uint8_t>(c));
+  return a;
+}
+
+// OpenAI's logprobs object: chat's content list (token, logprob, bytes, top_logprobs), or completions'
+// tokens / token_logprobs / top_logprobs / text_offset.
 json logprobs_json(const Tokenizer& tok, const GenerationResult& r, bool chat) {
-  json content = json::array();
-  std::vector<std::string> tokens;
-  for (size_t i = 0; i < r.tokens.size() && i < r.logprobs.size(); ++i) {
-    const std::string text = tok.decode(std::span<const TokenId>(&r.tokens[i], 1));
-    if (chat)
-      content.push_back({{"token", text},
-                         {"logprob", r.logprobs[i]},
-                         {"bytes", json::array()},
-                         {"top_logprobs", json::array()}});
-    tokens.push_back(text);
+  const size_t n = std::min(r.tokens.size(), r.logprobs.size());
+  json content = json::array(), tokens = json::array(), lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string text = token_bytes(tok, r.tokens[i]);
+    const TokenAlternatives* alt = i < r.top_logprobs.size() ? &r.top_logprobs[i] : nullptr;
+    if (chat) {
+      json top = json::array();
+      if (alt)
+        for (const auto& [id, lp] : *alt) {
+          const std::string t = token_bytes(tok, id);
+          top.push_back({{"token", t}, {"logprob", lp}, {"bytes", bytes_json(t)}});
+        }
+      content.push_back(
+          {{"token", text}, {"logprob", r.logprobs[i]}, {"bytes", bytes_json(text)}, {"top_logprobs", top}});
+    } else {
+      tokens.push_back(text);
+      lps.push_back(r.logprobs[i]);
+      offsets.push_back(offset);
+      offset += text.size();
+      if (alt) {
+        json top = json::object();
+        for (const auto& [id, lp] : *alt)
+          top[token_bytes(tok, id)] = lp;
+        tops.push_back(top);
+      } else {
+        tops.push_back(nullptr);
+      }
+    }
   }
   if (chat) return {{"content", content}};
-  return {{"tokens", tokens},
-          {"token_logprobs",
-           std::vector<float>(r.logprobs.begin(),
-                              r.logprobs.begin() + static_cast<std::ptrdiff_t>(tokens.size()))}};
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 // A chat choice: the reply, or its tool calls (OpenAI's tool_calls; finish_reason "tool_calls").
@@ -327,6 +373,7 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
     r.seed = a.seed ? *a.seed + static_cast<uint64_t>(i)
                     : std::random_device{}() * 2654435761ULL + static_cast<uint64_t>(i);
     r.sequence = a.sequence;
+    r.top_logprobs = a.top_logprobs;
     auto job = std::make_shared<Job>();
     try {
       job->id = s.submit(std::move(r), job);
@@ -392,15 +439,16 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
                 {"created", created},
                 {"model", model},
                 {"choices", json::array({{{"index", i}, {"delta", delta}, {"finish_reason", nullptr}}})}});
+          json last = {
+              {"index", i},
+              {"delta", json::object()},
+              {"finish_reason", p.calls.empty() ? finish_reason(jb.result.stop_reason) : "tool_calls"}};
+          if (a.logprobs) last["logprobs"] = logprobs_json(s.pipeline().tokenizer(), jb.result, chat);
           send({{"id", id},
                 {"object", chunk_object},
                 {"created", created},
                 {"model", model},
-                {"choices",
-                 json::array({{{"index", i},
-                               {"delta", json::object()},
-                               {"finish_reason",
-                                p.calls.empty() ? finish_reason(jb.result.stop_reason) : "tool_calls"}}})}});
+                {"choices", json::array({last})}});
         } else if (streaming) {
           json choice =
               chat
@@ -408,6 +456,8 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
                          {"delta", json::object()},
                          {"finish_reason", finish_reason(jb.result.stop_reason)}}
                   : json{{"index", i}, {"text", ""}, {"finish_reason", finish_reason(jb.result.stop_reason)}};
+          if (a.logprobs) // every token's, with the last chunk (clients concatenate them across chunks)
+            choice["logprobs"] = logprobs_json(s.pipeline().tokenizer(), jb.result, chat);
           send({{"id", id},
                 {"object", chunk_object},
                 {"created", created},

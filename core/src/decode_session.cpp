@@ -29,6 +29,7 @@ struct DecodeSession::Seq {
   DecodeState detok;
   std::string text; // released text
   std::vector<float> logprobs;
+  std::vector<TokenAlternatives> top; // per generated token, when the request asked for top_logprobs
   double logprob_sum = 0;
   StopReason finished = StopReason::none;
   std::string stop_string;
@@ -143,6 +144,7 @@ void DecodeSession::copy_state(const Seq& p, Seq& c) {
   c.detok = p.detok;
   c.text = p.text;
   c.logprobs = p.logprobs;
+  c.top = p.top;
   c.logprob_sum = p.logprob_sum;
   c.finished = p.finished;
   c.stop_string = p.stop_string;
@@ -217,6 +219,7 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
   const Checkpoint& cp = *s.history[k];
   s.history.resize(k + 1);
   s.logprobs.resize(k);
+  if (s.top.size() > k) s.top.resize(k);
   s.logprob_sum = 0;
   for (float lp : s.logprobs)
     s.logprob_sum += static_cast<double>(lp);
@@ -272,6 +275,10 @@ StopReason DecodeSession::commit_token(Seq& s, TokenId token) {
       row0 ? token_logprob(std::span<const float>(row0, static_cast<size_t>(n_vocab())), token) : 0.0f;
   e.tokens.push_back(token);
   s.logprobs.push_back(lp);
+  if (top_logprobs_ > 0)
+    s.top.push_back(
+        row0 ? top_logprobs(std::span<const float>(row0, static_cast<size_t>(n_vocab())), top_logprobs_)
+             : TokenAlternatives{});
   s.logprob_sum += static_cast<double>(lp);
   s.chain->accept(token);
   if (e.n_rows > 0) { // the next row (after this token) becomes row 0, if it was evaluated
@@ -501,7 +508,7 @@ std::vector<DecodeSession::Outcome> DecodeSession::outcomes() const {
     out.push_back({seq, score,
                    std::vector<TokenId>(q.e->tokens.begin() + static_cast<std::ptrdiff_t>(prompt_.size()),
                                         q.e->tokens.end()),
-                   q.text, q.logprobs, q.finished, q.stop_string});
+                   q.text, q.logprobs, q.finished, q.stop_string, q.top});
   }
   return out;
 }

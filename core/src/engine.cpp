@@ -115,6 +115,7 @@ RequestId Engine::submit(EngineRequest req) {
   // The session only keeps references here; the KV store is touched at admission (stepping thread).
   r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
                                                req.max_new_tokens, std::move(req.on_text));
+  if (req.top_logprobs > 0) r->session->set_top_logprobs(static_cast<size_t>(req.top_logprobs));
   const RequestId id = r->id;
   incoming_.push_back(std::move(r));
   cv_.notify_all();
@@ -180,6 +181,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
     h.tokens = std::move(o.tokens);
     h.text = std::move(o.text);
     h.logprobs = std::move(o.logprobs);
+    h.top_logprobs = std::move(o.top_logprobs);
     h.stop_reason = o.stop_reason;
     h.stop_string = std::move(o.stop_string);
     h.score = o.score;
@@ -190,6 +192,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
     res.tokens = b.tokens;
     res.text = b.text;
     res.logprobs = b.logprobs;
+    res.top_logprobs = b.top_logprobs;
     res.stop_reason = b.stop_reason;
     res.stop_string = b.stop_string;
   }

@@ -918,4 +918,22 @@ float token_logprob(std::span<const float> logits, TokenId token) {
   return static_cast<float>(lt - static_cast<double>(mx) - std::log(sum));
 }
 
+std::vector<std::pair<TokenId, float>> top_logprobs(std::span<const float> logits, size_t k) {
+  std::vector<TokenId> ids;
+  ids.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isnan(logits[i])) ids.push_back(static_cast<TokenId>(i));
+  k = std::min(k, ids.size());
+  const auto higher = [&](TokenId a, TokenId b) {
+    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    return la != lb ? la > lb : a < b;
+  };
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), higher);
+  std::vector<std::pair<TokenId, float>> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i)
+    out.emplace_back(ids[i], token_logprob(logits, ids[i]));
+  return out;
+}
+
 } // namespace loom

@@ -179,6 +179,22 @@ try:
                                        "logprobs": 1})
     check(st == 200 and len(r["choices"]) == 2 and len(r["choices"][1]["logprobs"]["token_logprobs"]) == 8,
           "n = 2 with logprobs")
+    # top alternatives (greedy here: the chosen token is the first alternative, with its log-probability)
+    st, g = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6, "logprobs": 3})
+    lp = g["choices"][0]["logprobs"] if st == 200 else {}
+    ok = st == 200 and len(lp["top_logprobs"]) == 6 and all(len(t) == 3 for t in lp["top_logprobs"])
+    ok = ok and all(next(iter(t)) == tok and abs(t[tok] - l) < 1e-5
+                    for t, tok, l in zip(lp["top_logprobs"], lp["tokens"], lp["token_logprobs"]))
+    ok = ok and "".join(lp["tokens"]).strip() == g["choices"][0]["text"].strip() and lp["text_offset"][0] == 0
+    check(ok, "completions logprobs = 3: three alternatives per token, the greedy choice first: " + json.dumps(lp)[:300])
+    st, r3 = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "top_logprobs": 2})
+    check(st == 400 and r3["error"]["param"] == "top_logprobs", "top_logprobs without logprobs: 400")
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "stream": True, "logprobs": True,
+                                           "top_logprobs": 2})
+    content = [c for e in ev if e != "[DONE]" for ch in e["choices"] for c in ((ch.get("logprobs") or {}).get("content") or [])]
+    check(len(content) == 5 and all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
+                                    and bytes(c["bytes"]).decode("utf-8", "replace") == c["token"] for c in content),
+          "streamed chat logprobs with top_logprobs: " + json.dumps(content)[:300])
     st2, r2 = s.post("/v1/completions", {"prompt": "Once", "n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 5})
     check([c["text"] for c in r["choices"]] == [c["text"] for c in r2["choices"]], "a seed repeats")
     st, r = s.post("/tokenize", {"prompt": "Once upon a time"})
@@ -283,6 +299,9 @@ try:
               "openai: streamed chat with usage")
         r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=4, n=2, logprobs=True)
         check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 4, "openai: n = 2, logprobs")
+        r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=4, logprobs=True, top_logprobs=3)
+        check(all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in r.choices[0].logprobs.content),
+              "openai: top_logprobs")
         try:
             cl.completions.create(model="quickstart", prompt="x", max_tokens=-3)
             check(False, "openai: a bad request raises")

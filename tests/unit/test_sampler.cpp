@@ -557,6 +557,19 @@ TEST(TokenLogprob, HandComputed) {
   EXPECT_THROW((void)token_logprob(std::vector<float>{0.0f}, 1), Error);
 }
 
+TEST(TopLogprobs, MostLikelyFirstTiesByIdNanLeftOut) {
+  const std::vector<float> l{1.0f, 3.0f, std::nanf(""), 3.0f, 2.0f};
+  const auto t = top_logprobs(l, 3);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].first, 1);
+  EXPECT_EQ(t[1].first, 3); // the tie: lower id first
+  EXPECT_EQ(t[2].first, 4);
+  for (const auto& [id, lp] : t)
+    EXPECT_FLOAT_EQ(lp, token_logprob(l, id));
+  EXPECT_EQ(top_logprobs(l, 10).size(), 4u); // at most the non-NaN tokens
+  EXPECT_TRUE(top_logprobs(l, 0).empty());
+}
+
 // ---- sampling_distribution: what speculative sampling and beam-sample take as the chain's p ----
 
 SamplerChain chain_of(const std::vector<SamplerSpec>& specs) {

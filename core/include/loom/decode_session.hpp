@@ -44,6 +44,9 @@
 namespace loom {
 
 // The per-sequence state a new request starts from.
+// Per generated token: the most likely tokens at its position and their log-probabilities.
+using TokenAlternatives = std::vector<std::pair<TokenId, float>>;
+
 struct SequenceTemplate {
   std::function<std::unique_ptr<Sampler>()> make_chain;
   // The custom stop criteria (plugins) of a new sequence, run after StopConfig's built-in ones.
@@ -140,9 +143,12 @@ public:
     std::vector<float> logprobs;
     StopReason stop_reason;
     std::string stop_string;
+    std::vector<TokenAlternatives> top_logprobs; // empty unless set_top_logprobs(k > 0)
   };
   // The reported results (sequence 0 with its own score if the decoder reported none), best first.
   std::vector<Outcome> outcomes() const;
+  // Record, for every token committed from now on, the k most likely tokens at its position (0 = off).
+  void set_top_logprobs(size_t k) { top_logprobs_ = k; }
   void release() { book_.release(); } // frees every sequence's KV
 
 private:
@@ -172,6 +178,7 @@ private:
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
   mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
+  size_t top_logprobs_ = 0;                                  // alternatives recorded per committed token
 };
 
 } // namespace loom

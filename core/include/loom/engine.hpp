@@ -65,9 +65,10 @@ struct GenerationMetrics {
 };
 
 struct Hypothesis {
-  std::vector<TokenId> tokens; // generated ids (an EOS that stopped it included)
-  std::string text;            // its text as the stop rules released it
-  std::vector<float> logprobs; // per generated token, under the model's raw distribution
+  std::vector<TokenId> tokens;                 // generated ids (an EOS that stopped it included)
+  std::string text;                            // its text as the stop rules released it
+  std::vector<float> logprobs;                 // per generated token, under the model's raw distribution
+  std::vector<TokenAlternatives> top_logprobs; // per generated token (EngineRequest::top_logprobs > 0)
   StopReason stop_reason = StopReason::none;
   std::string stop_string;
   double score = 0; // the decoder's score (sample: sum of log-probs)
@@ -78,6 +79,7 @@ struct GenerationResult {
   std::vector<TokenId> tokens;        // best hypothesis
   std::string text;
   std::vector<float> logprobs;
+  std::vector<TokenAlternatives> top_logprobs; // per generated token (EngineRequest::top_logprobs > 0)
   StopReason stop_reason = StopReason::none;
   std::string stop_string;
   std::string message; // non-empty: the request failed, and why (the CLI exits 1)
@@ -105,6 +107,8 @@ struct EngineRequest {
   // This request's sampler chain and stop rules (an API request's temperature, stop strings, …); null =
   // the pipeline's. Start from Engine::request_template() to keep its end-of-generation tokens.
   std::shared_ptr<const SequenceTemplate> sequence;
+  // Record the k most likely tokens (and their log-probabilities) at each generated position; 0 = off.
+  int32_t top_logprobs = 0;
 };
 
 // What the engine did since it was made (or reset_stats()): the per-run numbers of `loom bench`.

@@ -170,5 +170,8 @@ void sampling_distribution(Sampler& sampler, std::span<const float> logits, Samp
 
 // Log-probability of `token` under softmax(logits) (the model's raw distribution).
 float token_logprob(std::span<const float> logits, TokenId token);
+// The k most likely tokens under softmax(logits) and their log-probabilities, most likely first (ties:
+// lower id first); NaN logits are left out. OpenAI's top_logprobs.
+std::vector<std::pair<TokenId, float>> top_logprobs(std::span<const float> logits, size_t k);
 
 } // namespace loom
