@@ -23,7 +23,7 @@ done
 packages=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip clang libclang-rt-dev
   libdnnl-dev ocl-icd-opencl-dev libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev nlohmann-json3-dev libssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang-format chromium tmux)
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format chromium tmux haproxy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
