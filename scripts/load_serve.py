@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Load test for an OpenAI-compatible server (`loom serve`, `llama-server`, vLLM): N streamed completions at
-C concurrent clients (closed loop), greedy, each with its own prompt; reports requests/s, output tokens/s,
-and TTFT / TPOT percentiles (time to the first content chunk; mean time per later chunk of a request).
+C concurrent clients (closed loop), greedy, each with its own prompt; reports requests/s, output tokens/s
+(from the usage chunk, stream_options.include_usage), and TTFT / TPOT percentiles (time to the first content
+chunk; the time from it to the last chunk over the tokens after the first).
 Standard library only.
 
   scripts/load_serve.py --url http://127.0.0.1:8080 --model quickstart --concurrency 1,8,64 --requests 64
@@ -27,7 +28,8 @@ def prompt(i, n_words):
 def one(url, model, text, max_tokens, api_key):
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
-    body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
     headers = {"Content-Type": "application/json"}
@@ -38,7 +40,7 @@ def one(url, model, text, max_tokens, api_key):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    times, chunks = [], 0
+    times, chunks, tokens = [], 0, None
     buf = b""
     while True:
         data = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
@@ -51,6 +53,8 @@ def one(url, model, text, max_tokens, api_key):
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             j = json.loads(line[6:])
+            if j.get("usage") and j["usage"].get("completion_tokens") is not None:
+                tokens = j["usage"]["completion_tokens"]
             if j.get("choices") and j["choices"][0].get("text"):
                 times.append(time.perf_counter())
                 chunks += 1
@@ -58,7 +62,10 @@ def one(url, model, text, max_tokens, api_key):
     t1 = time.perf_counter()
     ttft = times[0] - t0 if times else t1 - t0
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-    return ttft, tpot, chunks, t1 - t0
+    # Tokens from the usage chunk where the server sends one (a chunk may carry several tokens' text).
+    n = tokens if tokens is not None else chunks
+    tpot = (times[-1] - times[0]) / (n - 1) if len(times) > 1 and n > 1 else tpot
+    return ttft, tpot, n, t1 - t0
 
 
 def pct(v, p):
@@ -91,14 +98,14 @@ def main():
         tpot = [r[1] * 1e3 for r in res if r[1] > 0]
         out = sum(r[2] for r in res)
         row = {"concurrency": conc, "requests": a.requests, "wall_s": wall, "requests_per_s": a.requests / wall,
-               "output_chunks_per_s": out / wall, "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+               "output_tokens_per_s": out / wall, "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
                "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99),
                "tpot_ms_mean": statistics.mean(tpot) if tpot else 0.0}
         rows.append(row)
         if a.json:
             print(json.dumps(row), flush=True)
         else:
-            print(f"concurrency {conc:3d}: {row['requests_per_s']:7.2f} req/s, {row['output_chunks_per_s']:8.1f} tok/s, "
+            print(f"concurrency {conc:3d}: {row['requests_per_s']:7.2f} req/s, {row['output_tokens_per_s']:8.1f} tok/s, "
                   f"TTFT p50 {row['ttft_ms_p50']:7.1f} ms p99 {row['ttft_ms_p99']:7.1f} ms, "
                   f"TPOT p50 {row['tpot_ms_p50']:6.2f} ms p99 {row['tpot_ms_p99']:6.2f} ms", flush=True)
     return 0

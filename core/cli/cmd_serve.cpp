@@ -51,6 +51,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (vm.count("config")) files = vm["config"].as<std::vector<std::string>>();
   if (files.empty()) files.push_back("");
   std::vector<PipelineConfig> cfgs;
+  // A/B splits ([serve] ab): a name and the pipelines it sends requests to; they load no model.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> splits;
+  std::vector<std::string> pipeline_files;
   for (const auto& f : files) {
     PipelineConfig cfg;
     if (!f.empty()) {
@@ -59,6 +62,16 @@ int cmd_serve(const std::vector<std::string>& args) {
       cfg.source = "<command line>";
       cfg = apply_overrides(cfg, overrides);
     }
+    if (!cfg.serve.ab.empty()) {
+      if (!cfg.model.path.empty())
+        throw UsageError(f +
+                         ": [serve] ab makes this file an A/B split between other pipelines (-c files); it "
+                         "loads no model of its own: remove [model] path");
+      splits.emplace_back(cfg.serve.name.empty() ? std::filesystem::path(f).stem().string() : cfg.serve.name,
+                          cfg.serve.ab);
+      continue;
+    }
+    pipeline_files.push_back(f);
     if (vm.count("model")) cfg.model.path = vm["model"].as<std::string>();
     if (vm.count("ctx-size")) {
       const int n = vm["ctx-size"].as<int>();
@@ -75,6 +88,9 @@ int cmd_serve(const std::vector<std::string>& args) {
     }
     cfgs.push_back(std::move(cfg));
   }
+  if (cfgs.empty())
+    throw UsageError("every -c file is an A/B split ([serve] ab): give the pipelines they split between");
+  files = pipeline_files;
   if (vm.count("name") && cfgs.size() > 1)
     throw UsageError("--name names the one pipeline; with several -c, each is served under its file's stem");
   serve::ServeOptions o;
@@ -111,6 +127,25 @@ int cmd_serve(const std::vector<std::string>& args) {
     auto pipeline = Pipeline::create(cfgs[i]);
     announce_backend(*pipeline);
     services.add(std::make_unique<serve::Service>(std::move(pipeline), oi));
+  }
+  for (const auto& [name, ab] : splits) {
+    if (services.find(name) || services.find_split(name))
+      throw UsageError("the A/B split '" + name +
+                       "' has the name of another pipeline or split: give it its own");
+    std::vector<std::pair<serve::Service*, double>> variants;
+    for (const auto& [v, w] : ab) {
+      serve::Service* s = services.find(v);
+      if (!s) {
+        std::string names;
+        for (const auto& x : services.all())
+          names += (names.empty() ? "'" : ", '") + x->options().model_name + "'";
+        throw UsageError("the A/B split '" + name + "' names '" + v +
+                         "', which is not served here (served: " + names + ")");
+      }
+      variants.emplace_back(s, w);
+    }
+    services.add_split(std::make_unique<serve::Split>(name, std::move(variants)));
+    std::fprintf(stderr, "loom serve: A/B split '%s' over %zu pipelines\n", name.c_str(), ab.size());
   }
   return serve::run_server(services);
 }

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,9 +125,37 @@ private:
   Snapshot snap_;
 };
 
-// The pipelines a server serves, each under its model name (the first is the default).
+// An A/B split ([serve] ab): requests for its name go to one of its variants (served pipelines) by weight;
+// a request that names its `user` always to the same one. Counts what it chose (loom:ab_requests_total).
+class Split {
+public:
+  Split(std::string name, std::vector<std::pair<Service*, double>> variants);
+  const std::string& name() const noexcept { return name_; }
+  Service& pick(const std::string& user); // thread-safe
+  struct Variant {
+    Service* service;
+    double weight; // normalized: the weights sum to 1
+    uint64_t chosen;
+  };
+  std::vector<Variant> variants() const;
+
+private:
+  std::string name_;
+  mutable std::mutex mu_;
+  std::vector<Variant> v_;
+  std::mt19937_64 rng_;
+};
+
+// The pipelines a server serves, each under its model name (the first is the default), and its splits.
 class Services {
 public:
+  void add_split(std::unique_ptr<Split> s) { splits_.push_back(std::move(s)); }
+  Split* find_split(const std::string& name) noexcept {
+    for (auto& s : splits_)
+      if (s->name() == name) return s.get();
+    return nullptr;
+  }
+  const std::vector<std::unique_ptr<Split>>& splits() const noexcept { return splits_; }
   void add(std::unique_ptr<Service> s) { all_.push_back(std::move(s)); }
   Service* find(const std::string& name) noexcept {
     for (auto& s : all_)
@@ -148,6 +177,7 @@ public:
 
 private:
   std::vector<std::unique_ptr<Service>> all_;
+  std::vector<std::unique_ptr<Split>> splits_;
 };
 
 // Prometheus text of every service's metrics, each sample labelled with its model name.

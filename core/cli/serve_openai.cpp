@@ -71,6 +71,7 @@ struct Ask {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int32_t top_logprobs = 0; // alternatives per token (chat: top_logprobs; completions: logprobs = N)
+  json ab;            // the A/B split that chose this pipeline ({split, variant}), reported in every reply
   bool tools = false; // the request gave tools (and tool_choice is not "none"): replies are parsed for calls
   std::shared_ptr<SequenceTemplate> sequence;
 };
@@ -387,7 +388,8 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
   }
   const bool streaming = a.stream && sink;
   bool client_ok = true;
-  const auto send = [&](const json& j) {
+  const auto send = [&](json j) {
+    if (!a.ab.is_null()) j["loom_ab"] = a.ab;
     if (client_ok && !(*sink)(j.dump(-1, ' ', false, json::error_handler_t::replace))) client_ok = false;
   };
   if (streaming && chat) // the role first, as OpenAI streams it
@@ -509,8 +511,9 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
     c["logprobs"] = a.logprobs ? logprobs_json(s.pipeline().tokenizer(), r, chat) : json(nullptr);
     choices.push_back(std::move(c));
   }
-  const json body = {{"id", id},       {"object", object},   {"created", created},
-                     {"model", model}, {"choices", choices}, {"usage", usage}};
+  json body = {{"id", id},       {"object", object},   {"created", created},
+               {"model", model}, {"choices", choices}, {"usage", usage}};
+  if (!a.ab.is_null()) body["loom_ab"] = a.ab;
   return Reply{200, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
 }
 
@@ -534,6 +537,7 @@ std::optional<Reply> handle(Services& ss, const std::string& method, const std::
   wants_stream = false;
   std::string path = target.substr(0, target.find('?'));
   Service* sp = &ss.first(); // the request's model (errors before it is known count on the first)
+  json ab;                   // set when the model named an A/B split
   try {
     if (path == "/health") {
       if (method != "GET") return error_reply(405, "use GET");
@@ -548,6 +552,16 @@ std::optional<Reply> handle(Services& ss, const std::string& method, const std::
                         {"created", unix_now()},
                         {"owned_by", "loom"},
                         {"max_model_len", s->pipeline().n_ctx()}});
+      for (const auto& sp2 : ss.splits()) { // A/B splits: their variants and weights
+        json variants = json::object();
+        for (const auto& v : sp2->variants())
+          variants[v.service->options().model_name] = v.weight;
+        data.push_back({{"id", sp2->name()},
+                        {"object", "model"},
+                        {"created", unix_now()},
+                        {"owned_by", "loom"},
+                        {"loom_ab", {{"variants", variants}}}});
+      }
       return Reply{200, json{{"object", "list"}, {"data", data}}.dump(), "application/json"};
     }
     if (path == "/metrics") {
@@ -569,10 +583,18 @@ std::optional<Reply> handle(Services& ss, const std::string& method, const std::
     if (const auto m = j.find("model"); m != j.end() && !m->is_null()) { // which pipeline serves it
       if (!m->is_string()) bad("model", "'model' must be a string");
       sp = ss.find(m->get<std::string>());
+      if (!sp) // an A/B split: one of its variants, by weight (a request's `user` always to the same one)
+        if (Split* split = ss.find_split(m->get<std::string>())) {
+          const auto user = j.find("user");
+          sp = &split->pick(user != j.end() && user->is_string() ? user->get<std::string>() : std::string());
+          ab = {{"split", split->name()}, {"variant", sp->options().model_name}};
+        }
       if (!sp) {
         std::string names;
         for (const auto& s : ss.all())
           names += (names.empty() ? "'" : ", '") + s->options().model_name + "'";
+        for (const auto& sp2 : ss.splits())
+          names += ", '" + sp2->name() + "' (a split)";
         sp = &ss.first();
         return error_reply(
             404, "the model '" + m->get<std::string>() + "' does not exist; this server has " + names,
@@ -609,7 +631,8 @@ std::optional<Reply> handle(Services& ss, const std::string& method, const std::
           json{{"prompt", p.tokenizer().decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
           "application/json"};
     }
-    const Ask a = ask_of(j, s, chat);
+    Ask a = ask_of(j, s, chat);
+    a.ab = ab;
     wants_stream = a.stream;
     return run(s, a, chat, a.stream ? stream : nullptr, gone);
   } catch (const BadRequest& e) {
@@ -824,7 +847,47 @@ std::string render_metrics(const Services& ss) {
        [](const One& o) -> const Metrics::Histogram& { return o.v.e2e; });
   hist("request_queue_time_seconds", "Time waiting before the first admission.",
        [](const One& o) -> const Metrics::Histogram& { return o.v.queue; });
+  if (!ss.splits().empty()) { // which variant each split chose, for reading production traffic as an A/B
+    out += "# HELP loom:ab_requests_total Requests an A/B split ([serve] ab) sent to each variant.\n"
+           "# TYPE loom:ab_requests_total counter\n";
+    for (const auto& sp : ss.splits())
+      for (const auto& v : sp->variants())
+        out += "loom:ab_requests_total{split=\"" + sp->name() + "\",variant=\"" +
+               v.service->options().model_name + "\"} " + num(static_cast<double>(v.chosen)) + "\n";
+  }
   return out;
+}
+
+Split::Split(std::string name, std::vector<std::pair<Service*, double>> variants)
+    : name_(std::move(name)), rng_(std::random_device{}()) {
+  double sum = 0;
+  for (const auto& [s, w] : variants)
+    sum += w;
+  for (const auto& [s, w] : variants)
+    v_.push_back({s, w / sum, 0});
+}
+
+Service& Split::pick(const std::string& user) {
+  std::lock_guard lock(mu_);
+  double u;
+  if (!user.empty()) { // the same user, the same variant: FNV-1a of the name, as a fraction
+    uint64_t h = 1469598103934665603ull;
+    for (const char c : user)
+      h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    u = static_cast<double>(h >> 11) * 0x1.0p-53;
+  } else {
+    u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  }
+  size_t i = 0;
+  for (double acc = v_[0].weight; i + 1 < v_.size() && u >= acc; acc += v_[++i].weight) {
+  }
+  ++v_[i].chosen;
+  return *v_[i].service;
+}
+
+std::vector<Split::Variant> Split::variants() const {
+  std::lock_guard lock(mu_);
+  return v_;
 }
 
 } // namespace loom::cli::serve

@@ -501,8 +501,20 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
         static_cast<int32_t>(read_int(c, *t, "scheduler", "max_sequences", 64, 1, 4096, "in 1..4096"));
   }
   if (const auto* t = section(c, root, "serve")) {
-    c.only_keys(*t, "[serve]", {"name"});
+    c.only_keys(*t, "[serve]", {"name", "ab"});
     read_string(c, *t, "serve", "name", cfg.serve.name);
+    if (const toml::node* ab = t->get("ab")) {
+      const char* expected = "a table of served pipeline names and weights > 0, like { A = 0.5, B = 0.5 }";
+      if (!ab->is_table() || ab->as_table()->empty()) c.error(*ab, "[serve] ab", expected);
+      for (const auto& [k, v] : *ab->as_table()) {
+        double w = -1;
+        if (v.is_integer()) w = static_cast<double>(v.as_integer()->get());
+        if (v.is_floating_point()) w = v.as_floating_point()->get();
+        if (!(w > 0) || !std::isfinite(w) || k.str().empty())
+          c.error(v, "[serve] ab." + std::string(k.str()), expected);
+        cfg.serve.ab.emplace_back(std::string(k.str()), w);
+      }
+    }
     for (const char ch : cfg.serve.name)
       if (static_cast<unsigned char>(ch) < 0x20 || ch == '"' || ch == '\\')
         c.error(*t->get("name"), "[serve] name",
@@ -796,6 +808,14 @@ std::string to_toml(const PipelineConfig& cfg) {
   if (!cfg.serve.name.empty()) {
     o << "\n[serve]\n";
     kv("name", toml_string(cfg.serve.name));
+  }
+  if (!cfg.serve.ab.empty()) {
+    if (cfg.serve.name.empty()) o << "\n[serve]\n";
+    std::string t = "{ ";
+    for (size_t i = 0; i < cfg.serve.ab.size(); ++i)
+      t += (i ? ", " : "") + toml_string(cfg.serve.ab[i].first) + " = " +
+           std::to_string(cfg.serve.ab[i].second);
+    kv("ab", t + " }");
   }
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));

@@ -319,12 +319,17 @@ finally:
     rc = s.stop()
 check(rc == 0, "SIGTERM: exit 0")
 
-# ---- two pipelines behind one server, each under its file's stem ----
-two = Server("-c", os.path.join(SRC, "configs", "sampling.toml"))
+# ---- two pipelines behind one server, each under its file's stem, and an A/B split between them ----
+import tempfile
+split_dir = tempfile.mkdtemp()
+split = os.path.join(split_dir, "split.toml")
+with open(split, "w") as f:
+    f.write('[serve]\nname = "prod"\nab = { quickstart = 1, sampling = 1 }\n')
+two = Server("-c", os.path.join(SRC, "configs", "sampling.toml"), "-c", split)
 try:
     st, raw = two.request("GET", "/v1/models")
     ids = [m["id"] for m in json.loads(raw)["data"]]
-    check(ids == ["quickstart", "sampling"], "two pipelines listed: " + repr(ids))
+    check(ids == ["quickstart", "sampling", "prod"], "two pipelines and the split listed: " + repr(ids))
     st, a = two.post("/v1/completions", {"model": "quickstart", "prompt": "Once upon a time", "max_tokens": 40})
     check(st == 200 and a["model"] == "quickstart" and a["choices"][0]["text"] == whole,
           "the model field picks the greedy pipeline")
@@ -333,8 +338,37 @@ try:
     st, raw = two.request("GET", "/metrics")
     check('model_name="sampling"' in raw.decode() and raw.decode().count("# TYPE vllm:num_requests_running gauge") == 1,
           "metrics: one family, a sample per pipeline")
+    # the split: each request goes to one variant, reported in the reply; a user always to the same one
+    st, raw = two.request("GET", "/v1/models")
+    prod = [m for m in json.loads(raw)["data"] if m["id"] == "prod"]
+    check(prod and prod[0]["loom_ab"]["variants"] == {"quickstart": 0.5, "sampling": 0.5}, "/v1/models lists the split")
+    seen = []
+    for i in range(24):
+        st, r = two.post("/v1/completions", {"model": "prod", "prompt": "Once upon a time", "max_tokens": 4})
+        seen.append(r.get("loom_ab", {}).get("variant") if st == 200 else None)
+        check(st == 200 and r["model"] == r["loom_ab"]["variant"] and r["loom_ab"]["split"] == "prod",
+              "a split's reply names the variant: " + json.dumps(r)[:200])
+    check(set(seen) == {"quickstart", "sampling"}, "a 50/50 split sends requests to both: " + repr(seen))
+    alice = {two.post("/v1/completions", {"model": "prod", "prompt": "x", "max_tokens": 2, "user": "alice"})[1]
+             ["loom_ab"]["variant"] for _ in range(6)}
+    check(len(alice) == 1, "a user always gets the same variant: " + repr(alice))
+    ev = two.stream("/v1/completions", {"model": "prod", "prompt": "Once", "max_tokens": 3, "stream": True})
+    check(all(e["loom_ab"]["split"] == "prod" for e in ev if e != "[DONE]"), "streamed chunks carry the split's choice")
+    st, raw = two.request("GET", "/metrics")
+    counts = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'loom:ab_requests_total\{split="prod",variant="(\w+)"\} (\S+)', raw.decode())}
+    check(sum(counts.values()) == 24 + 6 + 1 and set(counts) == {"quickstart", "sampling"},
+          "metrics count each variant's requests: " + repr(counts))
 finally:
     check(two.stop() == 0, "two pipelines: SIGTERM exit 0")
+
+# a split that names a pipeline the server does not have: a one-line error, exit 2
+with open(split, "w") as f:
+    f.write('[serve]\nab = { quickstart = 1, greedy = 1 }\n')
+bad_split = subprocess.run([LOOM, "serve", "-c", os.path.join(SRC, "configs", "quickstart.toml"), "-m", MODEL,
+                            "-c", split, "--port", "0"], capture_output=True, text=True, timeout=60)
+check(bad_split.returncode != 0 and "'greedy', which is not served here" in bad_split.stderr,
+      "a split of an unknown pipeline is refused: " + bad_split.stderr[-300:])
 
 # ---- the API key, and a drain that finishes the request in flight ----
 k = Server("--api-key", "sesame")

@@ -50,6 +50,9 @@ struct PipelineConfig {
 
   struct ServeSection {
     std::string name; // the model name `loom serve` answers to ("": the pipeline file's stem)
+    // An A/B split ([serve] ab = { A = 0.5, B = 0.5 }): this name then serves no model of its own but
+    // sends each request to one of the named pipelines, by weight.
+    std::vector<std::pair<std::string, double>> ab;
   } serve;
   struct DecoderSection {
     std::string name = "sample"; // built-in: sample (greedy or sampling, per the chain); else a plugin
