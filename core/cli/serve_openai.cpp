@@ -404,6 +404,9 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
   // Wait for every job; stream text as it comes; a client that goes away cancels them all.
   size_t done = 0;
   std::vector<bool> finished(jobs.size(), false);
+  std::vector<std::string> replies(jobs.size()); // with tools: each reply so far
+  std::vector<size_t> sent(jobs.size(), 0);      // ... of which streamed as content
+  std::vector<bool> call_began(jobs.size(), false);
   while (done < jobs.size()) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (finished[i]) continue;
@@ -417,8 +420,20 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
         piece.swap(jb.text);
         now_done = jb.done;
       }
-      const bool held = chat && a.tools; // a reply that may be tool calls goes out whole, at its end
-      if (streaming && !piece.empty() && !held) {
+      // A reply that may hold tool calls streams its content up to where a call could begin; the rest
+      // waits for the end, when it is parsed whole.
+      const bool held = chat && a.tools;
+      if (held && !piece.empty()) {
+        replies[i] += piece;
+        piece.clear();
+        if (!call_began[i]) {
+          const tools::Streamable st = tools::streamable(s.tool_format(), replies[i]);
+          call_began[i] = st.call_began;
+          if (st.content > sent[i]) piece = replies[i].substr(sent[i], st.content - sent[i]);
+          sent[i] = std::max(sent[i], st.content);
+        }
+      }
+      if (streaming && !piece.empty()) {
         json choice = chat ? json{{"index", i}, {"delta", {{"content", piece}}}, {"finish_reason", nullptr}}
                            : json{{"index", i}, {"text", piece}, {"finish_reason", nullptr}};
         send({{"id", id},
@@ -430,12 +445,11 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
       if (now_done) {
         finished[i] = true;
         ++done;
-        if (streaming && held) { // the content, or the tool calls as deltas (arguments whole, never null)
+        if (streaming && held) { // the rest of the content, or the tool calls (arguments whole, never null)
           const tools::Parsed p = tools::parse(s.tool_format(), jb.result.text);
-          json delta = p.calls.empty()
-                           ? json{{"content", jb.result.text}}
-                           : json{{"content", p.content.empty() ? json(nullptr) : json(p.content)},
-                                  {"tool_calls", tool_calls_json(p, i)}};
+          const std::string rest = sent[i] < jb.result.text.size() ? jb.result.text.substr(sent[i]) : "";
+          json delta = p.calls.empty() ? json{{"content", rest}}
+                                       : json{{"content", nullptr}, {"tool_calls", tool_calls_json(p, i)}};
           send({{"id", id},
                 {"object", chunk_object},
                 {"created", created},

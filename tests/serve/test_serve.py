@@ -150,7 +150,9 @@ try:
     st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools})
     check(st == 200 and r["choices"][0]["message"]["content"] is not None, "a request with tools: " + json.dumps(r)[:200])
     ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools, "stream": True})
-    check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the reply whole at its end")
+    check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the same reply")
+    deltas = [e for e in ev if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")]
+    check(len(deltas) > 1, "tools given, no call made: the content streams as it comes, not at the end")
     st, r = s.post("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": "sometimes"})
     check(st == 400 and r["error"]["param"] == "tool_choice", "a bad tool_choice: 400")
     # response_format: the json_schema stage makes every reply parse, whatever the model (a story model here)

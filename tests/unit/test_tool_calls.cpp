@@ -60,4 +60,30 @@ TEST(ToolCalls, FormatFromTheTemplate) {
   EXPECT_EQ(format_of_template("{{ messages }}"), Format::none);
 }
 
+TEST(ToolCalls, StreamingHoldsBackOnlyWhatCouldBeACall) {
+  // Hermes: content streams; a tail that may open "<tool_call>" waits; the marker stops the stream.
+  EXPECT_EQ(streamable(Format::hermes, "Sure, the weather").content, 17u);
+  EXPECT_EQ(streamable(Format::hermes, "Sure <tool_c").content, 5u);
+  EXPECT_FALSE(streamable(Format::hermes, "Sure <tool_c").call_began);
+  EXPECT_EQ(streamable(Format::hermes, "Sure <b>").content, 8u); // '<' then not the marker
+  const auto h = streamable(Format::hermes, "Let me look.\n<tool_call>{\"name\"");
+  EXPECT_TRUE(h.call_began);
+  EXPECT_EQ(h.content, 13u);
+  // Mistral: the same with [TOOL_CALLS].
+  EXPECT_EQ(streamable(Format::mistral, "ok [TOOL").content, 3u);
+  EXPECT_TRUE(streamable(Format::mistral, "[TOOL_CALLS][{").call_began);
+  // Llama 3: a reply that opens with '{' is held whole; whitespace alone waits; text streams.
+  EXPECT_TRUE(streamable(Format::llama3, "  {\"name\": ").call_began);
+  EXPECT_EQ(streamable(Format::llama3, "  {\"name\": ").content, 0u);
+  EXPECT_EQ(streamable(Format::llama3, "\n").content, 0u);
+  EXPECT_EQ(streamable(Format::llama3, "Paris is").content, 8u);
+  EXPECT_EQ(streamable(Format::llama3, "x <|python").content, 2u);
+  EXPECT_EQ(streamable(Format::none, "<tool_call>").content, 11u);
+  // What streams before a call, plus the parsed calls, is the reply: the content is never lost.
+  const std::string reply = "Checking. <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
+  const auto st = streamable(Format::hermes, reply);
+  EXPECT_EQ(reply.substr(0, st.content), "Checking. ");
+  EXPECT_EQ(parse(Format::hermes, reply).content, "Checking.");
+}
+
 } // namespace

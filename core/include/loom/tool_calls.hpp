@@ -27,4 +27,13 @@ Format format_of_template(std::string_view source);
 // The tool calls of a whole reply; a reply with none (or one that does not parse) is all content.
 Parsed parse(Format f, std::string_view text);
 
+// While a reply streams: how much of `text` (the reply so far) is content for certain — it cannot be part
+// of a tool call — and whether a call has begun. Text that could be the start of a call's marker
+// (`<tool_c`…) is held back until the next piece tells; a Llama 3 reply that opens with `{` is held whole.
+struct Streamable {
+  size_t content = 0;      // text[0, content) may be streamed as content
+  bool call_began = false; // a marker (or Llama 3's leading `{`) was seen: the rest waits for the end
+};
+Streamable streamable(Format f, std::string_view text);
+
 } // namespace loom::tools

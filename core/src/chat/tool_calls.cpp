@@ -123,6 +123,32 @@ Format format_of_template(std::string_view src) {
   return Format::none;
 }
 
+Streamable streamable(Format f, std::string_view text) {
+  std::string_view marker;
+  switch (f) {
+  case Format::none:
+    return {text.size(), false};
+  case Format::hermes:
+    marker = "<tool_call>";
+    break;
+  case Format::mistral:
+    marker = "[TOOL_CALLS]";
+    break;
+  case Format::llama3: {
+    marker = "<|python_tag|>";
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return {0, false}; // nothing but whitespace yet: it may open a call
+    if (text[first] == '{') return {0, true};               // a JSON call alone
+    break;
+  }
+  }
+  if (const size_t at = text.find(marker); at != std::string_view::npos) return {at, true};
+  // Hold back the longest tail that is a proper prefix of the marker.
+  for (size_t n = std::min(marker.size() - 1, text.size()); n > 0; --n)
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return {text.size() - n, false};
+  return {text.size(), false};
+}
+
 Parsed parse(Format f, std::string_view text) {
   switch (f) {
   case Format::hermes:
