@@ -5,6 +5,7 @@
 // return.
 #include "serve.hpp"
 
+#include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -254,6 +255,20 @@ int run_server(Services& ss) {
   std::fprintf(stderr, "loom serve: listening on http://%s:%u (Ctrl-C or SIGTERM drains and stops)\n",
                o.host.c_str(), static_cast<unsigned>(acc.local_endpoint().port()));
   std::atomic<size_t> live{0};
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> sessions;
+  const auto reap = [&](bool all) { // joins the finished sessions (all: every one, or detaches a stuck one)
+    for (auto it = sessions.begin(); it != sessions.end();) {
+      if (it->second->load() || all) {
+        if (it->second->load())
+          it->first.join();
+        else
+          it->first.detach(); // still busy after the drain's wait: left to the process' exit
+        it = sessions.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
   const int afd = acc.native_handle();
   while (!g_stop) {
     pollfd p{afd, POLLIN, 0};
@@ -272,7 +287,15 @@ int run_server(Services& ss) {
       continue;
     }
     ++live;
-    std::thread(session, std::move(sock), std::ref(ss), std::ref(live)).detach();
+    // Joined, not detached: a finished session's thread is joined on the next turn, and the drain joins
+    // them all before the io_context and the services they use are destroyed.
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    sessions.emplace_back(std::thread([s = std::move(sock), &ss, &live, finished]() mutable {
+                            session(std::move(s), ss, live);
+                            finished->store(true);
+                          }),
+                          finished);
+    reap(false);
   }
   std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight)\n", live.load(),
                ss.in_flight());
@@ -280,6 +303,11 @@ int run_server(Services& ss) {
   // The connections finish their requests (the engine keeps stepping until none is left).
   for (int i = 0; i < 600 && live > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 50 && std::any_of(sessions.begin(), sessions.end(),
+                                        [](const auto& e) { return !e.second->load(); });
+       ++i) // a session past its last request is ending: its thread finishes in a moment
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  reap(true);
   ss.stop();
   std::fprintf(stderr, "loom serve: stopped\n");
   return 0;

@@ -97,7 +97,11 @@ class Server:
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
-        return self.p.wait(timeout=60)
+        rc = self.p.wait(timeout=60)
+        if rc != 0:  # what the server said (a sanitizer's report, an error) goes into the test's output
+            time.sleep(0.2)
+            print(f"the server exited with {rc}; its stderr:\n" + "".join(self.log)[-6000:], flush=True)
+        return rc
 
 
 def text_of(events, chat=False):
