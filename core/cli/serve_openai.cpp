@@ -71,10 +71,30 @@ struct Ask {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int32_t top_logprobs = 0; // alternatives per token (chat: top_logprobs; completions: logprobs = N)
-  json ab;            // the A/B split that chose this pipeline ({split, variant}), reported in every reply
+  json ab; // the A/B split that chose this pipeline ({split, variant}), reported in every reply
+  // tool_choice "required" or a named function: the reply is constrained to one call's JSON
+  // ({"name", "arguments"} of the allowed functions), so a call always comes, whatever the model.
+  std::string forced_call_schema;
   bool tools = false; // the request gave tools (and tool_choice is not "none"): replies are parsed for calls
   std::shared_ptr<SequenceTemplate> sequence;
 };
+
+// Puts the json_schema stage for `schema` in front of t's chain (the request's or the pipeline's); a schema
+// the stage does not take is the client's error, naming `param`.
+void constrain(SequenceTemplate& t, const std::string& schema, const char* param) {
+  std::shared_ptr<const Sampler> stage;
+  try {
+    stage = create_sampler({"json_schema", {{"schema", schema}}});
+  } catch (const Error& e) {
+    bad(param, e.what());
+  }
+  t.make_chain = [stage, base = t.make_chain] {
+    auto c = std::make_unique<SamplerChain>();
+    c->add(stage->clone());
+    c->add(base());
+    return c;
+  };
+}
 
 // Sampling and stop rules from the request, on top of the pipeline's (its end-of-generation tokens): the
 // order llama.cpp's server uses — penalties, top-k, top-p, min-p, temperature, then a draw.
@@ -129,20 +149,7 @@ std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
     } else if (type != "text") {
       bad("response_format", expected);
     }
-    if (schema) {
-      std::shared_ptr<const Sampler> stage;
-      try {
-        stage = create_sampler({"json_schema", {{"schema", *schema}}});
-      } catch (const Error& e) {
-        bad("response_format", e.what());
-      }
-      t->make_chain = [stage, base = t->make_chain] {
-        auto c = std::make_unique<SamplerChain>();
-        c->add(stage->clone());
-        c->add(base());
-        return c;
-      };
-    }
+    if (schema) constrain(*t, *schema, "response_format");
   }
   if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     std::vector<std::string> stops;
@@ -179,18 +186,49 @@ Ask ask_of(const json& j, Service& s, bool chat) {
     in.messages = nlohmann::ordered_json::parse(it->dump());
     if (const auto t = j.find("tools"); t != j.end() && !t->is_null()) {
       if (!t->is_array()) bad("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
-      std::string choice = "auto";
+      const char* expected =
+          "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+          "\"function\": {\"name\": …}}";
+      std::string choice = "auto", named;
       if (const auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
-        if (c->is_string())
+        if (c->is_string()) {
           choice = c->get<std::string>();
-        else if (!c->is_object())
-          bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {type, function}");
+        } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
+                   (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+          choice = "required";
+          named = (*c)["function"]["name"].get<std::string>();
+        } else {
+          bad("tool_choice", expected);
+        }
       }
-      if (choice != "none" && choice != "auto" && choice != "required")
-        bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {type, function}");
+      if (choice != "none" && choice != "auto" && choice != "required") bad("tool_choice", expected);
       if (choice != "none" && !t->empty()) {
         in.tools = nlohmann::ordered_json::parse(t->dump());
         a.tools = true;
+      }
+      if (choice == "required") { // one call of an allowed function: {"name": …, "arguments": {…}}
+        json alts = json::array();
+        for (const auto& tool : *t) {
+          const auto f = tool.find("function");
+          if (f == tool.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+            bad("tools",
+                "each tool must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}");
+          const std::string name = (*f)["name"].get<std::string>();
+          if (!named.empty() && name != named) continue;
+          const auto params = f->find("parameters");
+          alts.push_back(
+              {{"type", "object"},
+               {"properties",
+                {{"name", {{"const", name}}},
+                 {"arguments",
+                  params != f->end() && params->is_object() ? *params : json{{"type", "object"}}}}},
+               {"required", json::array({"name", "arguments"})}});
+        }
+        if (alts.empty())
+          bad("tool_choice", named.empty()
+                                 ? std::string("'tool_choice' is \"required\" but 'tools' is empty")
+                                 : "'tool_choice' names '" + named + "', which is not among 'tools'");
+        a.forced_call_schema = (alts.size() == 1 ? alts[0] : json{{"anyOf", alts}}).dump();
       }
     }
     try {
@@ -247,6 +285,7 @@ Ask ask_of(const json& j, Service& s, bool chat) {
     }
   }
   a.sequence = sequence_of(j, s);
+  if (!a.forced_call_schema.empty()) constrain(*a.sequence, a.forced_call_schema, "tools");
   return a;
 }
 
@@ -343,9 +382,21 @@ json tool_calls_json(const tools::Parsed& p, size_t choice) {
                      {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
   return calls;
 }
+// A reply's tool calls: a forced call's JSON as it is (the constraint made it {"name", "arguments"}), else
+// the template's format.
+tools::Parsed reply_calls(Service& s, const Ask& a, const std::string& text) {
+  if (!a.forced_call_schema.empty()) {
+    const auto j = json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments"))
+      return tools::Parsed{"", {{j["name"].get<std::string>(), j["arguments"].dump()}}};
+    return tools::Parsed{text, {}}; // cut short (max_tokens): the text as content
+  }
+  return tools::parse(s.tool_format(), text);
+}
+
 json chat_choice(Service& s, const Ask& a, const GenerationResult& r, size_t i) {
   if (a.tools) {
-    const tools::Parsed p = tools::parse(s.tool_format(), r.text);
+    const tools::Parsed p = reply_calls(s, a, r.text);
     if (!p.calls.empty())
       return {{"index", i},
               {"message",
@@ -406,7 +457,7 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
   std::vector<bool> finished(jobs.size(), false);
   std::vector<std::string> replies(jobs.size()); // with tools: each reply so far
   std::vector<size_t> sent(jobs.size(), 0);      // ... of which streamed as content
-  std::vector<bool> call_began(jobs.size(), false);
+  std::vector<bool> call_began(jobs.size(), !a.forced_call_schema.empty()); // a forced call: held whole
   while (done < jobs.size()) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (finished[i]) continue;
@@ -446,7 +497,7 @@ std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* s
         finished[i] = true;
         ++done;
         if (streaming && held) { // the rest of the content, or the tool calls (arguments whole, never null)
-          const tools::Parsed p = tools::parse(s.tool_format(), jb.result.text);
+          const tools::Parsed p = reply_calls(s, a, jb.result.text);
           const std::string rest = sent[i] < jb.result.text.size() ? jb.result.text.substr(sent[i]) : "";
           json delta = p.calls.empty() ? json{{"content", rest}}
                                        : json{{"content", nullptr}, {"tool_calls", tool_calls_json(p, i)}};

@@ -157,6 +157,25 @@ try:
     check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the same reply")
     deltas = [e for e in ev if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")]
     check(len(deltas) > 1, "tools given, no call made: the content streams as it comes, not at the end")
+    # tool_choice "required" / a named function: the reply is constrained to a call, whatever the model
+    tools2 = tools + [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}}}]
+    tools2[0]["function"]["parameters"]["properties"]["city"]["maxLength"] = 20
+    tools2[0]["function"]["parameters"]["required"] = ["city"]
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 120, "tools": tools2, "tool_choice": "required"})
+    calls = r["choices"][0]["message"].get("tool_calls") or [] if st == 200 else []
+    check(len(calls) == 1 and calls[0]["function"]["name"] in ("get_weather", "get_time")
+          and isinstance(json.loads(calls[0]["function"]["arguments"]), dict)
+          and r["choices"][0]["finish_reason"] == "tool_calls", "tool_choice required: a call: " + json.dumps(r)[:300])
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 120, "tools": tools2, "stream": True,
+                                           "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    calls = [tc for e in ev if e != "[DONE]" for ch in e["choices"] for tc in (ch["delta"].get("tool_calls") or [])]
+    check(len(calls) == 1 and calls[0]["function"]["name"] == "get_time"
+          and json.loads(calls[0]["function"]["arguments"])["zone"] in ("utc", "cet"),
+          "a named tool_choice, streamed: that function's call as a tool_calls delta: " + json.dumps(calls)[:300])
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "tools": tools2,
+                                            "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    check(st == 400 and r["error"]["param"] == "tool_choice", "a tool_choice naming no tool: 400")
     st, r = s.post("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": "sometimes"})
     check(st == 400 and r["error"]["param"] == "tool_choice", "a bad tool_choice: 400")
     # response_format: the json_schema stage makes every reply parse, whatever the model (a story model here)
@@ -320,6 +339,11 @@ try:
         except ValueError:
             v = None
         check(isinstance(v, dict) and set(v) == {"name", "age", "pet"}, "openai: a json_schema reply parses")
+        r = cl.chat.completions.create(model="quickstart", messages=msgs, max_tokens=120, tools=tools2,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        tc = r.choices[0].message.tool_calls
+        check(tc and tc[0].function.name == "get_weather" and "city" in json.loads(tc[0].function.arguments),
+              "openai: a forced tool call")
         print("openai client: checked", flush=True)
 finally:
     rc = s.stop()
@@ -426,6 +450,14 @@ else:
             v = {}
         check(v.get("capital") == "Paris" and r["choices"][0]["finish_reason"] == "stop",
               "SmolLM2: JSON of the schema, and right: " + json.dumps(r)[:300])
+        weather = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather of a city",
+                                                     "parameters": {"type": "object", "properties": {
+                                                         "city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}]
+        st, r = real.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                                                   "max_tokens": 60, "temperature": 0, "tools": weather, "tool_choice": "required"})
+        calls = (r["choices"][0]["message"].get("tool_calls") or []) if st == 200 else []
+        check(len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"},
+              "SmolLM2: a required tool call, and the right argument: " + json.dumps(r)[:300])
         print("real model (SmolLM2-135M-Instruct): checked", flush=True)
     finally:
         check(real.stop() == 0, "the real-model server: SIGTERM exit 0")
