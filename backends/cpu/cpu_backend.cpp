@@ -19,6 +19,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -59,6 +61,20 @@ void drop_pages(const void* p, size_t n) {
 struct FreeDeleter {
   void operator()(uint8_t* p) const noexcept { std::free(p); }
 };
+
+// Repacked copies of matrices in read-only file mappings, shared by every cpu backend of the process
+// that runs them the same way: pipelines of one model file (the host maps a file once, so their weights
+// have the same addresses) hold one copy, not one each — `loom serve` with two strategies of one model.
+// An entry lives while a backend holds it; a backend's pipeline keeps the mapping (its addresses) alive.
+struct SharedRepacks {
+  using Key = std::tuple<const void*, int64_t, int64_t, int, int>; // data, K, N, layout, ISA
+  std::mutex mu;
+  std::map<Key, std::weak_ptr<uint8_t>> copies;
+};
+SharedRepacks& shared_repacks() {
+  static SharedRepacks s;
+  return s;
+}
 
 // ---- the executor ----
 
@@ -472,14 +488,25 @@ private:
     if (it != repacked_.end()) return it->second.get();
     const bool b16 = bf16_route(w), f16 = f16_route(w);
     const size_t bytes = b16 || f16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
-    std::unique_ptr<uint8_t, FreeDeleter> buf(alloc_copy(bytes));
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    const size_t rb = row_bytes(w.dtype, K);
+    const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
+    // Another backend's copy of the same mapped matrix, made the same way: shared.
+    SharedRepacks& shared = shared_repacks();
+    std::unique_lock<std::mutex> lock(shared.mu, std::defer_lock);
+    const SharedRepacks::Key skey{w.data, K, N, b16 ? 1 : f16 ? 2 : 0, static_cast<int>(opt_.isa)};
+    if (drop) {
+      lock.lock();
+      if (auto held = shared.copies[skey].lock()) {
+        shared_weights_ += bytes;
+        return repacked_.emplace(key, std::move(held)).first->second.get();
+      }
+    }
+    std::shared_ptr<uint8_t> buf(alloc_copy(bytes), FreeDeleter{});
     if (!buf)
       fail(Errc::out_of_memory, "cpu",
            "cannot allocate " + std::to_string(bytes) + " bytes to repack '" + w.name + "'");
     // 512 rows at a time, dropping the file's pages behind us: the peak is the model plus one chunk
-    const auto* src = static_cast<const uint8_t*>(w.data);
-    const size_t rb = row_bytes(w.dtype, K);
-    const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     for (int64_t j0 = 0; j0 < N; j0 += 512) {
       const int64_t nr = std::min<int64_t>(512, N - j0);
       if (b16 || f16)
@@ -496,6 +523,9 @@ private:
     if (drop) {
       dropped_.emplace_back(src, rb * static_cast<size_t>(N));
       redrop_ = true;
+      for (auto e = shared.copies.begin(); e != shared.copies.end();) // forget copies nobody holds now
+        e = e->second.expired() ? shared.copies.erase(e) : std::next(e);
+      shared.copies[skey] = buf;
     } else {
       copies_extra_ += bytes;
     }
@@ -847,8 +877,8 @@ private:
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, dnnl::matmul>
       f32_prims_;               // T, n, K, ldb, ldc
   std::vector<float> gemm_out_; // a panel's GEMM output before it goes to its columns
-  std::map<std::tuple<const void*, int64_t, int64_t>, std::unique_ptr<uint8_t, FreeDeleter>>
-      repacked_;                                                          // by data, K, N
+  std::map<std::tuple<const void*, int64_t, int64_t>, std::shared_ptr<uint8_t>> repacked_; // by data, K, N
+  size_t shared_weights_ = 0; // bytes of repacked matrices another backend had made (held, not copied)
   std::map<std::pair<const void*, int64_t>, std::vector<float>> vectors_; // vector weights, copied once
   std::vector<std::pair<const void*, size_t>> dropped_; // file ranges whose pages were dropped
   bool redrop_ = false; // a compute repacked something: drop those ranges again at its end
@@ -859,6 +889,13 @@ private:
 };
 
 } // namespace
+
+size_t shared_repacked_matrices() {
+  SharedRepacks& s = shared_repacks();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return static_cast<size_t>(
+      std::count_if(s.copies.begin(), s.copies.end(), [](const auto& e) { return !e.second.expired(); }));
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt) {
   return std::make_unique<CpuBackend>(opt);

@@ -64,5 +64,8 @@ struct CpuOptions {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);
+// Repacked matrices of read-only file mappings that some cpu backend of the process holds now; backends
+// that run the same mapped matrix the same way (ISA, layout) hold one copy between them.
+size_t shared_repacked_matrices();
 
 } // namespace loom::cpu

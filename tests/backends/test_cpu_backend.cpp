@@ -499,4 +499,44 @@ TEST(CpuBackendOps, RepackedQ4_0ReleasesTheFilePages) {
   std::remove(path.c_str());
 }
 
+// Two backends on one mapped matrix (two pipelines of one model file in `loom serve`): one repacked copy
+// between them, both right; another ISA's layout is its own copy; the copy goes with its last holder.
+TEST(CpuBackendOps, BackendsOnOneMappedMatrixShareItsRepackedCopy) {
+  auto ref = make_reference_backend();
+  Rand r(12);
+  const int64_t K = 512, N = 128;
+  const Weight w(DType::q8_0, K, N, r, 0.1f);
+  const std::string path = testing::TempDir() + "loom_q8_0_shared.bin";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(w.bytes.data()), static_cast<std::streamsize>(w.bytes.size()));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* m = mmap(nullptr, w.bytes.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  Harness h(1);
+  const int32_t y = h.op(OpKind::matmul, h.g.add_weight("w", DType::q8_0, {K, N, 1, 1}, m),
+                         h.input(r, {K, 1, 1, 1}), {N, 1, 1, 1});
+  const auto want = h.run(*ref, y);
+  const size_t before = cpu::shared_repacked_matrices();
+  {
+    auto a = cpu_backend(cpu::Isa::scalar, 0), b = cpu_backend(cpu::Isa::scalar, 0);
+    expect_close(want, h.run(*a, y), 1e-2, "the first backend");
+    EXPECT_EQ(cpu::shared_repacked_matrices(), before + 1);
+    expect_close(want, h.run(*b, y), 1e-2, "the second, on the first's copy");
+    EXPECT_EQ(cpu::shared_repacked_matrices(), before + 1) << "one copy for both";
+    a.reset();
+    expect_close(want, h.run(*b, y), 1e-2, "the second, after the first is gone");
+    EXPECT_EQ(cpu::shared_repacked_matrices(), before + 1) << "the second still holds it";
+    if (cpu::at_least(cpu::cpu_isa(), cpu::Isa::avx2)) {
+      auto c = cpu_backend(cpu::Isa::avx2, 0);
+      expect_close(want, h.run(*c, y), 1e-2, "another ISA");
+      EXPECT_EQ(cpu::shared_repacked_matrices(), before + 2) << "another ISA: its own copy";
+    }
+  }
+  EXPECT_EQ(cpu::shared_repacked_matrices(), before) << "the copies go with their last holder";
+  munmap(m, w.bytes.size());
+  std::remove(path.c_str());
+}
+
 } // namespace
