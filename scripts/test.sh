@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs Loom's tests — the command the README gives and CI runs:
 #   1. default (Release) preset: build, then every ctest test (unit, golden, configs, fuzz replays);
-#   2. asan preset (ASan + UBSan, -O1): build, then the same tests under the sanitizers, but for the
-#      RealModels suite (real 135M/270M models: 3 minutes of ASan time on 2 cores; run by the default preset);
+#   2. asan preset (ASan + UBSan, -O1; the tests' own code not instrumented): build, then the same tests
+#      under the sanitizers but for a few long ones the other presets run (RealModels, 500 prompt
+#      lengths: default; the parallel paged-store scheduler test: tsan) — CMakePresets.json lists them;
 #   3. tsan preset (ThreadSanitizer): the engine's scheduling and threading tests;
-#   4. fuzz preset (clang + libFuzzer): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
+#   4. fuzz preset (clang + libFuzzer, -O1): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
 #      seed corpus; a crash fails the run and leaves its input in tests/fuzz/corpus/<target>/ to commit.
 # Golden tests read models from LOOM_TEST_MODELS (default ../shared/models); without them they
 # print SKIPPED with the reason.
@@ -16,7 +17,7 @@ quick=0
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
