@@ -515,12 +515,18 @@ AttnItemFn pick_item(Isa isa, int32_t D, DType dt) {
   }
 }
 
+// rows[row_of[t]]: the keys of token t's sequence (row_of[t] < 0: a tree row, in `tree` instead);
+// tree: (token, the list of exactly its keys) for each token-tree row.
 void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
-              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa) {
+              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa,
+              const std::vector<std::pair<int32_t, SeqRows>>& tree) {
   const int32_t Hkv = p.n_head_kv;
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
   const bool avx2 = at_least(isa, Isa::avx2);
-  const AttnItemFn item = pick_item(isa, p.head_dim, rows.empty() ? DType::f32 : rows.front().dt);
+  const AttnItemFn item = pick_item(isa, p.head_dim,
+                                    !rows.empty()   ? rows.front().dt
+                                    : !tree.empty() ? tree.front().second.dt
+                                                    : DType::f32);
   auto block = at_least(isa, Isa::avx512) ? attn_block_avx512 : avx2 ? attn_block_avx2 : attn_block_generic;
   if (at_least(isa, Isa::avx512)) switch (p.head_dim) {
     case 16:
@@ -541,19 +547,30 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
   // Blocks of up to k_qblock consecutive tokens of the same sequence.
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
   for (int32_t t = 0; t < T;) {
+    if (row_of[static_cast<size_t>(t)] < 0) { // a tree row: its own item below
+      ++t;
+      continue;
+    }
     int32_t e = t + 1;
     while (e < T && e - t < k_qblock && row_of[static_cast<size_t>(e)] == row_of[static_cast<size_t>(t)])
       ++e;
     blocks.emplace_back(t, e - t);
     t = e;
   }
-  const int64_t items = static_cast<int64_t>(blocks.size()) * Hkv;
+  const auto n_block_items = static_cast<int64_t>(blocks.size()) * Hkv;
+  const int64_t items = n_block_items + static_cast<int64_t>(tree.size()) * Hkv;
 #pragma omp parallel if (items > 1)
   {
     AttnScratch w;
     w.f16c = avx2;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
+      if (it >= n_block_items) { // a tree row: a decode row over its own key list
+        const auto& [t, tr] = tree[static_cast<size_t>((it - n_block_items) / Hkv)];
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tr,
+             KeySegs{0, 0, static_cast<Pos>(tr.k.size()) - 1}, static_cast<int32_t>(it % Hkv), w);
+        continue;
+      }
       const auto [t, nq] = blocks[static_cast<size_t>(it / Hkv)];
       const auto hk = static_cast<int32_t>(it % Hkv);
       const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
@@ -572,14 +589,20 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
 } // namespace
 
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                     const KVRows& kv, float* out, Isa isa) {
+                     const KVRows& kv, float* out, Isa isa, const Pos* rope, const Pos* tree_base,
+                     const uint64_t* tree_mask) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   // The K/V row addresses of every sequence in the batch that some token attends (sinks, then the
   // window rows from the earliest token's first key), fetched once for all heads and tokens.
   std::vector<SeqRows> rows;
   std::vector<Pos> sink_end; // per sequence: the most sink rows any of its tokens reads
   std::vector<int32_t> row_of(static_cast<size_t>(n_tokens));
+  const auto in_tree = [&](int32_t t) { return tree_base && tree_base[t] <= pos[t]; };
   for (int32_t t = 0; t < n_tokens; ++t) {
+    if (in_tree(t)) {
+      row_of[static_cast<size_t>(t)] = -1;
+      continue;
+    }
     size_t i = 0;
     const int32_t sq = kv.seq_of(static_cast<size_t>(t));
     while (i < rows.size() && rows[i].seq != sq)
@@ -610,7 +633,54 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
       r.v[c] = kv.v_at(p.layer, r.seq, j);
     }
   }
-  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa);
+  // Token-tree rows: each one's keys listed (the slots below its tree that the window at its rope position
+  // allows, then its ancestors and itself), the addresses of a sequence's slots fetched once.
+  std::vector<std::pair<int32_t, SeqRows>> tree;
+  if (tree_base) {
+    std::vector<std::pair<int32_t, std::vector<const uint8_t*>>> kall, vall; // per sequence: slot → row
+    for (int32_t t = 0; t < n_tokens; ++t) {
+      if (!in_tree(t)) continue;
+      const int32_t sq = kv.seq_of(static_cast<size_t>(t));
+      size_t i = 0;
+      while (i < kall.size() && kall[i].first != sq)
+        ++i;
+      if (i == kall.size()) {
+        kall.emplace_back(sq, std::vector<const uint8_t*>{});
+        vall.emplace_back(sq, std::vector<const uint8_t*>{});
+      }
+      auto& ka = kall[i].second;
+      auto& va = vall[i].second;
+      const KeySpan span = key_span(p, rope[t]);
+      SeqRows r;
+      r.seq = sq;
+      r.dt = kv.kv_dtype();
+      const auto add = [&](Pos j) {
+        const auto u = static_cast<size_t>(j);
+        if (u >= ka.size()) {
+          ka.resize(u + 1, nullptr);
+          va.resize(u + 1, nullptr);
+        }
+        if (!ka[u]) {
+          ka[u] = kv.k_at(p.layer, sq, j);
+          va[u] = kv.v_at(p.layer, sq, j);
+        }
+        r.k.push_back(ka[u]);
+        r.v.push_back(va[u]);
+      };
+      const Pos base = tree_base[t];
+      r.k.reserve(static_cast<size_t>(pos[t]) + 1);
+      r.v.reserve(static_cast<size_t>(pos[t]) + 1);
+      for (Pos j = 0; j < std::min(span.sink_end, base); ++j) // [0, sink_end) ∪ [first, last] below the tree
+        add(j);
+      for (Pos j = std::max(span.first, span.sink_end); j <= std::min(span.last, base - 1); ++j)
+        add(j);
+      for (Pos a = 0; a < k_max_tree_nodes && base + a <= pos[t]; ++a) // its ancestors and itself
+        if ((tree_mask[t] >> a) & 1u) add(base + a);
+      r.n_pos = static_cast<Pos>(r.k.size());
+      tree.emplace_back(t, std::move(r));
+    }
+  }
+  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa, tree);
 }
 
 } // namespace loom::cpu

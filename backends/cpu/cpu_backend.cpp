@@ -266,7 +266,7 @@ private:
 
   std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
     if (id == g.in_tokens) return b.tokens;
-    if (id == g.in_positions) return b.positions;
+    if (id == g.in_positions) return b.rope_positions.empty() ? b.positions : b.rope_positions;
     if (id == g.in_out_ids) return b.output_rows;
     LOOM_ASSERT(false, "integer tensor that is not a graph input");
     return {};
@@ -387,10 +387,13 @@ private:
         kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems,
                  kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
+      const Pos* rope = b.has_tree() ? b.rope_positions.data() : nullptr;
+      const Pos* tbase = b.has_tree() ? b.tree_base.data() : nullptr;
+      const uint64_t* tmask = b.has_tree() ? b.tree_mask.data() : nullptr;
       if (p.kernel == AttnKernel::naive) // asked for: the materialized-scores reference kernel
-        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst);
+        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, rope, tbase, tmask);
       else
-        flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa);
+        flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa, rope, tbase, tmask);
       return;
     }
     case OpKind::swiglu:

@@ -131,7 +131,10 @@ public:
     return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0;
   }
   // An online-softmax kernel over each query's span (flash-decoding's shape): never materialized scores.
-  bool supports_attention(AttnKernel k, uint32_t) const noexcept override { return k != AttnKernel::naive; }
+  // Token trees (attn_tree) are not run here yet: speculative decoding drafts linearly on this backend.
+  bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
+    return k != AttnKernel::naive && (features & attn_tree) == 0;
+  }
 
   size_t workspace_bytes() const noexcept override { return arena_used_ + scratch_used_; }
   size_t activation_bytes() const noexcept override { return arena_used_; }

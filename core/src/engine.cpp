@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <tuple>
 
 namespace loom {
 
@@ -67,6 +68,18 @@ KVRetention retention_for(const Model& m, const Backend& be) {
     return {};
   return v.retention();
 }
+
+// Token trees on a model: the most nodes (0 when the backend runs no tree rows) and the deepest tree
+// (a node's window is taken at its depth while its ancestors are always attended: below the narrowest
+// window, those agree).
+std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
+  const AttentionVariant& v = m.attention();
+  if (!be.supports_attention(v.kernel(), v.features() | attn_tree)) return {0, 0};
+  int32_t depth = k_max_tree_nodes;
+  for (int32_t il = 0; il < v.n_layer(); ++il)
+    if (const int32_t w = v.layer(il).window; w > 0) depth = std::min(depth, w - 1);
+  return {k_max_tree_nodes, std::max(depth, 0)};
+}
 } // namespace
 
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
@@ -82,8 +95,10 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
     ctx_.draft_kv = &draft_->kv;
     ctx_.retention[1] = retention_for(draft_->model, draft_->backend);
+    std::tie(ctx_.tree_nodes[1], ctx_.tree_depth[1]) = tree_limits(draft_->model, draft_->backend);
   }
   ctx_.retention[0] = retention_for(model, backend);
+  std::tie(ctx_.tree_nodes[0], ctx_.tree_depth[0]) = tree_limits(model, backend);
 }
 
 Engine::~Engine() = default; // sessions free their KV sequences

@@ -138,6 +138,10 @@ void Scheduler::Batch::add(size_t request, const SequenceBook::Work& w) {
     tokens.push_back(w.tokens[k]);
     positions.push_back(pos);
     seq_ids.push_back(w.kv);
+    rope.push_back(w.rope.empty() ? pos : w.rope[k]);
+    tree_base.push_back(w.tree_base.empty() ? pos + 1 : w.tree_base[k]);
+    tree_mask.push_back(w.tree_mask.empty() ? 0 : w.tree_mask[k]);
+    if (!w.tree_base.empty()) has_tree = true;
     if (pos >= w.out_from) {
       out_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
       outs.push_back({request, w.seq, row++});

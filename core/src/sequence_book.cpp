@@ -68,6 +68,8 @@ bool SequenceBook::plan(LocalSeq seq) {
 
 void SequenceBook::rewind(Entry& s, size_t n_tokens) {
   s.draft.clear();
+  s.parent.clear();
+  s.tree_at = -1;
   s.tokens.resize(n_tokens);
   s.finished = false;
   // The logits of the new last token: evaluated again when the sequence is next planned (begin_work
@@ -153,6 +155,26 @@ std::optional<SequenceBook::Work> SequenceBook::take_chunk(LocalSeq seq, int32_t
   for (int32_t p = q.n_cached; p < q.n_cached + n; ++p)
     w.tokens.push_back(p < n_committed ? q.tokens[static_cast<size_t>(p)]
                                        : q.draft[static_cast<size_t>(p - n_committed)]);
+  if (q.is_tree() && !q.tree_chain && q.n_cached + n > n_committed) { // tree rows: depth, base, ancestors
+    LOOM_ASSERT(q.tree_base == n_committed && q.tree_at < 0, "a tree is evaluated before any node commits");
+    for (int32_t p = q.n_cached; p < q.n_cached + n; ++p) {
+      if (p < n_committed) {
+        w.rope.push_back(p);
+        w.tree_base.push_back(p + 1);
+        w.tree_mask.push_back(0);
+        continue;
+      }
+      int32_t depth = 0;
+      uint64_t mask = 0;
+      for (int32_t i = p - n_committed; i >= 0; i = q.parent[static_cast<size_t>(i)]) {
+        mask |= uint64_t{1} << i;
+        ++depth;
+      }
+      w.rope.push_back(n_committed - 1 + depth);
+      w.tree_base.push_back(n_committed);
+      w.tree_mask.push_back(mask);
+    }
+  }
   q.n_cached += n;
   q.in_flight = true;
   q.in_flight_n = n;
@@ -277,7 +299,14 @@ void SequenceBook::drop_draft(Entry& s) {
   if (s.draft.empty()) return;
   s.draft.clear();
   s.n_rows = std::min<size_t>(s.n_rows, 1); // row 0 (after the committed tokens) stays valid
-  uncache(s, static_cast<int32_t>(s.tokens.size()));
+  int32_t keep = static_cast<int32_t>(s.tokens.size());
+  if (s.is_tree()) { // committed nodes whose K/V are not at their own positions are evaluated again
+    if (s.tree_at >= 0) keep = std::min(keep, s.tree_kv_keep);
+    s.parent.clear();
+    s.tree_at = -1;
+    if (keep < static_cast<int32_t>(s.tokens.size())) s.n_rows = std::min<size_t>(s.n_rows, 1);
+  }
+  uncache(s, keep);
 }
 
 void SequenceBook::uncache(Entry& s, int32_t keep) {

@@ -11,6 +11,20 @@
 //   k_max = 16
 //   ngram_min = 1          # n-gram drafter: suffix lengths tried, longest first
 //   ngram_max = 3
+//   tree = "auto"          # "auto" (trees where the backend runs them) | true | false: linear drafts
+//   width = 4              # tree branches: n-gram matches with different continuations; for a draft
+//                          # model, the alternatives kept beside its pick at each step (width − 1)
+//   max_nodes = 32         # a tree's most nodes (≤ the backend's limit, 64)
+//
+// Token trees: the n-gram drafter collects up to `width` continuations (the latest matches of the
+// longest suffix first) into a trie; the draft model adds, at each of its steps, its next-likeliest
+// tokens as leaves beside the one it continues with. The target evaluates every node in one forward
+// (tree attention: a node sees the committed tokens and its ancestors). Verification walks down the
+// tree: at each node the target's token is drawn from p (the sampler chain at that node, its state
+// after the path) and the walk follows the child holding that token, committing it; when no child
+// holds it, the drawn token is appended and the round ends. Every token is thus drawn from p exactly,
+// whatever the tree (exact for sampling, the target's own output for greedy); a linear draft from a
+// draft model keeps the rejection scheme below, which accepts more often when drafts are sampled.
 //
 // A round: the drafter proposes d1..dk (a draft model samples them one forward at a time from its q,
 // taken after the request's sampler chain; the n-gram drafter copies what followed the latest earlier
@@ -28,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -84,6 +99,14 @@ public:
     if (ngram_min_ > ngram_max_)
       throw Error("speculative: expected ngram_min ≤ ngram_max, got " + std::to_string(ngram_min_) + " > " +
                   std::to_string(ngram_max_));
+    if (cfg.has("tree") && cfg.type("tree") == LOOM_CONFIG_BOOL)
+      tree_ = cfg.get_bool("tree", true) ? Tree::on : Tree::off;
+    else if (const std::string t = cfg.get_str("tree", "auto"); t == "auto")
+      tree_ = Tree::auto_;
+    else
+      throw Error("speculative: tree must be true, false or \"auto\", got \"" + t + "\"");
+    width_ = bounded("width", 4, 1, 16);
+    max_nodes_ = bounded("max_nodes", 32, 1, 64);
   }
 
   void start(Session& s) override {
@@ -104,6 +127,14 @@ public:
         drafter_ = Drafter::none;
       }
     }
+    // Trees: where the target's backend runs them (auto), or asked for (then an error if it cannot).
+    const int32_t nodes = s.max_tree_nodes(0);
+    if (tree_ == Tree::on && nodes == 0)
+      throw Error("speculative: tree = true, but the target's backend runs no token-tree rows; set tree = "
+                  "false (or \"auto\") or use the cpu or reference backend");
+    use_tree_ = tree_ != Tree::off && nodes > 0 && width_ > 1;
+    node_budget_ = std::min<size_t>(max_nodes_, static_cast<size_t>(std::max(nodes, 1)));
+    depth_cap_ = use_tree_ ? static_cast<size_t>(std::max(s.max_tree_depth(0), 1)) : size_t{64};
     phase_ = Phase::verify; // the first target pass is the prompt's, with no drafts
   }
 
@@ -127,7 +158,10 @@ public:
     if (!prefilled_ && draft_seq_ >= 0) ++draft_forwards_; // the draft's prompt, beside the target's
     prefilled_ = true;
     ++target_forwards_;
-    verify(s);
+    if (in_tree_)
+      verify_tree(s);
+    else
+      verify(s);
     if (s.finished(0) != LOOM_STOP_NONE) return;
     next_round(s);
   }
@@ -145,6 +179,10 @@ public:
     s.set_metric("rejections", static_cast<double>(rejections_));
     s.set_metric("mean_accepted_len",
                  rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
+    s.set_metric("draft_rounds", static_cast<double>(rounds_));
+    s.set_metric("tree_rounds", static_cast<double>(tree_rounds_));
+    // Accepted tree nodes off the first branch (whose K/V slot was not their position): evaluated again.
+    s.set_metric("off_chain_tokens", static_cast<double>(off_chain_tokens_));
     s.set_metric("target_forwards", static_cast<double>(target_forwards_));
     s.set_metric("draft_forwards", static_cast<double>(draft_forwards_));
     s.set_metric("tokens_per_target_forward", target_forwards_ ? static_cast<double>(s.n_generated(0)) /
@@ -157,10 +195,11 @@ public:
 private:
   enum class Drafter { auto_, model, ngram, none };
   enum class Phase { draft, verify };
+  enum class Tree { auto_, on, off };
 
   // One draft-model step: q after the chain (the draft sequence's own chain state), a token drawn
   // from it, appended to the draft sequence. After k (or when the draft sequence stops) the drafts go
-  // to the target.
+  // to the target. With trees, the step's next-likeliest tokens become leaves beside the one drawn.
   void draft_step(Session& s) {
     if (s.logits(draft_seq_).empty()) return;
     ++draft_forwards_;
@@ -168,14 +207,61 @@ private:
     if (q_.size() <= i) q_.emplace_back(V_); // kept across rounds: no allocation per draft token
     s.probs(draft_seq_, q_[i]);
     const auto d = static_cast<loom_token>(draw(q_[i], s.uniform()));
+    if (use_tree_) add_alternatives(s.logits(draft_seq_), d);
     drafts_.push_back(d);
     const int32_t reason = s.append(draft_seq_, d);
-    if (reason != LOOM_STOP_NONE || drafts_.size() >= k_cur_) submit_drafts(s);
+    if (reason != LOOM_STOP_NONE || drafts_.size() >= std::min(k_cur_, depth_cap_)) submit_drafts(s);
+  }
+
+  // Leaves beside the draft's pick at its step i (before drafts_[i] is pushed): the tokens the draft
+  // model's logits rank next (not its sampler chain's q, one-hot under greedy), up to width − 1 of them.
+  void add_alternatives(std::span<const float> q, loom_token picked) {
+    const size_t want = width_ - 1;
+    best_.clear();
+    for (size_t t = 0; t < V_ && t < q.size(); ++t) {
+      if (static_cast<loom_token>(t) == picked || !(q[t] > -std::numeric_limits<float>::infinity())) continue;
+      if (best_.size() < want || q[t] > q[static_cast<size_t>(best_.back())]) {
+        if (best_.size() == want) best_.pop_back();
+        best_.push_back(static_cast<loom_token>(t));
+        std::sort(best_.begin(), best_.end(), [&](loom_token a, loom_token b) {
+          return q[static_cast<size_t>(a)] > q[static_cast<size_t>(b)];
+        });
+      }
+    }
+    for (loom_token t : best_)
+      alts_.push_back({drafts_.size(), t});
   }
 
   void submit_drafts(Session& s) {
+    if (use_tree_ && !alts_.empty()) { // the chain, then each step's alternatives as leaves
+      tree_tok_.assign(drafts_.begin(), drafts_.end());
+      tree_par_.clear();
+      for (size_t i = 0; i < drafts_.size(); ++i)
+        tree_par_.push_back(static_cast<int32_t>(i) - 1);
+      for (const auto& [step, t] : alts_) {
+        if (tree_tok_.size() >= node_budget_) break;
+        tree_tok_.push_back(t);
+        tree_par_.push_back(static_cast<int32_t>(step) - 1);
+      }
+      alts_.clear();
+      submit_tree(s);
+      return;
+    }
+    alts_.clear();
     const size_t kept = s.set_draft(0, drafts_);
     drafts_.resize(kept);
+    in_tree_ = false;
+    phase_ = Phase::verify;
+  }
+
+  void submit_tree(Session& s) {
+    const size_t kept = s.set_draft_tree(0, tree_tok_, tree_par_);
+    tree_tok_.resize(kept);
+    tree_par_.resize(kept);
+    children_.assign(kept + 1, {}); // children_[i + 1]: node i's; children_[0]: the root's
+    for (size_t i = 0; i < kept; ++i)
+      children_[static_cast<size_t>(tree_par_[i] + 1)].push_back(static_cast<int32_t>(i));
+    in_tree_ = true;
     phase_ = Phase::verify;
   }
 
@@ -222,21 +308,69 @@ private:
     record(m, a, rejected);
   }
 
+  // Walks down the evaluated tree: at each node the target's token drawn from p there; the child that
+  // holds it is committed, else the token is appended and the round ends.
+  void verify_tree(Session& s) {
+    const size_t m = tree_tok_.size();
+    off_chain_ = false;
+    int32_t at = -1;
+    size_t a = 0;
+    bool rejected = false;
+    for (;;) {
+      s.probs(0, p_);
+      const auto x = static_cast<loom_token>(draw(p_, s.uniform()));
+      int32_t next = -1;
+      for (int32_t c : children_[static_cast<size_t>(at + 1)])
+        if (tree_tok_[static_cast<size_t>(c)] == x) {
+          next = c;
+          break;
+        }
+      if (next < 0) {
+        rejected = !children_[static_cast<size_t>(at + 1)].empty();
+        s.append(0, x);
+        break;
+      }
+      ++a;
+      if (next != static_cast<int32_t>(a) - 1) off_chain_ = true; // not at its depth's slot
+      if (off_chain_) ++off_chain_tokens_; // its K/V are evaluated again with the next forward
+      if (s.commit_node(0, next) != LOOM_STOP_NONE) break;
+      at = next;
+    }
+    ++tree_rounds_;
+    // Per tested depth, as the linear scheme counts: the drafts of the path, α from its rejections.
+    record_tree(m, a, rejected);
+  }
+
+  void record_tree(size_t nodes, size_t a, bool rejected) {
+    if (nodes == 0) return;
+    draft_tokens_ += nodes;
+    accepted_ += a;
+    ++rounds_;
+    if (rejected) ++rejections_;
+    adapt(a, rejected);
+  }
+
   void record(size_t m, size_t a, bool rejected) {
     if (m == 0) return;
     draft_tokens_ += m;
     accepted_ += a;
     ++rounds_;
     if (rejected) ++rejections_;
+    adapt(a, rejected);
+  }
+
+  void adapt(size_t a, bool rejected) {
     if (!adaptive_) return;
     if (rejected)
       k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
-    else if (a == k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
+    else if (a >= k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
       k_cur_ = std::min(k_cur_ + 1, k_max_);
   }
 
   void next_round(Session& s) {
     drafts_.clear();
+    alts_.clear();
+    in_tree_ = false;
     if (drafter_ == Drafter::model) {
       // The draft sequence holds the old committed tokens + its drafts: back to the accepted ones,
       // then the target's last token (no re-prefill: only that token and at most one draft are new).
@@ -253,8 +387,16 @@ private:
       return;
     }
     if (drafter_ == Drafter::ngram) {
-      lookup(s.tokens(0));
-      if (!drafts_.empty()) submit_drafts(s);
+      if (use_tree_) {
+        lookup_tree(s.tokens(0));
+        if (tree_tok_.size() > 0) {
+          submit_tree(s);
+          return;
+        }
+      } else {
+        lookup(s.tokens(0));
+        if (!drafts_.empty()) submit_drafts(s);
+      }
     }
     phase_ = Phase::verify;
   }
@@ -275,10 +417,51 @@ private:
     }
   }
 
+  // The same lookup keeping up to `width` continuations (longest suffix first, latest occurrence first)
+  // in a trie of at most node_budget nodes; the first continuation is the chain of nodes 0, 1, ….
+  void lookup_tree(std::span<const loom_token> t) {
+    tree_tok_.clear();
+    tree_par_.clear();
+    const size_t len = t.size();
+    const size_t depth = std::min(k_cur_, depth_cap_);
+    size_t branches = 0;
+    for (size_t n = std::min(ngram_max_, len > 0 ? len - 1 : 0); n >= ngram_min_ && n > 0; --n) {
+      const std::span<const loom_token> suffix = t.subspan(len - n);
+      for (size_t j = len - n; j-- > 0 && branches < width_;) {
+        if (!std::equal(suffix.begin(), suffix.end(), t.begin() + static_cast<std::ptrdiff_t>(j))) continue;
+        const size_t from = j + n, to = std::min(len, from + depth);
+        if (from >= to) continue;
+        int32_t cur = -1;
+        bool added = false;
+        for (size_t p = from; p < to; ++p) {
+          int32_t found = -1;
+          for (size_t i = 0; i < tree_tok_.size(); ++i)
+            if (tree_par_[i] == cur && tree_tok_[i] == t[p]) {
+              found = static_cast<int32_t>(i);
+              break;
+            }
+          if (found < 0) {
+            if (tree_tok_.size() >= node_budget_) break;
+            tree_tok_.push_back(t[p]);
+            tree_par_.push_back(cur);
+            found = static_cast<int32_t>(tree_tok_.size()) - 1;
+            added = true;
+          }
+          cur = found;
+        }
+        if (added) ++branches;
+      }
+      if (branches >= width_ || tree_tok_.size() >= node_budget_) break;
+    }
+  }
+
   Drafter drafter_ = Drafter::auto_;
+  Tree tree_ = Tree::auto_;
   size_t k_ = 4, k_min_ = 1, k_max_ = 16, k_cur_ = 4;
   bool adaptive_ = false;
   size_t ngram_min_ = 1, ngram_max_ = 3;
+  size_t width_ = 4, max_nodes_ = 32, node_budget_ = 32, depth_cap_ = 64;
+  bool use_tree_ = false, in_tree_ = false;
   size_t V_ = 0;
   loom_seq draft_seq_ = -1;
   Phase phase_ = Phase::verify;
@@ -286,8 +469,14 @@ private:
   std::vector<loom_token> drafts_;
   std::vector<std::vector<float>> q_; // q_[i]: the draft distribution drafts_[i] was drawn from (this round)
   std::vector<float> p_, r_;
+  std::vector<std::pair<size_t, loom_token>> alts_; // (draft step, token): leaves beside the model's picks
+  std::vector<loom_token> best_;
+  std::vector<loom_token> tree_tok_; // the tree being verified: node tokens and parents
+  std::vector<int32_t> tree_par_;
+  std::vector<std::vector<int32_t>> children_;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
-         draft_forwards_ = 0;
+         draft_forwards_ = 0, tree_rounds_ = 0, off_chain_tokens_ = 0;
+  bool off_chain_ = false;
 };
 
 } // namespace

@@ -176,7 +176,7 @@ LOOM_ABI_OFFSET(loom_session_api, seq_logits_at, 216);
 LOOM_ABI_OFFSET(loom_session_api, seq_probs, 224);
 LOOM_ABI_OFFSET(loom_session_api, has_draft, 232);
 LOOM_ABI_OFFSET(loom_session_api, seq_fork_draft, 240);
-LOOM_ABI_SIZE(loom_session_api, 248);
+LOOM_ABI_OFFSET(loom_session_api, seq_set_draft_tree, 248); // 2.0 ended here (sizeof 248)
 // loom_candidates: an array of loom_token_data that carries its element size
 LOOM_ABI_OFFSET(loom_candidates, struct_size, 0);
 LOOM_ABI_OFFSET(loom_candidates, data_size, 4);
@@ -260,7 +260,7 @@ LOOM_ABI_OFFSET(loom_batch, row_seq, 80);
 LOOM_ABI_OFFSET(loom_batch, n_seqs, 88);
 LOOM_ABI_OFFSET(loom_batch, tables, 96);
 LOOM_ABI_OFFSET(loom_batch, table_stride, 104);
-LOOM_ABI_SIZE(loom_batch, 112);
+LOOM_ABI_OFFSET(loom_batch, rope_positions, 112); // 2.0 ended here (sizeof 112)
 LOOM_ABI_OFFSET(loom_backend_i, struct_size, 0);
 LOOM_ABI_OFFSET(loom_backend_i, name, 8);
 LOOM_ABI_OFFSET(loom_backend_i, supports, 16);
@@ -279,6 +279,17 @@ LOOM_ABI_OFFSET(loom_backend_i, supports_kv_dtype, 112);
 LOOM_ABI_OFFSET(loom_backend_i, supports_attention, 120);
 LOOM_ABI_OFFSET(loom_backend_i, describe, 128);
 LOOM_ABI_SIZE(loom_backend_i, 136);
+
+// ================================================================================================
+// ABI 2.1 — token trees (speculative decoding) — DO NOT MODIFY; append and add a new block
+// ================================================================================================
+LOOM_ABI_OFFSET(loom_session_api, seq_commit_node, 256);
+LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_nodes, 264);
+LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_depth, 272);
+LOOM_ABI_SIZE(loom_session_api, 280);
+LOOM_ABI_OFFSET(loom_batch, tree_base, 120);
+LOOM_ABI_OFFSET(loom_batch, tree_mask, 128);
+LOOM_ABI_SIZE(loom_batch, 136);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.
@@ -286,7 +297,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 2u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_session_api), 248u); // 31 entries in 2.0
+  EXPECT_EQ(sizeof(loom_session_api), 280u); // 31 entries in 2.0, 35 in 2.1
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

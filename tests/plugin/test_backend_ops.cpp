@@ -7,6 +7,7 @@
 #include "loom/backend.hpp"
 #include "loom/dtype.hpp"
 #include "loom/kv_cache.hpp"
+#include "loom/model.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/plugin_host.hpp"
 #include "op_harness.hpp"
@@ -365,6 +366,88 @@ TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
         done += T;
       }
     }
+}
+
+// Token trees (speculative decoding): a tree of drafts evaluated in one forward — each node rotated at its
+// depth, attending the committed tokens and its ancestors — gives at every node the logits of its path
+// evaluated alone as plain tokens (stories260K, f32 and f16 KV, a paged store with blocks smaller than
+// the tree).
+TEST_P(BackendOps, TreeRowsGiveTheLogitsOfTheirPathsAlone) {
+  LOOM_BACKEND_OR_SKIP(m);
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  if (!m.be->supports_attention(AttnKernel::auto_, attn_tree))
+    GTEST_SKIP() << "SKIPPED: " << GetParam() << " runs no token-tree rows";
+  auto mdl = Model::load(model.string());
+  const int32_t V = mdl->config().n_vocab;
+  const std::vector<TokenId> prompt{1, 403, 407, 1209 % V, 282, 260, 300, 10};
+  // node: token, parent (-1: the last prompt token); depths 1 2 3 2 1 2 3 4 4
+  const std::vector<TokenId> tok{5, 6, 7, 8, 9, 10, 11, 12, 13};
+  const std::vector<int32_t> par{-1, 0, 1, 0, -1, 4, 5, 2, 6};
+  for (const DType dt : {DType::f32, DType::f16}) {
+    if (!m.be->supports_kv_dtype(dt)) continue;
+    SCOPED_TRACE(dtype_name(dt));
+    auto be = under_test().be;
+    KVShape shape = mdl->kv_shape(64, 2);
+    shape.dtype = dt;
+    shape.block_size = 4;
+    auto kv = make_paged_kv_cache(shape);
+    const auto run = [&](const BatchView& b, SeqId seq, int32_t n_new) {
+      EXPECT_TRUE(kv->allocate(seq, n_new));
+      std::vector<float> logits(b.output_rows.size() * static_cast<size_t>(V));
+      mdl->forward(*be, b, *kv, logits);
+      return logits;
+    };
+    const auto plain = [&](const std::vector<TokenId>& toks, SeqId seq, Pos from) {
+      std::vector<Pos> pos;
+      for (size_t i = 0; i < toks.size(); ++i)
+        pos.push_back(from + static_cast<Pos>(i));
+      const std::vector<SeqId> seqs(toks.size(), seq);
+      const std::vector<int32_t> out{static_cast<int32_t>(toks.size()) - 1};
+      return run(BatchView{toks, pos, seqs, out}, seq, static_cast<int32_t>(toks.size()));
+    };
+    // The prompt but its last token, then that token and the whole tree in one batch.
+    const auto n = static_cast<Pos>(prompt.size());
+    (void)plain(std::vector<TokenId>(prompt.begin(), prompt.end() - 1), 0, 0);
+    std::vector<TokenId> toks{prompt.back()};
+    std::vector<Pos> pos{n - 1}, rope{n - 1}, base{n};
+    std::vector<uint64_t> mask{0};
+    std::vector<int32_t> depth(tok.size());
+    for (size_t i = 0; i < tok.size(); ++i) {
+      depth[i] = par[i] < 0 ? 1 : depth[static_cast<size_t>(par[i])] + 1;
+      uint64_t bits = 0;
+      for (auto j = static_cast<int32_t>(i); j >= 0; j = par[static_cast<size_t>(j)])
+        bits |= uint64_t{1} << j;
+      toks.push_back(tok[i]);
+      pos.push_back(n + static_cast<Pos>(i));
+      rope.push_back(n - 1 + depth[i]);
+      base.push_back(n);
+      mask.push_back(bits);
+    }
+    const std::vector<SeqId> seqs(toks.size(), 0);
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < toks.size(); ++i)
+      out.push_back(static_cast<int32_t>(i));
+    BatchView tb{toks, pos, seqs, out};
+    tb.rope_positions = rope;
+    tb.tree_base = base;
+    tb.tree_mask = mask;
+    const auto tree = run(tb, 0, static_cast<int32_t>(toks.size()));
+    const auto row = [&](size_t r) {
+      return std::vector<float>(tree.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(V)),
+                                tree.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(V)));
+    };
+    expect_close(plain(prompt, 1, 0), row(0), 1e-4, "the root");
+    kv->free(1);
+    for (size_t i = 0; i < tok.size(); ++i) {
+      std::vector<TokenId> path;
+      for (auto j = static_cast<int32_t>(i); j >= 0; j = par[static_cast<size_t>(j)])
+        path.insert(path.begin(), tok[static_cast<size_t>(j)]);
+      std::vector<TokenId> all = prompt;
+      all.insert(all.end(), path.begin(), path.end());
+      expect_close(plain(all, 1, 0), row(1 + i), 1e-4, "node " + std::to_string(i));
+      kv->free(1);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::Values("reference_plugin", "cpu", "cuda"),

@@ -86,7 +86,7 @@ TEST(ContractPlugins, AnAbi1PluginIsRefusedInOneLine) {
     if (p.value("path", "").find("libloom-fixture-abi10") != std::string::npos) {
       found = true;
       const std::string err = p.value("error", "");
-      EXPECT_NE(err.find("ABI 2.0"), std::string::npos) << p;
+      EXPECT_NE(err.find("ABI 2."), std::string::npos) << p;
       EXPECT_NE(err.find("rebuild"), std::string::npos) << p;
       EXPECT_NE(err.find("host ABI major differs"), std::string::npos) << p; // the plugin's own line
     }

@@ -85,6 +85,20 @@ public:
   // Commits the first n draft tokens in order, as append would (stop rules, streaming, sampler
   // accept); stops early when one ends the sequence (the rest are dropped). Row 1 becomes row 0, ….
   StopReason commit(LocalSeq seq, size_t n);
+  // A draft tree (ABI 2.1): node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
+  // token). The next plan evaluates every node in one forward (tree attention: each node sees the
+  // committed tokens and its own ancestors) with row 1 + i after node i (row 0: after the committed
+  // tokens). Replaces an earlier draft; keeps the first nodes the context has room for, returns how many.
+  // At most max_tree_nodes(seq) nodes (0: the backend runs no tree rows — a chain is still accepted) and
+  // max_tree_depth(seq) deep.
+  size_t set_draft_tree(LocalSeq seq, std::span<const TokenId> tokens, std::span<const int32_t> parents);
+  // Commits node `node` of an evaluated tree, a child of the last committed node (or of the root), as
+  // append would; its row becomes row 0. Nodes off the committed path are dropped with the tree (the
+  // next append, truncate or draft); committed nodes whose K/V are not at their own positions are then
+  // evaluated again in the next forward.
+  StopReason commit_node(LocalSeq seq, int32_t node);
+  int32_t max_tree_nodes(LocalSeq seq) const;
+  int32_t max_tree_depth(LocalSeq seq) const;
   // The distribution the request's sampler chain draws seq's next token from (its state, row 0):
   // out[n_vocab], zeros for tokens the chain removed; one-hot for a deterministic selector.
   void probs(LocalSeq seq, std::span<float> out);

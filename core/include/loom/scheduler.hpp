@@ -111,8 +111,21 @@ public:
     };
     std::vector<Out> outs;
     std::vector<size_t> sessions; // requests with tokens in this batch (a failed forward fails them all)
+    // Token trees: every row's rope position, tree base and mask, passed on only when some row is in a
+    // tree (has_tree).
+    std::vector<Pos> rope, tree_base;
+    std::vector<uint64_t> tree_mask;
+    bool has_tree = false;
     bool empty() const noexcept { return tokens.empty(); }
-    BatchView view() const noexcept { return {tokens, positions, seq_ids, out_rows}; }
+    BatchView view() const noexcept {
+      BatchView v{tokens, positions, seq_ids, out_rows};
+      if (has_tree) {
+        v.rope_positions = rope;
+        v.tree_base = tree_base;
+        v.tree_mask = tree_mask;
+      }
+      return v;
+    }
     void add(size_t request, const SequenceBook::Work& w);
   };
 

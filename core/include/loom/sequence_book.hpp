@@ -51,6 +51,11 @@ struct SessionContext {
   // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
   // window the rest is released from the store after every forward.
   KVRetention retention[2];
+  // Token trees (set_draft_tree): the most nodes a draft tree may have on each model (0: its backend
+  // runs no tree rows), and the deepest (below the narrowest sliding window: a tree row's window is taken
+  // at its depth, its ancestors always attended).
+  int32_t tree_nodes[2] = {0, 0};
+  int32_t tree_depth[2] = {0, 0};
 };
 
 // The bookkeeping half of a request.
@@ -62,7 +67,19 @@ public:
     SeqId kv = -1;               // id in that model's KV store
     std::vector<TokenId> tokens; // committed: prompt + generated
     std::vector<TokenId> draft;  // uncommitted tokens after `tokens` (not streamed, not seen by stop rules)
-    int32_t n_cached = 0;        // of tokens + draft, those whose K/V are in the store
+    // A draft tree (empty: the draft is linear): parent[i] < i is node i's parent in draft, -1 the last
+    // committed token. Node i's K/V lie at slot tree_base + i; it is rotated at tree_base − 1 + its depth.
+    // While a path is committed (DecodeSession::commit_node) the nodes stay: tree_at is the last committed
+    // node (-1: none yet), and the committed tokens below tree_kv_keep have their K/V at their own
+    // positions (a node at its depth's slot); the rest are evaluated again once the tree is dropped.
+    std::vector<int32_t> parent;
+    int32_t tree_base = 0;
+    int32_t tree_at = -1;
+    int32_t tree_kv_keep = 0;
+    size_t tree_row_off = 0, tree_n_rows = 0; // the rows as evaluated (row 0: the tree's root)
+    bool tree_chain = false; // every node the child of the one before: evaluated as plain causal rows
+    bool is_tree() const noexcept { return !parent.empty(); }
+    int32_t n_cached = 0; // of tokens + draft, those whose K/V are in the store
     // Logits rows: row j (j = 0..n_rows-1) is the distribution after tokens + draft[0..j), stored at
     // rows[(row_off + j) * n_vocab].
     std::vector<float> rows;
@@ -121,6 +138,10 @@ public:
     std::vector<TokenId> tokens; // to evaluate
     Pos out_from = 0;            // positions ≥ out_from produce logits rows …
     int32_t first_row = 0;       // … rows first_row, first_row + 1, … (set_logits)
+    // Token-tree rows (empty when the chunk has none): per token, its rope position, tree base and mask
+    // (BatchView's).
+    std::vector<Pos> rope, tree_base;
+    std::vector<uint64_t> tree_mask;
   };
   // Turns this step's plans into pending work: each planned sequence's tokens without K/V (the
   // committed ones a truncate or a preemption dropped, the new ones, the drafts) and the logits rows

@@ -140,10 +140,28 @@ public:
   void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     const CGraph& c = converted(g);
     const loom_kv_layout layout = to_c(kv.layout());
-    loom_batch cb{sizeof(loom_batch), b.tokens.size(),      b.tokens.data(),      b.positions.data(),
-                  b.seq_ids.data(),   b.output_rows.size(), b.output_rows.data(), &layout,
-                  kv.pool(),          kv.slots().data(),    kv.row_seqs().data(), kv.n_seqs(),
-                  kv.tables().data(), kv.table_stride()};
+    loom_batch cb{sizeof(loom_batch),
+                  b.tokens.size(),
+                  b.tokens.data(),
+                  b.positions.data(),
+                  b.seq_ids.data(),
+                  b.output_rows.size(),
+                  b.output_rows.data(),
+                  &layout,
+                  kv.pool(),
+                  kv.slots().data(),
+                  kv.row_seqs().data(),
+                  kv.n_seqs(),
+                  kv.tables().data(),
+                  kv.table_stride(),
+                  nullptr,
+                  nullptr,
+                  nullptr};
+    if (b.has_tree()) { // only when supports_attention said attn_tree (the engine asks)
+      cb.rope_positions = b.rope_positions.data();
+      cb.tree_base = b.tree_base.data();
+      cb.tree_mask = b.tree_mask.data();
+    }
     const size_t bytes = logits.size() * sizeof(float);
     if (bytes > logits_cap_) { // the logits buffer grows to the largest batch's
       if (logits_buf_) vt_->buffer_free(self_, logits_buf_);
@@ -194,6 +212,8 @@ public:
   }
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
     if (!vt_->supports_attention) return Backend::supports_attention(k, features);
+    // Token trees came with ABI 2.1: a 2.0 plugin never reads them, whatever it answers.
+    if ((features & attn_tree) && lib_->plugin().abi_minor < 1) return false;
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
   std::string_view describe() const noexcept override {

@@ -406,6 +406,36 @@ int32_t session_has_draft(const loom_session* s) noexcept {
 loom_status* seq_fork_draft(loom_session* s, loom_seq parent, loom_seq* child) noexcept {
   return guarded([&] { *child = S(s).fork_draft(parent); });
 }
+loom_status* seq_set_draft_tree(loom_session* s, loom_seq seq, const loom_token* tokens,
+                                const int32_t* parents, size_t n, size_t* n_kept) noexcept {
+  return guarded([&] {
+    if ((!tokens || !parents) && n)
+      fail(Errc::invalid_argument, "decoder", "set_draft_tree: tokens or parents is NULL");
+    const size_t k =
+        S(s).set_draft_tree(seq, std::span<const TokenId>(tokens, n), std::span<const int32_t>(parents, n));
+    if (n_kept) *n_kept = k;
+  });
+}
+loom_status* seq_commit_node(loom_session* s, loom_seq seq, int32_t node, int32_t* reason) noexcept {
+  return guarded([&] {
+    const StopReason r = S(s).commit_node(seq, node);
+    if (reason) *reason = static_cast<int32_t>(r);
+  });
+}
+int32_t seq_max_tree_nodes(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return S(s).max_tree_nodes(seq);
+  } catch (...) {
+    return 0;
+  }
+}
+int32_t seq_max_tree_depth(const loom_session* s, loom_seq seq) noexcept {
+  try {
+    return S(s).max_tree_depth(seq);
+  } catch (...) {
+    return 0;
+  }
+}
 loom_status* session_set_metric(loom_session* s, const char* key, double value) noexcept {
   return guarded([&] {
     if (!key) fail(Errc::invalid_argument, "decoder", "set_metric: key is NULL");
@@ -436,17 +466,18 @@ const loom_core_api k_core = {&status_create, &status_code, &status_message, &st
 const loom_config_api k_config = {&config_get_i64,       &config_get_f64,      &config_get_bool,
                                   &config_get_str,       &config_has,          &config_type,
                                   &config_get_i64_array, &config_get_f64_array};
-const loom_session_api k_session = {&session_n_vocab, &session_n_prompt,   &session_max_new_tokens,
-                                    &seq_fork,        &seq_free,           &seq_truncate,
-                                    &seq_append,      &seq_tokens,         &seq_n_generated,
-                                    &seq_finished,    &session_plan,       &seq_logits,
-                                    &seq_sample,      &seq_logprob,        &seq_finish,
-                                    &seq_score,       &session_set_stream, &tokenize,
-                                    &detokenize,      &session_add_result, &session_set_output,
-                                    &session_verify,  &session_set_metric, &session_uniform,
-                                    &seq_set_draft,   &seq_commit,         &seq_n_draft,
-                                    &seq_logits_at,   &seq_probs,          &session_has_draft,
-                                    &seq_fork_draft};
+const loom_session_api k_session = {&session_n_vocab,    &session_n_prompt,   &session_max_new_tokens,
+                                    &seq_fork,           &seq_free,           &seq_truncate,
+                                    &seq_append,         &seq_tokens,         &seq_n_generated,
+                                    &seq_finished,       &session_plan,       &seq_logits,
+                                    &seq_sample,         &seq_logprob,        &seq_finish,
+                                    &seq_score,          &session_set_stream, &tokenize,
+                                    &detokenize,         &session_add_result, &session_set_output,
+                                    &session_verify,     &session_set_metric, &session_uniform,
+                                    &seq_set_draft,      &seq_commit,         &seq_n_draft,
+                                    &seq_logits_at,      &seq_probs,          &session_has_draft,
+                                    &seq_fork_draft,     &seq_set_draft_tree, &seq_commit_node,
+                                    &seq_max_tree_nodes, &seq_max_tree_depth};
 
 // Each table as of 2.`minor`; a minor this host does not have yet gives NULL.
 const void* get_api(uint32_t table, uint32_t minor) noexcept {

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 2u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 0u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 1u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -353,6 +353,23 @@ typedef struct loom_session_api {
    * truncate, free); all requests' draft sequences are evaluated in one draft forward pass per step.
    * *child = -1 (status NULL) when the draft model's KV cache has no free sequence. */
   loom_status* (*seq_fork_draft)(loom_session* s, loom_seq parent, loom_seq* child);
+
+  /* 2.1 — token trees. A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last
+   * committed token). The next plan evaluates all nodes in one forward (each sees the committed tokens
+   * and its ancestors) with row 1 + i after node i and row 0 after the committed tokens. Replaces an
+   * earlier draft; *n_kept (may be NULL): the first nodes the context had room for. At most
+   * seq_max_tree_nodes nodes and seq_max_tree_depth deep; a chain (parents[i] = i - 1) is always
+   * accepted (it is seq_set_draft). */
+  loom_status* (*seq_set_draft_tree)(loom_session* s, loom_seq seq, const loom_token* tokens,
+                                     const int32_t* parents, size_t n, size_t* n_kept);
+  /* Commits node `node` of the evaluated tree, a child of the last committed node (-1 at first: the
+   * root), exactly as seq_append would; the row after it becomes row 0 (seq_probs, seq_logits). The
+   * other nodes are dropped with the tree (the next append, truncate or draft). */
+  loom_status* (*seq_commit_node)(loom_session* s, loom_seq seq, int32_t node, int32_t* reason);
+  /* The most nodes a tree may have on seq's model (0: its backend runs no tree rows; chains only) and
+   * the deepest tree (below the model's narrowest sliding window). */
+  int32_t (*seq_max_tree_nodes)(const loom_session* s, loom_seq seq);
+  int32_t (*seq_max_tree_depth)(const loom_session* s, loom_seq seq);
 } loom_session_api;
 
 typedef enum loom_config_type {

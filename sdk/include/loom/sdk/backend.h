@@ -129,6 +129,7 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
 #define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
+#define LOOM_ATTN_FEATURE_TREE 16u     /* (2.1) it runs token-tree rows: loom_batch rope_positions / tree_* */
 
 typedef struct loom_node {
   int32_t op; /* loom_op */
@@ -194,6 +195,13 @@ typedef struct loom_batch {
   size_t n_seqs;
   const int32_t* tables; /* n_seqs × table_stride block ids */
   int32_t table_stride;
+  /* 2.1, token trees (NULL: every row plain causal; given only to a backend that declared
+   * LOOM_ATTN_FEATURE_TREE). positions[t] is the row's KV slot; it is rotated at rope_positions[t] and
+   * attends the slots j < tree_base[t] causal attention allows (the window taken at its rope position)
+   * and the slots tree_base[t] + i <= positions[t] with bit i of tree_mask[t] set. */
+  const int32_t* rope_positions;
+  const int32_t* tree_base;
+  const uint64_t* tree_mask;
 } loom_batch;
 
 typedef struct loom_memory_info {

@@ -171,10 +171,16 @@ template <const char* NAME> struct ExecutorTable {
     LOOM_SDK_TRY
     auto* p = static_cast<ExecutorPlugin*>(self);
     const loom::KVRows kv = kv_rows(*b);
-    const loom::BatchView batch{{b->tokens, b->n_tokens},
-                                {b->positions, b->n_tokens},
-                                {b->seq_ids, b->n_tokens},
-                                {b->output_rows, b->n_outputs}};
+    loom::BatchView batch{{b->tokens, b->n_tokens},
+                          {b->positions, b->n_tokens},
+                          {b->seq_ids, b->n_tokens},
+                          {b->output_rows, b->n_outputs}};
+    // Token-tree rows (2.1): read only from a host whose loom_batch has the fields.
+    if (b->struct_size >= offsetof(loom_batch, tree_mask) + sizeof(b->tree_mask) && b->tree_base) {
+      batch.rope_positions = {b->rope_positions, b->n_tokens};
+      batch.tree_base = {b->tree_base, b->n_tokens};
+      batch.tree_mask = {b->tree_mask, b->n_tokens};
+    }
     p->be->compute(p->graph(g), batch, kv, {static_cast<float*>(logits), n_logits});
     LOOM_SDK_CATCH
   }

@@ -110,7 +110,14 @@ inline const char* attn_kernel_name(AttnKernel k) noexcept {
 // What an attention node needs of a backend beyond causal attention (bit set; the ABI's
 // LOOM_ATTN_FEATURE_*). attn_span_only is asked of the backend, not of a node: that its kernels read
 // only the rows of each query's key_span, so that the host may release the others (sliding window).
-enum AttnFeature : uint32_t { attn_window = 1u, attn_softcap = 2u, attn_sinks = 4u, attn_span_only = 8u };
+// attn_tree (ABI 2.1) is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base).
+enum AttnFeature : uint32_t {
+  attn_window = 1u,
+  attn_softcap = 2u,
+  attn_sinks = 4u,
+  attn_span_only = 8u,
+  attn_tree = 16u
+};
 
 struct AttentionParams {
   int32_t layer = 0;
@@ -207,12 +214,37 @@ inline bool weights_dequantizable(const Graph& g, const Node& n) noexcept {
 }
 
 // The tokens evaluated by one forward pass. Rows of different sequences may be mixed.
+//
+// Token trees (ABI 2.1; speculative decoding verifies several continuations in one forward): a row's
+// position is the KV slot its K/V are written to and read from; rope_positions, when given, is the
+// position it is rotated at (its depth in the text), and tree_base / tree_mask say which slots it
+// attends: every slot j < tree_base[t] that causal attention (or the window, taken at the rope position)
+// allows, and the slots tree_base[t] + i ≤ positions[t] whose bit i of tree_mask[t] is set (its
+// ancestors in the tree, and itself). A row outside any tree has rope position = position, tree_base =
+// position + 1, mask 0: plain causal attention. The three spans are empty (every row plain) or all
+// n_tokens long; a backend runs them only if it declared attn_tree.
 struct BatchView {
-  std::span<const TokenId> tokens;      // [n_tokens]
-  std::span<const Pos> positions;       // [n_tokens]
-  std::span<const SeqId> seq_ids;       // [n_tokens]
-  std::span<const int32_t> output_rows; // indices into tokens whose logits are wanted, ascending
+  std::span<const TokenId> tokens;          // [n_tokens]
+  std::span<const Pos> positions;           // [n_tokens]
+  std::span<const SeqId> seq_ids;           // [n_tokens]
+  std::span<const int32_t> output_rows;     // indices into tokens whose logits are wanted, ascending
+  std::span<const Pos> rope_positions = {}; // [n_tokens] or empty (= positions)
+  std::span<const Pos> tree_base = {};      // [n_tokens] or empty (no tree rows)
+  std::span<const uint64_t> tree_mask = {}; // [n_tokens] or empty
+  bool has_tree() const noexcept { return !tree_base.empty(); }
+  // The position row t is rotated at.
+  Pos rope_pos(size_t t) const noexcept { return rope_positions.empty() ? positions[t] : rope_positions[t]; }
 };
+
+// The most nodes a token tree may have (one mask bit each).
+inline constexpr int32_t k_max_tree_nodes = 64;
+
+// Whether a row (slot pos, rotated at rope, tree base and mask) attends slot j, given the key span of its
+// rope position (key_span(p, rope)): the causal / window rule below the tree, its mask inside it.
+inline bool tree_attends(const KeySpan& span, Pos pos, Pos base, uint64_t mask, Pos j) noexcept {
+  if (j < base) return span.contains(j);
+  return j <= pos && j - base < 64 && ((mask >> (j - base)) & 1u) != 0;
+}
 
 // Asserts that a batch fits the graph built for it (token and output counts).
 inline void check_batch(const Graph& g, const BatchView& batch) {

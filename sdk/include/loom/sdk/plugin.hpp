@@ -354,6 +354,23 @@ public:
     check(session_api().seq_probs(s_, seq, out.data(), out.size()));
   }
   bool has_draft_model() const { return session_api().has_draft(s_) == 1; }
+  // Token trees (ABI 2.1): node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
+  // token); evaluated in one forward with row 1 + i after node i. Returns the nodes kept (context room).
+  size_t set_draft_tree(loom_seq seq, std::span<const loom_token> tokens, std::span<const int32_t> parents) {
+    if (tokens.size() != parents.size()) throw Error("set_draft_tree: one parent per token");
+    size_t kept = 0;
+    check(session_api().seq_set_draft_tree(s_, seq, tokens.data(), parents.data(), tokens.size(), &kept));
+    return kept;
+  }
+  // Commits node `node` (a child of the last committed node, or of the root at first); returns the stop
+  // reason it caused. Its row becomes row 0.
+  int32_t commit_node(loom_seq seq, int32_t node) {
+    int32_t reason = LOOM_STOP_NONE;
+    check(session_api().seq_commit_node(s_, seq, node, &reason));
+    return reason;
+  }
+  int32_t max_tree_nodes(loom_seq seq) const { return session_api().seq_max_tree_nodes(s_, seq); }
+  int32_t max_tree_depth(loom_seq seq) const { return session_api().seq_max_tree_depth(s_, seq); }
   // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
   loom_seq fork_draft(loom_seq parent) {
     loom_seq child = -1;

@@ -31,8 +31,11 @@ namespace attention {
 // never read (a paged store may have released them).
 //   q   [n_tokens][n_head][head_dim]
 //   out [n_tokens][n_head][head_dim]
+// Token-tree rows (rope, tree_base, tree_mask non-null; BatchView): row t attends the slots tree_attends()
+// allows, the window taken at its rope position.
 inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
-                                const KVRows& kv, float* out) {
+                                const KVRows& kv, float* out, const Pos* rope = nullptr,
+                                const Pos* tree_base = nullptr, const uint64_t* tree_mask = nullptr) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   const int32_t D = p.head_dim;
   const int32_t n_gqa = p.n_head / p.n_head_kv;
@@ -48,12 +51,18 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
   };
   std::vector<Pos> keys;
   for (int32_t t = 0; t < n_tokens; ++t) {
-    const KeySpan span = key_span(p, pos[t]);
     keys.clear();
-    for (Pos j = 0; j < span.sink_end; ++j)
-      keys.push_back(j);
-    for (Pos j = span.first; j <= span.last; ++j)
-      keys.push_back(j);
+    if (tree_base) {
+      const KeySpan span = key_span(p, rope[t]);
+      for (Pos j = 0; j <= pos[t]; ++j)
+        if (tree_attends(span, pos[t], tree_base[t], tree_mask[t], j)) keys.push_back(j);
+    } else {
+      const KeySpan span = key_span(p, pos[t]);
+      for (Pos j = 0; j < span.sink_end; ++j)
+        keys.push_back(j);
+      for (Pos j = span.first; j <= span.last; ++j)
+        keys.push_back(j);
+    }
     scores.resize(keys.size());
     for (int32_t h = 0; h < p.n_head; ++h) {
       const int32_t hk = h / n_gqa;
@@ -127,7 +136,7 @@ private:
 
   std::span<const int32_t> ints(const Graph& g, int32_t id, const BatchView& b) const {
     if (id == g.in_tokens) return b.tokens;
-    if (id == g.in_positions) return b.positions;
+    if (id == g.in_positions) return b.rope_positions.empty() ? b.positions : b.rope_positions;
     if (id == g.in_out_ids) return b.output_rows;
     LOOM_ASSERT(false, "integer tensor that is not a graph input");
     return {};
@@ -228,7 +237,12 @@ private:
         kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems,
                  kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
-      attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst);
+      if (b.has_tree())
+        attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst,
+                                       b.rope_positions.data(), b.tree_base.data(), b.tree_mask.data());
+      else
+        attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv,
+                                       dst);
       return;
     }
     case OpKind::swiglu: {
