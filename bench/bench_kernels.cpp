@@ -92,6 +92,32 @@ void small_batch(benchmark::State& state, DType t, bool repacked) {
   run_matmul(state, t, repacked, state.range(0));
 }
 
+// The same for F16 in its f16x64 copy (the cpu backend's F16 route at AVX-512): verification batches.
+void small_batch_f16x64(benchmark::State& state) {
+  const auto isa = cpu::detect_isa();
+  if (!cpu::at_least(isa, cpu::Isa::avx512)) {
+    state.SkipWithError("f16x64 needs AVX-512");
+    return;
+  }
+  const int64_t T = state.range(0);
+  const auto w = random_matrix(DType::f16);
+  std::vector<uint16_t> wp(cpu::bf16x64_bytes(K, N) / 2);
+  cpu::repack_f16x64(w.data(), row_bytes(DType::f16, K), K, N, wp.data());
+  std::vector<float> x(static_cast<size_t>(K * T)), y(static_cast<size_t>(N * T));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x)
+    v = nd(rng);
+  for (auto _ : state) {
+    cpu::matmul_f16x64(isa, wp.data(), K, N, x.data(), T, y.data(), threads());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.size()));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T);
+  state.SetLabel(cpu::isa_name(isa));
+}
+
 void batch_sizes(benchmark::internal::Benchmark* b) {
   for (int t : {1, 2, 5, 8})
     b->Arg(t);
@@ -120,6 +146,7 @@ BENCHMARK_CAPTURE(decode, q6_k_repacked, DType::q6_k, true)->Unit(benchmark::kMi
 } // namespace
 
 BENCHMARK_CAPTURE(small_batch, f16, DType::f16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(small_batch_f16x64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(5)->Arg(6)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, bf16, DType::bf16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, q8_0_repacked, DType::q8_0, true)
     ->Apply(batch_sizes)

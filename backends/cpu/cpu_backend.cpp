@@ -674,7 +674,8 @@ private:
     }
     if (f16_route(w)) {
       const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
-      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows)
+      if (opt_.gemm_min_rows > 0 && opt_.gemm_min_rows_f16 > 0 &&
+          T >= std::max(opt_.gemm_min_rows, opt_.gemm_min_rows_f16))
         gemm_panels_of(x, T, N, K, y, 64, [&](int64_t j, int64_t n, float* rows) {
           dequantize_f16x64_rows(opt_.isa, wp, K, j, n, rows);
         });

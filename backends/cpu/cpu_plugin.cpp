@@ -27,6 +27,10 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   if (gemm_min_quant < 0 || gemm_min_quant > 65536)
     throw loom::sdk::Error("[backend] gemm_min_rows_quant: expected 0 (never use oneDNN) .. 65536, found " +
                            std::to_string(gemm_min_quant));
+  const int64_t gemm_min_f16 = c.get_i64("gemm_min_rows_f16", 96);
+  if (gemm_min_f16 < 0 || gemm_min_f16 > 65536)
+    throw loom::sdk::Error("[backend] gemm_min_rows_f16: expected 0 (never use oneDNN) .. 65536, found " +
+                           std::to_string(gemm_min_f16));
   const bool repack = c.get_bool("repack", true);
   const bool bf16_gemm = c.get_bool("bf16_gemm", true);
   const bool fused_decode = c.get_bool("fused_decode", true);
@@ -50,6 +54,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.isa = isa;
   o.gemm_min_rows = static_cast<int>(gemm_min);
   o.gemm_min_rows_quant = static_cast<int>(gemm_min_quant);
+  o.gemm_min_rows_f16 = static_cast<int>(gemm_min_f16);
   o.repack = repack;
   o.bf16_gemm = bf16_gemm && !exact_matmul; // (both round the activations to bf16)
   o.fused_decode = fused_decode;

@@ -208,90 +208,9 @@ LOOM_AVX512F_X64 void group_f16x64(const uint16_t* g, const float* const* xt, in
     }
 }
 
-// T ≥ 4 tokens (speculative verification, small batches) against one group: each chunk of 32 column
-// pairs is converted to f32 once (16 KiB, kept in L1) and read by every tile of up to three tokens, whose
-// accumulators wait in scratch between chunks — the tiled kernel above converts the weights once per tile.
-// Per token the same FMAs in the same order as group_f16x64<2> and <3>: the same floats.
-constexpr int64_t k_f16_chunk = 32; // column pairs
-
-template <int TT>
-LOOM_AVX512F_X64 void f16x64_chunk_tile(const float* wf, int64_t nc, const float* const* xt, int64_t c0,
-                                        float* acc_mem, bool first) {
-  __m512 acc[TT][8];
-  for (int t = 0; t < TT; ++t)
-    for (int q = 0; q < 8; ++q)
-      acc[t][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_mem + 128 * t + 16 * q);
-  for (int64_t c = 0; c < nc; ++c) {
-    __m512 xv[TT];
-    for (int t = 0; t < TT; ++t) {
-      double pair;
-      std::memcpy(&pair, xt[t] + 2 * (c0 + c), sizeof pair);
-      xv[t] = _mm512_castpd_ps(_mm512_set1_pd(pair));
-    }
-    const float* wc = wf + 128 * c;
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) {
-      const __m512 w = _mm512_loadu_ps(wc + 16 * q);
-      for (int t = 0; t < TT; ++t)
-        acc[t][q] = _mm512_fmadd_ps(w, xv[t], acc[t][q]);
-    }
-  }
-  for (int t = 0; t < TT; ++t)
-    for (int q = 0; q < 8; ++q)
-      _mm512_storeu_ps(acc_mem + 128 * t + 16 * q, acc[t][q]);
-}
-
-LOOM_AVX512F_X64 void group_f16x64_many(const uint16_t* g, const float* x, int64_t T, int64_t K, float* out,
-                                        int64_t ldo, std::vector<float>& scratch) {
-  scratch.resize(static_cast<size_t>(128 * (k_f16_chunk + T)));
-  float* const wf = scratch.data();                       // [chunk][8][16] weights as f32
-  float* const accs = scratch.data() + 128 * k_f16_chunk; // [T][8][16] accumulators
-  for (int64_t c0 = 0; c0 < K / 2; c0 += k_f16_chunk) {
-    const int64_t nc = std::min(k_f16_chunk, K / 2 - c0);
-    for (int64_t c = 0; c < nc; ++c)
-      for (int q = 0; q < 8; ++q)
-        _mm512_storeu_ps(wf + 128 * c + 16 * q,
-                         _mm512_cvtph_ps(_mm256_loadu_si256(
-                             reinterpret_cast<const __m256i*>(g + 128 * (c0 + c) + 16 * q))));
-    for (int64_t t0 = 0; t0 < T; t0 += 3) {
-      const float* xt[3];
-      for (int64_t t = 0; t < 3; ++t)
-        xt[t] = x + std::min(t0 + t, T - 1) * K;
-      float* am = accs + 128 * t0;
-      switch (std::min<int64_t>(3, T - t0)) {
-      case 3:
-        f16x64_chunk_tile<3>(wf, nc, xt, c0, am, c0 == 0);
-        break;
-      case 2:
-        f16x64_chunk_tile<2>(wf, nc, xt, c0, am, c0 == 0);
-        break;
-      default:
-        f16x64_chunk_tile<1>(wf, nc, xt, c0, am, c0 == 0);
-        break;
-      }
-    }
-  }
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  for (int64_t t = 0; t < T; ++t)
-    for (int q = 0; q < 8; q += 2) { // rows 8q .. 8q + 15
-      const __m512 a0 = _mm512_loadu_ps(accs + 128 * t + 16 * q),
-                   a1 = _mm512_loadu_ps(accs + 128 * t + 16 * (q + 1));
-      _mm512_storeu_ps(out + t * ldo + 8 * q, _mm512_add_ps(_mm512_permutex2var_ps(a0, even, a1),
-                                                            _mm512_permutex2var_ps(a0, odd, a1)));
-    }
-}
-
-// Groups [g0, g1) against T f32 tokens (tiles of 3, 2, 1; from four tokens on, group_f16x64_many).
+// Groups [g0, g1) against T f32 tokens (tiles of 3, 2, 1).
 void groups_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, int64_t g0,
                    int64_t g1, float* y) {
-  if (T >= 4) {
-    thread_local std::vector<float> scratch;
-    for (int64_t g = g0; g < g1; ++g)
-      group_f16x64_many(wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K), x, T, K, y + 64 * g, N,
-                        scratch);
-    return;
-  }
   for_groups<3>(wp, K, N, T, g0, g1, y, [&](auto tile, const uint16_t* gw, int64_t t0, float* out) {
     constexpr int tt = decltype(tile)::value;
     const float* xt[tt];

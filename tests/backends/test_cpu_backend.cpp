@@ -103,6 +103,7 @@ std::unique_ptr<Backend> cpu_backend(cpu::Isa isa, int gemm_min = 16, bool repac
   o.isa = isa;
   o.gemm_min_rows = gemm_min;
   o.gemm_min_rows_quant = gemm_min;
+  o.gemm_min_rows_f16 = gemm_min; // (both routes of F16 at avx512 by gemm_min, as for the other types)
   o.repack = repack;
   o.bf16_gemm = bf16_gemm;
   o.bf16_gemv = bf16_gemv;
