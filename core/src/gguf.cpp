@@ -577,6 +577,22 @@ struct GgufFile::Mapping {
 };
 
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
+
+GgufFile GgufFile::shared_copy() const {
+  GgufFile f;
+  f.mapping_ = mapping_;
+  f.bytes_ = bytes_;
+  f.path_ = path_;
+  f.version_ = version_;
+  f.alignment_ = alignment_;
+  f.data_offset_ = data_offset_;
+  f.metadata_bytes_ = metadata_bytes_;
+  f.kv_ = kv_;
+  f.tensors_ = tensors_;
+  f.hf_storage_ = hf_storage_;
+  f.hf_bytes_ = hf_bytes_;
+  return f;
+}
 GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
 GgufFile::~GgufFile() = default;
 

@@ -16,8 +16,12 @@ int64_t new_weight_id() noexcept {
 }
 } // namespace
 
-Model::Model(GgufFile f)
-    : file_(std::move(f)), cfg_(ModelConfig::from_gguf(file_)),
+Model::Model(GgufFile f, int32_t max_layers)
+    : file_(std::move(f)), cfg_([&] {
+        ModelConfig c = ModelConfig::from_gguf(file_);
+        if (max_layers > 0) c.n_layer = std::min(c.n_layer, max_layers);
+        return c;
+      }()),
       attention_(make_attention_variant(cfg_, AttentionChoice{})) {
   // The weights a backend loads: those of a decode graph (every graph reads the same ones), each once,
   // with how the graph uses it; later graphs carry their ids.
@@ -59,6 +63,14 @@ void Model::load_into(Backend& be) {
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   return std::unique_ptr<Model>(new Model(GgufFile::open(path)));
+}
+
+std::unique_ptr<Model> Model::with_layers(int32_t n_layers) const {
+  if (n_layers < 1 || n_layers > cfg_.n_layer)
+    fail(Errc::invalid_argument, "model",
+         "a draft of the first " + std::to_string(n_layers) + " layers: expected 1.." +
+             std::to_string(cfg_.n_layer) + " (the model has " + std::to_string(cfg_.n_layer) + ")");
+  return std::unique_ptr<Model>(new Model(file_.shared_copy(), n_layers));
 }
 
 KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept {

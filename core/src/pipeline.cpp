@@ -229,8 +229,10 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
       }
     return {};
   };
-  const auto make_backend = [&](const std::string& name, int32_t threads, bool with_params,
-                                const std::string& where) -> std::unique_ptr<Backend> {
+  // extra: keys added for this backend only (the draft model's cpu backend: exact_logits = false)
+  const auto make_backend =
+      [&](const std::string& name, int32_t threads, bool with_params, const std::string& where,
+          std::vector<std::pair<std::string, ParamValue>> extra = {}) -> std::unique_ptr<Backend> {
     if (name == "reference") return make_reference_backend();
     if (name == "auto") { // the fastest backend present that runs the model, else the reference
       std::string why;
@@ -238,6 +240,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
         std::vector<std::pair<std::string, ParamValue>> params;
         params.emplace_back("threads", int64_t{threads});
         if (with_params) params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
+        params.insert(params.end(), extra.begin(), extra.end());
         std::unique_ptr<Backend> be;
         try {
           be = plugin::make_plugin_backend(*f, "cpu", params, where);
@@ -267,6 +270,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
       std::vector<std::pair<std::string, ParamValue>> params;
       params.emplace_back("threads", int64_t{threads});
       if (with_params) params.insert(params.end(), cfg.backend.params.begin(), cfg.backend.params.end());
+      if (name == "cpu") params.insert(params.end(), extra.begin(), extra.end());
       return plugin::make_plugin_backend(*f, name, params, where);
     }
     missing(LOOM_KIND_BACKEND, "backend", name, "reference, auto");
@@ -275,17 +279,33 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   p->backend_ = make_backend(cfg.backend.name, cfg.backend.threads, true, cfg.source + ": [backend]");
   p->backend_name_ = std::string(p->backend_->name());
   std::optional<DraftModel> draft;
-  if (!cfg.decoder.draft.empty()) {
-    const std::string path = cfg.resolved_draft_path();
-    const std::string what = cfg.source + ": [decoder] draft = " + user_value(cfg.decoder.draft);
-    if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path)) // dir: HF checkpoint
-      fail(Errc::not_found, "pipeline",
-           what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
-               "; give the path of a GGUF model with the target's vocabulary");
-    try {
-      p->draft_model_ = shared_model(path, AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}});
-    } catch (const Error& e) {
-      fail(e.code(), "pipeline", what + " cannot be loaded: " + e.what());
+  if (cfg.decoder.draft_layers > 0) { // the target's own first layers: its mapping, its tokenizer
+    if (cfg.decoder.draft_layers >= mc.n_layer)
+      fail(Errc::invalid_argument, "pipeline",
+           cfg.source + ": [decoder] draft_layers = " + std::to_string(cfg.decoder.draft_layers) +
+               ": expected fewer than the target's " + std::to_string(mc.n_layer) + " layers");
+    p->draft_model_ = p->model_->with_layers(cfg.decoder.draft_layers);
+    p->draft_model_->set_attention(make_attention_variant(
+        p->draft_model_->config(), AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}}));
+  }
+  if (!cfg.decoder.draft.empty() || cfg.decoder.draft_layers > 0) {
+    const std::string path =
+        cfg.decoder.draft_layers > 0 ? cfg.resolved_model_path() : cfg.resolved_draft_path();
+    const std::string what =
+        cfg.source + (cfg.decoder.draft_layers > 0
+                          ? ": [decoder] draft_layers = " + std::to_string(cfg.decoder.draft_layers)
+                          : ": [decoder] draft = " + user_value(cfg.decoder.draft));
+    if (cfg.decoder.draft_layers == 0) {
+      if (!std::filesystem::is_regular_file(path) &&
+          !std::filesystem::is_directory(path)) // dir: HF checkpoint
+        fail(Errc::not_found, "pipeline",
+             what + ": no such file" + (path != cfg.decoder.draft ? " (looked at " + path + ")" : "") +
+                 "; give the path of a GGUF model with the target's vocabulary");
+      try {
+        p->draft_model_ = shared_model(path, AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}});
+      } catch (const Error& e) {
+        fail(e.code(), "pipeline", what + " cannot be loaded: " + e.what());
+      }
     }
     const auto draft_tok = Tokenizer::from_gguf(p->draft_model_->file());
     const int32_t dv = p->draft_model_->config().n_vocab;
@@ -301,9 +321,16 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                  " in the draft but " + user_value(p->tok_->piece(i), 40) +
                  " in the target; a draft must share the target's tokenizer");
     const std::string be = cfg.decoder.draft_backend.empty() ? p->backend_name_ : cfg.decoder.draft_backend;
+    // A draft's logits need no exact route (speculative sampling is exact for whatever q it drew from):
+    // on the cpu backend its head takes its type's fast kernel (a tied Q4_0 embedding: 20% of a
+    // SmolLM2 draft step on the exact route), unless [backend] exact_logits is set for both.
+    std::vector<std::pair<std::string, ParamValue>> draft_extra;
+    const bool user_exact = std::any_of(cfg.backend.params.begin(), cfg.backend.params.end(),
+                                        [](const auto& kv) { return kv.first == "exact_logits"; });
+    if (!user_exact || be != p->backend_name_) draft_extra.emplace_back("exact_logits", false);
     p->draft_backend_ =
         make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
-                     be == p->backend_name_, cfg.source + ": [decoder] draft_backend");
+                     be == p->backend_name_, cfg.source + ": [decoder] draft_backend", draft_extra);
     KVShape dshape = p->draft_model_->kv_shape(p->n_ctx_, p->n_seq_max_);
     dshape.block_size = cfg.kv_cache.block_size;
     dshape.n_blocks = shape.n_blocks;

@@ -543,12 +543,20 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
       read_string(c, *t, "decoder", "draft_backend", cfg.decoder.draft_backend);
       cfg.decoder.draft_threads = static_cast<int32_t>(
           read_int(c, *t, "decoder", "draft_threads", 0, 0, 1024, "in 0..1024 (0 = the [backend]'s)"));
-      if (cfg.decoder.draft.empty())
+      cfg.decoder.draft_layers =
+          static_cast<int32_t>(read_int(c, *t, "decoder", "draft_layers", 0, 0, 4096,
+                                        "in 0..4096 (0 = none; else the target's first N layers)"));
+      if (!cfg.decoder.draft.empty() && cfg.decoder.draft_layers > 0)
+        c.error(*t->get("draft_layers"), "decoder.draft_layers",
+                "either draft = \"x.gguf\" or draft_layers = N (the target's own first layers), not both");
+      if (cfg.decoder.draft.empty() && cfg.decoder.draft_layers == 0)
         for (const char* k : {"draft_backend", "draft_threads"})
           if (const toml::node* n = t->get(k))
-            c.error(*n, std::string("decoder.") + k, "a [decoder] draft = \"x.gguf\" for it to apply to");
+            c.error(*n, std::string("decoder.") + k,
+                    "a [decoder] draft = \"x.gguf\" (or draft_layers = N) for it to apply to");
       std::erase_if(cfg.decoder.params, [](const auto& kv) {
-        return kv.first == "draft" || kv.first == "draft_backend" || kv.first == "draft_threads";
+        return kv.first == "draft" || kv.first == "draft_backend" || kv.first == "draft_threads" ||
+               kv.first == "draft_layers";
       });
     }
   }
@@ -819,8 +827,9 @@ std::string to_toml(const PipelineConfig& cfg) {
   }
   o << "\n[decoder]\n";
   kv("name", toml_string(cfg.decoder.name));
-  if (!cfg.decoder.draft.empty()) {
-    kv("draft", toml_string(cfg.decoder.draft));
+  if (cfg.decoder.draft_layers > 0) kv("draft_layers", std::to_string(cfg.decoder.draft_layers));
+  if (!cfg.decoder.draft.empty() || cfg.decoder.draft_layers > 0) {
+    if (!cfg.decoder.draft.empty()) kv("draft", toml_string(cfg.decoder.draft));
     if (!cfg.decoder.draft_backend.empty()) kv("draft_backend", toml_string(cfg.decoder.draft_backend));
     if (cfg.decoder.draft_threads > 0) kv("draft_threads", std::to_string(cfg.decoder.draft_threads));
   }

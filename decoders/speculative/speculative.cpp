@@ -6,7 +6,9 @@
 //   draft = "draft.gguf"   # read by the host: a draft model with the target's vocabulary
 //   drafter = "auto"       # "model" (the draft above) | "ngram" (prompt lookup) | "auto" (model if any)
 //   k = 4                  # draft tokens per round
-//   adaptive = false       # k shrinks by one after a rejection, grows by one after a full acceptance
+//   adaptive = true        # n-gram: the tree (depth ≤ k_max, width) that maximises expected tokens per
+//                          # unit of measured cost; draft model: k shrinks by one after a rejection,
+//                          # grows by one after a full acceptance. false: k (and width) as given
 //   k_min = 1              # adaptive bounds
 //   k_max = 16
 //   ngram_min = 1          # n-gram drafter: suffix lengths tried, longest first
@@ -40,6 +42,8 @@
 #include "loom/sdk/plugin.hpp"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -88,7 +92,7 @@ public:
       return static_cast<size_t>(v);
     };
     k_ = bounded("k", 4, 1, 64);
-    adaptive_ = cfg.get_bool("adaptive", false);
+    adaptive_ = cfg.get_bool("adaptive", true);
     k_min_ = bounded("k_min", 1, 1, 64);
     k_max_ = bounded("k_max", static_cast<int64_t>(std::max<size_t>(16, k_)), 1, 64);
     if (k_min_ > k_ || k_ > k_max_)
@@ -133,6 +137,7 @@ public:
       throw Error("speculative: tree = true, but the target's backend runs no token-tree rows; set tree = "
                   "false (or \"auto\") or use the cpu or reference backend");
     use_tree_ = tree_ != Tree::off && nodes > 0 && width_ > 1;
+    if (!use_tree_) width_ = 1;
     node_budget_ = std::min<size_t>(max_nodes_, static_cast<size_t>(std::max(nodes, 1)));
     depth_cap_ = use_tree_ ? static_cast<size_t>(std::max(s.max_tree_depth(0), 1)) : size_t{64};
     phase_ = Phase::verify; // the first target pass is the prompt's, with no drafts
@@ -154,7 +159,13 @@ public:
       draft_step(s);
       return;
     }
-    if (s.logits_at(0, s.n_draft(0)).empty()) return;      // not evaluated yet
+    if (s.logits_at(0, s.n_draft(0)).empty()) return; // not evaluated yet
+    if (prefilled_) { // the forward's wall time (with the engine's step), for the cost model
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_submit_).count();
+      cost_.add(static_cast<double>(s.n_draft(0) + 1), ms);
+      nodes_sum_ += static_cast<double>(s.n_draft(0));
+    }
     if (!prefilled_ && draft_seq_ >= 0) ++draft_forwards_; // the draft's prompt, beside the target's
     prefilled_ = true;
     ++target_forwards_;
@@ -164,6 +175,7 @@ public:
       verify(s);
     if (s.finished(0) != LOOM_STOP_NONE) return;
     next_round(s);
+    t_submit_ = std::chrono::steady_clock::now(); // (a draft model's steps come first: in the time too)
   }
 
   bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
@@ -189,6 +201,10 @@ public:
                                                                      static_cast<double>(target_forwards_)
                                                                : 0.0);
     s.set_metric("k", static_cast<double>(k_cur_));
+    // The drafts' size as chosen: nodes per verification, and the measured marginal cost of a row.
+    s.set_metric("mean_draft_nodes",
+                 target_forwards_ > 1 ? nodes_sum_ / static_cast<double>(target_forwards_ - 1) : 0.0);
+    s.set_metric("row_cost", cost_.beta());
     s.add_result(0, s.score(0));
   }
 
@@ -316,15 +332,25 @@ private:
     int32_t at = -1;
     size_t a = 0;
     bool rejected = false;
+    const auto& roots = children_[0];
+    const int h = hot_; // the regime these counts belong to (the one the tree was chosen in)
+    for (size_t r = 0; r < roots.size(); ++r)
+      offered_[h][std::min(r, offered_[h].size() - 1)] += 1;
     for (;;) {
       s.probs(0, p_);
       const auto x = static_cast<loom_token>(draw(p_, s.uniform()));
       int32_t next = -1;
-      for (int32_t c : children_[static_cast<size_t>(at + 1)])
-        if (tree_tok_[static_cast<size_t>(c)] == x) {
-          next = c;
+      const auto& kids = children_[static_cast<size_t>(at + 1)];
+      for (size_t r = 0; r < kids.size(); ++r)
+        if (tree_tok_[static_cast<size_t>(kids[r])] == x) {
+          next = kids[r];
+          if (at < 0) taken_[h][std::min(r, taken_[h].size() - 1)] += 1;
           break;
         }
+      if (at >= 0 && !kids.empty()) { // a continuation tested
+        cont_tested_[h] += 1;
+        if (next >= 0) cont_acc_[h] += 1;
+      }
       if (next < 0) {
         rejected = !children_[static_cast<size_t>(at + 1)].empty();
         s.append(0, x);
@@ -337,6 +363,7 @@ private:
       at = next;
     }
     ++tree_rounds_;
+    hot_ = m > 0 && !rejected && !off_chain_ ? 1 : 0; // a leaf of the first branch reached
     // Per tested depth, as the linear scheme counts: the drafts of the path, α from its rejections.
     record_tree(m, a, rejected);
   }
@@ -387,7 +414,7 @@ private:
       return;
     }
     if (drafter_ == Drafter::ngram) {
-      if (use_tree_) {
+      if (use_tree_ || adaptive_) { // (trees off: width 1, a chain)
         lookup_tree(s.tokens(0));
         if (tree_tok_.size() > 0) {
           submit_tree(s);
@@ -422,8 +449,10 @@ private:
   void lookup_tree(std::span<const loom_token> t) {
     tree_tok_.clear();
     tree_par_.clear();
+    tree_p_.clear();
     const size_t len = t.size();
-    const size_t depth = std::min(k_cur_, depth_cap_);
+    // adaptive: candidates as deep as k_max, the cost model picks; else k deep
+    const size_t depth = std::min(adaptive_ ? k_max_ : k_cur_, depth_cap_);
     size_t branches = 0;
     for (size_t n = std::min(ngram_max_, len > 0 ? len - 1 : 0); n >= ngram_min_ && n > 0; --n) {
       const std::span<const loom_token> suffix = t.subspan(len - n);
@@ -444,6 +473,8 @@ private:
             if (tree_tok_.size() >= node_budget_) break;
             tree_tok_.push_back(t[p]);
             tree_par_.push_back(cur);
+            // the chance it is reached: its branch's first token taken, then each one after it
+            tree_p_.push_back(rank_p(branches) * std::pow(cont_p(), static_cast<double>(p - from)));
             found = static_cast<int32_t>(tree_tok_.size()) - 1;
             added = true;
           }
@@ -453,7 +484,89 @@ private:
       }
       if (branches >= width_ || tree_tok_.size() >= node_budget_) break;
     }
+    if (adaptive_) select_by_cost();
   }
+
+  // ---- adaptive drafts: expected tokens per unit of cost ----
+  // A node's chance of being accepted (tree_p_) comes from running counts: a branch of rank r (the r-th
+  // continuation found) has its first token taken with P_r, each later token with α_c (priors 0.6 / 0.15
+  // and 0.8, worth two rounds). A verification of T rows costs v(T) = 1 + β (T − 1) one-row forwards, β
+  // fitted to this request's measured forward times. Nodes are taken in order of their chance (a node
+  // after its parent: the chance only falls along a branch) while 1 + Σ chances over v(1 + nodes) grows
+  // — the tree (depth and width) that maximises the expected tokens per unit of cost.
+  // The counts are kept apart by regime: after a round that took its whole first branch (copying a
+  // passage, say, acceptance runs long) and after one that did not.
+  double rank_p(size_t r) const {
+    r = std::min<size_t>(r, taken_[0].size() - 1);
+    const double prior = r == 0 ? 0.6 : 0.15;
+    return (taken_[hot_][r] + 2 * prior) / (offered_[hot_][r] + 2);
+  }
+  double cont_p() const { return (cont_acc_[hot_] + 2 * 0.8) / (cont_tested_[hot_] + 2); }
+
+  void select_by_cost() {
+    const size_t n = tree_tok_.size();
+    if (n == 0) return;
+    order_.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      order_[i] = static_cast<int32_t>(i);
+    std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+      return tree_p_[static_cast<size_t>(a)] > tree_p_[static_cast<size_t>(b)];
+    });
+    const double beta = cost_.beta();
+    double gain = 1, best = 1.0 / 1.0;
+    size_t keep = 0;
+    for (size_t i = 0; i < n; ++i) {
+      gain += tree_p_[static_cast<size_t>(order_[i])];
+      const double rate = gain / (1 + beta * static_cast<double>(i + 1));
+      if (rate > best) {
+        best = rate;
+        keep = i + 1;
+      }
+    }
+    std::vector<char>& in = in_;
+    in.assign(n, 0);
+    for (size_t i = 0; i < keep; ++i)
+      in[static_cast<size_t>(order_[i])] = 1;
+    // the kept nodes in their order (parents first, the first branch's chain at the front), renumbered
+    std::vector<int32_t>& id = renum_;
+    id.assign(n, -1);
+    size_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t par = tree_par_[i];
+      if (!in[i] || (par >= 0 && id[static_cast<size_t>(par)] < 0)) continue;
+      id[i] = static_cast<int32_t>(m);
+      tree_tok_[m] = tree_tok_[i];
+      tree_par_[m] = par < 0 ? -1 : id[static_cast<size_t>(par)];
+      tree_p_[m] = tree_p_[i];
+      ++m;
+    }
+    tree_tok_.resize(m);
+    tree_par_.resize(m);
+    tree_p_.resize(m);
+  }
+
+  // Wall-clock cost of a target forward of `rows` rows, fitted as a + b·rows with exponential forgetting
+  // (≈ the last 50 rounds); beta() = b / (a + b), a row's marginal cost in one-row forwards.
+  struct CostFit {
+    double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    void add(double x, double y) {
+      constexpr double keep = 0.98;
+      w = w * keep + 1;
+      sx = sx * keep + x;
+      sy = sy * keep + y;
+      sxx = sxx * keep + x * x;
+      sxy = sxy * keep + x * y;
+    }
+    double beta() const {
+      constexpr double prior = 0.25; // F16 on the Zen 4 of docs/benchmarks.md: 0.2–0.3
+      if (w < 3) return prior;
+      const double mx = sx / w, var = sxx / w - mx * mx;
+      if (var < 0.25) return prior; // the rows did not vary enough yet
+      const double b = (sxy / w - mx * (sy / w)) / var, a = sy / w - b * mx;
+      if (!(a + b > 0)) return prior;
+      return std::clamp(b / (a + b), 0.0, 1.0);
+    }
+  };
 
   Drafter drafter_ = Drafter::auto_;
   Tree tree_ = Tree::auto_;
@@ -474,6 +587,17 @@ private:
   std::vector<loom_token> tree_tok_; // the tree being verified: node tokens and parents
   std::vector<int32_t> tree_par_;
   std::vector<std::vector<int32_t>> children_;
+  std::vector<double> tree_p_; // each node's estimated chance of acceptance (adaptive)
+  std::vector<int32_t> order_, renum_;
+  std::vector<char> in_;
+  // per regime (hot_: the last round took its whole first branch) and branch rank: rounds offered, first
+  // token taken; continuations tested / accepted
+  std::array<std::array<double, 16>, 2> offered_{}, taken_{};
+  std::array<double, 2> cont_tested_{}, cont_acc_{};
+  int hot_ = 0;
+  CostFit cost_;
+  std::chrono::steady_clock::time_point t_submit_{};
+  double nodes_sum_ = 0;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
          draft_forwards_ = 0, tree_rounds_ = 0, off_chain_tokens_ = 0;
   bool off_chain_ = false;

@@ -97,8 +97,13 @@ TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
       {"q4_0 adaptive", "--set decoder.draft='\"" + q4 + "\"' --set decoder.adaptive=true"},
       {"ngram", "--set decoder.drafter='\"ngram\"' --set decoder.ngram_min=2"},
       {"ngram linear", "--set decoder.drafter='\"ngram\"' --set decoder.tree=false"},
-      {"ngram wide tree", "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.k=8 "
-                          "--set decoder.ngram_min=1 --set decoder.max_nodes=64"},
+      {"own first 2 layers", "--set decoder.draft_layers=2"},
+      {"own first 3 layers, linear", "--set decoder.draft_layers=3 --set decoder.tree=false"},
+      {"ngram wide tree",
+       "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.k=8 "
+       "--set decoder.ngram_min=1 --set decoder.max_nodes=64 --set decoder.adaptive=false"},
+      {"ngram adaptive tree",
+       "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.k_max=12"},
   };
   expect_greedy_identity(model, drafters, "reference", 120);
   expect_greedy_identity(model, drafters, "cpu", 120);
@@ -301,12 +306,16 @@ TEST(Speculative, BadKeysAndDraftFilesAreOneLineErrors) {
       {" --set decoder.k_min=5 --set decoder.k=2", "expected k_min ≤ k ≤ k_max"},
       {" --set decoder.ngram_min=4", "expected ngram_min ≤ ngram_max"},
       {" --set decoder.tree='\"maybe\"'", "tree must be true, false or \"auto\", got \"maybe\""},
+      {" --set decoder.draft_layers=5", "draft_layers = 5: expected fewer than the target's 5 layers"},
+      {" --set decoder.draft_layers=2 --set decoder.draft='\"" + model.string() + "\"'",
+       "either draft = \"x.gguf\" or draft_layers = N"},
       {" --set decoder.width=0", "width must be an integer in [1, 16], got 0"},
       {" --set decoder.max_nodes=65", "max_nodes must be an integer in [1, 64], got 65"},
       {" --set decoder.kk=3", "unknown key 'kk' for decoder 'speculative'"},
       {" --set decoder.draft='\"/nonexistent/d.gguf\"'", "no such file"},
       {" --set decoder.draft='\"" + (d / "not.gguf").string() + "\"'", "cannot be loaded"},
-      {" --set decoder.draft_backend='\"cpu\"'", "a [decoder] draft = \"x.gguf\" for it to apply to"},
+      {" --set decoder.draft_backend='\"cpu\"'",
+       "a [decoder] draft = \"x.gguf\" (or draft_layers = N) for it"},
       {" --set decoder.drafter='\"model\"'", "needs a draft model"},
   };
   if (fs::exists(other_vocab))

@@ -152,6 +152,9 @@ public:
   GgufFile(GgufFile&&) noexcept;
   GgufFile& operator=(GgufFile&&) noexcept;
   ~GgufFile();
+  // A second GgufFile over the same mapping (no new map, no parse): tensor data at the same addresses, so
+  // backends that key copies by address share them (a draft of the target's own first layers).
+  GgufFile shared_copy() const;
 
   const std::string& path() const noexcept { return path_; }
   uint32_t version() const noexcept { return version_; }

@@ -22,6 +22,10 @@ class Model {
 public:
   // Maps the GGUF file and validates its architecture and tensor shapes. Throws loom::Error.
   static std::unique_ptr<Model> load(const std::string& path);
+  // The same file's first n_layers layers with its final norm and output head (n_layers in 1..n_layer):
+  // self-speculative decoding's draft (LayerSkip / Draft & Verify). It shares this model's mapping, so its
+  // weights are this model's (and a backend's copies of them).
+  std::unique_ptr<Model> with_layers(int32_t n_layers) const;
 
   const ModelConfig& config() const noexcept { return cfg_; }
   const GgufFile& file() const noexcept { return file_; }
@@ -47,7 +51,7 @@ public:
   const AttentionVariant& attention() const noexcept { return *attention_; }
 
 private:
-  explicit Model(GgufFile f);
+  explicit Model(GgufFile f, int32_t max_layers = 0);
   Graph build_graph(int32_t n_tokens, int32_t n_outputs) const; // every family of ModelConfig
 
   GgufFile file_;

@@ -64,6 +64,9 @@ struct PipelineConfig {
     std::string draft;
     std::string draft_backend;
     int32_t draft_threads = 0;
+    // Or a draft made of the target's own first draft_layers layers, final norm and head (0: none): no
+    // second file, the target's weights (self-speculation, LayerSkip / Draft & Verify).
+    int32_t draft_layers = 0;
   } decoder;
   struct VerifierSection { // [verifier]: a verifier plugin decoders may consult (session_verify)
     std::string name;      // "" = none
