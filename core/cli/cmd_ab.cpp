@@ -33,6 +33,25 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once (signal() is async-signal-safe)
 }
 
+// Whether a pipeline's sampler chain selects deterministically: a greedy stage, or temperature 0 (which
+// selects the arg-max itself), before any stage that draws. Two such variants of one model must give the
+// same tokens when they only decode differently (speculative decoding, a batch): `loom ab` checks it.
+bool greedy_chain(const PipelineConfig& cfg) {
+  for (const SamplerSpec& sp : cfg.samplers) {
+    if (sp.name == "greedy") return true;
+    if (sp.name == "dist") return false;
+    if (sp.name == "temperature")
+      for (const auto& [k, v] : sp.params)
+        if (k == "value") {
+          const double t = std::holds_alternative<double>(v)    ? std::get<double>(v)
+                           : std::holds_alternative<int64_t>(v) ? static_cast<double>(std::get<int64_t>(v))
+                                                                : 1.0;
+          if (t == 0.0) return true;
+        }
+  }
+  return false;
+}
+
 struct PromptItem {
   std::string id, prompt;
   std::optional<std::string> expected;
@@ -304,6 +323,7 @@ int cmd_ab(const std::vector<std::string>& args) {
   // Variants: one pipeline each (pipelines that name the same model file share it).
   std::vector<std::string> names;
   std::vector<std::unique_ptr<Pipeline>> pipes;
+  std::vector<bool> greedy; // each variant's chain selects deterministically
   std::vector<ConfigOverride> overrides;
   if (vm.count("set"))
     for (const auto& s : vm["set"].as<std::vector<std::string>>())
@@ -322,6 +342,7 @@ int cmd_ab(const std::vector<std::string>& args) {
     for (int k = 2; std::find(names.begin(), names.end(), name) != names.end(); ++k)
       name = std::filesystem::path(path).stem().string() + "#" + std::to_string(k);
     names.push_back(name);
+    greedy.push_back(greedy_chain(cfg));
     pipes.push_back(Pipeline::create(cfg));
   }
   const Tokenizer& tok0 = pipes[0]->tokenizer();
@@ -540,7 +561,8 @@ int cmd_ab(const std::vector<std::string>& args) {
     // McNemar on exact match, per paired prompt (correct: at least half of its runs were, so repeated
     // runs of a deterministic variant do not count as independent evidence); agreement and answer
     // agreement over (prompt, run); win/tie/loss by mean log-prob over paired prompts.
-    int64_t mb = 0, mc = 0, same = 0, both = 0, same_answer = 0, both_answered = 0;
+    int64_t mb = 0, mc = 0, same = 0, both = 0, same_answer = 0, both_answered = 0, same_tokens = 0;
+    std::vector<std::string> differ; // prompts (ids) whose tokens differ in some run
     for (size_t i = 0; i < P; ++i) {
       const double x = pp["exact_match"][0][i], y = pp["exact_match"][b][i];
       if (!paired[i] || !std::isfinite(x) || !std::isfinite(y)) continue;
@@ -557,6 +579,10 @@ int cmd_ab(const std::vector<std::string>& args) {
       if (it == a_rows.end() || !it->second->ok || !row.ok) continue;
       ++both;
       if (it->second->result.text == row.result.text) ++same;
+      if (it->second->result.tokens == row.result.tokens)
+        ++same_tokens;
+      else if (std::find(differ.begin(), differ.end(), prompts[row.prompt].id) == differ.end())
+        differ.push_back(prompts[row.prompt].id);
       if (row.correct && it->second->correct) {
         ++both_answered;
         if (row.answer == it->second->answer) ++same_answer;
@@ -565,6 +591,10 @@ int cmd_ab(const std::vector<std::string>& args) {
     pr["mcnemar"] = {{"a_only_correct", mb}, {"b_only_correct", mc}, {"p", ab::mcnemar_exact_p(mb, mc)}};
     pr["agreement"] =
         both ? nlohmann::json(static_cast<double>(same) / static_cast<double>(both)) : nlohmann::json();
+    // Both greedy (e.g. plain against speculative decoding of one model): the outputs must be the same
+    // tokens; the runs that are, and the prompts that are not.
+    if (greedy[0] && greedy[b])
+      pr["greedy_identical"] = {{"runs", both}, {"identical", same_tokens}, {"differing_prompts", differ}};
     // With `expected`: runs whose extracted answers are equal (none extracted counts as equal).
     pr["answer_agreement"] =
         both_answered ? nlohmann::json(static_cast<double>(same_answer) / static_cast<double>(both_answered))
@@ -667,6 +697,16 @@ int cmd_ab(const std::vector<std::string>& args) {
         << "; win/tie/loss by mean log-prob: " << pr["logprob_win_tie_loss"][0] << "/"
         << pr["logprob_win_tie_loss"][1] << "/" << pr["logprob_win_tie_loss"][2]
         << "; McNemar exact p on exact match: " << fmt(pr["mcnemar"]["p"].get<double>()) << "</p>";
+      if (pr.contains("greedy_identical")) {
+        const auto& gi = pr["greedy_identical"];
+        h << "<p class='" << (gi["identical"] == gi["runs"] ? "better" : "worse")
+          << "'>greedy outputs identical (tokens): " << gi["identical"].get<int64_t>() << " of "
+          << gi["runs"].get<int64_t>() << " runs";
+        for (const auto& d : gi["differing_prompts"])
+          h << (&d == &gi["differing_prompts"].front() ? "; differing: " : ", ")
+            << html_escape(d.get<std::string>());
+        h << "</p>";
+      }
     }
     h << "<h2>Outputs (run 1; marked: words not in " << html_escape(names[0])
       << "'s output)</h2><table id='outputs'><tr><th>prompt</th>";
@@ -735,6 +775,16 @@ int cmd_ab(const std::vector<std::string>& args) {
                   pr["agreement"].is_null() ? std::nan("") : pr["agreement"].get<double>(),
                   pr["logprob_win_tie_loss"][0].get<int>(), pr["logprob_win_tie_loss"][1].get<int>(),
                   pr["logprob_win_tie_loss"][2].get<int>(), pr["mcnemar"]["p"].get<double>());
+      if (pr.contains("greedy_identical")) {
+        const auto& gi = pr["greedy_identical"];
+        const auto n_same = gi["identical"].get<int64_t>(), n_runs = gi["runs"].get<int64_t>();
+        std::string ids;
+        for (const auto& d : gi["differing_prompts"])
+          ids += (ids.empty() ? "" : ", ") + d.get<std::string>();
+        std::printf("  greedy outputs identical (tokens): %lld of %lld runs%s\n",
+                    static_cast<long long>(n_same), static_cast<long long>(n_runs),
+                    n_same == n_runs ? "" : ("; differing: " + ids).c_str());
+      }
       if (pr.contains("metrics"))
         for (const auto& [m, x] : pr["metrics"].items())
           if (!x["note"].get<std::string>().empty())

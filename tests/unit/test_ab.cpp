@@ -125,6 +125,35 @@ TEST(AbCli, AHighTemperatureIsSignificantlyMoreDiverse) {
   EXPECT_LT(k["pairs"][0]["agreement"].get<double>(), 0.5);
 }
 
+// Plain greedy against speculative decoding (n-gram trees, greedy): speed with intervals, and the outputs
+// checked token for token — all identical; a sampled variant is not checked that way.
+TEST(AbCli, PlainAgainstSpeculativeGreedyChecksTheOutputsAreIdentical) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const fs::path d = work_dir();
+  {
+    std::ofstream f(d / "spec.toml");
+    f << "[model]\npath = \"m.gguf\"\n[[sampler]]\nname = \"temperature\"\nvalue = 0.0\n[stop]\nmax_tokens = "
+         "48\n[decoder]\nname = \"speculative\"\ndrafter = \"ngram\"\nngram_min = 1\n";
+  }
+  const std::string prompts = (fs::path(LOOM_SOURCE_DIR) / "tests" / "data" / "ab_prompts.txt").string();
+  const auto j = ab_json("-c " + cfg("greedy.toml") + " -c " + (d / "spec.toml").string() + " -c " +
+                             cfg("sampling.toml") + " --prompts " + prompts,
+                         model);
+  ASSERT_TRUE(j.contains("pairs"));
+  const auto& gi = j["pairs"][0]["greedy_identical"];
+  EXPECT_GT(gi["runs"].get<int64_t>(), 0);
+  EXPECT_EQ(gi["identical"], gi["runs"]) << gi.dump();
+  EXPECT_TRUE(gi["differing_prompts"].empty());
+  EXPECT_TRUE(j["pairs"][0]["metrics"].contains("tpot_ms")) << "speed is compared";
+  EXPECT_FALSE(j["pairs"][1].contains("greedy_identical")) << "sampling is not held to identity";
+  const auto r =
+      test::run_loom("ab -c " + cfg("greedy.toml") + " -c " + (d / "spec.toml").string() + " --prompts " +
+                         prompts + " --set 'model.path=\"" + model.string() + "\"'",
+                     false, 300);
+  EXPECT_NE(r.out.find("greedy outputs identical (tokens): "), std::string::npos) << r.out;
+}
+
 TEST(AbCli, BadInputIsAOneLineError) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
