@@ -175,7 +175,8 @@ public:
       verify(s);
     if (s.finished(0) != LOOM_STOP_NONE) return;
     next_round(s);
-    t_submit_ = std::chrono::steady_clock::now(); // (a draft model's steps come first: in the time too)
+    // the target's next forward starts now (after a draft model's steps: submit_drafts sets it then)
+    if (phase_ == Phase::verify) t_submit_ = std::chrono::steady_clock::now();
   }
 
   bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
@@ -219,11 +220,18 @@ private:
   void draft_step(Session& s) {
     if (s.logits(draft_seq_).empty()) return;
     ++draft_forwards_;
+    { // a draft forward's wall time (with the engine's step), for choosing k
+      const auto now = std::chrono::steady_clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(now - t_draft_).count();
+      draft_ms_ = draft_ms_ < 0 ? ms : 0.9 * draft_ms_ + 0.1 * ms;
+      t_draft_ = now;
+    }
     const size_t i = drafts_.size();
     if (q_.size() <= i) q_.emplace_back(V_); // kept across rounds: no allocation per draft token
     s.probs(draft_seq_, q_[i]);
     const auto d = static_cast<loom_token>(draw(q_[i], s.uniform()));
     if (use_tree_) add_alternatives(s.logits(draft_seq_), d);
+    reach_ *= static_cast<double>(q_[i][static_cast<size_t>(d)]); // the chain's own confidence so far
     drafts_.push_back(d);
     const int32_t reason = s.append(draft_seq_, d);
     if (reason != LOOM_STOP_NONE || drafts_.size() >= std::min(k_cur_, depth_cap_)) submit_drafts(s);
@@ -234,6 +242,15 @@ private:
   void add_alternatives(std::span<const float> q, loom_token picked) {
     const size_t want = width_ - 1;
     best_.clear();
+    // Adaptive: a leaf only at an uncertain step — its share of the draft's softmax, times the chance the
+    // chain reaches it, above a row's measured marginal cost (β, with a margin for the round's gain).
+    double zmax = -std::numeric_limits<double>::infinity(), z = 0;
+    if (adaptive_) {
+      for (size_t t = 0; t < V_ && t < q.size(); ++t)
+        zmax = std::max(zmax, static_cast<double>(q[t]));
+      for (size_t t = 0; t < V_ && t < q.size(); ++t)
+        z += std::exp(static_cast<double>(q[t]) - zmax);
+    }
     for (size_t t = 0; t < V_ && t < q.size(); ++t) {
       if (static_cast<loom_token>(t) == picked || !(q[t] > -std::numeric_limits<float>::infinity())) continue;
       if (best_.size() < want || q[t] > q[static_cast<size_t>(best_.back())]) {
@@ -244,12 +261,20 @@ private:
         });
       }
     }
-    for (loom_token t : best_)
+    for (loom_token t : best_) {
+      if (adaptive_ &&
+          reach_ * std::exp(static_cast<double>(q[static_cast<size_t>(t)]) - zmax) / z < 1.5 * cost_.beta())
+        continue;
       alts_.push_back({drafts_.size(), t});
+    }
   }
 
+  // With trees on, every draft goes as a tree (a chain when no alternative was kept) and is verified by
+  // drawing from p: choosing the rejection scheme after seeing the drafts (no leaves kept → linear) would
+  // bias the drafts that scheme sees, and it is exact only for drafts distributed as q.
   void submit_drafts(Session& s) {
-    if (use_tree_ && !alts_.empty()) { // the chain, then each step's alternatives as leaves
+    t_submit_ = std::chrono::steady_clock::now();
+    if (use_tree_) { // the chain, then each step's alternatives as leaves
       tree_tok_.assign(drafts_.begin(), drafts_.end());
       tree_par_.clear();
       for (size_t i = 0; i < drafts_.size(); ++i)
@@ -386,12 +411,35 @@ private:
     adapt(a, rejected);
   }
 
+  // Draft model, adaptive: α from this request's counts (prior 0.7, worth two positions), c = a draft
+  // forward's measured time over a one-row target forward's, v(T) = 1 + β (T − 1) fitted: the k in
+  // 0 .. k_max that maximises (1 − α^(k+1)) / ((1 − α)(k c + v(k + 1))) — 0 (decode without drafts; a
+  // probe round of k_min every 8th round keeps α and c measured) when no k beats decoding alone.
   void adapt(size_t a, bool rejected) {
     if (!adaptive_) return;
-    if (rejected)
-      k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
-    else if (a >= k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
-      k_cur_ = std::min(k_cur_ + 1, k_max_);
+    m_acc_ += static_cast<double>(a);
+    m_tested_ += static_cast<double>(a) + (rejected ? 1.0 : 0.0);
+    const double t1 = cost_.t1();
+    if (drafter_ != Drafter::model || draft_ms_ < 0 || t1 <= 0) { // not measured yet: the ±1 rule
+      if (rejected)
+        k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
+      else if (a >= k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
+        k_cur_ = std::min(k_cur_ + 1, k_max_);
+      return;
+    }
+    const double alpha = std::min((m_acc_ + 2 * 0.7) / (m_tested_ + 2), 0.999);
+    const double c = draft_ms_ / t1, beta = cost_.beta();
+    size_t best = 0;
+    double best_rate = 1.0; // decoding alone
+    for (size_t k = k_min_; k <= k_max_; ++k) {
+      const double gain = (1 - std::pow(alpha, static_cast<double>(k + 1))) / (1 - alpha);
+      const double rate = gain / (static_cast<double>(k) * c + 1 + beta * static_cast<double>(k));
+      if (rate > best_rate) {
+        best_rate = rate;
+        best = k;
+      }
+    }
+    k_cur_ = best;
   }
 
   void next_round(Session& s) {
@@ -410,6 +458,13 @@ private:
         phase_ = Phase::verify;
         return;
       }
+      if (k_cur_ == 0 && ++skipped_ % 8 != 0) { // drafting does not pay now: a plain step
+        phase_ = Phase::verify;
+        return;
+      }
+      if (k_cur_ == 0) k_cur_ = k_min_; // the probe round
+      reach_ = 1;
+      t_draft_ = std::chrono::steady_clock::now();
       phase_ = Phase::draft;
       return;
     }
@@ -557,6 +612,13 @@ private:
       sxx = sxx * keep + x * x;
       sxy = sxy * keep + x * y;
     }
+    // The wall time of a one-row forward: the fit's a + b, or (rows not yet varied) the mean time over
+    // 1 + β (mean rows − 1); < 0 before any round.
+    double t1() const {
+      if (w <= 0) return -1;
+      const double mx = sx / w, my = sy / w;
+      return my / (1 + beta() * std::max(mx - 1, 0.0));
+    }
     double beta() const {
       constexpr double prior = 0.25; // F16 on the Zen 4 of docs/benchmarks.md: 0.2–0.3
       if (w < 3) return prior;
@@ -596,6 +658,11 @@ private:
   std::array<double, 2> cont_tested_{}, cont_acc_{};
   int hot_ = 0;
   CostFit cost_;
+  double draft_ms_ = -1; // a draft forward's wall time (moving average)
+  std::chrono::steady_clock::time_point t_draft_{};
+  double m_acc_ = 0, m_tested_ = 0; // the draft model's drafts accepted / tested
+  double reach_ = 1;                // the draft chain's confidence so far this round
+  size_t skipped_ = 0;              // rounds without drafts (k = 0)
   std::chrono::steady_clock::time_point t_submit_{};
   double nodes_sum_ = 0;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,

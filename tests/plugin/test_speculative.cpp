@@ -89,7 +89,8 @@ TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
   const std::string q8 = quantize(model, "q8_0", "s260-q8_0.gguf"),
                     q4 = quantize(model, "q4_0", "s260-q4_0.gguf");
   const std::vector<std::pair<std::string, std::string>> drafters = {
-      {"self", "--set decoder.draft='\"" + model.string() + "\"' --set decoder.tree=false"},
+      {"self", "--set decoder.draft='\"" + model.string() +
+                   "\"' --set decoder.tree=false --set decoder.adaptive=false"},
       {"self tree", "--set decoder.draft='\"" + model.string() + "\"' --set decoder.width=3"},
       {"q8_0", "--set decoder.draft='\"" + q8 + "\"'"},
       {"q4_0", "--set decoder.draft='\"" + q4 + "\"' --set decoder.k=6"},
@@ -122,7 +123,8 @@ TEST(Speculative, GreedyIsTheTargetsOwnOutputOnASynthModel) {
     files[t] = out.string();
   }
   const std::vector<std::pair<std::string, std::string>> drafters = {
-      {"self", "--set decoder.draft='\"" + files["f16"] + "\"' --set decoder.tree=false"},
+      {"self", "--set decoder.draft='\"" + files["f16"] +
+                   "\"' --set decoder.tree=false --set decoder.adaptive=false"},
       {"q8_0", "--set decoder.draft='\"" + files["q8_0"] + "\"'"},
       {"q4_0", "--set decoder.draft='\"" + files["q4_0"] + "\"'"},
       {"ngram", "--set decoder.drafter='\"ngram\"'"},
@@ -253,11 +255,16 @@ TEST(Speculative, SamplingPreservesTheChainsDistribution) {
   };
   const std::vector<std::pair<std::string, std::string>> decoders = {
       {"plain sampling", "[decoder]\nname = \"sample\"\n"},
-      {"draft model (q != p)", "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
-                                   "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\n"},
+      // (k fixed: the fixtures' forward times, which adaptive drafting measures, are all alike)
+      {"draft model (q != p)",
+       "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
+           "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\nadaptive = false\n"},
+      {"adaptive k, the draft model's trees", "[decoder]\nname = \"speculative\"\ndraft = \"" +
+                                                  model.string() +
+                                                  "\"\ndraft_backend = \"fixture_scripted_draft\"\n"},
       {"draft model, linear (q != p)",
        "[decoder]\nname = \"speculative\"\ndraft = \"" + model.string() +
-           "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\ntree = false\n"},
+           "\"\ndraft_backend = \"fixture_scripted_draft\"\nk = 3\ntree = false\nadaptive = false\n"},
       {"n-gram drafter, trees", "[decoder]\nname = \"speculative\"\ndrafter = \"ngram\"\nk = 2\nwidth = 3\n"},
   };
   for (const auto& chain : chains)
