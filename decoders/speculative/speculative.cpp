@@ -220,10 +220,12 @@ private:
   void draft_step(Session& s) {
     if (s.logits(draft_seq_).empty()) return;
     ++draft_forwards_;
-    { // a draft forward's wall time (with the engine's step), for choosing k
+    { // a draft forward's wall time (with the engine's step), for choosing k — not a probe's first,
+      // which also catches up the tokens the skipped rounds left unevaluated on the draft model
       const auto now = std::chrono::steady_clock::now();
       const double ms = std::chrono::duration<double, std::milli>(now - t_draft_).count();
-      draft_ms_ = draft_ms_ < 0 ? ms : 0.9 * draft_ms_ + 0.1 * ms;
+      if (!catch_up_) draft_ms_ = draft_ms_ < 0 ? ms : 0.9 * draft_ms_ + 0.1 * ms;
+      catch_up_ = false;
       t_draft_ = now;
     }
     const size_t i = drafts_.size();
@@ -414,7 +416,8 @@ private:
   // Draft model, adaptive: α from this request's counts (prior 0.7, worth two positions), c = a draft
   // forward's measured time over a one-row target forward's, v(T) = 1 + β (T − 1) fitted: the k in
   // 0 .. k_max that maximises (1 − α^(k+1)) / ((1 − α)(k c + v(k + 1))) — 0 (decode without drafts; a
-  // probe round of k_min every 8th round keeps α and c measured) when no k beats decoding alone.
+  // probe round of k_min, every 8th round and rarer while probes find no gain, keeps α and c measured) when
+  // no k beats decoding alone.
   void adapt(size_t a, bool rejected) {
     if (!adaptive_) return;
     m_acc_ += static_cast<double>(a);
@@ -458,11 +461,20 @@ private:
         phase_ = Phase::verify;
         return;
       }
-      if (k_cur_ == 0 && ++skipped_ % 8 != 0) { // drafting does not pay now: a plain step
+      if (k_cur_ == 0 && ++skipped_ < probe_every_) { // drafting does not pay now: a plain step
         phase_ = Phase::verify;
         return;
       }
-      if (k_cur_ == 0) k_cur_ = k_min_; // the probe round
+      if (k_cur_ == 0) { // the probe round; probes grow rarer while they find no gain (8, 16, … 128)
+        k_cur_ = k_min_;
+        catch_up_ = skipped_ > 1;
+        probe_every_ = std::min<size_t>(probe_every_ * 2, 128);
+        skipped_ = 0;
+        probing_ = true;
+      } else if (!probing_) {
+        probe_every_ = 8;
+      }
+      probing_ = false;
       reach_ = 1;
       t_draft_ = std::chrono::steady_clock::now();
       phase_ = Phase::draft;
@@ -544,19 +556,22 @@ private:
 
   // ---- adaptive drafts: expected tokens per unit of cost ----
   // A node's chance of being accepted (tree_p_) comes from running counts: a branch of rank r (the r-th
-  // continuation found) has its first token taken with P_r, each later token with α_c (priors 0.6 / 0.15
-  // and 0.8, worth two rounds). A verification of T rows costs v(T) = 1 + β (T − 1) one-row forwards, β
-  // fitted to this request's measured forward times. Nodes are taken in order of their chance (a node
-  // after its parent: the chance only falls along a branch) while 1 + Σ chances over v(1 + nodes) grows
-  // — the tree (depth and width) that maximises the expected tokens per unit of cost.
+  // continuation found) has its first token taken with P_r, each later token with α_c (priors below). A
+  // verification of T rows costs v(T) = 1 + β (T − 1) one-row forwards, β fitted to this request's
+  // measured forward times (prior 0.25). Nodes are taken in order of their chance (a node after its
+  // parent: the chance only falls along a branch) while 1 + Σ chances over v(1 + nodes) grows — the
+  // tree (depth and width) that maximises the expected tokens per unit of cost.
   // The counts are kept apart by regime: after a round that took its whole first branch (copying a
   // passage, say, acceptance runs long) and after one that did not.
+  // Priors (worth two rounds; replies are often a few dozen tokens): after a round that took its whole
+  // first branch the text is likely being copied — first token 0.9, each next 0.95; else 0.5 and 0.75;
+  // a lower-ranked branch's first token 0.1.
   double rank_p(size_t r) const {
     r = std::min<size_t>(r, taken_[0].size() - 1);
-    const double prior = r == 0 ? 0.6 : 0.15;
+    const double prior = r > 0 ? 0.1 : hot_ ? 0.9 : 0.5;
     return (taken_[hot_][r] + 2 * prior) / (offered_[hot_][r] + 2);
   }
-  double cont_p() const { return (cont_acc_[hot_] + 2 * 0.8) / (cont_tested_[hot_] + 2); }
+  double cont_p() const { return (cont_acc_[hot_] + 2 * (hot_ ? 0.95 : 0.75)) / (cont_tested_[hot_] + 2); }
 
   void select_by_cost() {
     const size_t n = tree_tok_.size();
@@ -662,7 +677,9 @@ private:
   std::chrono::steady_clock::time_point t_draft_{};
   double m_acc_ = 0, m_tested_ = 0; // the draft model's drafts accepted / tested
   double reach_ = 1;                // the draft chain's confidence so far this round
-  size_t skipped_ = 0;              // rounds without drafts (k = 0)
+  size_t skipped_ = 0;              // rounds without drafts (k = 0) since the last probe
+  size_t probe_every_ = 4;          // skipped rounds before a probe: 4, then 8, 16, … 128
+  bool probing_ = false, catch_up_ = false;
   std::chrono::steady_clock::time_point t_submit_{};
   double nodes_sum_ = 0;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
