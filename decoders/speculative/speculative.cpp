@@ -47,6 +47,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,7 @@ public:
   }
 
   void start(Session& s) override {
+    draft_rng_.seed(static_cast<uint64_t>(s.uniform() * 18446744073709551615.0));
     V_ = static_cast<size_t>(s.n_vocab());
     p_.assign(V_, 0.0f);
     r_.assign(V_, 0.0f);
@@ -231,7 +233,10 @@ private:
     const size_t i = drafts_.size();
     if (q_.size() <= i) q_.emplace_back(V_); // kept across rounds: no allocation per draft token
     s.probs(draft_seq_, q_[i]);
-    const auto d = static_cast<loom_token>(draw(q_[i], s.uniform()));
+    // The draft's own stream (seeded from the request's at start): how many drafts a round takes — with
+    // adaptive trees, chosen from measured times — then never shifts the target's draws, so a tree
+    // round consumes the request's RNG exactly as decoding alone (one draw per token): --seed reproduces.
+    const auto d = static_cast<loom_token>(draw(q_[i], draft_u_(draft_rng_)));
     if (use_tree_) add_alternatives(s.logits(draft_seq_), d);
     reach_ *= static_cast<double>(q_[i][static_cast<size_t>(d)]); // the chain's own confidence so far
     drafts_.push_back(d);
@@ -423,7 +428,9 @@ private:
     m_acc_ += static_cast<double>(a);
     m_tested_ += static_cast<double>(a) + (rejected ? 1.0 : 0.0);
     const double t1 = cost_.t1();
-    if (drafter_ != Drafter::model || draft_ms_ < 0 || t1 <= 0) { // not measured yet: the ±1 rule
+    // The ±1 rule where k must not depend on timing: the rejection scheme (no trees) draws from the
+    // request's RNG once per tested draft, so a timed k would make sampled output vary between runs.
+    if (drafter_ != Drafter::model || !use_tree_ || draft_ms_ < 0 || t1 <= 0) {
       if (rejected)
         k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
       else if (a >= k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
@@ -673,6 +680,8 @@ private:
   std::array<double, 2> cont_tested_{}, cont_acc_{};
   int hot_ = 0;
   CostFit cost_;
+  std::mt19937_64 draft_rng_;
+  std::uniform_real_distribution<double> draft_u_{0.0, 1.0};
   double draft_ms_ = -1; // a draft forward's wall time (moving average)
   std::chrono::steady_clock::time_point t_draft_{};
   double m_acc_ = 0, m_tested_ = 0; // the draft model's drafts accepted / tested

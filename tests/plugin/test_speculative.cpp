@@ -355,6 +355,12 @@ TEST(Decoders, EachGivesInAParallelBatchWhatItGivesAlone) {
       {"speculative greedy",
        "--decoder speculative --set decoder.draft='\"" + model.string() + "\"' --temp 0"},
       {"speculative sampling", "--decoder speculative --set decoder.drafter='\"ngram\"' --temp 0.8"},
+      // a draft model's trees with sampling: the target's draws do not depend on the drafts (timed k)
+      {"speculative draft-model trees, sampling",
+       "--decoder speculative --set decoder.draft='\"" + model.string() + "\"' --temp 0.8"},
+      {"speculative wide n-gram trees", "--decoder speculative --set decoder.drafter='\"ngram\"' "
+                                        "--set decoder.width=8 --set decoder.adaptive=false --temp 0"},
+      {"speculative own first 2 layers", "--decoder speculative --set decoder.draft_layers=2 --temp 0"},
   };
   for (const auto& [label, args] : decoders) {
     SCOPED_TRACE(label);
