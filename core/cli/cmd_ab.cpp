@@ -579,7 +579,15 @@ int cmd_ab(const std::vector<std::string>& args) {
       if (it == a_rows.end() || !it->second->ok || !row.ok) continue;
       ++both;
       if (it->second->result.text == row.result.text) ++same;
-      if (it->second->result.tokens == row.result.tokens)
+      // Identical, or identical as far as the shorter went when that one only hit its token budget
+      // (variants with different [stop] max_tokens; -n sets one for all).
+      const auto& ta = it->second->result.tokens;
+      const auto& tb = row.result.tokens;
+      const auto& shorter = ta.size() <= tb.size() ? it->second->result : row.result;
+      const bool prefix = std::equal(shorter.tokens.begin(), shorter.tokens.end(),
+                                     (ta.size() <= tb.size() ? tb : ta).begin()) &&
+                          shorter.stop_reason == StopReason::max_tokens;
+      if (ta == tb || prefix)
         ++same_tokens;
       else if (std::find(differ.begin(), differ.end(), prompts[row.prompt].id) == differ.end())
         differ.push_back(prompts[row.prompt].id);
