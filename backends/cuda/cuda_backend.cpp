@@ -133,7 +133,7 @@ public:
   // An online-softmax kernel over each query's span (flash-decoding's shape): never materialized scores.
   // Token trees (attn_tree) are not run here yet: speculative decoding drafts linearly on this backend.
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
-    return k != AttnKernel::naive && (features & attn_tree) == 0;
+    return k != AttnKernel::naive && ((features & attn_tree) == 0 || o_.tree_attention);
   }
 
   size_t workspace_bytes() const noexcept override { return arena_used_ + scratch_used_; }
@@ -230,6 +230,10 @@ public:
     const size_t o_slot = put(kv.slots().data(), kv.slots().size() * 8);
     const size_t o_rseq = put(kv.row_seqs().data(), kv.row_seqs().size() * 4);
     const size_t o_tab = put(kv.tables().data(), kv.tables().size() * 4);
+    const bool tree = b.has_tree(); // token-tree rows: their rope positions, tree bases and masks too
+    const size_t o_trope = tree ? put(b.rope_positions.data(), b.rope_positions.size() * 4) : 0;
+    const size_t o_tbase = tree ? put(b.tree_base.data(), b.tree_base.size() * 4) : 0;
+    const size_t o_tmask = tree ? put(b.tree_mask.data(), b.tree_mask.size() * 8) : 0;
     inputs_.reserve(std::max<size_t>(in.size(), 1));
     check(cudaMemcpyAsync(inputs_.p, in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "batch upload");
     const auto dev_in = [&](size_t at) { return inputs_.as<uint8_t>() + at; };
@@ -239,6 +243,11 @@ public:
     const auto* d_slot = reinterpret_cast<const int64_t*>(dev_in(o_slot));
     const auto* d_rseq = reinterpret_cast<const int32_t*>(dev_in(o_rseq));
     const auto* d_tab = reinterpret_cast<const int32_t*>(dev_in(o_tab));
+    const auto* d_trope = tree ? reinterpret_cast<const int32_t*>(dev_in(o_trope)) : nullptr;
+    const auto* d_tbase = tree ? reinterpret_cast<const int32_t*>(dev_in(o_tbase)) : nullptr;
+    const auto* d_tmask = tree ? reinterpret_cast<const uint64_t*>(dev_in(o_tmask)) : nullptr;
+    // RoPE at each row's rope position (a tree node's depth), positions elsewhere
+    const std::span<const Pos> rope_pos = tree ? b.rope_positions : b.positions;
 
     // Activations: one arena, each tensor at its offset.
     std::vector<size_t> off(g.tensors.size(), 0);
@@ -255,7 +264,7 @@ public:
     };
     const auto ints = [&](int32_t id) -> const int32_t* {
       if (id == g.in_tokens) return d_tok;
-      if (id == g.in_positions) return d_pos;
+      if (id == g.in_positions) return tree ? d_trope : d_pos;
       if (id == g.in_out_ids) return d_out;
       fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
     };
@@ -304,7 +313,7 @@ public:
           break;
         case OpKind::rope: {
           const TensorDesc& s = src_t(0);
-          const auto [cs, sn] = rope_tables(g, n, b.positions);
+          const auto [cs, sn] = rope_tables(g, n, rope_pos);
           rope(act(n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
           break;
         }
@@ -324,7 +333,7 @@ public:
           const size_t sb = attention_scratch_bytes(T, p.n_head, p.head_dim, max_keys);
           attn_scratch_.reserve(std::max<size_t>(sb, 1));
           attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, max_keys,
-                    sb ? attn_scratch_.as<float>() : nullptr, dst, stream_);
+                    sb ? attn_scratch_.as<float>() : nullptr, dst, stream_, d_trope, d_tbase, d_tmask);
           break;
         }
         case OpKind::swiglu:
@@ -369,12 +378,12 @@ public:
     };
     // RoPE tables before any launch (their upload is host work; the walk then finds them).
     for (const Node& n : g.nodes)
-      if (n.op == OpKind::rope) rope_tables(g, n, b.positions);
+      if (n.op == OpKind::rope) rope_tables(g, n, rope_pos);
     // Decode steps of a recurring shape replay a CUDA graph of the walk (captured the second time the
     // shape comes with the same buffers: the first run is eager and makes every buffer the walk uses);
     // anything that changes a launch's arguments is in the key.
     GraphKey key;
-    const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0;
+    const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0 && !tree; // (tree inputs: not in the key)
     if (graphable) {
       key.v = {g.id,
                static_cast<uint64_t>(T),

@@ -241,8 +241,19 @@ constexpr int k_attn_fill = 264;  // blocks that keep every SM of an H100/H200 b
 constexpr int k_attn_splits = 32; // at most
 constexpr int k_attn_chunk = 256; // keys per split at least
 
+// The index of the k-th set bit of m (k < popcount(m)).
+__device__ int nth_set_bit(uint64_t m, int k) {
+  for (int b = 0; b < 64; ++b)
+    if ((m >> b) & 1u) {
+      if (k == 0) return b;
+      --k;
+    }
+  return 63;
+}
+
 __global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t* pos, const int32_t* row_seq,
-                            const int32_t* tables, int32_t stride, float* out, float* part) {
+                            const int32_t* tables, int32_t stride, float* out, float* part,
+                            const int32_t* trope, const int32_t* tbase, const uint64_t* tmask) {
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int split = static_cast<int>(blockIdx.z), n_split = static_cast<int>(gridDim.z);
@@ -255,17 +266,31 @@ __global__ void k_attention(KvPool kv, AttnArgs a, const float* q, const int32_t
     qr[i] = d < D ? qh[d] : 0.0f;
     acc[i] = 0.0f;
   }
-  // key_span: [0, sink_end) ∪ [first, last]
+  // key_span: [0, sink_end) ∪ [first, last]; a token-tree row: that span taken at its rope position, below
+  // its tree ([0, se) ∪ [ws, we]), then its ancestors and itself (the set bits of `mask`, from `base`)
   const int32_t p = pos[t];
-  const int32_t first = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const bool tree = tbase != nullptr && tbase[t] <= p;
+  const int32_t rp = tree ? trope[t] : p;
+  const int32_t first = a.window > 0 ? max(0, rp - a.window + 1) : 0;
   const int32_t sink_end = a.window > 0 ? min(max(a.sinks, 0), first) : 0;
-  const int32_t count = sink_end + (p - first + 1);
+  int32_t count = sink_end + (p - first + 1), se = sink_end, ws = first, n_win = p - first + 1, base = 0;
+  uint64_t mask = 0;
+  if (tree) {
+    base = tbase[t];
+    se = min(sink_end, base);
+    ws = max(first, sink_end);
+    const int32_t we = min(rp, base - 1);
+    n_win = we >= ws ? we - ws + 1 : 0;
+    const int32_t span = p - base + 1; // tree slots up to this row's own
+    mask = tmask[t] & (span >= 64 ? ~0ull : ((1ull << span) - 1));
+    count = se + n_win + __popcll(static_cast<unsigned long long>(mask));
+  }
   const int32_t* table = tables + static_cast<int64_t>(row_seq[t]) * stride;
   const int32_t chunk = (count + n_split - 1) / n_split;
   const int32_t c0 = split * chunk, c1 = min(count, c0 + chunk);
   float m = -INFINITY, l = 0.0f;
   for (int32_t c = c0 + warp; c < c1; c += k_attn_warps) {
-    const int32_t j = c < sink_end ? c : first + (c - sink_end);
+    const int32_t j = c < se ? c : c < se + n_win ? ws + (c - se) : base + nth_set_bit(mask, c - se - n_win);
     const int32_t blk = table[j / kv.block_size];
     const uint8_t* kr = pool_row(kv, a.layer, 0, blk, j % kv.block_size);
     const uint8_t* vr = pool_row(kv, a.layer, 1, blk, j % kv.block_size);
@@ -518,11 +543,13 @@ size_t attention_scratch_bytes(int64_t T, int32_t n_head, int32_t head_dim, int3
 
 void attention(const KvPool& kv, const AttnArgs& a, const float* q, const int32_t* pos,
                const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, int32_t max_keys,
-               float* scratch, float* out, cudaStream_t s) {
+               float* scratch, float* out, cudaStream_t s, const int32_t* rope, const int32_t* tree_base,
+               const uint64_t* tree_mask) {
   if (T == 0) return;
   const int n_split = scratch ? attn_splits(T, a.n_head, max_keys) : 1;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_split));
-  k_attention<<<grid, 32 * k_attn_warps, 0, s>>>(kv, a, q, pos, row_seq, tables, stride, out, scratch);
+  k_attention<<<grid, 32 * k_attn_warps, 0, s>>>(kv, a, q, pos, row_seq, tables, stride, out, scratch, rope,
+                                                 tree_base, tree_mask);
   if (n_split > 1)
     k_attn_combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(a.n_head)), 128, 0, s>>>(
         a, n_split, scratch, out);

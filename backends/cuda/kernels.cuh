@@ -57,9 +57,13 @@ void kv_write(const KvPool& kv, int32_t layer, const float* k, const float* v, c
 // (max_keys: the longest, at most) over several blocks and merges them, when `scratch` holds
 // attention_scratch_bytes(T, n_head, head_dim, max_keys) (null: no split).
 size_t attention_scratch_bytes(int64_t T, int32_t n_head, int32_t head_dim, int32_t max_keys);
+// Token-tree rows (tree_base non-null; loom::BatchView's tree_* arrays): row t is a tree row when
+// tree_base[t] <= pos[t] and attends the slots below the tree its window (at rope[t]) allows, then the
+// slots tree_base[t] + i <= pos[t] whose bit i of tree_mask[t] is set.
 void attention(const KvPool& kv, const AttnArgs& a, const float* q, const int32_t* pos,
                const int32_t* row_seq, const int32_t* tables, int32_t stride, int64_t T, int32_t max_keys,
-               float* scratch, float* out, cudaStream_t s);
+               float* scratch, float* out, cudaStream_t s, const int32_t* rope = nullptr,
+               const int32_t* tree_base = nullptr, const uint64_t* tree_mask = nullptr);
 
 // Block copies on the pool: positions [0, n) of block src to block dst, K and V of every layer.
 void kv_copy(const KvPool& kv, int64_t src, int64_t dst, int32_t n, cudaStream_t s);

@@ -373,7 +373,10 @@ TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
 // evaluated alone as plain tokens (stories260K, f32 and f16 KV, a paged store with blocks smaller than
 // the tree).
 TEST_P(BackendOps, TreeRowsGiveTheLogitsOfTheirPathsAlone) {
-  LOOM_BACKEND_OR_SKIP(m);
+  // (cuda: tree rows are opt-in, [backend] tree_attention, until this test has passed on a GPU)
+  Made m =
+      GetParam() == "cuda" ? make("cuda", {{"exact_matmul", true}, {"tree_attention", true}}) : under_test();
+  if (!m.be) GTEST_SKIP() << "SKIPPED: " << GetParam() << ": " << m.why;
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   if (!m.be->supports_attention(AttnKernel::auto_, attn_tree))
     GTEST_SKIP() << "SKIPPED: " << GetParam() << " runs no token-tree rows";
@@ -386,7 +389,8 @@ TEST_P(BackendOps, TreeRowsGiveTheLogitsOfTheirPathsAlone) {
   for (const DType dt : {DType::f32, DType::f16}) {
     if (!m.be->supports_kv_dtype(dt)) continue;
     SCOPED_TRACE(dtype_name(dt));
-    auto be = under_test().be;
+    auto be = GetParam() == "cuda" ? make("cuda", {{"exact_matmul", true}, {"tree_attention", true}}).be
+                                   : under_test().be;
     KVShape shape = mdl->kv_shape(64, 2);
     shape.dtype = dt;
     shape.block_size = 4;
