@@ -524,6 +524,17 @@ private:
     tree_tok_.clear();
     tree_par_.clear();
     tree_p_.clear();
+    // The counts fade (×0.9 a round, ≈ the last ten rounds): a reply that starts free and then copies is
+    // seen as copying, and estimates that ruled drafting out drift back to the prior and are tried again
+    // (without this, five early rejections stopped all drafting for the rest of a 256-token reply).
+    for (int h = 0; h < 2; ++h) {
+      for (size_t r = 0; r < offered_[h].size(); ++r) {
+        offered_[h][r] *= 0.9;
+        taken_[h][r] *= 0.9;
+      }
+      cont_tested_[h] *= 0.9;
+      cont_acc_[h] *= 0.9;
+    }
     const size_t len = t.size();
     // adaptive: candidates as deep as k_max, the cost model picks; else k deep
     const size_t depth = std::min(adaptive_ ? k_max_ : k_cur_, depth_cap_);
