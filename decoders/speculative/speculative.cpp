@@ -167,6 +167,10 @@ public:
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_submit_).count();
       cost_.add(static_cast<double>(s.n_draft(0) + 1), ms);
       nodes_sum_ += static_cast<double>(s.n_draft(0));
+      if (s.n_draft(0) > 0) { // a verification: its time, for v
+        verify_ms_ += ms;
+        ++verifies_;
+      }
     }
     if (!prefilled_ && draft_seq_ >= 0) ++draft_forwards_; // the draft's prompt, beside the target's
     prefilled_ = true;
@@ -208,6 +212,10 @@ public:
     s.set_metric("mean_draft_nodes",
                  target_forwards_ > 1 ? nodes_sum_ / static_cast<double>(target_forwards_ - 1) : 0.0);
     s.set_metric("row_cost", cost_.beta());
+    // v: a verification forward's mean wall time over a one-row forward's (the fit's), as measured here
+    const double t1 = cost_.t1();
+    s.set_metric("verify_cost",
+                 verifies_ > 0 && t1 > 0 ? verify_ms_ / static_cast<double>(verifies_) / t1 : 0.0);
     s.add_result(0, s.score(0));
   }
 
@@ -701,7 +709,8 @@ private:
   size_t probe_every_ = 4;          // skipped rounds before a probe: 4, then 8, 16, … 128
   bool probing_ = false, catch_up_ = false;
   std::chrono::steady_clock::time_point t_submit_{};
-  double nodes_sum_ = 0;
+  double nodes_sum_ = 0, verify_ms_ = 0;
+  size_t verifies_ = 0;
   size_t draft_tokens_ = 0, accepted_ = 0, rounds_ = 0, rejections_ = 0, target_forwards_ = 0,
          draft_forwards_ = 0, tree_rounds_ = 0, off_chain_tokens_ = 0;
   bool off_chain_ = false;

@@ -54,8 +54,8 @@ void expect_greedy_identity(const fs::path& model,
     EXPECT_EQ(spec["tokens"], alone["tokens"]);
     EXPECT_EQ(spec["text"], alone["text"]);
     const auto& m = spec["metrics"];
-    for (const char* k :
-         {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_len", "target_forwards"})
+    for (const char* k : {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_len",
+                          "target_forwards", "mean_draft_nodes", "row_cost", "verify_cost"})
       EXPECT_TRUE(m.contains(k)) << k;
     EXPECT_GT(m["draft_tokens"].get<double>(), 0);
     EXPECT_LE(m["target_forwards"].get<double>(), n + 1.0);
