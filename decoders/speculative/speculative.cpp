@@ -4,11 +4,13 @@
 //   [decoder]
 //   name = "speculative"
 //   draft = "draft.gguf"   # read by the host: a draft model with the target's vocabulary
+//   draft_layers = N       # … or (host) the target's own first N layers as the draft model
 //   drafter = "auto"       # "model" (the draft above) | "ngram" (prompt lookup) | "auto" (model if any)
 //   k = 4                  # draft tokens per round
 //   adaptive = true        # n-gram: the tree (depth ≤ k_max, width) that maximises expected tokens per
-//                          # unit of measured cost; draft model: k shrinks by one after a rejection,
-//                          # grows by one after a full acceptance. false: k (and width) as given
+//                          # unit of measured cost; draft model with trees: the k in 0..k_max that
+//                          # maximises the speed-up formula with measured α, c, v (0: no drafts, probes);
+//                          # without trees: k ±1 on rejections / full acceptances. false: k, width as given
 //   k_min = 1              # adaptive bounds
 //   k_max = 16
 //   ngram_min = 1          # n-gram drafter: suffix lengths tried, longest first
@@ -25,8 +27,10 @@
 // tree: at each node the target's token is drawn from p (the sampler chain at that node, its state
 // after the path) and the walk follows the child holding that token, committing it; when no child
 // holds it, the drawn token is appended and the round ends. Every token is thus drawn from p exactly,
-// whatever the tree (exact for sampling, the target's own output for greedy); a linear draft from a
-// draft model keeps the rejection scheme below, which accepts more often when drafts are sampled.
+// whatever the tree (exact for sampling, the target's own output for greedy); with trees off, a draft
+// model's draft keeps the rejection scheme below, which accepts more often when drafts are sampled.
+// (With trees on, every draft goes as a tree, a chain included: choosing the scheme after seeing the
+// drafts would bias them.)
 //
 // A round: the drafter proposes d1..dk (a draft model samples them one forward at a time from its q,
 // taken after the request's sampler chain; the n-gram drafter copies what followed the latest earlier
