@@ -119,13 +119,15 @@ public:
   }
 
   void start(Session& s) override {
-    draft_rng_.seed(static_cast<uint64_t>(s.uniform() * 18446744073709551615.0));
+
     V_ = static_cast<size_t>(s.n_vocab());
     p_.assign(V_, 0.0f);
     r_.assign(V_, 0.0f);
     k_cur_ = k_;
     if (drafter_ == Drafter::auto_) drafter_ = s.has_draft_model() ? Drafter::model : Drafter::ngram;
     if (drafter_ == Drafter::model) {
+      // the draft's own stream, seeded from the request's (one draw: n-gram drafting takes none)
+      draft_rng_.seed(static_cast<uint64_t>(s.uniform() * 18446744073709551615.0));
       if (!s.has_draft_model())
         throw Error(
             "speculative: drafter = \"model\" needs a draft model: add draft = \"x.gguf\" to [decoder] "
