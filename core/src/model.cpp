@@ -19,7 +19,11 @@ int64_t new_weight_id() noexcept {
 Model::Model(GgufFile f, int32_t max_layers)
     : file_(std::move(f)), cfg_([&] {
         ModelConfig c = ModelConfig::from_gguf(file_);
-        if (max_layers > 0) c.n_layer = std::min(c.n_layer, max_layers);
+        if (max_layers > 0 && max_layers < c.n_layer) { // the first layers: their per-layer facts too
+          c.n_layer = max_layers;
+          if (c.sliding_layers.size() > static_cast<size_t>(max_layers))
+            c.sliding_layers.resize(static_cast<size_t>(max_layers));
+        }
         return c;
       }()),
       attention_(make_attention_variant(cfg_, AttentionChoice{})) {

@@ -201,6 +201,39 @@ TEST(RealModels, SmolLM2ChatOnTheDefaultBackendIsTheReferenceBackendsReply) {
       k_llamacpp_tie, 0, "cpu vs llama.cpp");
 }
 
+// Speculative decoding on the real models (issue 27): greedy, every drafter — n-gram trees (adaptive and
+// a wide fixed tree), the target's own first layers (on Gemma 3: its sliding-window layer pattern cut to
+// them) — gives the target's own reply on a chat prompt, on the reference backend (whose floats do not
+// depend on the batch's shape; the cpu backend's verification rows may sum in another order than its
+// one-row steps and resolve a near-tie the other way: docs/decoders.md).
+TEST(RealModels, SpeculativeGreedyChatIsTheTargetsOwnReply) {
+  LOOM_REQUIRE_BIN();
+  const std::string msgs = std::string(LOOM_SOURCE_DIR) + "/tests/data/real_models/capital.json";
+  for (const char* key : {"smollm2", "gemma3"}) {
+    SCOPED_TRACE(key);
+    LOOM_REQUIRE_REAL_MODEL(model, reference()[key]["file"].get<std::string>());
+    const auto run = [&](const std::string& extra) {
+      const auto r =
+          loom::test::run_loom("run -m " + model.string() + " --messages " + msgs +
+                                   " -n 12 --temp 0 --json --set backend.name='\"reference\"' " + extra,
+                               false, 900);
+      EXPECT_EQ(r.code, 0) << r.err;
+      return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+    };
+    const auto plain = run("");
+    ASSERT_TRUE(plain.contains("tokens"));
+    for (const char* d :
+         {"--set decoder.drafter='\"ngram\"'",
+          "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.adaptive=false",
+          "--set decoder.draft_layers=6"}) {
+      SCOPED_TRACE(d);
+      const auto spec = run(std::string("--decoder speculative ") + d);
+      EXPECT_EQ(spec["tokens"], plain["tokens"]);
+      EXPECT_GT(spec["metrics"]["draft_rounds"].get<double>(), 0) << "drafts were verified";
+    }
+  }
+}
+
 // Gemma 3's file has no chat template: the built-in gemma format is chosen from its vocabulary's turn
 // tokens, and <end_of_turn> ends a reply. (This file is the pretrained model, not the -it one: it does not
 // answer, it continues the user's turn — as llama.cpp's does — so the test checks the prompt and the stop
