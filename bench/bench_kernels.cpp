@@ -59,7 +59,11 @@ void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
   const auto isa = cpu::detect_isa();
   const auto w = random_matrix(t);
   std::vector<uint8_t> wp;
-  if (repacked) {
+  const bool f16x64 = repacked && t == DType::f16; // F16 "repacked": the 64-row f16x64 copy
+  if (f16x64) {
+    wp.resize(cpu::bf16x64_bytes(K, N));
+    cpu::repack_f16x64(w.data(), row_bytes(t, K), K, N, reinterpret_cast<uint16_t*>(wp.data()));
+  } else if (repacked) {
     wp.resize(cpu::repacked_bytes(t, K, N));
     cpu::repack(t, w.data(), row_bytes(t, K), K, N, wp.data());
   }
@@ -69,7 +73,10 @@ void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
   for (auto& v : x)
     v = nd(rng);
   for (auto _ : state) {
-    if (repacked)
+    if (f16x64)
+      cpu::matmul_f16x64(isa, reinterpret_cast<const uint16_t*>(wp.data()), K, N, x.data(), T, y.data(),
+                         threads());
+    else if (repacked)
       cpu::matmul_repacked(isa, t, wp.data(), K, N, x.data(), T, y.data(), threads());
     else
       cpu::matmul(isa, t, w.data(), row_bytes(t, K), K, N, x.data(), T, y.data(), threads());
@@ -77,7 +84,7 @@ void run_matmul(benchmark::State& state, DType t, bool repacked, int64_t T) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
-                          static_cast<int64_t>(repacked ? wp.size() : w.size()));
+                          static_cast<int64_t>(repacked && !f16x64 ? wp.size() : w.size()));
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T); // tokens/s
   state.SetLabel(cpu::isa_name(isa));
 }
@@ -94,28 +101,11 @@ void small_batch(benchmark::State& state, DType t, bool repacked) {
 
 // The same for F16 in its f16x64 copy (the cpu backend's F16 route at AVX-512): verification batches.
 void small_batch_f16x64(benchmark::State& state) {
-  const auto isa = cpu::detect_isa();
-  if (!cpu::at_least(isa, cpu::Isa::avx512)) {
+  if (!cpu::at_least(cpu::detect_isa(), cpu::Isa::avx512)) {
     state.SkipWithError("f16x64 needs AVX-512");
     return;
   }
-  const int64_t T = state.range(0);
-  const auto w = random_matrix(DType::f16);
-  std::vector<uint16_t> wp(cpu::bf16x64_bytes(K, N) / 2);
-  cpu::repack_f16x64(w.data(), row_bytes(DType::f16, K), K, N, wp.data());
-  std::vector<float> x(static_cast<size_t>(K * T)), y(static_cast<size_t>(N * T));
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : x)
-    v = nd(rng);
-  for (auto _ : state) {
-    cpu::matmul_f16x64(isa, wp.data(), K, N, x.data(), T, y.data(), threads());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.size()));
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T);
-  state.SetLabel(cpu::isa_name(isa));
+  run_matmul(state, DType::f16, true, state.range(0));
 }
 
 void batch_sizes(benchmark::internal::Benchmark* b) {
@@ -146,7 +136,16 @@ BENCHMARK_CAPTURE(decode, q6_k_repacked, DType::q6_k, true)->Unit(benchmark::kMi
 } // namespace
 
 BENCHMARK_CAPTURE(small_batch, f16, DType::f16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
-BENCHMARK(small_batch_f16x64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(5)->Arg(6)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
+BENCHMARK(small_batch_f16x64)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Arg(4)
+    ->Arg(5)
+    ->Arg(6)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, bf16, DType::bf16, false)->Apply(batch_sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(small_batch, q8_0_repacked, DType::q8_0, true)
     ->Apply(batch_sizes)

@@ -411,16 +411,7 @@ private:
     ++tree_rounds_;
     hot_ = m > 0 && !rejected && !off_chain_ ? 1 : 0; // a leaf of the first branch reached
     // Per tested depth, as the linear scheme counts: the drafts of the path, α from its rejections.
-    record_tree(m, a, rejected);
-  }
-
-  void record_tree(size_t nodes, size_t a, bool rejected) {
-    if (nodes == 0) return;
-    draft_tokens_ += nodes;
-    accepted_ += a;
-    ++rounds_;
-    if (rejected) ++rejections_;
-    adapt(a, rejected);
+    record(m, a, rejected);
   }
 
   void record(size_t m, size_t a, bool rejected) {
