@@ -24,7 +24,8 @@ struct CpuOptions {
   // F16 matrices in their f16x64 copy (AVX-512): the exact kernel converts each weight once per 3 tokens,
   // oneDNN needs the panels dequantized first — on SmolLM2-135M F16 (2 threads, the Zen 4 of
   // docs/benchmarks.md) the kernel prefills 16 tokens at 485 tok/s against 276, 64 at 619 against 500, and
-  // oneDNN wins from ≈ 128 (658 against 619). Speculative verification batches (5–32 rows) stay on the kernel.
+  // oneDNN wins from ≈ 128 (658 against 619). Speculative verification batches (5–32 rows) stay on
+  // the kernel.
   int gemm_min_rows_f16 = 96;
   // Q8_0 / Q4_0 / Q4_K / Q6_K matrices (rows a multiple of 8) repacked on first use into the 8-row layout of
   // the decode kernel; the file's pages of a repacked tensor are released, so its weights stay resident once.
