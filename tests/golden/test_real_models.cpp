@@ -201,8 +201,8 @@ TEST(RealModels, SmolLM2ChatOnTheDefaultBackendIsTheReferenceBackendsReply) {
       k_llamacpp_tie, 0, "cpu vs llama.cpp");
 }
 
-// Speculative decoding on the real models (issue 27): greedy, every drafter — n-gram trees (adaptive and
-// a wide fixed tree), the target's own first layers (on Gemma 3: its sliding-window layer pattern cut to
+// Speculative decoding on the real models (issue 27): greedy, n-gram trees (adaptive) on SmolLM2 and the
+// target's own first layers (on Gemma 3: its sliding-window layer pattern cut to
 // them) — gives the target's own reply on a chat prompt, on the reference backend (whose floats do not
 // depend on the batch's shape; the cpu backend's verification rows may sum in another order than its
 // one-row steps and resolve a near-tie the other way: docs/decoders.md).
@@ -222,10 +222,11 @@ TEST(RealModels, SpeculativeGreedyChatIsTheTargetsOwnReply) {
     };
     const auto plain = run("");
     ASSERT_TRUE(plain.contains("tokens"));
-    for (const char* d :
-         {"--set decoder.drafter='\"ngram\"'",
-          "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.adaptive=false",
-          "--set decoder.draft_layers=6"}) {
+    // (The wide fixed tree and the other drafters run on stories260K in test_speculative.cpp; here the
+    // real weights and, on Gemma 3, the cut layer pattern.)
+    const bool gemma = std::string(key) == "gemma3";
+    for (const char* d : {"--set decoder.drafter='\"ngram\"'", "--set decoder.draft_layers=6"}) {
+      if (gemma && std::string(d).find("ngram") != std::string::npos) continue;
       SCOPED_TRACE(d);
       const auto spec = run(std::string("--decoder speculative ") + d);
       EXPECT_EQ(spec["tokens"], plain["tokens"]);

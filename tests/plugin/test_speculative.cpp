@@ -106,7 +106,14 @@ TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
       {"ngram adaptive tree",
        "--set decoder.drafter='\"ngram\"' --set decoder.width=8 --set decoder.k_max=12"},
   };
-  expect_greedy_identity(model, drafters, "reference", 120);
+  // The reference backend (floats independent of the batch's shape) for one drafter of each kind, the cpu
+  // backend for all.
+  std::vector<std::pair<std::string, std::string>> some;
+  for (const auto& d : drafters)
+    if (d.first == "self tree" || d.first == "q4_0 adaptive" || d.first == "ngram linear" ||
+        d.first == "own first 2 layers" || d.first == "ngram wide tree")
+      some.push_back(d);
+  expect_greedy_identity(model, some, "reference", 120);
   expect_greedy_identity(model, drafters, "cpu", 120);
 }
 
