@@ -73,5 +73,6 @@ int bandwidth_probe(const po::variables_map& vm);
 int cmd_template(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+int cmd_verify(const std::vector<std::string>& args);
 
 } // namespace loom::cli

@@ -105,6 +105,7 @@ commands:
   chat       a conversation in the terminal under the model's chat template (/reset, /save, Ctrl-C)
   serve      an OpenAI-compatible HTTP server (chat / completions, streaming, /metrics)
   template   render a chat template for a list of messages: exactly what the model is fed
+  verify     score given candidates with a verifier plugin, without a model (accuracy, ROC AUC)
 
 Run 'loom <command> --help' for the options of a command.
 Example: loom run -m models/stories260K.gguf -p "Once upon a time" -n 60 --temp 0)";
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
     if (cmd == "template") return cmd_template(rest);
     if (cmd == "chat") return cmd_chat(rest);
     if (cmd == "serve") return cmd_serve(rest);
+    if (cmd == "verify") return cmd_verify(rest);
     std::cerr << "loom: unknown command '" << cmd << "'\n" << k_usage << "\n";
     return k_exit_usage;
   } catch (const UsageError& e) {

@@ -457,4 +457,37 @@ std::vector<GenerationResult> Pipeline::generate_all(const std::vector<Generatio
   return out;
 }
 
+std::unique_ptr<StandaloneVerifier> StandaloneVerifier::create(const PipelineConfig& cfg) {
+  if (cfg.verifier.name.empty())
+    fail(Errc::invalid_argument, "verify",
+         cfg.source + ": no verifier named; give one with --verifier NAME (or a [verifier] section)");
+  std::unique_ptr<StandaloneVerifier> v(new StandaloneVerifier());
+  v->registry_ = std::make_unique<PluginRegistry>();
+  std::vector<std::string> dirs;
+  for (const auto& d : cfg.plugins.paths) {
+    std::filesystem::path pd(d);
+    if (pd.is_relative() && !std::filesystem::exists(pd) && !cfg.base_dir.empty())
+      pd = std::filesystem::path(cfg.base_dir) / pd;
+    dirs.push_back(pd.string());
+  }
+  dirs = plugin_search_dirs(dirs);
+  DiscoverOptions only;
+  only.named_only = true;
+  only.only.emplace_back(LOOM_KIND_VERIFIER, cfg.verifier.name);
+  v->registry_->discover(dirs, cfg.plugins.sha256, only);
+  const auto f = v->registry_->find(LOOM_KIND_VERIFIER, cfg.verifier.name);
+  if (!f) {
+    std::string dl;
+    for (const auto& d : dirs)
+      dl += (dl.empty() ? "" : ", ") + d;
+    fail(Errc::not_found, "verify",
+         cfg.source + ": verifier '" + cfg.verifier.name + "' is not provided by a plugin in [" + dl +
+             "] (verifiers found: " + v->registry_->available(LOOM_KIND_VERIFIER) + ")" +
+             v->registry_->failures());
+  }
+  v->fn_ = plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
+  v->name_ = cfg.verifier.name;
+  return v;
+}
+
 } // namespace loom

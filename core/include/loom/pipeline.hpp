@@ -87,4 +87,20 @@ private:
   int32_t n_seq_max_ = 0;
 };
 
+// The [verifier] of a config on its own, without a model (`loom verify`): its plugin found on the
+// config's [plugins] paths (then next to `loom`), its keys checked as a pipeline would.
+class StandaloneVerifier {
+public:
+  static std::unique_ptr<StandaloneVerifier> create(const PipelineConfig& cfg);
+  // A score in [0, 1]; throws loom::Error when the verifier fails or returns anything else.
+  double score(std::string_view prompt, std::string_view text) const { return fn_(prompt, text); }
+  const std::string& name() const noexcept { return name_; }
+
+private:
+  StandaloneVerifier() = default;
+  std::unique_ptr<PluginRegistry> registry_; // first: destroyed after the verifier object
+  std::function<double(std::string_view, std::string_view)> fn_;
+  std::string name_;
+};
+
 } // namespace loom

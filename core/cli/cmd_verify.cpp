@@ -1,0 +1,201 @@
+// `loom verify`: a verifier plugin on given candidates, without a model — to test a verifier and to
+// A/B-check one against another on labelled candidates.
+#include "cli.hpp"
+#include "loom/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace loom::cli {
+
+namespace {
+
+struct Task {
+  size_t line = 0;
+  std::string prompt, candidate;
+  std::optional<bool> label;
+};
+
+std::vector<Task> read_tasks(const std::string& path) {
+  const std::string text = read_input_file(path, "--tasks");
+  std::vector<Task> tasks;
+  std::istringstream in(text);
+  std::string line;
+  size_t n = 0;
+  const auto bad = [&](const std::string& what) {
+    fail(Errc::invalid_argument, "verify",
+         "--tasks " + user_value(path) + " line " + std::to_string(n) + ": " + what +
+             "; expected one JSON object per line with \"candidate\" (a string), optionally \"prompt\" "
+             "(a string) and \"label\" (true/false or 1/0)");
+  };
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      bad(std::string("not JSON (") + e.what() + ")");
+    }
+    if (!j.is_object()) bad("not an object");
+    if (!j.contains("candidate") || !j["candidate"].is_string()) bad("no \"candidate\" string");
+    Task t;
+    t.line = n;
+    t.candidate = j["candidate"].get<std::string>();
+    if (j.contains("prompt")) {
+      if (!j["prompt"].is_string()) bad("\"prompt\" is not a string");
+      t.prompt = j["prompt"].get<std::string>();
+    }
+    if (j.contains("label")) {
+      const auto& l = j["label"];
+      if (l.is_boolean())
+        t.label = l.get<bool>();
+      else if (l.is_number_integer() && (l.get<int64_t>() == 0 || l.get<int64_t>() == 1))
+        t.label = l.get<int64_t>() == 1;
+      else
+        bad("\"label\" is " + l.dump() + ", not true/false or 1/0");
+    }
+    tasks.push_back(std::move(t));
+  }
+  if (tasks.empty())
+    fail(Errc::invalid_argument, "verify",
+         "--tasks " + user_value(path) + " has no tasks (one JSON object per line)");
+  return tasks;
+}
+
+// The area under the ROC curve of scores against labels (ties count half); NaN without both classes.
+double auc(const std::vector<std::pair<double, bool>>& v) {
+  size_t pos = 0, neg = 0;
+  for (const auto& [s, l] : v)
+    (l ? pos : neg) += 1;
+  if (pos == 0 || neg == 0) return std::nan("");
+  double wins = 0;
+  for (const auto& [sp, lp] : v)
+    if (lp)
+      for (const auto& [sn, ln] : v)
+        if (!ln) wins += sp > sn ? 1.0 : sp == sn ? 0.5 : 0.0;
+  return wins / (static_cast<double>(pos) * static_cast<double>(neg));
+}
+
+} // namespace
+
+int cmd_verify(const std::vector<std::string>& args) {
+  po::options_description desc("loom verify options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("verifier", po::value<std::string>(), "the verifier plugin (as [verifier] name)")
+    ("tasks", po::value<std::string>(), "a JSONL file: {\"prompt\", \"candidate\", \"label\"?} per line")
+    ("config,c", po::value<std::string>(), "a pipeline TOML file whose [verifier] and [plugins] are used")
+    ("set", po::value<std::vector<std::string>>()->composing(), "section.key=value (repeatable), e.g. verifier.scope='\"last_line\"'")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("threshold", po::value<double>()->default_value(0.5), "a candidate is accepted when its score ≥ this (with labels)")
+    ("json", "print one JSON object");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(
+          args, desc, vm,
+          "usage: loom verify --verifier NAME [--set verifier.KEY=V]... --tasks FILE.jsonl [--json]\n"
+          "Scores given candidates with a verifier plugin, without a model: each line of FILE.jsonl is "
+          "an object\nwith \"candidate\" (the text scored), optionally \"prompt\" (what it answers) and "
+          "\"label\" (whether the\ncandidate is right: then accuracy, precision and recall at --threshold "
+          "and the ROC AUC are reported).\nA verifier that fails on a candidate marks that line, not the "
+          "run."))
+    return k_exit_ok;
+  if (!vm.count("tasks")) throw UsageError("--tasks FILE.jsonl is required (see --help)");
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("verifier"))
+    overrides.push_back({"verifier.name", nlohmann::json(vm["verifier"].as<std::string>()).dump()});
+  PipelineConfig cfg = config_from_args(vm, overrides);
+  if (vm.count("plugin-path"))
+    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
+      cfg.plugins.paths.insert(cfg.plugins.paths.begin(), d);
+  if (cfg.verifier.name.empty())
+    throw UsageError("--verifier NAME is required (or a [verifier] section in -c)");
+  const double threshold = vm["threshold"].as<double>();
+  if (!(threshold >= 0 && threshold <= 1))
+    throw UsageError("--threshold must be in [0, 1], found " + std::to_string(threshold));
+  const auto tasks = read_tasks(vm["tasks"].as<std::string>());
+  const auto v = StandaloneVerifier::create(cfg);
+
+  nlohmann::json results = nlohmann::json::array();
+  std::vector<std::pair<double, bool>> labelled;
+  size_t errors = 0, tp = 0, fp = 0, fn = 0, tn = 0;
+  double sum = 0;
+  size_t scored = 0;
+  const bool json = vm.count("json") > 0;
+  for (const Task& t : tasks) {
+    nlohmann::json r = {{"line", t.line}};
+    try {
+      const double s = v->score(t.prompt, t.candidate);
+      r["score"] = s;
+      sum += s;
+      ++scored;
+      if (t.label) {
+        labelled.emplace_back(s, *t.label);
+        const bool acc = s >= threshold;
+        (acc ? (*t.label ? tp : fp) : (*t.label ? fn : tn)) += 1;
+      }
+    } catch (const Error& e) {
+      r["score"] = nullptr;
+      r["error"] = e.what();
+      ++errors;
+      if (t.label) (*t.label ? fn : tn) += 1; // a failed verification accepts nothing
+    }
+    if (t.label) r["label"] = *t.label;
+    if (!json) {
+      std::string excerpt = one_line(t.candidate);
+      if (excerpt.size() > 60) excerpt = excerpt.substr(0, 57) + "...";
+      std::printf("%5zu  %-8s %-6s %s\n", t.line,
+                  r["score"].is_null() ? "error"
+                                       : (std::to_string(r["score"].get<double>()).substr(0, 6)).c_str(),
+                  t.label ? (*t.label ? "right" : "wrong") : "", excerpt.c_str());
+      if (r.contains("error")) std::printf("       %s\n", one_line(r["error"].get<std::string>()).c_str());
+    }
+    results.push_back(std::move(r));
+  }
+  nlohmann::json summary = {
+      {"verifier", v->name()},
+      {"tasks", tasks.size()},
+      {"errors", errors},
+      {"mean_score", scored ? nlohmann::json(sum / static_cast<double>(scored)) : nullptr}};
+  const size_t nl = tp + fp + fn + tn;
+  if (nl > 0) {
+    const auto ratio = [](size_t a, size_t b) {
+      return b ? nlohmann::json(static_cast<double>(a) / b) : nullptr;
+    };
+    summary["labelled"] = nl;
+    summary["threshold"] = threshold;
+    summary["accuracy"] = ratio(tp + tn, nl);
+    summary["precision"] = ratio(tp, tp + fp);
+    summary["recall"] = ratio(tp, tp + fn);
+    const double a = auc(labelled);
+    summary["auc"] = std::isfinite(a) ? nlohmann::json(a) : nullptr;
+  }
+  if (json) {
+    std::cout << nlohmann::json{{"summary", summary}, {"results", results}}.dump(
+                     2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+    return k_exit_ok;
+  }
+  std::printf("%s: %zu tasks, %zu errors, mean score %s\n", v->name().c_str(), tasks.size(), errors,
+              summary["mean_score"].is_null() ? "-"
+                                              : std::to_string(summary["mean_score"].get<double>()).c_str());
+  if (nl > 0) {
+    const auto pct = [](const nlohmann::json& x) {
+      return x.is_null() ? std::string("-") : std::to_string(100.0 * x.get<double>()).substr(0, 5) + "%";
+    };
+    std::printf("labelled %zu at threshold %.3g: accuracy %s, precision %s, recall %s, ROC AUC %s\n", nl,
+                threshold, pct(summary["accuracy"]).c_str(), pct(summary["precision"]).c_str(),
+                pct(summary["recall"]).c_str(),
+                summary["auc"].is_null() ? "- (needs right and wrong labels)"
+                                         : std::to_string(summary["auc"].get<double>()).substr(0, 5).c_str());
+  }
+  return k_exit_ok;
+}
+
+} // namespace loom::cli
