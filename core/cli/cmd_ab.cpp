@@ -93,6 +93,9 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
     p.prompt = j["prompt"].get<std::string>();
     p.id = std::to_string(out.size() + 1);
     if (j.contains("id")) p.id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+    if (j.contains("answer") && j.contains("expected"))
+      throw UsageError(where + ": give \"expected\" or \"answer\" (the same thing), not both");
+    if (j.contains("answer")) j["expected"] = j["answer"]; // a task set's answer
     if (j.contains("expected")) {
       if (j["expected"].is_string())
         p.expected = j["expected"].get<std::string>();
@@ -106,8 +109,8 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
         throw UsageError(where + ": \"expected\" must be a string or a number");
     }
     for (const auto& [k, v] : j.items())
-      if (k != "prompt" && k != "expected" && k != "id")
-        throw UsageError(where + ": unknown key \"" + k + "\" (expected prompt, expected, id)");
+      if (k != "prompt" && k != "expected" && k != "answer" && k != "id")
+        throw UsageError(where + ": unknown key \"" + k + "\" (expected prompt, expected or answer, id)");
     out.push_back(std::move(p));
   }
   if (out.empty()) throw UsageError(path + ": no prompts (expected one prompt a line, or JSONL)");
@@ -120,8 +123,9 @@ struct MetricDef {
   int better;
 };
 const MetricDef k_metrics[] = {
-    {"ttft_ms", -1},    {"tpot_ms", -1},    {"tok_s", +1},        {"tokens", 0},       {"mean_logprob", +1},
-    {"distinct_1", +1}, {"distinct_2", +1}, {"repetition_4", -1}, {"exact_match", +1},
+    {"ttft_ms", -1},      {"tpot_ms", -1},          {"tok_s", +1},      {"tokens", 0},
+    {"mean_logprob", +1}, {"distinct_1", +1},       {"distinct_2", +1}, {"repetition_4", -1},
+    {"exact_match", +1},  {"tokens_evaluated", -1}, {"total_ms", -1},
 };
 
 struct Row {
@@ -154,6 +158,9 @@ std::map<std::string, double> row_metrics(const GenerationResult& r, const std::
   if (n >= 2) m["distinct_2"] = ab::distinct_n(r.tokens, 2);
   if (n >= 4) m["repetition_4"] = ab::repetition_rate(r.tokens, 4);
   if (correct) m["exact_match"] = *correct ? 1.0 : 0.0;
+  // The compute a run spent: token rows evaluated (target and draft model) and its wall time.
+  m["tokens_evaluated"] = static_cast<double>(r.metrics.tokens_evaluated + r.metrics.draft_tokens_evaluated);
+  m["total_ms"] = r.metrics.total_ms;
   for (const auto& [k, v] : r.metrics.decoder)
     m["decoder." + k] = v;
   return m;
@@ -263,6 +270,60 @@ std::string svg_strip(const std::string& title, const std::vector<std::string>& 
   return o.str();
 }
 
+// Accuracy against a compute measure, one polyline per curve, a point per sweep value with its 95%
+// interval as an error bar (inline SVG; a log2 x axis when the measure spans more than 4×).
+struct CurvePoint {
+  double x, y, lo, hi;
+  std::string label;
+};
+std::string svg_curve(const std::string& title, const std::string& xlabel,
+                      const std::vector<std::pair<std::string, std::vector<CurvePoint>>>& curves) {
+  double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo;
+  for (const auto& [n, pts] : curves)
+    for (const auto& p : pts)
+      if (p.x > 0) xlo = std::min(xlo, p.x), xhi = std::max(xhi, p.x);
+  if (!std::isfinite(xlo)) xlo = 1, xhi = 2;
+  const bool logx = xhi / xlo > 4;
+  const auto tx = [&](double x) { return logx ? std::log2(std::max(x, 1e-12)) : x; };
+  double a = tx(xlo), b = tx(xhi);
+  if (b == a) a -= 0.5, b += 0.5;
+  const int W = 620, H = 340, left = 60, right = 20, top = 30, bottom = 50;
+  const auto X = [&](double x) { return left + (tx(x) - a) / (b - a) * (W - left - right); };
+  const auto Y = [&](double y) { return top + (1.0 - y) * (H - top - bottom); };
+  static const char* colors[] = {"#3060c0", "#c03030", "#2a8a2a", "#a060c0", "#c08020"};
+  std::ostringstream o;
+  o << "<svg xmlns='http://www.w3.org/2000/svg' class='sweep' width='" << W << "' height='" << H
+    << "' role='img'><title>" << html_escape(title) << "</title><text x='4' y='16' font-size='13'>"
+    << html_escape(title) << "</text>";
+  for (int k = 0; k <= 4; ++k) { // accuracy grid
+    const double y = k / 4.0;
+    o << "<line x1='" << left << "' x2='" << W - right << "' y1='" << Y(y) << "' y2='" << Y(y)
+      << "' stroke='#eee'/><text x='" << left - 34 << "' y='" << Y(y) + 4 << "' font-size='11'>" << fmt(y, 2)
+      << "</text>";
+  }
+  o << "<text x='" << left << "' y='" << H - 8 << "' font-size='11'>" << html_escape(xlabel)
+    << (logx ? " (log scale)" : "") << ": " << fmt(xlo, 0) << " … " << fmt(xhi, 0) << "</text>";
+  size_t c = 0;
+  for (const auto& [name, pts] : curves) {
+    const char* col = colors[c++ % 5];
+    std::string poly;
+    for (const auto& p : pts)
+      if (std::isfinite(p.y)) poly += fmt(X(p.x), 1) + "," + fmt(Y(p.y), 1) + " ";
+    o << "<polyline fill='none' stroke='" << col << "' stroke-width='2' points='" << poly << "'/>";
+    for (const auto& p : pts) {
+      if (!std::isfinite(p.y)) continue;
+      o << "<line x1='" << X(p.x) << "' x2='" << X(p.x) << "' y1='" << Y(p.lo) << "' y2='" << Y(p.hi)
+        << "' stroke='" << col << "'/><circle cx='" << X(p.x) << "' cy='" << Y(p.y) << "' r='4' fill='" << col
+        << "'/><text x='" << X(p.x) + 6 << "' y='" << Y(p.y) - 6 << "' font-size='11'>"
+        << html_escape(p.label) << "</text>";
+    }
+    o << "<text x='" << W - 200 << "' y='" << top + 14 * static_cast<int>(c) << "' font-size='11' fill='"
+      << col << "'>" << html_escape(name) << "</text>";
+  }
+  o << "</svg>";
+  return o.str();
+}
+
 } // namespace
 
 int cmd_ab(const std::vector<std::string>& args) {
@@ -280,6 +341,7 @@ int cmd_ab(const std::vector<std::string>& args) {
     ("answer-regex", po::value<std::string>()->default_value("last_number"),
      "answer extraction for exact match: a regex with one capture group, or last_number")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a key in every variant: section.key=value")
+    ("sweep", po::value<std::string>(), "KEY=V1,V2,…: a variant per value (of each -c); accuracy against compute")
     ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
     ("html", po::value<std::string>(), "write a self-contained HTML report")
     ("json", "print one JSON object with every row and aggregate");
@@ -289,15 +351,46 @@ int cmd_ab(const std::vector<std::string>& args) {
           args, desc, vm,
           "usage: loom ab -c A.toml -c B.toml [-c C.toml …] --prompts FILE [--runs R] [--seed S] [--json]\n"
           "               [--html OUT] [--bootstrap N] [--ci percentile|bca] [--set …]\n"
+          "       loom ab -c A.toml --sweep decoder.expansions=1,2,4,8 --prompts TASKS.jsonl [...]\n"
           "Runs every variant on the same prompts with the same seeds and compares each with the first:\n"
           "speed (TTFT, TPOT, tok/s) and quality (mean log-prob, distinct-n, repetition, exact match),\n"
-          "with paired bootstrap confidence intervals and permutation tests."))
+          "with paired bootstrap confidence intervals and permutation tests. --sweep makes a variant per\n"
+          "value of one key and reports accuracy (with its CI) against tokens evaluated and wall time,\n"
+          "and where more compute stops paying (TASKS.jsonl: {\"prompt\", \"answer\"} a line)."))
     return k_exit_ok;
   const auto configs =
       vm.count("config") ? vm["config"].as<std::vector<std::string>>() : std::vector<std::string>{};
-  if (configs.size() < 2)
-    throw UsageError("give at least two pipelines to compare (-c A.toml -c B.toml), got " +
-                     std::to_string(configs.size()));
+  // --sweep KEY=V1,V2,…: the values, each a TOML value as --set takes it.
+  std::string sweep_key;
+  std::vector<std::string> sweep_values;
+  if (vm.count("sweep")) {
+    const std::string sw = vm["sweep"].as<std::string>();
+    const size_t eq = sw.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--sweep: expected KEY=V1,V2,… (e.g. decoder.expansions=1,2,4,8), got '" + sw + "'");
+    sweep_key = sw.substr(0, eq);
+    std::string cur;
+    for (size_t i = eq + 1; i <= sw.size(); ++i) {
+      if (i == sw.size() || sw[i] == ',') {
+        const size_t b = cur.find_first_not_of(' '), e = cur.find_last_not_of(' ');
+        if (b == std::string::npos) throw UsageError("--sweep " + sw + ": an empty value");
+        sweep_values.push_back(cur.substr(b, e - b + 1));
+        cur.clear();
+      } else {
+        cur += sw[i];
+      }
+    }
+    if (sweep_values.size() < 2)
+      throw UsageError("--sweep " + sw + ": give at least two values (KEY=V1,V2,…)");
+    for (size_t i = 0; i < sweep_values.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (sweep_values[i] == sweep_values[j])
+          throw UsageError("--sweep " + sw + ": the value " + sweep_values[i] + " is given twice");
+  }
+  if (configs.empty() || (configs.size() < 2 && sweep_values.empty()))
+    throw UsageError(
+        "give at least two pipelines to compare (-c A.toml -c B.toml), or one with --sweep, got " +
+        std::to_string(configs.size()));
   if (!vm.count("prompts")) throw UsageError("give the prompts with --prompts FILE");
   const int runs = vm["runs"].as<int>(), boots = vm["bootstrap"].as<int>();
   if (runs < 1 || runs > 1000) throw UsageError("--runs must be in 1..1000, got " + std::to_string(runs));
@@ -311,6 +404,10 @@ int cmd_ab(const std::vector<std::string>& args) {
   const std::string answer_regex = vm["answer-regex"].as<std::string>();
   (void)ab::extract_answer("", answer_regex); // a regex that does not compile fails here, before any run
   const auto prompts = load_prompts(vm["prompts"].as<std::string>());
+  if (!sweep_values.empty() && std::none_of(prompts.begin(), prompts.end(),
+                                            [](const PromptItem& p) { return p.expected.has_value(); }))
+    throw UsageError("--sweep plots accuracy against compute: give a task set with answers (JSONL "
+                     "{\"prompt\": …, \"answer\": …} a line)");
 
   if (vm.count("html")) { // refuse an unwritable report path before any run
     std::ofstream probe(vm["html"].as<std::string>(), std::ios::binary | std::ios::app);
@@ -328,8 +425,19 @@ int cmd_ab(const std::vector<std::string>& args) {
   if (vm.count("set"))
     for (const auto& s : vm["set"].as<std::vector<std::string>>())
       overrides.push_back(parse_override(s));
-  for (const auto& path : configs) {
-    PipelineConfig cfg = load_pipeline(path, overrides);
+  std::vector<size_t> variant_config, variant_value; // each variant's -c and --sweep value (index)
+  std::vector<std::string> variant_path;
+  for (size_t ci_ = 0; ci_ < configs.size(); ++ci_)
+    for (size_t vi = 0; vi < std::max<size_t>(1, sweep_values.size()); ++vi) {
+      variant_config.push_back(ci_);
+      variant_value.push_back(vi);
+      variant_path.push_back(configs[ci_]);
+    }
+  for (size_t vv = 0; vv < variant_path.size(); ++vv) {
+    const std::string& path = variant_path[vv];
+    std::vector<ConfigOverride> ov = overrides;
+    if (!sweep_values.empty()) ov.push_back({sweep_key, sweep_values[variant_value[vv]]});
+    PipelineConfig cfg = load_pipeline(path, ov);
     if (vm.count("n-predict")) {
       const int n = vm["n-predict"].as<int>();
       if (n < 1) throw UsageError("-n must be ≥ 1, got " + std::to_string(n));
@@ -338,9 +446,12 @@ int cmd_ab(const std::vector<std::string>& args) {
     if (vm.count("plugin-path"))
       for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
         cfg.plugins.paths.push_back(d);
-    std::string name = std::filesystem::path(path).stem().string();
+    std::string stem = std::filesystem::path(path).stem().string();
+    if (!sweep_values.empty())
+      stem += " " + sweep_key.substr(sweep_key.rfind('.') + 1) + "=" + sweep_values[variant_value[vv]];
+    std::string name = stem;
     for (int k = 2; std::find(names.begin(), names.end(), name) != names.end(); ++k)
-      name = std::filesystem::path(path).stem().string() + "#" + std::to_string(k);
+      name = stem + "#" + std::to_string(k);
     names.push_back(name);
     greedy.push_back(greedy_chain(cfg));
     pipes.push_back(Pipeline::create(cfg));
@@ -353,7 +464,7 @@ int cmd_ab(const std::vector<std::string>& args) {
       same = t.piece(i) == tok0.piece(i);
     if (!same)
       fail(Errc::invalid_argument, "ab",
-           configs[v] + " uses a model whose vocabulary differs from " + configs[0] +
+           variant_path[v] + " uses a model whose vocabulary differs from " + variant_path[0] +
                "'s: token metrics (distinct-n, repetition) and log-probs would not compare; give variants of "
                "one "
                "model family");
@@ -454,8 +565,11 @@ int cmd_ab(const std::vector<std::string>& args) {
   J["interrupted"] = interrupted;
   J["metric_names"] = metric_names;
   J["variants"] = nlohmann::json::array();
-  for (size_t v = 0; v < V; ++v)
-    J["variants"].push_back({{"name", names[v]}, {"config", configs[v]}});
+  for (size_t v = 0; v < V; ++v) {
+    nlohmann::json jv = {{"name", names[v]}, {"config", variant_path[v]}};
+    if (!sweep_values.empty()) jv["sweep_value"] = sweep_values[variant_value[v]];
+    J["variants"].push_back(jv);
+  }
   J["prompts"] = nlohmann::json::array();
   for (const auto& p : prompts)
     J["prompts"].push_back({{"id", p.id},
@@ -617,6 +731,62 @@ int cmd_ab(const std::vector<std::string>& args) {
     J["pairs"].push_back(pr);
   }
 
+  // The sweep: per -c, accuracy (mean over prompts of the per-prompt exact match, bootstrap CI over
+  // prompts) against the compute spent, and the paired gain of each value over the one before.
+  if (!sweep_values.empty()) {
+    nlohmann::json sw = {{"key", sweep_key}, {"values", sweep_values}, {"curves", nlohmann::json::array()}};
+    for (size_t c = 0; c < configs.size(); ++c) {
+      nlohmann::json curve = {{"config", configs[c]}, {"points", nlohmann::json::array()}};
+      std::optional<std::string> stops;
+      size_t prev = V;
+      for (size_t v = 0; v < V; ++v) {
+        if (variant_config[v] != c) continue;
+        std::vector<double> acc;
+        for (double x : pp["exact_match"][v])
+          if (std::isfinite(x)) acc.push_back(x);
+        double tokens = 0, wall_ms = 0;
+        size_t n_rows = 0;
+        for (const auto& row : rows)
+          if (row.variant == v && row.ok) {
+            tokens += row.metrics.at("tokens_evaluated");
+            wall_ms += row.metrics.at("total_ms");
+            ++n_rows;
+          }
+        nlohmann::json pt = {{"variant", names[v]},
+                             {"value", sweep_values[variant_value[v]]},
+                             {"runs", n_rows},
+                             {"tokens_evaluated", tokens},
+                             {"tokens_per_run", n_rows ? nlohmann::json(tokens / n_rows) : nlohmann::json()},
+                             {"wall_s", wall_ms / 1000.0}};
+        if (!acc.empty()) {
+          const ab::Interval iv = ab::bootstrap_mean_ci(acc, boots, S + 7919ull * (v + 1), 0.95, ci);
+          pt["accuracy"] = ab::mean(acc);
+          pt["ci"] = {iv.lo, iv.hi};
+          pt["n"] = acc.size();
+        }
+        if (prev < V) { // the gain over the previous value, paired by prompt
+          std::vector<double> d;
+          for (size_t i = 0; i < P; ++i)
+            if (std::isfinite(pp["exact_match"][v][i]) && std::isfinite(pp["exact_match"][prev][i]))
+              d.push_back(pp["exact_match"][v][i] - pp["exact_match"][prev][i]);
+          if (!d.empty()) {
+            const uint64_t gseed = S + 7919ull * (v + 1) + 1;
+            const ab::Interval iv = ab::bootstrap_mean_ci(d, boots, gseed, 0.95, ci);
+            const double p = ab::sign_flip_p(d, boots, gseed);
+            const bool pays = !iv.covers(0) && p < 0.05 && iv.lo > 0;
+            pt["gain"] = {{"diff", ab::mean(d)}, {"ci", {iv.lo, iv.hi}}, {"p", p}, {"pays", pays}};
+            if (!pays && !stops) stops = sweep_values[variant_value[prev]];
+          }
+        }
+        curve["points"].push_back(pt);
+        prev = v;
+      }
+      curve["stops_paying_after"] = stops ? nlohmann::json(*stops) : nlohmann::json();
+      sw["curves"].push_back(curve);
+    }
+    J["sweep"] = sw;
+  }
+
   // Output. Metrics no variant has (exact_match without `expected`) are left out of the tables.
   const auto has_data = [&](const std::string& m) {
     for (size_t v = 0; v < V; ++v)
@@ -631,6 +801,7 @@ int cmd_ab(const std::vector<std::string>& args) {
          "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}"
          "td.l{text-align:left}.better{background:#e3f6e3}.worse{background:#fbe3e3}mark{background:#ffe28a}"
          ".out{white-space:pre-wrap;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
+         ".right{color:#1a7a1a;font-weight:bold}.wrong{color:#b02020;font-weight:bold}"
          "</style></head><body><h1>loom ab</h1>";
     h << "<p>" << P << " prompts × " << runs << " runs × " << V << " variants; seeds " << S << " + i·" << runs
       << " + r; " << boots << " bootstrap resamples (" << ci_name << "), 95% intervals"
@@ -716,8 +887,58 @@ int cmd_ab(const std::vector<std::string>& args) {
         h << "</p>";
       }
     }
-    h << "<h2>Outputs (run 1; marked: words not in " << html_escape(names[0])
-      << "'s output)</h2><table id='outputs'><tr><th>prompt</th>";
+    if (J.contains("sweep")) {
+      const nlohmann::json& sw = std::as_const(J)["sweep"];
+      std::vector<std::pair<std::string, std::vector<CurvePoint>>> by_tokens, by_wall;
+      h << "<h2>Accuracy against compute: " << html_escape(sw["key"].get<std::string>())
+        << "</h2><table id='sweep'><tr><th>config</th><th>value</th><th>accuracy [95% CI]</th>"
+           "<th>tokens evaluated</th><th>per run</th><th>wall s</th><th>gain over the previous [95% "
+           "CI]</th></tr>";
+      for (const auto& cv : sw["curves"]) {
+        const std::string cname = std::filesystem::path(cv["config"].get<std::string>()).stem().string();
+        std::vector<CurvePoint> pt, pw;
+        for (const auto& p : cv["points"]) {
+          const bool has = p.contains("accuracy");
+          const double y = has ? p["accuracy"].get<double>() : std::nan("");
+          const double lo = has ? p["ci"][0].get<double>() : y, hi = has ? p["ci"][1].get<double>() : y;
+          const std::string label = p["value"].get<std::string>();
+          pt.push_back({p["tokens_evaluated"].get<double>(), y, lo, hi, label});
+          pw.push_back({p["wall_s"].get<double>(), y, lo, hi, label});
+          h << "<tr><td class='l'>" << html_escape(cname) << "</td><td>" << html_escape(label) << "</td><td>"
+            << (has ? fmt(y) + " [" + fmt(lo) + ", " + fmt(hi) + "]" : std::string("—")) << "</td><td>"
+            << fmt(p["tokens_evaluated"].get<double>(), 0) << "</td><td>"
+            << (p["tokens_per_run"].is_null() ? std::string("—") : fmt(p["tokens_per_run"].get<double>(), 1))
+            << "</td><td>" << fmt(p["wall_s"].get<double>(), 2) << "</td>";
+          if (p.contains("gain"))
+            h << "<td class='" << (p["gain"]["pays"].get<bool>() ? "better" : "") << "'>"
+              << fmt(p["gain"]["diff"].get<double>()) << " [" << fmt(p["gain"]["ci"][0].get<double>()) << ", "
+              << fmt(p["gain"]["ci"][1].get<double>()) << "]</td>";
+          else
+            h << "<td>—</td>";
+          h << "</tr>";
+        }
+        by_tokens.emplace_back(cname, pt);
+        by_wall.emplace_back(cname, pw);
+      }
+      h << "</table>";
+      for (const auto& cv : sw["curves"])
+        h << "<p>" << html_escape(std::filesystem::path(cv["config"].get<std::string>()).stem().string())
+          << ": "
+          << (cv["stops_paying_after"].is_null()
+                  ? std::string("every step up in compute paid (its accuracy gain resolved above 0)")
+                  : "more compute stops paying after " + html_escape(sw["key"].get<std::string>()) + " = " +
+                        html_escape(cv["stops_paying_after"].get<std::string>()) +
+                        " (the next gain's interval is not above 0)")
+          << "</p>";
+      h << svg_curve("accuracy against tokens evaluated (95% CI)", "tokens evaluated", by_tokens)
+        << svg_curve("accuracy against wall time (95% CI)", "wall seconds", by_wall);
+    }
+    const bool any_expected = std::any_of(prompts.begin(), prompts.end(),
+                                          [](const PromptItem& p) { return p.expected.has_value(); });
+    h << "<h2>Outputs (run 1; marked: words not in " << html_escape(names[0]) << "'s output"
+      << (any_expected ? "; ✓ right, ✗ wrong: the extracted answer against the expected one" : "")
+      << ")</h2><table id='outputs'><tr><th>prompt</th>";
+    if (any_expected) h << "<th>expected</th>";
     for (const auto& n : names)
       h << "<th>" << html_escape(n) << "</th>";
     h << "</tr>";
@@ -726,6 +947,7 @@ int cmd_ab(const std::vector<std::string>& args) {
       for (const auto& row : rows)
         if (row.prompt == i && row.run == 0) rr[row.variant] = &row;
       h << "<tr><td class='out'>" << html_escape(prompts[i].prompt) << "</td>";
+      if (any_expected) h << "<td class='out'>" << html_escape(prompts[i].expected.value_or("")) << "</td>";
       for (size_t v = 0; v < V; ++v) {
         if (!rr[v]) {
           h << "<td class='out'>—</td>";
@@ -733,7 +955,11 @@ int cmd_ab(const std::vector<std::string>& args) {
           h << "<td class='out'>failed: " << html_escape(rr[v]->error) << "</td>";
         } else {
           const std::string base = rr[0] && rr[0]->ok ? rr[0]->result.text : std::string();
-          h << "<td class='out'>"
+          std::string mark;
+          if (rr[v]->correct)
+            mark = std::string("<div class='") + (*rr[v]->correct ? "right'>✓ " : "wrong'>✗ ") +
+                   html_escape(rr[v]->answer.empty() ? std::string("(no answer)") : rr[v]->answer) + "</div>";
+          h << "<td class='out'>" << mark
             << (v == 0 ? html_escape(rr[v]->result.text) : marked_diff(base, rr[v]->result.text)) << "</td>";
         }
       }
@@ -797,6 +1023,35 @@ int cmd_ab(const std::vector<std::string>& args) {
         for (const auto& [m, x] : pr["metrics"].items())
           if (!x["note"].get<std::string>().empty())
             std::printf("  %s: %s\n", m.c_str(), x["note"].get<std::string>().c_str());
+    }
+    if (J.contains("sweep")) {
+      const nlohmann::json& sw = std::as_const(J)["sweep"];
+      for (const auto& cv : sw["curves"]) {
+        std::printf("\nsweep %s (%s): accuracy against compute, 95%% CI over prompts\n",
+                    sw["key"].get<std::string>().c_str(), cv["config"].get<std::string>().c_str());
+        std::printf("  %-12s %-24s %16s %10s %9s   %s\n", "value", "accuracy [95% CI]", "tokens evaluated",
+                    "per run", "wall s", "gain over the previous [95% CI]");
+        for (const auto& p : cv["points"]) {
+          const std::string acc = p.contains("accuracy") ? fmt(p["accuracy"].get<double>()) + " [" +
+                                                               fmt(p["ci"][0].get<double>()) + ", " +
+                                                               fmt(p["ci"][1].get<double>()) + "]"
+                                                         : std::string("-");
+          const std::string gain = p.contains("gain") ? (p["gain"]["pays"].get<bool>() ? "*" : " ") +
+                                                            fmt(p["gain"]["diff"].get<double>()) + " [" +
+                                                            fmt(p["gain"]["ci"][0].get<double>()) + ", " +
+                                                            fmt(p["gain"]["ci"][1].get<double>()) + "]"
+                                                      : std::string("");
+          std::printf("  %-12s %-24s %16.0f %10s %9.2f   %s\n", p["value"].get<std::string>().c_str(),
+                      acc.c_str(), p["tokens_evaluated"].get<double>(),
+                      p["tokens_per_run"].is_null() ? "-" : fmt(p["tokens_per_run"].get<double>(), 1).c_str(),
+                      p["wall_s"].get<double>(), gain.c_str());
+        }
+        if (cv["stops_paying_after"].is_null())
+          std::printf("  every step up in compute paid (its gain resolved above 0)\n");
+        else
+          std::printf("  more compute stops paying after %s = %s\n", sw["key"].get<std::string>().c_str(),
+                      cv["stops_paying_after"].get<std::string>().c_str());
+      }
     }
     std::printf("* resolved: the 95%% interval excludes 0 and the permutation p < 0.05. %zu prompts × %d "
                 "runs; seeds %llu + i·%d + r.%s\n",

@@ -16,7 +16,8 @@ import sys
 
 MASK = (1 << 64) - 1
 BETTER = {"ttft_ms": -1, "tpot_ms": -1, "tok_s": 1, "tokens": 0, "mean_logprob": 1, "distinct_1": 1,
-          "distinct_2": 1, "repetition_4": -1, "exact_match": 1}
+          "distinct_2": 1, "repetition_4": -1, "exact_match": 1, "tokens_evaluated": -1,
+          "total_ms": -1}
 
 
 class SplitMix64:

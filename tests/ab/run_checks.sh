@@ -52,6 +52,32 @@ print(f"ab: interrupted after {len(r['rows'])} of 120 runs; the report was writt
 PYEOF
 python3 "$src/tests/ab/check_ab_json.py" "$out/ab_interrupted.json"
 
+# --sweep: a variant per value of one key; accuracy (with its CI) against tokens evaluated and wall time.
+"$loom" ab -c "$cfg/greedy.toml" --sweep stop.max_tokens=4,12,24 --prompts "$out/ab_prompts.jsonl" --json \
+  --html "$out/ab_sweep.html" "${set_model[@]}" > "$out/ab_sweep.json"
+python3 "$src/tests/ab/check_ab_json.py" "$out/ab_sweep.json"
+python3 - "$out/ab_sweep.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+sw = r["sweep"]
+assert sw["key"] == "stop.max_tokens" and sw["values"] == ["4", "12", "24"], sw["values"]
+assert [v["sweep_value"] for v in r["variants"]] == ["4", "12", "24"]
+pts = sw["curves"][0]["points"]
+assert len(pts) == 3
+for v, p in enumerate(pts):
+    rows = [x for x in r["rows"] if x["variant"] == v and x["ok"]]
+    tok = sum(x["metrics"]["tokens_evaluated"] for x in rows)
+    assert abs(p["tokens_evaluated"] - tok) < 1e-6, (p["tokens_evaluated"], tok)
+    acc = [a for a in r["per_prompt"]["exact_match"][v] if a is not None]
+    assert abs(p["accuracy"] - sum(acc) / len(acc)) < 1e-12
+    assert p["ci"][0] <= p["accuracy"] <= p["ci"][1]
+    for x in rows:  # a run's compute: its prompt once plus each generated token but the last (greedy)
+        assert x["metrics"]["tokens_evaluated"] >= x["metrics"]["tokens"], x["metrics"]
+assert pts[0]["tokens_evaluated"] < pts[2]["tokens_evaluated"], "more tokens, more compute"
+assert "gain" not in pts[0] and "gain" in pts[1] and "gain" in pts[2]
+print(f"ab --sweep: {len(pts)} points, accuracy and compute recomputed from the rows")
+PYEOF
+
 chromium=""
 for c in chromium chromium-browser google-chrome; do
   command -v "$c" >/dev/null && chromium="$c" && break
@@ -67,6 +93,17 @@ grep -q "<table id=\"summary\"" "$out/ab.dom.html" || { echo "the rendered DOM h
 grep -q "<table id=\"outputs\"" "$out/ab.dom.html" || { echo "the rendered DOM has no outputs table"; exit 1; }
 n_svg=$(grep -o "<svg" "$out/ab.dom.html" | wc -l)
 [ "$n_svg" -ge 3 ] || { echo "expected 3 SVG plots (TPOT, length, CI bars), found $n_svg"; exit 1; }
+if grep -E "CONSOLE|Uncaught|SyntaxError" "$out/chromium.log"; then
+  echo "the console has errors (above)"
+  exit 1
+fi
+"$chromium" "${flags[@]}" --dump-dom "file://$out/ab_sweep.html" > "$out/ab_sweep.dom.html" 2>> "$out/chromium.log" \
+  || { cat "$out/chromium.log"; exit 1; }
+grep -q "<table id=\"sweep\"" "$out/ab_sweep.dom.html" || { echo "the sweep report has no sweep table"; exit 1; }
+n_curves=$(grep -o "<svg[^>]*class=\"sweep\"" "$out/ab_sweep.dom.html" | wc -l)
+[ "$n_curves" -eq 2 ] || { echo "expected 2 accuracy-vs-compute plots, found $n_curves"; exit 1; }
+grep -q "<th>expected</th>" "$out/ab_sweep.dom.html" || { echo "the outputs table has no expected column"; exit 1; }
+grep -q "class=\"right\"\|class=\"wrong\"" "$out/ab_sweep.dom.html" || { echo "no answer marked right or wrong"; exit 1; }
 if grep -E "CONSOLE|Uncaught|SyntaxError" "$out/chromium.log"; then
   echo "the console has errors (above)"
   exit 1
