@@ -130,6 +130,12 @@ std::string shown(const Tokenizer& tok, TokenId id) {
   return out + "'";
 }
 
+std::string fmt_num(double v, int prec) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
 // s padded with spaces to `width` code points (UTF-8), or cut to width − 1 and an ellipsis.
 std::string pad(const std::string& s, size_t width) {
   std::vector<size_t> starts; // byte offset of each code point
@@ -137,6 +143,87 @@ std::string pad(const std::string& s, size_t width) {
     if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) starts.push_back(i);
   if (starts.size() > width) return s.substr(0, starts[width - 1]) + "…";
   return s + std::string(width - starts.size(), ' ');
+}
+
+std::string one_line_text(const std::string& s, size_t width) {
+  std::string o;
+  for (unsigned char ch : s) {
+    if (ch == '\n')
+      o += "\\n";
+    else if (ch < 0x20)
+      o += "?";
+    else
+      o += static_cast<char>(ch);
+  }
+  return pad(o, width);
+}
+
+// A search decoder's request (one that reports a `search` tree, such as step_search): its tree, each
+// partial solution under its parent with its score, mean log-prob and fate; identical siblings
+// folded into a count.
+int explain_search(PipelineConfig cfg, const po::variables_map& vm) {
+  if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
+  auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
+  GenerationRequest req;
+  req.prompt = vm["prompt"].as<std::string>();
+  const GenerationResult r = pipeline->generate(req);
+  if (!r.message.empty()) {
+    std::cerr << "loom: " << r.message << "\n";
+    return k_exit_error;
+  }
+  const auto it =
+      std::find_if(r.outputs.begin(), r.outputs.end(), [](const auto& kv) { return kv.first == "search"; });
+  if (it == r.outputs.end())
+    throw UsageError(
+        "loom explain traces the built-in sample decoder, or prints the tree of a search decoder "
+        "(one that reports `search`, such as step_search); this pipeline's decoder '" +
+        cfg.decoder.name + "' reports none: use [decoder] name = \"sample\" or a search decoder");
+  const nlohmann::json tree = nlohmann::json::parse(it->second);
+  if (vm.count("json")) {
+    nlohmann::json out = {{"prompt", req.prompt},
+                          {"seed", *cfg.run.seed},
+                          {"search", tree},
+                          {"text", r.text},
+                          {"tokens", r.tokens}};
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return k_exit_ok;
+  }
+  std::map<int64_t, std::vector<const nlohmann::json*>> kids;
+  for (const auto& n : tree["nodes"])
+    kids[n["parent"].get<int64_t>()].push_back(&n);
+  std::cout << "prompt: " << req.prompt << "   (seed " << *cfg.run.seed << ")\n";
+  std::cout << "search: " << tree["mode"].get<std::string>() << ", " << tree["rounds"].get<int64_t>()
+            << " rounds, " << tree["expansions"].get<int64_t>() << " partial solutions expanded, "
+            << tree["nodes"].size() << " candidate steps\n\n";
+  std::printf("%-6s %7s %8s  %-22s %s\n", "node", "score", "mean lp", "state", "step");
+  const auto show = [&](const auto& self, int64_t parent, int depth) -> void {
+    auto it2 = kids.find(parent);
+    if (it2 == kids.end()) return;
+    for (const nlohmann::json* n : it2->second) {
+      const std::string state = (*n)["state"].get<std::string>();
+      if (state == "duplicate") continue;
+      size_t dups = 0;
+      for (const nlohmann::json* m : it2->second)
+        dups += (*m)["state"] == "duplicate" && (*m)["text"] == (*n)["text"] ? 1 : 0;
+      std::string fate = state;
+      if (n->contains("stop_reason")) fate += " (" + (*n)["stop_reason"].get<std::string>() + ")";
+      const std::string score = (*n)["score"].is_null() ? "-" : fmt_num((*n)["score"].get<double>(), 3);
+      const std::string lp =
+          (*n)["mean_logprob"].is_null() ? "-" : fmt_num((*n)["mean_logprob"].get<double>(), 3);
+      std::printf("#%-5lld %7s %8s  %-22s %s%s%s\n", static_cast<long long>((*n)["id"].get<int64_t>()),
+                  score.c_str(), lp.c_str(), fate.c_str(),
+                  std::string(2 * static_cast<size_t>(depth), ' ').c_str(),
+                  one_line_text((*n)["text"].get<std::string>(), 60).c_str(),
+                  dups ? ("  ×" + std::to_string(dups + 1)).c_str() : "");
+      if (n->contains("error"))
+        std::printf("%38s%s\n", "", one_line((*n)["error"].get<std::string>()).c_str());
+      self(self, (*n)["id"].get<int64_t>(), depth + 1);
+    }
+  };
+  show(show, 0, 0);
+  std::cout << "\ntext: " << r.text << "\n";
+  return k_exit_ok;
 }
 
 } // namespace
@@ -168,7 +255,9 @@ int cmd_explain(const std::vector<std::string>& args) {
           "usage: loom explain (-c PIPELINE.toml | -m MODEL.gguf) -p TEXT [--steps N] [--top N] [--json]\n"
           "For each generated token: the top candidates with their raw logit, softmax probability and\n"
           "probability after each stage of the request's sampler chain, the stage that cut each one, and\n"
-          "the token chosen. The tokens are those `loom run` gives with the same pipeline and seed."))
+          "the token chosen. The tokens are those `loom run` gives with the same pipeline and seed.\n"
+          "With a search decoder (one that reports a `search` tree, such as step_search): the tree, each\n"
+          "candidate step under its parent with its verifier score, mean log-prob and fate."))
     return k_exit_ok;
   if (!vm.count("config") && !vm.count("model"))
     throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
@@ -177,11 +266,7 @@ int cmd_explain(const std::vector<std::string>& args) {
   if (steps < 1 || steps > 4096) throw UsageError("--steps must be in 1..4096, got " + std::to_string(steps));
   if (top < 1) throw UsageError("--top must be ≥ 1, got " + std::to_string(top));
   PipelineConfig cfg = run_config_from_args(vm);
-  if (cfg.decoder.name != "sample")
-    throw UsageError(
-        "loom explain traces the built-in sample decoder (one sequence through the sampler chain); this "
-        "pipeline's decoder is '" +
-        cfg.decoder.name + "': use a pipeline with [decoder] name = \"sample\"");
+  if (cfg.decoder.name != "sample") return explain_search(cfg, vm);
   cfg.stop.max_tokens = steps;
   if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
   auto pipeline = Pipeline::create(cfg);

@@ -456,10 +456,9 @@ private:
       ++n.n_gen;
     }
     const std::string text = s.detokenize(g.step);
-    const size_t at = text.find(delim_);
-    const bool blank_before =
-        at != std::string::npos && text.find_first_not_of(" \t\r\n", 0) >= at; // only blanks before it
-    const bool step_end = (at != std::string::npos && !blank_before) || g.step.size() >= max_step_tokens_;
+    const size_t first = text.find_first_not_of(" \t\r\n"); // the delimiter counts after non-blank text
+    const bool at_delim = first != std::string::npos && text.find(delim_, first) != std::string::npos;
+    const bool step_end = at_delim || g.step.size() >= max_step_tokens_;
     if (why != LOOM_STOP_NONE || step_end) {
       if (g.rollout) {
         if (why == LOOM_STOP_NONE && --g.steps_left > 0) {

@@ -9,6 +9,11 @@
 //                          # decimals (10 / 3 = 3.33); an integer result must always be exact
 //   scope = "all"          # "all": every equation of the text; "last_line": those of its last
 //                          # non-empty line only (the newest step of a partial solution)
+//   grounded = false       # true: an equation also needs every operand of its left side to be a
+//                          # number of the question or a result of an earlier equation (a calculator
+//                          # that also checks the numbers were read off the problem)
+//   question_marker = "Question:" # grounded: the question is the prompt after its last marker (few-shot
+//                          # prompts hold other problems' numbers before it); the whole prompt without one
 //
 // What counts as an equation: a number or a parenthesised group, then at least one operator and
 // operand, then `=` and a number. Numbers may carry a `$`, thousands commas (1,200) and decimals;
@@ -18,6 +23,7 @@
 // number is its unit ("5 apples + 3 apples = 8 apples").
 #include "loom/sdk/plugin.hpp"
 
+#include <algorithm>
 #include <boost/multiprecision/cpp_int.hpp>
 #include <cctype>
 #include <optional>
@@ -192,9 +198,30 @@ public:
     if (scope != "all" && scope != "last_line")
       throw loom::sdk::Error("arith_check: scope must be \"all\" or \"last_line\", got \"" + scope + "\"");
     last_line_ = scope == "last_line";
+    grounded_ = cfg.get_bool("grounded", false);
+    marker_ = cfg.get_str("question_marker", "Question:");
+    if (cfg.has("question_marker") && !grounded_)
+      throw loom::sdk::Error("arith_check: question_marker applies with grounded = true");
   }
 
-  double score(std::string_view, std::string_view text) override {
+  double score(std::string_view prompt, std::string_view text) override {
+    std::vector<Rational> known; // grounded: the question's numbers, then each equation's results
+    if (grounded_) {
+      std::string_view q = prompt;
+      if (!marker_.empty())
+        if (const size_t at = prompt.rfind(marker_); at != std::string_view::npos) q = prompt.substr(at);
+      for (size_t i = 0; i < q.size();) {
+        if (std::isdigit(static_cast<unsigned char>(q[i])) || q[i] == '$') {
+          size_t k = i;
+          if (auto n = parse_number(q, k)) {
+            known.push_back(n->value);
+            i = k;
+            continue;
+          }
+        }
+        ++i;
+      }
+    }
     if (last_line_) {
       size_t e = text.size();
       while (e > 0 && (text[e - 1] == '\n' || text[e - 1] == '\r' || text[e - 1] == ' '))
@@ -212,7 +239,7 @@ public:
       }
       if (i > 0 && (text[i - 1] == '<' || text[i - 1] == '>' || text[i - 1] == '!' || text[i - 1] == '='))
         continue;
-      const auto ok = check_at(text, i);
+      const auto ok = check_at(text, i, grounded_ ? &known : nullptr);
       if (!ok) continue;
       ++total;
       right += *ok ? 1 : 0;
@@ -280,7 +307,10 @@ private:
   }
 
   // The equation whose '=' is at text[eq]: nullopt when there is none, else whether it holds.
-  std::optional<bool> check_at(std::string_view text, size_t eq) const {
+  // With `known` (grounded = true): every operand of the left side must be in it (a number of the
+  // question or an earlier result), else the equation is wrong; its results join it.
+  std::optional<bool> check_at(std::string_view text, size_t eq,
+                               std::vector<Rational>* known = nullptr) const {
     // The left side: the text before '=' back to the line's start or the previous '='; its longest
     // tail that parses as an expression.
     size_t b = eq;
@@ -290,6 +320,7 @@ private:
     std::optional<Rational> lv;
     int ops = 0;
     bool bad = false;
+    size_t lhs_start = 0;
     for (size_t s = 0; s < lt.size() && !lv; ++s) {
       if (lt[s].kind != Tok::num && lt[s].kind != Tok::lpar && lt[s].kind != Tok::minus) continue;
       if (lt[s].kind == Tok::minus && s > 0 && (lt[s - 1].kind == Tok::num || lt[s - 1].kind == Tok::rpar))
@@ -300,6 +331,7 @@ private:
       lv = v;
       ops = p.ops;
       bad = p.bad;
+      lhs_start = s;
     }
     if (!lv) return std::nullopt;
     // The right side: to the line's end or the next '='; its longest head that parses.
@@ -312,27 +344,43 @@ private:
       auto rv = p.expr();
       if (!rv || p.pos != end) continue;
       if (ops + p.ops == 0) return std::nullopt; // "x = 5", "5 = 5": nothing computed
-      if (bad || p.bad) return false;
-      if (*lv == *rv) return true;
-      // A running total, "12 + 3 = 15 + 5 = 20": the left side equals the first number of the right
-      // side, which goes on as the next equation's left side.
-      if (p.ops > 0 && rt[0].kind == Tok::num && rt[0].num.value == *lv) return true;
-      // A single written number: rounded to its decimals, |v − c| ≤ ½·10^−d.
-      const bool single = end == 1 || (end == 2 && rt[0].kind == Tok::minus);
-      const int d = rt[end - 1].kind == Tok::num ? rt[end - 1].num.decimals : 0;
-      if (!rounding_ || !single || d == 0 || p.ops != 0) return false;
-      cpp_int scale = 1;
-      for (int k = 0; k < d; ++k)
-        scale *= 10;
-      Rational diff = *lv - *rv;
-      if (diff < 0) diff = -diff;
-      return diff * scale * 2 <= 1;
+      bool holds = holds_as_written(*lv, *rv, rt, end, p.ops) && !bad && !p.bad;
+      if (known) {
+        for (size_t k = lhs_start; k < lt.size(); ++k)
+          if (lt[k].kind == Tok::num &&
+              std::find(known->begin(), known->end(), lt[k].num.value) == known->end())
+            holds = false; // an operand from nowhere
+        known->push_back(*rv);
+        if (rt[0].kind == Tok::num) known->push_back(rt[0].num.value); // a running total's first number
+      }
+      return holds;
     }
     return std::nullopt;
   }
 
+  // Whether lv = (the right side's first `end` tokens, worth rv) holds as written.
+  bool holds_as_written(const Rational& lv, const Rational& rv, const std::vector<Token>& rt, size_t end,
+                        int rops) const {
+    if (lv == rv) return true;
+    // A running total, "12 + 3 = 15 + 5 = 20": the left side equals the first number of the right
+    // side, which goes on as the next equation's left side.
+    if (rops > 0 && rt[0].kind == Tok::num && rt[0].num.value == lv) return true;
+    // A single written number: rounded to its decimals, |v − c| ≤ ½·10^−d.
+    const bool single = end == 1 || (end == 2 && rt[0].kind == Tok::minus);
+    const int d = rt[end - 1].kind == Tok::num ? rt[end - 1].num.decimals : 0;
+    if (!rounding_ || !single || d == 0 || rops != 0) return false;
+    cpp_int scale = 1;
+    for (int k = 0; k < d; ++k)
+      scale *= 10;
+    Rational diff = lv - rv;
+    if (diff < 0) diff = -diff;
+    return diff * scale * 2 <= 1;
+  }
+
   double no_equations_ = 1.0;
   bool rounding_ = true;
+  bool grounded_ = false;
+  std::string marker_ = "Question:";
   bool last_line_ = false;
 };
 

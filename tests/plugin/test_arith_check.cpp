@@ -82,6 +82,34 @@ TEST(ArithCheck, ScoresTheShareOfEquationsThatHold) {
   fs::remove(f);
 }
 
+TEST(ArithCheck, GroundedEquationsTakeTheirOperandsFromTheQuestion) {
+  LOOM_REQUIRE_BIN();
+  const std::string q = "Question: 5 + 5 = 10.\nAnswer: 10\n\nQuestion: Tom has 9 marbles and gets 12 more.";
+  const std::vector<std::pair<std::string, double>> cases = {
+      {"9 + 12 = 21", 1.0},
+      {"5 + 12 = 17", 0.0},              // 5 is another question's number (before the last marker)
+      {"9 + 12 = 21\n21 + 9 = 30", 1.0}, // 21: an earlier result
+      {"9 + 13 = 22", 0.0},              // 13 from nowhere
+      {"9 + 12 = 20\n20 - 9 = 11", 0.5}, // the wrong result 20 counts once: later steps may use it
+      {"9 + 12 = 21 + 1 = 22", 0.5},     // a running total: 21 known, 1 not
+  };
+  std::vector<nlohmann::json> lines;
+  for (const auto& [text, want] : cases)
+    lines.push_back({{"prompt", q}, {"candidate", text}});
+  const fs::path f = write_tasks("grounded.jsonl", lines);
+  const auto r =
+      verify("--verifier arith_check --set verifier.grounded=true --tasks " + f.string() + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_DOUBLE_EQ(j["results"][i]["score"].get<double>(), cases[i].second) << cases[i].first;
+  // Without grounding only the arithmetic counts.
+  const auto u = verify("--verifier arith_check --tasks " + f.string() + " --json");
+  ASSERT_EQ(u.code, 0) << u.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(u.out)["results"][1]["score"].get<double>(), 1.0);
+  fs::remove(f);
+}
+
 TEST(ArithCheck, VerifyReportsAccuracyAndAucOnLabels) {
   LOOM_REQUIRE_BIN();
   const fs::path f = write_tasks("labels.jsonl", {{{"candidate", "2 + 2 = 4"}, {"label", true}},
@@ -116,6 +144,9 @@ TEST(ArithCheck, BadKeysAndBadTasksAreOneLineErrors) {
   one_line(verify("--verifier arith_check --tasks " + ok.string() + " --set 'verifier.scope=\"all_of_it\"'"),
            "scope must be");
   one_line(verify("--verifier arith_check --tasks " + ok.string() + " --set verifier.colour=1"), "colour");
+  one_line(
+      verify("--verifier arith_check --tasks " + ok.string() + " --set 'verifier.question_marker=\"Q:\"'"),
+      "question_marker applies with grounded = true");
   one_line(verify("--verifier no_such_verifier --tasks " + ok.string()), "no_such_verifier");
   one_line(verify("--verifier arith_check"), "--tasks");
   one_line(verify("--verifier arith_check --tasks /nonexistent/t.jsonl"), "cannot read");
