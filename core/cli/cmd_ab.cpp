@@ -55,6 +55,7 @@ bool greedy_chain(const PipelineConfig& cfg) {
 struct PromptItem {
   std::string id, prompt;
   std::optional<std::string> expected;
+  std::string task; // JSONL: the whole line, the [verifier]'s task (e.g. program_tests' "tests")
 };
 
 // Plain text (one prompt a line; blank lines skipped) or JSONL (`prompt`, optional `expected`, `id`).
@@ -76,7 +77,7 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
     }
     const std::string where = path + ":" + std::to_string(lineno);
     if (!jsonl) {
-      out.push_back({std::to_string(out.size() + 1), line, std::nullopt});
+      out.push_back({std::to_string(out.size() + 1), line, std::nullopt, {}});
       continue;
     }
     nlohmann::json j;
@@ -91,6 +92,7 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
                        ": expected an object with a string \"prompt\" (and optional \"expected\", \"id\")");
     PromptItem p;
     p.prompt = j["prompt"].get<std::string>();
+    p.task = j.dump();
     p.id = std::to_string(out.size() + 1);
     if (j.contains("id")) p.id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
     if (j.contains("answer") && j.contains("expected"))
@@ -109,8 +111,9 @@ std::vector<PromptItem> load_prompts(const std::string& path) {
         throw UsageError(where + ": \"expected\" must be a string or a number");
     }
     for (const auto& [k, v] : j.items())
-      if (k != "prompt" && k != "expected" && k != "answer" && k != "id")
-        throw UsageError(where + ": unknown key \"" + k + "\" (expected prompt, expected or answer, id)");
+      if (k != "prompt" && k != "expected" && k != "answer" && k != "id" && k != "tests")
+        throw UsageError(where + ": unknown key \"" + k +
+                         "\" (expected prompt, expected or answer, id, tests)");
     out.push_back(std::move(p));
   }
   if (out.empty()) throw UsageError(path + ": no prompts (expected one prompt a line, or JSONL)");
@@ -495,6 +498,7 @@ int cmd_ab(const std::vector<std::string>& args) {
         GenerationRequest req;
         req.prompt = prompts[i].prompt;
         req.seed = row.seed;
+        req.task = prompts[i].task;
         try {
           row.result = pipes[v]->generate(req);
           row.ok = row.result.message.empty();

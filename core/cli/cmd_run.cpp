@@ -197,6 +197,7 @@ int cmd_run(const std::vector<std::string>& args) {
     ("messages", po::value<std::string>(), "chat: a JSON file of messages ([{\"role\": …, \"content\": …}] or {\"messages\": …, \"tools\": …})")
     ("template", po::value<std::string>(), "with --messages: a built-in chat template or a Jinja file (default: the model's)")
     ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
+    ("task", po::value<std::string>(), "the task the [verifier] reads with each candidate: a JSON object (e.g. {\"tests\": [...]}), or @FILE")
     ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
              "--prompts one object per line, in input order");
   // clang-format on
@@ -213,6 +214,22 @@ int cmd_run(const std::vector<std::string>& args) {
   if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
 
   PipelineConfig cfg = run_config_from_args(vm);
+  std::string task;
+  if (vm.count("task")) {
+    const std::string t = vm["task"].as<std::string>();
+    const std::string text = !t.empty() && t[0] == '@' ? read_input_file(t.substr(1), "--task") : t;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError("--task: not JSON (" + std::string(e.what()) +
+                       "); expected an object such as "
+                       "{\"tests\": [\"assert f(2) == 4\"]}");
+    }
+    if (!j.is_object())
+      throw UsageError("--task: expected a JSON object, found " + std::string(j.type_name()));
+    task = j.dump();
+  }
 
   if (vm.count("prompts")) {
     std::istringstream f(read_input_file(vm["prompts"].as<std::string>(), "--prompts"));
@@ -222,6 +239,7 @@ int cmd_run(const std::vector<std::string>& args) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       GenerationRequest r;
       r.prompt = line;
+      r.task = task;
       reqs.push_back(std::move(r));
     }
     auto pipeline = Pipeline::create(cfg);
@@ -261,6 +279,7 @@ int cmd_run(const std::vector<std::string>& args) {
   const bool chat = vm.count("messages") != 0;
   GenerationRequest req;
   req.prompt = prompt;
+  req.task = task;
   if (chat) { // the reply to the conversation, under the model's chat template
     const chat::Template t = chat::load_template(vm.count("template") ? vm["template"].as<std::string>() : "",
                                                  &pipeline->model().file());

@@ -18,6 +18,7 @@ struct Task {
   size_t line = 0;
   std::string prompt, candidate;
   std::optional<bool> label;
+  std::string json; // the whole line: the task a verifier may read (e.g. program_tests' "tests")
 };
 
 std::vector<Task> read_tasks(const std::string& path) {
@@ -45,6 +46,7 @@ std::vector<Task> read_tasks(const std::string& path) {
     if (!j.contains("candidate") || !j["candidate"].is_string()) bad("no \"candidate\" string");
     Task t;
     t.line = n;
+    t.json = j.dump();
     t.candidate = j["candidate"].get<std::string>();
     if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) bad("\"prompt\" is not a string");
@@ -103,7 +105,8 @@ int cmd_verify(const std::vector<std::string>& args) {
           "Scores given candidates with a verifier plugin, without a model: each line of FILE.jsonl is "
           "an object\nwith \"candidate\" (the text scored), optionally \"prompt\" (what it answers) and "
           "\"label\" (whether the\ncandidate is right: then accuracy, precision and recall at --threshold "
-          "and the ROC AUC are reported).\nA verifier that fails on a candidate marks that line, not the "
+          "and the ROC AUC are reported).\nThe whole line is the verifier's task (program_tests reads its "
+          "\"tests\"). A verifier that fails on a candidate marks that line, not the "
           "run."))
     return k_exit_ok;
   if (!vm.count("tasks")) throw UsageError("--tasks FILE.jsonl is required (see --help)");
@@ -131,7 +134,7 @@ int cmd_verify(const std::vector<std::string>& args) {
   for (const Task& t : tasks) {
     nlohmann::json r = {{"line", t.line}};
     try {
-      const double s = v->score(t.prompt, t.candidate);
+      const double s = v->score(t.prompt, t.candidate, t.json);
       r["score"] = s;
       sum += s;
       ++scored;

@@ -584,7 +584,7 @@ double DecodeSession::verify(std::string_view text) const {
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
   if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
-  return ctx_.verify(*prompt_text_, text);
+  return ctx_.verify(*prompt_text_, text, task_);
 }
 
 // ---- engine-facing ----

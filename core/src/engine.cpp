@@ -131,6 +131,7 @@ RequestId Engine::submit(EngineRequest req) {
   r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
                                                req.max_new_tokens, std::move(req.on_text));
   if (req.top_logprobs > 0) r->session->set_top_logprobs(static_cast<size_t>(req.top_logprobs));
+  if (!req.task.empty()) r->session->set_task(std::move(req.task));
   const RequestId id = r->id;
   incoming_.push_back(std::move(r));
   cv_.notify_all();

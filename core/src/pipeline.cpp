@@ -425,6 +425,7 @@ RequestId Pipeline::submit(const GenerationRequest& req, StreamCallback on_text)
   er.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens : cfg_.stop.max_tokens;
   er.on_text = std::move(on_text);
   er.decoder = req.decoder;
+  er.task = req.task;
   return engine_->submit(std::move(er));
 }
 

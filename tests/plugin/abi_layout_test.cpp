@@ -290,6 +290,15 @@ LOOM_ABI_SIZE(loom_session_api, 280);
 LOOM_ABI_OFFSET(loom_batch, tree_base, 120);
 LOOM_ABI_OFFSET(loom_batch, tree_mask, 128);
 LOOM_ABI_SIZE(loom_batch, 136);
+
+// ================================================================================================
+// ABI 2.2 — a verifier's task (step search, program tests) — DO NOT MODIFY; append and add a new block
+// ================================================================================================
+LOOM_ABI_OFFSET(loom_verifier_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_verifier_i, score, 8);
+LOOM_ABI_OFFSET(loom_verifier_i, destroy, 16);
+LOOM_ABI_OFFSET(loom_verifier_i, score_task, 24);
+LOOM_ABI_SIZE(loom_verifier_i, 32);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.

@@ -132,6 +132,7 @@ public:
   void set_output(const std::string& key, const std::string& json);
   bool has_verifier() const noexcept { return static_cast<bool>(ctx_.verify); }
   double verify(std::string_view text) const; // the pipeline's verifier on this request's prompt + text
+  void set_task(std::string task_json) { task_ = std::move(task_json); } // what the verifier is also given
   const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
   std::mt19937_64& rng() noexcept { return rng_; }
   RequestId id() const noexcept { return id_; }
@@ -192,6 +193,7 @@ private:
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
   mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
+  std::string task_;                                         // the request's task (JSON), for the verifier
   size_t top_logprobs_ = 0;                                  // alternatives recorded per committed token
 };
 

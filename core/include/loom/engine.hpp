@@ -93,7 +93,8 @@ struct GenerationResult {
 // rules.
 struct RequestTemplate : SequenceTemplate {
   std::function<std::unique_ptr<Decoder>()> make_decoder;
-  std::function<double(std::string_view prompt, std::string_view text)> verify; // [verifier]; may be empty
+  // [verifier]; may be empty. `task`: the request's task (a JSON object, e.g. tests to run; "" none).
+  std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
 };
 
 struct EngineRequest {
@@ -109,6 +110,9 @@ struct EngineRequest {
   std::shared_ptr<const SequenceTemplate> sequence;
   // Record the k most likely tokens (and their log-probabilities) at each generated position; 0 = off.
   int32_t top_logprobs = 0;
+  // The task this request solves, as a JSON object (its tests, its expected output, …): what the
+  // pipeline's verifier receives with every candidate besides the prompt; "" = none.
+  std::string task{};
 };
 
 // What the engine did since it was made (or reset_stats()): the per-run numbers of `loom bench`.

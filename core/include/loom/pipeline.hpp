@@ -28,6 +28,7 @@ struct GenerationRequest {
   std::optional<int32_t> max_new_tokens;             // overrides [stop] max_tokens
   std::optional<uint64_t> seed;                      // overrides [run] seed
   std::function<std::unique_ptr<Decoder>()> decoder; // overrides [decoder] (`loom explain`'s tracer)
+  std::string task{}; // the task solved, a JSON object ("" none): given to the [verifier] with each candidate
 };
 
 struct MemoryReport {
@@ -93,13 +94,15 @@ class StandaloneVerifier {
 public:
   static std::unique_ptr<StandaloneVerifier> create(const PipelineConfig& cfg);
   // A score in [0, 1]; throws loom::Error when the verifier fails or returns anything else.
-  double score(std::string_view prompt, std::string_view text) const { return fn_(prompt, text); }
+  double score(std::string_view prompt, std::string_view text, std::string_view task = {}) const {
+    return fn_(prompt, text, task);
+  }
   const std::string& name() const noexcept { return name_; }
 
 private:
   StandaloneVerifier() = default;
   std::unique_ptr<PluginRegistry> registry_; // first: destroyed after the verifier object
-  std::function<double(std::string_view, std::string_view)> fn_;
+  std::function<double(std::string_view, std::string_view, std::string_view)> fn_;
   std::string name_;
 };
 

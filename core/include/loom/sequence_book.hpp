@@ -47,7 +47,7 @@ struct SessionContext {
   }
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
-  std::function<double(std::string_view prompt, std::string_view text)> verify;
+  std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
   // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
   // window the rest is released from the store after every forward.
   KVRetention retention[2];

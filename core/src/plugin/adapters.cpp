@@ -183,16 +183,24 @@ std::unique_ptr<StopCriterion> make_plugin_stop(const PluginRegistry::Found& f, 
   return std::make_unique<PluginStopAdapter>(std::shared_ptr<Object<loom_stop_i>>(std::move(o)), spec.name);
 }
 
-std::function<double(std::string_view, std::string_view)>
+std::function<double(std::string_view, std::string_view, std::string_view)>
 make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
                      const std::vector<std::pair<std::string, ParamValue>>& params,
                      const std::string& where) {
   std::shared_ptr<Object<loom_verifier_i>> o = create_object<loom_verifier_i>(
       f, name, params, where, {offsetof(loom_verifier_i, score), offsetof(loom_verifier_i, destroy)});
-  return [o, name](std::string_view prompt, std::string_view text) {
+  // ABI 2.2: score_task, when the table has it, also gets the request's task (JSON).
+  const bool has_task = o->vt->struct_size >= offsetof(loom_verifier_i, score_task) + sizeof(void*) &&
+                        o->vt->score_task != nullptr;
+  return [o, name, has_task](std::string_view prompt, std::string_view text, std::string_view task) {
     double v = -1;
-    throw_if(o->vt->score(o->self, prompt.data(), prompt.size(), text.data(), text.size(), &v),
-             "verifier '" + name + "'");
+    if (has_task)
+      throw_if(o->vt->score_task(o->self, prompt.data(), prompt.size(), text.data(), text.size(),
+                                 task.empty() ? nullptr : task.data(), task.size(), &v),
+               "verifier '" + name + "'");
+    else
+      throw_if(o->vt->score(o->self, prompt.data(), prompt.size(), text.data(), text.size(), &v),
+               "verifier '" + name + "'");
     if (!(v >= 0.0 && v <= 1.0))
       fail(Errc::invalid_argument, "plugin",
            "verifier '" + name + "' returned the score " + std::to_string(v) +

@@ -111,7 +111,7 @@ std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, con
 // What a plugin backend says of its device's memory (nullopt: not a plugin, or it does not say).
 std::optional<BackendMemory> backend_memory(const Backend& be);
 // A verifier: its score of (prompt, text), checked to be in [0, 1].
-std::function<double(std::string_view, std::string_view)>
+std::function<double(std::string_view, std::string_view, std::string_view)>
 make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
                      const std::vector<std::pair<std::string, ParamValue>>& params, const std::string& where);
 // A decoder factory: validates the table once (now), then makes a fresh decoder per request.

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 2u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 1u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 2u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -150,6 +150,11 @@ typedef struct loom_verifier_i {
   loom_status* (*score)(void* self, const char* prompt, size_t prompt_len, const char* text, size_t text_len,
                         double* score);
   void (*destroy)(void* self); /* required */
+  /* ABI 2.2, optional: score with the request's task — a JSON object (e.g. {"tests": [...]}) the caller
+   * gave with the request (`loom verify`'s task line, `loom ab`'s JSONL line), task NULL when none.
+   * When present the host calls it instead of score. */
+  loom_status* (*score_task)(void* self, const char* prompt, size_t prompt_len, const char* text,
+                             size_t text_len, const char* task, size_t task_len, double* score);
 } loom_verifier_i;
 
 /* ---- decoders ------------------------------------------------------------------------------ */

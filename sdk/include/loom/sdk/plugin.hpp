@@ -240,6 +240,12 @@ class Verifier {
 public:
   virtual ~Verifier() = default;
   virtual double score(std::string_view prompt, std::string_view text) = 0;
+  // ABI 2.2: with the request's task, a JSON object ("" when the request has none). By default the
+  // task is ignored.
+  virtual double score_task(std::string_view prompt, std::string_view text, std::string_view task_json) {
+    (void)task_json;
+    return score(prompt, text);
+  }
 };
 
 // ---- decoders -----------------------------------------------------------------------------
@@ -517,8 +523,16 @@ template <class T> struct VerifierTable {
     *out = static_cast<T*>(self)->score(std::string_view(prompt, prompt_len), std::string_view(text, len));
     LOOM_SDK_CATCH
   }
+  static loom_status* score_task_fn(void* self, const char* prompt, size_t prompt_len, const char* text,
+                                    size_t len, const char* task, size_t task_len, double* out) noexcept {
+    LOOM_SDK_TRY
+    *out =
+        static_cast<T*>(self)->score_task(std::string_view(prompt, prompt_len), std::string_view(text, len),
+                                          task ? std::string_view(task, task_len) : std::string_view());
+    LOOM_SDK_CATCH
+  }
   static void destroy(void* self) noexcept { delete static_cast<Verifier*>(static_cast<T*>(self)); }
-  static constexpr loom_verifier_i table = {sizeof(loom_verifier_i), &score_fn, &destroy};
+  static constexpr loom_verifier_i table = {sizeof(loom_verifier_i), &score_fn, &destroy, &score_task_fn};
 };
 
 } // namespace detail
