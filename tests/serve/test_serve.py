@@ -151,9 +151,10 @@ try:
     # tools: accepted and rendered; a reply without a call is content (the format's parser is unit-tested)
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "the weather",
                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools})
+    # (32 tokens: on a loaded machine the server may coalesce the text of several steps into one delta)
+    st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 32, "tools": tools})
     check(st == 200 and r["choices"][0]["message"]["content"] is not None, "a request with tools: " + json.dumps(r)[:200])
-    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "tools": tools, "stream": True})
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 32, "tools": tools, "stream": True})
     check(text_of(ev, chat=True) == r["choices"][0]["message"]["content"], "tools streamed: the same reply")
     deltas = [e for e in ev if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")]
     check(len(deltas) > 1, "tools given, no call made: the content streams as it comes, not at the end")
