@@ -78,7 +78,8 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
       if (!is_builtin(sp.name)) want(LOOM_KIND_SAMPLER, sp.name);
     for (const auto& sc : cfg.stop_criteria)
       want(LOOM_KIND_STOP, sc.name);
-    if (!cfg.verifier.name.empty()) want(LOOM_KIND_VERIFIER, cfg.verifier.name);
+    if (!cfg.verifier.name.empty() && cfg.verifier.name != "model_judge")
+      want(LOOM_KIND_VERIFIER, cfg.verifier.name);
     p->registry_->discover(dirs, cfg.plugins.sha256, only);
   }
   auto missing = [&](int32_t kind, const std::string& what, const std::string& name,
@@ -188,7 +189,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   p->kv_ = make_store(shape);
   RequestTemplate tmpl;
   tmpl.make_decoder = make_decoder;
-  if (!cfg.verifier.name.empty()) {
+  if (!cfg.verifier.name.empty() && cfg.verifier.name != "model_judge") { // model_judge: below (a model)
     if (auto f = p->registry_->find(LOOM_KIND_VERIFIER, cfg.verifier.name))
       tmpl.verify =
           plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
@@ -339,6 +340,29 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     p->draft_kv_ = make_store(dshape);
     draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
   }
+  // The built-in model_judge verifier: the judge model (the pipeline's own for "self") on a backend of
+  // the pipeline's kind, its own KV.
+  if (cfg.verifier.name == "model_judge") {
+    const ModelJudgeOptions jo = parse_model_judge_options(cfg.verifier.params, cfg.verifier.where);
+    std::shared_ptr<Model> jm = p->model_;
+    if (jo.model != "self") {
+      std::filesystem::path jp(jo.model);
+      if (jp.is_relative() && !std::filesystem::exists(jp) && !cfg.base_dir.empty())
+        jp = std::filesystem::path(cfg.base_dir) / jp;
+      if (!std::filesystem::is_regular_file(jp))
+        fail(Errc::not_found, "pipeline",
+             cfg.verifier.where + ": model_judge.model = " + user_value(jo.model) +
+                 ": no such file; give \"self\" or the path of a GGUF model");
+      jm = shared_model(jp.string(), AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}});
+    }
+    p->judge_ = std::make_unique<ModelJudge>(
+        jm, Tokenizer::from_gguf(jm->file()),
+        make_backend(cfg.backend.name, cfg.backend.threads, true, cfg.verifier.where + " (model_judge)"), jo,
+        cfg.verifier.where);
+    tmpl.verify = [j = p->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
+      return j->score(prompt, text);
+    };
+  }
   // The backends must read and write KV rows of the configured type.
   const auto check_kv_type = [&](const Backend& be, const std::string& what) {
     if (!be.supports_kv_dtype(shape.dtype))
@@ -472,6 +496,43 @@ std::unique_ptr<StandaloneVerifier> StandaloneVerifier::create(const PipelineCon
     dirs.push_back(pd.string());
   }
   dirs = plugin_search_dirs(dirs);
+  if (cfg.verifier.name == "model_judge") { // built in: a model on the reference backend (or a plugin's)
+    const ModelJudgeOptions jo = parse_model_judge_options(cfg.verifier.params, cfg.verifier.where);
+    std::string path = jo.model == "self" ? cfg.model.path : jo.model;
+    if (path.empty())
+      fail(Errc::invalid_argument, "verify",
+           cfg.source +
+               ": model_judge.model = \"self\" needs a pipeline model (-c with [model] path); give the "
+               "judge's GGUF path instead");
+    std::filesystem::path jp(path);
+    if (jp.is_relative() && !std::filesystem::exists(jp) && !cfg.base_dir.empty())
+      jp = std::filesystem::path(cfg.base_dir) / jp;
+    if (!std::filesystem::is_regular_file(jp))
+      fail(Errc::not_found, "verify", "model_judge.model = " + user_value(path) + ": no such file");
+    std::shared_ptr<Model> jm = Model::load(jp.string());
+    jm->set_attention(make_attention_variant(jm->config(), AttentionChoice{"model", "auto", 0, 0, {}}));
+    std::unique_ptr<Backend> be;
+    const std::string bn = cfg.backend.name == "auto" ? "cpu" : cfg.backend.name;
+    if (bn != "reference") {
+      DiscoverOptions ob;
+      ob.named_only = true;
+      ob.only.emplace_back(LOOM_KIND_BACKEND, bn);
+      v->registry_->discover(dirs, cfg.plugins.sha256, ob);
+      if (auto f = v->registry_->find(LOOM_KIND_BACKEND, bn)) {
+        std::vector<std::pair<std::string, ParamValue>> params;
+        params.emplace_back("threads", int64_t{cfg.backend.threads});
+        be = plugin::make_plugin_backend(*f, bn, params, cfg.source + ": [backend]");
+      }
+    }
+    if (!be) be = make_reference_backend();
+    v->judge_ = std::make_unique<ModelJudge>(jm, Tokenizer::from_gguf(jm->file()), std::move(be), jo,
+                                             cfg.verifier.where);
+    v->fn_ = [j = v->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
+      return j->score(prompt, text);
+    };
+    v->name_ = cfg.verifier.name;
+    return v;
+  }
   DiscoverOptions only;
   only.named_only = true;
   only.only.emplace_back(LOOM_KIND_VERIFIER, cfg.verifier.name);

@@ -6,6 +6,7 @@
 #include "loom/engine.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
+#include "loom/model_judge.hpp"
 #include "loom/pipeline_config.hpp"
 #include "loom/plugin_host.hpp"
 #include "loom/sampler.hpp"
@@ -82,6 +83,7 @@ private:
   std::shared_ptr<Model> draft_model_;                       // [decoder] draft (speculative decoding)
   std::unique_ptr<Backend> draft_backend_;
   std::unique_ptr<KVCacheStore> draft_kv_;
+  std::unique_ptr<ModelJudge> judge_; // [verifier] name = "model_judge"; before engine_: outlives its calls
   std::unique_ptr<Engine> engine_;
   int32_t n_ctx_ = 0;
   double load_ms_ = 0;
@@ -102,6 +104,7 @@ public:
 private:
   StandaloneVerifier() = default;
   std::unique_ptr<PluginRegistry> registry_; // first: destroyed after the verifier object
+  std::unique_ptr<ModelJudge> judge_;        // the built-in model_judge
   std::function<double(std::string_view, std::string_view, std::string_view)> fn_;
   std::string name_;
 };

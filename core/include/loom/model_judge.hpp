@@ -1,0 +1,56 @@
+// loom/model_judge.hpp — the built-in verifier "model_judge": a model scores a candidate by the
+// probability it gives to a "yes" token after a judge template (see core/src/model_judge.cpp).
+#pragma once
+
+#include "loom/backend.hpp"
+#include "loom/kv_cache.hpp"
+#include "loom/model.hpp"
+#include "loom/pipeline_config.hpp"
+#include "loom/tokenizer.hpp"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+struct ModelJudgeOptions {
+  std::string model; // "self": the pipeline's model; else a GGUF path
+  // The text the judge reads: {prompt} and {candidate} are replaced; special-token text is parsed.
+  std::string templ = "{prompt}{candidate}\n\nIs the answer above correct? Answer yes or no.\nAnswer:";
+  std::string yes = " yes", no = " no"; // one token each for the judge's tokenizer
+  int32_t n_ctx = 4096;                 // the judge's context (capped at the model's training length)
+};
+
+// [verifier] name = "model_judge" keys: model, template, yes, no, n_ctx; anything else is an error.
+ModelJudgeOptions parse_model_judge_options(const std::vector<std::pair<std::string, ParamValue>>& params,
+                                            const std::string& where);
+
+class ModelJudge {
+public:
+  // The model is shared (the pipeline's own for "self"); the backend is the judge's own.
+  ModelJudge(std::shared_ptr<Model> model, std::unique_ptr<Tokenizer> tok, std::unique_ptr<Backend> be,
+             const ModelJudgeOptions& o, const std::string& where);
+  ~ModelJudge();
+  ModelJudge(const ModelJudge&) = delete;
+  ModelJudge& operator=(const ModelJudge&) = delete;
+  // p(yes) / (p(yes) + p(no)) at the end of the template with the prompt and candidate in it.
+  double score(std::string_view prompt, std::string_view candidate);
+  size_t calls() const noexcept { return calls_; }
+
+private:
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<Backend> be_;
+  ModelJudgeOptions o_;
+  std::unique_ptr<KVCacheStore> kv_;
+  std::vector<TokenId> cached_; // the tokens whose K/V sequence 0 holds
+  TokenId yes_ = -1, no_ = -1;
+  int32_t n_ctx_ = 0;
+  size_t calls_ = 0;
+  std::mutex mu_;
+};
+
+} // namespace loom
