@@ -3,7 +3,8 @@
 #   1. default (Release) preset: build, then every ctest test (unit, golden, configs, fuzz replays);
 #   2. asan preset (ASan + UBSan, -O1; the tests' own code not instrumented): build, then the same tests
 #      under the sanitizers but for a few long ones the other presets run (RealModels, 500 prompt
-#      lengths: default; the parallel paged-store scheduler test: tsan) — CMakePresets.json lists them;
+#      lengths, ab's speculative identity check, speculative sampling's chi-square: default; the
+#      parallel paged-store scheduler test: tsan) — CMakePresets.json lists them;
 #   3. tsan preset (ThreadSanitizer): the engine's scheduling and threading tests;
 #   4. fuzz preset (clang + libFuzzer, -O1): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
 #      seed corpus; a crash fails the run and leaves its input in tests/fuzz/corpus/<target>/ to commit.
