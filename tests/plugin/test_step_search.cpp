@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 namespace {
 
@@ -394,6 +396,56 @@ TEST(StepSearch, WidthOneOneExpansionAtTemperatureZeroIsGreedy) {
   for (const auto& n : jd["search"]["nodes"])
     dups += n["state"] == "duplicate" ? 1 : 0;
   EXPECT_GE(dups, 4u);
+}
+
+// majority / weighted: the answer with the most votes (weighted: the largest sum of verifier scores) over
+// every finished solution, each reported under `hypotheses` with its score; ties: the better best solution.
+TEST(StepSearch, MajorityAndWeightedVoteOverTheFinishedSolutions) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  for (const char* aggregate : {"majority", "weighted"}) {
+    SCOPED_TRACE(aggregate);
+    const auto r =
+        loom_run("-m " + model.string() +
+                 " -p 'Once upon a time' -n 30 --seed 4 --temp 1.0 --json --decoder step_search"
+                 " --set decoder.beam_width=3 --set decoder.expansions=3 --set 'decoder.step_delimiter=\".\"'"
+                 " --set 'decoder.aggregate=\"" +
+                 aggregate +
+                 "\"' --set 'decoder.answer_regex=\"([A-Z][a-z]+)\"'"
+                 " --set 'verifier.name=\"fixture_hash\"'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_TRUE(j.contains("hypotheses"));
+    std::map<std::string, std::pair<double, int>> tally; // answer → (weight, first hypothesis index)
+    const std::regex rx("([A-Z][a-z]+)");
+    for (size_t i = 0; i < j["hypotheses"].size(); ++i) {
+      const std::string text = j["hypotheses"][i]["text"];
+      std::smatch m;
+      if (!std::regex_search(text, m, rx)) continue;
+      auto [it, fresh] = tally.try_emplace(m[1].str(), 0.0, static_cast<int>(i));
+      it->second.first +=
+          std::string(aggregate) == "weighted" ? j["hypotheses"][i]["score"].get<double>() : 1.0;
+    }
+    ASSERT_GE(tally.size(), 2u) << "the case needs competing answers";
+    double best = -1;
+    for (const auto& [a, wt] : tally)
+      best = std::max(best, wt.first);
+    ASSERT_TRUE(j["answer"].is_string());
+    const std::string winner = j["answer"];
+    EXPECT_NEAR(tally.at(winner).first, best, 1e-9) << "the winner has the most votes";
+    double sum = 0;
+    for (const auto& v : j["votes"])
+      sum += v["weight"].get<double>();
+    double want_sum = 0;
+    for (const auto& [a, wt] : tally)
+      want_sum += wt.first;
+    EXPECT_NEAR(sum, want_sum, 1e-6);
+    // The winner's solutions lead the hypotheses.
+    std::smatch m;
+    const std::string first = j["hypotheses"][0]["text"];
+    ASSERT_TRUE(std::regex_search(first, m, rx));
+    EXPECT_EQ(m[1].str(), winner);
+  }
 }
 
 TEST(StepSearch, BadKeysAreOneLineErrors) {
