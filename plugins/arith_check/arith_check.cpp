@@ -12,6 +12,8 @@
 //   grounded = false       # true: an equation also needs every operand of its left side to be a
 //                          # number of the question or a result of an earlier equation (a calculator
 //                          # that also checks the numbers were read off the problem)
+//   final_answer = ""      # a phrase ("answer is"): the number after its last occurrence must equal the
+//                          # latest equation's result, one more check (off when empty)
 //   question_marker = "Question:" # grounded: the question is the prompt after its last marker (few-shot
 //                          # prompts hold other problems' numbers before it); the whole prompt without one
 //
@@ -199,6 +201,7 @@ public:
       throw loom::sdk::Error("arith_check: scope must be \"all\" or \"last_line\", got \"" + scope + "\"");
     last_line_ = scope == "last_line";
     grounded_ = cfg.get_bool("grounded", false);
+    final_ = cfg.get_str("final_answer", "");
     marker_ = cfg.get_str("question_marker", "Question:");
     if (cfg.has("question_marker") && !grounded_)
       throw loom::sdk::Error("arith_check: question_marker applies with grounded = true");
@@ -231,6 +234,7 @@ public:
           text.substr(b == std::string_view::npos ? 0 : b + 1, e - (b == std::string_view::npos ? 0 : b + 1));
     }
     int total = 0, right = 0;
+    std::optional<Rational> last; // the latest equation's result
     for (size_t i = 0; i < text.size(); ++i) {
       if (text[i] != '=') continue;
       if (i + 1 < text.size() && text[i + 1] == '=') {
@@ -239,11 +243,24 @@ public:
       }
       if (i > 0 && (text[i - 1] == '<' || text[i - 1] == '>' || text[i - 1] == '!' || text[i - 1] == '='))
         continue;
-      const auto ok = check_at(text, i, grounded_ ? &known : nullptr);
+      const auto ok = check_at(text, i, grounded_ ? &known : nullptr, last);
       if (!ok) continue;
       ++total;
       right += *ok ? 1 : 0;
     }
+    // final_answer: the number after the phrase's last occurrence must be the latest result.
+    if (!final_.empty() && last)
+      if (const size_t at = text.rfind(final_); at != std::string_view::npos) {
+        size_t j = at + final_.size();
+        while (j < text.size() && (text[j] == ' ' || text[j] == ':'))
+          ++j;
+        const bool neg = j < text.size() && text[j] == '-';
+        if (neg) ++j;
+        if (auto n = parse_number(text, j)) {
+          ++total;
+          right += (neg ? -n->value : n->value) == *last ? 1 : 0;
+        }
+      }
     return total == 0 ? no_equations_ : static_cast<double>(right) / total;
   }
 
@@ -309,8 +326,8 @@ private:
   // The equation whose '=' is at text[eq]: nullopt when there is none, else whether it holds.
   // With `known` (grounded = true): every operand of the left side must be in it (a number of the
   // question or an earlier result), else the equation is wrong; its results join it.
-  std::optional<bool> check_at(std::string_view text, size_t eq,
-                               std::vector<Rational>* known = nullptr) const {
+  std::optional<bool> check_at(std::string_view text, size_t eq, std::vector<Rational>* known,
+                               std::optional<Rational>& last) const {
     // The left side: the text before '=' back to the line's start or the previous '='; its longest
     // tail that parses as an expression.
     size_t b = eq;
@@ -353,6 +370,7 @@ private:
         known->push_back(*rv);
         if (rt[0].kind == Tok::num) known->push_back(rt[0].num.value); // a running total's first number
       }
+      last = *rv;
       return holds;
     }
     return std::nullopt;
@@ -380,6 +398,7 @@ private:
   double no_equations_ = 1.0;
   bool rounding_ = true;
   bool grounded_ = false;
+  std::string final_;
   std::string marker_ = "Question:";
   bool last_line_ = false;
 };

@@ -79,6 +79,11 @@ TEST(ArithCheck, ScoresTheShareOfEquationsThatHold) {
   EXPECT_DOUBLE_EQ(keyed("--set verifier.rounding=false", "10 / 3 = 3.33"), 0.0);
   EXPECT_DOUBLE_EQ(keyed("--set 'verifier.scope=\"last_line\"'", "1 + 1 = 3\n2 + 2 = 4\n"), 1.0);
   EXPECT_DOUBLE_EQ(keyed("", "1 + 1 = 3\n2 + 2 = 4\n"), 0.5);
+  const std::string fa = "--set 'verifier.final_answer=\"answer is\"'";
+  EXPECT_DOUBLE_EQ(keyed(fa, "5 + 7 = 12\nThe answer is 12."), 1.0);
+  EXPECT_DOUBLE_EQ(keyed(fa, "5 + 7 = 12\nThe answer is 13."), 0.5); // the stated answer is not the result
+  EXPECT_DOUBLE_EQ(keyed(fa, "The answer is 13."), 1.0);             // no equation: nothing to compare
+  EXPECT_DOUBLE_EQ(keyed("", "5 + 7 = 12\nThe answer is 13."), 1.0); // off by default
   fs::remove(f);
 }
 
