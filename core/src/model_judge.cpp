@@ -25,7 +25,9 @@ std::string param_str(const ParamValue& v) {
 ModelJudgeOptions parse_model_judge_options(const std::vector<std::pair<std::string, ParamValue>>& params,
                                             const std::string& where) {
   ModelJudgeOptions o;
-  for (const auto& [k, v] : params) {
+  for (const auto& kv : params) {
+    const std::string& k = kv.first; // (not a structured binding: clang 14 cannot capture one)
+    const ParamValue& v = kv.second;
     const auto want_str = [&]() {
       if (!std::holds_alternative<std::string>(v))
         fail(Errc::invalid_argument, "verifier", where + ": model_judge." + k + " must be a string");
