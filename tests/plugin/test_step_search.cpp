@@ -398,6 +398,53 @@ TEST(StepSearch, WidthOneOneExpansionAtTemperatureZeroIsGreedy) {
   EXPECT_GE(dups, 4u);
 }
 
+// The mechanism where the correct path is known: on the scripted model, a process verifier that scores
+// the prefixes of one 8-token answer (not the greedy one) lets step search walk to it every time — one
+// token a step, every token tried, the one prefix kept — while best-of-n with the same verifier and
+// more tokens evaluated finds it in almost no seed (the answer's probability is about 3^-8 a sample).
+TEST(StepSearch, AProcessVerifierLeadsStepSearchToTheKnownAnswer) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const std::string base = "-m " + model.string() +
+                           " -p b -n 8 --json --set backend.name=fixture_scripted --decoder step_search"
+                           " --set 'verifier.name=\"fixture_hash\"' ";
+  const auto greedy = loom_run("-m " + model.string() +
+                               " -p b -n 8 --temp 0 --ignore-eos --json --set backend.name=fixture_scripted");
+  ASSERT_EQ(greedy.code, 0) << greedy.err;
+  std::string correct; // greedy's 8 tokens as bits, the first flipped, EOS (2) read as 0
+  for (int32_t t : nlohmann::json::parse(greedy.out)["tokens"].get<std::vector<int32_t>>())
+    correct += t == 4 ? '1' : '0';
+  correct[0] = correct[0] == '1' ? '0' : '1';
+  const std::string want_set = "--set 'verifier.correct=\"" + correct + "\"' ";
+  int found_search = 0, found_bon = 0;
+  double tok_search = 0, tok_bon = 0;
+  const int seeds = 12;
+  for (int seed = 1; seed <= seeds; ++seed) {
+    const auto s = loom_run(base + want_set + "--seed " + std::to_string(seed) +
+                            " --temp 1 --set decoder.beam_width=1 --set decoder.expansions=3"
+                            " --set 'decoder.expand=\"first_token\"' --set decoder.max_step_tokens=1");
+    const auto b = loom_run(base + want_set + "--seed " + std::to_string(seed) +
+                            " --temp 1 --set decoder.beam_width=1 --set decoder.expansions=8"
+                            " --set 'decoder.step_delimiter=\"never\"' --set decoder.max_step_tokens=64");
+    ASSERT_EQ(s.code, 0) << s.err;
+    ASSERT_EQ(b.code, 0) << b.err;
+    const auto js = nlohmann::json::parse(s.out), jb = nlohmann::json::parse(b.out);
+    const auto bits = [](const nlohmann::json& j) {
+      std::string o;
+      for (int32_t t : j["tokens"].get<std::vector<int32_t>>())
+        o += t == 4 ? '1' : t == 3 ? '0' : 'E';
+      return o;
+    };
+    found_search += bits(js) == correct ? 1 : 0;
+    found_bon += bits(jb) == correct ? 1 : 0;
+    tok_search += js["metrics"]["tokens_evaluated"].get<double>();
+    tok_bon += jb["metrics"]["tokens_evaluated"].get<double>();
+  }
+  EXPECT_EQ(found_search, seeds) << "step search reaches the known answer from every seed";
+  EXPECT_LE(found_bon, 1) << "best-of-8 almost never samples it";
+  EXPECT_LT(tok_search, tok_bon) << "and step search evaluated fewer tokens";
+}
+
 // majority / weighted: the answer with the most votes (weighted: the largest sum of verifier scores) over
 // every finished solution, each reported under `hypotheses` with its score; ties: the better best solution.
 TEST(StepSearch, MajorityAndWeightedVoteOverTheFinishedSolutions) {
