@@ -131,10 +131,15 @@ int cmd_verify(const std::vector<std::string>& args) {
   double sum = 0;
   size_t scored = 0;
   const bool json = vm.count("json") > 0;
-  for (const Task& t : tasks) {
+  std::vector<StandaloneVerifier::Item> items;
+  for (const Task& t : tasks)
+    items.push_back({t.prompt, t.candidate, t.json});
+  const std::vector<VerifyOutcome> outcomes = v->score_all(items);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const Task& t = tasks[i];
     nlohmann::json r = {{"line", t.line}};
-    try {
-      const double s = v->score(t.prompt, t.candidate, t.json);
+    if (outcomes[i].error.empty()) {
+      const double s = outcomes[i].score;
       r["score"] = s;
       sum += s;
       ++scored;
@@ -143,9 +148,9 @@ int cmd_verify(const std::vector<std::string>& args) {
         const bool acc = s >= threshold;
         (acc ? (*t.label ? tp : fp) : (*t.label ? fn : tn)) += 1;
       }
-    } catch (const Error& e) {
+    } else {
       r["score"] = nullptr;
-      r["error"] = e.what();
+      r["error"] = outcomes[i].error;
       ++errors;
       if (t.label) (*t.label ? fn : tn) += 1; // a failed verification accepts nothing
     }
@@ -166,6 +171,7 @@ int cmd_verify(const std::vector<std::string>& args) {
       {"tasks", tasks.size()},
       {"errors", errors},
       {"mean_score", scored ? nlohmann::json(sum / static_cast<double>(scored)) : nullptr}};
+  if (v->name() == "model_judge") summary["judge_forwards"] = v->judge_forwards();
   const size_t nl = tp + fp + fn + tn;
   if (nl > 0) {
     const auto ratio = [](size_t a, size_t b) {

@@ -587,6 +587,30 @@ double DecodeSession::verify(std::string_view text) const {
   return ctx_.verify(*prompt_text_, text, task_);
 }
 
+std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::string_view> texts) const {
+  if (!ctx_.verify)
+    fail(Errc::not_found, "decoder",
+         "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
+  if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_);
+  if (ctx_.verify_many) {
+    std::vector<VerifyOutcome> r = ctx_.verify_many(*prompt_text_, texts, task_);
+    if (r.size() != texts.size())
+      fail(Errc::internal, "decoder",
+           "verify_many gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
+               " texts");
+    return r;
+  }
+  std::vector<VerifyOutcome> r(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    try {
+      r[i].score = ctx_.verify(*prompt_text_, texts[i], task_);
+    } catch (const std::exception& e) {
+      r[i].error = e.what();
+    }
+  }
+  return r;
+}
+
 // ---- engine-facing ----
 
 void DecodeSession::end_pending(LocalSeq seq, StopReason reason) {

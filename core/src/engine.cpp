@@ -85,9 +85,10 @@ std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, {}, {}},
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, {}, {}, {}},
       tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
+  ctx_.verify_many = tmpl_.verify_many;
   if (draft_) {
     if (draft_->model.config().n_vocab != ctx_.n_vocab)
       fail(Errc::invalid_argument, "engine",

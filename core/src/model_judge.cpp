@@ -46,9 +46,14 @@ ModelJudgeOptions parse_model_judge_options(const std::vector<std::pair<std::str
         fail(Errc::invalid_argument, "verifier",
              where + ": model_judge.n_ctx must be an integer in [16, 1048576]");
       o.n_ctx = static_cast<int32_t>(std::get<int64_t>(v));
+    } else if (k == "batch") {
+      if (!std::holds_alternative<int64_t>(v) || std::get<int64_t>(v) < 1 || std::get<int64_t>(v) > 64)
+        fail(Errc::invalid_argument, "verifier",
+             where + ": model_judge.batch must be an integer in [1, 64] (candidates per judge forward)");
+      o.batch = static_cast<int32_t>(std::get<int64_t>(v));
     } else {
       fail(Errc::invalid_argument, "verifier",
-           where + ": model_judge has no key '" + k + "' (expected model, template, yes, no, n_ctx)");
+           where + ": model_judge has no key '" + k + "' (expected model, template, yes, no, n_ctx, batch)");
     }
   }
   if (o.model.empty())
@@ -83,14 +88,19 @@ ModelJudge::ModelJudge(std::shared_ptr<Model> model, std::unique_ptr<Tokenizer> 
   yes_ = single(o_.yes, "yes");
   no_ = single(o_.no, "no");
   n_ctx_ = std::min(o_.n_ctx, model_->config().n_ctx_train > 0 ? model_->config().n_ctx_train : o_.n_ctx);
-  kv_ = make_contiguous_kv_cache(model_->kv_shape(n_ctx_, 1));
+  // A paged store: sequence 0 holds the prefix the candidates share, sequences 1..batch the candidates
+  // of one forward, forked from it (its full blocks shared, not copied). Room for two full contexts.
+  KVShape shape = model_->kv_shape(n_ctx_, o_.batch + 1);
+  const int64_t blocks = (n_ctx_ + shape.block_size - 1) / shape.block_size;
+  shape.n_blocks = 2 * blocks + o_.batch;
+  kv_ = make_paged_kv_cache(shape);
   model_->load_into(*be_);
   kv_->attach(be_->alloc_kv(kv_->layout()));
 }
 
 ModelJudge::~ModelJudge() = default;
 
-double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
+std::vector<TokenId> ModelJudge::render(std::string_view prompt, std::string_view candidate) const {
   std::string text;
   for (size_t i = 0; i < o_.templ.size();) {
     if (o_.templ.compare(i, 8, "{prompt}") == 0) {
@@ -105,16 +115,29 @@ double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
   }
   EncodeOptions eo;
   eo.parse_special = true;
-  const std::vector<TokenId> toks = tok_->encode(text, eo);
+  std::vector<TokenId> toks = tok_->encode(text, eo);
   if (toks.empty()) fail(Errc::invalid_argument, "verifier", "model_judge: the judged text is empty");
   if (static_cast<int32_t>(toks.size()) > n_ctx_)
     fail(Errc::invalid_argument, "verifier",
          "model_judge: the judged text is " + std::to_string(toks.size()) + " tokens, the judge's context " +
              std::to_string(n_ctx_) + "; raise [verifier] n_ctx or shorten the template");
-  std::lock_guard lock(mu_);
-  // Keep the KV of the prefix shared with the last judgement (at least one token is evaluated anew).
+  return toks;
+}
+
+double ModelJudge::judge(const float* logits) const {
+  const double ly = static_cast<double>(logits[static_cast<size_t>(yes_)]),
+               ln = static_cast<double>(logits[static_cast<size_t>(no_)]);
+  if (!std::isfinite(ly) && !std::isfinite(ln)) return 0.5;
+  return 1.0 / (1.0 + std::exp(ln - ly)); // p(yes) / (p(yes) + p(no))
+}
+
+// Sequence 0 := the K/V of toks[0, n): what it shares with the last judgement is kept, the rest
+// evaluated in one forward. want_logits: the logits after toks[n - 1] (then at least one token is
+// evaluated anew). Called with mu_ held.
+void ModelJudge::extend_base(std::span<const TokenId> toks, size_t n, std::vector<float>* want_logits) {
   size_t keep = 0;
-  while (keep < cached_.size() && keep + 1 < toks.size() && cached_[keep] == toks[keep])
+  const size_t keep_max = want_logits ? n - 1 : n;
+  while (keep < cached_.size() && keep < keep_max && cached_[keep] == toks[keep])
     ++keep;
   if (kv_->contains(0)) {
     if (keep == 0)
@@ -123,16 +146,20 @@ double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
       kv_->truncate(0, static_cast<int32_t>(keep));
   }
   cached_.assign(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(keep));
-  const size_t n = toks.size() - keep;
-  if (!kv_->allocate(0, static_cast<int32_t>(n)))
-    fail(Errc::out_of_memory, "verifier", "model_judge: no KV room for " + std::to_string(n) + " tokens");
-  std::vector<TokenId> rows(toks.begin() + static_cast<std::ptrdiff_t>(keep), toks.end());
-  std::vector<Pos> pos(n);
-  std::vector<SeqId> seqs(n, 0);
-  for (size_t i = 0; i < n; ++i)
+  if (keep == n) return;
+  const size_t m = n - keep;
+  if (!kv_->allocate(0, static_cast<int32_t>(m)))
+    fail(Errc::out_of_memory, "verifier", "model_judge: no KV room for " + std::to_string(m) + " tokens");
+  const std::vector<TokenId> rows(toks.begin() + static_cast<std::ptrdiff_t>(keep),
+                                  toks.begin() + static_cast<std::ptrdiff_t>(n));
+  std::vector<Pos> pos(m);
+  const std::vector<SeqId> seqs(m, 0);
+  for (size_t i = 0; i < m; ++i)
     pos[i] = static_cast<Pos>(keep + i);
-  const std::vector<int32_t> out{static_cast<int32_t>(n) - 1};
-  std::vector<float> logits(static_cast<size_t>(model_->config().n_vocab));
+  const std::vector<int32_t> out{static_cast<int32_t>(m) - 1};
+  std::vector<float> scratch;
+  std::vector<float>& logits = want_logits ? *want_logits : scratch;
+  logits.resize(static_cast<size_t>(model_->config().n_vocab));
   try {
     model_->forward(*be_, BatchView{rows, pos, seqs, out}, *kv_, logits);
   } catch (...) {
@@ -140,12 +167,117 @@ double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
     cached_.clear();
     throw;
   }
-  cached_ = toks;
+  ++forwards_;
+  cached_.assign(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
+  const std::vector<TokenId> toks = render(prompt, candidate);
+  std::lock_guard lock(mu_);
+  std::vector<float> logits;
+  extend_base(toks, toks.size(), &logits);
   ++calls_;
-  const double ly = static_cast<double>(logits[static_cast<size_t>(yes_)]),
-               ln = static_cast<double>(logits[static_cast<size_t>(no_)]);
-  if (!std::isfinite(ly) && !std::isfinite(ln)) return 0.5;
-  return 1.0 / (1.0 + std::exp(ln - ly)); // p(yes) / (p(yes) + p(no))
+  return judge(logits.data());
+}
+
+std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view prompt,
+                                                          std::span<const std::string_view> candidates) {
+  std::vector<Judgement> res(candidates.size());
+  std::vector<std::vector<TokenId>> toks(candidates.size());
+  std::vector<size_t> todo; // the candidates that rendered
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      toks[i] = render(prompt, candidates[i]);
+      todo.push_back(i);
+    } catch (const std::exception& e) {
+      res[i].error = e.what();
+    }
+  }
+  if (todo.empty()) return res;
+  if (todo.size() == 1) { // alone: one forward on sequence 0, as score()
+    std::lock_guard lock(mu_);
+    try {
+      std::vector<float> logits;
+      extend_base(toks[todo[0]], toks[todo[0]].size(), &logits);
+      ++calls_;
+      res[todo[0]].score = judge(logits.data());
+    } catch (const std::exception& e) {
+      res[todo[0]].error = e.what();
+    }
+    return res;
+  }
+  // The prefix every candidate shares (each keeps at least its last token to evaluate).
+  size_t lcp = toks[todo[0]].size() - 1;
+  for (size_t i : todo) {
+    lcp = std::min(lcp, toks[i].size() - 1);
+    size_t k = 0;
+    while (k < lcp && toks[i][k] == toks[todo[0]][k])
+      ++k;
+    lcp = k;
+  }
+  const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
+  constexpr size_t kMaxRows = 2048; // rows of one candidates' forward (a lone longer candidate still runs)
+  std::lock_guard lock(mu_);
+  size_t next = 0; // todo[next..] are still to judge
+  try {
+    extend_base(toks[todo[0]], lcp, nullptr);
+    std::vector<float> logits;
+    while (next < todo.size()) {
+      std::vector<TokenId> rows;
+      std::vector<Pos> pos;
+      std::vector<SeqId> seqs;
+      std::vector<int32_t> outs;
+      std::vector<size_t> who;
+      SeqId sid = 1;
+      const auto release = [&] {
+        for (SeqId q = 1; q < sid; ++q)
+          kv_->free(q);
+      };
+      while (next < todo.size() && sid <= o_.batch) {
+        const std::vector<TokenId>& t = toks[todo[next]];
+        const size_t m = t.size() - lcp;
+        if (!who.empty() && rows.size() + m > kMaxRows) break;
+        bool ok = lcp == 0 || kv_->fork(0, sid);
+        if (ok && !kv_->allocate(sid, static_cast<int32_t>(m))) {
+          if (lcp > 0) kv_->free(sid);
+          ok = false;
+        }
+        if (!ok) {
+          if (!who.empty()) break; // the rest in the next forward
+          release();
+          fail(Errc::out_of_memory, "verifier",
+               "model_judge: no KV room for a candidate of " + std::to_string(t.size()) + " tokens");
+        }
+        for (size_t k = lcp; k < t.size(); ++k) {
+          rows.push_back(t[k]);
+          pos.push_back(static_cast<Pos>(k));
+          seqs.push_back(sid);
+        }
+        outs.push_back(static_cast<int32_t>(rows.size()) - 1);
+        who.push_back(todo[next]);
+        ++sid;
+        ++next;
+      }
+      logits.resize(outs.size() * n_vocab);
+      try {
+        model_->forward(*be_, BatchView{rows, pos, seqs, outs}, *kv_, logits);
+      } catch (...) {
+        release();
+        next -= who.size();
+        throw;
+      }
+      release();
+      ++forwards_;
+      for (size_t j = 0; j < who.size(); ++j) {
+        res[who[j]].score = judge(logits.data() + j * n_vocab);
+        ++calls_;
+      }
+    }
+  } catch (const std::exception& e) { // the candidates not judged yet fail with it
+    for (size_t j = next; j < todo.size(); ++j)
+      res[todo[j]].error = e.what();
+  }
+  return res;
 }
 
 } // namespace loom

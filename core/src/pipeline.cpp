@@ -362,6 +362,15 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     tmpl.verify = [j = p->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
       return j->score(prompt, text);
     };
+    // Several candidates of a round: one batched forward over their shared prefix's forks.
+    tmpl.verify_many = [j = p->judge_.get()](std::string_view prompt, std::span<const std::string_view> texts,
+                                             std::string_view) {
+      const std::vector<ModelJudge::Judgement> r = j->score_many(prompt, texts);
+      std::vector<VerifyOutcome> out(r.size());
+      for (size_t i = 0; i < r.size(); ++i)
+        out[i] = VerifyOutcome{r[i].score, r[i].error};
+      return out;
+    };
   }
   // The backends must read and write KV rows of the configured type.
   const auto check_kv_type = [&](const Backend& be, const std::string& what) {
@@ -480,6 +489,36 @@ std::vector<GenerationResult> Pipeline::generate_all(const std::vector<Generatio
     }
   }
   return out;
+}
+
+std::vector<VerifyOutcome> StandaloneVerifier::score_all(std::span<const Item> items) const {
+  std::vector<VerifyOutcome> out(items.size());
+  for (size_t i = 0; i < items.size();) {
+    size_t e = i + 1; // a judge takes the run of items with this prompt at once
+    if (judge_)
+      while (e < items.size() && items[e].prompt == items[i].prompt)
+        ++e;
+    if (judge_) {
+      std::vector<std::string_view> texts;
+      for (size_t k = i; k < e; ++k)
+        texts.push_back(items[k].text);
+      const auto r = judge_->score_many(items[i].prompt, texts);
+      for (size_t k = i; k < e; ++k)
+        out[k] = VerifyOutcome{r[k - i].score, r[k - i].error};
+    } else {
+      try {
+        out[i].score = fn_(items[i].prompt, items[i].text, items[i].task);
+      } catch (const Error& ex) {
+        out[i].error = ex.what();
+      }
+    }
+    i = e;
+  }
+  return out;
+}
+
+size_t StandaloneVerifier::judge_forwards() const noexcept {
+  return judge_ ? judge_->forwards() : 0;
 }
 
 std::unique_ptr<StandaloneVerifier> StandaloneVerifier::create(const PipelineConfig& cfg) {

@@ -141,6 +141,7 @@ public:
       std::optional<std::string> answer;
       double mean_lp;
       std::optional<double> verified; // the verifier's score, when one is used
+      std::string verify_error;       // why the verifier gave none
     };
     std::vector<Cand> cands;
     const size_t n_prompt = s.n_prompt();
@@ -148,8 +149,22 @@ public:
       const auto toks = s.tokens(q);
       const std::string text = s.detokenize(toks.subspan(n_prompt));
       const size_t n = std::max<size_t>(1, s.n_generated(q));
-      cands.push_back({q, text, extract(text), s.score(q) / static_cast<double>(n), std::nullopt});
-      if (verifier_ != "none") cands.back().verified = s.verify(text);
+      cands.push_back({q, text, extract(text), s.score(q) / static_cast<double>(n), std::nullopt, {}});
+    }
+    // Every candidate in one verifier call (a judge model batches them); one that fails verification,
+    // or gets no score in [0, 1], has no vote.
+    if (verifier_ != "none") {
+      std::vector<std::string> texts;
+      for (const Cand& c : cands)
+        texts.push_back(c.text);
+      const auto verdicts = s.verify_many(texts);
+      for (size_t i = 0; i < cands.size(); ++i)
+        if (!verdicts[i].ok())
+          cands[i].verify_error = verdicts[i].error;
+        else if (!(verdicts[i].score >= 0 && verdicts[i].score <= 1))
+          cands[i].verify_error = "the verifier returned " + std::to_string(verdicts[i].score);
+        else
+          cands[i].verified = verdicts[i].score;
     }
     // Votes: weight per answer; ties by the answer's mean log-prob over its candidates.
     struct Tally {
@@ -160,6 +175,7 @@ public:
     int voters = 0;
     for (const Cand& c : cands) {
       if (!c.answer) continue;
+      if (verifier_ != "none" && !c.verified) continue;                   // failed verification: no vote
       if (verifier_ == "filter" && *c.verified < verifier_min_) continue; // filtered out: no vote
       Tally& t = tally[*c.answer];
       ++t.count;
@@ -200,6 +216,8 @@ public:
               ",\"answer\":" + (cands[i].answer ? json_string(*cands[i].answer) : "null") +
               ",\"mean_logprob\":" + json_number(cands[i].mean_lp) +
               (cands[i].verified ? ",\"verifier_score\":" + json_number(*cands[i].verified) : std::string()) +
+              (cands[i].verify_error.empty() ? std::string()
+                                             : ",\"verifier_error\":" + json_string(cands[i].verify_error)) +
               "}";
     s.set_output("candidates", list + "]");
   }

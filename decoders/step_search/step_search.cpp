@@ -290,6 +290,7 @@ public:
     s.set_metric("search_expansions", static_cast<double>(n_expanded_));
     s.set_metric("search_rounds", static_cast<double>(rounds_));
     s.set_metric("verifier_calls", static_cast<double>(verifier_calls_));
+    s.set_metric("verifier_batches", static_cast<double>(verifier_batches_));
   }
 
 private:
@@ -502,20 +503,31 @@ private:
     return s.detokenize(toks.subspan(std::min(n_prompt_, toks.size())));
   }
 
-  void score(Session& s, Node& n, loom_seq text_of) {
-    try {
-      ++verifier_calls_;
-      const double v = s.verify(path_text(s, text_of));
-      if (!(v >= 0 && v <= 1)) throw loom::sdk::Error("the verifier returned " + std::to_string(v));
-      n.score = v;
-      n.state = State::scored;
-    } catch (loom::sdk::StatusError& e) { // the verifier failed, or returned no score in [0, 1]
-      n.state = State::failed;
-      n.error = e.message();
-      e.release();
-    } catch (const loom::sdk::Error& e) {
-      n.state = State::failed;
-      n.error = e.what();
+  // Scores candidates (node, the sequence whose text it is judged on) in one verifier call: a judge
+  // model runs them in one batched forward. A candidate the verifier fails on, or gives no score in
+  // [0, 1], fails alone.
+  void score(Session& s, const std::vector<std::pair<int, loom_seq>>& which) {
+    if (which.empty()) return;
+    std::vector<std::string> texts;
+    texts.reserve(which.size());
+    for (const auto& w : which)
+      texts.push_back(path_text(s, w.second));
+    verifier_calls_ += which.size();
+    ++verifier_batches_;
+    const auto verdicts = s.verify_many(texts);
+    for (size_t i = 0; i < which.size(); ++i) {
+      Node& n = nodes_[static_cast<size_t>(which[i].first)];
+      const double v = verdicts[i].score;
+      if (!verdicts[i].ok()) {
+        n.state = State::failed;
+        n.error = verdicts[i].error;
+      } else if (!(v >= 0 && v <= 1)) {
+        n.state = State::failed;
+        n.error = "the verifier returned " + std::to_string(v);
+      } else {
+        n.score = v;
+        n.state = State::scored;
+      }
     }
   }
 
@@ -539,10 +551,12 @@ private:
   // The round's candidates are complete: score, merge duplicates, keep the best, free the rest.
   void select(Session& s) {
     if (phase_ == Phase::rollout) { // score each candidate on its roll-out, then drop the roll-outs
-      for (const Gen& r : gens_) {
-        score(s, nodes_[static_cast<size_t>(r.node)], r.seq);
+      std::vector<std::pair<int, loom_seq>> which;
+      for (const Gen& r : gens_)
+        which.emplace_back(r.node, r.seq);
+      score(s, which);
+      for (const Gen& r : gens_)
         s.free(r.seq);
-      }
       gens_ = std::move(generated_);
     }
     std::vector<int> cands;
@@ -562,10 +576,14 @@ private:
         }
       }
     }
+    std::vector<std::pair<int, loom_seq>> unscored; // not scored on a roll-out
+    for (int id : cands)
+      if (nodes_[static_cast<size_t>(id)].state == State::generating)
+        unscored.emplace_back(id, nodes_[static_cast<size_t>(id)].seq);
+    score(s, unscored);
     for (int id : cands) {
       Node& n = nodes_[static_cast<size_t>(id)];
       if (n.state == State::duplicate) continue;
-      if (n.state == State::generating) score(s, n, n.seq); // not scored on a roll-out
       if (n.state == State::failed) {
         release(s, n);
         continue;
@@ -661,7 +679,7 @@ private:
   std::vector<int> frontier_, queue_, answers_;
   std::vector<Gen> gens_, generated_;
   Phase phase_ = Phase::expand;
-  size_t rounds_ = 0, n_expanded_ = 0, verifier_calls_ = 0, fork_failures_ = 0;
+  size_t rounds_ = 0, n_expanded_ = 0, verifier_calls_ = 0, verifier_batches_ = 0, fork_failures_ = 0;
 };
 
 } // namespace

@@ -286,7 +286,7 @@ LOOM_ABI_SIZE(loom_backend_i, 136);
 LOOM_ABI_OFFSET(loom_session_api, seq_commit_node, 256);
 LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_nodes, 264);
 LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_depth, 272);
-LOOM_ABI_SIZE(loom_session_api, 280);
+// (loom_session_api ended here in 2.1: sizeof 280)
 LOOM_ABI_OFFSET(loom_batch, tree_base, 120);
 LOOM_ABI_OFFSET(loom_batch, tree_mask, 128);
 LOOM_ABI_SIZE(loom_batch, 136);
@@ -299,6 +299,12 @@ LOOM_ABI_OFFSET(loom_verifier_i, score, 8);
 LOOM_ABI_OFFSET(loom_verifier_i, destroy, 16);
 LOOM_ABI_OFFSET(loom_verifier_i, score_task, 24);
 LOOM_ABI_SIZE(loom_verifier_i, 32);
+
+// ================================================================================================
+// ABI 2.3 — the verifier on several texts at once — DO NOT MODIFY; append and add a new block
+// ================================================================================================
+LOOM_ABI_OFFSET(loom_session_api, verify_many, 280);
+LOOM_ABI_SIZE(loom_session_api, 288);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.
@@ -306,7 +312,7 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 2u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_session_api), 280u); // 31 entries in 2.0, 35 in 2.1
+  EXPECT_EQ(sizeof(loom_session_api), 288u); // 31 entries in 2.0, 35 in 2.1, 36 in 2.3
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

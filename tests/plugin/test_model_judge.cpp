@@ -4,6 +4,7 @@
 // one-line errors.
 #include "loom/backend.hpp"
 #include "loom/model.hpp"
+#include "loom/model_judge.hpp"
 #include "loom/tokenizer.hpp"
 #include "test_util.hpp"
 
@@ -77,6 +78,8 @@ TEST(ModelJudge, ScoresTheYesProbabilityOfAWrittenOutForward) {
     EXPECT_GT(want, 0.0);
     EXPECT_LT(want, 1.0);
   }
+  // One prompt: its shared prefix in one forward, the three candidates together in another.
+  EXPECT_EQ(j["summary"]["judge_forwards"].get<int>(), 2) << j["summary"].dump();
   fs::remove(f);
 }
 
@@ -103,6 +106,73 @@ TEST(ModelJudge, ScoresStepSearchCandidatesWithThePipelinesOwnModel) {
     }
   EXPECT_GE(scored, 4u);
   EXPECT_EQ(j["metrics"]["verifier_calls"].get<double>(), static_cast<double>(scored));
+  // The candidates of a round go to the judge together (one batched forward), not one by one.
+  EXPECT_LT(j["metrics"]["verifier_batches"].get<double>(), j["metrics"]["verifier_calls"].get<double>());
+  EXPECT_GE(j["metrics"]["verifier_batches"].get<double>(), 1.0);
+}
+
+// score_many: a prompt's candidates in batched forwards (their shared prefix once, then up to `batch`
+// forked sequences per forward) score as each does alone, a candidate longer than the judge's context
+// fails alone, and the forked sequences are released (a second and third round score the same).
+TEST(ModelJudge, ScoresManyCandidatesInBatchedForwardsAsEachDoesAlone) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  ModelJudgeOptions o;
+  o.model = "self";
+  o.templ = "{prompt} {candidate} The girl was";
+  o.yes = "happy";
+  o.no = "big";
+  o.n_ctx = 64;
+  const auto make = [&] {
+    std::shared_ptr<Model> m = Model::load(model.string());
+    auto tok = Tokenizer::from_gguf(m->file());
+    return std::make_unique<ModelJudge>(m, std::move(tok), make_reference_backend(), o, "test");
+  };
+  std::vector<std::string> cands;
+  for (int i = 0; i < 11; ++i)
+    cands.push_back("Lily had " + std::to_string(i + 2) + " red balls and a " + (i % 2 ? "cat." : "dog."));
+  std::string long_one;
+  for (int i = 0; i < 40; ++i)
+    long_one += "and then the dog ran ";
+  cands.insert(cands.begin() + 5, long_one); // 12 in all, one too long
+  const std::vector<std::string_view> views(cands.begin(), cands.end());
+
+  auto alone = make();
+  std::vector<double> want;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (i == 5) {
+      EXPECT_THROW(alone->score("Once upon a time", cands[i]), Error);
+      want.push_back(-1);
+      continue;
+    }
+    want.push_back(alone->score("Once upon a time", cands[i]));
+  }
+  auto batched = make();
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const size_t f0 = batched->forwards();
+    const auto got = batched->score_many("Once upon a time", views);
+    ASSERT_EQ(got.size(), cands.size());
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (i == 5) {
+        EXPECT_NE(got[i].error.find("the judge's context 64"), std::string::npos) << got[i].error;
+        continue;
+      }
+      EXPECT_TRUE(got[i].error.empty()) << got[i].error;
+      EXPECT_NEAR(got[i].score, want[i], 1e-6) << cands[i];
+    }
+    // 11 candidates: the prefix (first round only: later rounds keep it), then 8 + 3 forked sequences.
+    EXPECT_EQ(batched->forwards() - f0, round == 0 ? 3u : 2u);
+  }
+  EXPECT_EQ(batched->calls(), 33u);
+  // batch = 3: the same scores in ⌈11 / 3⌉ = 4 candidate forwards after the prefix's.
+  o.batch = 3;
+  auto threes = make();
+  const auto got = threes->score_many("Once upon a time", views);
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (i != 5) {
+      EXPECT_NEAR(got[i].score, want[i], 1e-6) << cands[i];
+    }
+  EXPECT_EQ(threes->forwards(), 5u);
 }
 
 TEST(ModelJudge, BadKeysAreOneLineErrors) {
@@ -121,6 +191,7 @@ TEST(ModelJudge, BadKeysAreOneLineErrors) {
   one_line(m + " --set 'verifier.template=\"no slot\"'", "must contain {candidate}");
   one_line(m + " --set 'verifier.yes=\"yes\"' --set 'verifier.no=\"big\"'", "is 2 tokens");
   one_line(m + " --set verifier.colour=1", "model_judge has no key 'colour'");
+  one_line(m + " --set verifier.batch=0", "model_judge.batch must be an integer in [1, 64]");
   one_line(" --set 'verifier.model=\"/nonexistent/judge.gguf\"'", "no such file");
   fs::remove(f);
 }

@@ -336,6 +336,41 @@ TEST(StepSearch, AFailingVerifierFailsItsCandidateOnly) {
   }
 }
 
+// self_consistency sends its candidates to the verifier together (verify_many); one the verifier fails
+// on loses its vote and says why, the request still answers.
+TEST(StepSearch, SelfConsistencyCandidatesFailVerificationAlone) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const auto r =
+      loom_run("-m " + model.string() +
+               " -p 'One day, a little' -n 12 --seed 11 --temp 1.0 --json --decoder self_consistency"
+               " --set decoder.samples=8 --set 'decoder.verifier=\"weight\"'"
+               " --set 'decoder.answer_regex=\"(T[a-z]+)\"'"
+               " --set 'verifier.name=\"fixture_hash\"' --set verifier.fail_on=103"); // 'g'
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  size_t failed = 0, scored = 0;
+  for (const auto& c : j["candidates"]) {
+    const std::string text = c["text"];
+    if (text.find('g') != std::string::npos) {
+      ++failed;
+      EXPECT_TRUE(c.contains("verifier_error")) << c.dump();
+      EXPECT_FALSE(c.contains("verifier_score")) << c.dump();
+    } else {
+      ++scored;
+      EXPECT_TRUE(c.contains("verifier_score")) << c.dump();
+    }
+  }
+  EXPECT_GT(failed, 0u);
+  EXPECT_GT(scored, 0u);
+  size_t votes = 0, want = 0;
+  for (const auto& v : j["votes"])
+    votes += v["count"].get<size_t>();
+  for (const auto& c : j["candidates"])
+    if (!c["answer"].is_null() && c.contains("verifier_score")) ++want;
+  EXPECT_EQ(votes, want);
+}
+
 TEST(StepSearch, PrunedBranchesFreeTheirKv) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   PipelineConfig cfg;

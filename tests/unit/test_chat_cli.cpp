@@ -102,8 +102,18 @@ class Tmux {
 public:
   explicit Tmux(const std::string& command)
       : socket_("loom-test-" + std::to_string(::getpid()) + "-" + std::to_string(next_++)) {
-    ok_ = sh("tmux -L " + socket_ + " new-session -d -s chat -x 200 -y 50 " + quote(command)) == 0;
+    // Tried a few times: once in a full ctest run on a loaded machine tmux did not start (not seen again).
+    const std::string err = temp_path("tmux-err.txt").string();
+    for (int attempt = 0; attempt < 3 && !ok_; ++attempt) {
+      if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      sh("tmux -L " + socket_ + " kill-server 2>/dev/null");
+      ok_ = sh("tmux -L " + socket_ + " new-session -d -s chat -x 200 -y 50 " + quote(command) + " 2>" +
+               err) == 0;
+      std::ifstream f(err);
+      why_ = {std::istreambuf_iterator<char>(f), {}};
+    }
   }
+  const std::string& why() const { return why_; } // tmux's error when it did not start
   ~Tmux() { sh("tmux -L " + socket_ + " kill-server 2>/dev/null"); }
   Tmux(const Tmux&) = delete;
   Tmux& operator=(const Tmux&) = delete;
@@ -136,7 +146,7 @@ private:
     return q + "'";
   }
   static inline int next_ = 0;
-  std::string socket_;
+  std::string socket_, why_;
   bool ok_ = false;
 };
 
@@ -170,7 +180,7 @@ TEST(ChatCli, ChatInATerminalTwoTurnsResetSaveInterruptQuit) {
   // -n 6 per answer; no end-of-generation stop, so an answer is long enough to interrupt when -n is off.
   Tmux t(std::string(std::getenv("LOOM_BIN")) + " chat -m " + model +
          " --system 'Be brief.' --temp 0 -n 6; echo \"exit=$?\" > " + done + "; sleep 60");
-  ASSERT_TRUE(t.ok()) << "tmux did not start";
+  ASSERT_TRUE(t.ok()) << "tmux did not start: " << t.why();
   std::string s;
   ASSERT_TRUE(t.wait_for([](const std::string& x) { return prompts(x) >= 1; }, 60, s)) << s;
   EXPECT_NE(s.find("template tokenizer.chat_template"), std::string::npos) << s; // the model's own template
@@ -216,7 +226,7 @@ TEST(ChatCli, ChatInATerminalTwoTurnsResetSaveInterruptQuit) {
   Tmux t2(std::string(std::getenv("LOOM_BIN")) + " chat -m " + model +
           " --temp 0 -n 100000 --ctx-size 4096 --set stop.eos=false; echo \"exit=$?\" > " + done +
           "; sleep 60");
-  ASSERT_TRUE(t2.ok());
+  ASSERT_TRUE(t2.ok()) << "tmux did not start: " << t2.why();
   ASSERT_TRUE(t2.wait_for([](const std::string& x) { return prompts(x) >= 1; }, 60, s)) << s;
   t2.type("Go on");
   t2.keys("Enter");

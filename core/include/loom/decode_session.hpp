@@ -132,6 +132,9 @@ public:
   void set_output(const std::string& key, const std::string& json);
   bool has_verifier() const noexcept { return static_cast<bool>(ctx_.verify); }
   double verify(std::string_view text) const; // the pipeline's verifier on this request's prompt + text
+  // The verifier on several texts at once: one outcome each (a failing text fails alone). Throws only
+  // when the pipeline names no verifier.
+  std::vector<VerifyOutcome> verify_many(std::span<const std::string_view> texts) const;
   void set_task(std::string task_json) { task_ = std::move(task_json); } // what the verifier is also given
   const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
   std::mt19937_64& rng() noexcept { return rng_; }

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,9 +23,10 @@ struct ModelJudgeOptions {
   std::string templ = "{prompt}{candidate}\n\nIs the answer above correct? Answer yes or no.\nAnswer:";
   std::string yes = " yes", no = " no"; // one token each for the judge's tokenizer
   int32_t n_ctx = 4096;                 // the judge's context (capped at the model's training length)
+  int32_t batch = 8;                    // the most candidates one judge forward takes (1..64)
 };
 
-// [verifier] name = "model_judge" keys: model, template, yes, no, n_ctx; anything else is an error.
+// [verifier] name = "model_judge" keys: model, template, yes, no, n_ctx, batch; anything else is an error.
 ModelJudgeOptions parse_model_judge_options(const std::vector<std::pair<std::string, ParamValue>>& params,
                                             const std::string& where);
 
@@ -38,7 +40,16 @@ public:
   ModelJudge& operator=(const ModelJudge&) = delete;
   // p(yes) / (p(yes) + p(no)) at the end of the template with the prompt and candidate in it.
   double score(std::string_view prompt, std::string_view candidate);
-  size_t calls() const noexcept { return calls_; }
+  // Several candidates of one prompt at once: their common prefix is evaluated once (sequence 0), each
+  // candidate's rest in a sequence forked from it (sharing its blocks), up to `batch` candidates per
+  // forward. One result per candidate: a score, or why that candidate could not be judged.
+  struct Judgement {
+    double score = 0;
+    std::string error; // non-empty: this candidate failed (e.g. longer than the judge's context)
+  };
+  std::vector<Judgement> score_many(std::string_view prompt, std::span<const std::string_view> candidates);
+  size_t calls() const noexcept { return calls_; }       // candidates judged
+  size_t forwards() const noexcept { return forwards_; } // judge forwards run
 
 private:
   std::shared_ptr<Model> model_;
@@ -49,7 +60,12 @@ private:
   std::vector<TokenId> cached_; // the tokens whose K/V sequence 0 holds
   TokenId yes_ = -1, no_ = -1;
   int32_t n_ctx_ = 0;
-  size_t calls_ = 0;
+  size_t calls_ = 0, forwards_ = 0;
+
+  std::vector<TokenId> render(std::string_view prompt, std::string_view candidate) const;
+  // sequence 0 := toks[0, n), evaluated; want_logits: the logits after toks[n - 1]
+  void extend_base(std::span<const TokenId> toks, size_t n, std::vector<float>* want_logits);
+  double judge(const float* logits) const;
   std::mutex mu_;
 };
 

@@ -99,6 +99,14 @@ public:
   double score(std::string_view prompt, std::string_view text, std::string_view task = {}) const {
     return fn_(prompt, text, task);
   }
+  // Every item (prompt, text, task) in order, one outcome each (a failing item fails alone): a judge
+  // model scores each run of items with the same prompt in batched forwards.
+  struct Item {
+    std::string_view prompt, text, task;
+  };
+  std::vector<VerifyOutcome> score_all(std::span<const Item> items) const;
+  // The judge model's forwards so far (model_judge; 0 for a plugin).
+  size_t judge_forwards() const noexcept;
   const std::string& name() const noexcept { return name_; }
 
 private:

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,17 @@ namespace loom {
 using RequestId = int64_t;
 using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
 using StreamCallback = std::function<void(std::string_view text)>;
+
+// One text's verdict from a verifier asked about several at once: a score in [0, 1], or why that text
+// could not be scored (the others still are).
+struct VerifyOutcome {
+  double score = 0;
+  std::string error; // non-empty: this text failed
+};
+// The pipeline's verifier on several texts of one prompt at once (a judge model scores them in one
+// batched forward); empty: the texts go one by one through `verify`.
+using VerifyManyFn = std::function<std::vector<VerifyOutcome>(
+    std::string_view prompt, std::span<const std::string_view> texts, std::string_view task)>;
 
 // What a session needs of the engine: shared, outliving every session.
 struct SessionContext {
@@ -48,6 +60,7 @@ struct SessionContext {
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
+  VerifyManyFn verify_many; // optional (see VerifyManyFn)
   // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
   // window the rest is released from the store after every forward.
   KVRetention retention[2];

@@ -363,6 +363,25 @@ loom_status* session_verify(loom_session* s, const char* text, size_t len, doubl
     if (score) *score = v;
   });
 }
+loom_status* session_verify_many(loom_session* s, const char* const* texts, const size_t* lens, size_t n,
+                                 double* scores, loom_status** statuses) noexcept {
+  return guarded([&] {
+    if (n && (!texts || !lens || !scores || !statuses))
+      fail(Errc::invalid_argument, "decoder",
+           "verify_many: texts, lens, scores and statuses must not be NULL");
+    std::vector<std::string_view> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!texts[i] && lens[i]) fail(Errc::invalid_argument, "decoder", "verify_many: a NULL text");
+      v[i] = std::string_view(texts[i] ? texts[i] : "", lens[i]);
+    }
+    const std::vector<VerifyOutcome> r = S(s).verify_many(v); // NOT_FOUND without a verifier
+    for (size_t i = 0; i < n; ++i) {
+      scores[i] = r[i].error.empty() ? r[i].score : 0.0;
+      statuses[i] =
+          r[i].error.empty() ? nullptr : status_create(LOOM_STATUS_INVALID_ARGUMENT, r[i].error.c_str());
+    }
+  });
+}
 loom_status* session_add_result(loom_session* s, loom_seq seq, double score) noexcept {
   return guarded([&] { S(s).add_result(seq, score); });
 }
@@ -477,7 +496,7 @@ const loom_session_api k_session = {&session_n_vocab,    &session_n_prompt,   &s
                                     &seq_set_draft,      &seq_commit,         &seq_n_draft,
                                     &seq_logits_at,      &seq_probs,          &session_has_draft,
                                     &seq_fork_draft,     &seq_set_draft_tree, &seq_commit_node,
-                                    &seq_max_tree_nodes, &seq_max_tree_depth};
+                                    &seq_max_tree_nodes, &seq_max_tree_depth, &session_verify_many};
 
 // Each table as of 2.`minor`; a minor this host does not have yet gives NULL.
 const void* get_api(uint32_t table, uint32_t minor) noexcept {

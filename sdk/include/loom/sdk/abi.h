@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 2u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 2u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 3u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -375,6 +375,14 @@ typedef struct loom_session_api {
    * the deepest tree (below the model's narrowest sliding window). */
   int32_t (*seq_max_tree_nodes)(const loom_session* s, loom_seq seq);
   int32_t (*seq_max_tree_depth)(const loom_session* s, loom_seq seq);
+
+  /* 2.3 — the verifier on n texts of this request at once (a judge model scores them in one batched
+   * forward; other verifiers one by one): scores[i] in [0, 1] when statuses[i] is NULL, else statuses[i]
+   * says why text i failed (the caller frees it; the other texts are still scored). The call's own
+   * status: NOT_FOUND when the pipeline names no verifier, INVALID_ARGUMENT on NULL arrays (then
+   * statuses are left alone). */
+  loom_status* (*verify_many)(loom_session* s, const char* const* texts, const size_t* lens, size_t n,
+                              double* scores, loom_status** statuses);
 } loom_session_api;
 
 typedef enum loom_config_type {

@@ -327,6 +327,47 @@ public:
     check(session_api().verify(s_, text.data(), text.size(), &v));
     return v;
   }
+  // The verifier on several texts at once (a judge model scores them in one batched forward): one
+  // result each — a score, or why that text failed (the others are still scored). Throws only when the
+  // pipeline names no verifier. On a 2.2 host (LOOM_SDK_TARGET_MINOR < 3) the texts go one by one.
+  struct Verdict {
+    double score = 0;
+    std::string error; // non-empty: this text failed
+    bool ok() const noexcept { return error.empty(); }
+  };
+  std::vector<Verdict> verify_many(std::span<const std::string> texts) {
+    std::vector<Verdict> r(texts.size());
+#if LOOM_SDK_TARGET_MINOR >= 3
+    std::vector<const char*> ptr(texts.size());
+    std::vector<size_t> len(texts.size());
+    std::vector<double> score(texts.size());
+    std::vector<loom_status*> st(texts.size(), nullptr);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      ptr[i] = texts[i].data();
+      len[i] = texts[i].size();
+    }
+    check(session_api().verify_many(s_, ptr.data(), len.data(), texts.size(), score.data(), st.data()));
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (st[i]) {
+        r[i].error = core_api().status_message(st[i]);
+        core_api().status_free(st[i]);
+      } else {
+        r[i].score = score[i];
+      }
+    }
+#else
+    for (size_t i = 0; i < texts.size(); ++i) {
+      try {
+        r[i].score = verify(texts[i]);
+      } catch (StatusError& e) {
+        if (e.code() == LOOM_STATUS_NOT_FOUND) throw;
+        r[i].error = e.message();
+        e.release();
+      }
+    }
+#endif
+    return r;
+  }
   bool has_verifier() {
     double v = 0;
     check(session_api().verify(s_, nullptr, 0, &v)); // a NULL text only asks
@@ -350,7 +391,9 @@ public:
     check(session_api().seq_commit(s_, seq, n, &reason));
     return reason;
   }
-  size_t n_draft(loom_seq seq) const { return session_api().seq_n_draft(s_, seq); }
+  size_t n_draft(loom_seq seq) const {
+    return session_api().seq_n_draft(s_, seq);
+  }
   std::span<const float> logits_at(loom_seq seq, size_t row) const {
     const float* p = session_api().seq_logits_at(s_, seq, row);
     return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
@@ -359,7 +402,9 @@ public:
   void probs(loom_seq seq, std::span<float> out) {
     check(session_api().seq_probs(s_, seq, out.data(), out.size()));
   }
-  bool has_draft_model() const { return session_api().has_draft(s_) == 1; }
+  bool has_draft_model() const {
+    return session_api().has_draft(s_) == 1;
+  }
   // Token trees (ABI 2.1): node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
   // token); evaluated in one forward with row 1 + i after node i. Returns the nodes kept (context room).
   size_t set_draft_tree(loom_seq seq, std::span<const loom_token> tokens, std::span<const int32_t> parents) {
@@ -375,8 +420,12 @@ public:
     check(session_api().seq_commit_node(s_, seq, node, &reason));
     return reason;
   }
-  int32_t max_tree_nodes(loom_seq seq) const { return session_api().seq_max_tree_nodes(s_, seq); }
-  int32_t max_tree_depth(loom_seq seq) const { return session_api().seq_max_tree_depth(s_, seq); }
+  int32_t max_tree_nodes(loom_seq seq) const {
+    return session_api().seq_max_tree_nodes(s_, seq);
+  }
+  int32_t max_tree_depth(loom_seq seq) const {
+    return session_api().seq_max_tree_depth(s_, seq);
+  }
   // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
   loom_seq fork_draft(loom_seq parent) {
     loom_seq child = -1;
@@ -386,8 +435,12 @@ public:
   void set_metric(const std::string& key, double value) {
     check(session_api().set_metric(s_, key.c_str(), value));
   }
-  double uniform() { return session_api().uniform(s_); } // [0, 1), the request's RNG
-  loom_session* raw() const { return s_; }
+  double uniform() {
+    return session_api().uniform(s_);
+  } // [0, 1), the request's RNG
+  loom_session* raw() const {
+    return s_;
+  }
 
 private:
   loom_session* s_;
