@@ -95,6 +95,7 @@ nlohmann::json to_json(const GenerationResult& r) {
                   {"cached_prompt_tokens", r.metrics.cached_prompt_tokens}};
   if (r.metrics.draft_tokens_evaluated > 0)
     j["metrics"]["draft_tokens_evaluated"] = r.metrics.draft_tokens_evaluated;
+  if (r.metrics.draft_kv_copied > 0) j["metrics"]["draft_kv_copied"] = r.metrics.draft_kv_copied;
   if (r.metrics.draft_forward_ms > 0) {
     j["metrics"]["draft_forward_ms"] = r.metrics.draft_forward_ms;
     j["metrics"]["draft_prefill_ms"] = r.metrics.draft_prefill_ms;

@@ -127,6 +127,7 @@ LocalSeq DecodeSession::fork(LocalSeq parent) {
   e.draft = pe.draft;
   e.n_cached = pe.n_cached;
   e.finished = pe.finished;
+  e.mirror = pe.mirror;
   if (pe.n_rows > 0) {
     const auto V = static_cast<size_t>(n_vocab());
     e.rows.assign(pe.rows.begin() + static_cast<std::ptrdiff_t>(pe.row_off * V),
@@ -174,6 +175,7 @@ LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   e.kv = kv;
   e.tokens = p.e->tokens; // committed tokens only; none evaluated on the draft model yet
   e.finished = p.e->finished;
+  e.mirror = parent;
   copy_state(p, *c); // clones plugin state: may throw
   undo.armed = false;
   return adopt(std::move(e), std::move(c));

@@ -85,7 +85,7 @@ std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, {}, {}, {}},
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, false, {}, {}, {}},
       tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
   ctx_.verify_many = tmpl_.verify_many;
@@ -95,6 +95,7 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
            "the draft model has " + std::to_string(draft_->model.config().n_vocab) +
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
     ctx_.draft_kv = &draft_->kv;
+    ctx_.draft_is_target_layers = draft_->target_layers;
     ctx_.retention[1] = retention_for(draft_->model, draft_->backend);
     std::tie(ctx_.tree_nodes[1], ctx_.tree_depth[1]) = tree_limits(draft_->model, draft_->backend);
   }
@@ -228,6 +229,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.forward_ms = r.forward_ms[0];
   m.tokens_evaluated = s.book().evaluated(0);
   m.draft_tokens_evaluated = s.book().evaluated(1);
+  m.draft_kv_copied = s.book().kv_copied();
   m.kv_reserved_peak_bytes = r.kv_reserved_peak;
   m.kv_used_peak_bytes = r.kv_used_peak;
   m.draft_forward_ms = r.forward_ms[1];

@@ -338,7 +338,8 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     dshape.prefix_cache = shape.prefix_cache;
     dshape.dtype = shape.dtype;
     p->draft_kv_ = make_store(dshape);
-    draft.emplace(DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_});
+    draft.emplace(
+        DraftModel{*p->draft_model_, *p->draft_backend_, *p->draft_kv_, cfg.decoder.draft_layers > 0});
   }
   // The built-in model_judge verifier: the judge model (the pipeline's own for "self") on a backend of
   // the pipeline's kind, its own KV.

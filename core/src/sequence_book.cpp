@@ -114,9 +114,35 @@ void SequenceBook::begin_work() {
     q.pending = true;
     q.target = n_all;
     q.out_from = out_from;
+    if (q.model == 1 && ctx_.draft_is_target_layers && q.mirror >= 0) copy_from_target(q);
     ++events_;
   }
   planned_.clear();
+}
+
+void SequenceBook::copy_from_target(Entry& q) {
+  const auto it = seqs_.find(q.mirror);
+  if (it == seqs_.end()) return;
+  const Entry& t = it->second;
+  KVCacheStore& src = ctx_.kv;
+  KVCacheStore& dst = *ctx_.draft_kv;
+  if (t.model != 0 || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
+  // The target's committed tokens with K/V at their own positions (a tree's nodes lie elsewhere).
+  int32_t lim = std::min({q.out_from, t.n_cached, static_cast<int32_t>(t.tokens.size())});
+  if (t.is_tree()) lim = std::min(lim, t.tree_base);
+  const int32_t from = q.n_cached;
+  int32_t end = from;
+  while (end < lim && t.tokens[static_cast<size_t>(end)] == q.tokens[static_cast<size_t>(end)])
+    ++end;
+  if (end <= from || !src.holds(t.kv, from, end)) return;
+  if (dst.length(q.kv) != from || !dst.allocate(q.kv, end - from)) return; // no room: evaluated instead
+  const int32_t n_layer = dst.shape().n_layer; // the draft's: the target's first layers
+  for (int32_t layer = 0; layer < n_layer; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      for (Pos pos = from; pos < end; ++pos)
+        dst.write_row(layer, kv, q.kv, pos, src.read_row(layer, kv, t.kv, pos));
+  q.n_cached = end;
+  kv_copied_ += static_cast<size_t>(end - from);
 }
 
 bool SequenceBook::work_pending() const noexcept {

@@ -154,8 +154,8 @@ public:
   void plan(Session& s) override {
     if (s.finished(0) != LOOM_STOP_NONE) return;
     if (phase_ == Phase::verify) {
-      s.plan(0);
-      if (!prefilled_ && draft_seq_ >= 0) s.plan(draft_seq_); // both prompts in the first step
+      s.plan(0); // the first: the prompt's, alone — the draft reads it at its first step (a draft of the
+                 // target's own layers then takes its K/V from the target instead of evaluating it)
     } else {
       s.plan(draft_seq_);
     }
@@ -178,7 +178,6 @@ public:
         ++verifies_;
       }
     }
-    if (!prefilled_ && draft_seq_ >= 0) ++draft_forwards_; // the draft's prompt, beside the target's
     prefilled_ = true;
     ++target_forwards_;
     if (in_tree_)
@@ -700,11 +699,11 @@ private:
   std::uniform_real_distribution<double> draft_u_{0.0, 1.0};
   double draft_ms_ = -1; // a draft forward's wall time (moving average)
   std::chrono::steady_clock::time_point t_draft_{};
-  double m_acc_ = 0, m_tested_ = 0; // the draft model's drafts accepted / tested
-  double reach_ = 1;                // the draft chain's confidence so far this round
-  size_t skipped_ = 0;              // rounds without drafts (k = 0) since the last probe
-  size_t probe_every_ = 4;          // skipped rounds before a probe: 4, then 8, 16, … 128
-  bool probing_ = false, catch_up_ = false;
+  double m_acc_ = 0, m_tested_ = 0;        // the draft model's drafts accepted / tested
+  double reach_ = 1;                       // the draft chain's confidence so far this round
+  size_t skipped_ = 0;                     // rounds without drafts (k = 0) since the last probe
+  size_t probe_every_ = 4;                 // skipped rounds before a probe: 4, then 8, 16, … 128
+  bool probing_ = false, catch_up_ = true; // the first draft step also reads the prompt
   std::chrono::steady_clock::time_point t_submit_{};
   double nodes_sum_ = 0, verify_ms_ = 0;
   size_t verifies_ = 0;

@@ -5,6 +5,9 @@
 // temperature chain too); acceptance 100% when draft == target; bad keys and draft files are one-line
 // errors; every decoder gives inside a `--parallel 4` batch what it gives alone.
 #include "fixtures/scripted_model.hpp"
+#include "loom/attention.hpp"
+#include "loom/backend.hpp"
+#include "loom/model.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/pipeline_config.hpp"
 #include "test_util.hpp"
@@ -115,6 +118,69 @@ TEST(Speculative, GreedyIsTheTargetsOwnOutputOnStories260K) {
       some.push_back(d);
   expect_greedy_identity(model, some, "reference", 120);
   expect_greedy_identity(model, drafters, "cpu", 120);
+}
+
+// A draft of the target's own first layers takes the K/V of the tokens the target evaluated (the prompt)
+// from the target's store instead of evaluating them. Its proposals are still those of the first layers'
+// forward: with k = 1 and greedy, the accepted drafts equal a written-out count — the 4-layer model's
+// argmax after each committed prefix, compared with the target's next token.
+TEST(Speculative, OwnLayersDraftTakesThePromptsKvFromTheTarget) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  const int n_new = 40;
+  const auto j = run_json("-m " + model.string() +
+                          " -p 'Once upon a time there was a little girl named Lily. She loved to play' -n " +
+                          std::to_string(n_new) +
+                          " --temp 0 --decoder speculative --set decoder.draft_layers=4"
+                          " --set decoder.adaptive=false --set decoder.k=1 --set decoder.tree=false"
+                          " --set backend.name='\"reference\"'");
+  const auto prompt = j["prompt_tokens"].get<std::vector<int32_t>>();
+  const auto gen = j["tokens"].get<std::vector<int32_t>>();
+  const auto& m = j["metrics"];
+  ASSERT_TRUE(m.contains("draft_kv_copied")) << m.dump();
+  // The prompt but its last token (whose row the draft needs), and each accepted draft (k = 1: the draft
+  // never evaluated it; the target's verification did).
+  EXPECT_EQ(m["draft_kv_copied"].get<double>(),
+            static_cast<double>(prompt.size() - 1) + m["accepted_tokens"].get<double>());
+  EXPECT_LE(m["draft_tokens_evaluated"].get<double>(), m["draft_tokens"].get<double>() + 1);
+
+  // The written-out count: the first 4 layers' greedy proposal after each committed prefix.
+  auto target = loom::Model::load(model.string());
+  auto draft = target->with_layers(4);
+  draft->set_attention(
+      loom::make_attention_variant(draft->config(), loom::AttentionChoice{"model", "auto", 0, 0, {}}));
+  auto be = loom::make_reference_backend();
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  auto kv = loom::make_contiguous_kv_cache(draft->kv_shape(256, 1));
+  draft->load_into(*be);
+  kv->attach(be->alloc_kv(kv->layout()));
+  ASSERT_TRUE(kv->allocate(0, static_cast<int32_t>(all.size())));
+  std::vector<loom::Pos> pos(all.size());
+  std::vector<loom::SeqId> seqs(all.size(), 0);
+  std::vector<int32_t> outs(all.size());
+  for (size_t i = 0; i < all.size(); ++i)
+    pos[i] = static_cast<loom::Pos>(i), outs[i] = static_cast<int32_t>(i);
+  const auto V = static_cast<size_t>(draft->config().n_vocab);
+  std::vector<float> logits(all.size() * V);
+  draft->forward(*be, loom::BatchView{all, pos, seqs, outs}, *kv, logits);
+  const auto argmax_after = [&](size_t n) { // the proposal after all[0..n)
+    const float* row = logits.data() + (n - 1) * V;
+    return static_cast<int32_t>(std::max_element(row, row + V) - row);
+  };
+  // Round structure with k = 1: the first generated token comes from the prompt's pass; then each round
+  // proposes one token after the committed ones; accepted: it and the target's next are committed.
+  size_t n = prompt.size() + 1, accepted = 0;
+  while (n < all.size()) {
+    if (argmax_after(n) == all[n]) {
+      ++accepted;
+      n += 2;
+    } else {
+      n += 1;
+    }
+  }
+  EXPECT_NEAR(m["accepted_tokens"].get<double>(), static_cast<double>(accepted), 1.0);
+  EXPECT_GT(accepted, 3u) << "the case should accept some drafts";
 }
 
 TEST(Speculative, GreedyIsTheTargetsOwnOutputOnASynthModel) {

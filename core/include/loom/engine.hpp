@@ -54,6 +54,7 @@ struct GenerationMetrics {
   size_t kv_reserved_peak_bytes = 0;
   size_t tokens_evaluated = 0;       // token rows the target evaluated for this request (prompt once)
   size_t draft_tokens_evaluated = 0; // on the draft model
+  size_t draft_kv_copied = 0; // positions whose K/V a draft of the target's layers took from the target
   size_t kv_used_peak_bytes = 0;
   double queue_ms = 0; // submit → first admitted (waiting for a running slot or KV room)
   // Inter-token latency: the gaps between the steps that gave the request new tokens, after the first.
@@ -137,6 +138,9 @@ struct DraftModel {
   Model& model;
   Backend& backend;
   KVCacheStore& kv;
+  // The draft is the target's own first layers ([decoder] draft_layers): the K/V of those layers for
+  // tokens the target has evaluated are the draft's too — copied from the target's store, not evaluated.
+  bool target_layers = false;
 };
 
 // Threads: submit(), cancel() and wait_for_work() may be called from any thread; everything else,

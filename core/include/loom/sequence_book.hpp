@@ -58,6 +58,10 @@ struct SessionContext {
       ++next_kv_seq;
   }
   KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
+  // The draft model is the target's own first layers ([decoder] draft_layers): a draft sequence takes
+  // the K/V of the tokens its target sequence has evaluated from the target's store (those layers'
+  // rows copied) instead of evaluating them again.
+  bool draft_is_target_layers = false;
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
   VerifyManyFn verify_many; // optional (see VerifyManyFn)
@@ -77,6 +81,7 @@ public:
   // One sequence's tokens, K/V and logits rows.
   struct Entry {
     int model = 0;               // 0: the target; 1: the pipeline's draft model
+    LocalSeq mirror = -1;        // a draft sequence: the target sequence it was forked from
     SeqId kv = -1;               // id in that model's KV store
     std::vector<TokenId> tokens; // committed: prompt + generated
     std::vector<TokenId> draft;  // uncommitted tokens after `tokens` (not streamed, not seen by stop rules)
@@ -197,10 +202,15 @@ public:
   uint64_t progress() const noexcept { return events_; }
   // Token rows evaluated for this request so far, on the target (0) and on the draft model (1).
   size_t evaluated(int model) const noexcept { return evaluated_[model == 0 ? 0 : 1]; }
+  // Positions a draft of the target's layers took from the target's store instead of evaluating them.
+  size_t kv_copied() const noexcept { return kv_copied_; }
   void release(); // frees every sequence's KV and KV id
 
 private:
   Entry& at(LocalSeq seq); // throws for an unknown sequence
+  // A draft of the target's layers: its positions [n_cached, out_from) that its target sequence has
+  // evaluated with the same tokens get those layers' K/V rows from the target's store.
+  void copy_from_target(Entry& q);
 
   SessionContext& ctx_;
   size_t n_prompt_;
@@ -210,6 +220,7 @@ private:
   bool evicted_ = false;
   int32_t cached_prompt_ = 0;
   size_t evaluated_[2] = {0, 0};
+  size_t kv_copied_ = 0;
   uint64_t events_ = 0; // progress counter
 };
 
