@@ -3,8 +3,9 @@
 #   1. default (Release) preset: build, then every ctest test (unit, golden, configs, fuzz replays);
 #   2. asan preset (ASan + UBSan, -O1; the tests' own code not instrumented): build, then the same tests
 #      under the sanitizers but for a few long ones the other presets run (RealModels, 500 prompt
-#      lengths, ab's speculative identity check, speculative sampling's chi-square: default; the
-#      parallel paged-store scheduler test: tsan) — CMakePresets.json lists them;
+#      lengths, ab's speculative identity check, speculative sampling's chi-square, the out-of-tree
+#      build of the first-party backends against the installed SDK: default; the parallel paged-store
+#      scheduler test: tsan) — CMakePresets.json lists them;
 #   3. tsan preset (ThreadSanitizer): the engine's scheduling and threading tests;
 #   4. fuzz preset (clang + libFuzzer, -O1): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
 #      seed corpus; a crash fails the run and leaves its input in tests/fuzz/corpus/<target>/ to commit.
@@ -18,7 +19,7 @@ quick=0
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
