@@ -19,6 +19,11 @@
 //   width = 4              # tree branches: n-gram matches with different continuations; for a draft
 //                          # model, the alternatives kept beside its pick at each step (width − 1)
 //   max_nodes = 32         # a tree's most nodes (≤ the backend's limit, 64)
+//   acceptance = "exact"   # "exact" (speculative sampling, below) | "typical": NOT EXACT — Medusa's
+//                          # typical acceptance: a draft token is kept when p(d) ≥ min(typical_threshold,
+//                          # typical_alpha · exp(−H(p))), else a token is drawn from p and the round ends;
+//                          # greedy output is unchanged, sampled output no longer follows p exactly
+//   typical_threshold = 0.09, typical_alpha = 0.3
 //
 // Token trees: the n-gram drafter collects up to `width` continuations (the latest matches of the
 // longest suffix first) into a trie; the draft model adds, at each of its steps, its next-likeliest
@@ -116,6 +121,21 @@ public:
       throw Error("speculative: tree must be true, false or \"auto\", got \"" + t + "\"");
     width_ = bounded("width", 4, 1, 16);
     max_nodes_ = bounded("max_nodes", 32, 1, 64);
+    if (const std::string a = cfg.get_str("acceptance", "exact"); a == "typical")
+      typical_ = true;
+    else if (a != "exact")
+      throw Error("speculative: acceptance must be \"exact\" or \"typical\" (Medusa's, not exact), got \"" +
+                  a + "\"");
+    const auto unit = [&](const char* key, double def) {
+      const double v = cfg.get_f64(key, def);
+      if (!(v > 0 && v <= 1))
+        throw Error("speculative: " + std::string(key) + " must be in (0, 1], got " + std::to_string(v));
+      return v;
+    };
+    typical_threshold_ = unit("typical_threshold", 0.09);
+    typical_alpha_ = unit("typical_alpha", 0.3);
+    if (!typical_ && (cfg.has("typical_threshold") || cfg.has("typical_alpha")))
+      throw Error("speculative: typical_threshold and typical_alpha apply to acceptance = \"typical\" only");
   }
 
   void start(Session& s) override {
@@ -213,6 +233,7 @@ public:
                                                                      static_cast<double>(target_forwards_)
                                                                : 0.0);
     s.set_metric("k", static_cast<double>(k_cur_));
+    s.set_metric("exact", typical_ ? 0.0 : 1.0); // acceptance = "typical" is not exact
     // The drafts' size as chosen: nodes per verification, and the measured marginal cost of a row.
     s.set_metric("mean_draft_nodes",
                  target_forwards_ > 1 ? nodes_sum_ / static_cast<double>(target_forwards_ - 1) : 0.0);
@@ -283,7 +304,7 @@ private:
     }
     for (loom_token t : best_) {
       if (adaptive_ &&
-          reach_ * std::exp(static_cast<double>(q[static_cast<size_t>(t)]) - zmax) / z < 1.5 * cost_.beta())
+          reach_ * std::exp(static_cast<double>(q[static_cast<size_t>(t)]) - zmax) / z < 1.5 * plan_beta())
         continue;
       alts_.push_back({drafts_.size(), t});
     }
@@ -335,6 +356,19 @@ private:
       s.probs(0, p_);
       const loom_token d = drafts_[a];
       const auto di = static_cast<size_t>(d);
+      if (typical_) { // not exact: keep a plausible draft, else draw from p and end the round
+        if (static_cast<double>(p_[di]) >= typical_cut()) {
+          if (s.commit(0, 1) != LOOM_STOP_NONE) {
+            ++a;
+            record(m, a, false);
+            return;
+          }
+          continue;
+        }
+        s.append(0, static_cast<loom_token>(draw(p_, s.uniform())));
+        rejected = true;
+        break;
+      }
       const double qd = drafter_ == Drafter::model ? static_cast<double>(q_[a][di]) : 1.0;
       const double pd = static_cast<double>(p_[di]);
       const double u = s.uniform();
@@ -383,15 +417,33 @@ private:
       offered_[h][std::min(r, offered_[h].size() - 1)] += 1;
     for (;;) {
       s.probs(0, p_);
-      const auto x = static_cast<loom_token>(draw(p_, s.uniform()));
       int32_t next = -1;
       const auto& kids = children_[static_cast<size_t>(at + 1)];
-      for (size_t r = 0; r < kids.size(); ++r)
-        if (tree_tok_[static_cast<size_t>(kids[r])] == x) {
-          next = kids[r];
-          if (at < 0) taken_[h][std::min(r, taken_[h].size() - 1)] += 1;
-          break;
+      loom_token x = -1;
+      if (typical_) { // not exact: the likeliest child that passes the typical test, without a draw
+        const double cut = typical_cut();
+        float best = -1;
+        size_t best_r = 0;
+        for (size_t r = 0; r < kids.size(); ++r) {
+          const auto t = static_cast<size_t>(tree_tok_[static_cast<size_t>(kids[r])]);
+          if (p_[t] > best && static_cast<double>(p_[t]) >= cut) {
+            best = p_[t];
+            best_r = r;
+            next = kids[r];
+            x = static_cast<loom_token>(t);
+          }
         }
+        if (next >= 0 && at < 0) taken_[h][std::min(best_r, taken_[h].size() - 1)] += 1;
+        if (next < 0) x = static_cast<loom_token>(draw(p_, s.uniform()));
+      } else {
+        x = static_cast<loom_token>(draw(p_, s.uniform()));
+        for (size_t r = 0; r < kids.size(); ++r)
+          if (tree_tok_[static_cast<size_t>(kids[r])] == x) {
+            next = kids[r];
+            if (at < 0) taken_[h][std::min(r, taken_[h].size() - 1)] += 1;
+            break;
+          }
+      }
       if (at >= 0 && !kids.empty()) { // a continuation tested
         cont_tested_[h] += 1;
         if (next >= 0) cont_acc_[h] += 1;
@@ -411,6 +463,16 @@ private:
     hot_ = m > 0 && !rejected && !off_chain_ ? 1 : 0; // a leaf of the first branch reached
     // Per tested depth, as the linear scheme counts: the drafts of the path, α from its rejections.
     record(m, a, rejected);
+  }
+
+  // Medusa's typical acceptance (not exact): a token t passes when p(t) ≥ min(threshold, alpha ·
+  // exp(−H(p))), p the sampler chain's distribution at this position (one-hot for greedy: only its
+  // token passes).
+  double typical_cut() const {
+    double h = 0;
+    for (float x : p_)
+      if (x > 0.0f) h -= static_cast<double>(x) * std::log(static_cast<double>(x));
+    return std::min(typical_threshold_, typical_alpha_ * std::exp(-h));
   }
 
   void record(size_t m, size_t a, bool rejected) {
@@ -434,7 +496,8 @@ private:
     const double t1 = cost_.t1();
     // The ±1 rule where k must not depend on timing: the rejection scheme (no trees) draws from the
     // request's RNG once per tested draft, so a timed k would make sampled output vary between runs.
-    if (drafter_ != Drafter::model || !use_tree_ || draft_ms_ < 0 || t1 <= 0) {
+    // So does typical acceptance, whose draws depend on which drafts were offered.
+    if (drafter_ != Drafter::model || !use_tree_ || typical_ || draft_ms_ < 0 || t1 <= 0) {
       if (rejected)
         k_cur_ = std::max(k_cur_ > 1 ? k_cur_ - 1 : 1, k_min_);
       else if (a >= k_cur_) // a full round of k (not a shorter draft that a stop or lookup cut)
@@ -604,7 +667,7 @@ private:
     std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
       return tree_p_[static_cast<size_t>(a)] > tree_p_[static_cast<size_t>(b)];
     });
-    const double beta = cost_.beta();
+    const double beta = plan_beta();
     double gain = 1, best = 1.0 / 1.0;
     size_t keep = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -637,6 +700,14 @@ private:
     tree_p_.resize(m);
   }
 
+  // A verification row's marginal cost in one-row forwards before any is measured (F16 on the Zen 4 of
+  // docs/benchmarks.md: 0.2–0.3).
+  static constexpr double kBetaPrior = 0.25;
+  // The β that shapes drafts: measured — but fixed at the prior under typical acceptance, whose output
+  // depends on which drafts were offered: drafts chosen from wall-clock times would make a seeded run
+  // differ between runs and between a batch and alone.
+  double plan_beta() const { return typical_ ? kBetaPrior : cost_.beta(); }
+
   // Wall-clock cost of a target forward of `rows` rows, fitted as a + b·rows with exponential forgetting
   // (≈ the last 50 rounds); beta() = b / (a + b), a row's marginal cost in one-row forwards.
   struct CostFit {
@@ -657,7 +728,7 @@ private:
       return my / (1 + beta() * std::max(mx - 1, 0.0));
     }
     double beta() const {
-      constexpr double prior = 0.25; // F16 on the Zen 4 of docs/benchmarks.md: 0.2–0.3
+      constexpr double prior = kBetaPrior;
       if (w < 3) return prior;
       const double mx = sx / w, var = sxx / w - mx * mx;
       if (var < 0.25) return prior; // the rows did not vary enough yet
@@ -699,10 +770,12 @@ private:
   std::uniform_real_distribution<double> draft_u_{0.0, 1.0};
   double draft_ms_ = -1; // a draft forward's wall time (moving average)
   std::chrono::steady_clock::time_point t_draft_{};
-  double m_acc_ = 0, m_tested_ = 0;        // the draft model's drafts accepted / tested
-  double reach_ = 1;                       // the draft chain's confidence so far this round
-  size_t skipped_ = 0;                     // rounds without drafts (k = 0) since the last probe
-  size_t probe_every_ = 4;                 // skipped rounds before a probe: 4, then 8, 16, … 128
+  double m_acc_ = 0, m_tested_ = 0; // the draft model's drafts accepted / tested
+  double reach_ = 1;                // the draft chain's confidence so far this round
+  size_t skipped_ = 0;              // rounds without drafts (k = 0) since the last probe
+  size_t probe_every_ = 4;          // skipped rounds before a probe: 4, then 8, 16, … 128
+  bool typical_ = false;            // acceptance = "typical" (Medusa's; not exact)
+  double typical_threshold_ = 0.09, typical_alpha_ = 0.3;
   bool probing_ = false, catch_up_ = true; // the first draft step also reads the prompt
   std::chrono::steady_clock::time_point t_submit_{};
   double nodes_sum_ = 0, verify_ms_ = 0;

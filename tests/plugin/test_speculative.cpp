@@ -183,6 +183,32 @@ TEST(Speculative, OwnLayersDraftTakesThePromptsKvFromTheTarget) {
   EXPECT_GT(accepted, 3u) << "the case should accept some drafts";
 }
 
+// acceptance = "typical" (Medusa's, not exact): under a greedy chain only the target's own token passes,
+// so the output is the target's; sampled, it says it is not exact and a seed still reproduces it.
+TEST(Speculative, TypicalAcceptanceKeepsGreedyAndSaysItIsNotExact) {
+  LOOM_REQUIRE_BIN();
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  expect_greedy_identity(
+      model,
+      {{"typical ngram", "--set decoder.drafter='\"ngram\"' --set decoder.acceptance='\"typical\"'"},
+       {"typical ngram linear",
+        "--set decoder.drafter='\"ngram\"' --set decoder.tree=false --set decoder.acceptance='\"typical\"'"},
+       {"typical self tree", "--set decoder.draft='\"" + model.string() +
+                                 "\"' --set decoder.width=3 --set decoder.acceptance='\"typical\"'"}},
+      "reference", 60);
+  const std::string sampled =
+      "-m " + model.string() +
+      " -p 'Once upon a time there was a girl. Once upon a time there was a girl. Once "
+      "upon a time' -n 60 --temp 0.8 --seed 4 --decoder speculative"
+      " --set decoder.drafter='\"ngram\"' --set decoder.acceptance='\"typical\"'";
+  const auto a = run_json(sampled), b = run_json(sampled);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["metrics"]["exact"].get<double>(), 0.0);
+  EXPECT_EQ(run_json("-m " + model.string() + " -p hi -n 8 --decoder speculative")["metrics"]["exact"]
+                .get<double>(),
+            1.0);
+}
+
 TEST(Speculative, GreedyIsTheTargetsOwnOutputOnASynthModel) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf");
@@ -397,6 +423,10 @@ TEST(Speculative, BadKeysAndDraftFilesAreOneLineErrors) {
       {" --set decoder.draft_backend='\"cpu\"'",
        "a [decoder] draft = \"x.gguf\" (or draft_layers = N) for it"},
       {" --set decoder.drafter='\"model\"'", "needs a draft model"},
+      {" --set decoder.acceptance='\"fast\"'", "acceptance must be \"exact\" or \"typical\""},
+      {" --set decoder.acceptance='\"typical\"' --set decoder.typical_threshold=0",
+       "typical_threshold must be in (0, 1], got 0"},
+      {" --set decoder.typical_alpha=0.5", "apply to acceptance = \"typical\" only"},
   };
   if (fs::exists(other_vocab))
     cases.push_back({" --set decoder.draft='\"" + other_vocab.string() + "\"'",
@@ -434,6 +464,8 @@ TEST(Decoders, EachGivesInAParallelBatchWhatItGivesAlone) {
       {"speculative wide n-gram trees", "--decoder speculative --set decoder.drafter='\"ngram\"' "
                                         "--set decoder.width=8 --set decoder.adaptive=false --temp 0"},
       {"speculative own first 2 layers", "--decoder speculative --set decoder.draft_layers=2 --temp 0"},
+      {"speculative typical acceptance, sampling", "--decoder speculative --set decoder.drafter='\"ngram\"' "
+                                                   "--set decoder.acceptance='\"typical\"' --temp 0.8"},
   };
   for (const auto& [label, args] : decoders) {
     SCOPED_TRACE(label);
