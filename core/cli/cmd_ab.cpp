@@ -161,8 +161,10 @@ std::map<std::string, double> row_metrics(const GenerationResult& r, const std::
   if (n >= 2) m["distinct_2"] = ab::distinct_n(r.tokens, 2);
   if (n >= 4) m["repetition_4"] = ab::repetition_rate(r.tokens, 4);
   if (correct) m["exact_match"] = *correct ? 1.0 : 0.0;
-  // The compute a run spent: token rows evaluated (target and draft model) and its wall time.
-  m["tokens_evaluated"] = static_cast<double>(r.metrics.tokens_evaluated + r.metrics.draft_tokens_evaluated);
+  // The compute a run spent: token rows evaluated (target, draft model and a verifier's model such as
+  // model_judge) and its wall time.
+  m["tokens_evaluated"] = static_cast<double>(r.metrics.tokens_evaluated + r.metrics.draft_tokens_evaluated +
+                                              r.metrics.verifier_tokens_evaluated);
   m["total_ms"] = r.metrics.total_ms;
   for (const auto& [k, v] : r.metrics.decoder)
     m["decoder." + k] = v;

@@ -96,6 +96,8 @@ nlohmann::json to_json(const GenerationResult& r) {
   if (r.metrics.draft_tokens_evaluated > 0)
     j["metrics"]["draft_tokens_evaluated"] = r.metrics.draft_tokens_evaluated;
   if (r.metrics.draft_kv_copied > 0) j["metrics"]["draft_kv_copied"] = r.metrics.draft_kv_copied;
+  if (r.metrics.verifier_tokens_evaluated > 0)
+    j["metrics"]["verifier_tokens_evaluated"] = r.metrics.verifier_tokens_evaluated;
   if (r.metrics.draft_forward_ms > 0) {
     j["metrics"]["draft_forward_ms"] = r.metrics.draft_forward_ms;
     j["metrics"]["draft_prefill_ms"] = r.metrics.draft_prefill_ms;

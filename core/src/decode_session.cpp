@@ -586,6 +586,15 @@ double DecodeSession::verify(std::string_view text) const {
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
   if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
+  const size_t before = ctx_.verifier_tokens ? ctx_.verifier_tokens() : 0;
+  struct Count { // also when the verifier throws
+    const SessionContext& c;
+    size_t before;
+    size_t& total;
+    ~Count() {
+      if (c.verifier_tokens) total += c.verifier_tokens() - before;
+    }
+  } count{ctx_, before, verifier_tokens_};
   return ctx_.verify(*prompt_text_, text, task_);
 }
 
@@ -594,6 +603,15 @@ std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::strin
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
   if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_);
+  const size_t before = ctx_.verifier_tokens ? ctx_.verifier_tokens() : 0;
+  struct Count {
+    const SessionContext& c;
+    size_t before;
+    size_t& total;
+    ~Count() {
+      if (c.verifier_tokens) total += c.verifier_tokens() - before;
+    }
+  } count{ctx_, before, verifier_tokens_};
   if (ctx_.verify_many) {
     std::vector<VerifyOutcome> r = ctx_.verify_many(*prompt_text_, texts, task_);
     if (r.size() != texts.size())

@@ -85,10 +85,11 @@ std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
     : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, false, {}, {}, {}},
+      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, false, {}, {}, {}, {}},
       tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
   ctx_.verify = tmpl_.verify;
   ctx_.verify_many = tmpl_.verify_many;
+  ctx_.verifier_tokens = tmpl_.verifier_tokens;
   if (draft_) {
     if (draft_->model.config().n_vocab != ctx_.n_vocab)
       fail(Errc::invalid_argument, "engine",
@@ -230,6 +231,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.tokens_evaluated = s.book().evaluated(0);
   m.draft_tokens_evaluated = s.book().evaluated(1);
   m.draft_kv_copied = s.book().kv_copied();
+  m.verifier_tokens_evaluated = s.verifier_tokens();
   m.kv_reserved_peak_bytes = r.kv_reserved_peak;
   m.kv_used_peak_bytes = r.kv_used_peak;
   m.draft_forward_ms = r.forward_ms[1];

@@ -168,6 +168,7 @@ void ModelJudge::extend_base(std::span<const TokenId> toks, size_t n, std::vecto
     throw;
   }
   ++forwards_;
+  tokens_ += m;
   cached_.assign(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
@@ -268,6 +269,7 @@ std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view promp
       }
       release();
       ++forwards_;
+      tokens_ += rows.size();
       for (size_t j = 0; j < who.size(); ++j) {
         res[who[j]].score = judge(logits.data() + j * n_vocab);
         ++calls_;

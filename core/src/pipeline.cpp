@@ -363,6 +363,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     tmpl.verify = [j = p->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
       return j->score(prompt, text);
     };
+    tmpl.verifier_tokens = [j = p->judge_.get()] { return j->tokens_evaluated(); };
     // Several candidates of a round: one batched forward over their shared prefix's forks.
     tmpl.verify_many = [j = p->judge_.get()](std::string_view prompt, std::span<const std::string_view> texts,
                                              std::string_view) {

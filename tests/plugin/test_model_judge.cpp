@@ -109,6 +109,11 @@ TEST(ModelJudge, ScoresStepSearchCandidatesWithThePipelinesOwnModel) {
   // The candidates of a round go to the judge together (one batched forward), not one by one.
   EXPECT_LT(j["metrics"]["verifier_batches"].get<double>(), j["metrics"]["verifier_calls"].get<double>());
   EXPECT_GE(j["metrics"]["verifier_batches"].get<double>(), 1.0);
+  // The judge's compute is the request's too (loom ab counts it in tokens_evaluated): at least one row
+  // per candidate judged.
+  ASSERT_TRUE(j["metrics"].contains("verifier_tokens_evaluated")) << j["metrics"].dump();
+  EXPECT_GE(j["metrics"]["verifier_tokens_evaluated"].get<double>(),
+            j["metrics"]["verifier_calls"].get<double>());
 }
 
 // score_many: a prompt's candidates in batched forwards (their shared prefix once, then up to `batch`

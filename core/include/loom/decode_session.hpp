@@ -135,6 +135,7 @@ public:
   // The verifier on several texts at once: one outcome each (a failing text fails alone). Throws only
   // when the pipeline names no verifier.
   std::vector<VerifyOutcome> verify_many(std::span<const std::string_view> texts) const;
+  size_t verifier_tokens() const noexcept { return verifier_tokens_; }   // rows its verifier calls evaluated
   void set_task(std::string task_json) { task_ = std::move(task_json); } // what the verifier is also given
   const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
   std::mt19937_64& rng() noexcept { return rng_; }
@@ -195,9 +196,10 @@ private:
   std::vector<std::pair<LocalSeq, double>> results_;
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
-  mutable std::optional<std::string> prompt_text_;           // decoded once, for the verifier
-  std::string task_;                                         // the request's task (JSON), for the verifier
-  size_t top_logprobs_ = 0;                                  // alternatives recorded per committed token
+  mutable size_t verifier_tokens_ = 0;
+  mutable std::optional<std::string> prompt_text_; // decoded once, for the verifier
+  std::string task_;                               // the request's task (JSON), for the verifier
+  size_t top_logprobs_ = 0;                        // alternatives recorded per committed token
 };
 
 } // namespace loom

@@ -52,8 +52,9 @@ struct GenerationMetrics {
   // The target KV store's peak while the request ran (of every request then running): slabs held,
   // and of them the positions written.
   size_t kv_reserved_peak_bytes = 0;
-  size_t tokens_evaluated = 0;       // token rows the target evaluated for this request (prompt once)
-  size_t draft_tokens_evaluated = 0; // on the draft model
+  size_t tokens_evaluated = 0;          // token rows the target evaluated for this request (prompt once)
+  size_t draft_tokens_evaluated = 0;    // on the draft model
+  size_t verifier_tokens_evaluated = 0; // by a verifier's model (model_judge) for this request
   size_t draft_kv_copied = 0; // positions whose K/V a draft of the target's layers took from the target
   size_t kv_used_peak_bytes = 0;
   double queue_ms = 0; // submit → first admitted (waiting for a running slot or KV room)
@@ -96,7 +97,8 @@ struct RequestTemplate : SequenceTemplate {
   std::function<std::unique_ptr<Decoder>()> make_decoder;
   // [verifier]; may be empty. `task`: the request's task (a JSON object, e.g. tests to run; "" none).
   std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
-  VerifyManyFn verify_many; // optional: several texts at once (model_judge batches them)
+  VerifyManyFn verify_many;                // optional: several texts at once (model_judge batches them)
+  std::function<size_t()> verifier_tokens; // optional: token rows the verifier's model evaluated so far
 };
 
 struct EngineRequest {

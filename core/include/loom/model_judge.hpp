@@ -48,8 +48,9 @@ public:
     std::string error; // non-empty: this candidate failed (e.g. longer than the judge's context)
   };
   std::vector<Judgement> score_many(std::string_view prompt, std::span<const std::string_view> candidates);
-  size_t calls() const noexcept { return calls_; }       // candidates judged
-  size_t forwards() const noexcept { return forwards_; } // judge forwards run
+  size_t calls() const noexcept { return calls_; }             // candidates judged
+  size_t forwards() const noexcept { return forwards_; }       // judge forwards run
+  size_t tokens_evaluated() const noexcept { return tokens_; } // token rows those forwards evaluated
 
 private:
   std::shared_ptr<Model> model_;
@@ -60,7 +61,7 @@ private:
   std::vector<TokenId> cached_; // the tokens whose K/V sequence 0 holds
   TokenId yes_ = -1, no_ = -1;
   int32_t n_ctx_ = 0;
-  size_t calls_ = 0, forwards_ = 0;
+  size_t calls_ = 0, forwards_ = 0, tokens_ = 0;
 
   std::vector<TokenId> render(std::string_view prompt, std::string_view candidate) const;
   // sequence 0 := toks[0, n), evaluated; want_logits: the logits after toks[n - 1]

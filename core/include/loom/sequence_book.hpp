@@ -65,6 +65,9 @@ struct SessionContext {
   // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
   std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
   VerifyManyFn verify_many; // optional (see VerifyManyFn)
+  // Token rows the verifier's own model has evaluated so far (a judge model; empty: no model): what a
+  // request's verifier calls cost, counted as the difference around them.
+  std::function<size_t()> verifier_tokens;
   // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
   // window the rest is released from the store after every forward.
   KVRetention retention[2];
