@@ -230,10 +230,23 @@ std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view promp
       std::vector<int32_t> outs;
       std::vector<size_t> who;
       SeqId sid = 1;
-      const auto release = [&] {
-        for (SeqId q = 1; q < sid; ++q)
-          kv_->free(q);
-      };
+      struct Release { // the forked sequences go back however this batch ends (an exception included)
+        KVCacheStore& kv;
+        SeqId last;
+        ~Release() {
+          for (SeqId q = 1; q <= last; ++q)
+            if (kv.contains(q)) kv.free(q);
+        }
+      } release{*kv_, o_.batch};
+      // A candidate of this batch not scored when it throws: judged as failed with the rest (below).
+      struct Rewind {
+        size_t& next;
+        const std::vector<size_t>& who;
+        bool armed = true;
+        ~Rewind() {
+          if (armed) next -= who.size();
+        }
+      } rewind{next, who};
       while (next < todo.size() && sid <= o_.batch) {
         const std::vector<TokenId>& t = toks[todo[next]];
         const size_t m = t.size() - lcp;
@@ -245,7 +258,6 @@ std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view promp
         }
         if (!ok) {
           if (!who.empty()) break; // the rest in the next forward
-          release();
           fail(Errc::out_of_memory, "verifier",
                "model_judge: no KV room for a candidate of " + std::to_string(t.size()) + " tokens");
         }
@@ -260,14 +272,8 @@ std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view promp
         ++next;
       }
       logits.resize(outs.size() * n_vocab);
-      try {
-        model_->forward(*be_, BatchView{rows, pos, seqs, outs}, *kv_, logits);
-      } catch (...) {
-        release();
-        next -= who.size();
-        throw;
-      }
-      release();
+      model_->forward(*be_, BatchView{rows, pos, seqs, outs}, *kv_, logits);
+      rewind.armed = false;
       ++forwards_;
       tokens_ += rows.size();
       for (size_t j = 0; j < who.size(); ++j) {

@@ -375,6 +375,8 @@ loom_status* session_verify_many(loom_session* s, const char* const* texts, cons
       v[i] = std::string_view(texts[i] ? texts[i] : "", lens[i]);
     }
     const std::vector<VerifyOutcome> r = S(s).verify_many(v); // NOT_FOUND without a verifier
+    // Nothing below throws (status_create is noexcept): `statuses` is written whole or, on an error
+    // above, left alone.
     for (size_t i = 0; i < n; ++i) {
       scores[i] = r[i].error.empty() ? r[i].score : 0.0;
       statuses[i] =
