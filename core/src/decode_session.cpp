@@ -581,39 +581,44 @@ void DecodeSession::set_output(const std::string& key, const std::string& json) 
   outputs_.emplace_back(key, json);
 }
 
-double DecodeSession::verify(std::string_view text) const {
+namespace {
+// Adds the rows a verifier's model evaluated during one call to `total` (also when the verifier throws).
+class VerifierTokenCount {
+public:
+  VerifierTokenCount(const SessionContext& c, size_t& total)
+      : c_(c), total_(total), before_(c.verifier_tokens ? c.verifier_tokens() : 0) {}
+  ~VerifierTokenCount() {
+    if (c_.verifier_tokens) total_ += c_.verifier_tokens() - before_;
+  }
+  VerifierTokenCount(const VerifierTokenCount&) = delete;
+  VerifierTokenCount& operator=(const VerifierTokenCount&) = delete;
+
+private:
+  const SessionContext& c_;
+  size_t& total_;
+  size_t before_;
+};
+} // namespace
+
+const std::string& DecodeSession::verifier_prompt() const {
   if (!ctx_.verify)
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
   if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
-  const size_t before = ctx_.verifier_tokens ? ctx_.verifier_tokens() : 0;
-  struct Count { // also when the verifier throws
-    const SessionContext& c;
-    size_t before;
-    size_t& total;
-    ~Count() {
-      if (c.verifier_tokens) total += c.verifier_tokens() - before;
-    }
-  } count{ctx_, before, verifier_tokens_};
-  return ctx_.verify(*prompt_text_, text, task_);
+  return *prompt_text_;
+}
+
+double DecodeSession::verify(std::string_view text) const {
+  const std::string& prompt = verifier_prompt();
+  const VerifierTokenCount count(ctx_, verifier_tokens_);
+  return ctx_.verify(prompt, text, task_);
 }
 
 std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::string_view> texts) const {
-  if (!ctx_.verify)
-    fail(Errc::not_found, "decoder",
-         "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
-  if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_);
-  const size_t before = ctx_.verifier_tokens ? ctx_.verifier_tokens() : 0;
-  struct Count {
-    const SessionContext& c;
-    size_t before;
-    size_t& total;
-    ~Count() {
-      if (c.verifier_tokens) total += c.verifier_tokens() - before;
-    }
-  } count{ctx_, before, verifier_tokens_};
+  const std::string& prompt = verifier_prompt();
+  const VerifierTokenCount count(ctx_, verifier_tokens_);
   if (ctx_.verify_many) {
-    std::vector<VerifyOutcome> r = ctx_.verify_many(*prompt_text_, texts, task_);
+    std::vector<VerifyOutcome> r = ctx_.verify_many(prompt, texts, task_);
     if (r.size() != texts.size())
       fail(Errc::internal, "decoder",
            "verify_many gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
@@ -623,7 +628,7 @@ std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::strin
   std::vector<VerifyOutcome> r(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     try {
-      r[i].score = ctx_.verify(*prompt_text_, texts[i], task_);
+      r[i].score = ctx_.verify(prompt, texts[i], task_);
     } catch (const std::exception& e) {
       r[i].error = e.what();
     }

@@ -197,6 +197,7 @@ private:
   std::vector<std::pair<std::string, std::string>> outputs_; // (key, JSON text)
   std::vector<std::pair<std::string, double>> metrics_;      // decoder metrics
   mutable size_t verifier_tokens_ = 0;
+  const std::string& verifier_prompt() const;      // the prompt's text; NOT_FOUND without a verifier
   mutable std::optional<std::string> prompt_text_; // decoded once, for the verifier
   std::string task_;                               // the request's task (JSON), for the verifier
   size_t top_logprobs_ = 0;                        // alternatives recorded per committed token
