@@ -54,7 +54,7 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$jobs"
 gguf_seeds=$(mktemp -d)
 python3 tests/fuzz/make_gguf_seeds.py "$gguf_seeds"   # generated, not committed
-for t in gguf tokenizer pipeline_config chat_template safetensors; do
+for t in gguf tokenizer pipeline_config chat_template safetensors json_schema serve_request; do
   work=$(mktemp -d)
   seeds="tests/fuzz/corpus/$t"
   extra=""

@@ -130,7 +130,7 @@ int cmd_chat(const std::vector<std::string>& args) {
     in.messages = messages;
     chat::ChatPrompt cp;
     try {
-      cp = chat::chat_prompt(tmpl, in, pipeline->tokenizer());
+      cp = chat::chat_prompt(tmpl, in, pipeline->tokenizer(), pipeline->config().run.parse_special);
     } catch (const loom::Error& e) { // the template refused the conversation (roles, …): say so, go on
       std::printf("(%s)\n", e.what());
       messages.erase(messages.end() - 1);

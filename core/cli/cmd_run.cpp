@@ -193,7 +193,7 @@ int cmd_run(const std::vector<std::string>& args) {
     ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
     ("no-echo", "do not print the prompt before the generated text")
-    ("special", "parse special-token text (e.g. <s>) in the prompt")
+    ("special", "parse special-token text (e.g. <s>) in the prompt, and in --messages content ([run] parse_special)")
     ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
     ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
     ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
@@ -286,7 +286,8 @@ int cmd_run(const std::vector<std::string>& args) {
   if (chat) { // the reply to the conversation, under the model's chat template
     const chat::Template t = chat::load_template(vm.count("template") ? vm["template"].as<std::string>() : "",
                                                  &pipeline->model().file());
-    chat::ChatPrompt cp = chat::chat_prompt(t, chat_in, pipeline->tokenizer());
+    chat::ChatPrompt cp =
+        chat::chat_prompt(t, chat_in, pipeline->tokenizer(), pipeline->config().run.parse_special);
     prompt = std::move(cp.text);
     req.prompt_tokens = std::move(cp.tokens);
   }

@@ -25,7 +25,11 @@ int cmd_serve(const std::vector<std::string>& args) {
     ("max-body", po::value<long>()->default_value(8L << 20), "request body bytes at most")
     ("max-connections", po::value<long>()->default_value(256), "connections served at once (more: 503)")
     ("max-queue", po::value<long>()->default_value(512), "requests waiting at most (more: 503)")
-    ("timeout", po::value<int>()->default_value(10), "seconds a client has to send its request")
+    ("timeout", po::value<int>()->default_value(10), "seconds a client has to send its request's header (its body: 30 more)")
+    ("idle-timeout", po::value<int>()->default_value(60), "seconds a kept-alive connection may wait for its next request")
+    ("write-timeout", po::value<int>()->default_value(30), "seconds a client has to take a reply or a stream's event (then it is dropped and its request cancelled)")
+    ("drain-timeout", po::value<int>()->default_value(30), "SIGTERM: seconds requests in flight may finish before every connection is closed")
+    ("http-threads", po::value<int>()->default_value(2), "I/O threads")
     ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
     ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
     ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)");
@@ -110,9 +114,22 @@ int cmd_serve(const std::vector<std::string>& args) {
   o.max_body = positive("max-body");
   o.max_connections = positive("max-connections");
   o.max_queue = positive("max-queue");
-  const int timeout = vm["timeout"].as<int>();
-  if (timeout < 1) throw UsageError("--timeout must be ≥ 1 second, got " + std::to_string(timeout));
-  o.header_timeout = std::chrono::seconds(timeout);
+  const auto seconds = [&](const char* name, int lo) {
+    const int v = vm[name].as<int>();
+    if (v < lo)
+      throw UsageError(std::string("--") + name + " must be ≥ " + std::to_string(lo) + " second" +
+                       (lo == 1 ? "" : "s") + ", got " + std::to_string(v));
+    return std::chrono::seconds(v);
+  };
+  o.header_timeout = seconds("timeout", 1);
+  o.body_timeout = o.header_timeout + std::chrono::seconds(30);
+  o.idle_timeout = seconds("idle-timeout", 1);
+  o.write_timeout = seconds("write-timeout", 1);
+  o.drain_timeout = seconds("drain-timeout", 0);
+  const int threads = vm["http-threads"].as<int>();
+  if (threads < 1 || threads > 64)
+    throw UsageError("--http-threads must be in 1..64, got " + std::to_string(threads));
+  o.http_threads = threads;
   if (vm.count("template")) o.chat_template = vm["template"].as<std::string>();
   serve::Services services;
   for (size_t i = 0; i < cfgs.size(); ++i) {

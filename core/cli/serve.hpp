@@ -1,15 +1,20 @@
 // `loom serve`: an OpenAI-compatible HTTP server on the batching engine (serve_http.cpp: the HTTP side,
-// serve_openai.cpp: requests → engine → responses, the metrics).
+// serve_request.cpp: the bounded request parser, serve_openai.cpp: requests → engine → responses, the
+// metrics).
 //
-// One engine step loop per model (Service: a thread that steps while there is work); each connection is
-// served by a thread of its own that submits to the engine and waits for its request's text and result,
-// so the HTTP side never blocks the step loop. A client that goes away cancels its request: its KV is
-// freed in the next step.
+// One engine step loop per model (Service: a thread that steps while there is work). The HTTP side is
+// asynchronous on a fixed pool of I/O threads: a connection holds no thread while it is read, written or
+// idle, and every read and write has a deadline, so a client that stops sending or stops reading loses
+// its connection. A request that runs on the engine is handled on a worker thread of its own, which only
+// waits for its engine request and hands the reply (or each event of a stream) to its connection; a
+// client that goes away — closed, timed out, not reading — cancels it, and its KV is freed in the next
+// step.
 #pragma once
 
 #include "loom/chat.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/tool_calls.hpp"
+#include "serve_request.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -37,8 +42,12 @@ struct ServeOptions {
   size_t max_connections = 256;            // served at once; more get 503
   size_t max_queue = 512;                  // requests waiting in the engine; more get 503
   int64_t max_n_tokens = int64_t{1} << 20; // n × max_tokens of one request
-  std::chrono::seconds header_timeout{10}; // a client must send its request within this
+  std::chrono::seconds header_timeout{10}; // a client must send its request's header within this
+  std::chrono::seconds body_timeout{40};   // ... and its body within this
   std::chrono::seconds idle_timeout{60};   // keep-alive: the next request within this
+  std::chrono::seconds write_timeout{30};  // a reply, or one event of a stream, must be taken within this
+  std::chrono::seconds drain_timeout{30};  // SIGTERM: requests in flight may finish within this
+  int http_threads = 2;                    // the I/O threads
   std::string model_name;                  // the `model` this server answers to
   std::string chat_template;               // a built-in template or a Jinja file; empty: the model's
 };
@@ -205,8 +214,9 @@ std::optional<Reply> handle(Services& ss, const std::string& method, const std::
                             const std::string& body, const EventSink* stream, const ClientGone& gone,
                             bool& wants_stream);
 
-// Runs the HTTP server until SIGINT / SIGTERM (then drains: stops accepting, lets the requests in flight
-// finish, returns 0).
+// Runs the HTTP server until SIGINT / SIGTERM, then drains: stops accepting, closes idle connections,
+// lets the requests in flight finish for at most drain_timeout, then closes every connection (their
+// requests are cancelled) and returns 0.
 int run_server(Services& ss);
 
 } // namespace loom::cli::serve

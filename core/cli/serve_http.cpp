@@ -1,20 +1,26 @@
-// `loom serve`: the HTTP side on Boost.Beast — a listener, and a thread per connection (at most
-// max_connections; more get 503) that reads a request with limits on header and body size and on time
-// (a slow client cannot hold a slot), checks the API key in constant time, and writes the reply or the
-// stream of server-sent events. SIGINT / SIGTERM: stop accepting, let the requests in flight finish,
-// return.
+// `loom serve`: the HTTP side on Boost.Beast's asynchronous model — an acceptor and a fixed pool of I/O
+// threads; each connection a Session on a strand whose every read and write has a deadline
+// (beast::tcp_stream::expires_after), so no client can hold a thread or a slot by sending or reading
+// slowly. A request that runs on the engine is handled on a worker thread, which never touches the
+// socket: it hands events and the reply to its session, and learns from a flag that its client is gone.
+// SIGINT / SIGTERM: stop accepting, close idle connections, give requests in flight --drain-timeout,
+// then close everything.
 #include "serve.hpp"
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <csignal>
 #include <cstdio>
-#include <poll.h>
+#include <deque>
+#include <list>
+#include <sstream>
 #include <sys/socket.h>
-#include <sys/time.h>
 
 namespace loom::cli::serve {
 
@@ -24,11 +30,7 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) {
-  g_stop = true;
-}
+using Clock = std::chrono::steady_clock;
 
 // Constant-time comparison of the bearer token (a mismatch at the first byte takes as long as at the last).
 bool same_key(std::string_view a, std::string_view b) noexcept {
@@ -38,276 +40,437 @@ bool same_key(std::string_view a, std::string_view b) noexcept {
   return diff == 0;
 }
 
-void set_recv_timeout(int fd, std::chrono::seconds s) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(s.count());
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-// Whether the peer closed the connection (or it broke): polled while its request runs.
-bool peer_gone(int fd) {
-  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
-  if (p.revents & POLLIN) {
-    char c;
-    const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0; // (bytes waiting: a pipelined request, not a close)
-  }
-  return false;
-}
-
-void write_reply(tcp::socket& sock, unsigned version, bool keep_alive, const Reply& r,
-                 beast::error_code& ec) {
+// A reply as the bytes on the wire.
+std::shared_ptr<const std::string> wire(unsigned version, bool keep_alive, const Reply& r) {
   http::response<http::string_body> res{static_cast<http::status>(r.status), version};
   res.set(http::field::server, "loom");
   res.set(http::field::content_type, r.content_type);
   res.keep_alive(keep_alive);
   res.body() = r.body;
   res.prepare_payload();
-  http::write(sock, res, ec);
+  std::ostringstream os;
+  os << res;
+  return std::make_shared<const std::string>(std::move(os).str());
 }
 
-// The socket for Beast's reads with a deadline: each read waits in poll() for what is left of it (asio's
-// blocking reads retry past SO_RCVTIMEO), so a client that sends nothing, or a byte now and then, cannot
-// hold its thread past the deadline.
-struct TimedReader {
-  tcp::socket& sock;
-  std::chrono::steady_clock::time_point deadline;
-  using executor_type = tcp::socket::executor_type;
-  executor_type get_executor() { return sock.get_executor(); }
-  template <class Buffers> size_t read_some(const Buffers& b, beast::error_code& ec) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
-            .count();
-    pollfd p{sock.native_handle(), POLLIN, 0};
-    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) {
-      ec = net::error::timed_out;
-      return 0;
+// The threads requests run on while the engine serves them (one each; joined as they end).
+class Workers {
+public:
+  ~Workers() {
+    for (auto& [t, done] : threads_)
+      if (t.joinable()) t.detach();
+  }
+  void spawn(std::function<void()> fn) {
+    std::lock_guard lk(mu_);
+    reap();
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    ++running_;
+    threads_.emplace_back(std::thread([this, fn = std::move(fn), done] {
+                            fn();
+                            done->store(true);
+                            std::lock_guard lk2(mu_);
+                            --running_;
+                            cv_.notify_all();
+                          }),
+                          done);
+  }
+  size_t running() {
+    std::lock_guard lk(mu_);
+    return running_;
+  }
+  // Waits until every worker ended or `until`; joins the ended ones, detaches the rest (left to the exit).
+  void join_all(Clock::time_point until) {
+    std::unique_lock lk(mu_);
+    cv_.wait_until(lk, until, [&] { return running_ == 0; });
+    for (auto& [t, done] : threads_) {
+      if (done->load())
+        t.join();
+      else
+        t.detach();
     }
-    return sock.read_some(b, ec);
+    threads_.clear();
   }
-  template <class Buffers> size_t read_some(const Buffers& b) {
-    beast::error_code ec;
-    const size_t n = read_some(b, ec);
-    if (ec) throw beast::system_error(ec);
-    return n;
+
+private:
+  void reap() { // (mu_ held)
+    for (auto it = threads_.begin(); it != threads_.end();)
+      if (it->second->load()) {
+        it->first.join();
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
   }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads_;
+  size_t running_ = 0;
 };
 
-// After a refusal that leaves the request unread: our side closed for writing, what the client still sends
-// read and dropped for a moment (so that it gets the reply rather than a reset), then the socket closed.
-void linger_close(tcp::socket& sock) {
-  beast::error_code ec;
-  sock.shutdown(tcp::socket::shutdown_send, ec);
-  set_recv_timeout(sock.native_handle(), std::chrono::seconds(1));
-  char junk[16384];
-  for (size_t total = 0; total < (size_t{64} << 20);) {
-    const size_t n = sock.read_some(net::buffer(junk), ec);
-    if (ec || n == 0) break;
-    total += n;
+class Session;
+
+// (Declared so that what sessions touch in their destructors outlives the io_context, which destroys the
+// handlers still queued — and the sessions they hold — last.)
+struct Server {
+  Server(Services& s, const ServeOptions& opts) : ss(s), o(opts) {}
+  Services& ss;
+  const ServeOptions& o;
+  std::atomic<size_t> live{0}; // counted sessions: connections being served, lingering closes included
+  std::atomic<bool> draining{false};
+  std::mutex mu;
+  std::list<std::weak_ptr<Session>> sessions;
+  Workers workers;
+  net::io_context ioc;
+  tcp::acceptor acc{net::make_strand(ioc)};
+  void accept();
+  void add(const std::shared_ptr<Session>& s);
+  void each(const std::function<void(Session&)>& f);
+};
+
+// One connection: read a request (header, then body, each with its deadline), answer it, and again while
+// the client keeps it alive. Everything runs on the session's strand but the worker's handle().
+class Session : public std::enable_shared_from_this<Session> {
+public:
+  Session(tcp::socket&& s, Server& srv, bool counted)
+      : stream_(std::move(s)), ex_(stream_.get_executor()), srv_(srv), counted_(counted) {
+    if (counted_) ++srv_.live;
   }
+  ~Session() {
+    if (counted_) --srv_.live;
+  }
+  void start() {
+    net::dispatch(ex_, [self = shared_from_this()] {
+      if (self->counted_) {
+        self->read_request();
+        return;
+      }
+      self->refuse(error_reply(503,
+                               "the server is at its connection limit (" +
+                                   std::to_string(self->srv_.o.max_connections) + "): retry later",
+                               "server_error"));
+    });
+  }
+  // The drain: a connection with no request running is closed now; all of them at the drain's end.
+  void drain(bool all) {
+    net::post(ex_, [self = shared_from_this(), all] {
+      if (all || !self->handling_) self->close();
+    });
+  }
+
+private:
+  void read_request() {
+    if (closed_) return;
+    if (srv_.draining) return close();
+    parser_.emplace();
+    RequestLimits l;
+    l.max_header = srv_.o.max_header;
+    l.max_body = srv_.o.max_body;
+    limit(*parser_, l);
+    stream_.expires_after(first_ ? srv_.o.header_timeout : srv_.o.idle_timeout);
+    http::async_read_header(
+        stream_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    first_ = false;
+    if (ec == http::error::body_limit) // a Content-Length over the limit fails with the header
+      return refuse(
+          error_reply(413, "the request body exceeds " + std::to_string(srv_.o.max_body) + " bytes"));
+    if (ec == http::error::header_limit)
+      return refuse(
+          error_reply(431, "the request's header exceeds " + std::to_string(srv_.o.max_header) + " bytes"));
+    if (ec) return close(); // a timeout, the end of the stream, a reset, a malformed request line
+    stream_.expires_after(srv_.o.body_timeout);
+    http::async_read(stream_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec2, size_t) { self->on_body(ec2); });
+  }
+
+  void on_body(beast::error_code ec) {
+    if (ec == http::error::body_limit)
+      return refuse(
+          error_reply(413, "the request body exceeds " + std::to_string(srv_.o.max_body) + " bytes"));
+    if (ec == beast::error::timeout || ec == net::error::eof || ec == http::error::end_of_stream ||
+        ec == net::error::connection_reset || ec == net::error::operation_aborted)
+      return close();
+    if (ec) return refuse(error_reply(400, std::string("malformed request: ") + ec.message()));
+    stream_.expires_never();
+    auto req = parser_->release();
+    version_ = req.version();
+    keep_alive_ = req.keep_alive() && !srv_.draining;
+    const std::string target(req.target());
+    if (!srv_.o.api_key.empty() && route_of(target) != Route::health) {
+      const std::string_view auth(req[http::field::authorization].data(),
+                                  req[http::field::authorization].size());
+      const std::string_view prefix = "Bearer ";
+      if (!(auth.size() > prefix.size() && auth.substr(0, prefix.size()) == prefix &&
+            same_key(auth.substr(prefix.size()), srv_.o.api_key))) {
+        handling_ = true;
+        return finish(error_reply(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                  "authentication_error"));
+      }
+    }
+    handling_ = true;
+    const std::string method(req.method_string());
+    if (!is_post(route_of(target))) { // /health, /metrics, /v1/models, 404s and 405s: quick, answered here
+      bool streams = false;
+      return finish(handle(
+          srv_.ss, method, target, std::string(), nullptr, [] { return false; }, streams));
+    }
+    gone_ = std::make_shared<std::atomic<bool>>(false);
+    watch();
+    srv_.workers.spawn([self = shared_from_this(), gone = gone_, method, target,
+                        body = std::move(req.body())]() mutable { self->work(method, target, body, gone); });
+  }
+
+  // On the worker: the handler, its events posted to the session as they come, then its reply.
+  void work(const std::string& method, const std::string& target, const std::string& body,
+            const std::shared_ptr<std::atomic<bool>>& gone) {
+    const EventSink sink = [this, gone](const std::string& data) {
+      if (gone->load()) return false;
+      net::post(ex_, [self = shared_from_this(), ev = "data: " + data + "\n\n"] { self->event(ev); });
+      return true;
+    };
+    bool streams = false;
+    std::optional<Reply> r = handle(
+        srv_.ss, method, target, body, &sink, [gone] { return gone->load(); }, streams);
+    net::post(ex_, [self = shared_from_this(), r = std::move(r)] { self->finish(r); });
+  }
+
+  // While a request runs: the socket readable means the client closed it (or pipelined the next request).
+  void watch() {
+    watching_ = true;
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      self->watching_ = false;
+      if (ec == net::error::operation_aborted) {
+        if (self->read_after_watch_) {
+          self->read_after_watch_ = false;
+          self->read_request();
+        }
+        return;
+      }
+      char c;
+      const ssize_t n =
+          ec ? -1 : ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+        self->close(); // closed or broken: the worker sees `gone` and cancels its request
+    });
+  }
+
+  void event(const std::string& ev) {
+    if (closed_) return;
+    if (!sse_started_) {
+      sse_started_ = true;
+      send(std::make_shared<const std::string>(
+          std::string("HTTP/1.1 200 OK\r\nServer: loom\r\nContent-Type: text/event-stream\r\n"
+                      "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: ") +
+          (keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n"));
+    }
+    char size[24];
+    std::snprintf(size, sizeof size, "%zx\r\n", ev.size());
+    send(std::make_shared<const std::string>(size + ev + "\r\n"));
+  }
+
+  // The request is answered: its reply (nullopt: it streamed, or its client went away).
+  void finish(const std::optional<Reply>& r) {
+    handled_ = true;
+    if (closed_) return;
+    if (r && !sse_started_)
+      send(wire(version_, keep_alive_ && !srv_.draining, *r));
+    else if (sse_started_)
+      send(std::make_shared<const std::string>("0\r\n\r\n"));
+    else
+      return close();
+    if (!writing_) next();
+  }
+
+  // After a reply: the next request of a kept-alive connection, or the end.
+  void next() {
+    handling_ = handled_ = sse_started_ = false;
+    gone_.reset();
+    if (!keep_alive_ || srv_.draining) return close();
+    if (watching_) { // the watch holds the socket's read side: cancelled, it starts the next read
+      read_after_watch_ = true;
+      beast::error_code ec;
+      stream_.socket().cancel(ec);
+      return;
+    }
+    read_request();
+  }
+
+  void send(std::shared_ptr<const std::string> bytes) {
+    out_bytes_ += bytes->size();
+    out_.push_back(std::move(bytes));
+    if (out_bytes_ > (size_t{64} << 20)) return close(); // a client that does not keep up with its stream
+    if (!writing_) write_next();
+  }
+
+  void write_next() {
+    writing_ = true;
+    stream_.expires_after(srv_.o.write_timeout);
+    net::async_write(stream_, net::buffer(*out_.front()),
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    if (closed_) return;
+    if (ec) return close(); // not taken within write_timeout, or the client is gone
+    out_bytes_ -= out_.front()->size();
+    out_.pop_front();
+    if (!out_.empty()) return write_next();
+    stream_.expires_never();
+    if (refused_) return linger();
+    if (handled_) next();
+  }
+
+  // A refusal that leaves the request unread: the reply, our side closed for writing, then what the client
+  // still sends read and dropped for at most a second and 1 MiB (so it gets the reply rather than a reset).
+  void refuse(const Reply& r) {
+    refused_ = true;
+    keep_alive_ = false;
+    send(wire(11, false, r));
+  }
+  void linger() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(1));
+    junk_.resize(16384);
+    stream_.async_read_some(net::buffer(junk_), [self = shared_from_this()](beast::error_code e, size_t n) {
+      self->lingered_ += n;
+      if (e || n == 0 || self->lingered_ > (size_t{1} << 20)) return self->close();
+      self->linger_more();
+    });
+  }
+  void linger_more() {
+    stream_.async_read_some(net::buffer(junk_), [self = shared_from_this()](beast::error_code e, size_t n) {
+      self->lingered_ += n;
+      if (e || n == 0 || self->lingered_ > (size_t{1} << 20)) return self->close();
+      self->linger_more();
+    });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (gone_) gone_->store(true);
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+    out_.clear();
+  }
+
+  beast::tcp_stream stream_;
+  const beast::tcp_stream::executor_type ex_; // the strand: what other threads post to
+  Server& srv_;
+  const bool counted_;
+  beast::flat_buffer buf_;
+  std::optional<RequestParser> parser_;
+  unsigned version_ = 11;
+  bool first_ = true, keep_alive_ = false, closed_ = false, refused_ = false;
+  bool handling_ = false, handled_ = false, sse_started_ = false;
+  bool watching_ = false, read_after_watch_ = false, writing_ = false;
+  std::shared_ptr<std::atomic<bool>> gone_; // set when the client is gone; read by the worker
+  std::deque<std::shared_ptr<const std::string>> out_;
+  size_t out_bytes_ = 0, lingered_ = 0;
+  std::string junk_;
+};
+
+void Server::add(const std::shared_ptr<Session>& s) {
+  std::lock_guard lk(mu);
+  sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+  sessions.push_back(s);
 }
 
-void session(tcp::socket sock, Services& ss, std::atomic<size_t>& live) {
-  struct Done {
-    std::atomic<size_t>& live;
-    ~Done() { --live; }
-  } done{live};
-  const ServeOptions& o = ss.first().options();
-  const int fd = sock.native_handle();
-  beast::flat_buffer buf;
-  bool first = true;
-  for (;;) {
-    if (!first) { // keep-alive: wait for the next request in slices, so that a drain need not wait for it
-      bool ready = false;
-      for (auto waited = std::chrono::milliseconds(0); waited < o.idle_timeout && !g_stop;
-           waited += std::chrono::milliseconds(200)) {
-        pollfd p{fd, POLLIN, 0};
-        if (poll(&p, 1, 200) > 0) {
-          ready = true;
-          break;
-        }
-      }
-      if (!ready) break;
-    }
-    set_recv_timeout(fd, o.header_timeout);
-    first = false;
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(o.max_header));
-    parser.body_limit(o.max_body);
-    beast::error_code ec;
-    TimedReader rd{sock, std::chrono::steady_clock::now() + o.header_timeout};
-    http::read_header(rd, buf, parser, ec);
-    if (ec == http::error::end_of_stream || ec == net::error::eof) break;
-    if (ec == http::error::body_limit) { // (a Content-Length over the limit fails with the header)
-      write_reply(sock, 11, false,
-                  error_reply(413, "the request body exceeds " + std::to_string(o.max_body) + " bytes"), ec);
-      linger_close(sock);
-      return;
-    }
-    if (ec == http::error::header_limit) {
-      write_reply(sock, 11, false,
-                  error_reply(431, "the request's header exceeds " + std::to_string(o.max_header) + " bytes"),
-                  ec);
-      break;
-    }
-    if (ec) break; // a timeout, a reset, a malformed request line: close
-    rd.deadline = std::chrono::steady_clock::now() + o.header_timeout + std::chrono::seconds(30); // the body
-    http::read(rd, buf, parser, ec);
-    if (ec == http::error::body_limit) {
-      write_reply(sock, parser.get().version(), false,
-                  error_reply(413, "the request body exceeds " + std::to_string(o.max_body) + " bytes"), ec);
-      linger_close(sock);
-      return;
-    }
-    if (ec) {
-      write_reply(sock, 11, false, error_reply(400, std::string("malformed request: ") + ec.message()), ec);
-      break;
-    }
-    auto& req = parser.get();
-    const bool keep_alive = req.keep_alive() && !g_stop;
-    if (!o.api_key.empty() && std::string(req.target()) != "/health") {
-      const auto auth = req[http::field::authorization];
-      const std::string_view prefix = "Bearer ";
-      const bool ok =
-          auth.size() > prefix.size() && std::string_view(auth.data(), prefix.size()) == prefix &&
-          same_key(std::string_view(auth.data() + prefix.size(), auth.size() - prefix.size()), o.api_key);
-      if (!ok) {
-        write_reply(sock, req.version(), keep_alive,
-                    error_reply(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                "authentication_error"),
-                    ec);
-        if (ec || !keep_alive) break;
-        continue;
-      }
-    }
-    // Server-sent events: the header once, then a chunk per event.
-    bool started = false;
-    bool broken = false;
-    const unsigned version = req.version();
-    EventSink sink = [&](const std::string& data) {
-      beast::error_code wec;
-      if (!started) {
-        http::response<http::empty_body> res{http::status::ok, version};
-        res.set(http::field::server, "loom");
-        res.set(http::field::content_type, "text/event-stream");
-        res.set(http::field::cache_control, "no-cache");
-        res.keep_alive(keep_alive);
-        res.chunked(true);
-        http::response_serializer<http::empty_body> sr{res};
-        http::write_header(sock, sr, wec);
-        started = true;
-        if (wec) broken = true;
-      }
-      if (broken) return false;
-      const std::string ev = "data: " + data + "\n\n";
-      net::write(sock, http::make_chunk(net::buffer(ev)), wec);
-      if (wec) broken = true;
-      return !broken;
-    };
-    const ClientGone gone = [fd] { return peer_gone(fd); };
-    bool wants_stream = false;
-    const std::optional<Reply> reply = handle(ss, std::string(req.method_string()), std::string(req.target()),
-                                              req.body(), &sink, gone, wants_stream);
-    if (reply) {
-      if (started) break; // (cannot happen: a handler that streamed returns nothing)
-      write_reply(sock, version, keep_alive, *reply, ec);
-      if (ec) break;
-    } else {
-      if (!started || broken) break; // the client went away before or while it was served
-      net::write(sock, http::make_chunk_last(), ec);
-      if (ec) break;
-    }
-    if (!keep_alive) break;
+void Server::each(const std::function<void(Session&)>& f) {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard lk(mu);
+    for (const auto& w : sessions)
+      if (auto s = w.lock()) all.push_back(std::move(s));
   }
-  beast::error_code ec;
-  sock.shutdown(tcp::socket::shutdown_send, ec);
+  for (const auto& s : all)
+    f(*s);
+}
+
+void Server::accept() {
+  acc.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket sock) {
+    if (ec == net::error::operation_aborted || !acc.is_open()) return;
+    if (!ec) {
+      const bool room = live.load() < o.max_connections; // a slot for nobody else: 503 and close
+      auto s = std::make_shared<Session>(std::move(sock), *this, room);
+      if (room) add(s);
+      s->start();
+    }
+    accept();
+  });
 }
 
 } // namespace
 
 int run_server(Services& ss) {
   const ServeOptions& o = ss.first().options();
-  net::io_context io;
+  Server srv(ss, o);
   beast::error_code ec;
   const auto addr = net::ip::make_address(o.host, ec);
   if (ec)
     throw Error(Errc::invalid_argument, "serve",
                 "--host " + o.host + ": not an IP address (" + ec.message() + ")");
-  tcp::acceptor acc(io);
   const tcp::endpoint ep(addr, o.port);
-  acc.open(ep.protocol(), ec);
-  if (!ec) acc.set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) acc.bind(ep, ec);
-  if (!ec) acc.listen(net::socket_base::max_listen_connections, ec);
+  srv.acc.open(ep.protocol(), ec);
+  if (!ec) srv.acc.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) srv.acc.bind(ep, ec);
+  if (!ec) srv.acc.listen(net::socket_base::max_listen_connections, ec);
   if (ec)
     throw Error(Errc::invalid_argument, "serve",
                 "cannot listen on " + o.host + ":" + std::to_string(o.port) + ": " + ec.message() +
                     " (another server there? try --port)");
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  net::signal_set signals(srv.ioc, SIGINT, SIGTERM);
+  signals.async_wait([&](beast::error_code e, int) {
+    if (e) return;
+    std::lock_guard lk(mu);
+    stop = true;
+    cv.notify_all();
+  });
   for (const auto& sv : ss.all())
     std::fprintf(stderr, "loom serve: model '%s' = %s\n", sv->options().model_name.c_str(),
                  sv->pipeline().config().source.c_str());
   std::fprintf(stderr, "loom serve: listening on http://%s:%u (Ctrl-C or SIGTERM drains and stops)\n",
-               o.host.c_str(), static_cast<unsigned>(acc.local_endpoint().port()));
-  std::atomic<size_t> live{0};
-  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> sessions;
-  const auto reap = [&](bool all) { // joins the finished sessions (all: every one, or detaches a stuck one)
-    for (auto it = sessions.begin(); it != sessions.end();) {
-      if (it->second->load() || all) {
-        if (it->second->load())
-          it->first.join();
-        else
-          it->first.detach(); // still busy after the drain's wait: left to the process' exit
-        it = sessions.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  };
-  const int afd = acc.native_handle();
-  while (!g_stop) {
-    pollfd p{afd, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue; // (wakes to see a signal)
-    tcp::socket sock(io);
-    acc.accept(sock, ec);
-    if (ec) continue;
-    if (live >= o.max_connections) { // a slot for nobody else: say so and close
-      const Reply r = error_reply(503,
-                                  "the server is at its connection limit (" +
-                                      std::to_string(o.max_connections) + "): retry later",
-                                  "server_error");
-      beast::error_code wec;
-      write_reply(sock, 11, false, r, wec);
-      sock.shutdown(tcp::socket::shutdown_send, wec);
-      continue;
-    }
-    ++live;
-    // Joined, not detached: a finished session's thread is joined on the next turn, and the drain joins
-    // them all before the io_context and the services they use are destroyed.
-    auto finished = std::make_shared<std::atomic<bool>>(false);
-    sessions.emplace_back(std::thread([s = std::move(sock), &ss, &live, finished]() mutable {
-                            session(std::move(s), ss, live);
-                            finished->store(true);
-                          }),
-                          finished);
-    reap(false);
+               o.host.c_str(), static_cast<unsigned>(srv.acc.local_endpoint().port()));
+  srv.accept();
+  auto guard = net::make_work_guard(srv.ioc);
+  std::vector<std::thread> io;
+  for (int i = 0; i < std::max(1, o.http_threads); ++i)
+    io.emplace_back([&srv] { srv.ioc.run(); });
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return stop; });
   }
-  std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight)\n", live.load(),
-               ss.in_flight());
-  acc.close(ec);
-  // The connections finish their requests (the engine keeps stepping until none is left).
-  for (int i = 0; i < 600 && live > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (int i = 0; i < 50 && std::any_of(sessions.begin(), sessions.end(),
-                                        [](const auto& e) { return !e.second->load(); });
-       ++i) // a session past its last request is ending: its thread finishes in a moment
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  reap(true);
+  std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight; at most %lld s)\n",
+               srv.live.load(), ss.in_flight(), static_cast<long long>(o.drain_timeout.count()));
+  srv.draining = true;
+  net::post(srv.acc.get_executor(), [&srv] {
+    beast::error_code e;
+    srv.acc.close(e);
+  });
+  srv.each([](Session& s) { s.drain(false); });
+  const auto idle = [&] { return srv.live.load() == 0 && srv.workers.running() == 0; };
+  const auto deadline = Clock::now() + o.drain_timeout;
+  while (!idle() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!idle()) { // stuck connections cannot extend the drain: closed, their requests cancelled
+    std::fprintf(stderr, "loom serve: the drain's time is up: closing %zu connections\n", srv.live.load());
+    srv.each([](Session& s) { s.drain(true); });
+  }
+  srv.workers.join_all(Clock::now() + std::chrono::seconds(5)); // (cancelled requests end in a step)
+  guard.reset();
+  srv.ioc.stop();
+  for (auto& t : io)
+    t.join();
   ss.stop();
   std::fprintf(stderr, "loom serve: stopped\n");
   return 0;

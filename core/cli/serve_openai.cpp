@@ -17,18 +17,7 @@ namespace loom::cli::serve {
 
 namespace {
 
-using json = nlohmann::ordered_json; // key order kept: a JSON schema's properties, the replies' fields
 using Clock = std::chrono::steady_clock;
-
-// A request the client got wrong: a 400 with OpenAI's error body naming the field.
-struct BadRequest {
-  std::string message, param;
-  unsigned status = 400;
-  std::string type = "invalid_request_error";
-};
-[[noreturn]] void bad(const std::string& param, const std::string& message, unsigned status = 400) {
-  throw BadRequest{message, param, status, status == 503 ? "server_error" : "invalid_request_error"};
-}
 
 // A field of the request, checked for its type; unset (or null) gives nullopt. Unknown fields are ignored,
 // as OpenAI does.
@@ -174,16 +163,11 @@ Ask ask_of(const json& j, Service& s, bool chat) {
   Ask a;
   Pipeline& p = s.pipeline();
   if (chat) {
-    const auto it = j.find("messages");
-    if (it == j.end() || !it->is_array() || it->empty())
-      bad("messages", "'messages' must be a non-empty array of {role, content}");
-    for (const auto& m : *it)
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        bad("messages", "each message must be an object with a string 'role'");
+    const auto it = j.find("messages"); // (its shape checked by check_shape)
     if (!s.chat_template())
       bad("messages", "this model has no chat template (tokenizer.chat_template): use /v1/completions");
     chat::RenderInput in;
-    in.messages = nlohmann::ordered_json::parse(it->dump());
+    in.messages = *it;
     if (const auto t = j.find("tools"); t != j.end() && !t->is_null()) {
       if (!t->is_array()) bad("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
       const char* expected =
@@ -203,7 +187,7 @@ Ask ask_of(const json& j, Service& s, bool chat) {
       }
       if (choice != "none" && choice != "auto" && choice != "required") bad("tool_choice", expected);
       if (choice != "none" && !t->empty()) {
-        in.tools = nlohmann::ordered_json::parse(t->dump());
+        in.tools = *t;
         a.tools = true;
       }
       if (choice == "required") { // one call of an allowed function: {"name": …, "arguments": {…}}
@@ -232,7 +216,8 @@ Ask ask_of(const json& j, Service& s, bool chat) {
       }
     }
     try {
-      a.prompt = chat::chat_prompt(*s.chat_template(), in, p.tokenizer()).tokens;
+      a.prompt =
+          chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special).tokens;
     } catch (const Error& e) {
       bad("messages", e.what());
     }
@@ -386,9 +371,12 @@ json tool_calls_json(const tools::Parsed& p, size_t choice) {
 // the template's format.
 tools::Parsed reply_calls(Service& s, const Ask& a, const std::string& text) {
   if (!a.forced_call_schema.empty()) {
-    const auto j = json::parse(text, nullptr, false);
-    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments"))
-      return tools::Parsed{"", {{j["name"].get<std::string>(), j["arguments"].dump()}}};
+    try {
+      const json j = parse_body(text, RequestLimits{}); // the model's text: bounded like a client's
+      if (j.contains("name") && j["name"].is_string() && j.contains("arguments"))
+        return tools::Parsed{"", {{j["name"].get<std::string>(), j["arguments"].dump()}}};
+    } catch (const BadRequest&) {
+    }
     return tools::Parsed{text, {}}; // cut short (max_tokens): the text as content
   }
   return tools::parse(s.tool_format(), text);
@@ -596,116 +584,124 @@ Reply error_reply(unsigned status, const std::string& message, const std::string
 
 // ---- the endpoints ----
 
+namespace {
+
+// GET /v1/models: every served pipeline, then every A/B split with its variants' weights.
+Reply models_reply(const Services& ss) {
+  json data = json::array();
+  for (const auto& s : ss.all())
+    data.push_back({{"id", s->options().model_name},
+                    {"object", "model"},
+                    {"created", unix_now()},
+                    {"owned_by", "loom"},
+                    {"max_model_len", s->pipeline().n_ctx()}});
+  for (const auto& sp : ss.splits()) {
+    json variants = json::object();
+    for (const auto& v : sp->variants())
+      variants[v.service->options().model_name] = v.weight;
+    data.push_back({{"id", sp->name()},
+                    {"object", "model"},
+                    {"created", unix_now()},
+                    {"owned_by", "loom"},
+                    {"loom_ab", {{"variants", variants}}}});
+  }
+  return Reply{200, json{{"object", "list"}, {"data", data}}.dump(), "application/json"};
+}
+
+// The pipeline a request's `model` names: a served one, or a variant of an A/B split by weight (a
+// request's `user` always to the same one; `ab` says which). Null for a name served nowhere.
+Service* service_of(Services& ss, const json& j, json& ab) {
+  const auto m = j.find("model");
+  if (m == j.end() || m->is_null()) return &ss.first();
+  if (Service* s = ss.find(m->get<std::string>())) return s;
+  Split* split = ss.find_split(m->get<std::string>());
+  if (!split) return nullptr;
+  const auto user = j.find("user");
+  Service* s = &split->pick(user != j.end() && user->is_string() ? user->get<std::string>() : std::string());
+  ab = {{"split", split->name()}, {"variant", s->options().model_name}};
+  return s;
+}
+
+Reply no_such_model(const Services& ss, const std::string& name) {
+  std::string names;
+  for (const auto& s : ss.all())
+    names += (names.empty() ? "'" : ", '") + s->options().model_name + "'";
+  for (const auto& sp : ss.splits())
+    names += ", '" + sp->name() + "' (a split)";
+  return error_reply(404, "the model '" + name + "' does not exist; this server has " + names,
+                     "not_found_error", "model");
+}
+
+Reply tokenize_reply(Service& s, const json& j) {
+  Pipeline& p = s.pipeline();
+  const std::vector<TokenId> ids = j.contains("messages") && !j["messages"].is_null()
+                                       ? ask_of(json{{"messages", j["messages"]}}, s, true).prompt
+                                       : p.tokenize(j["prompt"].get<std::string>());
+  return Reply{200, json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", p.n_ctx()}}.dump(),
+               "application/json"};
+}
+
+Reply detokenize_reply(Service& s, const json& j) {
+  Pipeline& p = s.pipeline();
+  std::vector<TokenId> ids;
+  for (const auto& e : j["tokens"]) {
+    const auto v = e.get<int64_t>();
+    if (v < 0 || v >= p.tokenizer().vocab_size())
+      bad("tokens", "token id " + std::to_string(v) + " is out of range");
+    ids.push_back(static_cast<TokenId>(v));
+  }
+  return Reply{
+      200, json{{"prompt", p.tokenizer().decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+      "application/json"};
+}
+
+} // namespace
+
 std::optional<Reply> handle(Services& ss, const std::string& method, const std::string& target,
                             const std::string& body, const EventSink* stream, const ClientGone& gone,
                             bool& wants_stream) {
   wants_stream = false;
-  std::string path = target.substr(0, target.find('?'));
+  const Route route = route_of(target);
   Service* sp = &ss.first(); // the request's model (errors before it is known count on the first)
-  json ab;                   // set when the model named an A/B split
   try {
-    if (path == "/health") {
-      if (method != "GET") return error_reply(405, "use GET");
-      return Reply{200, R"({"status":"ok"})", "application/json"};
+    if (route == Route::none)
+      return error_reply(404, "no route " + target.substr(0, target.find('?')), "not_found_error");
+    if (method != (is_post(route) ? "POST" : "GET"))
+      return error_reply(405, is_post(route) ? "use POST" : "use GET");
+    if (route == Route::health) return Reply{200, R"({"status":"ok"})", "application/json"};
+    if (route == Route::models) return models_reply(ss);
+    if (route == Route::metrics) return Reply{200, render_metrics(ss), "text/plain; version=0.0.4"};
+    // Every body passes the bounded parser and its route's shape check before anything else reads it.
+    RequestLimits limits;
+    limits.max_body = ss.first().options().max_body;
+    const json j = parse_body(body, limits);
+    check_shape(route, j);
+    json ab; // set when the model named an A/B split
+    sp = service_of(ss, j, ab);
+    if (!sp) {
+      sp = &ss.first();
+      sp->metrics().http_error();
+      return no_such_model(ss, j["model"].get<std::string>());
     }
-    if (path == "/v1/models") {
-      if (method != "GET") return error_reply(405, "use GET");
-      json data = json::array();
-      for (const auto& s : ss.all())
-        data.push_back({{"id", s->options().model_name},
-                        {"object", "model"},
-                        {"created", unix_now()},
-                        {"owned_by", "loom"},
-                        {"max_model_len", s->pipeline().n_ctx()}});
-      for (const auto& sp2 : ss.splits()) { // A/B splits: their variants and weights
-        json variants = json::object();
-        for (const auto& v : sp2->variants())
-          variants[v.service->options().model_name] = v.weight;
-        data.push_back({{"id", sp2->name()},
-                        {"object", "model"},
-                        {"created", unix_now()},
-                        {"owned_by", "loom"},
-                        {"loom_ab", {{"variants", variants}}}});
-      }
-      return Reply{200, json{{"object", "list"}, {"data", data}}.dump(), "application/json"};
-    }
-    if (path == "/metrics") {
-      if (method != "GET") return error_reply(405, "use GET");
-      return Reply{200, render_metrics(ss), "text/plain; version=0.0.4"};
-    }
-    const bool completions = path == "/v1/completions", chat = path == "/v1/chat/completions";
-    const bool tokenize = path == "/tokenize", detokenize = path == "/detokenize";
-    if (!completions && !chat && !tokenize && !detokenize)
-      return error_reply(404, "no route " + path, "not_found_error");
-    if (method != "POST") return error_reply(405, "use POST");
-    json j;
-    try {
-      j = json::parse(body);
-    } catch (const json::exception& e) {
-      return error_reply(400, std::string("the body is not JSON: ") + e.what());
-    }
-    if (!j.is_object()) return error_reply(400, "the body must be a JSON object");
-    if (const auto m = j.find("model"); m != j.end() && !m->is_null()) { // which pipeline serves it
-      if (!m->is_string()) bad("model", "'model' must be a string");
-      sp = ss.find(m->get<std::string>());
-      if (!sp) // an A/B split: one of its variants, by weight (a request's `user` always to the same one)
-        if (Split* split = ss.find_split(m->get<std::string>())) {
-          const auto user = j.find("user");
-          sp = &split->pick(user != j.end() && user->is_string() ? user->get<std::string>() : std::string());
-          ab = {{"split", split->name()}, {"variant", sp->options().model_name}};
-        }
-      if (!sp) {
-        std::string names;
-        for (const auto& s : ss.all())
-          names += (names.empty() ? "'" : ", '") + s->options().model_name + "'";
-        for (const auto& sp2 : ss.splits())
-          names += ", '" + sp2->name() + "' (a split)";
-        sp = &ss.first();
-        return error_reply(
-            404, "the model '" + m->get<std::string>() + "' does not exist; this server has " + names,
-            "not_found_error", "model");
-      }
-    }
-    Service& s = *sp;
-    Pipeline& p = s.pipeline();
-    if (tokenize) {
-      std::vector<TokenId> ids;
-      if (j.contains("messages")) {
-        ids = ask_of(json{{"messages", j["messages"]}}, s, true).prompt;
-      } else {
-        const auto it = j.find("prompt");
-        if (it == j.end() || !it->is_string()) bad("prompt", "'prompt' must be a string");
-        ids = p.tokenize(it->get<std::string>());
-      }
-      return Reply{200, json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", p.n_ctx()}}.dump(),
-                   "application/json"};
-    }
-    if (detokenize) {
-      const auto it = j.find("tokens");
-      if (it == j.end() || !it->is_array()) bad("tokens", "'tokens' must be an array of token ids");
-      std::vector<TokenId> ids;
-      for (const auto& e : *it) {
-        if (!e.is_number_integer()) bad("tokens", "'tokens' must be an array of token ids");
-        const auto v = e.get<int64_t>();
-        if (v < 0 || v >= p.tokenizer().vocab_size())
-          bad("tokens", "token id " + std::to_string(v) + " is out of range");
-        ids.push_back(static_cast<TokenId>(v));
-      }
-      return Reply{
-          200,
-          json{{"prompt", p.tokenizer().decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
-          "application/json"};
-    }
-    Ask a = ask_of(j, s, chat);
+    if (route == Route::tokenize) return tokenize_reply(*sp, j);
+    if (route == Route::detokenize) return detokenize_reply(*sp, j);
+    Ask a = ask_of(j, *sp, route == Route::chat);
     a.ab = ab;
     wants_stream = a.stream;
-    return run(s, a, chat, a.stream ? stream : nullptr, gone);
+    return run(*sp, a, route == Route::chat, a.stream ? stream : nullptr, gone);
   } catch (const BadRequest& e) {
     sp->metrics().http_error();
     return error_reply(e.status, e.message, e.type, e.param);
   } catch (const Error& e) {
     sp->metrics().http_error();
     return error_reply(400, e.what());
+  } catch (
+      const std::exception& e) { // a bug or an allocation failure: this request's 500, not the server's end
+    sp->metrics().http_error();
+    return error_reply(500, std::string("internal error: ") + e.what(), "server_error");
+  } catch (...) {
+    sp->metrics().http_error();
+    return error_reply(500, "internal error", "server_error");
   }
 }
 

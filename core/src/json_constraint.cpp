@@ -41,6 +41,13 @@ constexpr uint64_t kMaxExpDigits = 4;
 constexpr size_t kMaxDepth = 64;   // frames in one stack
 constexpr size_t kMaxThreads = 64; // parse stacks alive at once
 constexpr size_t kMaxChoices = 64; // properties of one object, values of one enum
+// A schema's compiled size: its nodes, and the alternatives one anyOf expands to when a byte is fed
+// (anyOf of $refs to anyOfs multiply: 9 refs 7 levels deep would be 9^7 stacks per byte).
+constexpr size_t kMaxNodes = 4096;
+constexpr size_t kMaxAlternatives = 256;
+// Parse-stack advances one token mask may take (a normal schema over a 50k vocabulary needs well under a
+// tenth of it); past it the request fails alone instead of holding up the step of every other one.
+constexpr size_t kMaxMaskWork = size_t{8} << 20;
 
 enum class NT : uint8_t { any, object, array, string, number, integer, literals, any_of };
 
@@ -95,11 +102,16 @@ public:
 
   uint32_t compile_root(const Json& schema) {
     root_ = &schema;
-    return compile(schema, "#", 0);
+    const uint32_t root = compile(schema, "#", 0);
+    check_alternatives();
+    return root;
   }
 
 private:
   uint32_t add(JsonGrammar::Node n) {
+    if (g_.nodes_.size() >= kMaxNodes)
+      fail_schema(at_ + ": the schema compiles to more than " + std::to_string(kMaxNodes) +
+                  " states; simplify it");
     g_.nodes_.push_back(std::move(n));
     return static_cast<uint32_t>(g_.nodes_.size() - 1);
   }
@@ -126,12 +138,47 @@ private:
     return add(std::move(n));
   }
 
-  uint32_t any_of(std::vector<uint32_t> alts) {
+  uint32_t any_of(std::vector<uint32_t> alts, const std::string& at) {
     if (alts.size() == 1) return alts[0];
     JsonGrammar::Node n;
     n.type = NT::any_of;
     n.alts = std::move(alts);
-    return add(std::move(n));
+    const uint32_t i = add(std::move(n));
+    where_[i] = at;
+    return i;
+  }
+
+  // The stacks one byte fed at node i can split into (its anyOf's leaves, through nested anyOfs and
+  // $refs), capped just past the budget; a cycle of anyOfs counts once (the matcher cuts it short).
+  size_t alternatives(uint32_t i, std::vector<size_t>& memo, std::vector<uint8_t>& busy) const {
+    const JsonGrammar::Node& n = g_.nodes_[i];
+    if (n.type != NT::any_of || busy[i]) return 1;
+    if (memo[i]) return memo[i];
+    busy[i] = 1;
+    size_t sum = 0;
+    for (const uint32_t a : n.alts)
+      if ((sum += alternatives(a, memo, busy)) > kMaxAlternatives) break;
+    busy[i] = 0;
+    return memo[i] = std::min(sum, kMaxAlternatives + 1);
+  }
+  void check_alternatives() const {
+    std::vector<size_t> memo(g_.nodes_.size(), 0);
+    std::vector<uint8_t> busy(g_.nodes_.size(), 0);
+    // Named: the anyOf where the budget is crossed (over it, though none of its alternatives is), else
+    // the first one over it (a cycle of anyOfs).
+    const std::string* over = nullptr;
+    for (const auto& [i, at] : where_) {
+      if (alternatives(i, memo, busy) <= kMaxAlternatives) continue;
+      const auto& alts = g_.nodes_[i].alts;
+      const bool crossed = std::none_of(alts.begin(), alts.end(), [&](uint32_t a) {
+        return alternatives(a, memo, busy) > kMaxAlternatives;
+      });
+      if (!over || crossed) over = &at;
+      if (crossed) break;
+    }
+    if (over)
+      fail_schema(*over + ": its anyOf / oneOf expands to more than " + std::to_string(kMaxAlternatives) +
+                  " alternatives (nested anyOfs and $refs multiply); flatten or simplify it");
   }
 
   const Json& resolve(const std::string& ref, const std::string& at) {
@@ -151,6 +198,7 @@ private:
   }
 
   uint32_t compile(const Json& s, const std::string& at, int depth) {
+    at_ = at;
     if (depth > 64) fail_schema(at + ": the schema nests more than 64 levels deep");
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail_schema(at + ": the schema false allows no value");
@@ -165,6 +213,7 @@ private:
       // A placeholder first, so a recursive schema refers to itself.
       const uint32_t slot = add({});
       g_.nodes_[slot].type = NT::any_of;
+      where_[slot] = at;
       refs_[ref] = slot;
       const uint32_t target = compile(resolve(ref, at), ref, depth + 1);
       g_.nodes_[slot].alts = {target};
@@ -181,7 +230,7 @@ private:
         std::vector<uint32_t> alts;
         for (size_t i = 0; i < it->size(); ++i)
           alts.push_back(compile((*it)[i], at + "/" + key + "/" + std::to_string(i), depth + 1));
-        return any_of(std::move(alts));
+        return any_of(std::move(alts), at + "/" + key);
       }
     }
     if (const auto it = s.find("allOf"); it != s.end()) {
@@ -213,7 +262,7 @@ private:
     std::vector<uint32_t> alts;
     for (const auto& t : types)
       alts.push_back(typed(s, t, at, depth));
-    return any_of(std::move(alts));
+    return any_of(std::move(alts), at + "/type");
   }
 
   uint32_t typed(const Json& s, const std::string& type, const std::string& at, int depth) {
@@ -307,6 +356,8 @@ private:
   JsonGrammar& g_;
   const Json* root_ = nullptr;
   std::map<std::string, uint32_t> refs_;
+  std::map<uint32_t, std::string> where_; // the anyOf nodes, and where in the schema each is
+  std::string at_ = "#";                  // the schema path being compiled (for the size errors)
 };
 
 std::shared_ptr<const JsonGrammar> JsonGrammar::compile(std::string_view schema) {
@@ -720,11 +771,25 @@ bool stack_equal(const Stack& x, const Stack& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(Frame)) == 0;
 }
 
+// What one token mask may cost: stacks advanced, counted down from kMaxMaskWork.
+struct MaskWork {
+  size_t left = kMaxMaskWork;
+  void spend(size_t n) {
+    if (n > left)
+      fail(Errc::invalid_argument, "json_schema",
+           "the token mask of this step needs more than " + std::to_string(kMaxMaskWork) +
+               " parse steps (a schema with too many open alternatives): the request ends here; simplify "
+               "the schema");
+    left -= n;
+  }
+};
+
 // Feeds one byte to every stack; false when none survives (`set` is then unchanged).
-bool feed_byte(const JsonGrammar& g, std::vector<Stack>& set, uint8_t c) {
+bool feed_byte(const JsonGrammar& g, std::vector<Stack>& set, uint8_t c, MaskWork* work = nullptr) {
   std::vector<Stack> next;
   for (const Stack& t : set)
     advance(g, t, c, next);
+  if (work) work->spend(set.size() + next.size());
   if (next.empty()) return false;
   if (next.size() > 1) {
     std::sort(next.begin(), next.end(), stack_less);
@@ -856,15 +921,15 @@ std::shared_ptr<const VocabTrie> vocab_trie(const Tokenizer& tok) {
 }
 
 void mask_dfs(const JsonGrammar& g, const VocabTrie& v, uint32_t ni, const std::vector<Stack>& set,
-              std::vector<uint8_t>& allowed) {
+              std::vector<uint8_t>& allowed, MaskWork& work) {
   const VocabTrie::Node& node = v.nodes[ni];
   for (uint32_t ci = node.child_begin; ci < node.child_end; ++ci) {
     std::vector<Stack> next = set;
-    if (!feed_byte(g, next, v.nodes[ci].byte)) continue;
+    if (!feed_byte(g, next, v.nodes[ci].byte, &work)) continue;
     const VocabTrie::Node& child = v.nodes[ci];
     for (uint32_t k = child.tok_begin; k < child.tok_end; ++k)
       allowed[static_cast<size_t>(v.toks[k])] = 1;
-    mask_dfs(g, v, ci, next, allowed);
+    mask_dfs(g, v, ci, next, allowed, work);
   }
 }
 
@@ -913,7 +978,8 @@ namespace {
 void fill_allowed(const JsonGrammar& g, const std::vector<Stack>& set, const VocabTrie& v,
                   std::vector<uint8_t>& allowed) {
   allowed.assign(v.bytes.size(), 0);
-  mask_dfs(g, v, 0, set, allowed);
+  MaskWork work;
+  mask_dfs(g, v, 0, set, allowed, work);
   if (set_can_end(g, set))
     for (const TokenId e : v.eog)
       allowed[static_cast<size_t>(e)] = 1;
@@ -945,6 +1011,7 @@ public:
     kept.reserve(c.data.size());
     if (c.data.size() <= 256) { // a chain that already narrowed the candidates: test each
       const bool end = set_can_end(*g_, set_);
+      MaskWork work;
       for (const TokenData& d : c.data) {
         const auto i = static_cast<size_t>(d.id);
         if (d.id < 0 || i >= v.bytes.size()) continue;
@@ -952,7 +1019,7 @@ public:
         if (ok && !v.is_eog[i]) {
           std::vector<Stack> trial = set_;
           for (const char ch : v.bytes[i])
-            if (!(ok = feed_byte(*g_, trial, static_cast<uint8_t>(ch)))) break;
+            if (!(ok = feed_byte(*g_, trial, static_cast<uint8_t>(ch), &work))) break;
         }
         if (ok) kept.push_back(d);
       }

@@ -596,8 +596,16 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
     c.only_keys(*t, "[plugins]", {"paths", "sha256"});
     cfg.plugins.paths = read_string_array(c, *t, "plugins", "paths", true);
     if (const toml::node* h = t->get("sha256")) {
-      if (!h->is_table()) c.error(*h, "plugins.sha256", "a table of plugin name = \"64 hex digits\"");
+      if (!h->is_table())
+        c.error(*h, "plugins.sha256",
+                "a table of \"libloom-NAME.so\" (a plugin file, or its path) = \"64 hex digits\"");
       for (const auto& [k, v] : *h->as_table()) {
+        const std::string key(k.str());
+        if (key.size() < 4 || key.compare(key.size() - 3, 3, ".so") != 0)
+          c.error(
+              v, "plugins.sha256." + key,
+              "a plugin file (\"libloom-NAME.so\" or a path to one) — a pin names the file, not the name a "
+              "plugin declares, which any file can claim");
         const std::string hex = v.is_string() ? v.as_string()->get() : "";
         const bool ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
         if (!ok)

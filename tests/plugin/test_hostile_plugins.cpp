@@ -350,4 +350,53 @@ TEST(HostilePlugins, InvalidUtf8InPluginStringsGivesValidJson) {
   EXPECT_EQ(r.out.find("\nINJECTED LINE"), std::string::npos) << r.out;
 }
 
+// ---- loaded by content, not by claim (issue 37) -------------------------------------------------
+
+// A file without a static descriptor (a hand-written loom_plugin_init) is never loaded by a pipeline,
+// even while what it names is missing: before, this one's ELF constructor aborted `loom run` (exit 134).
+TEST(HostilePlugins, APipelineNeverLoadsAFileWithoutADescriptor) {
+  REQUIRE_BIN();
+  PluginDir d;
+  d.link(hostile("abort-ctor"), "libloom-abort.so");
+  const auto r = loom_limited("run -m " + d.path("missing.gguf") +
+                              " -p hi --decoder no_such_decoder --plugin-path " + d.dir.string());
+  EXPECT_EQ(r.code, 1) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_NE(r.err.find("'no_such_decoder'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no static descriptor"), std::string::npos) << r.err;
+}
+
+// A pin names a file, not the name a plugin declares: a copy of the pinned plugin that declares another
+// name and offers the same sampler is not loaded in its place (before, an unpinned name dodged the pin).
+TEST(HostilePlugins, APinIsKeptByFileNotByTheNameAFileDeclares) {
+  PluginDir d; // holds libloom-fixture-good.so (a link to the real fixture)
+  std::string bytes = test::read_file(good_fixture());
+  const std::string from = std::string("loom-plugin-descriptor-2") + '\0' + "fixture_good";
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + from.size() - 4, 4, "evil"); // declares "fixture_evil", provides fixture_greedy
+  const fs::path evil_dir = d.dir / "first";
+  fs::create_directory(evil_dir);
+  std::ofstream(evil_dir / "libloom-aaa.so", std::ios::binary) << bytes;
+  const std::string pinned = file_sha256(good_fixture());
+  PluginRegistry reg;
+  DiscoverOptions o;
+  o.named_only = true;
+  o.only = {{LOOM_KIND_SAMPLER, "fixture_greedy"}};
+  const auto infos =
+      reg.discover({evil_dir.string(), d.dir.string()}, {{"libloom-fixture-good.so", pinned}}, o);
+  const auto f = reg.find(LOOM_KIND_SAMPLER, "fixture_greedy");
+  ASSERT_TRUE(f.has_value()) << reg.failures();
+  EXPECT_EQ(f->lib->sha256(), pinned) << "the unpinned copy was loaded in the pinned file's place";
+  bool listed = false;
+  for (const auto& i : infos)
+    if (i.path == (evil_dir / "libloom-aaa.so").string())
+      listed = i.error.find("pinned plugin file provides") != std::string::npos;
+  EXPECT_TRUE(listed) << reg.failures();
+  // A wrong pin by file fails that file, whatever it declares.
+  PluginRegistry reg2;
+  (void)reg2.discover({d.dir.string()}, {{"libloom-fixture-good.so", std::string(64, '0')}}, o);
+  EXPECT_FALSE(reg2.find(LOOM_KIND_SAMPLER, "fixture_greedy").has_value());
+  EXPECT_NE(reg2.failures().find("pins " + std::string(64, '0')), std::string::npos) << reg2.failures();
+}
+
 } // namespace

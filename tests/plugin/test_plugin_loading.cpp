@@ -276,10 +276,10 @@ TEST(PluginLoading, Sha256PinMismatch) {
 
 TEST(PluginLoading, Sha256PinMismatchInAPipeline) {
   const std::string wrong(64, '0');
-  const std::string msg =
-      pipeline_error(pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_good = \"" + wrong +
-                                                       "\"\n\n[[sampler]]\nname = "
-                                                       "\"fixture_greedy\"\n"));
+  const std::string msg = pipeline_error(
+      pipeline_toml("missing.gguf", "[plugins.sha256]\n\"libloom-fixture-good.so\" = \"" + wrong +
+                                        "\"\n\n[[sampler]]\nname = "
+                                        "\"fixture_greedy\"\n"));
   // The pipeline reports the missing sampler and, below it, one line per unusable file.
   EXPECT_NE(msg.find("'fixture_greedy'"), std::string::npos) << msg;
   std::string pin_line;
@@ -293,11 +293,19 @@ TEST(PluginLoading, Sha256PinMismatchInAPipeline) {
   EXPECT_NE(pin_line.find(wrong), std::string::npos) << pin_line;
 
   // With the right pin the plugin is used: the pipeline gets as far as the (missing) model.
-  const std::string ok = pipeline_error(
-      pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_good = \"" + file_sha256(fixture("good")) +
-                                        "\"\n\n[[sampler]]\nname = \"fixture_greedy\"\n"));
+  const std::string ok = pipeline_error(pipeline_toml(
+      "missing.gguf", "[plugins.sha256]\n\"libloom-fixture-good.so\" = \"" + file_sha256(fixture("good")) +
+                          "\"\n\n[[sampler]]\nname = \"fixture_greedy\"\n"));
   EXPECT_NE(ok.find("missing.gguf"), std::string::npos) << ok;
   EXPECT_EQ(ok.find("sha256"), std::string::npos) << ok;
+}
+
+// A pin names a plugin file, never a plugin's declared name (which any file can claim): a name key is a
+// one-line config error.
+TEST(PluginLoading, APinKeyedByAPluginsNameIsRefused) {
+  const std::string msg = pipeline_error(
+      pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_good = \"" + std::string(64, '0') + "\"\n"));
+  expect_one_line(msg, "fixture.toml", "a plugin file");
 }
 
 // A pin is checked against the file before it is opened: a pinned plugin with the wrong hash never
@@ -308,14 +316,14 @@ TEST(PluginLoading, APinnedPluginWithTheWrongHashNeverRunsItsConstructor) {
   ScopedEnv env("LOOM_FIXTURE_CTOR_MARK", mark.c_str());
   const std::string sampler = "\n\n[[sampler]]\nname = \"fixture_marked\"\n";
   const std::string wrong(64, '0');
-  const std::string msg = pipeline_error(
-      pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_ctor_marker = \"" + wrong + "\"" + sampler));
+  const std::string msg = pipeline_error(pipeline_toml(
+      "missing.gguf", "[plugins.sha256]\n\"libloom-fixture-ctor-marker.so\" = \"" + wrong + "\"" + sampler));
   EXPECT_NE(msg.find("pins " + wrong), std::string::npos) << msg;
   EXPECT_FALSE(std::filesystem::exists(mark)) << "the constructor of a plugin with a wrong pin ran";
   EXPECT_FALSE(is_loaded(fixture("ctor-marker")));
-  const std::string ok =
-      pipeline_error(pipeline_toml("missing.gguf", "[plugins.sha256]\nfixture_ctor_marker = \"" +
-                                                       file_sha256(fixture("ctor-marker")) + "\"" + sampler));
+  const std::string ok = pipeline_error(
+      pipeline_toml("missing.gguf", "[plugins.sha256]\n\"libloom-fixture-ctor-marker.so\" = \"" +
+                                        file_sha256(fixture("ctor-marker")) + "\"" + sampler));
   EXPECT_NE(ok.find("missing.gguf"), std::string::npos) << ok;
   EXPECT_TRUE(std::filesystem::exists(mark)) << "the right pin: loaded";
   std::remove(mark.c_str());

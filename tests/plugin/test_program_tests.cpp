@@ -1,18 +1,26 @@
 // The program_tests verifier (plugins/program_tests) through `loom verify`: candidate code runs against
 // the task's tests in a sandbox; hostile candidates (a fork bomb, an endless loop, a huge allocation,
-// writes outside their directory, the network, processes left behind) are contained; without the
-// sandbox nothing runs.
+// writes outside their directory, the network, processes left behind) are contained; a candidate cannot
+// forge its verdict (fake report lines, patched builtins, exits, objects equal to anything) nor reach a
+// file, a Unix socket or a process outside; without the sandbox nothing runs.
 #include "test_util.hpp"
 
 #include <arpa/inet.h>
 #include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <dirent.h>
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <nlohmann/json.hpp>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 namespace {
@@ -83,6 +91,34 @@ int processes_with(const std::string& marker) {
   }
   closedir(d);
   return n;
+}
+
+// Ends what processes_with found (a failed test must not leave them running).
+void kill_processes_with(const std::string& marker) {
+  DIR* d = opendir("/proc");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline", std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (s.find(marker) != std::string::npos) ::kill(std::atoi(e->d_name), SIGKILL);
+  }
+  closedir(d);
+}
+
+// Each line's score (NaN for an error, with the line's JSON in `errors`).
+std::vector<double> scores(const loom::test::CliResult& r, std::string* errors = nullptr) {
+  std::vector<double> out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& res : j["results"]) {
+    if (res["score"].is_number()) {
+      out.push_back(res["score"].get<double>());
+    } else {
+      out.push_back(std::nan(""));
+      if (errors) *errors += res.dump() + "\n";
+    }
+  }
+  return out;
 }
 
 TEST(ProgramTests, ScoresTheShareOfTestsThatPass) {
@@ -180,16 +216,240 @@ TEST(ProgramTests, HostileCandidatesAreContained) {
   fs::remove(f);
 }
 
+TEST(ProgramTests, CandidatesCannotForgeTheirVerdict) {
+  REQUIRE_WORKING_SANDBOX();
+  const std::vector<std::string> failing = {"assert False", "assert 1 == 2", "raise Exception()"};
+  const std::vector<nlohmann::json> lines = {
+      // 0. report lines with the harness's nonce (a global of the old harness's interpreter)
+      task("import __main__; [print(__main__.nonce, 'PASS', i) for i in range(100)]", failing),
+      // 1. a print that turns the harness's FAIL lines into PASS lines
+      task("import builtins\n"
+           "_p = builtins.print\n"
+           "def p(*a, **k):\n"
+           "    a = list(a)\n"
+           "    if len(a) > 2 and a[1] == 'FAIL':\n"
+           "        a = [a[0], 'PASS', a[2]]\n"
+           "    _p(*a, **k)\n"
+           "builtins.print = p\n",
+           failing),
+      // 2. a compile that turns every test into `pass`
+      task("import builtins\n"
+           "_c = builtins.compile\n"
+           "builtins.compile = lambda s, f, m, *a, **k: _c('pass', f, m)\n",
+           failing),
+      // 3. PASS lines written to every descriptor it has
+      task("import os\n"
+           "for fd in range(1024):\n"
+           "    try:\n"
+           "        os.write(fd, b'PASS 0\\nPASS 1\\nPASS 2\\nPPP')\n"
+           "    except OSError:\n"
+           "        pass\n",
+           failing),
+      // 4. an object equal to everything
+      task("class Eq:\n"
+           "    def __eq__(self, other):\n"
+           "        return True\n"
+           "    def __ne__(self, other):\n"
+           "        return False\n"
+           "    __hash__ = object.__hash__\n"
+           "def f():\n"
+           "    return Eq()\n",
+           {"assert f() == 5", "assert f() == 'x'", "assert [f()] == [[1]]"}),
+      // 5. builtins the tests use, shadowed
+      task("def sorted(x, **k):\n"
+           "    return [1, 2, 3]\n"
+           "def abs(x):\n"
+           "    return 0\n"
+           "def f(x):\n"
+           "    return [3, 1]\n",
+           {"assert sorted(f(1)) == [1, 2, 3]", "assert abs(f(2)[0] - 4) < 1e-9"}),
+      // 6. StopIteration raised from a call, ending the test's loop before its first assert
+      task("def f(x):\n    raise StopIteration\n",
+           {"for x, y in zip([1, 2], map(f, [1, 2])):\n    assert y == 2 * x"}),
+      // 7. exits when loaded, and inside the calls (the tests catch what they can)
+      task("import os; os._exit(0)", {"assert False"}),
+      task("import sys; sys.exit(0)", {"assert False"}),
+      task("import os, sys\ndef f():\n    os._exit(0)\ndef g():\n    sys.exit(0)\n",
+           {"try:\n    f()\nexcept BaseException:\n    pass\n",
+            "try:\n    g()\nexcept SystemExit:\n    pass\n"}),
+  };
+  const fs::path f = write_tasks("forge.jsonl", lines);
+  const auto r = verify("--tasks " + f.string() + " --set verifier.timeout_s=5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string errors;
+  const auto got = scores(r, &errors);
+  ASSERT_EQ(got.size(), lines.size()) << r.out;
+  EXPECT_TRUE(errors.empty()) << errors;
+  for (size_t i = 0; i < lines.size(); ++i)
+    EXPECT_DOUBLE_EQ(got[i], 0.0) << "line " << i << " forged a pass: " << lines[i].dump();
+  fs::remove(f);
+}
+
+TEST(ProgramTests, TestsSeeTheCandidatesValuesAndObjects) {
+  REQUIRE_WORKING_SANDBOX();
+  // The judge holds plain values and references; what tests do with them still works.
+  const std::string code =
+      "import collections, math\n"
+      "Point = collections.namedtuple('Point', 'x y')\n"
+      "LIMIT = 10\n"
+      "SEEN = []\n"
+      "class Negative(ValueError):\n    pass\n"
+      "class Stack:\n"
+      "    def __init__(self):\n"
+      "        self.items = []\n"
+      "    def push(self, x):\n"
+      "        self.items.append(x)\n"
+      "    def pop(self):\n"
+      "        return self.items.pop()\n"
+      "    def __len__(self):\n"
+      "        return len(self.items)\n"
+      "def root(x):\n    if x < 0:\n        raise Negative('negative: %d' % x)\n    return math.sqrt(x)\n"
+      "def squares(n):\n    for i in range(n):\n        yield i * i\n"
+      "def see(x):\n    SEEN.append(x)\n    return len(SEEN)\n"
+      "def odd():\n    return [float('inf'), -0.0, 2 ** 20000, {1: (2, b'3')}, {4}, None, Point(1, 2)]\n";
+  const std::vector<std::string> tests = {
+      "assert root(4) == 2.0 and LIMIT == 10",
+      "try:\n    root(-1)\n    assert False\nexcept Negative as e:\n    assert str(e) == 'negative: -1'",
+      "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+      "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and s.pop() == 2 and s.items == [1]",
+      "assert list(squares(4)) == [0, 1, 4, 9] and 9 in squares(4)",
+      "assert see('a') == 1 and see('b') == 2 and SEEN == ['a', 'b']",
+      "import math\nv = odd()\nassert math.isinf(v[0]) and str(v[1]) == '-0.0' and v[2] == 2 ** 20000\n"
+      "assert v[3:6] == [{1: (2, b'3')}, {4}, None] and v[6] == (1, 2) and v[6].y == 2",
+      "def check(candidate):\n    assert candidate(9) == 3\ncheck(root)",
+      "assert SEEN == []", // each test has a fresh candidate process
+      "assert True",
+  };
+  const fs::path f = write_tasks("objects.jsonl", {task(code, tests)});
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = verify("--tasks " + f.string());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string errors;
+  const auto got = scores(r, &errors);
+  ASSERT_EQ(got.size(), 1u) << r.out;
+  EXPECT_DOUBLE_EQ(got[0], 1.0) << errors << r.out;
+  EXPECT_LT(secs, 20) << "a run of ten tests takes one judge and one candidate start, not ten";
+  fs::remove(f);
+}
+
+TEST(ProgramTests, NothingOutsideTheSandboxCanBeReached) {
+  REQUIRE_WORKING_SANDBOX();
+  const std::string tag = std::to_string(::getpid());
+  // A file outside (readable by anyone, even nobody), the tasks file and the tests themselves.
+  const fs::path secret = fs::temp_directory_path() / ("loom-pt-secret-" + tag);
+  std::ofstream(secret) << "s3cret";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                              fs::perms::others_read);
+  // A Unix socket with a path, and one in the abstract namespace, both listening (anyone may connect).
+  const std::string sock_path = (fs::temp_directory_path() / ("loom-pt-sock-" + tag)).string();
+  const std::string abstract = "loom-pt-abstract-" + tag;
+  const auto listen_unix = [](const std::string& name, bool in_abstract) {
+    const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + (in_abstract ? 1 : 0), name.data(), name.size());
+    const socklen_t len =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() + (in_abstract ? 1 : 0));
+    if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(s, 8) != 0) return -1;
+    return s;
+  };
+  ::unlink(sock_path.c_str());
+  const int path_srv = listen_unix(sock_path, false), abstract_srv = listen_unix(abstract, true);
+  ASSERT_GE(path_srv, 0);
+  ASSERT_GE(abstract_srv, 0);
+  ::chmod(sock_path.c_str(), 0777);
+  const fs::path f = fs::temp_directory_path() / ("loom-pt-" + tag + "-outside.jsonl");
+  const std::string code =
+      "import os, socket\n"
+      "def peek(path):\n    try:\n        with open(path) as f:\n            return f.read()\n"
+      "    except (OSError, ValueError):\n        return 'unreadable'\n"
+      "def reach(address):\n    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+      "    s.settimeout(2)\n    try:\n        s.connect(address)\n        return 'connected'\n"
+      "    except OSError:\n        return 'blocked'\n"
+      "def others():\n    try:\n        return sorted(os.listdir('/proc'))\n    except OSError:\n"
+      "        return 'none'\n"
+      "def find(marker):\n"
+      "    for top in {'.', '/tmp', '/loom', '/task', '/etc', os.environ.get('HOME', '.')}:\n"
+      "        for d, _, files in os.walk(top):\n            for name in files:\n"
+      "                if marker in peek(os.path.join(d, name)):\n                    return 'found'\n"
+      "    return 'absent'\n";
+  const std::vector<nlohmann::json> lines = {task(
+      code,
+      {"assert peek('" + secret.string() + "') == 'unreadable'",
+       "assert peek('" + f.string() + "') == 'unreadable'",
+       "assert peek('/proc/self/environ') == 'unreadable'", "assert reach('" + sock_path + "') == 'blocked'",
+       "assert reach('\\0" + abstract + "') == 'blocked'", "assert others() == 'none'",
+       // the tests themselves: this one's source holds the marker the candidate looks for
+       "# loom-test-marker-" + tag + "\nassert find('loom-test-marker-' + '" + tag + "') == 'absent'"})};
+  {
+    std::ofstream out(f);
+    for (const auto& l : lines)
+      out << l.dump() << "\n";
+  }
+  const auto r = verify("--tasks " + f.string());
+  close(path_srv);
+  close(abstract_srv);
+  ::unlink(sock_path.c_str());
+  fs::remove(secret);
+  fs::remove(f);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string errors;
+  const auto got = scores(r, &errors);
+  ASSERT_EQ(got.size(), 1u) << r.out;
+  EXPECT_DOUBLE_EQ(got[0], 1.0) << "a file, a socket, /proc or the tests were reachable " << errors;
+}
+
+TEST(ProgramTests, ProcessesThatLeaveTheGroupStillEndWithTheVerdict) {
+  REQUIRE_WORKING_SANDBOX();
+  const std::string marker = "599." + std::to_string(::getpid()); // a `sleep` argument to look for afterwards
+  const std::vector<nlohmann::json> lines = {
+      // 0. the loading process itself leaves the group, closes its output and becomes the sleeper
+      task("import os\n"
+           "os.setsid()\n"
+           "os.close(1)\n"
+           "os.close(2)\n"
+           "os.execvp('sleep', ['sleep', '" +
+               marker + "1'])\n",
+           {"assert True"}),
+      // 1. a call that starts a sleeper in a session of its own (double fork)
+      task("import os\n"
+           "def spawn():\n"
+           "    if os.fork() == 0:\n"
+           "        os.setsid()\n"
+           "        if os.fork() == 0:\n"
+           "            os.execvp('sleep', ['sleep', '" +
+               marker +
+               "2'])\n"
+               "        os._exit(0)\n"
+               "    os.wait()\n"
+               "    return 'spawned'\n",
+           {"assert spawn() == 'spawned'"}),
+  };
+  const fs::path f = write_tasks("escape.jsonl", lines);
+  const auto r = verify("--tasks " + f.string() + " --set verifier.timeout_s=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string errors;
+  const auto got = scores(r, &errors);
+  ASSERT_EQ(got.size(), lines.size()) << r.out;
+  EXPECT_TRUE(errors.empty()) << errors;
+  EXPECT_DOUBLE_EQ(got[0], 0.0) << "its code never finished loading";
+  EXPECT_DOUBLE_EQ(got[1], 1.0);
+  EXPECT_EQ(processes_with(marker), 0) << "a process outlived its verdict";
+  kill_processes_with(marker);
+  fs::remove(f);
+}
+
 TEST(ProgramTests, RefusesToRunWithoutTheSandbox) {
   REQUIRE_SANDBOX();
   const fs::path f = write_tasks("nosandbox.jsonl", {task("def f():\n    return 1\n", {"assert f() == 1"})});
-  for (const char* part : {"landlock", "netns"}) {
+  for (const char* part : {"landlock", "netns", "mountns"}) {
     SCOPED_TRACE(part);
     const auto r = verify("--tasks " + f.string(), std::string("LOOM_SANDBOX_DISABLE=") + part);
     ASSERT_EQ(r.code, 0) << r.err;
     const auto res = nlohmann::json::parse(r.out)["results"][0];
     EXPECT_TRUE(res["score"].is_null());
-    EXPECT_NE(res["error"].get<std::string>().find("refusing to run candidate code without it"),
+    EXPECT_NE(res.value("error", std::string()).find("refusing to run candidate code without it"),
               std::string::npos)
         << res;
   }

@@ -137,6 +137,70 @@ TEST(JsonMatcher, UnsupportedOrMalformedSchemasAreClearErrors) {
   EXPECT_NE(error_of("false").find("allows no value"), std::string::npos);
 }
 
+// A schema small in bytes whose alternatives multiply ($defs nesting anyOf of 9 $refs 7 levels deep: 9^7
+// stacks per byte, 89 s for one token before) is refused when it compiles, naming the part too large; so
+// is one with too many states. A schema as wide as the budget allows still compiles.
+TEST(JsonMatcher, SchemasOverTheirBudgetAreRefusedNamingThePart) {
+  const auto nested = [](int fan, int levels) {
+    nlohmann::json defs = nlohmann::json::object();
+    for (int l = 0; l < levels; ++l) {
+      nlohmann::json alts = nlohmann::json::array();
+      for (int k = 0; k < fan; ++k)
+        alts.push_back({{"$ref", "#/$defs/d" + std::to_string(l + 1)}});
+      defs["d" + std::to_string(l)] = {{"anyOf", alts}};
+    }
+    defs["d" + std::to_string(levels)] = {{"type", "string"}};
+    return nlohmann::json{{"$defs", defs}, {"$ref", "#/$defs/d0"}}.dump();
+  };
+  const std::string bomb = nested(9, 7);
+  EXPECT_LT(bomb.size(), 2000u);
+  try {
+    (void)JsonGrammar::compile(bomb);
+    ADD_FAILURE() << "the 9^7 schema compiled";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("expands to more than"), std::string::npos) << w;
+    EXPECT_NE(w.find("#/$defs/d"), std::string::npos) << w;
+  }
+  EXPECT_NO_THROW((void)JsonGrammar::compile(nested(4, 4))); // 256 alternatives: the budget
+  nlohmann::json inner = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+  for (int k = 0; k < 64; ++k)
+    inner["properties"]["p" + std::to_string(k)] = {{"type", "string"}};
+  nlohmann::json wide = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+  for (int k = 0; k < 64; ++k) // 64 objects of 64 strings: 4161 states
+    wide["properties"]["o" + std::to_string(k)] = inner;
+  try {
+    (void)JsonGrammar::compile(wide.dump());
+    ADD_FAILURE() << "a schema of 4161 states compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("states"), std::string::npos) << e.what();
+  }
+}
+
+// A step's mask has a bound: 64 open alternatives, each inside a string, over a 50k vocabulary would
+// walk the whole trie 64 times; the stage fails (the engine fails that request alone) instead.
+TEST(JsonSchemaSampler, AMaskOverItsWorkBudgetFailsTheRequestNotTheStep) {
+  const auto path = test::models_dir() / "vocab" / "ggml-vocab-gpt-2.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "SKIPPED: " << path << " not found (LOOM_TEST_MODELS)";
+  const GgufFile f = GgufFile::open(path.string());
+  const auto tok = Tokenizer::from_gguf(f);
+  nlohmann::json alts = nlohmann::json::array();
+  for (int k = 0; k < 64; ++k)
+    alts.push_back({{"type", "string"}, {"maxLength", 100 + k}});
+  JsonMatcher m(JsonGrammar::compile(nlohmann::json{{"anyOf", alts}}.dump()));
+  ASSERT_TRUE(m.feed("\""));
+  std::vector<uint8_t> allowed;
+  try {
+    m.allowed_tokens(*tok, allowed);
+    ADD_FAILURE() << "the mask of 64 open strings was computed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parse steps"), std::string::npos) << e.what();
+  }
+  JsonMatcher one(JsonGrammar::compile(kPerson)); // a normal schema is far inside the budget
+  ASSERT_TRUE(one.feed(R"({"name": ")"));
+  EXPECT_NO_THROW(one.allowed_tokens(*tok, allowed));
+}
+
 TEST(JsonSchemaSampler, IsABuiltInStageWithAStringParameter) {
   EXPECT_NO_THROW((void)create_sampler({"json_schema", {}}));
   EXPECT_NO_THROW((void)create_sampler({"json_schema", {{"schema", std::string(kPerson)}}}));

@@ -76,13 +76,16 @@ Template load_template(const std::string& spec, const GgufFile* model);
 std::optional<std::string_view> builtin_for_vocabulary(const GgufFile& model);
 
 // A conversation as prompt tokens for a model: rendered with the tokenizer's BOS/EOS text (unless
-// `in` sets them), then tokenized with special-token text parsed (so "<|im_end|>" is that one token),
-// BOS added only when the model adds one and the rendered text does not already begin with it (as
+// `in` sets them), then tokenized with the template's special-token text parsed (so its "<|im_end|>" is
+// that one token) but the messages' and tools' own text as text: a user who writes "<|im_end|>" gets
+// those characters, not a turn boundary (specials_in_content: parsed there too, the old way). BOS is
+// added only when the model adds one and the rendered text does not already begin with it (as
 // llama.cpp does: most templates write bos_token themselves).
 struct ChatPrompt {
   std::string text;
   std::vector<int32_t> tokens;
 };
-ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok);
+ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok,
+                       bool specials_in_content = false);
 
 } // namespace loom::chat

@@ -14,6 +14,11 @@
 // Bounds that keep a constrained model from running on forever: between two tokens of JSON nothing,
 // one space, or a newline and at most 20 spaces or tabs (llama.cpp's rule); 20 digits in a number's
 // integer or fraction part, 4 in its exponent; nesting 64 deep.
+// Bounds that keep a hostile schema from costing the server (json_constraint.cpp's constants): a schema
+// compiles to at most 4096 states, and one anyOf (through nested anyOfs and $refs) to at most 256
+// alternatives — past either, compile() refuses it naming the part; one token mask takes at most 8M
+// parse-stack advances — past it the stage throws, which fails that request alone (the mask is computed
+// in the engine's step, so a bound per step, not a thread of its own, keeps the others' steps short).
 #pragma once
 
 #include "loom/types.hpp"

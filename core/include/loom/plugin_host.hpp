@@ -39,6 +39,8 @@ private:
   std::unique_ptr<Handle> handle_;
   const loom_plugin* plugin_ = nullptr;
   std::string path_, sha256_;
+  int fd_ = -1;           // the open file the library was loaded from (its bytes were hashed)
+  std::string load_path_; // "/proc/self/fd/N": the name the dynamic loader knows it by
   int32_t score_ = 1;
   std::vector<std::string> factory_problems_; // one per factory, "" when usable
   bool shut_down_ = false;

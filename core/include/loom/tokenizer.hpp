@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -36,6 +37,9 @@ struct EncodeOptions {
   std::optional<bool> add_bos; // nullopt: as the model's metadata says (tokenizer.ggml.add_bos_token)
   std::optional<bool> add_eos; // nullopt: as the model's metadata says (tokenizer.ggml.add_eos_token)
   bool parse_special = false;  // match control / user-defined token texts like "<s>", "<|eot_id|>"
+  // With parse_special: byte ranges [begin, end) of the text that are literal text (a chat message's
+  // content): no control token is matched in them, as if parse_special were off there.
+  std::vector<std::pair<size_t, size_t>> literal = {};
 };
 
 // State of incremental detokenization for one sequence. Bytes of an incomplete UTF-8 character

@@ -4,6 +4,7 @@
 #include "loom/gguf.hpp"
 #include "loom/tokenizer.hpp"
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -63,15 +64,91 @@ Template load_template(const std::string& spec, const GgufFile* model) {
   return Template(text.str(), spec);
 }
 
-ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok) {
+namespace {
+
+// A user's text that spells a control token is marked before rendering (noncharacters U+FDD0 … U+FDD1
+// around it, which no user text keeps) and found again in the rendered prompt, where it is tokenized as
+// text. Marking only those spans, not whole messages, leaves what templates do to content (trim, compare,
+// slice) unchanged.
+constexpr std::string_view k_open = "\xEF\xB7\x90", k_close = "\xEF\xB7\x91";
+
+std::vector<std::string_view> control_texts(const Tokenizer& tok) {
+  std::vector<std::string_view> v;
+  for (TokenId i = 0; i < tok.vocab_size(); ++i)
+    if (const TokenType ty = tok.token_type(i); ty == TokenType::control || ty == TokenType::unknown)
+      if (const std::string& p = tok.piece(i); !p.empty()) v.push_back(p);
+  return v;
+}
+
+std::string mark_controls(std::string s, const std::vector<std::string_view>& controls) {
+  for (const std::string_view m : {k_open, k_close})
+    for (size_t at; (at = s.find(m)) != std::string::npos;)
+      s.erase(at, m.size());
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (const std::string_view c : controls)
+    for (size_t at = s.find(c); at != std::string::npos; at = s.find(c, at + 1))
+      spans.emplace_back(at, at + c.size());
+  if (spans.empty()) return s;
+  std::sort(spans.begin(), spans.end());
+  std::string out;
+  size_t pos = 0;
+  for (size_t i = 0; i < spans.size();) {
+    auto [b, e] = spans[i];
+    for (++i; i < spans.size() && spans[i].first < e; ++i) // overlapping matches: one span
+      e = std::max(e, spans[i].second);
+    out.append(s, pos, b - pos).append(k_open).append(s, b, e - b).append(k_close);
+    pos = e;
+  }
+  return out.append(s, pos);
+}
+
+void mark_strings(nlohmann::ordered_json& j, const std::vector<std::string_view>& controls, int depth) {
+  if (j.is_string())
+    j = mark_controls(j.get<std::string>(), controls);
+  else if (depth < 256 && (j.is_array() || j.is_object()))
+    for (auto& e : j)
+      mark_strings(e, controls, depth + 1);
+}
+
+// The rendered text without its marks, and the byte ranges they enclosed.
+std::string unmark(const std::string& text, std::vector<std::pair<size_t, size_t>>& literal) {
+  std::string out;
+  out.reserve(text.size());
+  size_t open = std::string::npos;
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, k_open.size(), k_open) == 0) {
+      if (open == std::string::npos) open = out.size();
+      i += k_open.size();
+    } else if (text.compare(i, k_close.size(), k_close) == 0) {
+      if (open != std::string::npos) literal.emplace_back(open, out.size());
+      open = std::string::npos;
+      i += k_close.size();
+    } else {
+      out += text[i++];
+    }
+  }
+  if (open != std::string::npos) literal.emplace_back(open, out.size()); // a template cut the text
+  return out;
+}
+
+} // namespace
+
+ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok, bool specials_in_content) {
   std::string bos_text;
   if (tok.bos() >= 0) bos_text = tok.piece(tok.bos());
   if (!in.bos_token && tok.bos() >= 0) in.bos_token = bos_text;
   if (!in.eos_token && tok.eos() >= 0) in.eos_token = tok.piece(tok.eos());
-  ChatPrompt p;
-  p.text = t.render(in);
   EncodeOptions o;
   o.parse_special = true;
+  ChatPrompt p;
+  if (specials_in_content) {
+    p.text = t.render(in);
+  } else {
+    const auto controls = control_texts(tok);
+    mark_strings(in.messages, controls, 0);
+    mark_strings(in.tools, controls, 0);
+    p.text = unmark(t.render(in), o.literal);
+  }
   if (!bos_text.empty() && p.text.rfind(bos_text, 0) == 0) o.add_bos = false; // the template wrote it
   o.add_eos = false;
   p.tokens = tok.encode(p.text, o);

@@ -194,9 +194,14 @@ std::optional<FileProblem> check_plugin_file(const std::string& path) {
   f.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (f.fd < 0)
     return FileProblem{Errc::not_found, std::string("cannot open the file: ") + std::strerror(errno)};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
+  return check_plugin_fd(f.fd);
+}
+
+std::optional<FileProblem> check_plugin_fd(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return FileProblem{Errc::invalid_argument, "not a regular file; a plugin must be a shared library file"};
-  return check_elf(f.fd, static_cast<uint64_t>(st.st_size));
+  return check_elf(fd, static_cast<uint64_t>(st.st_size));
 }
 
 std::optional<PluginDescriptor> read_plugin_descriptor(const std::string& path) {

@@ -1,4 +1,5 @@
-// sha256 of a plugin file (OpenSSL's EVP), read with read() after open_regular_file (never a FIFO).
+// sha256 of a plugin file (OpenSSL's EVP): of an open descriptor's bytes (what is then loaded), or of a
+// path opened with open_regular_file (never a FIFO).
 #include "plugin_internal.hpp"
 
 #include <cerrno>
@@ -18,23 +19,33 @@ std::string file_sha256(const std::string& path) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
+  try {
+    return plugin::fd_sha256(fd);
+  } catch (const Error& e) {
+    const std::string what = e.what(), prefix = "plugin: ";
+    fail(e.code(), "plugin",
+         one_line(path + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what)));
+  }
+}
+
+std::string plugin::fd_sha256(int fd) {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) {
     EVP_MD_CTX_free(ctx);
     fail(Errc::internal, "plugin", "OpenSSL SHA-256 is unavailable");
   }
   std::vector<char> buf(1 << 16);
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int e = errno;
       EVP_MD_CTX_free(ctx);
-      fail(Errc::not_found, "plugin",
-           one_line(path + ": cannot read the file to hash it: " + std::strerror(e)));
+      fail(Errc::not_found, "plugin", std::string("cannot read the file to hash it: ") + std::strerror(e));
     }
     if (n == 0) break;
     EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(n));
+    at += n;
   }
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;

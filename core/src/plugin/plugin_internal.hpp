@@ -58,6 +58,10 @@ struct FileProblem {
 // program header table, every PT_LOAD/PT_DYNAMIC segment and the section header table lie inside the
 // file (a truncated file would otherwise be mapped and kill the process with SIGBUS). Reads with pread.
 std::optional<FileProblem> check_plugin_file(const std::string& path);
+// The same checks on an open file: the bytes that will be loaded.
+std::optional<FileProblem> check_plugin_fd(int fd);
+// sha256 of an open regular file's bytes (read with pread from offset 0), lowercase hex.
+std::string fd_sha256(int fd);
 // What a plugin file says it provides in its static descriptor (the ELF section ".loom_plugin" that
 // LOOM_PLUGIN_DEFINE emits, loom/sdk/plugin.hpp), read with pread from the section headers — nothing is
 // mapped or run. nullopt: no descriptor (a hand-written loom_plugin_init), or a malformed one.

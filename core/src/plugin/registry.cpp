@@ -14,9 +14,11 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <openssl/evp.h>
 #include <poll.h>
+#include <set>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -49,9 +51,21 @@ PluginLibrary::~PluginLibrary() {
   // No dlclose in production: promote the library to RTLD_NODELETE so unloading the handle keeps
   // it mapped (plugin threads or atexit hooks may still run). Tests set LOOM_TEST_REAL_UNLOAD=1.
   const char* real = std::getenv("LOOM_TEST_REAL_UNLOAD");
-  if (!(real && std::string(real) == "1") && !path_.empty()) {
-    if (void* h = dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(h);
+  if (!(real && std::string(real) == "1") && !load_path_.empty()) {
+    if (void* h = dlopen(load_path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(h);
   }
+  // The descriptor named the library to the dynamic loader, which finds a loaded library by that name: it
+  // stays open while the library is mapped (in production, for the process's life), so its number never
+  // names another file while the loader still knows it.
+  handle_.reset();
+  if (fd_ >= 0 && !load_path_.empty()) {
+    void* still = dlopen(load_path_.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (still) {
+      dlclose(still);
+      return; // mapped for good: its descriptor with it
+    }
+  }
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string_view kind_name(int32_t kind) noexcept {
@@ -118,6 +132,20 @@ void shut_down_retained() noexcept {
 }
 } // namespace
 
+namespace {
+// The pin for a plugin file: a key that is its path (as given in the pipeline, absolute or relative to the
+// current directory) or its file name. Never the name the plugin declares: any file can declare any name.
+std::optional<std::string> pin_of(const std::map<std::string, std::string>& pins, const std::string& file) {
+  const fs::path f(file);
+  for (const auto& [key, sha] : pins) {
+    if (key == file || key == f.filename().string()) return sha;
+    std::error_code ec;
+    if (fs::equivalent(key, f, ec) && !ec) return sha;
+  }
+  return std::nullopt;
+}
+} // namespace
+
 std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                                                     const std::optional<std::string>& pin) {
   // One line whatever the file name or the plugin's strings hold.
@@ -129,6 +157,18 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   };
   // Before anything maps the file: a regular file holding a complete ELF shared object for this host.
   if (const auto problem = plugin::check_plugin_file(path)) bad(problem->code, problem->why);
+  // From here on one open descriptor: its bytes are checked, hashed and loaded (through /proc/self/fd),
+  // so a file replaced after the check or the hash is not what runs.
+  std::string open_error;
+  const int fd = plugin::open_regular_file(path, open_error);
+  if (fd < 0) bad(Errc::not_found, "cannot open the file: " + open_error);
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } owned{fd};
+  if (const auto problem = plugin::check_plugin_fd(fd)) bad(problem->code, problem->why);
   std::error_code ec;
   std::string canonical = fs::weakly_canonical(path, ec).string();
   if (ec || canonical.empty()) canonical = path;
@@ -141,20 +181,27 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
     }
   std::shared_ptr<PluginLibrary> lib(new PluginLibrary());
   lib->path_ = canonical;
-  lib->sha256_ = file_sha256(path);
+  try {
+    lib->sha256_ = plugin::fd_sha256(fd);
+  } catch (const Error& e) {
+    bad(e.code(), "cannot read the file to hash it");
+  }
   check_pin(lib->sha256_);
+  lib->fd_ = std::exchange(owned.fd, -1);
+  lib->load_path_ = "/proc/self/fd/" + std::to_string(lib->fd_);
   // The one dlopen that runs its constructors (its message is dlerror()'s, clean); Boost.DLL's load
   // then finds the library mapped and only takes a reference — nothing is unloaded in between.
-  void* own = dlopen(lib->path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* own = dlopen(lib->load_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!own) {
     const char* e = dlerror();
     std::string why = e ? e : "unknown dlopen error";
-    if (why.rfind(lib->path_ + ": ", 0) == 0) why = why.substr(lib->path_.size() + 2);
+    if (why.rfind(lib->load_path_ + ": ", 0) == 0) why = why.substr(lib->load_path_.size() + 2);
     bad(Errc::invalid_argument, "cannot be loaded as a shared library: " + why);
   }
   lib->handle_ = std::make_unique<PluginLibrary::Handle>();
   try {
-    lib->handle_->lib.load(lib->path_, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    lib->handle_->lib.load(lib->load_path_,
+                           boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     dlclose(own);
     bad(Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + e.what());
@@ -260,19 +307,32 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
     for (auto& f : here)
       if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
   }
-  // A pipeline loads only what it names: a file whose descriptor provides none of it is never opened,
-  // one that does has its pin checked before dlopen; files without a descriptor (a hand-written
-  // loom_plugin_init) are opened only while something named is still missing.
-  std::vector<std::string> undescribed;
+  // A pipeline loads only what it names: a file whose descriptor provides none of it is never opened;
+  // a pinned file (pins are keyed by file, never by the name a file declares) is loaded only with its
+  // hash, and an unpinned file that offers what a pinned one provides is not loaded at all. A file
+  // without a descriptor (a hand-written loom_plugin_init) is listed with that reason and never loaded.
   const auto wanted = [&](int32_t kind, const std::string& name) {
     return std::find(options.only.begin(), options.only.end(), std::pair{kind, name}) != options.only.end();
   };
+  std::map<std::string, std::string> file_pins; // file → the sha256 its pin requires
   if (options.named_only) {
-    std::vector<std::string> keep;
+    std::vector<std::pair<std::string, plugin::PluginDescriptor>> offered;
+    std::set<std::pair<int32_t, std::string>> pinned_objects;
     for (const auto& f : files) {
-      const auto d = plugin::read_plugin_descriptor(f);
+      auto d = plugin::read_plugin_descriptor(f);
       if (!d) {
-        undescribed.push_back(f);
+        PluginInfo info;
+        info.path = f;
+        try {
+          info.sha256 = file_sha256(f);
+        } catch (const Error&) {
+        }
+        const auto problem = plugin::check_plugin_file(f); // (what is wrong with it, if more than that)
+        info.error =
+            problem ? problem->why
+                    : "no static descriptor (the .loom_plugin section of LOOM_PLUGIN_DEFINE, SDK 2.0+): a "
+                      "pipeline never loads it; rebuild it against this SDK";
+        out.push_back(std::move(info));
         continue;
       }
       bool use = false;
@@ -281,40 +341,34 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
         use = use || wanted(kind, name);
       }
       if (!use) continue;
-      if (auto it = pins.find(d->name); it != pins.end()) {
-        std::string sha;
-        try {
-          sha = file_sha256(f);
-        } catch (const Error&) {
-        }
-        if (sha != it->second) {
-          PluginInfo info;
-          info.path = f;
-          info.sha256 = sha;
-          info.name = d->name;
-          info.error =
-              one_line("sha256 is " + sha + " but the pipeline pins " + it->second + " for plugin '" +
-                       d->name + "' — the file changed; rebuild it or update the pin (not loaded)");
-          out.push_back(std::move(info));
-          continue;
-        }
+      if (const auto pin = pin_of(pins, f)) {
+        file_pins[f] = *pin;
+        for (const auto& o : d->provides)
+          pinned_objects.insert(o);
+      }
+      offered.emplace_back(f, std::move(*d));
+    }
+    std::vector<std::string> keep;
+    for (const auto& [f, d] : offered) {
+      std::string shadowed;
+      if (!file_pins.count(f))
+        for (const auto& o : d.provides)
+          if (wanted(o.first, o.second) && pinned_objects.count(o)) shadowed = o.second;
+      if (!shadowed.empty()) {
+        PluginInfo info;
+        info.path = f;
+        info.name = d.name;
+        info.error =
+            one_line("provides '" + shadowed +
+                     "', which a pinned plugin file provides: not loaded (pin it too, or remove it)");
+        out.push_back(std::move(info));
+        continue;
       }
       keep.push_back(f);
     }
     files = std::move(keep);
   }
-  const auto missing_any = [&] {
-    for (const auto& [kind, name] : options.only)
-      if (!find(kind, name)) return true;
-    return false;
-  };
-  for (size_t fi = 0; fi < files.size() || (options.named_only && !undescribed.empty() && missing_any());
-       ++fi) {
-    if (fi >= files.size()) { // a file without a descriptor, while something named is missing
-      files.push_back(undescribed.front());
-      undescribed.erase(undescribed.begin());
-    }
-    const std::string f = files[fi];
+  for (const std::string& f : files) {
     PluginInfo info;
     info.path = f;
     try {
@@ -327,8 +381,9 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       if (options.probe_in_child)
         if (const std::string why = plugin::probe_in_child(f, options.probe_timeout); !why.empty())
           fail(Errc::invalid_argument, "plugin", one_line(f + ": " + why));
-      // A pin is matched by plugin name once the plugin is known; load without it first.
-      auto lib = load(f);
+      // The pin is checked on the bytes load() maps (hashed from the descriptor it loads).
+      const auto pin = file_pins.count(f) ? std::optional<std::string>(file_pins[f]) : pin_of(pins, f);
+      auto lib = load(f, pin);
       const loom_plugin& p = lib->plugin();
       info.name = p.name;
       info.version = p.version;
@@ -341,10 +396,6 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
         info.factories.push_back(
             {std::string(kind_name(fa.kind)), fa.name ? fa.name : "", std::string(lib->factory_problem(i))});
       }
-      if (auto it = pins.find(info.name); it != pins.end() && it->second != info.sha256)
-        fail(Errc::invalid_argument, "plugin",
-             one_line(f + ": sha256 is " + info.sha256 + " but the pipeline pins " + it->second +
-                      " for plugin '" + info.name + "' — the file changed; rebuild it or update the pin"));
       // The same plugin name seen again: keep the higher score (ISA variants of one backend).
       auto same = std::find_if(libs_.begin(), libs_.end(),
                                [&](const auto& l) { return std::string(l->plugin().name) == info.name; });

@@ -297,14 +297,21 @@ std::array<TokenId, 256> TokenizerBase::find_byte_tokens() const {
 }
 
 std::vector<TokenizerBase::Fragment> TokenizerBase::partition(std::string_view text,
-                                                              bool parse_special) const {
+                                                              const EncodeOptions& opts) const {
   std::vector<Fragment> frags, next;
   if (text.empty()) return frags;
   frags.push_back({0, text.size(), -1});
+  // Whether [at, at + n) overlaps a literal range (where only user-defined tokens match).
+  const auto literal = [&](size_t at, size_t n) {
+    for (const auto& [b, e] : opts.literal)
+      if (at < e && b < at + n) return true;
+    return false;
+  };
   for (TokenId id : special_) {
     // Without parse_special only user-defined tokens (Hugging Face "added tokens" that are not
     // special) are matched, as Hugging Face and llama.cpp do.
-    if (!parse_special && vocab_.types[static_cast<size_t>(id)] != TokenType::user_defined) continue;
+    const bool user_defined = vocab_.types[static_cast<size_t>(id)] == TokenType::user_defined;
+    if (!opts.parse_special && !user_defined) continue;
     const std::string& p = vocab_.pieces[static_cast<size_t>(id)];
     next.clear();
     bool found = false;
@@ -315,10 +322,15 @@ std::vector<TokenizerBase::Fragment> TokenizerBase::partition(std::string_view t
       }
       const std::string_view s = text.substr(f.off, f.len);
       size_t pos = 0;
-      for (size_t m; (m = s.find(p, pos)) != std::string_view::npos; pos = m + p.size()) {
+      for (size_t from = 0, m; (m = s.find(p, from)) != std::string_view::npos;) {
+        if (!user_defined && literal(f.off + m, p.size())) { // written by a user: text
+          from = m + 1;
+          continue;
+        }
         if (m > pos) next.push_back({f.off + pos, m - pos, -1});
         next.push_back({0, 0, id});
         found = true;
+        pos = from = m + p.size();
       }
       if (pos < s.size()) next.push_back({f.off + pos, s.size() - pos, -1});
     }
@@ -339,7 +351,7 @@ std::vector<TokenId> TokenizerBase::encode(std::string_view text, const EncodeOp
   out.reserve(text.size() / 3 + 4);
   if (add_bos) out.push_back(s_.bos);
   bool after_special = true;
-  for (const Fragment& f : partition(text, opts.parse_special)) {
+  for (const Fragment& f : partition(text, opts)) {
     if (f.id >= 0) {
       out.push_back(f.id);
       after_special = true;

@@ -98,7 +98,7 @@ private:
     size_t off = 0, len = 0; // raw text [off, off + len) when id < 0
     TokenId id = -1;         // a special token
   };
-  std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
+  std::vector<Fragment> partition(std::string_view text, const EncodeOptions& opts) const;
   std::string_view token_text(TokenId id, bool special) const;
   void init_special_tokens();
 
