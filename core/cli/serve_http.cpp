@@ -21,6 +21,7 @@
 #include <list>
 #include <sstream>
 #include <sys/socket.h>
+#include <vector>
 
 namespace loom::cli::serve {
 
@@ -53,58 +54,67 @@ std::shared_ptr<const std::string> wire(unsigned version, bool keep_alive, const
   return std::make_shared<const std::string>(std::move(os).str());
 }
 
-// The threads requests run on while the engine serves them (one each; joined as they end).
+// The threads requests run on while the engine serves them: a pool that grows to what the traffic needs
+// and keeps its threads (a thread per request would leave the allocator a new arena to grow each time).
 class Workers {
 public:
   ~Workers() {
-    for (auto& [t, done] : threads_)
-      if (t.joinable()) t.detach();
+    for (auto& t : threads_)
+      if (t.joinable()) t.detach(); // (stuck past the drain: left to the process's exit)
   }
   void spawn(std::function<void()> fn) {
     std::lock_guard lk(mu_);
-    reap();
-    auto done = std::make_shared<std::atomic<bool>>(false);
+    tasks_.push_back(std::move(fn));
     ++running_;
-    threads_.emplace_back(std::thread([this, fn = std::move(fn), done] {
-                            fn();
-                            done->store(true);
-                            std::lock_guard lk2(mu_);
-                            --running_;
-                            cv_.notify_all();
-                          }),
-                          done);
+    if (tasks_.size() <= idle_) // an idle thread for each waiting task
+      cv_.notify_one();
+    else
+      threads_.emplace_back([this] { serve(); });
   }
   size_t running() {
     std::lock_guard lk(mu_);
     return running_;
   }
-  // Waits until every worker ended or `until`; joins the ended ones, detaches the rest (left to the exit).
+  // Waits until every task ended or `until`, then ends the idle threads (joined) and leaves the rest.
   void join_all(Clock::time_point until) {
     std::unique_lock lk(mu_);
-    cv_.wait_until(lk, until, [&] { return running_ == 0; });
-    for (auto& [t, done] : threads_) {
-      if (done->load())
+    done_cv_.wait_until(lk, until, [&] { return running_ == 0; });
+    stop_ = true;
+    cv_.notify_all();
+    const bool all = running_ == 0;
+    lk.unlock();
+    for (auto& t : threads_)
+      if (all)
         t.join();
       else
         t.detach();
-    }
     threads_.clear();
   }
 
 private:
-  void reap() { // (mu_ held)
-    for (auto it = threads_.begin(); it != threads_.end();)
-      if (it->second->load()) {
-        it->first.join();
-        it = threads_.erase(it);
-      } else {
-        ++it;
-      }
+  void serve() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      --idle_;
+      if (tasks_.empty()) return; // stopped
+      std::function<void()> fn = std::move(tasks_.front());
+      tasks_.pop_front();
+      lk.unlock();
+      fn();
+      fn = nullptr; // (what it holds, a session, goes before the count does)
+      lk.lock();
+      --running_;
+      done_cv_.notify_all();
+    }
   }
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads_;
-  size_t running_ = 0;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  size_t running_ = 0, idle_ = 0;
+  bool stop_ = false;
 };
 
 class Session;

@@ -149,10 +149,12 @@ private:
   }
 
   // The stacks one byte fed at node i can split into (its anyOf's leaves, through nested anyOfs and
-  // $refs), capped just past the budget; a cycle of anyOfs counts once (the matcher cuts it short).
+  // $refs), capped just past the budget. An anyOf that reaches itself through anyOfs and $refs alone
+  // (consuming nothing) is over it: the matcher would unfold it to its depth guard, fan-out^16 stacks.
   size_t alternatives(uint32_t i, std::vector<size_t>& memo, std::vector<uint8_t>& busy) const {
     const JsonGrammar::Node& n = g_.nodes_[i];
-    if (n.type != NT::any_of || busy[i]) return 1;
+    if (n.type != NT::any_of) return 1;
+    if (busy[i]) return kMaxAlternatives + 1;
     if (memo[i]) return memo[i];
     busy[i] = 1;
     size_t sum = 0;
@@ -178,7 +180,8 @@ private:
     }
     if (over)
       fail_schema(*over + ": its anyOf / oneOf expands to more than " + std::to_string(kMaxAlternatives) +
-                  " alternatives (nested anyOfs and $refs multiply); flatten or simplify it");
+                  " alternatives (nested anyOfs and $refs multiply, or lead back to it without a value "
+                  "between); flatten or simplify it");
   }
 
   const Json& resolve(const std::string& ref, const std::string& at) {

@@ -163,6 +163,14 @@ TEST(JsonMatcher, SchemasOverTheirBudgetAreRefusedNamingThePart) {
     EXPECT_NE(w.find("#/$defs/d"), std::string::npos) << w;
   }
   EXPECT_NO_THROW((void)JsonGrammar::compile(nested(4, 4))); // 256 alternatives: the budget
+  // An anyOf that leads back to itself without a value between (the fuzzer found one: 10 s per byte).
+  try {
+    (void)JsonGrammar::compile(
+        R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}}, "$ref": "#/$defs/a"})");
+    ADD_FAILURE() << "a left-recursive anyOf compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lead back to it"), std::string::npos) << e.what();
+  }
   nlohmann::json inner = {{"type", "object"}, {"properties", nlohmann::json::object()}};
   for (int k = 0; k < 64; ++k)
     inner["properties"]["p" + std::to_string(k)] = {{"type", "string"}};
