@@ -17,7 +17,7 @@ content 100000 deep: must be a 400).
       --json soak.json
 
 Prints counts per kind and status, RSS before / after, requests/s; writes --json; exits 1 on any violation
-(2 when the server does not start). Standard library only. The whole run takes at most --seconds + 30 s.
+(2 when the server does not start). Standard library only. The whole run takes at most --warmup + --seconds + 30 s.
 """
 import argparse
 import http.client
@@ -47,6 +47,9 @@ def parse_args():
     ap.add_argument("--clients", type=int, default=16, help="client threads (default 16)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=float, default=15,
+                    help="seconds of every client kind before the RSS baseline (default 15: the allocator's "
+                         "arenas and the worker pool reach their size)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="an extra argument for `loom serve` (repeatable; e.g. --serve-arg=--set "
                          "--serve-arg=backend.name=reference)")
@@ -54,9 +57,12 @@ def parse_args():
 
 
 A = parse_args()
+if not os.path.exists(A.model):
+    print(f"SKIPPED: {A.model} is missing (set LOOM_TEST_MODELS)")
+    sys.exit(0)
 T0 = time.time()
-HARD_END = T0 + A.seconds + 30  # every phase is cut to stay inside this
-WARM_SECONDS = 4.0
+HARD_END = T0 + A.warmup + A.seconds + 30  # every phase is cut to stay inside this
+WARM_SECONDS = A.warmup
 OP_TIMEOUT = 7.0  # one client operation's socket timeout (and so its length, roughly)
 violations = []
 lock = threading.Lock()
@@ -162,6 +168,9 @@ def metrics():
         m = re.search(r"^vllm:" + name + r"\{[^}]*\} (\S+)$", raw.decode(), re.M)
         if m:
             out[name] = float(m.group(1))
+    m = re.search(r"^loom:heap_in_use_bytes (\S+)$", raw.decode(), re.M)  # malloc's count, beside the RSS
+    if m:
+        out["heap_in_use_mb"] = round(float(m.group(1)) / MB, 1)
     return out
 
 
@@ -419,8 +428,13 @@ log(f"soak: {soak_for:.0f} s, {A.clients} clients; kinds (weight %): "
     + ", ".join(f"{k} {w}" for k, (_, w) in KINDS.items()))
 threads = run_clients(A.clients, STOP_AT, record=True)
 rss_peak = rss_warm or 0
+rss_timeline = []  # (seconds into the soak, MB) every 10 s
 while time.time() < STOP_AT and alive():
-    rss_peak = max(rss_peak, rss() or 0)
+    now_rss = rss() or 0
+    rss_peak = max(rss_peak, now_rss)
+    if not rss_timeline or time.time() - soak_t0 >= rss_timeline[-1][0] + 10:
+        rss_timeline.append((round(time.time() - soak_t0), round(now_rss / MB, 1),
+                             metrics().get("heap_in_use_mb")))
     time.sleep(0.5)
 join(threads, min(STOP_AT + OP_TIMEOUT + 1, HARD_END - 14))
 soak_seconds = time.time() - soak_t0
@@ -481,13 +495,15 @@ print(f"RSS: {(rss_warm or 0) / MB:.1f} MB after the warm-up, peak {rss_peak / M
 print(f"liveness probe: {probe['n']} GET /health, {probe['failed']} failed, slowest {probe['max_s']:.2f} s")
 print(f"metrics at the end: {m_end}")
 print(f"SIGTERM: exit {rc}" + (f" after {exit_s:.1f} s" if exit_s is not None else ""))
-print(f"total: {time.time() - T0:.1f} s (limit {A.seconds + 30:.0f} s)")
+print("RSS during the soak (s: RSS MB / heap in use MB): " + ", ".join(f"{t}: {m} / {h}" for t, m, h in rss_timeline))
+print(f"total: {time.time() - T0:.1f} s (limit {A.warmup + A.seconds + 30:.0f} s)")
 result = {
     "binary": A.loom, "model": A.model, "server_args": cmd[2:], "seconds": A.seconds, "clients": A.clients,
     "counts": {k: dict(v) for k, v in counts.items()},
     "mean_seconds": {k: sum(v) / len(v) for k, v in latency.items() if v},
     "operations": ops, "operations_per_second": ops / max(soak_seconds, 1e-9),
     "rss_warm_bytes": rss_warm, "rss_peak_bytes": rss_peak, "rss_end_bytes": rss_end,
+    "rss_timeline_mb": rss_timeline,
     "metrics_warm": m_warm, "metrics_end": m_end, "exit_code": rc, "exit_seconds": exit_s,
     "server_died_at": died_at[0] if died_at else None,
     "liveness_probe": probe, "violations": violations, "ok": not violations, "total_seconds": time.time() - T0,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <malloc.h>
 
 namespace loom::cli::serve {
 
@@ -782,12 +783,18 @@ void Service::loop() {
   Engine& e = p_->engine();
   const KVCacheStore& kv = p_->kv_store();
   // Runs until stop() and no request is left (a drain lets the requests in flight finish).
+  bool stepped = false; // since the engine was last idle
   while (!stop_ || in_flight_ > 0) {
     if (e.idle() &&
         !e.wait_for_work(std::chrono::milliseconds(50))) { // nothing to step: sleep until a submit
+      if (stepped) {    // the load is gone: the allocator's free pages go back to the system (RSS follows
+        malloc_trim(0); // the heap instead of its high-water mark; measured by scripts/soak_serve.py)
+        stepped = false;
+      }
       if (stop_ && in_flight_ == 0) break;
       continue;
     }
+    stepped = true;
     (void)e.step(); // (results reach their jobs through on_finish)
     Snapshot sn;
     sn.running = e.n_running();
@@ -908,6 +915,12 @@ std::string render_metrics(const Services& ss) {
        [](const One& o) -> const Metrics::Histogram& { return o.v.e2e; });
   hist("request_queue_time_seconds", "Time waiting before the first admission.",
        [](const One& o) -> const Metrics::Histogram& { return o.v.queue; });
+  { // the process's heap (glibc's count of allocated bytes): what the soak test tells a leak from RSS by
+    const struct mallinfo2 mi = mallinfo2();
+    out += "# HELP loom:heap_in_use_bytes Heap bytes allocated and not freed (malloc's count).\n"
+           "# TYPE loom:heap_in_use_bytes gauge\nloom:heap_in_use_bytes " +
+           num(static_cast<double>(mi.uordblks + mi.hblkhd)) + "\n";
+  }
   if (!ss.splits().empty()) { // which variant each split chose, for reading production traffic as an A/B
     out += "# HELP loom:ab_requests_total Requests an A/B split ([serve] ab) sent to each variant.\n"
            "# TYPE loom:ab_requests_total counter\n";
