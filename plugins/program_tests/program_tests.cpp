@@ -57,54 +57,28 @@
 //   - the wall-clock limit: at timeout_s the namespaces' init is killed, with everything in them.
 // LOOM_SANDBOX_DISABLE=landlock|netns|mountns (tests only) makes that part count as missing;
 // LOOM_SANDBOX_DISABLE=userns makes root use its own namespaces (the fallback) and others refuse.
+#include "harness.hpp"
 #include "loom/sdk/plugin.hpp"
+#include "sandbox.hpp"
 
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
-#include <grp.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/landlock.h>
-#include <linux/seccomp.h>
 #include <nlohmann/json.hpp>
 #include <poll.h>
-#include <sched.h>
 #include <set>
 #include <string>
-#include <sys/mman.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
-
-#ifndef LANDLOCK_ACCESS_FS_REFER
-#define LANDLOCK_ACCESS_FS_REFER (1ULL << 13)
-#endif
-#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
-#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
-#endif
-#ifndef SYS_close_range
-#define SYS_close_range 436
-#endif
-#ifndef MFD_CLOEXEC
-#define MFD_CLOEXEC 1U
-#endif
-#include "harness.hpp"
-#include "sandbox.hpp"
 
 namespace {
 

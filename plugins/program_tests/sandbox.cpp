@@ -5,24 +5,17 @@
 #include "loom/sdk/plugin.hpp"
 
 #include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <filesystem>
-#include <fstream>
 #include <grp.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
-#include <nlohmann/json.hpp>
-#include <poll.h>
 #include <sched.h>
-#include <set>
 #include <string>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -30,7 +23,6 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
