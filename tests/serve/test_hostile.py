@@ -450,14 +450,15 @@ def t4_non_readers():
         stuck_socks = s.sockets()
         wait = 1.5 * t_pair + (WRITE or 0) + 8  # (the replies are built, then the write timeout runs)
         ok, dt = wait_for(dropped, wait)
+        socks_after = s.sockets()
         time.sleep(0.5)
         rss_after = s.rss()
         h = s.health()
-        say(f"measured: server sockets {base_socks} idle, {stuck_socks} with the non-readers, {s.sockets()} "
+        say(f"measured: server sockets {base_socks} idle, {stuck_socks} with the non-readers, {socks_after} "
             f"after {dt + 1:.1f} s; RSS {mb(base_rss)} after the readers, peak {mb(peak[0])}, after "
             f"{mb(rss_after)}; /health {h}")
         check(ok, f"non-reading /tokenize clients are dropped once their replies are built, within the write "
-              f"timeout + 8 s (server sockets {stuck_socks} -> {s.sockets()}, idle {base_socks}, "
+              f"timeout + 8 s (server sockets {stuck_socks} -> {socks_after}, idle {base_socks}, "
               f"waited {dt + 1:.0f} s)")
         check(rss_after is not None and rss_after <= (base_rss or 0) + 128 * MB,
               f"non-reading /tokenize clients: the server's RSS goes back down (after two readers "
