@@ -133,6 +133,8 @@ struct Server {
   net::io_context ioc;
   tcp::acceptor acc{net::make_strand(ioc)};
   void accept();
+  // SIGTERM: stop accepting, close idle connections, wait drain_timeout for the rest, then close them all.
+  void drain();
   void add(const std::shared_ptr<Session>& s);
   void each(const std::function<void(Session&)>& f);
 };
@@ -403,6 +405,24 @@ void Server::each(const std::function<void(Session&)>& f) {
     f(*s);
 }
 
+void Server::drain() {
+  draining = true;
+  net::post(acc.get_executor(), [this] {
+    beast::error_code e;
+    acc.close(e);
+  });
+  each([](Session& s) { s.drain(false); });
+  const auto idle = [&] { return live.load() == 0 && workers.running() == 0; };
+  const auto deadline = Clock::now() + o.drain_timeout;
+  while (!idle() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!idle()) { // stuck connections cannot extend the drain: closed, their requests cancelled
+    std::fprintf(stderr, "loom serve: the drain's time is up: closing %zu connections\n", live.load());
+    each([](Session& s) { s.drain(true); });
+  }
+  workers.join_all(Clock::now() + std::chrono::seconds(5)); // (cancelled requests end in a step)
+}
+
 void Server::accept() {
   acc.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket sock) {
     if (ec == net::error::operation_aborted || !acc.is_open()) return;
@@ -462,21 +482,7 @@ int run_server(Services& ss) {
   }
   std::fprintf(stderr, "loom serve: draining (%zu connections, %zu requests in flight; at most %lld s)\n",
                srv.live.load(), ss.in_flight(), static_cast<long long>(o.drain_timeout.count()));
-  srv.draining = true;
-  net::post(srv.acc.get_executor(), [&srv] {
-    beast::error_code e;
-    srv.acc.close(e);
-  });
-  srv.each([](Session& s) { s.drain(false); });
-  const auto idle = [&] { return srv.live.load() == 0 && srv.workers.running() == 0; };
-  const auto deadline = Clock::now() + o.drain_timeout;
-  while (!idle() && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (!idle()) { // stuck connections cannot extend the drain: closed, their requests cancelled
-    std::fprintf(stderr, "loom serve: the drain's time is up: closing %zu connections\n", srv.live.load());
-    srv.each([](Session& s) { s.drain(true); });
-  }
-  srv.workers.join_all(Clock::now() + std::chrono::seconds(5)); // (cancelled requests end in a step)
+  srv.drain();
   guard.reset();
   srv.ioc.stop();
   for (auto& t : io)
