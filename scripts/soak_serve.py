@@ -4,7 +4,8 @@ well-behaved and hostile clients in --clients threads. At the end, once the serv
 
   - no request running or waiting (vllm:num_requests_running, vllm:num_requests_waiting = 0)
   - no KV in use (vllm:kv_cache_usage_perc = 0)
-  - RSS within 10 % of its value after the warm-up (a warm-up of every client kind at the same concurrency)
+  - RSS within 10 % of its value after the warm-up (a warm-up of every client kind at the same concurrency),
+    both read with no request running and no connection open (past the idle timeout)
   - no 5xx except 503 ("server full"), no well-behaved client left without a reply, no stream cut short
   - the process alive all along, /health and a completion still answered, a SIGTERM exit within the drain
 
@@ -17,7 +18,7 @@ content 100000 deep: must be a 400).
       --json soak.json
 
 Prints counts per kind and status, RSS before / after, requests/s; writes --json; exits 1 on any violation
-(2 when the server does not start). Standard library only. The whole run takes at most --warmup + --seconds + 40 s.
+(2 when the server does not start). Standard library only. The whole run takes at most --warmup + --seconds + 52 s.
 """
 import argparse
 import http.client
@@ -61,7 +62,7 @@ if not os.path.exists(A.model):
     print(f"SKIPPED: {A.model} is missing (set LOOM_TEST_MODELS)")
     sys.exit(0)
 T0 = time.time()
-HARD_END = T0 + A.warmup + A.seconds + 40  # every phase is cut to stay inside this
+HARD_END = T0 + A.warmup + A.seconds + 52  # every phase is cut to stay inside this
 WARM_SECONDS = A.warmup
 OP_TIMEOUT = 12.0  # one client operation's socket timeout (and so its length, roughly)
 violations = []
@@ -95,12 +96,12 @@ def if_supported(name, value):
     return []
 
 
-HEADER_TIMEOUT, WRITE_TIMEOUT, DRAIN_TIMEOUT = 2, 3, 3
+HEADER_TIMEOUT, WRITE_TIMEOUT, DRAIN_TIMEOUT, IDLE_TIMEOUT = 2, 3, 3, 5
 cmd = [A.loom, "serve", *(["-c", A.config] if A.config else []), "-m", A.model, "--port", "0",
        "--parallel", "4", "--ctx-size", "256",
        "--set", "kv_cache.store=paged", "--set", "kv_cache.max_tokens=512",  # 32 blocks: less than 4 x 256
        "--timeout", str(HEADER_TIMEOUT),
-       *if_supported("--write-timeout", WRITE_TIMEOUT), *if_supported("--idle-timeout", 5),
+       *if_supported("--write-timeout", WRITE_TIMEOUT), *if_supported("--idle-timeout", IDLE_TIMEOUT),
        *if_supported("--drain-timeout", DRAIN_TIMEOUT), *A.serve_arg]
 log("start:", " ".join(cmd[1:]))
 proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -386,6 +387,11 @@ def wait_quiet(seconds):
     return m
 
 
+def settle():
+    """Past the idle timeout, so that the RSS is read in one state each time: no request, no connection."""
+    time.sleep(min(IDLE_TIMEOUT + 1, max(0.5, left(12))))
+
+
 # ---- a liveness probe all along: GET /health once a second must answer 200 within 3 s ----
 probe = {"n": 0, "failed": 0, "slow": 0, "max_s": 0.0, "first_failure": None}
 probe_stop = threading.Event()
@@ -418,7 +424,7 @@ log(f"warm-up: {WARM_SECONDS:.0f} s of every client kind at {A.clients} clients"
 STOP_AT = time.time() + WARM_SECONDS
 join(run_clients(A.clients, STOP_AT, record=False), STOP_AT + 4.5)
 m_warm = wait_quiet(3)
-time.sleep(0.5)
+settle()
 rss_warm = rss()
 log(f"after the warm-up: RSS {rss_warm / MB if rss_warm else 0:.1f} MB; metrics {m_warm}")
 
@@ -442,8 +448,8 @@ join(threads, min(STOP_AT + OP_TIMEOUT + 1, HARD_END - 14))
 soak_seconds = time.time() - soak_t0
 
 # ---- the end: quiet, then the checks ----
-m_end = wait_quiet(max(1.0, min(8, left(12))))
-time.sleep(0.5)
+m_end = wait_quiet(max(1.0, min(8, left(18))))
+settle()
 rss_end = rss()
 if alive():
     if m_end.get("num_requests_running") != 0:
@@ -498,7 +504,7 @@ print(f"liveness probe: {probe['n']} GET /health, {probe['failed']} failed, slow
 print(f"metrics at the end: {m_end}")
 print(f"SIGTERM: exit {rc}" + (f" after {exit_s:.1f} s" if exit_s is not None else ""))
 print("RSS during the soak (s: RSS MB / heap in use MB): " + ", ".join(f"{t}: {m} / {h}" for t, m, h in rss_timeline))
-print(f"total: {time.time() - T0:.1f} s (limit {A.warmup + A.seconds + 40:.0f} s)")
+print(f"total: {time.time() - T0:.1f} s (limit {A.warmup + A.seconds + 52:.0f} s)")
 result = {
     "binary": A.loom, "model": A.model, "server_args": cmd[2:], "seconds": A.seconds, "clients": A.clients,
     "counts": {k: dict(v) for k, v in counts.items()},

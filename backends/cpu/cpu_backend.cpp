@@ -8,6 +8,7 @@
 #include "loom/sdk/error.hpp"
 #include "loom/sdk/reference.hpp"
 #include "loom/sdk/rope.hpp"
+#include "matmul_primitives.hpp"
 #include "ops_cpu.hpp"
 #include "simd_cpu.hpp"
 
@@ -759,7 +760,7 @@ private:
   }
 
   // oneDNN's matmul of bf16 activations [T][K] by bf16 weights [N][K] (as the K×N matrix in "ba" layout,
-  // i.e. the weight rows in place) into f32 [T][N]; one primitive per shape, kept.
+  // i.e. the weight rows in place) into f32 [T][N]; one primitive per shape, in prims_.
   dnnl::matmul::primitive_desc bf16_matmul(int64_t T, int64_t N, int64_t K, int64_t ldy,
                                            bool blocked = false) const {
     using md = dnnl::memory::desc;
@@ -788,12 +789,8 @@ private:
   void gemm_bf16_rounded(const uint8_t* w, int64_t T, int64_t N, int64_t K, float* y, int64_t ldy,
                          bool blocked = false) {
     try {
-      const auto key = std::tuple{T, N, K, ldy, blocked};
-      auto it = bf16_prims_.find(key);
-      if (it == bf16_prims_.end()) {
-        if (bf16_prims_.size() >= 256) bf16_prims_.clear(); // many batch sizes: start over
-        it = bf16_prims_.emplace(key, dnnl::matmul(bf16_matmul(T, N, K, ldy, blocked))).first;
-      }
+      dnnl::matmul& prim = prims_.get({dnnl::memory::data_type::bf16, T, N, K, K, ldy, blocked},
+                                      [&] { return bf16_matmul(T, N, K, ldy, blocked); });
       using md = dnnl::memory::desc;
       using dt = dnnl::memory::data_type;
       using tag = dnnl::memory::format_tag;
@@ -801,14 +798,14 @@ private:
       dnnl::memory wts(md({K, N}, dt::bf16, blocked ? tag::BA16a64b2a : tag::ba), engine_,
                        const_cast<uint8_t*>(w));
       dnnl::memory dst(md({T, N}, dt::f32, dnnl::memory::dims{ldy, 1}), engine_, y);
-      it->second.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
+      prim.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
       stream_.wait();
     } catch (const dnnl::error& e) {
       fail(Errc::internal, "cpu", std::string("oneDNN bf16 matmul failed: ") + e.what());
     }
   }
 
-  // C[T][n] (ldc) = A[T][K] · B[n][K]ᵀ (ldb) on oneDNN's f32 matmul primitive (one per shape, kept; the
+  // C[T][n] (ldc) = A[T][K] · B[n][K]ᵀ (ldb) on oneDNN's f32 matmul primitive (one per shape, in prims_; the
   // weight rows in place as the K×n matrix "ba" with stride ldb): its brgemm kernel measured 470–480
   // GFLOP/s on two Zen 5 cores where dnnl_sgemm gave 360–380 (T = 512, K = 2048, n = 2048 / 5632).
   // dnnl_sgemm when no primitive can be made. A C with rows ldc > n apart (a panel's columns of the
@@ -832,16 +829,9 @@ private:
         dst_md({T, n}, dt::f32, dims{ldc, 1});
     dnnl::matmul* prim = nullptr;
     try {
-      const auto key = std::tuple{T, n, K, ldb, ldc};
-      auto it = f32_prims_.find(key);
-      if (it == f32_prims_.end()) {
-        if (f32_prims_.size() >= 256) f32_prims_.clear(); // many batch sizes: start over
-        it = f32_prims_
-                 .emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(
-                                   dnnl::matmul::desc(src_md, wts_md, dst_md), engine_)))
-                 .first;
-      }
-      prim = &it->second;
+      prim = &prims_.get({dt::f32, T, n, K, ldb, ldc, false}, [&] {
+        return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wts_md, dst_md), engine_);
+      });
     } catch (const dnnl::error&) {
       prim = nullptr; // this oneDNN has no matmul for the shape: its sgemm below
     }
@@ -876,10 +866,7 @@ private:
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
   std::vector<uint16_t> xbf16_; // activations rounded to bf16
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, dnnl::matmul>
-      bf16_prims_; // by T, N, K, ldy, layout
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, dnnl::matmul>
-      f32_prims_;               // T, n, K, ldb, ldc
+  MatmulPrimitives prims_{32}; // ~65 KB each: the decode batch sizes and the last prefill lengths
   std::vector<float> gemm_out_; // a panel's GEMM output before it goes to its columns
   std::map<std::tuple<const void*, int64_t, int64_t>, std::shared_ptr<uint8_t>> repacked_; // by data, K, N
   size_t shared_weights_ = 0; // bytes of repacked matrices another backend had made (held, not copied)
