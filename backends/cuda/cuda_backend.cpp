@@ -83,7 +83,7 @@ int64_t tile_rows(int64_t K) {
   return std::max<int64_t>(64, (int64_t{64} << 20) / std::max<int64_t>(K, 1));
 }
 
-class CudaBackendImpl final : public CudaBackend {
+class CudaBackendImpl final : public Backend {
 public:
   explicit CudaBackendImpl(const CudaOptions& o) : o_(o) {
     check(cudaSetDevice(o.device), "cudaSetDevice(" + std::to_string(o.device) + ")");
@@ -140,47 +140,16 @@ public:
   size_t activation_bytes() const noexcept override { return arena_used_; }
 
   // ---- memory ----
-  void* buffer_alloc(size_t bytes) override {
+  // Device memory (cleared: a fresh buffer reads as zeros, as host memory's).
+  std::unique_ptr<Buffer> alloc(size_t bytes, BufferUsage) override {
     bind();
-    void* p = nullptr;
-    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
-          "cudaMalloc of " + std::to_string(bytes >> 20) + " MiB (free it, or lower [kv_cache] max_tokens)");
-    return p;
+    return std::make_unique<DeviceBuffer>(*this, bytes);
   }
-  void buffer_free(void* p) noexcept override {
-    if (!p) return;
-    cudaSetDevice(o_.device);
-    cudaStreamSynchronize(stream_);
-    cudaFree(p);
-  }
-  void upload(void* dst, const void* src, size_t bytes) override {
+  std::optional<MemoryInfo> memory_info() const override {
     bind();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
-    check(cudaStreamSynchronize(stream_), "upload");
-  }
-  void zero(void* dst, size_t bytes) override {
-    bind();
-    check(cudaMemsetAsync(dst, 0, bytes, stream_), "clearing a buffer");
-  }
-  void download(void* dst, const void* src, size_t bytes) override {
-    bind();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
-    check(cudaStreamSynchronize(stream_), "download");
-  }
-  void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) override {
-    bind();
-    const KvPool kv = pool_of(pool, l);
-    for (const KVBlockCopy& c : copies)
-      cuda::kv_copy(kv, c.src, c.dst, c.n_positions, stream_);
-    check(cudaGetLastError(), "kv_copy");
-  }
-  void memory_info(size_t& free_bytes, size_t& total_bytes) const override {
-    bind();
+    size_t free_bytes = 0, total_bytes = 0;
     check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-  }
-  std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) override {
-    bind();
-    return std::make_unique<Pool>(*this, l.bytes());
+    return MemoryInfo{free_bytes, total_bytes};
   }
 
   // ---- load ----
@@ -204,15 +173,21 @@ public:
   }
 
   // ---- compute ----
-  void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
-    bind();
-    dev_logits_.reserve(logits.size() * sizeof(float));
-    compute_device(g, batch, kv, dev_logits_.as<float>(), logits.size());
-    download(logits.data(), dev_logits_.p, logits.size() * sizeof(float));
+  // `logits`: a buffer of this backend (what the plugin table hands over), or host memory, which gets the
+  // logits through a device buffer of this backend's own.
+  void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, logits.data()) == cudaSuccess && a.type == cudaMemoryTypeDevice) {
+      run(g, b, kv, logits.data(), logits.size());
+      return;
+    }
+    cudaGetLastError(); // (clears the error of a host pointer on old runtimes)
+    dev_logits_.reserve(logits.size_bytes());
+    run(g, b, kv, dev_logits_.as<float>(), logits.size());
+    download(logits.data(), dev_logits_.p, logits.size_bytes());
   }
 
-  void compute_device(const Graph& g, const BatchView& b, const KVRows& kv, float* logits,
-                      size_t n_logits) override {
+  void run(const Graph& g, const BatchView& b, const KVRows& kv, float* logits, size_t n_logits) {
     bind();
     const auto T = static_cast<int64_t>(b.tokens.size());
     LOOM_ASSERT(g.n_tokens == T, "graph and batch differ in tokens");
@@ -485,30 +460,48 @@ private:
     return k;
   }
 
-  // Device memory of a KV pool made through the C++ API (the plugin table uses buffer_alloc).
-  class Pool final : public KVBuffer {
+  // A buffer of device memory (Backend::alloc): a KV pool, the logits, anything else; cleared when made.
+  // Its copies, reads and writes run on the backend's stream (reads and writes wait for it).
+  class DeviceBuffer final : public Buffer {
   public:
-    Pool(CudaBackendImpl& be, size_t bytes) : be_(be), mem_(bytes) {
-      if (bytes) check(cudaMemsetAsync(mem_.p, 0, bytes, be.stream_), "clearing the KV pool");
+    DeviceBuffer(CudaBackendImpl& be, size_t bytes) : be_(be), mem_(std::max<size_t>(bytes, 1)) {
+      check(cudaMemsetAsync(mem_.p, 0, mem_.bytes, be.stream_), "clearing a buffer");
+    }
+    ~DeviceBuffer() override {
+      cudaSetDevice(be_.o_.device); // (no throw here; work on the buffer ends first)
+      cudaStreamSynchronize(be_.stream_);
     }
     void* data() noexcept override { return mem_.p; }
     const void* owner() const noexcept override { return be_.instance_tag(); }
     void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
-      be_.kv_copy(mem_.p, l, copies);
+      be_.bind();
+      const KvPool kv = pool_of(mem_.p, l);
+      for (const KVBlockCopy& c : copies)
+        cuda::kv_copy(kv, c.src, c.dst, c.n_positions, be_.stream_);
+      check(cudaGetLastError(), "kv_copy");
     }
     void read(size_t offset, void* dst, size_t n) const override {
-      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "KV read outside the pool");
+      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "read outside the buffer");
       be_.download(dst, mem_.as<uint8_t>() + offset, n);
     }
     void write(size_t offset, const void* src, size_t n) override {
-      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "KV write outside the pool");
-      be_.upload(mem_.as<uint8_t>() + offset, src, n);
+      LOOM_ASSERT(offset <= mem_.bytes && n <= mem_.bytes - offset, "write outside the buffer");
+      be_.bind();
+      check(cudaMemcpyAsync(mem_.as<uint8_t>() + offset, src, n, cudaMemcpyHostToDevice, be_.stream_),
+            "upload");
+      check(cudaStreamSynchronize(be_.stream_), "upload");
     }
 
   private:
     CudaBackendImpl& be_;
     DeviceMem mem_;
   };
+
+  void download(void* dst, const void* src, size_t bytes) const {
+    bind();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    check(cudaStreamSynchronize(stream_), "download");
+  }
 
   // Host bytes to the device through the pinned staging buffer (chunks; the stream orders them).
   void stage(void* dst, const void* src, size_t bytes) {
@@ -727,7 +720,7 @@ std::string describe_device(int d) {
   return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " + mem;
 }
 
-std::unique_ptr<CudaBackend> make_cuda_backend(const CudaOptions& o) {
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& o) {
   if (std::string why = unavailable_reason(); !why.empty())
     fail(Errc::device_error, "cuda", why + "; use [backend] name = \"cpu\" on this machine");
   return std::make_unique<CudaBackendImpl>(o);

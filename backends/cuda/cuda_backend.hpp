@@ -25,7 +25,7 @@ struct CudaOptions {
   size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
   // Decode steps (≤ 8 rows) of a recurring shape replayed as CUDA graphs (one launch per step).
   bool cuda_graphs = true;
-  // Token-tree rows (speculative decoding's trees, ABI 2.1): written and built, not yet run on a GPU by
+  // Token-tree rows (speculative decoding's trees): written and built, not yet run on a GPU by
   // this project (no device lent); off until scripts/gpu-check.sh's BackendOps tree test passes on one —
   // speculative decoding drafts chains here meanwhile.
   bool tree_attention = false;
@@ -36,22 +36,8 @@ std::string unavailable_reason();
 // "NVIDIA H200, sm_90, 139.8 GiB" for device `d`, or the reason none is usable.
 std::string describe_device(int d);
 
-class CudaBackend;
-std::unique_ptr<CudaBackend> make_cuda_backend(const CudaOptions& o);
-
-class CudaBackend : public Backend {
-public:
-  // Device buffers for the plugin table (buffer_alloc / free / upload / download, kv_copy).
-  virtual void* buffer_alloc(size_t bytes) = 0;
-  virtual void buffer_free(void* p) noexcept = 0;
-  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
-  virtual void download(void* dst, const void* src, size_t bytes) = 0;
-  virtual void zero(void* dst, size_t bytes) = 0;
-  virtual void kv_copy(void* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) = 0;
-  virtual void memory_info(size_t& free_bytes, size_t& total_bytes) const = 0;
-  // compute() with the logits in device memory (the plugin's LOOM_BUFFER_LOGITS buffer).
-  virtual void compute_device(const Graph& g, const BatchView& batch, const KVRows& kv, float* logits,
-                              size_t n_logits) = 0;
-};
+// The cuda executor (Backend::alloc gives device memory, memory_info the device's); throws loom::Error in one
+// line where no GPU is usable.
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& o);
 
 } // namespace loom::cuda

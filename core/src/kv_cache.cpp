@@ -509,7 +509,7 @@ private:
 
 } // namespace
 
-void KVCacheStore::attach(std::unique_ptr<KVBuffer> memory) {
+void KVCacheStore::attach(std::unique_ptr<Buffer> memory) {
   LOOM_ASSERT(memory != nullptr, "attaching no KV memory");
   if (memory_) fail(Errc::internal, "kv_cache", "the KV store has its memory already");
   memory_ = std::move(memory);
@@ -567,7 +567,7 @@ size_t KVCacheStore::row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const
 }
 
 std::vector<uint8_t> KVCacheStore::read_row(int32_t layer, int kv, SeqId seq, Pos pos) {
-  if (!memory_) attach(std::make_unique<HostKVBuffer>(layout().bytes()));
+  if (!memory_) attach(std::make_unique<HostBuffer>(layout().bytes()));
   sync();
   std::vector<uint8_t> out(layout().row_bytes());
   memory_->read(row_offset(layer, kv, seq, pos), out.data(), out.size());
@@ -575,7 +575,7 @@ std::vector<uint8_t> KVCacheStore::read_row(int32_t layer, int kv, SeqId seq, Po
 }
 
 void KVCacheStore::write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes) {
-  if (!memory_) attach(std::make_unique<HostKVBuffer>(layout().bytes()));
+  if (!memory_) attach(std::make_unique<HostBuffer>(layout().bytes()));
   sync();
   LOOM_ASSERT(bytes.size() == layout().row_bytes(), "a KV row of another size");
   memory_->write(row_offset(layer, kv, seq, pos), bytes.data(), bytes.size());

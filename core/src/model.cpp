@@ -88,14 +88,18 @@ KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept {
   return s;
 }
 
-const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
+Model::Shape& Model::shape(int32_t n_tokens, int32_t n_outputs) {
   const auto key = std::make_pair(n_tokens, n_outputs);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
-    it = graphs_.emplace(key, build_graph(n_tokens, n_outputs)).first;
+    it = graphs_.emplace(key, Shape{build_graph(n_tokens, n_outputs), {}}).first;
   }
   return it->second;
+}
+
+const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
+  return shape(n_tokens, n_outputs).graph;
 }
 
 void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) {
@@ -111,14 +115,18 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
       fail(Errc::invalid_argument, "model",
            "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                std::to_string(cfg_.n_vocab - 1) + ")");
-  const Graph& g = graph(n_tokens, n_out);
-  for (const Node& n : g.nodes)
-    if (!be.supports(g, n))
-      fail(Errc::unsupported, "model",
-           std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
-               " for this model");
+  Shape& s = shape(n_tokens, n_out);
+  const Graph& g = s.graph;
+  if (std::find(s.runs_on.begin(), s.runs_on.end(), be.instance()) == s.runs_on.end()) { // once per shape
+    for (const Node& n : g.nodes)
+      if (!be.supports(g, n))
+        fail(Errc::unsupported, "model",
+             std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
+                 " for this model");
+    s.runs_on.push_back(be.instance());
+  }
   load_into(be);
-  if (!kv.memory()) kv.attach(be.alloc_kv(kv.layout()));
+  if (!kv.memory()) kv.attach(be.alloc(kv.layout().bytes(), BufferUsage::kv));
   LOOM_ASSERT(kv.memory()->owner() == nullptr || kv.memory()->owner() == be.instance_tag(),
               "a KV store whose memory belongs to another backend");
   be.compute(g, batch, kv.rows_for(batch), logits);

@@ -416,10 +416,10 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
     // inside the first forward) and allocates its KV pool.
     const auto t0 = std::chrono::steady_clock::now();
     p->model_->load_into(*p->backend_);
-    p->kv_->attach(p->backend_->alloc_kv(p->kv_->layout()));
+    p->kv_->attach(p->backend_->alloc(p->kv_->layout().bytes(), BufferUsage::kv));
     if (p->draft_backend_) {
       p->draft_model_->load_into(*p->draft_backend_);
-      p->draft_kv_->attach(p->draft_backend_->alloc_kv(p->draft_kv_->layout()));
+      p->draft_kv_->attach(p->draft_backend_->alloc(p->draft_kv_->layout().bytes(), BufferUsage::kv));
     }
     p->load_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -1,4 +1,4 @@
-// "arith_check": a process verifier (ABI 1.2) — a calculator as a checker. Every equation
+// "arith_check": a process verifier — a calculator as a checker. Every equation
 // `a op b … = c` in the candidate is recomputed exactly (integers and decimals as rationals, + − × ÷
 // with the usual precedence and parentheses) and the text scores the share of equations that hold.
 //

@@ -1,4 +1,4 @@
-// "program_tests": a verifier (ABI 2.2) that runs candidate code against the task's tests in a sandbox
+// "program_tests": a verifier that runs candidate code against the task's tests in a sandbox
 // and scores the share of tests that pass.
 //
 //   [verifier]

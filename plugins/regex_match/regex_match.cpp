@@ -1,4 +1,4 @@
-// "regex_match": a verifier (ABI 1.2) that scores a candidate 1 when it matches a regular
+// "regex_match": a verifier that scores a candidate 1 when it matches a regular
 // expression and 0 otherwise — for answers whose form is known (a number, a yes/no, a JSON key).
 //
 //   [verifier]

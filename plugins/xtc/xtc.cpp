@@ -143,7 +143,7 @@ public:
 
   void apply(loom_candidates& c, const SamplerContext& ctx) override {
     const double u = ctx.uniform(); // drawn first, unconditionally
-    if (c.size == 0) throw Error("mirostat_v2: empty candidate list", LOOM_STATUS_INTERNAL);
+    if (c.size == 0) throw Error("mirostat_v2: empty candidate list", loom::Errc::internal);
 
     ensure_sorted_probs(c);
     // Sorted by p descending, so the surprise ascends: keep the prefix with surprise <= mu.

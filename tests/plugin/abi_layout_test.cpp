@@ -48,7 +48,7 @@ LOOM_ABI_OFFSET(loom_plugin, factories, 40);
 LOOM_ABI_OFFSET(loom_plugin, shutdown, 48);
 LOOM_ABI_OFFSET(loom_plugin, describe, 56); // 1.6
 LOOM_ABI_SIZE(loom_plugin, 64);
-static_assert(LOOM_PLUGIN_SIZE_1_0 == 56, "an ABI 1.0 plugin table is 56 bytes");
+static_assert(LOOM_PLUGIN_SIZE_MIN == 56, "an ABI 1.0 plugin table is 56 bytes");
 
 // loom_factory
 LOOM_ABI_OFFSET(loom_factory, struct_size, 0);

@@ -17,7 +17,7 @@
 //             once the sequence has been planned again. Text already streamed is never taken back:
 //             a decoder streams (set_stream) only a sequence whose tokens it has committed.
 //   free      releases everything the sequence holds (KV, logits, state); its id no longer exists.
-//   draft     (ABI 1.3) uncommitted tokens after the committed ones: the next plan evaluates them in
+//   draft     uncommitted tokens after the committed ones: the next plan evaluates them in
 //             the same forward with a logits row after each; commit(n) takes the first n through the
 //             stop rules exactly as append would; append / truncate / set_draft drop the rest (tokens,
 //             KV positions, rows). Drafts are never streamed nor seen by stop rules or the chain.
@@ -85,7 +85,7 @@ public:
   // Commits the first n draft tokens in order, as append would (stop rules, streaming, sampler
   // accept); stops early when one ends the sequence (the rest are dropped). Row 1 becomes row 0, ….
   StopReason commit(LocalSeq seq, size_t n);
-  // A draft tree (ABI 2.1): node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
+  // A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
   // token). The next plan evaluates every node in one forward (tree attention: each node sees the
   // committed tokens and its own ancestors) with row 1 + i after node i (row 0: after the committed
   // tokens). Replaces an earlier draft; keeps the first nodes the context has room for, returns how many.

@@ -33,7 +33,7 @@ struct KVShape {
 
 // The store keeps the accounting — which blocks each sequence holds, reference counts, the prefix
 // cache, copy-on-write, sliding-window release; the memory is a pool the backend allocated
-// (Backend::alloc_kv, attached once), and the store hands each forward the slots of its rows and the
+// (Backend::alloc, attached once), and the store hands each forward the slots of its rows and the
 // block tables of its sequences (KVRows, loom/sdk/executor.hpp). Copies it needs (copy-on-write, a
 // contiguous fork) are recorded and run on the backend's memory, in order, before the next forward
 // (sync()).
@@ -48,8 +48,8 @@ public:
 
   // The pool's memory. A store without memory keeps its accounting; model forwards attach the
   // backend's (Model::forward). Attaching twice is an error.
-  void attach(std::unique_ptr<KVBuffer> memory);
-  KVBuffer* memory() noexcept { return memory_.get(); }
+  void attach(std::unique_ptr<Buffer> memory);
+  Buffer* memory() noexcept { return memory_.get(); }
   // Runs the recorded block copies on the memory (a no-op without memory: nothing was written yet).
   void sync();
   // The pool as the forward of `batch` sees it (its positions allocated): runs pending copies first.
@@ -58,7 +58,7 @@ public:
   // Byte offset in the pool of the K (kv 0) or V (kv 1) row of (layer, seq, pos): which block holds it.
   size_t row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const;
   // A row's bytes to and from host memory (tests, tools): pending copies run first; a store without
-  // memory gets host memory (HostKVBuffer).
+  // memory gets host memory (HostBuffer).
   std::vector<uint8_t> read_row(int32_t layer, int kv, SeqId seq, Pos pos);
   void write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes);
   // Block copies recorded and not yet run, in the order they will run.
@@ -149,7 +149,7 @@ protected:
   void record_copy(KVBlockCopy c) { pending_.push_back(c); }
 
 private:
-  std::unique_ptr<KVBuffer> memory_;
+  std::unique_ptr<Buffer> memory_;
   std::vector<KVBlockCopy> pending_;
   std::vector<int64_t> slots_;   // rows_for's view: per batch row
   std::vector<int32_t> row_seq_; // per batch row, its sequence's index

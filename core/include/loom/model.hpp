@@ -34,7 +34,7 @@ public:
   const Graph& graph(int32_t n_tokens, int32_t n_outputs);
   // Runs one batch: logits are [n_outputs][n_vocab], for batch.output_rows in order. The batch's
   // positions must already be allocated in `kv` for their sequences.
-  // A store without memory gets the backend's (Backend::alloc_kv); the backend gets the weights first if
+  // A store without memory gets the backend's (Backend::alloc); the backend gets the weights first if
   // it has not got them (load_into).
   void forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits);
   // Hands the weights to the backend (Backend::load), once per backend: it repacks or uploads them there,
@@ -53,10 +53,16 @@ public:
 private:
   explicit Model(GgufFile f, int32_t max_layers = 0);
   Graph build_graph(int32_t n_tokens, int32_t n_outputs) const; // every family of ModelConfig
+  // A batch shape's graph and the backends (Backend::instance()) that said they run every node of it.
+  struct Shape {
+    Graph graph;
+    std::vector<uint64_t> runs_on;
+  };
+  Shape& shape(int32_t n_tokens, int32_t n_outputs);
 
   GgufFile file_;
   ModelConfig cfg_;
-  std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
+  std::map<std::pair<int32_t, int32_t>, Shape> graphs_;
   std::shared_ptr<const AttentionVariant> attention_;
   std::vector<WeightDesc> weights_;           // what a backend loads
   std::map<std::string, int64_t> weight_ids_; // by tensor name

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "loom/sdk/abi.h"
+#include "loom/sdk/executor.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -65,7 +66,7 @@ struct PluginInfo {
   uint32_t abi_major = 0, abi_minor = 0;
   int32_t score = -1; // -1: no loom_plugin_score export
   std::vector<PluginFactoryInfo> factories;
-  std::string description; // the plugin's describe() line (ABI 1.6): e.g. the CPU level it will use
+  std::string description; // the plugin's describe() line: e.g. the CPU level it will use
   std::string error;       // empty when loaded; else one line: the cause
   bool skipped = false;    // score 0: cannot run on this machine (not an error)
 };
@@ -125,13 +126,10 @@ private:
   std::vector<Described> described_; // what unopened files provide (named_only), for messages
 };
 
-// The memory of a backend plugin's device as it reports it (loom_backend_i.memory_info): free and total
-// bytes; nullopt for a backend in host memory that does not say. The backend is made (and released) to
-// ask; throws loom::Error with the reason when it cannot be (no such plugin, no GPU).
-struct BackendMemory {
-  uint64_t free_bytes = 0, total_bytes = 0;
-};
-std::optional<BackendMemory> backend_memory(const std::string& backend, const std::vector<std::string>& dirs);
+// The memory of a backend plugin's device as it reports it (Backend::memory_info): nullopt for a backend in
+// host memory. The backend is made (and released) to ask; throws loom::Error with the reason when it cannot
+// be (no such plugin, no GPU).
+std::optional<MemoryInfo> backend_memory(const std::string& backend, const std::vector<std::string>& dirs);
 
 // [plugins] paths (relative to the current directory), then the directory of the running executable.
 std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& configured);

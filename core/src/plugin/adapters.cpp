@@ -189,7 +189,7 @@ make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
                      const std::string& where) {
   std::shared_ptr<Object<loom_verifier_i>> o = create_object<loom_verifier_i>(
       f, name, params, where, {offsetof(loom_verifier_i, score), offsetof(loom_verifier_i, destroy)});
-  // ABI 2.2: score_task, when the table has it, also gets the request's task (JSON).
+  // score_task, when the table has it, also gets the request's task (JSON).
   const bool has_task = o->vt->struct_size >= offsetof(loom_verifier_i, score_task) + sizeof(void*) &&
                         o->vt->score_task != nullptr;
   return [o, name, has_task](std::string_view prompt, std::string_view text, std::string_view task) {

@@ -84,14 +84,14 @@ loom_kv_layout to_c(const KVLayout& l) noexcept {
           l.n_blocks};
 }
 
-// A buffer of a plugin backend's memory (a KV pool): freed through the plugin, copies and reads are its
-// calls.
-class PluginKVBuffer final : public KVBuffer {
+// A buffer of a plugin backend's memory (a KV pool, the logits): freed through the plugin, copies and reads
+// are its calls.
+class PluginBuffer final : public Buffer {
 public:
-  PluginKVBuffer(std::shared_ptr<PluginLibrary> lib, void* self, const loom_backend_i* vt, void* data,
-                 const void* owner, std::string what)
+  PluginBuffer(std::shared_ptr<PluginLibrary> lib, void* self, const loom_backend_i* vt, void* data,
+               const void* owner, std::string what)
       : lib_(std::move(lib)), self_(self), vt_(vt), data_(data), owner_(owner), what_(std::move(what)) {}
-  ~PluginKVBuffer() override { vt_->buffer_free(self_, data_); }
+  ~PluginBuffer() override { vt_->buffer_free(self_, data_); }
   void* data() noexcept override { return data_; }
   const void* owner() const noexcept override { return owner_; }
   void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
@@ -177,14 +177,13 @@ public:
       throw_if(vt_->buffer_download(self_, logits_buf_, 0, logits.data(), bytes),
                "backend '" + name_ + "' (" + lib_->path() + "): buffer_download of the logits");
   }
-  std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) override {
+  std::unique_ptr<Buffer> alloc(size_t bytes, BufferUsage usage) override {
     void* data = nullptr;
     const std::string what = "backend '" + name_ + "' (" + lib_->path() + ")";
-    throw_if(vt_->buffer_alloc(self_, l.bytes(), LOOM_BUFFER_KV, &data),
-             what + ": buffer_alloc of a KV pool of " + std::to_string(l.bytes() >> 20) + " MiB");
-    if (!data && l.bytes() > 0)
-      fail(Errc::out_of_memory, "plugin", what + ": buffer_alloc returned no KV pool");
-    return std::make_unique<PluginKVBuffer>(lib_, self_, vt_, data, instance_tag(), what);
+    throw_if(vt_->buffer_alloc(self_, bytes, static_cast<int32_t>(usage), &data),
+             what + ": buffer_alloc of " + std::to_string(bytes >> 20) + " MiB");
+    if (!data && bytes > 0) fail(Errc::out_of_memory, "plugin", what + ": buffer_alloc returned no memory");
+    return std::make_unique<PluginBuffer>(lib_, self_, vt_, data, instance_tag(), what);
   }
   void load(std::span<const WeightDesc> weights) override {
     if (!vt_->load_weights) return;
@@ -212,7 +211,7 @@ public:
   }
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
     if (!vt_->supports_attention) return Backend::supports_attention(k, features);
-    // Token trees came with ABI 2.1: a 2.0 plugin never reads them, whatever it answers.
+    // Token trees are minor 1: a plugin built for minor 0 never reads them, whatever it answers.
     if ((features & attn_tree) && lib_->plugin().abi_minor < 1) return false;
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
@@ -223,13 +222,12 @@ public:
   size_t activation_bytes() const noexcept override {
     return vt_->activation_bytes ? vt_->activation_bytes(self_) : workspace_bytes();
   }
-  // What the plugin says of its device's memory (memory_info), or nullopt when it does not say.
-  std::optional<BackendMemory> memory() const {
+  std::optional<MemoryInfo> memory_info() const override {
     if (!vt_->memory_info) return std::nullopt;
     loom_memory_info m{0, 0};
     vt_->memory_info(self_, &m);
     if (m.total_bytes == 0) return std::nullopt;
-    return BackendMemory{m.free_bytes, m.total_bytes};
+    return MemoryInfo{m.free_bytes, m.total_bytes};
   }
 
 private:
@@ -272,31 +270,27 @@ std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, con
   throw_if(f.factory->create(&cfg, &self, &vt), ctx);
   const auto* bvt = static_cast<const loom_backend_i*>(vt);
   if (!self || !bvt || bvt->struct_size < sizeof(loom_backend_i) || !bvt->graph_compute || !bvt->destroy ||
-      !bvt->buffer_alloc || !bvt->buffer_free || !bvt->buffer_download || !bvt->kv_copy) {
+      !bvt->buffer_alloc || !bvt->buffer_free || !bvt->buffer_upload || !bvt->buffer_download ||
+      !bvt->kv_copy) {
     if (self && bvt && bvt->struct_size >= offsetof(loom_backend_i, destroy) + sizeof(void*) &&
         bvt->destroy && bvt->struct_size >= sizeof(loom_backend_i))
       bvt->destroy(self);
     fail(Errc::invalid_argument, "plugin",
-         ctx +
-             ": create returned no object or an incomplete ABI 2.0 loom_backend_i (graph_compute, "
-             "buffer_alloc, "
-             "buffer_free, buffer_download, kv_copy and destroy are required); rebuild it against this SDK");
+         ctx + ": create returned no object or an incomplete loom_backend_i (graph_compute, "
+               "buffer_alloc, "
+               "buffer_free, buffer_upload, buffer_download, kv_copy and destroy are required); rebuild it "
+               "against this SDK");
   }
   auto be = std::make_unique<PluginBackend>(f.lib, self, bvt, name);
   check_all_read(cfg, "backend '" + name + "'");
   return be;
 }
 
-std::optional<BackendMemory> backend_memory(const Backend& be) {
-  const auto* p = dynamic_cast<const PluginBackend*>(&be);
-  return p ? p->memory() : std::nullopt;
-}
-
 } // namespace loom::plugin
 
 namespace loom {
 
-std::optional<BackendMemory> backend_memory(const std::string& name, const std::vector<std::string>& dirs) {
+std::optional<MemoryInfo> backend_memory(const std::string& name, const std::vector<std::string>& dirs) {
   PluginRegistry reg;
   DiscoverOptions o;
   o.named_only = true; // only the file that provides it
@@ -308,7 +302,7 @@ std::optional<BackendMemory> backend_memory(const std::string& name, const std::
          "no backend plugin '" + name + "' (loom plugins lists what is found)" + reg.failures());
   const std::vector<std::pair<std::string, ParamValue>> params = {{"threads", int64_t{1}}};
   const auto be = plugin::make_plugin_backend(*f, name, params, "loom inspect");
-  return plugin::backend_memory(*be);
+  return be->memory_info();
 }
 
 } // namespace loom

@@ -79,11 +79,7 @@ template <class F> loom_status* guarded(F&& f) noexcept {
     f();
     return nullptr;
   } catch (const Error& e) {
-    const int32_t code = e.code() == Errc::out_of_memory ? LOOM_STATUS_OUT_OF_MEMORY
-                         : e.code() == Errc::not_found   ? LOOM_STATUS_NOT_FOUND
-                         : e.code() == Errc::unsupported ? LOOM_STATUS_UNSUPPORTED
-                         : e.code() == Errc::internal    ? LOOM_STATUS_INTERNAL
-                                                         : LOOM_STATUS_INVALID_ARGUMENT;
+    const int32_t code = status_code(e.code());
     return err(code, e.what());
   } catch (const std::exception& e) {
     return err(LOOM_STATUS_INTERNAL, e.what());
@@ -481,7 +477,7 @@ size_t tokenize(const loom_session* s, const char* text, size_t len, int32_t add
   }
 }
 
-// The tables as of ABI 2.0 (entries of a later minor are appended, each table's minor noted in
+// The tables of this major (entries of a later minor are appended, each table's minor noted in
 // get_api).
 const loom_core_api k_core = {&status_create, &status_code, &status_message, &status_free, &rng_uniform};
 const loom_config_api k_config = {&config_get_i64,       &config_get_f64,      &config_get_bool,
@@ -540,25 +536,6 @@ InitLogCapture::InitLogCapture() : prev_(t_init_log) {
 }
 InitLogCapture::~InitLogCapture() {
   t_init_log = prev_;
-}
-
-Errc errc_of(int32_t code) noexcept {
-  switch (code) {
-  case LOOM_STATUS_NOT_FOUND:
-    return Errc::not_found;
-  case LOOM_STATUS_UNSUPPORTED:
-    return Errc::unsupported;
-  case LOOM_STATUS_ABI_MISMATCH:
-    return Errc::abi_mismatch;
-  case LOOM_STATUS_OUT_OF_MEMORY:
-    return Errc::out_of_memory;
-  case LOOM_STATUS_DEVICE_ERROR:
-    return Errc::device_error;
-  case LOOM_STATUS_INTERNAL:
-    return Errc::internal;
-  default:
-    return Errc::invalid_argument;
-  }
 }
 
 void throw_if(loom_status* s, const std::string& context) {

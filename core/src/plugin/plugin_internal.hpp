@@ -83,7 +83,7 @@ int open_regular_file(const std::string& path, std::string& why);
 // truncated file either.
 std::string probe_in_child(const std::string& path, std::chrono::milliseconds timeout);
 
-// The plugin's describe() line (ABI 1.6), if its table has the field and sets it; at most 512 bytes.
+// The plugin's describe() line, if its table has the field and sets it; at most 512 bytes.
 inline std::string plugin_description(const loom_plugin& p) {
   if (p.struct_size < offsetof(loom_plugin, describe) + sizeof(p.describe) || !p.describe) return {};
   const char* s = p.describe();
@@ -101,7 +101,6 @@ inline const loom_factory& factory_at(const loom_plugin& p, size_t i) {
 
 // Takes ownership of a status from a plugin and throws it as loom::Error ("context: message").
 void throw_if(loom_status* s, const std::string& context);
-Errc errc_of(int32_t status_code) noexcept;
 
 // Fails with "unknown key" when the plugin did not read every key of its table.
 void check_all_read(const loom_config& cfg, std::string_view plugin_object);
@@ -112,8 +111,6 @@ std::unique_ptr<StopCriterion> make_plugin_stop(const PluginRegistry::Found& f, 
 std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, const std::string& name,
                                              const std::vector<std::pair<std::string, ParamValue>>& params,
                                              const std::string& where);
-// What a plugin backend says of its device's memory (nullopt: not a plugin, or it does not say).
-std::optional<BackendMemory> backend_memory(const Backend& be);
 // A verifier: its score of (prompt, text), checked to be in [0, 1].
 std::function<double(std::string_view, std::string_view, std::string_view)>
 make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,

@@ -124,7 +124,7 @@ void put(int fd, char c) noexcept {
   put(out, k_step_init);
   const loom_plugin* p = reinterpret_cast<loom_plugin_init_fn>(init)(api, LOOM_ABI_MAJOR, LOOM_ABI_MINOR);
   put(out, k_step_table);
-  if (!p || p->struct_size < LOOM_PLUGIN_SIZE_1_0 || p->abi_major != LOOM_ABI_MAJOR) finish(out);
+  if (!p || p->struct_size < LOOM_PLUGIN_SIZE_MIN || p->abi_major != LOOM_ABI_MAJOR) finish(out);
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories)) finish(out);
   volatile size_t sink = std::strlen(p->name) + std::strlen(p->version);
   if (p->n_factories > k_max_factories ||

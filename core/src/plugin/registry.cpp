@@ -240,10 +240,10 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                                 std::to_string(p->abi_minor) + ", the host speaks ABI " +
                                 std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
                                 " (the major must match); rebuild it against this SDK");
-  if (p->struct_size < LOOM_PLUGIN_SIZE_1_0) // fields after shutdown are minor additions, read if present
+  if (p->struct_size < LOOM_PLUGIN_SIZE_MIN) // fields after shutdown are minor additions, read if present
     bad(Errc::abi_mismatch, "its loom_plugin table has struct_size " + std::to_string(p->struct_size) +
                                 ", smaller than ABI " + std::to_string(LOOM_ABI_MAJOR) + ".0's " +
-                                std::to_string(LOOM_PLUGIN_SIZE_1_0) + " bytes; rebuild it against this SDK");
+                                std::to_string(LOOM_PLUGIN_SIZE_MIN) + " bytes; rebuild it against this SDK");
   if (!p->name || !p->version || (p->n_factories > 0 && !p->factories))
     bad(Errc::invalid_argument, "its loom_plugin table is incomplete (name, version or factories missing)");
   if (p->n_factories > k_max_factories)
@@ -255,7 +255,7 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                             "(a hand-written entry must set struct_size = sizeof(loom_factory); "
                             "LOOM_SAMPLER() and the other SDK macros do)");
   if (p->n_factories > 0 && p->factories[0].struct_size < sizeof(loom_factory))
-    bad(Errc::abi_mismatch, "its loom_factory entries are smaller than ABI 1.0's");
+    bad(Errc::abi_mismatch, "its loom_factory entries are smaller than the least a host reads");
   lib->factory_problems_.assign(p->n_factories, std::string());
   for (size_t i = 0; i < p->n_factories; ++i) {
     const loom_factory& f = factory_at(*p, i);

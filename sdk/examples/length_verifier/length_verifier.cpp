@@ -1,4 +1,4 @@
-// length_verifier — an out-of-tree verifier plugin (ABI 1.2), built against the installed SDK alone:
+// length_verifier — an out-of-tree verifier plugin, built against the installed SDK alone:
 // it scores a candidate by how close its length in words is to a target,
 //   score = max(0, 1 - |words - target_words| / target_words),
 // so that self-consistency voting can prefer answers of the expected size.

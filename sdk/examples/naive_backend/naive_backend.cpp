@@ -2,7 +2,7 @@
 //
 // Single-threaded f32: every weight is converted to f32 once, when the host loads the model
 // (Backend::load; loom/sdk/dtype.hpp's dequantize_row), every op of the graph is a plain loop, the KV
-// pool is host memory (the default Backend::alloc_kv) read through the block tables of each batch. The SDK
+// pool is host memory (the default Backend::alloc) read through the block tables of each batch. The SDK
 // provides the rest: the graph as C++ (loom/sdk/graph.hpp), RoPE tables (loom/sdk/rope.hpp), the executor
 // interface and the table that puts it behind the backend ABI (loom/sdk/executor.hpp,
 // loom/sdk/executor_plugin.hpp).
@@ -215,7 +215,7 @@ private:
     }
     }
     throw loom::sdk::Error(std::string("naive: op ") + loom::op_name(n.op) + " is not implemented",
-                           LOOM_STATUS_UNSUPPORTED);
+                           loom::Errc::unsupported);
   }
 
   static void softmax(const float* x, float* y, int64_t n) {

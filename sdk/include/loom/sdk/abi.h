@@ -50,7 +50,7 @@ typedef enum loom_kind {
   LOOM_KIND_DECODER = 2,
   LOOM_KIND_SAMPLER = 3,
   LOOM_KIND_STOP = 4,
-  LOOM_KIND_VERIFIER = 5 /* ABI 1.2: scores a candidate text in [0, 1] (loom_verifier_i) */
+  LOOM_KIND_VERIFIER = 5 /* scores a candidate text in [0, 1] (loom_verifier_i) */
 } loom_kind;
 
 typedef enum loom_log_level {
@@ -81,7 +81,7 @@ typedef enum loom_stop_reason {
   LOOM_STOP_TIMEOUT = 6,
   LOOM_STOP_CANCELLED = 7,
   LOOM_STOP_CUSTOM = 8,
-  LOOM_STOP_ERROR = 9 /* ABI 1.2: the request failed (a decoder, backend or engine error) */
+  LOOM_STOP_ERROR = 9 /* the request failed (a decoder, backend or engine error) */
 } loom_stop_reason;
 
 /* ---- samplers ------------------------------------------------------------------------------ */
@@ -141,7 +141,7 @@ typedef struct loom_stop_i {
   void (*destroy)(void* self);                              /* required */
 } loom_stop_i;
 
-/* ---- verifiers (ABI 1.2) -------------------------------------------------------------------- */
+/* ---- verifiers -------------------------------------------------------------------------- */
 
 /* Scores a candidate answer: *score in [0, 1] (1 = certainly right). Decoders reach the pipeline's
  * verifier through the session table's verify; a verifier must be safe to call for any text. */
@@ -150,7 +150,7 @@ typedef struct loom_verifier_i {
   loom_status* (*score)(void* self, const char* prompt, size_t prompt_len, const char* text, size_t text_len,
                         double* score);
   void (*destroy)(void* self); /* required */
-  /* ABI 2.2, optional: score with the request's task — a JSON object (e.g. {"tests": [...]}) the caller
+  /* Optional: score with the request's task — a JSON object (e.g. {"tests": [...]}) the caller
    * gave with the request (`loom verify`'s task line, `loom ab`'s JSONL line), task NULL when none.
    * When present the host calls it instead of score. */
   loom_status* (*score_task)(void* self, const char* prompt, size_t prompt_len, const char* text,
@@ -201,13 +201,13 @@ typedef struct loom_plugin {
   size_t n_factories;
   const loom_factory* factories; /* entries are factories[0].struct_size bytes apart */
   void (*shutdown)(void);        /* optional: join threads, free device memory; called once at exit */
-  /* ABI 1.6, optional: one line on what the plugin will use on this machine (a backend: its CPU level
+  /* Optional: one line on what the plugin will use on this machine (a backend: its CPU level
    * or device, threads), shown by `loom plugins`; static or plugin-owned storage valid until unload. */
   const char* (*describe)(void);
 } loom_plugin;
 
-/* The size of a loom_plugin table of ABI 1.0 (up to shutdown): the least a host accepts. */
-#define LOOM_PLUGIN_SIZE_1_0 (offsetof(loom_plugin, shutdown) + sizeof(void (*)(void)))
+/* The least loom_plugin a host reads (up to shutdown); the fields after it are read when present. */
+#define LOOM_PLUGIN_SIZE_MIN (offsetof(loom_plugin, shutdown) + sizeof(void (*)(void)))
 
 /* ---- the host's services: tables asked for by version ------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* loom/sdk/backend.h — the backend part of the plugin ABI (C99): the model graph a backend runs.
  *
  * The host's model builds a node list once per batch shape; a backend executes it on its device.
- * ABI 2.0 gives the boundary the shape of a device:
+ * The boundary has the shape of a device:
  * - Weights are loaded once (load_weights: id, name, type, shape, bytes, how the graphs use them); the
  *   backend uploads, repacks or keeps them until destroy. Graph tensors name a weight by that id (and
  *   still point at the host's bytes, for a host-memory backend that reads in place).
@@ -46,8 +46,8 @@ typedef enum loom_op { /* append-only */
                        LOOM_OP_SOFTMAX = 8,
                        LOOM_OP_COPY = 9,
                        LOOM_OP_MUL = 10,
-                       LOOM_OP_GEGLU = 11,  /* ABI 1.6 */
-                       LOOM_OP_SOFTCAP = 12 /* ABI 1.6 */
+                       LOOM_OP_GEGLU = 11,
+                       LOOM_OP_SOFTCAP = 12
 } loom_op;
 
 /* Element types: GGML's ids (F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14,
@@ -129,7 +129,7 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
 #define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
-#define LOOM_ATTN_FEATURE_TREE 16u     /* (2.1) it runs token-tree rows: loom_batch rope_positions / tree_* */
+#define LOOM_ATTN_FEATURE_TREE 16u     /* it runs token-tree rows: loom_batch rope_positions / tree_* */
 
 typedef struct loom_node {
   int32_t op; /* loom_op */
@@ -195,7 +195,7 @@ typedef struct loom_batch {
   size_t n_seqs;
   const int32_t* tables; /* n_seqs × table_stride block ids */
   int32_t table_stride;
-  /* 2.1, token trees (NULL: every row plain causal; given only to a backend that declared
+  /* Token trees (NULL: every row plain causal; given only to a backend that declared
    * LOOM_ATTN_FEATURE_TREE). positions[t] is the row's KV slot; it is rotated at rope_positions[t] and
    * attends the slots j < tree_base[t] causal attention allows (the window taken at its rope position)
    * and the slots tree_base[t] + i <= positions[t] with bit i of tree_mask[t] set. */

@@ -1,11 +1,14 @@
-// loom/sdk/error.hpp — loom::Error, the exception of Loom's C++ code (host and the header-only
-// executor code of the SDK), and LOOM_ASSERT. Header-only: backend plugins compile it in.
+// loom/sdk/error.hpp — loom::Error, the one exception of Loom's C++ code (the host, the SDK, every plugin),
+// its codes and the ABI's status codes both ways, and LOOM_ASSERT. Header-only: plugins compile it in.
 //
 // Setup errors (config, model file, plugin) are loom::Error: what was expected, what was found, and
 // a hint. Expected runtime outcomes (a stop, a full KV cache) are values, never errors. Inside a
 // plugin an exception never crosses the ABI: the SDK's trampolines turn it into a loom_status.
 #pragma once
 
+#include "loom/sdk/abi.h"
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -30,6 +33,8 @@ public:
   Error(Errc code, std::string component, const std::string& message)
       : std::runtime_error(component.empty() ? message : component + ": " + message), code_(code),
         component_(std::move(component)) {}
+  // A plugin's shorthand: the message alone (bad input, its default), or with the code that fits.
+  explicit Error(const std::string& message, Errc code = Errc::invalid_argument) : Error(code, "", message) {}
   Errc code() const noexcept { return code_; }
   const std::string& component() const noexcept { return component_; }
 
@@ -37,6 +42,44 @@ private:
   Errc code_;
   std::string component_;
 };
+
+// The ABI's status code of an Errc (loom_status_code; a parse error is bad input there), and back.
+inline int32_t status_code(Errc c) noexcept {
+  switch (c) {
+  case Errc::not_found:
+    return LOOM_STATUS_NOT_FOUND;
+  case Errc::unsupported:
+    return LOOM_STATUS_UNSUPPORTED;
+  case Errc::abi_mismatch:
+    return LOOM_STATUS_ABI_MISMATCH;
+  case Errc::out_of_memory:
+    return LOOM_STATUS_OUT_OF_MEMORY;
+  case Errc::device_error:
+    return LOOM_STATUS_DEVICE_ERROR;
+  case Errc::internal:
+    return LOOM_STATUS_INTERNAL;
+  default:
+    return LOOM_STATUS_INVALID_ARGUMENT;
+  }
+}
+inline Errc errc_of(int32_t status) noexcept {
+  switch (status) {
+  case LOOM_STATUS_NOT_FOUND:
+    return Errc::not_found;
+  case LOOM_STATUS_UNSUPPORTED:
+    return Errc::unsupported;
+  case LOOM_STATUS_ABI_MISMATCH:
+    return Errc::abi_mismatch;
+  case LOOM_STATUS_OUT_OF_MEMORY:
+    return Errc::out_of_memory;
+  case LOOM_STATUS_DEVICE_ERROR:
+    return Errc::device_error;
+  case LOOM_STATUS_INTERNAL:
+    return Errc::internal;
+  default:
+    return Errc::invalid_argument;
+  }
+}
 
 [[noreturn]] inline void fail(Errc code, std::string component, const std::string& message) {
   throw Error(code, std::move(component), message);

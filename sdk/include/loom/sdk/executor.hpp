@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,7 +23,8 @@
 namespace loom {
 
 // The KV pool: K and V of every layer in blocks of block_size positions, in one buffer the backend
-// allocated (Backend::alloc_kv). Byte layout, the same on every backend (the C ABI's loom_kv_layout):
+// allocated (Backend::alloc, BufferUsage::kv). Byte layout, the same on every backend (the C ABI's
+// loom_kv_layout):
 //   [n_layer][2: K, V][n_blocks][block_size][n_head_kv · head_dim values of dtype]
 // (dtype f32, f16, bf16, or q8_0 with its blocks of 32 along the row). The host's KVCacheStore keeps the
 // accounting (which blocks each sequence holds); a contiguous store is the same shape with one block of
@@ -56,50 +58,57 @@ struct KVBlockCopy {
   int32_t n_positions = 0;
 };
 
-// The memory of one KV pool (KVLayout::bytes()), made by Backend::alloc_kv and freed with this object.
-class KVBuffer {
+// What a buffer of a backend's memory is for (the ABI's LOOM_BUFFER_* values): a backend may place them
+// differently (a KV pool committed lazily, logits where the host reads them fastest).
+enum class BufferUsage : int32_t { weights = 0, kv = 1, scratch = 2, logits = 3 };
+
+// Memory of a backend's device (Backend::alloc), freed with this object: a KV pool (KVLayout::bytes()), the
+// logits compute() writes, anything else. A fresh buffer reads as zeros.
+class Buffer {
 public:
-  virtual ~KVBuffer() = default;
-  // The pool as compute() sees it (an address of the backend's memory; host memory for a CPU backend).
+  virtual ~Buffer() = default;
+  // The memory as compute() sees it (an address of the backend's memory; host memory for a CPU backend).
   virtual void* data() noexcept = 0;
   // The backend whose memory this is (nullptr: host memory, which every host-memory backend reads).
   virtual const void* owner() const noexcept { return nullptr; }
+  // Block copies on a KV pool of this layout, in order (copy-on-write, a fork's copies).
   virtual void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) = 0;
-  // Bytes [offset, offset + n) of the pool into host memory, and back (tests, tools).
+  // Bytes [offset, offset + n) into host memory, and back (the logits, tests, tools).
   virtual void read(size_t offset, void* dst, size_t n) const = 0;
   virtual void write(size_t offset, const void* src, size_t n) = 0;
 };
 
-// Host memory for a KV pool: an anonymous mapping reserved without commitment, so that only the pages a
-// forward writes (or a copy reaches) become resident — a pool sized for 64 full sequences costs what the
-// live positions use.
-class HostKVBuffer final : public KVBuffer {
+// Host memory: an anonymous mapping reserved without commitment, so that only the pages a forward writes
+// (or a copy reaches) become resident — a KV pool sized for 64 full sequences costs what the live
+// positions use.
+class HostBuffer final : public Buffer {
 public:
-  explicit HostKVBuffer(size_t bytes) : bytes_(bytes) {
+  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
     if (bytes_ == 0) return;
     void* p =
         mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-      throw Error(Errc::out_of_memory, "kv_cache",
+      throw Error(Errc::out_of_memory, "backend",
                   "cannot reserve " + std::to_string(bytes_ >> 20) +
-                      " MiB of address space for the KV pool; lower [kv_cache] max_tokens or [model] n_ctx");
+                      " MiB of address space (a KV pool: lower [kv_cache] max_tokens or [model] n_ctx)");
     data_ = static_cast<uint8_t*>(p);
   }
-  ~HostKVBuffer() override {
+  ~HostBuffer() override {
     if (data_) munmap(data_, bytes_);
   }
-  HostKVBuffer(const HostKVBuffer&) = delete;
-  HostKVBuffer& operator=(const HostKVBuffer&) = delete;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
   void* data() noexcept override { return data_; }
+  size_t size() const noexcept { return bytes_; }
   void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
     copy_blocks(data_, l, copies);
   }
   void read(size_t offset, void* dst, size_t n) const override {
-    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "KV read outside the pool");
+    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "read outside the buffer");
     std::memcpy(dst, data_ + offset, n);
   }
   void write(size_t offset, const void* src, size_t n) override {
-    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "KV write outside the pool");
+    LOOM_ASSERT(offset <= bytes_ && n <= bytes_ - offset, "write outside the buffer");
     std::memcpy(data_ + offset, src, n);
   }
   // The copies on a pool in host memory (what a host-memory backend's kv_copy does).
@@ -182,6 +191,11 @@ struct WeightDesc {
   uint32_t uses = 0;
 };
 
+// A device's memory as its backend reports it (Backend::memory_info).
+struct MemoryInfo {
+  uint64_t free_bytes = 0, total_bytes = 0;
+};
+
 // One device that executes model graphs.
 class Backend {
 public:
@@ -192,32 +206,37 @@ public:
   // Unique over the process's life (never reused as an address would be): what a model records as
   // having loaded its weights.
   uint64_t instance() const noexcept { return instance_; }
-  // What KVBuffer::owner() of this backend's device memory returns (this object).
+  // What Buffer::owner() of this backend's device memory returns (this object).
   const void* instance_tag() const noexcept { return this; }
   virtual std::string_view name() const noexcept = 0;
-  // Whether the backend can run this node (op + dtypes); the model falls back otherwise.
+  // Whether the backend can run this node (op + dtypes). The model refuses a graph with a node its backend
+  // cannot run, in one line naming the op (asked once per graph shape).
   virtual bool supports(const Graph& g, const Node& n) const noexcept = 0;
   // Runs `g` for one batch: inputs from `batch`; each attention node first writes the batch's K/V
   // rows at their slots of `kv` (the host allocated those positions), then attends causally over the
   // sequence's positions through its block table. Writes logits of batch.output_rows to `logits`,
-  // row-major [n_outputs][n_vocab].
+  // row-major [n_outputs][n_vocab]: host memory, or (a device backend) the memory of a buffer it made with
+  // BufferUsage::logits — what the plugin ABI's graph_compute hands over.
   virtual void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) = 0;
   // The weights of a model, handed over once before its first compute (the host calls it when it
   // loads the model). The backend uploads, repacks or keeps them; it may read them in place from
   // `WeightDesc::tensor.data` until destroyed. Default: keep (read in place).
   virtual void load(std::span<const WeightDesc> weights) { (void)weights; }
-  // The memory of a KV pool of this layout. Default: host memory.
-  virtual std::unique_ptr<KVBuffer> alloc_kv(const KVLayout& l) {
-    return std::make_unique<HostKVBuffer>(l.bytes());
+  // A buffer of this backend's memory (reads as zeros). Default: host memory.
+  virtual std::unique_ptr<Buffer> alloc(size_t bytes, BufferUsage usage) {
+    (void)usage;
+    return std::make_unique<HostBuffer>(bytes);
   }
+  // Free and total bytes of the device's memory; nullopt for host memory (the default).
+  virtual std::optional<MemoryInfo> memory_info() const { return std::nullopt; }
   // Bytes of activations + workspace the last compute used (memory accounting).
   virtual size_t workspace_bytes() const noexcept { return 0; }
   // Of workspace_bytes(), the bytes holding activations (the rest is scratch: GEMM panels, …).
   virtual size_t activation_bytes() const noexcept { return workspace_bytes(); }
-  // Whether compute() handles KV rows stored in this type (through KVRows::k_data / v_data).
+  // Whether compute() handles KV rows stored in this type (KVRows' rows of KVLayout::dtype).
   virtual bool supports_kv_dtype(DType t) const noexcept { return t == DType::f32; }
   // Whether attention nodes asking for kernel strategy `k` with these AttnFeature bits (window,
-  // softcap, sinks) run as asked. The default is what every backend has honoured since ABI 1.0: its
+  // softcap, sinks) run as asked. The default: its
   // own kernel (auto) with a window and soft-capping; a backend with sinks or a choice of kernels says so.
   virtual bool supports_attention(AttnKernel k, uint32_t features) const noexcept {
     return k == AttnKernel::auto_ && (features & ~(attn_window | attn_softcap)) == 0;

@@ -1,8 +1,9 @@
 // loom/sdk/executor_plugin.hpp — a loom::Backend executor (loom/sdk/executor.hpp) behind the backend
 // ABI (header-only): the ABI's loom_graph converted back to a loom::Graph (once per host graph
-// identity, loom_graph::id), the KV pool and block tables of each batch as loom::KVRows, buffers in host
-// memory, the weights handed to Backend::load, exceptions turned into statuses. A backend plugin writes its
-// executor and a factory:
+// identity, loom_graph::id), the KV pool and block tables of each batch as loom::KVRows, buffers as the
+// executor's own (Backend::alloc: host memory by default, device memory where it says), the weights handed to
+// Backend::load, exceptions turned into statuses. Every backend plugin — reference, cpu, cuda, a third
+// party's — is this table over its executor. A backend plugin writes its executor and a factory:
 //
 //   constexpr char k_name[] = "mine";
 //   loom_status* create(const loom_config* cfg, void** self, const void** vtable) noexcept {
@@ -61,19 +62,10 @@ inline loom::KVLayout from_c(const loom_kv_layout& c) noexcept {
   return l;
 }
 
-// Block copies on a KV pool in host memory (what a host-memory backend's kv_copy does).
-inline void copy_blocks_c(void* kv, const loom_kv_layout& c, const loom_block_copy* copies, size_t n) {
-  std::vector<loom::KVBlockCopy> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = {copies[i].src, copies[i].dst, copies[i].n_positions};
-  loom::HostKVBuffer::copy_blocks(static_cast<uint8_t*>(kv), from_c(c), v);
-}
-
 // The ABI's KV pool and batch tables as the executor's loom::KVRows.
 inline loom::KVRows kv_rows(const loom_batch& b) {
-  if (b.struct_size < offsetof(loom_batch, table_stride) + sizeof(b.table_stride) || !b.kv_layout || !b.kv)
-    throw loom::Error(loom::Errc::invalid_argument, "backend",
-                      "a batch without its KV pool (ABI before 2.0)");
+  if (!b.kv_layout || !b.kv)
+    throw loom::Error(loom::Errc::invalid_argument, "backend", "a batch without its KV pool");
   const loom::KVLayout l = from_c(*b.kv_layout);
   const size_t n_tables = b.n_seqs * static_cast<size_t>(std::max(b.table_stride, 0));
   return loom::KVRows(l, b.kv, {b.slots, b.n_tokens}, {b.row_seq, b.n_tokens}, {b.tables, n_tables},
@@ -128,11 +120,10 @@ inline loom::Graph from_c(const loom_graph& c) {
   return g;
 }
 
-// The object behind an ExecutorTable: the executor, its converted graphs and its buffers (host memory: a
-// KV pool as loom::HostKVBuffer, others on the heap).
+// The object behind an ExecutorTable: the executor, its converted graphs and the buffers it made.
 struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
-  std::map<const void*, std::unique_ptr<loom::HostKVBuffer>> buffers; // by address
+  std::map<const void*, std::unique_ptr<loom::Buffer>> buffers; // by address (Buffer::data())
   std::mutex buffers_mutex;
   std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
   loom::Graph scratch;                    // a graph without identity, converted every call
@@ -148,6 +139,14 @@ struct ExecutorPlugin {
       it = graphs.emplace(c->id, from_c(*c)).first;
     }
     return it->second;
+  }
+  // The buffer alloc made at this address (the ABI names buffers by address).
+  loom::Buffer& buffer(const void* data) {
+    const std::lock_guard<std::mutex> lock(buffers_mutex);
+    const auto it = buffers.find(data);
+    if (it == buffers.end())
+      throw loom::Error(loom::Errc::invalid_argument, "backend", "not a buffer of this backend");
+    return *it->second;
   }
 };
 
@@ -175,8 +174,7 @@ template <const char* NAME> struct ExecutorTable {
                           {b->positions, b->n_tokens},
                           {b->seq_ids, b->n_tokens},
                           {b->output_rows, b->n_outputs}};
-    // Token-tree rows (2.1): read only from a host whose loom_batch has the fields.
-    if (b->struct_size >= offsetof(loom_batch, tree_mask) + sizeof(b->tree_mask) && b->tree_base) {
+    if (b->tree_base) { // token-tree rows (LOOM_ATTN_FEATURE_TREE)
       batch.rope_positions = {b->rope_positions, b->n_tokens};
       batch.tree_base = {b->tree_base, b->n_tokens};
       batch.tree_mask = {b->tree_mask, b->n_tokens};
@@ -184,12 +182,10 @@ template <const char* NAME> struct ExecutorTable {
     p->be->compute(p->graph(g), batch, kv, {static_cast<float*>(logits), n_logits});
     LOOM_SDK_CATCH
   }
-  // Host memory: every buffer is a loom::HostKVBuffer (an uncommitted anonymous mapping; a small one is
-  // as cheap as the heap's).
-  static loom_status* alloc_fn(void* self, size_t bytes, int32_t, void** out) noexcept {
+  static loom_status* alloc_fn(void* self, size_t bytes, int32_t usage, void** out) noexcept {
     LOOM_SDK_TRY
     auto* p = static_cast<ExecutorPlugin*>(self);
-    auto buf = std::make_unique<loom::HostKVBuffer>(std::max<size_t>(bytes, 1));
+    auto buf = p->be->alloc(std::max<size_t>(bytes, 1), static_cast<loom::BufferUsage>(usage));
     *out = buf->data();
     const std::lock_guard<std::mutex> lock(p->buffers_mutex);
     p->buffers.emplace(*out, std::move(buf));
@@ -197,22 +193,32 @@ template <const char* NAME> struct ExecutorTable {
   }
   static void free_fn(void* self, void* buffer) noexcept {
     auto* p = static_cast<ExecutorPlugin*>(self);
+    std::unique_ptr<loom::Buffer> gone; // freed outside the lock
     const std::lock_guard<std::mutex> lock(p->buffers_mutex);
-    p->buffers.erase(buffer);
+    if (const auto it = p->buffers.find(buffer); it != p->buffers.end()) {
+      gone = std::move(it->second);
+      p->buffers.erase(it);
+    }
   }
-  static loom_status* upload_fn(void*, void* buffer, size_t offset, const void* src, size_t bytes) noexcept {
-    std::memcpy(static_cast<char*>(buffer) + offset, src, bytes);
-    return nullptr;
+  static loom_status* upload_fn(void* self, void* buffer, size_t offset, const void* src,
+                                size_t bytes) noexcept {
+    LOOM_SDK_TRY
+    static_cast<ExecutorPlugin*>(self)->buffer(buffer).write(offset, src, bytes);
+    LOOM_SDK_CATCH
   }
-  static loom_status* download_fn(void*, const void* buffer, size_t offset, void* dst,
+  static loom_status* download_fn(void* self, const void* buffer, size_t offset, void* dst,
                                   size_t bytes) noexcept {
-    std::memcpy(dst, static_cast<const char*>(buffer) + offset, bytes);
-    return nullptr;
+    LOOM_SDK_TRY
+    static_cast<ExecutorPlugin*>(self)->buffer(buffer).read(offset, dst, bytes);
+    LOOM_SDK_CATCH
   }
-  static loom_status* kv_copy_fn(void*, void* kv, const loom_kv_layout* c, const loom_block_copy* copies,
+  static loom_status* kv_copy_fn(void* self, void* kv, const loom_kv_layout* c, const loom_block_copy* copies,
                                  size_t n) noexcept {
     LOOM_SDK_TRY
-    copy_blocks_c(kv, *c, copies, n);
+    std::vector<loom::KVBlockCopy> v(n);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = {copies[i].src, copies[i].dst, copies[i].n_positions};
+    static_cast<ExecutorPlugin*>(self)->buffer(kv).copy(from_c(*c), v);
     LOOM_SDK_CATCH
   }
   static loom_status* load_fn(void* self, const loom_weight* weights, size_t n, size_t size) noexcept {
@@ -233,6 +239,16 @@ template <const char* NAME> struct ExecutorTable {
     }
     static_cast<ExecutorPlugin*>(self)->be->load(v);
     LOOM_SDK_CATCH
+  }
+  static void memory_fn(const void* self, loom_memory_info* out) {
+    out->free_bytes = out->total_bytes = 0; // 0: nothing to say (host memory)
+    try {
+      if (const auto m = static_cast<const ExecutorPlugin*>(self)->be->memory_info()) {
+        out->free_bytes = m->free_bytes;
+        out->total_bytes = m->total_bytes;
+      }
+    } catch (...) {
+    }
   }
   static size_t workspace_fn(const void* self) {
     return static_cast<const ExecutorPlugin*>(self)->be->workspace_bytes();
@@ -272,7 +288,7 @@ template <const char* NAME> struct ExecutorTable {
                                            &download_fn,
                                            &kv_copy_fn,
                                            &load_fn,
-                                           nullptr,
+                                           &memory_fn,
                                            &workspace_fn,
                                            &activation_fn,
                                            &destroy_fn,

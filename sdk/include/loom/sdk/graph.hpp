@@ -27,16 +27,16 @@ enum class OpKind : int32_t {
   rms_norm = 1, // dst = src0 / rms(src0) * src1                   src0 [n, T], src1 [n] → [n, T]   (eps)
   matmul = 2, // dst = src0ᵀ · src1                              src0 [K, N] weights, src1 [K, T] → [N, T]
   rope = 3,   // rotary embedding at positions src1              src0 [D, H, T], src1 [T] i32 → [D, H, T]
-              //   src2 (ABI 1.6, optional): f32 [n_dims/2] frequency divisors (Llama 3.1's rope_freqs)
+              //   src2 (optional): f32 [n_dims/2] frequency divisors (Llama 3.1's rope_freqs)
   attention = 4, // causal attention over the KV cache              q [D, Hq, T], k,v [D, Hkv, T] → [D·Hq, T]
   swiglu = 5,    // dst = silu(src0) ⊙ src1                         [n, T] × [n, T] → [n, T]
-  add = 6,   // dst = src0 + src1; a smaller src1 repeats: dst[i] = src0[i] + src1[i mod n1] (a bias, ABI 1.6)
-  scale = 7, // dst = src0 · scale
-  softmax = 8,  // row-wise softmax
-  copy = 9,     // dst = src0 (dtype conversion)
-  mul = 10,     // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
-  geglu = 11,   // dst = gelu(src0) ⊙ src1, gelu's tanh form (ABI 1.6) [n, T] × [n, T] → [n, T]
-  softcap = 12, // dst = scale · tanh(src0 / scale) (ABI 1.6: Gemma 2's final logits)
+  add = 6,       // dst = src0 + src1; a smaller src1 repeats: dst[i] = src0[i] + src1[i mod n1] (a bias)
+  scale = 7,     // dst = src0 · scale
+  softmax = 8,   // row-wise softmax
+  copy = 9,      // dst = src0 (dtype conversion)
+  mul = 10,      // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
+  geglu = 11,    // dst = gelu(src0) ⊙ src1, gelu's tanh form [n, T] × [n, T] → [n, T]
+  softcap = 12, // dst = scale · tanh(src0 / scale) (Gemma 2's final logits)
 };
 inline const char* op_name(OpKind op) noexcept {
   switch (op) {
@@ -110,7 +110,7 @@ inline const char* attn_kernel_name(AttnKernel k) noexcept {
 // What an attention node needs of a backend beyond causal attention (bit set; the ABI's
 // LOOM_ATTN_FEATURE_*). attn_span_only is asked of the backend, not of a node: that its kernels read
 // only the rows of each query's key_span, so that the host may release the others (sliding window).
-// attn_tree (ABI 2.1) is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base).
+// attn_tree is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base).
 enum AttnFeature : uint32_t {
   attn_window = 1u,
   attn_softcap = 2u,
@@ -125,8 +125,8 @@ struct AttentionParams {
   float scale = 1.0f;   // usually 1/sqrt(head_dim)
   int32_t window = 0;   // sliding window in tokens, the current one included (0 = full causal)
   float softcap = 0.0f; // tanh soft-capping of scores (0 = off)
-  int32_t sinks = 0;    // with a window: the first `sinks` positions are attended as well (ABI 1.5)
-  AttnKernel kernel = AttnKernel::auto_; // the strategy the pipeline asked for (ABI 1.5)
+  int32_t sinks = 0;    // with a window: the first `sinks` positions are attended as well
+  AttnKernel kernel = AttnKernel::auto_; // the strategy the pipeline asked for
 
   uint32_t features() const noexcept {
     return (window > 0 ? attn_window : 0u) | (softcap > 0.0f ? attn_softcap : 0u) |
@@ -215,7 +215,7 @@ inline bool weights_dequantizable(const Graph& g, const Node& n) noexcept {
 
 // The tokens evaluated by one forward pass. Rows of different sequences may be mixed.
 //
-// Token trees (ABI 2.1; speculative decoding verifies several continuations in one forward): a row's
+// Token trees (speculative decoding verifies several continuations in one forward): a row's
 // position is the KV slot its K/V are written to and read from; rope_positions, when given, is the
 // position it is rotated at (its depth in the text), and tree_base / tree_mask say which slots it
 // attends: every slot j < tree_base[t] that causal attention (or the window, taken at the rope position)

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "loom/sdk/abi.h"
+#include "loom/sdk/error.hpp"
 
 #include <cstdarg>
 #include <cstdio>
@@ -94,20 +95,12 @@ inline const loom_session_api& session_api() {
   return *detail::tables().session;
 }
 
-// Thrown by plugin code; becomes a status with `code` at the boundary.
-class Error : public std::runtime_error {
-public:
-  explicit Error(const std::string& msg, int32_t code = LOOM_STATUS_INVALID_ARGUMENT)
-      : std::runtime_error(msg), code_(code) {}
-  int32_t code() const noexcept { return code_; }
-
-private:
-  int32_t code_;
-};
+// Thrown by plugin code (loom/sdk/error.hpp's, the host's too); a status with its code at the boundary.
+using Error = loom::Error;
 
 // A status from the host becomes an exception inside plugin code. Left alone it reaches the boundary
 // and the host reports it with its full text; plugin code that handles it instead reads code() and
-// message() and calls release() (ABI 2.0: status_code, status_message, status_free).
+// message() and calls release() (status_code, status_message, status_free).
 struct StatusError : std::exception {
   loom_status* status;
   explicit StatusError(loom_status* s) : status(s) {}
@@ -137,7 +130,7 @@ inline loom_status* current_exception_to_status() noexcept {
     if (e.status) return e.status;
     return core_api().status_create(LOOM_STATUS_INTERNAL, "a host status rethrown after release()");
   } catch (const Error& e) {
-    return core_api().status_create(e.code(), e.what());
+    return core_api().status_create(status_code(e.code()), e.what());
   } catch (const std::bad_alloc&) {
     return core_api().status_create(LOOM_STATUS_OUT_OF_MEMORY, "out of memory in plugin");
   } catch (const std::exception& e) {
@@ -233,14 +226,14 @@ public:
   virtual std::unique_ptr<StopCriterion> clone() const = 0;
 };
 
-// ---- verifiers (ABI 1.2) ------------------------------------------------------------------
+// ---- verifiers ----------------------------------------------------------------------------
 
 // Scores a candidate answer in [0, 1] given the prompt it answers.
 class Verifier {
 public:
   virtual ~Verifier() = default;
   virtual double score(std::string_view prompt, std::string_view text) = 0;
-  // ABI 2.2: with the request's task, a JSON object ("" when the request has none). By default the
+  // With the request's task, a JSON object ("" when the request has none). By default the
   // task is ignored.
   virtual double score_task(std::string_view prompt, std::string_view text, std::string_view task_json) {
     (void)task_json;
@@ -405,7 +398,7 @@ public:
   bool has_draft_model() const {
     return session_api().has_draft(s_) == 1;
   }
-  // Token trees (ABI 2.1): node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
+  // Token trees: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
   // token); evaluated in one forward with row 1 + i after node i. Returns the nodes kept (context room).
   size_t set_draft_tree(loom_seq seq, std::span<const loom_token> tokens, std::span<const int32_t> parents) {
     if (tokens.size() != parents.size()) throw Error("set_draft_tree: one parent per token");
@@ -605,7 +598,7 @@ template <class T> constexpr loom_factory verifier_factory(const char* name) {
 
 } // namespace loom::sdk
 
-// The plugin's static descriptor (ABI 2.0): its name and factories as bytes in the ELF section
+// The plugin's static descriptor: its name and factories as bytes in the ELF section
 // ".loom_plugin", so that the host can tell what a file provides — and check a sha256 pin — without
 // loading it (no constructor runs). Layout: the magic "loom-plugin-descriptor-2", the plugin name, then
 // per factory its kind as one digit, ':' and its name; every string NUL-terminated, an empty one last.
@@ -656,7 +649,7 @@ constexpr PluginDescriptor<N> make_descriptor(const char* name, const loom_facto
 #define LOOM_PLUGIN_DEFINE_FULL(NAME, VERSION, SCORE, SHUTDOWN, ...)                                         \
   LOOM_PLUGIN_DEFINE_DESCRIBED(NAME, VERSION, SCORE, SHUTDOWN, nullptr, __VA_ARGS__)
 
-// DESCRIBE: `const char* f()` (noexcept), one line for `loom plugins`, or nullptr (ABI 1.6).
+// DESCRIBE: `const char* f()` (noexcept), one line for `loom plugins`, or nullptr.
 #define LOOM_PLUGIN_DEFINE_DESCRIBED(NAME, VERSION, SCORE, SHUTDOWN, DESCRIBE, ...)                          \
   namespace {                                                                                                \
   constexpr loom_factory loom_plugin_factories_[] = {__VA_ARGS__};                                           \
