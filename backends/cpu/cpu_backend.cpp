@@ -866,7 +866,7 @@ private:
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
   std::vector<uint16_t> xbf16_; // activations rounded to bf16
-  MatmulPrimitives prims_{32}; // ~65 KB each: the decode batch sizes and the last prefill lengths
+  MatmulPrimitives prims_{32};  // ~65 KB each: the decode batch sizes and the last prefill lengths
   std::vector<float> gemm_out_; // a panel's GEMM output before it goes to its columns
   std::map<std::tuple<const void*, int64_t, int64_t>, std::shared_ptr<uint8_t>> repacked_; // by data, K, N
   size_t shared_weights_ = 0; // bytes of repacked matrices another backend had made (held, not copied)

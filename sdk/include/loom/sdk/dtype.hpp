@@ -992,7 +992,7 @@ inline void quantize_row(DType t, const float* x, void* dst, int64_t n) {
        "cannot quantize to " + std::string(tr.name) + "; supported: " + dtype_names(true));
 }
 
-// ---- KV rows in a stored type (KVRows::k_data / v_data) ----
+// ---- KV rows in a stored type (KVRows' rows, of KVLayout::dtype) ----
 
 // The types a KV cache may store rows in.
 inline bool kv_dtype_valid(DType t) noexcept {
