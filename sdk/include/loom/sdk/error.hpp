@@ -43,42 +43,27 @@ private:
   std::string component_;
 };
 
-// The ABI's status code of an Errc (loom_status_code; a parse error is bad input there), and back.
+// Errc and the ABI's status codes (loom_status_code), one row each; a parse error, and anything not
+// listed, is bad input there.
+inline constexpr struct {
+  Errc errc;
+  int32_t status;
+} k_status_codes[] = {{Errc::invalid_argument, LOOM_STATUS_INVALID_ARGUMENT},
+                      {Errc::not_found, LOOM_STATUS_NOT_FOUND},
+                      {Errc::unsupported, LOOM_STATUS_UNSUPPORTED},
+                      {Errc::abi_mismatch, LOOM_STATUS_ABI_MISMATCH},
+                      {Errc::out_of_memory, LOOM_STATUS_OUT_OF_MEMORY},
+                      {Errc::device_error, LOOM_STATUS_DEVICE_ERROR},
+                      {Errc::internal, LOOM_STATUS_INTERNAL}};
 inline int32_t status_code(Errc c) noexcept {
-  switch (c) {
-  case Errc::not_found:
-    return LOOM_STATUS_NOT_FOUND;
-  case Errc::unsupported:
-    return LOOM_STATUS_UNSUPPORTED;
-  case Errc::abi_mismatch:
-    return LOOM_STATUS_ABI_MISMATCH;
-  case Errc::out_of_memory:
-    return LOOM_STATUS_OUT_OF_MEMORY;
-  case Errc::device_error:
-    return LOOM_STATUS_DEVICE_ERROR;
-  case Errc::internal:
-    return LOOM_STATUS_INTERNAL;
-  default:
-    return LOOM_STATUS_INVALID_ARGUMENT;
-  }
+  for (const auto& r : k_status_codes)
+    if (r.errc == c) return r.status;
+  return LOOM_STATUS_INVALID_ARGUMENT;
 }
 inline Errc errc_of(int32_t status) noexcept {
-  switch (status) {
-  case LOOM_STATUS_NOT_FOUND:
-    return Errc::not_found;
-  case LOOM_STATUS_UNSUPPORTED:
-    return Errc::unsupported;
-  case LOOM_STATUS_ABI_MISMATCH:
-    return Errc::abi_mismatch;
-  case LOOM_STATUS_OUT_OF_MEMORY:
-    return Errc::out_of_memory;
-  case LOOM_STATUS_DEVICE_ERROR:
-    return Errc::device_error;
-  case LOOM_STATUS_INTERNAL:
-    return Errc::internal;
-  default:
-    return Errc::invalid_argument;
-  }
+  for (const auto& r : k_status_codes)
+    if (r.status == status) return r.errc;
+  return Errc::invalid_argument;
 }
 
 [[noreturn]] inline void fail(Errc code, std::string component, const std::string& message) {

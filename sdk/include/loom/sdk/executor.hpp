@@ -99,7 +99,6 @@ public:
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
   void* data() noexcept override { return data_; }
-  size_t size() const noexcept { return bytes_; }
   void copy(const KVLayout& l, std::span<const KVBlockCopy> copies) override {
     copy_blocks(data_, l, copies);
   }

@@ -34,11 +34,13 @@
 
 namespace loom::sdk {
 
-// OpKind and DType values are the ABI's (append-only on both sides).
+// OpKind, BufferUsage and DType values are the ABI's (append-only on both sides).
 static_assert(static_cast<int32_t>(loom::OpKind::get_rows) == LOOM_OP_GET_ROWS &&
               static_cast<int32_t>(loom::OpKind::attention) == LOOM_OP_ATTENTION &&
               static_cast<int32_t>(loom::OpKind::mul) == LOOM_OP_MUL &&
               static_cast<int32_t>(loom::OpKind::softcap) == LOOM_OP_SOFTCAP);
+static_assert(static_cast<int32_t>(loom::BufferUsage::kv) == LOOM_BUFFER_KV &&
+              static_cast<int32_t>(loom::BufferUsage::logits) == LOOM_BUFFER_LOGITS);
 static_assert(static_cast<uint32_t>(loom::DType::q4_k) == LOOM_DTYPE_Q4_K &&
               static_cast<uint32_t>(loom::DType::bf16) == LOOM_DTYPE_BF16);
 
@@ -145,7 +147,9 @@ struct ExecutorPlugin {
     const std::lock_guard<std::mutex> lock(buffers_mutex);
     const auto it = buffers.find(data);
     if (it == buffers.end())
-      throw loom::Error(loom::Errc::invalid_argument, "backend", "not a buffer of this backend");
+      throw loom::Error(
+          loom::Errc::invalid_argument, "backend",
+          "expected the address of a buffer this backend allocated (buffer_alloc), found another");
     return *it->second;
   }
 };
