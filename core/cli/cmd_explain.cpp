@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -83,6 +84,7 @@ public:
     // The stages' snapshots live for this step only (the chosen token is known after the draw);
     // what is kept is O(top) per stage, not O(vocabulary).
     Step st;
+    std::deque<std::vector<TokenData>> copies; // a stage's candidates, copied: the next stage changes them
     std::vector<Candidates> snapshots;
     const TokenId t = s.sample_traced(0, [&](size_t, const Sampler* smp, const Candidates& c) {
       Stage stage;
@@ -90,7 +92,9 @@ public:
       if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size())
         stage.selected = c.data[static_cast<size_t>(c.selected)].id;
       st.stages.push_back(std::move(stage));
-      snapshots.push_back(c);
+      Candidates snap = c;
+      snap.data = copies.emplace_back(c.data.begin(), c.data.end());
+      snapshots.push_back(snap);
     });
     st.chosen = t;
     if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);

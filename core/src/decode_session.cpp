@@ -193,7 +193,7 @@ void DecodeSession::set_metric(const std::string& key, double value) {
 }
 
 double DecodeSession::uniform() {
-  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  return rng_uniform(&rng_);
 }
 
 int DecodeSession::model_of(LocalSeq seq) const {
@@ -488,7 +488,7 @@ void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
   SamplerContext sc{
       prompt_,
       std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_, &ctx_.tok};
+      &rng_, &rng_uniform, &ctx_.tok};
   sampling_distribution(*s.chain, std::span<const float>(row0, V), sc, out.first(V));
 }
 
@@ -502,9 +502,9 @@ template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, 
   SamplerContext sc{
       prompt_,
       std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_, &ctx_.tok};
+      &rng_, &rng_uniform, &ctx_.tok};
   const auto V = static_cast<size_t>(n_vocab());
-  Candidates c = Candidates::from_logits(std::span<const float>(row0, V));
+  Candidates c = Candidates::from_logits(std::span<const float>(row0, V), candidates_);
   apply(c, sc);
   if (c.selected < 0 || c.selected >= static_cast<int64_t>(c.data.size()))
     fail(Errc::internal, "sampler", "the sampler chain selected no token");
@@ -513,7 +513,7 @@ template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, 
 
 TokenId DecodeSession::sample(LocalSeq seq) {
   Seq& s = at(seq);
-  return sample_with(seq, s, [&](Candidates& c, SamplerContext& sc) { s.chain->apply(c, sc); });
+  return sample_with(seq, s, [&](Candidates& c, const SamplerContext& sc) { s.chain->apply(c, sc); });
 }
 
 TokenId
@@ -522,7 +522,8 @@ DecodeSession::sample_traced(LocalSeq seq,
   Seq& s = at(seq);
   auto* chain = dynamic_cast<SamplerChain*>(s.chain.get());
   if (!chain) fail(Errc::internal, "decoder", "sample_traced: the sequence's sampler is not a chain");
-  return sample_with(seq, s, [&](Candidates& c, SamplerContext& sc) { chain->apply_traced(c, sc, after); });
+  return sample_with(seq, s,
+                     [&](Candidates& c, const SamplerContext& sc) { chain->apply_traced(c, sc, after); });
 }
 
 float DecodeSession::logprob(LocalSeq seq, TokenId token) const {
@@ -601,7 +602,7 @@ private:
 } // namespace
 
 const std::string& DecodeSession::verifier_prompt() const {
-  if (!ctx_.verify)
+  if (!ctx_.verifier)
     fail(Errc::not_found, "decoder",
          "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
   if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
@@ -611,28 +612,18 @@ const std::string& DecodeSession::verifier_prompt() const {
 double DecodeSession::verify(std::string_view text) const {
   const std::string& prompt = verifier_prompt();
   const VerifierTokenCount count(ctx_, verifier_tokens_);
-  return ctx_.verify(prompt, text, task_);
+  return ctx_.verifier->score(prompt, text, task_);
 }
 
 std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::string_view> texts) const {
   const std::string& prompt = verifier_prompt();
   const VerifierTokenCount count(ctx_, verifier_tokens_);
-  if (ctx_.verify_many) {
-    std::vector<VerifyOutcome> r = ctx_.verify_many(prompt, texts, task_);
-    if (r.size() != texts.size())
-      fail(Errc::internal, "decoder",
-           "verify_many gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
-               " texts");
-    return r;
-  }
-  std::vector<VerifyOutcome> r(texts.size());
-  for (size_t i = 0; i < texts.size(); ++i) {
-    try {
-      r[i].score = ctx_.verify(prompt, texts[i], task_);
-    } catch (const std::exception& e) {
-      r[i].error = e.what();
-    }
-  }
+  const std::vector<std::string_view> tasks(texts.size(), task_); // the request's, for each text
+  std::vector<VerifyOutcome> r = ctx_.verifier->score_many(prompt, texts, tasks);
+  if (r.size() != texts.size())
+    fail(Errc::internal, "decoder",
+         "the verifier gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
+             " texts");
   return r;
 }
 

@@ -87,8 +87,7 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
     : model_(model), backend_(backend),
       draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, false, {}, {}, {}, {}},
       tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
-  ctx_.verify = tmpl_.verify;
-  ctx_.verify_many = tmpl_.verify_many;
+  ctx_.verifier = tmpl_.verifier;
   ctx_.verifier_tokens = tmpl_.verifier_tokens;
   if (draft_) {
     if (draft_->model.config().n_vocab != ctx_.n_vocab)

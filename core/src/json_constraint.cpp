@@ -1004,8 +1004,8 @@ public:
 
   std::string_view name() const noexcept override { return "json_schema"; }
 
-  void apply(Candidates& c, SamplerContext& ctx) override {
-    if (lost_) return;
+  void apply(Candidates& c, const SamplerContext& ctx) override {
+    if (lost_ || c.data.empty()) return;
     if (!ctx.tokenizer)
       fail(Errc::internal, "sampler", "json_schema needs the vocabulary (SamplerContext::tokenizer)");
     if (!trie_) trie_ = vocab_trie(*ctx.tokenizer);
@@ -1038,7 +1038,8 @@ public:
       if (v.eog.empty()) return;
       kept.push_back(TokenData{v.eog[0], 0.0f, 0.0f});
     }
-    c.data = std::move(kept); // the order is kept: a sorted list stays sorted
+    std::copy(kept.begin(), kept.end(), c.data.begin()); // kept ⊆ data, or one end token: it fits
+    c.data = c.data.first(kept.size());                  // the order is kept: a sorted list stays sorted
     c.has_probs = false;
     c.selected = -1;
   }

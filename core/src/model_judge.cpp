@@ -172,7 +172,7 @@ void ModelJudge::extend_base(std::span<const TokenId> toks, size_t n, std::vecto
   cached_.assign(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
-double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
+double ModelJudge::score(std::string_view prompt, std::string_view candidate, std::string_view /*task*/) {
   const std::vector<TokenId> toks = render(prompt, candidate);
   std::lock_guard lock(mu_);
   std::vector<float> logits;
@@ -181,9 +181,10 @@ double ModelJudge::score(std::string_view prompt, std::string_view candidate) {
   return judge(logits.data());
 }
 
-std::vector<ModelJudge::Judgement> ModelJudge::score_many(std::string_view prompt,
-                                                          std::span<const std::string_view> candidates) {
-  std::vector<Judgement> res(candidates.size());
+std::vector<VerifyOutcome> ModelJudge::score_many(std::string_view prompt,
+                                                  std::span<const std::string_view> candidates,
+                                                  std::span<const std::string_view> /*tasks*/) {
+  std::vector<VerifyOutcome> res(candidates.size());
   std::vector<std::vector<TokenId>> toks(candidates.size());
   std::vector<size_t> todo; // the candidates that rendered
   for (size_t i = 0; i < candidates.size(); ++i) {

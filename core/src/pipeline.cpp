@@ -191,7 +191,7 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   tmpl.make_decoder = make_decoder;
   if (!cfg.verifier.name.empty() && cfg.verifier.name != "model_judge") { // model_judge: below (a model)
     if (auto f = p->registry_->find(LOOM_KIND_VERIFIER, cfg.verifier.name))
-      tmpl.verify =
+      tmpl.verifier =
           plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
     else
       missing(LOOM_KIND_VERIFIER, "verifier", cfg.verifier.name, "none");
@@ -356,23 +356,12 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
                  ": no such file; give \"self\" or the path of a GGUF model");
       jm = shared_model(jp.string(), AttentionChoice{"model", cfg.attention.kernel, 0, 0, {}});
     }
-    p->judge_ = std::make_unique<ModelJudge>(
+    p->judge_ = std::make_shared<ModelJudge>(
         jm, Tokenizer::from_gguf(jm->file()),
         make_backend(cfg.backend.name, cfg.backend.threads, true, cfg.verifier.where + " (model_judge)"), jo,
         cfg.verifier.where);
-    tmpl.verify = [j = p->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
-      return j->score(prompt, text);
-    };
+    tmpl.verifier = p->judge_; // several candidates of a round: one batched forward (score_many)
     tmpl.verifier_tokens = [j = p->judge_.get()] { return j->tokens_evaluated(); };
-    // Several candidates of a round: one batched forward over their shared prefix's forks.
-    tmpl.verify_many = [j = p->judge_.get()](std::string_view prompt, std::span<const std::string_view> texts,
-                                             std::string_view) {
-      const std::vector<ModelJudge::Judgement> r = j->score_many(prompt, texts);
-      std::vector<VerifyOutcome> out(r.size());
-      for (size_t i = 0; i < r.size(); ++i)
-        out[i] = VerifyOutcome{r[i].score, r[i].error};
-      return out;
-    };
   }
   // The backends must read and write KV rows of the configured type.
   const auto check_kv_type = [&](const Backend& be, const std::string& what) {
@@ -496,24 +485,20 @@ std::vector<GenerationResult> Pipeline::generate_all(const std::vector<Generatio
 std::vector<VerifyOutcome> StandaloneVerifier::score_all(std::span<const Item> items) const {
   std::vector<VerifyOutcome> out(items.size());
   for (size_t i = 0; i < items.size();) {
-    size_t e = i + 1; // a judge takes the run of items with this prompt at once
-    if (judge_)
-      while (e < items.size() && items[e].prompt == items[i].prompt)
-        ++e;
-    if (judge_) {
-      std::vector<std::string_view> texts;
-      for (size_t k = i; k < e; ++k)
-        texts.push_back(items[k].text);
-      const auto r = judge_->score_many(items[i].prompt, texts);
-      for (size_t k = i; k < e; ++k)
-        out[k] = VerifyOutcome{r[k - i].score, r[k - i].error};
-    } else {
-      try {
-        out[i].score = fn_(items[i].prompt, items[i].text, items[i].task);
-      } catch (const Error& ex) {
-        out[i].error = ex.what();
-      }
+    size_t e = i + 1; // the run of items with this prompt, at once (a judge batches them)
+    while (e < items.size() && items[e].prompt == items[i].prompt)
+      ++e;
+    std::vector<std::string_view> texts, tasks;
+    for (size_t k = i; k < e; ++k) {
+      texts.push_back(items[k].text);
+      tasks.push_back(items[k].task);
     }
+    std::vector<VerifyOutcome> r = verifier_->score_many(items[i].prompt, texts, tasks);
+    if (r.size() != texts.size())
+      fail(Errc::internal, "verify",
+           "the verifier gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
+               " texts");
+    std::move(r.begin(), r.end(), out.begin() + static_cast<std::ptrdiff_t>(i));
     i = e;
   }
   return out;
@@ -566,11 +551,10 @@ std::unique_ptr<StandaloneVerifier> StandaloneVerifier::create(const PipelineCon
       }
     }
     if (!be) be = make_reference_backend();
-    v->judge_ = std::make_unique<ModelJudge>(jm, Tokenizer::from_gguf(jm->file()), std::move(be), jo,
-                                             cfg.verifier.where);
-    v->fn_ = [j = v->judge_.get()](std::string_view prompt, std::string_view text, std::string_view) {
-      return j->score(prompt, text);
-    };
+    auto judge = std::make_shared<ModelJudge>(jm, Tokenizer::from_gguf(jm->file()), std::move(be), jo,
+                                              cfg.verifier.where);
+    v->judge_ = judge.get();
+    v->verifier_ = std::move(judge);
     v->name_ = cfg.verifier.name;
     return v;
   }
@@ -588,7 +572,7 @@ std::unique_ptr<StandaloneVerifier> StandaloneVerifier::create(const PipelineCon
              "] (verifiers found: " + v->registry_->available(LOOM_KIND_VERIFIER) + ")" +
              v->registry_->failures());
   }
-  v->fn_ = plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
+  v->verifier_ = plugin::make_plugin_verifier(*f, cfg.verifier.name, cfg.verifier.params, cfg.verifier.where);
   v->name_ = cfg.verifier.name;
   return v;
 }

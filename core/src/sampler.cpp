@@ -8,7 +8,8 @@
 //  * `logit_bias` ids that are not among the candidates (beyond the vocabulary, or filtered out by an
 //    earlier sampler) are skipped: the vocabulary size is unknown when the sampler is created.
 //    Duplicate ids add up.
-//  * `dist` draws exactly one 64-bit number from ctx.rng per call and maps it to [0, 1) with 53 bits
+//  * `dist` draws exactly one 64-bit number from the request's RNG per call (rng_uniform) and maps it to [0,
+//  1) with 53 bits
 //    ((x >> 11) · 2⁻⁵³) rather than std::uniform_real_distribution, whose algorithm differs between
 //    standard libraries: a seed gives the same tokens with libstdc++ and libc++.
 //  * A filter that reorders or shrinks the list keeps `selected` pointing at the same token (or -1 if
@@ -33,64 +34,15 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// NaN logits sort (and count) as -inf.
 float key(float logit) {
-  return std::isnan(logit) ? kNegInf : logit;
+  return Candidates::order_key(logit);
 }
 
-// Strict "a comes before b": higher logit first, then lower id.
-bool before(const TokenData& a, const TokenData& b) {
-  const float ka = key(a.logit), kb = key(b.logit);
-  if (ka != kb) return ka > kb;
-  return a.id < b.id;
-}
-
-size_t best_index(const std::vector<TokenData>& d) {
+size_t best_index(std::span<const TokenData> d) {
   size_t best = 0;
   for (size_t i = 1; i < d.size(); ++i)
-    if (before(d[i], d[best])) best = i;
+    if (Candidates::before(d[i], d[best])) best = i;
   return best;
-}
-
-TokenId selected_id(const Candidates& c) {
-  if (c.selected < 0 || static_cast<size_t>(c.selected) >= c.data.size()) return -1;
-  return c.data[static_cast<size_t>(c.selected)].id;
-}
-
-// After a reorder/filter: point `selected` at the token it pointed at before, or -1 if it is gone.
-void reselect(Candidates& c, TokenId id) {
-  c.selected = -1;
-  if (id < 0) return;
-  for (size_t i = 0; i < c.data.size(); ++i) {
-    if (c.data[i].id == id) {
-      c.selected = static_cast<int64_t>(i);
-      return;
-    }
-  }
-}
-
-// p = softmax(logit) in list order; returns the sum of the unnormalised weights (before dividing).
-// An infinite maximum (all -inf, or some +inf) shares the mass equally among the maximal tokens.
-double compute_probs(std::vector<TokenData>& d) {
-  if (d.empty()) return 0.0;
-  float mx = kNegInf;
-  for (const auto& t : d)
-    mx = std::max(mx, key(t.logit));
-  double sum = 0.0;
-  if (!std::isfinite(mx)) {
-    for (auto& t : d) {
-      t.p = key(t.logit) == mx ? 1.0f : 0.0f;
-      sum += static_cast<double>(t.p);
-    }
-  } else {
-    for (auto& t : d) {
-      t.p = std::isnan(t.logit) ? 0.0f : std::exp(t.logit - mx);
-      sum += static_cast<double>(t.p);
-    }
-  }
-  for (auto& t : d)
-    t.p = static_cast<float>(static_cast<double>(t.p) / sum);
-  return sum;
 }
 
 // Calls f(token_data, value) for every candidate whose id is a key of `m`. Uses the identity layout
@@ -124,7 +76,7 @@ public:
   bool selects() const noexcept override { return t_ <= 0.0f; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<Temperature>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (c.data.empty()) return;
     if (t_ <= 0.0f) {
       // Greedy: keep only the arg-max (others -inf) and select it, so whatever follows picks it too.
@@ -150,18 +102,18 @@ public:
   std::string_view name() const noexcept override { return "top_k"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<TopK>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (k_ <= 0 || static_cast<size_t>(k_) >= c.data.size()) return;
-    const TokenId sel = selected_id(c);
+    const TokenId sel = c.selected_id();
     const auto k = static_cast<size_t>(k_);
     if (!c.sorted) {
       std::partial_sort(c.data.begin(), c.data.begin() + static_cast<std::ptrdiff_t>(k), c.data.end(),
-                        before);
+                        Candidates::before);
       c.sorted = true; // the kept prefix is in order
     }
-    c.data.resize(k);
+    c.data = c.data.first(k);
     c.has_probs = false;
-    reselect(c, sel);
+    c.reselect(sel);
   }
 
 private:
@@ -174,23 +126,23 @@ public:
   std::string_view name() const noexcept override { return "top_p"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<TopP>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (p_ >= 1.0f || c.data.empty()) return;
-    const TokenId sel = selected_id(c);
-    compute_probs(c.data);
+    const TokenId sel = c.selected_id();
+    c.compute_probs();
     // Sort lazily: most of the mass is usually in the first few hundred tokens.
     const size_t n = c.data.size();
     size_t sorted_to = n;
     if (!c.sorted) {
       sorted_to = std::min<size_t>(n, n > 1024 ? 256 : n);
       std::partial_sort(c.data.begin(), c.data.begin() + static_cast<std::ptrdiff_t>(sorted_to), c.data.end(),
-                        before);
+                        Candidates::before);
     }
     float cum = 0.0f;
     size_t keep = n;
     for (size_t i = 0; i < n; ++i) {
       if (i == sorted_to) { // ran past the sorted prefix: sort the rest (all ≤ the prefix)
-        std::sort(c.data.begin() + static_cast<std::ptrdiff_t>(i), c.data.end(), before);
+        std::sort(c.data.begin() + static_cast<std::ptrdiff_t>(i), c.data.end(), Candidates::before);
         sorted_to = n;
       }
       cum += c.data[i].p;
@@ -199,10 +151,10 @@ public:
         break;
       }
     }
-    c.data.resize(keep);
+    c.data = c.data.first(keep);
     c.sorted = true;
     c.has_probs = keep == n;
-    reselect(c, sel);
+    c.reselect(sel);
   }
 
 private:
@@ -216,9 +168,9 @@ public:
   std::string_view name() const noexcept override { return "min_p"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<MinP>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (p_ <= 0.0f || c.data.empty()) return;
-    const TokenId sel = selected_id(c);
+    const TokenId sel = c.selected_id();
     float mx = kNegInf;
     for (const auto& t : c.data)
       mx = std::max(mx, key(t.logit));
@@ -228,14 +180,15 @@ public:
     const size_t n = c.data.size();
     if (n_pass >= min_keep_ && n_pass > 0) {
       // Keep the passing tokens in their current order (a sorted list stays sorted).
-      c.data.erase(std::remove_if(c.data.begin(), c.data.end(), [&](const TokenData& t) { return !pass(t); }),
-                   c.data.end());
+      const auto end =
+          std::remove_if(c.data.begin(), c.data.end(), [&](const TokenData& t) { return !pass(t); });
+      c.data = c.data.first(static_cast<size_t>(end - c.data.begin()));
     } else {
       c.sort_desc();
-      c.data.resize(std::min(n, std::max<size_t>({n_pass, min_keep_, 1})));
+      c.data = c.data.first(std::min(n, std::max<size_t>({n_pass, min_keep_, 1})));
     }
     if (c.data.size() != n) c.has_probs = false;
-    reselect(c, sel);
+    c.reselect(sel);
   }
 
 private:
@@ -251,9 +204,9 @@ public:
   std::string_view name() const noexcept override { return "typical_p"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<TypicalP>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (p_ >= 1.0f || c.data.empty()) return;
-    const TokenId sel = selected_id(c);
+    const TokenId sel = c.selected_id();
     c.softmax();
     const size_t n = c.data.size();
     float entropy = 0.0f;
@@ -279,10 +232,11 @@ public:
     kept.reserve(keep);
     for (size_t i = 0; i < keep; ++i)
       kept.push_back(c.data[order[i]]);
-    c.data = std::move(kept);
+    std::copy(kept.begin(), kept.end(), c.data.begin());
+    c.data = c.data.first(keep);
     c.sorted = false;
     c.has_probs = keep == n;
-    reselect(c, sel);
+    c.reselect(sel);
   }
 
 private:
@@ -297,7 +251,7 @@ public:
   std::string_view name() const noexcept override { return "penalties"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<Penalties>(*this); }
 
-  void apply(Candidates& c, SamplerContext& ctx) override {
+  void apply(Candidates& c, const SamplerContext& ctx) override {
     if (last_n_ == 0 || (repeat_ == 1.0f && frequency_ == 0.0f && presence_ == 0.0f)) return;
     // The window: the last `last_n` tokens of prompt + generated (all of them for -1).
     const size_t total = ctx.prompt.size() + ctx.generated.size();
@@ -331,7 +285,7 @@ public:
   std::string_view name() const noexcept override { return "logit_bias"; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<LogitBias>(*this); }
 
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     if (bias_.empty()) return;
     for_each_id(c, bias_, [](TokenData& t, float b) { t.logit += b; });
     c.sorted = false;
@@ -347,20 +301,18 @@ public:
   std::string_view name() const noexcept override { return "greedy"; }
   bool selects() const noexcept override { return true; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<Greedy>(*this); }
-  void apply(Candidates& c, SamplerContext& /*ctx*/) override {
+  void apply(Candidates& c, const SamplerContext& /*ctx*/) override {
     c.selected = c.data.empty() ? -1 : static_cast<int64_t>(best_index(c.data));
   }
 };
 
-void dist_select(Candidates& c, SamplerContext& ctx) {
-  if (ctx.rng == nullptr)
-    fail(Errc::internal, "sampler", "dist needs the request's RNG (SamplerContext::rng)");
-  const double u = static_cast<double>((*ctx.rng)() >> 11) * 0x1.0p-53; // one draw, in [0, 1)
+void dist_select(Candidates& c, const SamplerContext& ctx) {
+  const double u = ctx.uniform(); // one draw, in [0, 1)
   if (c.data.empty()) {
     c.selected = -1;
     return;
   }
-  compute_probs(c.data);
+  c.compute_probs();
   c.has_probs = true;
   // Cumulative scan in list order; strict '>' never lands on a zero-probability token.
   double cum = 0.0;
@@ -383,9 +335,9 @@ public:
   std::string_view name() const noexcept override { return "dist"; }
   bool selects() const noexcept override { return true; }
   std::unique_ptr<Sampler> clone() const override { return std::make_unique<Dist>(*this); }
-  void apply(Candidates& c, SamplerContext& ctx) override { dist_select(c, ctx); }
-  bool distribution(Candidates& c, SamplerContext& /*ctx*/) override {
-    compute_probs(c.data);
+  void apply(Candidates& c, const SamplerContext& ctx) override { dist_select(c, ctx); }
+  bool distribution(Candidates& c, const SamplerContext& /*ctx*/) override {
+    c.compute_probs();
     c.has_probs = true;
     return true;
   }
@@ -644,29 +596,8 @@ int32_t clamp_i32(int64_t x) {
 
 } // namespace
 
-// ---------------------------------------------------------------------------------------------
-// Candidates
-
-Candidates Candidates::from_logits(std::span<const float> logits) {
-  Candidates c;
-  c.data.resize(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i)
-    c.data[i] = TokenData{static_cast<TokenId>(i), logits[i], 0.0f};
-  return c;
-}
-
-void Candidates::sort_desc() {
-  if (sorted) return;
-  const TokenId sel = selected_id(*this);
-  std::sort(data.begin(), data.end(), before);
-  sorted = true;
-  reselect(*this, sel);
-}
-
-void Candidates::softmax() {
-  sort_desc();
-  compute_probs(data);
-  has_probs = true;
+double rng_uniform(void* mt19937_64) noexcept {
+  return static_cast<double>((*static_cast<std::mt19937_64*>(mt19937_64))() >> 11) * 0x1.0p-53;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -775,13 +706,13 @@ void SamplerChain::add(std::unique_ptr<Sampler> s) {
   samplers_.push_back(std::move(s));
 }
 
-void SamplerChain::apply(Candidates& c, SamplerContext& ctx) {
+void SamplerChain::apply(Candidates& c, const SamplerContext& ctx) {
   for (auto& s : samplers_)
     s->apply(c, ctx);
   if (c.selected < 0) dist_select(c, ctx); // nothing selected: the chain ends with `dist`
 }
 
-void SamplerChain::apply_traced(Candidates& c, SamplerContext& ctx,
+void SamplerChain::apply_traced(Candidates& c, const SamplerContext& ctx,
                                 const std::function<void(size_t, const Sampler*, const Candidates&)>& after) {
   for (size_t i = 0; i < samplers_.size(); ++i) {
     samplers_[i]->apply(c, ctx);
@@ -810,16 +741,17 @@ std::unique_ptr<Sampler> SamplerChain::clone() const {
   return out;
 }
 
-TokenId SamplerChain::sample(std::span<const float> logits, SamplerContext& ctx) {
+TokenId SamplerChain::sample(std::span<const float> logits, const SamplerContext& ctx) {
   if (logits.empty()) fail_arg("cannot sample from an empty vocabulary");
-  Candidates c = Candidates::from_logits(logits);
+  std::vector<TokenData> storage;
+  Candidates c = Candidates::from_logits(logits, storage);
   apply(c, ctx);
   if (c.selected < 0 || static_cast<size_t>(c.selected) >= c.data.size())
     fail(Errc::internal, "sampler", "the sampler chain selected no token");
   return c.data[static_cast<size_t>(c.selected)].id;
 }
 
-bool SamplerChain::distribution(Candidates& c, SamplerContext& ctx) {
+bool SamplerChain::distribution(Candidates& c, const SamplerContext& ctx) {
   for (size_t i = 0; i < samplers_.size(); ++i) {
     if (!samplers_[i]->distribution(c, ctx)) continue;
     if (i + 1 == samplers_.size()) return true; // the chain's last stage: its distribution is the chain's
@@ -836,11 +768,12 @@ bool SamplerChain::distribution(Candidates& c, SamplerContext& ctx) {
   return false;
 }
 
-void sampling_distribution(Sampler& sampler, std::span<const float> logits, SamplerContext& ctx,
+void sampling_distribution(Sampler& sampler, std::span<const float> logits, const SamplerContext& ctx,
                            std::span<float> out) {
   if (logits.empty() || out.size() < logits.size())
     fail_arg("distribution: empty vocabulary or short output");
-  Candidates c = Candidates::from_logits(logits);
+  std::vector<TokenData> storage;
+  Candidates c = Candidates::from_logits(logits, storage);
   const bool final = sampler.distribution(c, ctx);
   std::fill(out.begin(), out.end(), 0.0f);
   if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size()) {
@@ -848,7 +781,7 @@ void sampling_distribution(Sampler& sampler, std::span<const float> logits, Samp
     return;
   }
   if (c.data.empty()) fail(Errc::internal, "sampler", "the sampler chain removed every candidate");
-  if (!final || !c.has_probs) compute_probs(c.data); // the chain ends with dist
+  if (!final || !c.has_probs) c.compute_probs(); // the chain ends with dist
   double total = 0;
   for (const auto& t : c.data)
     total += static_cast<double>(t.p);

@@ -188,7 +188,7 @@ struct Parser {
   }
 };
 
-class ArithCheck final : public loom::sdk::Verifier {
+class ArithCheck final : public loom::Verifier {
 public:
   explicit ArithCheck(const loom::sdk::Config& cfg) {
     no_equations_ = cfg.get_f64("no_equations", 1.0);
@@ -207,7 +207,7 @@ public:
       throw loom::sdk::Error("arith_check: question_marker applies with grounded = true");
   }
 
-  double score(std::string_view prompt, std::string_view text) override {
+  double score(std::string_view prompt, std::string_view text, std::string_view /*task*/) override {
     std::vector<Rational> known; // grounded: the question's numbers, then each equation's results
     if (grounded_) {
       std::string_view q = prompt;

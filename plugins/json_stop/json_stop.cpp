@@ -21,19 +21,21 @@
 
 namespace {
 
-class JsonComplete final : public loom::sdk::StopCriterion {
+class JsonComplete final : public loom::StopCriterion {
 public:
   explicit JsonComplete(const loom::sdk::Config& cfg) : allow_prefix_(cfg.get_bool("allow_prefix", true)) {}
 
-  int32_t check(std::span<const loom_token> /*tokens*/, std::string_view new_text) override {
-    for (const char ch : new_text) {
+  loom::StopVerdict check(const loom::StopInput& in) override {
+    for (const char ch : in.piece) {
       if (state_ == State::complete || state_ == State::rejected) break;
       step(ch);
     }
-    return state_ == State::complete ? LOOM_STOP_CUSTOM : LOOM_STOP_NONE;
+    loom::StopVerdict v;
+    if (state_ == State::complete) v.reason = loom::StopReason::custom;
+    return v;
   }
 
-  std::unique_ptr<loom::sdk::StopCriterion> clone() const override {
+  std::unique_ptr<loom::StopCriterion> clone() const override {
     return std::make_unique<JsonComplete>(*this);
   }
 

@@ -94,7 +94,7 @@ std::string code_of(const std::string& text) {
   return text.substr(line + 1, (close == std::string::npos ? text.size() : close) - line - 1);
 }
 
-class ProgramTests final : public loom::sdk::Verifier {
+class ProgramTests final : public loom::Verifier {
 public:
   explicit ProgramTests(const loom::sdk::Config& cfg) {
     interpreter_ = cfg.get_str("interpreter", "/usr/bin/python3");
@@ -122,11 +122,7 @@ public:
     prepend_prompt_ = cfg.get_bool("prepend_prompt", false);
   }
 
-  double score(std::string_view prompt, std::string_view text) override {
-    return score_task(prompt, text, {});
-  }
-
-  double score_task(std::string_view prompt, std::string_view text, std::string_view task) override {
+  double score(std::string_view prompt, std::string_view text, std::string_view task) override {
     if (task.empty())
       throw loom::sdk::Error(
           "program_tests: the request has no task: give its tests as {\"tests\": [\"assert "

@@ -12,7 +12,7 @@
 
 namespace {
 
-class RegexMatch final : public loom::sdk::Verifier {
+class RegexMatch final : public loom::Verifier {
 public:
   explicit RegexMatch(const loom::sdk::Config& cfg) {
     if (!cfg.has("pattern"))
@@ -26,7 +26,7 @@ public:
                              "); expected an ECMAScript regular expression");
     }
   }
-  double score(std::string_view, std::string_view text) override {
+  double score(std::string_view, std::string_view text, std::string_view) override {
     const std::string t(text);
     return (full_ ? std::regex_match(t, re_) : std::regex_search(t, re_)) ? 1.0 : 0.0;
   }

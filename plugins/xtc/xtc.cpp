@@ -21,26 +21,29 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 
 namespace {
 
+using loom::Candidates;
+using loom::SamplerContext;
+using loom::TokenData;
 using loom::sdk::Config;
 using loom::sdk::Error;
-using loom::sdk::SamplerContext;
 
 // Sorts the candidates by logit (descending) and makes p = softmax(logit) over data[0..size).
 // When the host already provides both, nothing is recomputed.
-void ensure_sorted_probs(loom_candidates& c) {
-  loom_token_data* const d = c.data;
-  const size_t n = c.size;
+void ensure_sorted_probs(Candidates& c) {
+  const std::span<TokenData> d = c.data;
+  const size_t n = d.size();
   if (!c.sorted) {
-    std::stable_sort(d, d + n,
-                     [](const loom_token_data& a, const loom_token_data& b) { return a.logit > b.logit; });
-    c.sorted = 1;
+    std::stable_sort(d.begin(), d.end(),
+                     [](const TokenData& a, const TokenData& b) { return a.logit > b.logit; });
+    c.sorted = true;
   }
   if (c.has_probs || n == 0) {
-    c.has_probs = 1;
+    c.has_probs = true;
     return;
   }
   const float max_logit = d[0].logit; // sorted: the first is the largest
@@ -62,17 +65,17 @@ void ensure_sorted_probs(loom_candidates& c) {
     for (size_t i = 0; i < n; ++i)
       d[i].p = static_cast<float>(static_cast<double>(d[i].p) / sum);
   }
-  c.has_probs = 1;
+  c.has_probs = true;
 }
 
-// Rescales p over data[0..size) to sum to 1 (after the list shrank; the order is unchanged).
-void renormalise(loom_candidates& c) {
+// Rescales p over data to sum to 1 (after the list shrank; the order is unchanged).
+void renormalise(Candidates& c) {
   double sum = 0.0;
-  for (size_t i = 0; i < c.size; ++i)
-    sum += static_cast<double>(c.data[i].p);
+  for (const TokenData& t : c.data)
+    sum += static_cast<double>(t.p);
   if (!(sum > 0.0)) return;
-  for (size_t i = 0; i < c.size; ++i)
-    c.data[i].p = static_cast<float>(static_cast<double>(c.data[i].p) / sum);
+  for (TokenData& t : c.data)
+    t.p = static_cast<float>(static_cast<double>(t.p) / sum);
 }
 
 std::string number(double v) {
@@ -92,7 +95,7 @@ double read_f64_in(const Config& cfg, const char* sampler, const char* key, doub
 
 // ---- xtc ------------------------------------------------------------------------------------
 
-class Xtc final : public loom::sdk::Sampler {
+class Xtc final : public loom::Sampler {
 public:
   explicit Xtc(const Config& cfg)
       : probability_(read_f64_in(
@@ -104,25 +107,25 @@ public:
     min_keep_ = static_cast<size_t>(min_keep);
   }
 
-  void apply(loom_candidates& c, const SamplerContext& ctx) override {
+  void apply(Candidates& c, const SamplerContext& ctx) override {
     const double chance = ctx.uniform(); // always drawn: the RNG stream must not depend on the data
-    if (c.selected >= 0 || c.size < 2 || !(chance < probability_)) return;
+    if (c.selected >= 0 || c.data.size() < 2 || !(chance < probability_)) return;
 
     ensure_sorted_probs(c);
     // The tokens at or above the threshold form a prefix of the sorted list; keep its last one.
     size_t n_above = 0;
-    while (n_above < c.size && static_cast<double>(c.data[n_above].p) >= threshold_)
+    while (n_above < c.data.size() && static_cast<double>(c.data[n_above].p) >= threshold_)
       ++n_above;
     if (n_above < 2) return; // zero or one top choice: nothing to exclude
     const size_t n_removed = n_above - 1;
-    if (c.size - n_removed < min_keep_) return;
+    if (c.data.size() - n_removed < min_keep_) return;
 
-    std::move(c.data + n_removed, c.data + c.size, c.data);
-    c.size -= n_removed;
+    std::move(c.data.begin() + static_cast<std::ptrdiff_t>(n_removed), c.data.end(), c.data.begin());
+    c.data = c.data.first(c.data.size() - n_removed);
     renormalise(c); // p stays softmax(logit) over what is left
   }
 
-  std::unique_ptr<loom::sdk::Sampler> clone() const override { return std::make_unique<Xtc>(*this); }
+  std::unique_ptr<loom::Sampler> clone() const override { return std::make_unique<Xtc>(*this); }
 
 private:
   double probability_;
@@ -132,7 +135,7 @@ private:
 
 // ---- mirostat v2 ----------------------------------------------------------------------------
 
-class MirostatV2 final : public loom::sdk::Sampler {
+class MirostatV2 final : public loom::Sampler {
 public:
   explicit MirostatV2(const Config& cfg)
       : tau_(read_f64_in(
@@ -141,25 +144,25 @@ public:
             cfg, "mirostat_v2", "eta", 0.1, [](double v) { return v > 0.0; }, "(0, inf)")),
         mu_(2.0 * tau_) {}
 
-  void apply(loom_candidates& c, const SamplerContext& ctx) override {
+  void apply(Candidates& c, const SamplerContext& ctx) override {
     const double u = ctx.uniform(); // drawn first, unconditionally
-    if (c.size == 0) throw Error("mirostat_v2: empty candidate list", loom::Errc::internal);
+    if (c.data.empty()) throw Error("mirostat_v2: empty candidate list", loom::Errc::internal);
 
     ensure_sorted_probs(c);
     // Sorted by p descending, so the surprise ascends: keep the prefix with surprise <= mu.
     size_t keep = 0;
-    while (keep < c.size && surprise(c.data[keep].p) <= mu_)
+    while (keep < c.data.size() && surprise(c.data[keep].p) <= mu_)
       ++keep;
-    c.size = std::max<size_t>(keep, 1);
+    c.data = c.data.first(std::max<size_t>(keep, 1));
     renormalise(c);
 
     double total = 0.0;
-    for (size_t i = 0; i < c.size; ++i)
-      total += static_cast<double>(c.data[i].p);
+    for (const TokenData& t : c.data)
+      total += static_cast<double>(t.p);
     const double target = u * total;
-    size_t idx = c.size - 1;
+    size_t idx = c.data.size() - 1;
     double cum = 0.0;
-    for (size_t i = 0; i < c.size; ++i) {
+    for (size_t i = 0; i < c.data.size(); ++i) {
       cum += static_cast<double>(c.data[i].p);
       if (target < cum) {
         idx = i;
@@ -175,8 +178,8 @@ public:
   }
 
   void reset() override { mu_ = 2.0 * tau_; }
-  std::unique_ptr<loom::sdk::Sampler> clone() const override { return std::make_unique<MirostatV2>(*this); }
-  bool selects() const override { return true; }
+  std::unique_ptr<loom::Sampler> clone() const override { return std::make_unique<MirostatV2>(*this); }
+  bool selects() const noexcept override { return true; }
 
 private:
   static double surprise(float p) { return -std::log2(static_cast<double>(p)); }

@@ -21,9 +21,9 @@
 #define LOOM_ABI_SIZE(type, bytes)                                                                           \
   static_assert(sizeof(type) == (bytes), "sizeof(" #type ") changed: ABI layouts are frozen")
 
-// ABI 2.0 kept abi.h's 1.x layouts of the plugin table, decoders, samplers and stops, and replaced the
-// host API (versioned tables), loom_candidates (element size) and backend.h (their 2.0 blocks below).
-static_assert(LOOM_ABI_MAJOR == 2u, "a new ABI major needs its own frozen block below");
+// The layouts of ABI 3 (what each major and minor changed: sdk/CHANGELOG.md). A minor appends fields
+// and adds a block at the end; a new major rewrites this file.
+static_assert(LOOM_ABI_MAJOR == 3u, "a new ABI major needs its own frozen layouts here");
 
 // The C ABI's tables must stay plain C data.
 static_assert(std::is_standard_layout_v<loom_plugin> && std::is_trivially_copyable_v<loom_plugin>);
@@ -34,7 +34,7 @@ static_assert(sizeof(loom_token) == 4 && sizeof(loom_seq) == 4);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu && SIZE_MAX == 0xFFFFFFFFFFFFFFFFu
 
 // ================================================================================================
-// ABI 1.0 — DO NOT MODIFY; append new fields and add a new block
+// ABI 3.0 — DO NOT MODIFY; append new fields and add a new block
 // ================================================================================================
 
 // loom_plugin
@@ -46,9 +46,9 @@ LOOM_ABI_OFFSET(loom_plugin, version, 24);
 LOOM_ABI_OFFSET(loom_plugin, n_factories, 32);
 LOOM_ABI_OFFSET(loom_plugin, factories, 40);
 LOOM_ABI_OFFSET(loom_plugin, shutdown, 48);
-LOOM_ABI_OFFSET(loom_plugin, describe, 56); // 1.6
+LOOM_ABI_OFFSET(loom_plugin, describe, 56);
 LOOM_ABI_SIZE(loom_plugin, 64);
-static_assert(LOOM_PLUGIN_SIZE_MIN == 56, "an ABI 1.0 plugin table is 56 bytes");
+static_assert(LOOM_PLUGIN_SIZE_MIN == 56, "the least plugin table is 56 bytes");
 
 // loom_factory
 LOOM_ABI_OFFSET(loom_factory, struct_size, 0);
@@ -74,6 +74,24 @@ LOOM_ABI_OFFSET(loom_stop_i, holdback_bytes, 16);
 LOOM_ABI_OFFSET(loom_stop_i, clone, 24);
 LOOM_ABI_OFFSET(loom_stop_i, destroy, 32);
 LOOM_ABI_SIZE(loom_stop_i, 40);
+LOOM_ABI_OFFSET(loom_stop_input, struct_size, 0);
+LOOM_ABI_OFFSET(loom_stop_input, token, 4);
+LOOM_ABI_OFFSET(loom_stop_input, piece, 8);
+LOOM_ABI_OFFSET(loom_stop_input, piece_len, 16);
+LOOM_ABI_OFFSET(loom_stop_input, generated, 24);
+LOOM_ABI_OFFSET(loom_stop_input, n_generated, 32);
+LOOM_ABI_SIZE(loom_stop_input, 40);
+LOOM_ABI_OFFSET(loom_stop_verdict, reason, 0);
+LOOM_ABI_OFFSET(loom_stop_verdict, drop, 8);
+LOOM_ABI_OFFSET(loom_stop_verdict, matched, 16);
+LOOM_ABI_OFFSET(loom_stop_verdict, matched_len, 24);
+LOOM_ABI_SIZE(loom_stop_verdict, 32);
+
+// loom_verifier_i
+LOOM_ABI_OFFSET(loom_verifier_i, struct_size, 0);
+LOOM_ABI_OFFSET(loom_verifier_i, score, 8);
+LOOM_ABI_OFFSET(loom_verifier_i, destroy, 16);
+LOOM_ABI_SIZE(loom_verifier_i, 24);
 
 // loom_decoder_i
 LOOM_ABI_OFFSET(loom_decoder_i, struct_size, 0);
@@ -110,22 +128,18 @@ static_assert(LOOM_STATUS_INVALID_ARGUMENT == 1 && LOOM_STATUS_NOT_FOUND == 2 &&
 static_assert(LOOM_STOP_NONE == 0 && LOOM_STOP_EOS == 1 && LOOM_STOP_STOP_TOKEN == 2 &&
               LOOM_STOP_STOP_STRING == 3 && LOOM_STOP_MAX_TOKENS == 4 && LOOM_STOP_MAX_CONTEXT == 5 &&
               LOOM_STOP_TIMEOUT == 6 && LOOM_STOP_CANCELLED == 7 && LOOM_STOP_CUSTOM == 8);
-static_assert(LOOM_STOP_ERROR == 9); // ABI 1.2
+static_assert(LOOM_STOP_ERROR == 9);
 static_assert(LOOM_CONFIG_NONE == 0 && LOOM_CONFIG_BOOL == 1 && LOOM_CONFIG_STRING == 4 &&
               LOOM_CONFIG_FLOAT_ARRAY == 6);
 static_assert(LOOM_KIND_VERIFIER == 5);
 
-// ================================================================================================
-// (ABI 1.1 and later: a new block here, asserting only the appended fields.)
-// ================================================================================================
-
-// ---- ABI 2.0, loom/sdk/abi.h: the host and its versioned tables — DO NOT MODIFY ----
+// ---- the host and its versioned tables ----
 // (The tables are asked for by version, loom_host.get_api(table, minor); a minor appends entries, so each
 // entry's offset is frozen here; asserting the size as well catches an entry inserted in the middle.)
 LOOM_ABI_OFFSET(loom_host, struct_size, 0);
 LOOM_ABI_OFFSET(loom_host, abi_major, 4);
 LOOM_ABI_OFFSET(loom_host, abi_minor, 8);
-LOOM_ABI_OFFSET(loom_host, log, 16); // where 1.x hosts had it: a 1.x plugin still logs its refusal
+LOOM_ABI_OFFSET(loom_host, log, 16); // where every major has it: a plugin of another major logs its refusal
 LOOM_ABI_OFFSET(loom_host, get_api, 24);
 LOOM_ABI_OFFSET(loom_host, version, 32);
 LOOM_ABI_SIZE(loom_host, 40);
@@ -176,7 +190,12 @@ LOOM_ABI_OFFSET(loom_session_api, seq_logits_at, 216);
 LOOM_ABI_OFFSET(loom_session_api, seq_probs, 224);
 LOOM_ABI_OFFSET(loom_session_api, has_draft, 232);
 LOOM_ABI_OFFSET(loom_session_api, seq_fork_draft, 240);
-LOOM_ABI_OFFSET(loom_session_api, seq_set_draft_tree, 248); // 2.0 ended here (sizeof 248)
+LOOM_ABI_OFFSET(loom_session_api, seq_set_draft_tree, 248);
+LOOM_ABI_OFFSET(loom_session_api, seq_commit_node, 256);
+LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_nodes, 264);
+LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_depth, 272);
+LOOM_ABI_OFFSET(loom_session_api, verify_many, 280);
+LOOM_ABI_SIZE(loom_session_api, 288);
 // loom_candidates: an array of loom_token_data that carries its element size
 LOOM_ABI_OFFSET(loom_candidates, struct_size, 0);
 LOOM_ABI_OFFSET(loom_candidates, data_size, 4);
@@ -187,9 +206,7 @@ LOOM_ABI_OFFSET(loom_candidates, has_probs, 28);
 LOOM_ABI_OFFSET(loom_candidates, selected, 32);
 LOOM_ABI_SIZE(loom_candidates, 40);
 
-// ---- ABI 2.0, loom/sdk/backend.h — DO NOT MODIFY; append new fields and add a new block ----
-// (2.0 replaced 1.x's backend boundary: weights loaded by the backend, the KV pool its memory with block
-// tables per batch, logits in a backend buffer; arrays of structs carry their element size.)
+// ---- loom/sdk/backend.h ----
 LOOM_ABI_OFFSET(loom_tensor, name, 0);
 LOOM_ABI_OFFSET(loom_tensor, kind, 8);
 LOOM_ABI_OFFSET(loom_tensor, dtype, 12);
@@ -260,7 +277,10 @@ LOOM_ABI_OFFSET(loom_batch, row_seq, 80);
 LOOM_ABI_OFFSET(loom_batch, n_seqs, 88);
 LOOM_ABI_OFFSET(loom_batch, tables, 96);
 LOOM_ABI_OFFSET(loom_batch, table_stride, 104);
-LOOM_ABI_OFFSET(loom_batch, rope_positions, 112); // 2.0 ended here (sizeof 112)
+LOOM_ABI_OFFSET(loom_batch, rope_positions, 112);
+LOOM_ABI_OFFSET(loom_batch, tree_base, 120);
+LOOM_ABI_OFFSET(loom_batch, tree_mask, 128);
+LOOM_ABI_SIZE(loom_batch, 136);
 LOOM_ABI_OFFSET(loom_backend_i, struct_size, 0);
 LOOM_ABI_OFFSET(loom_backend_i, name, 8);
 LOOM_ABI_OFFSET(loom_backend_i, supports, 16);
@@ -281,38 +301,16 @@ LOOM_ABI_OFFSET(loom_backend_i, describe, 128);
 LOOM_ABI_SIZE(loom_backend_i, 136);
 
 // ================================================================================================
-// ABI 2.1 — token trees (speculative decoding) — DO NOT MODIFY; append and add a new block
+// (ABI 3.1 and later: a new block here, asserting only the appended fields.)
 // ================================================================================================
-LOOM_ABI_OFFSET(loom_session_api, seq_commit_node, 256);
-LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_nodes, 264);
-LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_depth, 272);
-// (loom_session_api ended here in 2.1: sizeof 280)
-LOOM_ABI_OFFSET(loom_batch, tree_base, 120);
-LOOM_ABI_OFFSET(loom_batch, tree_mask, 128);
-LOOM_ABI_SIZE(loom_batch, 136);
-
-// ================================================================================================
-// ABI 2.2 — a verifier's task (step search, program tests) — DO NOT MODIFY; append and add a new block
-// ================================================================================================
-LOOM_ABI_OFFSET(loom_verifier_i, struct_size, 0);
-LOOM_ABI_OFFSET(loom_verifier_i, score, 8);
-LOOM_ABI_OFFSET(loom_verifier_i, destroy, 16);
-LOOM_ABI_OFFSET(loom_verifier_i, score_task, 24);
-LOOM_ABI_SIZE(loom_verifier_i, 32);
-
-// ================================================================================================
-// ABI 2.3 — the verifier on several texts at once — DO NOT MODIFY; append and add a new block
-// ================================================================================================
-LOOM_ABI_OFFSET(loom_session_api, verify_many, 280);
-LOOM_ABI_SIZE(loom_session_api, 288);
 #endif // LP64
 
 // The assertions above are checked at compile time; this runs so the file shows up in the results.
 TEST(AbiLayout, Frozen) {
-  EXPECT_EQ(LOOM_ABI_MAJOR, 2u);
+  EXPECT_EQ(LOOM_ABI_MAJOR, 3u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_session_api), 288u); // 31 entries in 2.0, 35 in 2.1, 36 in 2.3
+  EXPECT_EQ(sizeof(loom_session_api), 288u); // 36 entries
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

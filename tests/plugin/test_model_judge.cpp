@@ -145,17 +145,17 @@ TEST(ModelJudge, ScoresManyCandidatesInBatchedForwardsAsEachDoesAlone) {
   std::vector<double> want;
   for (size_t i = 0; i < cands.size(); ++i) {
     if (i == 5) {
-      EXPECT_THROW(alone->score("Once upon a time", cands[i]), Error);
+      EXPECT_THROW(alone->score("Once upon a time", cands[i], ""), Error);
       want.push_back(-1);
       continue;
     }
-    want.push_back(alone->score("Once upon a time", cands[i]));
+    want.push_back(alone->score("Once upon a time", cands[i], ""));
   }
   auto batched = make();
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     const size_t f0 = batched->forwards();
-    const auto got = batched->score_many("Once upon a time", views);
+    const auto got = batched->score_many("Once upon a time", views, {});
     ASSERT_EQ(got.size(), cands.size());
     for (size_t i = 0; i < cands.size(); ++i) {
       if (i == 5) {
@@ -172,7 +172,7 @@ TEST(ModelJudge, ScoresManyCandidatesInBatchedForwardsAsEachDoesAlone) {
   // batch = 3: the same scores in ⌈11 / 3⌉ = 4 candidate forwards after the prefix's.
   o.batch = 3;
   auto threes = make();
-  const auto got = threes->score_many("Once upon a time", views);
+  const auto got = threes->score_many("Once upon a time", views, {});
   for (size_t i = 0; i < cands.size(); ++i)
     if (i != 5) {
       EXPECT_NEAR(got[i].score, want[i], 1e-6) << cands[i];

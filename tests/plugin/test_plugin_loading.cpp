@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +33,12 @@ namespace {
 
 using namespace loom;
 namespace fs = std::filesystem;
+
+// Candidates over storage that lives as long as the test process (tests keep the views past a call).
+Candidates candidates(std::span<const float> logits) {
+  static std::deque<std::vector<TokenData>> storage;
+  return Candidates::from_logits(logits, storage.emplace_back());
+}
 
 const std::string k_fixtures = LOOM_FIXTURE_DIR;  // <build>/tests/plugin/fixtures
 const std::string k_bin_dir = LOOM_BUILD_BIN_DIR; // <build>/bin: loom and the first-party plugins
@@ -194,14 +201,15 @@ TEST(PluginLoading, FixtureSamplerSelectsTheArgMaxAndLogsThroughTheHost) {
   const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f, 1.5f};
   std::mt19937_64 rng(1);
   SamplerContext ctx;
-  ctx.rng = &rng;
-  Candidates c = Candidates::from_logits(logits);
+  ctx.rng_state = &rng;
+  ctx.rng_uniform = &rng_uniform;
+  Candidates c = candidates(logits);
   s->apply(c, ctx);
   ASSERT_GE(c.selected, 0);
   EXPECT_EQ(c.data[static_cast<size_t>(c.selected)].id, 1); // tie with id 3: the lower id
 
   auto copy = s->clone(); // a clone is made without the constructor: no second log line
-  Candidates c2 = Candidates::from_logits(logits);
+  Candidates c2 = candidates(logits);
   copy->apply(c2, ctx);
   EXPECT_EQ(c2.data[static_cast<size_t>(c2.selected)].id, 1);
   EXPECT_EQ(logs.count(LOOM_LOG_INFO, "fixture_good", "fixture_greedy created"), 1u);
@@ -723,9 +731,10 @@ TEST(PluginLifetime, ObjectOutlivesItsRegistry) {
   EXPECT_TRUE(is_loaded(fixture("good")));
   std::mt19937_64 rng(1);
   SamplerContext ctx;
-  ctx.rng = &rng;
+  ctx.rng_state = &rng;
+  ctx.rng_uniform = &rng_uniform;
   const std::vector<float> logits = {0.0f, 1.0f, 3.0f};
-  Candidates c = Candidates::from_logits(logits);
+  Candidates c = candidates(logits);
   s->apply(c, ctx);
   EXPECT_EQ(c.data[static_cast<size_t>(c.selected)].id, 2);
   s.reset();
@@ -763,9 +772,10 @@ TEST(PluginLifetime, RealUnloadLoop) {
     auto s = plugin::make_plugin_sampler(*f, SamplerSpec{"fixture_greedy", {}, "test"});
     std::mt19937_64 rng(1);
     SamplerContext ctx;
-    ctx.rng = &rng;
+    ctx.rng_state = &rng;
+    ctx.rng_uniform = &rng_uniform;
     const std::vector<float> logits = {0.5f, -1.0f, 0.25f};
-    Candidates c = Candidates::from_logits(logits);
+    Candidates c = candidates(logits);
     s->apply(c, ctx);
     EXPECT_EQ(c.data[static_cast<size_t>(c.selected)].id, 0);
     auto copy = s->clone();

@@ -8,8 +8,9 @@
 #     source tree (core/, or sdk/include/ in place of the installed headers);
 #  3. checks the plugins' exports (tests/plugin/check_exports.sh);
 #  4. runs them:
-#     best_of_n: `loom run --decoder best_of_n --set decoder.n=3`; the JSON must have three hypotheses
-#       hypotheses and a stop_reason;
+#     best_of_n: docs/plugins.md §0 followed literally (its three files in an empty directory, built there), then
+#       `loom run -c best_of_n.toml`; the JSON must have three hypotheses
+#       and a stop_reason;
 #     length_verifier: self_consistency (first-party, next to loom) weighted by this verifier; every
 #       candidate's verifier_score must equal the formula computed here from its text;
 #     naive_backend: greedy `loom run --set backend.name="naive"` on several prompts at once (mixed
@@ -152,7 +153,35 @@ best_of_n) plugin_file=libloom-decoder-best_of_n.so ;;
 length_verifier) plugin_file=libloom-verifier-length.so ;;
 *) plugin_file=libloom-backend-naive.so ;;
 esac
-build_plugin "$source_dir/sdk/examples/$example" "$example_build" "$plugin_file"
+example_src="$source_dir/sdk/examples/$example"
+if [ "$example" = best_of_n ]; then
+  # docs/plugins.md §0 as a third party follows it: its CMakeLists.txt, source and pipeline written into
+  # an empty directory (the source must be sdk/examples/best_of_n/best_of_n.cpp, unchanged), built
+  # there against the installed SDK and run from the pipeline file.
+  example_src="$work/walkthrough"
+  python3 - "$source_dir/docs/plugins.md" "$source_dir/sdk/examples/best_of_n/best_of_n.cpp" "$example_src" <<'PY' ||
+import os, re, sys
+doc, example, out = sys.argv[1], sys.argv[2], sys.argv[3]
+text = open(doc, encoding="utf-8").read()
+start = text.index("## 0. ")
+section = text[start:text.index("\n## 1. ", start)]
+blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+want = {"cmake": "CMakeLists.txt", "cpp": "best_of_n.cpp", "toml": "best_of_n.toml"}
+got = {lang: body for lang, body in blocks if lang in want}
+if set(got) != set(want):
+    sys.exit(f"FAIL: docs/plugins.md section 0 lacks a {sorted(set(want) - set(got))} block")
+if got["cpp"] != open(example, encoding="utf-8").read():
+    sys.exit("FAIL: the decoder in docs/plugins.md section 0 differs from sdk/examples/best_of_n/best_of_n.cpp")
+os.makedirs(out)
+for lang, name in want.items():
+    open(os.path.join(out, name), "w", encoding="utf-8").write(got[lang])
+print("ok: docs/plugins.md section 0 written into an empty directory")
+PY
+    fail "the walk-through of docs/plugins.md"
+  mkdir -p "$example_src/models" && ln -s "$model" "$example_src/models/stories260K.gguf"
+  example_build="$example_src/build"
+fi
+build_plugin "$example_src" "$example_build" "$plugin_file"
 
 if [ "$example" = naive_backend ]; then
   echo "== loom run --set backend.name=\"naive\" against the reference backend (greedy)"
@@ -186,11 +215,10 @@ PY
   exit 0
 fi
 
-echo "== loom run --decoder best_of_n"
+echo "== loom run -c best_of_n.toml (the walk-through's pipeline)"
 out="$work/run.json"
-"$loom" run -m "$model" -p "Once upon a time" -n 16 --decoder best_of_n --set decoder.n=3 \
-  --plugin-path "$example_build" --seed 1 --json >"$out" 2>"$work/run.err" ||
-  { cat "$out" "$work/run.err" >&2; fail "loom run exited with $?"; }
+(cd "$example_src" && "$loom" run -c best_of_n.toml -p "Once upon a time" -n 16 --seed 1 --json) \
+  >"$out" 2>"$work/run.err" || { cat "$out" "$work/run.err" >&2; fail "loom run exited with $?"; }
 
 python3 - "$out" <<'PY' || { cat "$out" "$work/run.err" >&2; exit 1; }
 import json, sys

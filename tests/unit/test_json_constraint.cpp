@@ -257,7 +257,7 @@ TEST(JsonSchemaSampler, RandomLogitsOnARealVocabularyAlwaysGiveJsonOfTheSchema) 
           const std::string& p = tok->piece(static_cast<TokenId>(i));
           if (p.find_first_of("\"}]") != std::string::npos) logits[i] += 2.5f;
         }
-        SamplerContext ctx{{}, out, &rng, tok.get()};
+        SamplerContext ctx{{}, out, &rng, &rng_uniform, tok.get()};
         const TokenId t = chain->sample(logits, ctx);
         chain->accept(t);
         if (tok->is_eog(t))

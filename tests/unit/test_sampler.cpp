@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <gtest/gtest.h>
 #include <limits>
 #include <random>
@@ -14,6 +15,12 @@
 
 namespace loom {
 namespace {
+
+// Candidates over storage that lives as long as the test process (tests keep the views past a call).
+Candidates candidates(std::span<const float> logits) {
+  static std::deque<std::vector<TokenData>> storage;
+  return Candidates::from_logits(logits, storage.emplace_back());
+}
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -30,7 +37,7 @@ SamplerSpec spec(std::string name, std::vector<std::pair<std::string, ParamValue
 
 // Runs one sampler over fresh candidates built from `logits`.
 Candidates run(Sampler& s, const std::vector<float>& logits, SamplerContext ctx = {}) {
-  Candidates c = Candidates::from_logits(logits);
+  Candidates c = candidates(logits);
   s.apply(c, ctx);
   return c;
 }
@@ -81,7 +88,7 @@ void expect_invalid(const SamplerSpec& sp, const std::string& needle) {
 // Candidates
 
 TEST(Candidates, FromLogitsKeepsIdsAndOrder) {
-  const Candidates c = Candidates::from_logits(std::vector<float>{0.5f, -1.0f, 2.0f});
+  const Candidates c = candidates(std::vector<float>{0.5f, -1.0f, 2.0f});
   ASSERT_EQ(c.data.size(), 3u);
   EXPECT_EQ(ids(c), (std::vector<TokenId>{0, 1, 2}));
   EXPECT_EQ(c.data[1].logit, -1.0f);
@@ -91,7 +98,7 @@ TEST(Candidates, FromLogitsKeepsIdsAndOrder) {
 }
 
 TEST(Candidates, SortDescBreaksTiesByLowerId) {
-  Candidates c = Candidates::from_logits(std::vector<float>{1.0f, 3.0f, 1.0f, 3.0f, 2.0f});
+  Candidates c = candidates(std::vector<float>{1.0f, 3.0f, 1.0f, 3.0f, 2.0f});
   std::reverse(c.data.begin(), c.data.end()); // ties must not depend on the input order
   c.sort_desc();
   EXPECT_TRUE(c.sorted);
@@ -99,7 +106,7 @@ TEST(Candidates, SortDescBreaksTiesByLowerId) {
 }
 
 TEST(Candidates, SoftmaxSortsAndNormalises) {
-  Candidates c = Candidates::from_logits(logits_from_probs({0.2, 0.5, 0.3}));
+  Candidates c = candidates(logits_from_probs({0.2, 0.5, 0.3}));
   c.softmax();
   EXPECT_TRUE(c.has_probs);
   EXPECT_EQ(ids(c), (std::vector<TokenId>{1, 2, 0}));
@@ -109,7 +116,7 @@ TEST(Candidates, SoftmaxSortsAndNormalises) {
 }
 
 TEST(Candidates, SoftmaxIsStableForHugeLogits) {
-  Candidates c = Candidates::from_logits(std::vector<float>{1000.0f, 1000.0f, -kInf});
+  Candidates c = candidates(std::vector<float>{1000.0f, 1000.0f, -kInf});
   c.softmax();
   EXPECT_FLOAT_EQ(c.data[0].p, 0.5f);
   EXPECT_FLOAT_EQ(c.data[1].p, 0.5f);
@@ -169,7 +176,7 @@ TEST(TopP, LargeVocabularyMatchesFullSort) {
   for (auto& x : l)
     x = nd(rng);
   const auto c = run(spec("top_p", {{"p", 0.95}}), l);
-  Candidates ref = Candidates::from_logits(l);
+  Candidates ref = candidates(l);
   ref.softmax();
   double cum = 0;
   size_t n = 0;
@@ -243,7 +250,7 @@ TEST(Temperature, ZeroIsGreedy) {
   chain.add(create_sampler(spec("dist")));
   for (uint64_t seed = 0; seed < 20; ++seed) {
     std::mt19937_64 rng(seed);
-    SamplerContext ctx{{}, {}, &rng};
+    SamplerContext ctx{{}, {}, &rng, &rng_uniform};
     EXPECT_EQ(chain.sample(std::vector<float>{0.1f, 1.0f, 3.0f, 2.9f}, ctx), 2);
   }
 }
@@ -343,8 +350,8 @@ std::vector<TokenId> draw(uint64_t seed, int n, const std::vector<float>& logits
   std::mt19937_64 rng(seed);
   std::vector<TokenId> out;
   for (int i = 0; i < n; ++i) {
-    Candidates c = Candidates::from_logits(logits);
-    SamplerContext ctx{{}, {}, &rng};
+    Candidates c = candidates(logits);
+    SamplerContext ctx{{}, {}, &rng, &rng_uniform};
     d->apply(c, ctx);
     out.push_back(c.data[static_cast<size_t>(c.selected)].id);
   }
@@ -377,7 +384,7 @@ TEST(Dist, NeverSelectsMaskedTokens) {
 
 TEST(Dist, NeedsAnRng) {
   auto d = create_sampler(spec("dist"));
-  Candidates c = Candidates::from_logits(std::vector<float>{1.0f, 2.0f});
+  Candidates c = candidates(std::vector<float>{1.0f, 2.0f});
   SamplerContext ctx;
   EXPECT_THROW(d->apply(c, ctx), Error);
 }
@@ -393,7 +400,7 @@ TEST(Chain, AppendsDistWhenNothingSelects) {
   std::vector<int> seen(4);
   std::mt19937_64 rng(9);
   for (int i = 0; i < 200; ++i) {
-    SamplerContext ctx{{}, {}, &rng};
+    SamplerContext ctx{{}, {}, &rng, &rng_uniform};
     ++seen[static_cast<size_t>(chain.sample(l, ctx))];
   }
   EXPECT_EQ(seen[0] + seen[3], 0); // filtered by top_k
@@ -421,7 +428,7 @@ TEST(Chain, CloneIsIndependent) {
   const std::vector<TokenId> hist{1, 1};
   std::mt19937_64 r1(77), r2(77);
   for (int i = 0; i < 20; ++i) {
-    SamplerContext c1{hist, {}, &r1}, c2{hist, {}, &r2};
+    SamplerContext c1{hist, {}, &r1, &rng_uniform}, c2{hist, {}, &r2, &rng_uniform};
     EXPECT_EQ(chain.sample(l, c1), cc->sample(l, c2));
   }
   chain.add(create_sampler(spec("greedy")));
@@ -608,7 +615,7 @@ TEST(SamplingDistribution, IsWhatTheChainDraws) {
     SCOPED_TRACE("chain " + std::to_string(ci));
     SamplerChain chain = chain_of(chains[ci]);
     std::mt19937_64 rng(1);
-    SamplerContext ctx{prompt, generated, &rng};
+    SamplerContext ctx{prompt, generated, &rng, &rng_uniform};
     std::vector<float> p(logits.size());
     sampling_distribution(chain, logits, ctx, p);
     double total = 0;
@@ -643,7 +650,7 @@ TEST(SamplingDistribution, SamplersAfterASelectorGiveOneHotAtTheChainsOwnDraw) {
     std::set<TokenId> seen;
     for (uint64_t seed = 1; seed <= 40; ++seed) {
       std::mt19937_64 a(seed), b(seed);
-      SamplerContext ca{{}, {}, &a}, cb{{}, {}, &b};
+      SamplerContext ca{{}, {}, &a, &rng_uniform}, cb{{}, {}, &b, &rng_uniform};
       std::vector<float> p(logits.size());
       sampling_distribution(chain, logits, ca, p);
       const TokenId drawn = chain.sample(logits, cb);

@@ -130,7 +130,7 @@ public:
   // A field the decoder adds to the result: one JSON value (validated) under a key that is not one of
   // the result's own fields.
   void set_output(const std::string& key, const std::string& json);
-  bool has_verifier() const noexcept { return static_cast<bool>(ctx_.verify); }
+  bool has_verifier() const noexcept { return ctx_.verifier != nullptr; }
   double verify(std::string_view text) const; // the pipeline's verifier on this request's prompt + text
   // The verifier on several texts at once: one outcome each (a failing text fails alone). Throws only
   // when the pipeline names no verifier.
@@ -187,6 +187,7 @@ private:
   RequestId id_;
   std::vector<TokenId> prompt_;
   std::mt19937_64 rng_;
+  std::vector<TokenData> candidates_; // the storage sample() views as Candidates (reused per token)
   int32_t max_new_tokens_;
   StreamCallback on_text_;
   SequenceBook book_;                             // tokens, K/V, rows, work (by the same ids as seqs_)

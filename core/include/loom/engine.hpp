@@ -95,9 +95,7 @@ struct GenerationResult {
 // rules.
 struct RequestTemplate : SequenceTemplate {
   std::function<std::unique_ptr<Decoder>()> make_decoder;
-  // [verifier]; may be empty. `task`: the request's task (a JSON object, e.g. tests to run; "" none).
-  std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
-  VerifyManyFn verify_many;                // optional: several texts at once (model_judge batches them)
+  std::shared_ptr<Verifier> verifier;      // [verifier]; nullptr = none
   std::function<size_t()> verifier_tokens; // optional: token rows the verifier's model evaluated so far
 };
 

@@ -6,6 +6,7 @@
 #include "loom/kv_cache.hpp"
 #include "loom/model.hpp"
 #include "loom/pipeline_config.hpp"
+#include "loom/sdk/verifier.hpp"
 #include "loom/tokenizer.hpp"
 
 #include <memory>
@@ -30,24 +31,23 @@ struct ModelJudgeOptions {
 ModelJudgeOptions parse_model_judge_options(const std::vector<std::pair<std::string, ParamValue>>& params,
                                             const std::string& where);
 
-class ModelJudge {
+// A Verifier (loom/sdk/verifier.hpp) as a plugin's is; the task is not shown to the judge.
+class ModelJudge final : public Verifier {
 public:
   // The model is shared (the pipeline's own for "self"); the backend is the judge's own.
   ModelJudge(std::shared_ptr<Model> model, std::unique_ptr<Tokenizer> tok, std::unique_ptr<Backend> be,
              const ModelJudgeOptions& o, const std::string& where);
-  ~ModelJudge();
+  ~ModelJudge() override;
   ModelJudge(const ModelJudge&) = delete;
   ModelJudge& operator=(const ModelJudge&) = delete;
   // p(yes) / (p(yes) + p(no)) at the end of the template with the prompt and candidate in it.
-  double score(std::string_view prompt, std::string_view candidate);
+  double score(std::string_view prompt, std::string_view candidate, std::string_view task) override;
   // Several candidates of one prompt at once: their common prefix is evaluated once (sequence 0), each
   // candidate's rest in a sequence forked from it (sharing its blocks), up to `batch` candidates per
-  // forward. One result per candidate: a score, or why that candidate could not be judged.
-  struct Judgement {
-    double score = 0;
-    std::string error; // non-empty: this candidate failed (e.g. longer than the judge's context)
-  };
-  std::vector<Judgement> score_many(std::string_view prompt, std::span<const std::string_view> candidates);
+  // forward. One outcome per candidate: a score, or why that candidate could not be judged (e.g. longer
+  // than the judge's context). The tasks are not shown to the judge.
+  std::vector<VerifyOutcome> score_many(std::string_view prompt, std::span<const std::string_view> candidates,
+                                        std::span<const std::string_view> tasks) override;
   size_t calls() const noexcept { return calls_; }             // candidates judged
   size_t forwards() const noexcept { return forwards_; }       // judge forwards run
   size_t tokens_evaluated() const noexcept { return tokens_; } // token rows those forwards evaluated

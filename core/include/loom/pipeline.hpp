@@ -83,7 +83,7 @@ private:
   std::shared_ptr<Model> draft_model_;                       // [decoder] draft (speculative decoding)
   std::unique_ptr<Backend> draft_backend_;
   std::unique_ptr<KVCacheStore> draft_kv_;
-  std::unique_ptr<ModelJudge> judge_; // [verifier] name = "model_judge"; before engine_: outlives its calls
+  std::shared_ptr<ModelJudge> judge_; // [verifier] name = "model_judge"; before engine_: outlives its calls
   std::unique_ptr<Engine> engine_;
   int32_t n_ctx_ = 0;
   double load_ms_ = 0;
@@ -97,7 +97,7 @@ public:
   static std::unique_ptr<StandaloneVerifier> create(const PipelineConfig& cfg);
   // A score in [0, 1]; throws loom::Error when the verifier fails or returns anything else.
   double score(std::string_view prompt, std::string_view text, std::string_view task = {}) const {
-    return fn_(prompt, text, task);
+    return verifier_->score(prompt, text, task);
   }
   // Every item (prompt, text, task) in order, one outcome each (a failing item fails alone): a judge
   // model scores each run of items with the same prompt in batched forwards.
@@ -112,8 +112,8 @@ public:
 private:
   StandaloneVerifier() = default;
   std::unique_ptr<PluginRegistry> registry_; // first: destroyed after the verifier object
-  std::unique_ptr<ModelJudge> judge_;        // the built-in model_judge
-  std::function<double(std::string_view, std::string_view, std::string_view)> fn_;
+  std::shared_ptr<Verifier> verifier_;       // model_judge or a plugin's
+  const ModelJudge* judge_ = nullptr;        // verifier_, when it is model_judge (its forward count)
   std::string name_;
 };
 

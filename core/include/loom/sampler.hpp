@@ -7,6 +7,7 @@
 // division by zero), so a chain with temperature 0 is deterministic whatever follows.
 #pragma once
 
+#include "loom/sdk/sampler.hpp"
 #include "loom/types.hpp"
 
 #include <cstdint>
@@ -22,54 +23,10 @@
 
 namespace loom {
 
-class Tokenizer;
-
-struct TokenData {
-  TokenId id;
-  float logit;
-  float p; // probability; valid after a softmax was applied (see Candidates::has_probs)
-};
-
-// The candidate list one sampling step works on (llama_token_data_array).
-struct Candidates {
-  std::vector<TokenData> data;
-  bool sorted = false;    // data sorted by logit, descending
-  bool has_probs = false; // p holds softmax(logit) over `data`
-  int64_t selected = -1;  // index into data once a selecting sampler ran
-
-  static Candidates from_logits(std::span<const float> logits); // ids 0..n-1, unsorted
-  void sort_desc();                                             // by logit, stable (ties: lower id first)
-  void softmax();                                               // p = softmax(logit), sorts first
-};
-
-// Per-request state a sampler may read: token history (for penalties) and the request's RNG.
-// The RNG is owned by the request, so a request's tokens never depend on its batch-mates.
-struct SamplerContext {
-  std::span<const TokenId> prompt;      // prompt tokens (BOS included)
-  std::span<const TokenId> generated;   // tokens generated so far
-  std::mt19937_64* rng = nullptr;       // required by `dist`
-  const Tokenizer* tokenizer = nullptr; // the vocabulary (required by `json_schema`)
-};
-
-class Sampler {
-public:
-  virtual ~Sampler() = default;
-  virtual std::string_view name() const noexcept = 0;
-  virtual void apply(Candidates& c, SamplerContext& ctx) = 0; // filter/transform, or select (sets c.selected)
-  virtual void accept(TokenId /*token*/) {}                   // stateful samplers
-  virtual void reset() {}
-  virtual std::unique_ptr<Sampler> clone() const = 0;
-  virtual bool selects() const noexcept { return false; } // true for greedy / dist
-  // For speculative sampling: apply(), except that a sampler drawing from an explicit distribution
-  // (dist) leaves that distribution in c (has_probs) instead of drawing. True when c now holds the
-  // chain's final distribution: probabilities over c.data, or c.selected (one-hot). A sampler whose
-  // draw is opaque (a selecting plugin) draws here: one-hot at its draw is exact for speculative
-  // sampling, only less often accepted.
-  virtual bool distribution(Candidates& c, SamplerContext& ctx) {
-    apply(c, ctx);
-    return c.selected >= 0;
-  }
-};
+// TokenData, Candidates, SamplerContext and Sampler are the SDK's (loom/sdk/sampler.hpp): the built-in
+// samplers below implement the same interface as a plugin's. The host's RNG is a std::mt19937_64;
+// rng_uniform(&rng) draws one 64-bit number and maps it to [0, 1) with 53 bits.
+double rng_uniform(void* mt19937_64) noexcept;
 
 // Parameter values as they come from TOML (or the CLI).
 using ParamValue =
@@ -124,11 +81,12 @@ public:
   SamplerChain() = default;
   void add(std::unique_ptr<Sampler> s); // takes ownership
   std::string_view name() const noexcept override { return "chain"; }
-  void apply(Candidates& c, SamplerContext& ctx) override;        // runs all; appends dist if none selected
-  bool distribution(Candidates& c, SamplerContext& ctx) override; // each sampler's in order, to the final one
+  void apply(Candidates& c, const SamplerContext& ctx) override; // runs all; appends dist if none selected
+  // Each sampler's distribution() in order, to the final one.
+  bool distribution(Candidates& c, const SamplerContext& ctx) override;
   // apply(), calling `after(stage, sampler, c)` after each stage — the implicit final dist included
   // (sampler nullptr) — with exactly apply()'s effect and RNG draws (`loom explain`).
-  void apply_traced(Candidates& c, SamplerContext& ctx,
+  void apply_traced(Candidates& c, const SamplerContext& ctx,
                     const std::function<void(size_t stage, const Sampler* s, const Candidates& c)>& after);
   void accept(TokenId token) override;
   void reset() override;
@@ -138,7 +96,7 @@ public:
   const Sampler& at(size_t i) const { return *samplers_.at(i); }
 
   // Convenience: candidates from logits, apply, return the selected id.
-  TokenId sample(std::span<const float> logits, SamplerContext& ctx);
+  TokenId sample(std::span<const float> logits, const SamplerContext& ctx);
 
 private:
   std::vector<std::unique_ptr<Sampler>> samplers_;
@@ -165,7 +123,7 @@ SamplerChain make_default_chain(const SamplingParams& p); // throws on out-of-ra
 // The distribution sampler.apply() would draw the next token from (distribution(), then dist's when
 // no sampler was final): out[i] = probability of token i, 0 for the tokens the chain removed, one-hot
 // at a deterministic (or opaque) selection.
-void sampling_distribution(Sampler& sampler, std::span<const float> logits, SamplerContext& ctx,
+void sampling_distribution(Sampler& sampler, std::span<const float> logits, const SamplerContext& ctx,
                            std::span<float> out);
 
 // Log-probability of `token` under softmax(logits) (the model's raw distribution).

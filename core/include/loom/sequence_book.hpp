@@ -10,11 +10,13 @@
 
 #include "loom/attention.hpp"
 #include "loom/kv_cache.hpp"
+#include "loom/sdk/verifier.hpp"
 #include "loom/tokenizer.hpp"
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,17 +28,6 @@ namespace loom {
 using RequestId = int64_t;
 using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
 using StreamCallback = std::function<void(std::string_view text)>;
-
-// One text's verdict from a verifier asked about several at once: a score in [0, 1], or why that text
-// could not be scored (the others still are).
-struct VerifyOutcome {
-  double score = 0;
-  std::string error; // non-empty: this text failed
-};
-// The pipeline's verifier on several texts of one prompt at once (a judge model scores them in one
-// batched forward); empty: the texts go one by one through `verify`.
-using VerifyManyFn = std::function<std::vector<VerifyOutcome>(
-    std::string_view prompt, std::span<const std::string_view> texts, std::string_view task)>;
 
 // What a session needs of the engine: shared, outliving every session.
 struct SessionContext {
@@ -62,9 +53,8 @@ struct SessionContext {
   // the K/V of the tokens its target sequence has evaluated from the target's store (those layers'
   // rows copied) instead of evaluating them again.
   bool draft_is_target_layers = false;
-  // The pipeline's verifier (score of a prompt and a candidate text, in [0, 1]); empty = none.
-  std::function<double(std::string_view prompt, std::string_view text, std::string_view task)> verify;
-  VerifyManyFn verify_many; // optional (see VerifyManyFn)
+  // The pipeline's verifier (loom/sdk/verifier.hpp: model_judge or a plugin's); nullptr = none.
+  std::shared_ptr<Verifier> verifier;
   // Token rows the verifier's own model has evaluated so far (a judge model; empty: no model): what a
   // request's verifier calls cost, counted as the difference around them.
   std::function<size_t()> verifier_tokens;

@@ -5,6 +5,7 @@
 // it is resolved, and a matched stop string is never streamed (nor anything after it).
 #pragma once
 
+#include "loom/sdk/stop.hpp"
 #include "loom/types.hpp"
 
 #include <chrono>
@@ -18,18 +19,6 @@
 
 namespace loom {
 
-enum class StopReason : uint8_t {
-  none,        // still running
-  eos,         // an end-of-generation token (EOS, EOT, …)
-  stop_token,  // one of the configured stop token ids
-  stop_string, // one of the configured stop strings appeared in the text
-  max_tokens,  // the new-token budget is spent
-  max_context, // the context window is full (or the prompt did not fit)
-  timeout,     // wall-clock limit
-  cancelled,   // cancelled by the caller
-  custom,      // a plugin criterion
-  error,       // the request failed (GenerationResult::message says why)
-};
 std::string_view stop_reason_name(StopReason r) noexcept;
 
 struct StopConfig {
@@ -41,39 +30,10 @@ struct StopConfig {
   int64_t timeout_ms = 0;           // 0 = none
 };
 
-// ---- the one interface every stop rule implements ------------------------------------------------
-// The built-in rules (end-of-generation tokens, stop tokens, stop strings with hold-back, the token
-// budget, the wall clock) and a plugin's stop criterion (through its adapter) are StopCriterion
-// objects, run in order by a sequence's StopTracker after each generated token.
-
-// What a criterion sees after one generated token.
-struct StopInput {
-  TokenId token = -1;                 // the token just generated
-  std::string_view piece;             // the text it added (empty while a UTF-8 character is incomplete,
-                                      // and for an end-of-generation token that is not printed)
-  std::span<const TokenId> generated; // every generated token, `token` last (empty when the caller
-                                      // has none to give: only plugin criteria read it)
-};
-
-// A criterion's answer.
-struct StopVerdict {
-  StopReason reason = StopReason::none; // none: go on
-  // Bytes at the end of the sequence's text (this piece included) that are not part of the output:
-  // a matched stop string and what followed it, or a stop token's own text. 0 keeps all of it.
-  size_t drop = 0;
-  std::string matched; // the stop string that matched (reason == stop_string)
-};
-
-class StopCriterion {
-public:
-  virtual ~StopCriterion() = default;
-  virtual std::string_view name() const noexcept = 0;
-  virtual StopVerdict check(const StopInput& in) = 0;
-  // Bytes at the end of the text so far that must not be streamed yet (they may still become a stop).
-  virtual size_t holdback_bytes() const { return 0; }
-  // A copy with the same state (forks, and the per-length checkpoints a truncate goes back to).
-  virtual std::unique_ptr<StopCriterion> clone() const = 0;
-};
+// StopReason, StopInput, StopVerdict and StopCriterion are the SDK's (loom/sdk/stop.hpp): the built-in
+// rules below (end-of-generation tokens, stop tokens, stop strings with hold-back, the token budget, the
+// wall clock) and a plugin's criterion are StopCriterion objects alike, run in order by a sequence's
+// StopTracker after each generated token.
 
 // The built-in rules (StopTracker makes them from a StopConfig; usable on their own).
 std::unique_ptr<StopCriterion> make_eos_stop(std::vector<TokenId> eog_tokens);      // reason eos

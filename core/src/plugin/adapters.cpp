@@ -8,12 +8,6 @@ namespace loom::plugin {
 
 namespace {
 
-static_assert(sizeof(TokenData) == sizeof(loom_token_data) &&
-                  offsetof(TokenData, id) == offsetof(loom_token_data, id) &&
-                  offsetof(TokenData, logit) == offsetof(loom_token_data, logit) &&
-                  offsetof(TokenData, p) == offsetof(loom_token_data, p),
-              "TokenData must share loom_token_data's layout");
-
 // Whether a table of the plugin's struct_size holds `field` (tables only grow at the end).
 #define LOOM_HAS(vt, type, field)                                                                            \
   ((vt)->struct_size >= offsetof(type, field) + sizeof(((type*)nullptr)->field))
@@ -60,9 +54,8 @@ public:
   PluginSampler(std::shared_ptr<Object<loom_sampler_i>> o, std::string name)
       : o_(std::move(o)), name_(std::move(name)) {}
   std::string_view name() const noexcept override { return name_; }
-  void apply(Candidates& c, SamplerContext& ctx) override {
-    // Every 2.x minor so far has a 12-byte loom_token_data: the host's array is the plugin's view. A
-    // minor that appends a field converts here for plugins built before it (data_size says which).
+  void apply(Candidates& c, const SamplerContext& ctx) override {
+    // TokenData is loom_token_data (loom/sdk/sampler.hpp): the host's view is the plugin's.
     loom_candidates lc{sizeof(loom_candidates),
                        sizeof(loom_token_data),
                        reinterpret_cast<loom_token_data*>(c.data.data()),
@@ -71,13 +64,13 @@ public:
                        c.has_probs ? 1 : 0,
                        c.selected};
     loom_sampler_ctx sc{sizeof(loom_sampler_ctx), ctx.prompt.data(),    ctx.prompt.size(),
-                        ctx.generated.data(),     ctx.generated.size(), ctx.rng};
+                        ctx.generated.data(),     ctx.generated.size(), ctx.rng_state};
     throw_if(o_->vt->apply(o_->self, &lc, &sc), "sampler '" + name_ + "'");
     if (lc.data != reinterpret_cast<loom_token_data*>(c.data.data()) || lc.size > c.data.size())
       fail(Errc::internal, "plugin", "sampler '" + name_ + "' replaced or grew the candidate array");
     if (lc.selected >= static_cast<int64_t>(lc.size))
       fail(Errc::internal, "plugin", "sampler '" + name_ + "' selected an index outside the candidates");
-    c.data.resize(lc.size);
+    c.data = c.data.first(lc.size);
     c.sorted = lc.sorted != 0;
     c.has_probs = lc.has_probs != 0;
     c.selected = lc.selected;
@@ -112,13 +105,15 @@ public:
       : o_(std::move(o)), name_(std::move(name)) {}
   std::string_view name() const noexcept override { return name_; }
   StopVerdict check(const StopInput& in) override {
-    int32_t reason = LOOM_STOP_NONE;
-    throw_if(o_->vt->check(o_->self, in.generated.data(), in.generated.size(), in.piece.data(),
-                           in.piece.size(), &reason),
-             "stop criterion '" + name_ + "'");
-    if (reason <= 0) return {};
-    if (reason > static_cast<int32_t>(StopReason::custom)) return {StopReason::custom, 0, {}};
-    return {static_cast<StopReason>(reason), 0, {}};
+    const loom_stop_input li{sizeof(loom_stop_input), in.token,           in.piece.data(), in.piece.size(),
+                             in.generated.data(),     in.generated.size()};
+    loom_stop_verdict v{};
+    throw_if(o_->vt->check(o_->self, &li, &v), "stop criterion '" + name_ + "'");
+    if (v.reason <= LOOM_STOP_NONE) return {};
+    // A reason past `custom` (error, or one this host does not know) is the plugin's own: custom.
+    const auto reason = v.reason >= LOOM_STOP_CUSTOM ? StopReason::custom : static_cast<StopReason>(v.reason);
+    // drop is bounded by the text held (StopTracker); matched is the plugin's until its next call.
+    return {reason, v.drop, v.matched ? std::string(v.matched, v.matched_len) : std::string()};
   }
   size_t holdback_bytes() const override {
     return LOOM_HAS(o_->vt, loom_stop_i, holdback_bytes) && o_->vt->holdback_bytes
@@ -134,6 +129,29 @@ public:
 
 private:
   std::shared_ptr<Object<loom_stop_i>> o_;
+  std::string name_;
+};
+
+// ---- verifiers ----
+
+class PluginVerifier final : public Verifier {
+public:
+  PluginVerifier(std::unique_ptr<Object<loom_verifier_i>> o, std::string name)
+      : o_(std::move(o)), name_(std::move(name)) {}
+  double score(std::string_view prompt, std::string_view text, std::string_view task) override {
+    double v = -1;
+    throw_if(o_->vt->score(o_->self, prompt.data(), prompt.size(), text.data(), text.size(),
+                           task.empty() ? nullptr : task.data(), task.size(), &v),
+             "verifier '" + name_ + "'");
+    if (!(v >= 0.0 && v <= 1.0))
+      fail(Errc::invalid_argument, "plugin",
+           "verifier '" + name_ + "' returned the score " + std::to_string(v) +
+               "; expected a number in [0, 1]");
+    return v;
+  }
+
+private:
+  std::unique_ptr<Object<loom_verifier_i>> o_;
   std::string name_;
 };
 
@@ -183,30 +201,12 @@ std::unique_ptr<StopCriterion> make_plugin_stop(const PluginRegistry::Found& f, 
   return std::make_unique<PluginStopAdapter>(std::shared_ptr<Object<loom_stop_i>>(std::move(o)), spec.name);
 }
 
-std::function<double(std::string_view, std::string_view, std::string_view)>
-make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
-                     const std::vector<std::pair<std::string, ParamValue>>& params,
-                     const std::string& where) {
-  std::shared_ptr<Object<loom_verifier_i>> o = create_object<loom_verifier_i>(
+std::shared_ptr<Verifier> make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
+                                               const std::vector<std::pair<std::string, ParamValue>>& params,
+                                               const std::string& where) {
+  auto o = create_object<loom_verifier_i>(
       f, name, params, where, {offsetof(loom_verifier_i, score), offsetof(loom_verifier_i, destroy)});
-  // score_task, when the table has it, also gets the request's task (JSON).
-  const bool has_task = o->vt->struct_size >= offsetof(loom_verifier_i, score_task) + sizeof(void*) &&
-                        o->vt->score_task != nullptr;
-  return [o, name, has_task](std::string_view prompt, std::string_view text, std::string_view task) {
-    double v = -1;
-    if (has_task)
-      throw_if(o->vt->score_task(o->self, prompt.data(), prompt.size(), text.data(), text.size(),
-                                 task.empty() ? nullptr : task.data(), task.size(), &v),
-               "verifier '" + name + "'");
-    else
-      throw_if(o->vt->score(o->self, prompt.data(), prompt.size(), text.data(), text.size(), &v),
-               "verifier '" + name + "'");
-    if (!(v >= 0.0 && v <= 1.0))
-      fail(Errc::invalid_argument, "plugin",
-           "verifier '" + name + "' returned the score " + std::to_string(v) +
-               "; expected a number in [0, 1]");
-    return v;
-  };
+  return std::make_shared<PluginVerifier>(std::move(o), name);
 }
 
 std::function<std::unique_ptr<Decoder>()>

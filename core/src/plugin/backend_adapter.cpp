@@ -131,8 +131,7 @@ public:
     if (!vt_->supports) return true;
     try {
       const CGraph& c = const_cast<PluginBackend*>(this)->converted(g);
-      const size_t idx = static_cast<size_t>(&n - g.nodes.data());
-      return vt_->supports(self_, &c.g, &c.nodes[idx]) != 0;
+      return vt_->supports(self_, &c.g, static_cast<int32_t>(&n - g.nodes.data())) != 0;
     } catch (...) {
       return false;
     }
@@ -211,8 +210,6 @@ public:
   }
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
     if (!vt_->supports_attention) return Backend::supports_attention(k, features);
-    // Token trees are minor 1: a plugin built for minor 0 never reads them, whatever it answers.
-    if ((features & attn_tree) && lib_->plugin().abi_minor < 1) return false;
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
   std::string_view describe() const noexcept override {

@@ -229,10 +229,8 @@ void status_free(loom_status* st) noexcept {
   if (st && st != &k_oom_status) delete st;
 }
 
-double rng_uniform(void* state) noexcept {
-  if (!state) return 0.0;
-  auto& rng = *static_cast<std::mt19937_64*>(state);
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+double core_rng_uniform(void* state) noexcept {
+  return state ? loom::rng_uniform(state) : 0.0;
 }
 
 // ---- session ----
@@ -479,7 +477,7 @@ size_t tokenize(const loom_session* s, const char* text, size_t len, int32_t add
 
 // The tables of this major (entries of a later minor are appended, each table's minor noted in
 // get_api).
-const loom_core_api k_core = {&status_create, &status_code, &status_message, &status_free, &rng_uniform};
+const loom_core_api k_core = {&status_create, &status_code, &status_message, &status_free, &core_rng_uniform};
 const loom_config_api k_config = {&config_get_i64,       &config_get_f64,      &config_get_bool,
                                   &config_get_str,       &config_has,          &config_type,
                                   &config_get_i64_array, &config_get_f64_array};

@@ -112,9 +112,9 @@ std::unique_ptr<Backend> make_plugin_backend(const PluginRegistry::Found& f, con
                                              const std::vector<std::pair<std::string, ParamValue>>& params,
                                              const std::string& where);
 // A verifier: its score of (prompt, text), checked to be in [0, 1].
-std::function<double(std::string_view, std::string_view, std::string_view)>
-make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
-                     const std::vector<std::pair<std::string, ParamValue>>& params, const std::string& where);
+std::shared_ptr<Verifier> make_plugin_verifier(const PluginRegistry::Found& f, const std::string& name,
+                                               const std::vector<std::pair<std::string, ParamValue>>& params,
+                                               const std::string& where);
 // A decoder factory: validates the table once (now), then makes a fresh decoder per request.
 std::function<std::unique_ptr<Decoder>()>
 make_plugin_decoder_factory(const PluginRegistry::Found& f, std::string name,

@@ -228,8 +228,8 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
     bad(Errc::abi_mismatch,
         "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
             std::to_string(LOOM_ABI_MINOR) + ")" + (said.empty() ? "" : ": \"" + said + "\"") +
-            ". A plugin for another ABI major needs a rebuild against this SDK (every 1.x plugin: 2.0 "
-            "changed the backend boundary); one built for a newer 2.x minor needs a newer Loom");
+            ". A plugin for another ABI major needs a rebuild against this SDK (sdk/CHANGELOG.md says "
+            "what each major changed); one built for a newer minor needs a newer Loom");
   if (!said.empty()) host_api()->log(LOOM_LOG_WARN, path.c_str(), said.c_str()); // not a refusal: log it
   if (p->struct_size == 0)
     bad(Errc::abi_mismatch, "its loom_plugin table has struct_size 0: the table was not initialised (a "

@@ -15,7 +15,7 @@
 
 namespace {
 
-class LengthVerifier final : public loom::sdk::Verifier {
+class LengthVerifier final : public loom::Verifier {
 public:
   explicit LengthVerifier(const loom::sdk::Config& cfg) {
     const int64_t t = cfg.get_i64("target_words", 6);
@@ -24,7 +24,7 @@ public:
                              std::to_string(t));
     target_ = static_cast<double>(t);
   }
-  double score(std::string_view, std::string_view text) override {
+  double score(std::string_view, std::string_view text, std::string_view /*task*/) override {
     size_t words = 0;
     bool in_word = false;
     for (char c : text) {

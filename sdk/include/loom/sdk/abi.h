@@ -10,6 +10,7 @@
  *   `struct_size` and only ever grow at their end; the host uses the fields that lie inside
  *   min(struct_size, sizeof(its own view)). A NULL optional function means the documented default.
  *   Arrays of structs carry their element size (loom_graph.node_size, loom_candidates.data_size).
+ *   The history of each major and minor is in sdk/CHANGELOG.md.
  * - No exception crosses the boundary: fallible calls return loom_status* (NULL = success), made
  *   with the core table's status_create and owned by the host from then on.
  * - Memory is freed by the module that allocated it: every plugin object has destroy(self).
@@ -29,8 +30,8 @@
 extern "C" {
 #endif
 
-#define LOOM_ABI_MAJOR 2u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 3u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MAJOR 3u /* bump only for a breaking change; host and plugin must match exactly */
+#define LOOM_ABI_MINOR 0u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)
@@ -93,10 +94,9 @@ typedef struct loom_token_data {
 } loom_token_data;
 
 /* The candidate list of one sampling step. A sampler may reorder data, shrink `size`, change
- * logits/probabilities, or select (set `selected` to an index into data). data's elements are
- * data_size bytes apart: the size of loom_token_data in the ABI minor the plugin was built with
- * (loom_plugin.abi_minor) — a host whose loom_token_data has grown converts — so a plugin may index
- * data[] as it knows the struct, and a host may append fields to loom_token_data in a minor. */
+ * logits/probabilities, or select (set `selected` to an index into data); it never moves `data` or
+ * grows `size`. data_size is the host's sizeof(loom_token_data): a plugin that knows another size
+ * fails the call (the SDK does, in one line) rather than misread the array. */
 typedef struct loom_candidates {
   uint32_t struct_size;
   uint32_t data_size; /* bytes per element of data; ≥ 12 (id, logit, p) */
@@ -129,12 +129,30 @@ typedef struct loom_sampler_i {
 
 /* ---- stop criteria ------------------------------------------------------------------------- */
 
+/* What a stop criterion sees after one generated token. */
+typedef struct loom_stop_input {
+  uint32_t struct_size;
+  loom_token token;  /* the token just generated */
+  const char* piece; /* the text it added (may be empty: an incomplete UTF-8 character) */
+  size_t piece_len;
+  const loom_token* generated; /* every generated token, `token` last */
+  size_t n_generated;
+} loom_stop_input;
+
+/* A criterion's answer (the host zeroes it before each call). */
+typedef struct loom_stop_verdict {
+  int32_t reason; /* LOOM_STOP_NONE to go on, or a reason (usually LOOM_STOP_CUSTOM) */
+  /* Bytes at the end of the sequence's text (this piece included) that are not part of the output
+   * (a matched stop text and what followed it); 0 keeps all of it. */
+  size_t drop;
+  const char* matched; /* optional: the text that matched; plugin-owned, valid until its next call */
+  size_t matched_len;
+} loom_stop_verdict;
+
 typedef struct loom_stop_i {
   uint32_t struct_size;
-  /* Called after each generated token with the sequence so far and the text the token added.
-   * Sets *reason to LOOM_STOP_NONE to go on, or to a reason (usually LOOM_STOP_CUSTOM). */
-  loom_status* (*check)(void* self, const loom_token* tokens, size_t n_tokens, const char* new_text,
-                        size_t new_text_len, int32_t* reason);
+  /* Called after each generated token. */
+  loom_status* (*check)(void* self, const loom_stop_input* in, loom_stop_verdict* out); /* required */
   /* Optional: bytes at the end of the text so far that must not be streamed yet. */
   size_t (*holdback_bytes)(const void* self);
   loom_status* (*clone)(const void* self, void** out_self); /* required */
@@ -147,14 +165,11 @@ typedef struct loom_stop_i {
  * verifier through the session table's verify; a verifier must be safe to call for any text. */
 typedef struct loom_verifier_i {
   uint32_t struct_size;
+  /* task: the request's task, a JSON object (e.g. {"tests": [...]}) the caller gave with the request
+   * (`loom verify`'s task line, `loom ab`'s JSONL line); NULL when it has none. */
   loom_status* (*score)(void* self, const char* prompt, size_t prompt_len, const char* text, size_t text_len,
-                        double* score);
-  void (*destroy)(void* self); /* required */
-  /* Optional: score with the request's task — a JSON object (e.g. {"tests": [...]}) the caller
-   * gave with the request (`loom verify`'s task line, `loom ab`'s JSONL line), task NULL when none.
-   * When present the host calls it instead of score. */
-  loom_status* (*score_task)(void* self, const char* prompt, size_t prompt_len, const char* text,
-                             size_t text_len, const char* task, size_t task_len, double* score);
+                        const char* task, size_t task_len, double* score); /* required */
+  void (*destroy)(void* self);                                             /* required */
 } loom_verifier_i;
 
 /* ---- decoders ------------------------------------------------------------------------------ */
@@ -216,11 +231,11 @@ typedef struct loom_plugin {
  *   LOOM_API_CORE    statuses and the RNG            (loom_core_api)
  *   LOOM_API_CONFIG  the plugin's TOML table          (loom_config_api)
  *   LOOM_API_SESSION a request, as its decoder sees it (loom_session_api)
- * get_api returns the table as it was in ABI 2.`minor`: every entry of that version present and
- * non-NULL, for the life of the process; NULL when the host is older than 2.`minor` (or does not know
- * the table). Tables are never reordered: a later minor only appends entries (marked "2.m" below), so
- * a plugin built for 2.m keeps working on every later 2.x host and is refused in one line by an older
- * one — no struct_size checks and no NULL entries in plugin code. The SDK asks for every table at
+ * get_api returns the table as it is in ABI <major>.`minor`: every entry of that version present and
+ * non-NULL, for the life of the process; NULL when the host is older than that minor (or does not know
+ * the table). Tables are never reordered: a later minor only appends entries, so a plugin built for
+ * minor m keeps working on every later host of its major and is refused in one line by an older one —
+ * no struct_size checks and no NULL entries in plugin code. The SDK asks for every table at
  * LOOM_SDK_TARGET_MINOR (default: the SDK's LOOM_ABI_MINOR) inside loom_plugin_init. */
 #define LOOM_API_CORE 1u
 #define LOOM_API_CONFIG 2u
@@ -229,8 +244,8 @@ typedef struct loom_plugin {
 typedef struct loom_host {
   uint32_t struct_size;
   uint32_t abi_major, abi_minor; /* the host's */
-  /* Logging (also usable before get_api; at the offset 1.x hosts had it, so a 1.x plugin that refuses a
-   * 2.x host can still say so). */
+  /* Logging (usable before get_api, and at the same offset in every major, so that a plugin that
+   * refuses the host can say why). */
   void (*log)(int32_t level, const char* plugin, const char* message);
   const void* (*get_api)(uint32_t table, uint32_t minor);
   const char* (*version)(void); /* the host's version string, e.g. "0.24.0" */
@@ -359,7 +374,7 @@ typedef struct loom_session_api {
    * *child = -1 (status NULL) when the draft model's KV cache has no free sequence. */
   loom_status* (*seq_fork_draft)(loom_session* s, loom_seq parent, loom_seq* child);
 
-  /* 2.1 — token trees. A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last
+  /* Token trees. A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last
    * committed token). The next plan evaluates all nodes in one forward (each sees the committed tokens
    * and its ancestors) with row 1 + i after node i and row 0 after the committed tokens. Replaces an
    * earlier draft; *n_kept (may be NULL): the first nodes the context had room for. At most
@@ -376,7 +391,7 @@ typedef struct loom_session_api {
   int32_t (*seq_max_tree_nodes)(const loom_session* s, loom_seq seq);
   int32_t (*seq_max_tree_depth)(const loom_session* s, loom_seq seq);
 
-  /* 2.3 — the verifier on n texts of this request at once (a judge model scores them in one batched
+  /* The verifier on n texts of this request at once (a judge model scores them in one batched
    * forward; other verifiers one by one): scores[i] in [0, 1] when statuses[i] is NULL, else statuses[i]
    * says why text i failed (the caller frees it; the other texts are still scored). The call's own
    * status: NOT_FOUND when the pipeline names no verifier, INVALID_ARGUMENT on NULL arrays (then

@@ -219,8 +219,10 @@ typedef enum loom_buffer_usage {
 struct loom_backend_i {
   uint32_t struct_size;
   const char* (*name)(const void* self); /* static storage */
-  /* 1 if the backend can run this node (op + dtypes of its tensors). */
-  int32_t (*supports)(const void* self, const loom_graph* g, const loom_node* n);
+  /* 1 if the backend can run node g->nodes[node] (op + dtypes of its tensors). Optional (NULL: every
+   * node). The host asks once per graph shape, before the first graph_compute of that shape, and
+   * refuses a graph with a node the backend cannot run in one line naming the op. */
+  int32_t (*supports)(const void* self, const loom_graph* g, int32_t node);
   /* Runs g for one batch; writes the logits of batch->output_rows, row-major [n_outputs][n_vocab] f32, at
    * the start of `logits` (a LOOM_BUFFER_LOGITS buffer of at least n_logits floats). */
   loom_status* (*graph_compute)(void* self, const loom_graph* g, const loom_batch* b, void* logits,

@@ -157,14 +157,12 @@ struct ExecutorPlugin {
 // The loom_backend_i entries over an ExecutorPlugin; NAME is returned by name().
 template <const char* NAME> struct ExecutorTable {
   static const char* name_fn(const void*) { return NAME; }
-  static int32_t supports_fn(const void* self, const loom_graph* g, const loom_node* n) {
+  static int32_t supports_fn(const void* self, const loom_graph* g, int32_t node) {
     try {
       auto* p = const_cast<ExecutorPlugin*>(static_cast<const ExecutorPlugin*>(self));
       const loom::Graph& gg = p->graph(g);
-      const auto at =
-          static_cast<size_t>(reinterpret_cast<const char*>(n) - reinterpret_cast<const char*>(g->nodes)) /
-          std::max<size_t>(g->node_size, 1);
-      return at < gg.nodes.size() && p->be->supports(gg, gg.nodes[at]) ? 1 : 0;
+      const auto at = static_cast<size_t>(node);
+      return node >= 0 && at < gg.nodes.size() && p->be->supports(gg, gg.nodes[at]) ? 1 : 0;
     } catch (...) {
       return 0;
     }

@@ -1,6 +1,7 @@
 // loom/sdk/plugin.hpp — header-only C++ wrapper over abi.h for plugin authors.
 //
-// Subclass loom::sdk::Decoder / Sampler / StopCriterion (they may throw), then list them in one
+// Subclass loom::Sampler (loom/sdk/sampler.hpp), loom::sdk::Decoder / StopCriterion / Verifier (they may
+// throw), then list them in one
 // LOOM_PLUGIN_DEFINE, which emits the two C exports and noexcept trampolines that turn exceptions
 // into statuses:
 //
@@ -13,6 +14,9 @@
 
 #include "loom/sdk/abi.h"
 #include "loom/sdk/error.hpp"
+#include "loom/sdk/sampler.hpp"
+#include "loom/sdk/stop.hpp"
+#include "loom/sdk/verifier.hpp"
 
 #include <cstdarg>
 #include <cstdio>
@@ -197,50 +201,6 @@ private:
   const loom_config* c_;
 };
 
-// ---- samplers -----------------------------------------------------------------------------
-
-struct SamplerContext {
-  std::span<const loom_token> prompt, generated;
-  void* rng_state;
-  double uniform() const { return core_api().rng_uniform(rng_state); } // [0, 1), the request's RNG
-};
-
-class Sampler {
-public:
-  virtual ~Sampler() = default;
-  virtual void apply(loom_candidates& c, const SamplerContext& ctx) = 0;
-  virtual void accept(loom_token) {}
-  virtual void reset() {}
-  virtual std::unique_ptr<Sampler> clone() const = 0;
-  virtual bool selects() const { return false; }
-};
-
-// ---- stop criteria ------------------------------------------------------------------------
-
-class StopCriterion {
-public:
-  virtual ~StopCriterion() = default;
-  // Return LOOM_STOP_NONE to go on, or a reason (LOOM_STOP_CUSTOM usually).
-  virtual int32_t check(std::span<const loom_token> tokens, std::string_view new_text) = 0;
-  virtual size_t holdback_bytes() const { return 0; }
-  virtual std::unique_ptr<StopCriterion> clone() const = 0;
-};
-
-// ---- verifiers ----------------------------------------------------------------------------
-
-// Scores a candidate answer in [0, 1] given the prompt it answers.
-class Verifier {
-public:
-  virtual ~Verifier() = default;
-  virtual double score(std::string_view prompt, std::string_view text) = 0;
-  // With the request's task, a JSON object ("" when the request has none). By default the
-  // task is ignored.
-  virtual double score_task(std::string_view prompt, std::string_view text, std::string_view task_json) {
-    (void)task_json;
-    return score(prompt, text);
-  }
-};
-
 // ---- decoders -----------------------------------------------------------------------------
 
 // One request as its decoder sees it. Sequence 0 holds the prompt.
@@ -321,16 +281,10 @@ public:
     return v;
   }
   // The verifier on several texts at once (a judge model scores them in one batched forward): one
-  // result each — a score, or why that text failed (the others are still scored). Throws only when the
-  // pipeline names no verifier. On a 2.2 host (LOOM_SDK_TARGET_MINOR < 3) the texts go one by one.
-  struct Verdict {
-    double score = 0;
-    std::string error; // non-empty: this text failed
-    bool ok() const noexcept { return error.empty(); }
-  };
-  std::vector<Verdict> verify_many(std::span<const std::string> texts) {
-    std::vector<Verdict> r(texts.size());
-#if LOOM_SDK_TARGET_MINOR >= 3
+  // outcome each — a score, or why that text failed (the others are still scored). Throws only when the
+  // pipeline names no verifier.
+  std::vector<VerifyOutcome> verify_many(std::span<const std::string> texts) {
+    std::vector<VerifyOutcome> r(texts.size());
     std::vector<const char*> ptr(texts.size());
     std::vector<size_t> len(texts.size());
     std::vector<double> score(texts.size());
@@ -348,17 +302,6 @@ public:
         r[i].score = score[i];
       }
     }
-#else
-    for (size_t i = 0; i < texts.size(); ++i) {
-      try {
-        r[i].score = verify(texts[i]);
-      } catch (StatusError& e) {
-        if (e.code() == LOOM_STATUS_NOT_FOUND) throw;
-        r[i].error = e.message();
-        e.release();
-      }
-    }
-#endif
     return r;
   }
   bool has_verifier() {
@@ -384,9 +327,7 @@ public:
     check(session_api().seq_commit(s_, seq, n, &reason));
     return reason;
   }
-  size_t n_draft(loom_seq seq) const {
-    return session_api().seq_n_draft(s_, seq);
-  }
+  size_t n_draft(loom_seq seq) const { return session_api().seq_n_draft(s_, seq); }
   std::span<const float> logits_at(loom_seq seq, size_t row) const {
     const float* p = session_api().seq_logits_at(s_, seq, row);
     return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
@@ -395,9 +336,7 @@ public:
   void probs(loom_seq seq, std::span<float> out) {
     check(session_api().seq_probs(s_, seq, out.data(), out.size()));
   }
-  bool has_draft_model() const {
-    return session_api().has_draft(s_) == 1;
-  }
+  bool has_draft_model() const { return session_api().has_draft(s_) == 1; }
   // Token trees: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
   // token); evaluated in one forward with row 1 + i after node i. Returns the nodes kept (context room).
   size_t set_draft_tree(loom_seq seq, std::span<const loom_token> tokens, std::span<const int32_t> parents) {
@@ -413,12 +352,8 @@ public:
     check(session_api().seq_commit_node(s_, seq, node, &reason));
     return reason;
   }
-  int32_t max_tree_nodes(loom_seq seq) const {
-    return session_api().seq_max_tree_nodes(s_, seq);
-  }
-  int32_t max_tree_depth(loom_seq seq) const {
-    return session_api().seq_max_tree_depth(s_, seq);
-  }
+  int32_t max_tree_nodes(loom_seq seq) const { return session_api().seq_max_tree_nodes(s_, seq); }
+  int32_t max_tree_depth(loom_seq seq) const { return session_api().seq_max_tree_depth(s_, seq); }
   // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
   loom_seq fork_draft(loom_seq parent) {
     loom_seq child = -1;
@@ -428,12 +363,8 @@ public:
   void set_metric(const std::string& key, double value) {
     check(session_api().set_metric(s_, key.c_str(), value));
   }
-  double uniform() {
-    return session_api().uniform(s_);
-  } // [0, 1), the request's RNG
-  loom_session* raw() const {
-    return s_;
-  }
+  double uniform() { return session_api().uniform(s_); } // [0, 1), the request's RNG
+  loom_session* raw() const { return s_; }
 
 private:
   loom_session* s_;
@@ -454,10 +385,29 @@ public:
 namespace detail {
 
 template <class T> struct SamplerTable {
+  // The host's loom_candidates as the Candidates view over the same memory; what the sampler did to
+  // the view (shrink, reorder, select) is written back.
   static loom_status* apply(void* self, loom_candidates* c, const loom_sampler_ctx* ctx) noexcept {
     LOOM_SDK_TRY
-    SamplerContext sc{{ctx->prompt, ctx->n_prompt}, {ctx->generated, ctx->n_generated}, ctx->rng_state};
-    static_cast<T*>(self)->apply(*c, sc);
+    if (c->data_size != sizeof(TokenData))
+      throw Error(Errc::abi_mismatch, "sampler",
+                  "the host's candidates are " + std::to_string(c->data_size) +
+                      " bytes each, this plugin's " + std::to_string(sizeof(TokenData)) +
+                      ": rebuild it against the host's SDK");
+    TokenData* const data = reinterpret_cast<TokenData*>(c->data);
+    Candidates view{std::span<TokenData>(data, c->size), c->sorted != 0, c->has_probs != 0, c->selected};
+    const SamplerContext sc{{ctx->prompt, ctx->n_prompt},
+                            {ctx->generated, ctx->n_generated},
+                            ctx->rng_state,
+                            core_api().rng_uniform,
+                            nullptr};
+    static_cast<T*>(self)->apply(view, sc);
+    if (view.data.data() != data || view.data.size() > c->size)
+      throw Error(Errc::internal, "sampler", "apply() pointed the candidates elsewhere or grew them");
+    c->size = view.data.size();
+    c->sorted = view.sorted ? 1 : 0;
+    c->has_probs = view.has_probs ? 1 : 0;
+    c->selected = view.selected;
     LOOM_SDK_CATCH
   }
   static void accept(void* self, loom_token t) noexcept {
@@ -492,10 +442,14 @@ template <class T> struct SamplerTable {
 };
 
 template <class T> struct StopTable {
-  static loom_status* check_fn(void* self, const loom_token* tokens, size_t n, const char* text, size_t len,
-                               int32_t* reason) noexcept {
+  static loom_status* check_fn(void* self, const loom_stop_input* in, loom_stop_verdict* out) noexcept {
     LOOM_SDK_TRY
-    *reason = static_cast<T*>(self)->check({tokens, n}, std::string_view(text, len));
+    thread_local std::string matched; // the verdict's text lives until this thread's next check
+    const StopInput input{
+        in->token, std::string_view(in->piece, in->piece_len), {in->generated, in->n_generated}};
+    StopVerdict v = static_cast<T*>(self)->check(input);
+    matched = std::move(v.matched);
+    *out = loom_stop_verdict{static_cast<int32_t>(v.reason), v.drop, matched.data(), matched.size()};
     LOOM_SDK_CATCH
   }
   static size_t holdback(const void* self) noexcept {
@@ -564,21 +518,14 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
 
 template <class T> struct VerifierTable {
   static loom_status* score_fn(void* self, const char* prompt, size_t prompt_len, const char* text,
-                               size_t len, double* out) noexcept {
+                               size_t len, const char* task, size_t task_len, double* out) noexcept {
     LOOM_SDK_TRY
-    *out = static_cast<T*>(self)->score(std::string_view(prompt, prompt_len), std::string_view(text, len));
-    LOOM_SDK_CATCH
-  }
-  static loom_status* score_task_fn(void* self, const char* prompt, size_t prompt_len, const char* text,
-                                    size_t len, const char* task, size_t task_len, double* out) noexcept {
-    LOOM_SDK_TRY
-    *out =
-        static_cast<T*>(self)->score_task(std::string_view(prompt, prompt_len), std::string_view(text, len),
-                                          task ? std::string_view(task, task_len) : std::string_view());
+    *out = static_cast<T*>(self)->score(std::string_view(prompt, prompt_len), std::string_view(text, len),
+                                        task ? std::string_view(task, task_len) : std::string_view());
     LOOM_SDK_CATCH
   }
   static void destroy(void* self) noexcept { delete static_cast<Verifier*>(static_cast<T*>(self)); }
-  static constexpr loom_verifier_i table = {sizeof(loom_verifier_i), &score_fn, &destroy, &score_task_fn};
+  static constexpr loom_verifier_i table = {sizeof(loom_verifier_i), &score_fn, &destroy};
 };
 
 } // namespace detail
