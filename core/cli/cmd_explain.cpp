@@ -67,10 +67,12 @@ class ExplainDecoder final : public Decoder {
 public:
   ExplainDecoder(std::vector<Step>* out, size_t top) : out_(out), top_(top) {}
   std::string_view name() const noexcept override { return "explain"; }
-  void plan(DecodeSession& s) override {
-    if (s.finished(0) == StopReason::none) s.plan(0);
+  void plan(Session& h) override {
+    if (h.finished(0) == LOOM_STOP_NONE) h.plan(0);
   }
-  void update(DecodeSession& s) override {
+  // The chain's stages, traced: past the session table, to the request itself (host code may).
+  void update(Session& h) override {
+    DecodeSession& s = DecodeSession::of(h);
     if (s.finished(0) != StopReason::none || !s.logits(0)) return;
     const float* l = s.logits(0);
     const auto V = static_cast<size_t>(s.n_vocab());
@@ -112,8 +114,8 @@ public:
     out_->push_back(std::move(st));
     s.append(0, t);
   }
-  bool done(const DecodeSession& s) const override { return s.finished(0) != StopReason::none; }
-  void results(DecodeSession& s) override { s.add_result(0, s.score(0)); }
+  bool done(const Session& h) const override { return h.finished(0) != LOOM_STOP_NONE; }
+  void results(Session& h) override { h.add_result(0, h.score(0)); }
 
 private:
   std::vector<Step>* out_;

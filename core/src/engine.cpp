@@ -356,12 +356,13 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     if (r.cancelled || r.awaiting_update) continue;
     called[i] = 1;
     guard(r, [&] {
+      Session h = s.handle();
       if (!r.started) {
         r.started = true;
-        r.decoder->start(s);
+        r.decoder->start(h);
       }
-      if (r.decoder->done(s)) return;
-      r.decoder->plan(s);
+      if (r.decoder->done(h)) return;
+      r.decoder->plan(h);
       s.book().begin_work();
       r.awaiting_update = true;
     });
@@ -493,8 +494,9 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     if (!r.awaiting_update) continue;
     r.awaiting_update = false;
     guard(r, [&] {
-      if (r.decoder->done(s)) return;
-      r.decoder->update(s);
+      Session h = s.handle();
+      if (r.decoder->done(h)) return;
+      r.decoder->update(h);
     });
     const size_t g = s.book().max_generated();
     if (g > r.n_generated) {
@@ -519,7 +521,7 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
   for (size_t i = 0, k = 0; i < running_.size(); ++k) {
     Request& r = *running_[i];
     bool finished = r.cancelled;
-    if (!finished && !r.awaiting_update) guard(r, [&] { finished = r.decoder->done(*r.session); });
+    if (!finished && !r.awaiting_update) guard(r, [&] { finished = r.decoder->done(r.session->handle()); });
     if (!finished && !r.cancelled && k < called.size() && called[k]) {
       const uint64_t p = r.session->book().progress();
       r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
@@ -532,7 +534,11 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     }
     finished = finished || r.cancelled;
     if (finished) {
-      if (!r.cancelled) guard(r, [&] { r.decoder->results(*r.session); });
+      if (!r.cancelled)
+        guard(r, [&] {
+          Session h = r.session->handle();
+          r.decoder->results(h);
+        });
       r.session->end_all(r.error.empty() ? StopReason::cancelled : StopReason::error);
       auto res = finish_request(r);
       if (r.on_finish) r.on_finish(res.first, res.second);
@@ -560,18 +566,19 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
 // The built-in `sample` decoder
 
 namespace {
+// Over the session table, as a plugin's decoder is.
 class SampleDecoder final : public Decoder {
 public:
   std::string_view name() const noexcept override { return "sample"; }
-  void plan(DecodeSession& s) override {
-    if (s.finished(0) == StopReason::none) s.plan(0);
+  void plan(Session& s) override {
+    if (s.finished(0) == LOOM_STOP_NONE) s.plan(0);
   }
-  void update(DecodeSession& s) override {
-    if (s.finished(0) != StopReason::none || !s.logits(0)) return;
+  void update(Session& s) override {
+    if (s.finished(0) != LOOM_STOP_NONE || s.logits(0).empty()) return;
     s.append(0, s.sample(0));
   }
-  bool done(const DecodeSession& s) const override { return s.finished(0) != StopReason::none; }
-  void results(DecodeSession& s) override { s.add_result(0, s.score(0)); }
+  bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
+  void results(Session& s) override { s.add_result(0, s.score(0)); }
 };
 } // namespace
 

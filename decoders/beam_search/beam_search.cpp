@@ -37,9 +37,9 @@
 
 namespace {
 
-using loom::sdk::Session;
+using loom::Session;
 
-class BeamSearch final : public loom::sdk::Decoder {
+class BeamSearch final : public loom::Decoder {
 public:
   explicit BeamSearch(const loom::sdk::Config& cfg) {
     const int64_t w = cfg.get_i64("beam_width", 4);
@@ -171,7 +171,7 @@ private:
     for (size_t i = 0; i < g.beams.size(); ++i) {
       // 1. The beam's next-token log-probs: the model's log-softmax, or the sampler chain's.
       if (sample_) {
-        s.probs(g.beams[i].seq, probs);
+        s.request().probs(g.beams[i].seq, probs);
         for (size_t t = 0; t < V; ++t)
           lp[t] = probs[t] > 0 ? std::log(static_cast<double>(probs[t]))
                                : -std::numeric_limits<double>::infinity();
@@ -220,7 +220,7 @@ private:
         for (double x : w)
           total += x;
         if (!(total > 0)) break;
-        const double target = s.uniform() * total;
+        const double target = s.request().uniform() * total;
         double cum = 0;
         size_t pick = pool.size();
         for (size_t i = 0; i < pool.size(); ++i) {

@@ -29,7 +29,7 @@
 
 namespace {
 
-using loom::sdk::Session;
+using loom::Session;
 
 // JSON string literal of s (UTF-8 passed through; control characters and invalid bytes escaped).
 std::string json_string(const std::string& s) {
@@ -65,7 +65,7 @@ std::string json_number(double x) {
   return buf;
 }
 
-class SelfConsistency final : public loom::sdk::Decoder {
+class SelfConsistency final : public loom::Decoder {
 public:
   explicit SelfConsistency(const loom::sdk::Config& cfg) {
     const int64_t n = cfg.get_i64("samples", 8);
@@ -102,7 +102,7 @@ public:
   }
 
   void start(Session& s) override {
-    if (verifier_ != "none" && !s.has_verifier())
+    if (verifier_ != "none" && !s.verification().available())
       throw loom::sdk::Error("self_consistency: verifier = \"" + verifier_ +
                              "\" needs a verifier in the pipeline: add a [verifier] section");
     s.set_stream(-1); // the answer is known only when every sample has finished
@@ -147,7 +147,7 @@ public:
     const size_t n_prompt = s.n_prompt();
     for (const loom_seq q : seqs_) {
       const auto toks = s.tokens(q);
-      const std::string text = s.detokenize(toks.subspan(n_prompt));
+      const std::string text = s.request().detokenize(toks.subspan(n_prompt));
       const size_t n = std::max<size_t>(1, s.n_generated(q));
       cands.push_back({q, text, extract(text), s.score(q) / static_cast<double>(n), std::nullopt, {}});
     }
@@ -157,7 +157,7 @@ public:
       std::vector<std::string> texts;
       for (const Cand& c : cands)
         texts.push_back(c.text);
-      const auto verdicts = s.verify_many(texts);
+      const auto verdicts = s.verification().score_many(texts);
       for (size_t i = 0; i < cands.size(); ++i)
         if (!verdicts[i].ok())
           cands[i].verify_error = verdicts[i].error;
@@ -203,13 +203,13 @@ public:
     for (const Cand* c : order)
       s.add_result(c->seq, c->mean_lp);
 
-    s.set_output("answer", winner ? json_string(*winner) : "null");
+    s.request().set_output("answer", winner ? json_string(*winner) : "null");
     std::string votes = "[";
     for (size_t i = 0; i < ranked.size(); ++i)
       votes += (i ? "," : "") + std::string("{\"answer\":") + json_string(ranked[i].first) +
                ",\"count\":" + std::to_string(ranked[i].second.count) +
                ",\"share\":" + json_number(static_cast<double>(ranked[i].second.count) / voters) + "}";
-    s.set_output("votes", votes + "]");
+    s.request().set_output("votes", votes + "]");
     std::string list = "[";
     for (size_t i = 0; i < cands.size(); ++i)
       list += (i ? "," : "") + std::string("{\"text\":") + json_string(cands[i].text) +
@@ -219,7 +219,7 @@ public:
               (cands[i].verify_error.empty() ? std::string()
                                              : ",\"verifier_error\":" + json_string(cands[i].verify_error)) +
               "}";
-    s.set_output("candidates", list + "]");
+    s.request().set_output("candidates", list + "]");
   }
 
 private:

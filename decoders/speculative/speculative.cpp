@@ -62,8 +62,8 @@
 
 namespace {
 
+using loom::Session;
 using loom::sdk::Error;
-using loom::sdk::Session;
 
 // The index drawn from the weights w (not necessarily normalised) with u in [0, 1); never a zero weight.
 size_t draw(std::span<const float> w, double u) {
@@ -82,7 +82,7 @@ size_t draw(std::span<const float> w, double u) {
   return last; // rounding left the total just under the target
 }
 
-class Speculative final : public loom::sdk::Decoder {
+class Speculative final : public loom::Decoder {
 public:
   explicit Speculative(const loom::sdk::Config& cfg) {
     const std::string d = cfg.get_str("drafter", "auto");
@@ -144,15 +144,15 @@ public:
     p_.assign(V_, 0.0f);
     r_.assign(V_, 0.0f);
     k_cur_ = k_;
-    if (drafter_ == Drafter::auto_) drafter_ = s.has_draft_model() ? Drafter::model : Drafter::ngram;
+    if (drafter_ == Drafter::auto_) drafter_ = s.draft().has_model() ? Drafter::model : Drafter::ngram;
     if (drafter_ == Drafter::model) {
       // the draft's own stream, seeded from the request's (one draw: n-gram drafting takes none)
-      draft_rng_.seed(static_cast<uint64_t>(s.uniform() * 18446744073709551615.0));
-      if (!s.has_draft_model())
+      draft_rng_.seed(static_cast<uint64_t>(s.request().uniform() * 18446744073709551615.0));
+      if (!s.draft().has_model())
         throw Error(
             "speculative: drafter = \"model\" needs a draft model: add draft = \"x.gguf\" to [decoder] "
             "(or use drafter = \"ngram\")");
-      draft_seq_ = s.fork_draft(0);
+      draft_seq_ = s.draft().fork(0);
       if (draft_seq_ < 0) { // the draft model's KV cache is full: decode without drafts
         loom::sdk::log(LOOM_LOG_WARN, "speculative: no free sequence in the draft model's KV cache; this "
                                       "request decodes without drafts");
@@ -160,14 +160,14 @@ public:
       }
     }
     // Trees: where the target's backend runs them (auto), or asked for (then an error if it cannot).
-    const int32_t nodes = s.max_tree_nodes(0);
+    const int32_t nodes = s.draft().max_tree_nodes(0);
     if (tree_ == Tree::on && nodes == 0)
       throw Error("speculative: tree = true, but the target's backend runs no token-tree rows; set tree = "
                   "false (or \"auto\") or use the cpu or reference backend");
     use_tree_ = tree_ != Tree::off && nodes > 0 && width_ > 1;
     if (!use_tree_) width_ = 1;
     node_budget_ = std::min<size_t>(max_nodes_, static_cast<size_t>(std::max(nodes, 1)));
-    depth_cap_ = use_tree_ ? static_cast<size_t>(std::max(s.max_tree_depth(0), 1)) : size_t{64};
+    depth_cap_ = use_tree_ ? static_cast<size_t>(std::max(s.draft().max_tree_depth(0), 1)) : size_t{64};
     phase_ = Phase::verify; // the first target pass is the prompt's, with no drafts
   }
 
@@ -187,13 +187,13 @@ public:
       draft_step(s);
       return;
     }
-    if (s.logits_at(0, s.n_draft(0)).empty()) return; // not evaluated yet
+    if (s.draft().logits_at(0, s.draft().size(0)).empty()) return; // not evaluated yet
     if (prefilled_) { // the forward's wall time (with the engine's step), for the cost model
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_submit_).count();
-      cost_.add(static_cast<double>(s.n_draft(0) + 1), ms);
-      nodes_sum_ += static_cast<double>(s.n_draft(0));
-      if (s.n_draft(0) > 0) { // a verification: its time, for v
+      cost_.add(static_cast<double>(s.draft().size(0) + 1), ms);
+      nodes_sum_ += static_cast<double>(s.draft().size(0));
+      if (s.draft().size(0) > 0) { // a verification: its time, for v
         verify_ms_ += ms;
         ++verifies_;
       }
@@ -213,35 +213,38 @@ public:
   bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
 
   void results(Session& s) override {
-    s.set_metric("draft_tokens", static_cast<double>(draft_tokens_));
-    s.set_metric("accepted_tokens", static_cast<double>(accepted_));
-    s.set_metric("acceptance_rate",
-                 draft_tokens_ ? static_cast<double>(accepted_) / static_cast<double>(draft_tokens_) : 0.0);
+    s.request().set_metric("draft_tokens", static_cast<double>(draft_tokens_));
+    s.request().set_metric("accepted_tokens", static_cast<double>(accepted_));
+    s.request().set_metric("acceptance_rate",
+                           draft_tokens_ ? static_cast<double>(accepted_) / static_cast<double>(draft_tokens_)
+                                         : 0.0);
     // Rounds that ended on a rejected draft: accepted / (accepted + rejections) estimates the
     // per-position acceptance probability α of the speed-up formula (acceptance_rate also counts
     // the drafts after a rejection, which were never tested).
-    s.set_metric("rejections", static_cast<double>(rejections_));
-    s.set_metric("mean_accepted_len",
-                 rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
-    s.set_metric("draft_rounds", static_cast<double>(rounds_));
-    s.set_metric("tree_rounds", static_cast<double>(tree_rounds_));
+    s.request().set_metric("rejections", static_cast<double>(rejections_));
+    s.request().set_metric("mean_accepted_len",
+                           rounds_ ? static_cast<double>(accepted_) / static_cast<double>(rounds_) : 0.0);
+    s.request().set_metric("draft_rounds", static_cast<double>(rounds_));
+    s.request().set_metric("tree_rounds", static_cast<double>(tree_rounds_));
     // Accepted tree nodes off the first branch (whose K/V slot was not their position): evaluated again.
-    s.set_metric("off_chain_tokens", static_cast<double>(off_chain_tokens_));
-    s.set_metric("target_forwards", static_cast<double>(target_forwards_));
-    s.set_metric("draft_forwards", static_cast<double>(draft_forwards_));
-    s.set_metric("tokens_per_target_forward", target_forwards_ ? static_cast<double>(s.n_generated(0)) /
-                                                                     static_cast<double>(target_forwards_)
-                                                               : 0.0);
-    s.set_metric("k", static_cast<double>(k_cur_));
-    s.set_metric("exact", typical_ ? 0.0 : 1.0); // acceptance = "typical" is not exact
+    s.request().set_metric("off_chain_tokens", static_cast<double>(off_chain_tokens_));
+    s.request().set_metric("target_forwards", static_cast<double>(target_forwards_));
+    s.request().set_metric("draft_forwards", static_cast<double>(draft_forwards_));
+    s.request().set_metric("tokens_per_target_forward",
+                           target_forwards_
+                               ? static_cast<double>(s.n_generated(0)) / static_cast<double>(target_forwards_)
+                               : 0.0);
+    s.request().set_metric("k", static_cast<double>(k_cur_));
+    s.request().set_metric("exact", typical_ ? 0.0 : 1.0); // acceptance = "typical" is not exact
     // The drafts' size as chosen: nodes per verification, and the measured marginal cost of a row.
-    s.set_metric("mean_draft_nodes",
-                 target_forwards_ > 1 ? nodes_sum_ / static_cast<double>(target_forwards_ - 1) : 0.0);
-    s.set_metric("row_cost", cost_.beta());
+    s.request().set_metric("mean_draft_nodes", target_forwards_ > 1
+                                                   ? nodes_sum_ / static_cast<double>(target_forwards_ - 1)
+                                                   : 0.0);
+    s.request().set_metric("row_cost", cost_.beta());
     // v: a verification forward's mean wall time over a one-row forward's (the fit's), as measured here
     const double t1 = cost_.t1();
-    s.set_metric("verify_cost",
-                 verifies_ > 0 && t1 > 0 ? verify_ms_ / static_cast<double>(verifies_) / t1 : 0.0);
+    s.request().set_metric("verify_cost",
+                           verifies_ > 0 && t1 > 0 ? verify_ms_ / static_cast<double>(verifies_) / t1 : 0.0);
     s.add_result(0, s.score(0));
   }
 
@@ -266,7 +269,7 @@ private:
     }
     const size_t i = drafts_.size();
     if (q_.size() <= i) q_.emplace_back(V_); // kept across rounds: no allocation per draft token
-    s.probs(draft_seq_, q_[i]);
+    s.request().probs(draft_seq_, q_[i]);
     // The draft's own stream (seeded from the request's at start): how many drafts a round takes — with
     // adaptive trees, chosen from measured times — then never shifts the target's draws, so a tree
     // round consumes the request's RNG exactly as decoding alone (one draw per token): --seed reproduces.
@@ -330,14 +333,14 @@ private:
       return;
     }
     alts_.clear();
-    const size_t kept = s.set_draft(0, drafts_);
+    const size_t kept = s.draft().set(0, drafts_);
     drafts_.resize(kept);
     in_tree_ = false;
     phase_ = Phase::verify;
   }
 
   void submit_tree(Session& s) {
-    const size_t kept = s.set_draft_tree(0, tree_tok_, tree_par_);
+    const size_t kept = s.draft().set_tree(0, tree_tok_, tree_par_);
     tree_tok_.resize(kept);
     tree_par_.resize(kept);
     children_.assign(kept + 1, {}); // children_[i + 1]: node i's; children_[0]: the root's
@@ -353,27 +356,27 @@ private:
     size_t a = 0;
     bool rejected = false;
     for (; a < m; ++a) {
-      s.probs(0, p_);
+      s.request().probs(0, p_);
       const loom_token d = drafts_[a];
       const auto di = static_cast<size_t>(d);
       if (typical_) { // not exact: keep a plausible draft, else draw from p and end the round
         if (static_cast<double>(p_[di]) >= typical_cut()) {
-          if (s.commit(0, 1) != LOOM_STOP_NONE) {
+          if (s.draft().commit(0, 1) != LOOM_STOP_NONE) {
             ++a;
             record(m, a, false);
             return;
           }
           continue;
         }
-        s.append(0, static_cast<loom_token>(draw(p_, s.uniform())));
+        s.append(0, static_cast<loom_token>(draw(p_, s.request().uniform())));
         rejected = true;
         break;
       }
       const double qd = drafter_ == Drafter::model ? static_cast<double>(q_[a][di]) : 1.0;
       const double pd = static_cast<double>(p_[di]);
-      const double u = s.uniform();
+      const double u = s.request().uniform();
       if (u < std::min(1.0, pd / qd)) {
-        if (s.commit(0, 1) != LOOM_STOP_NONE) {
+        if (s.draft().commit(0, 1) != LOOM_STOP_NONE) {
           ++a;
           record(m, a, false);
           return;
@@ -392,13 +395,13 @@ private:
           mass += static_cast<double>(x);
       }
       const std::vector<float>& from = mass > 0 ? r_ : p_; // mass 0 only by rounding
-      s.append(0, static_cast<loom_token>(draw(from, s.uniform())));
+      s.append(0, static_cast<loom_token>(draw(from, s.request().uniform())));
       rejected = true;
       break;
     }
     if (!rejected) { // every draft accepted: the bonus token from the row after the last one
-      s.probs(0, p_);
-      s.append(0, static_cast<loom_token>(draw(p_, s.uniform())));
+      s.request().probs(0, p_);
+      s.append(0, static_cast<loom_token>(draw(p_, s.request().uniform())));
     }
     record(m, a, rejected);
   }
@@ -416,7 +419,7 @@ private:
     for (size_t r = 0; r < roots.size(); ++r)
       offered_[h][std::min(r, offered_[h].size() - 1)] += 1;
     for (;;) {
-      s.probs(0, p_);
+      s.request().probs(0, p_);
       int32_t next = -1;
       const auto& kids = children_[static_cast<size_t>(at + 1)];
       loom_token x = -1;
@@ -434,9 +437,9 @@ private:
           }
         }
         if (next >= 0 && at < 0) taken_[h][std::min(best_r, taken_[h].size() - 1)] += 1;
-        if (next < 0) x = static_cast<loom_token>(draw(p_, s.uniform()));
+        if (next < 0) x = static_cast<loom_token>(draw(p_, s.request().uniform()));
       } else {
-        x = static_cast<loom_token>(draw(p_, s.uniform()));
+        x = static_cast<loom_token>(draw(p_, s.request().uniform()));
         for (size_t r = 0; r < kids.size(); ++r)
           if (tree_tok_[static_cast<size_t>(kids[r])] == x) {
             next = kids[r];
@@ -456,7 +459,7 @@ private:
       ++a;
       if (next != static_cast<int32_t>(a) - 1) off_chain_ = true; // not at its depth's slot
       if (off_chain_) ++off_chain_tokens_; // its K/V are evaluated again with the next forward
-      if (s.commit_node(0, next) != LOOM_STOP_NONE) break;
+      if (s.draft().commit_node(0, next) != LOOM_STOP_NONE) break;
       at = next;
     }
     ++tree_rounds_;

@@ -54,7 +54,7 @@
 
 namespace {
 
-using loom::sdk::Session;
+using loom::Session;
 
 std::string json_string(const std::string& s) {
   static const char* hex = "0123456789abcdef";
@@ -120,7 +120,7 @@ int64_t int_key(const loom::sdk::Config& cfg, const char* key, int64_t def, int6
   return v;
 }
 
-class StepSearch final : public loom::sdk::Decoder {
+class StepSearch final : public loom::Decoder {
 public:
   explicit StepSearch(const loom::sdk::Config& cfg) {
     const std::string mode = cfg.get_str("mode", "beam");
@@ -175,7 +175,7 @@ public:
   }
 
   void start(Session& s) override {
-    if (!s.has_verifier())
+    if (!s.verification().available())
       throw loom::sdk::Error("step_search: needs a verifier to score steps; add a [verifier] section "
                              "(e.g. name = \"arith_check\")");
     s.set_stream(-1); // the answer is known only at the end
@@ -208,7 +208,7 @@ public:
           g.complete = true;
           if (!g.rollout) {
             Node& n = nodes_[static_cast<size_t>(g.node)];
-            n.text = s.detokenize(g.step);
+            n.text = s.request().detokenize(g.step);
             n.n_tokens = g.step.size();
             n.stop = why;
           }
@@ -265,13 +265,13 @@ public:
                           [&](int id) { return winner && nodes_[id].answer == winner; });
     for (int id : order)
       s.add_result(nodes_[id].seq, nodes_[id].score);
-    s.set_output("answer", winner ? json_string(*winner) : "null");
+    s.request().set_output("answer", winner ? json_string(*winner) : "null");
     std::string votes = "[";
     for (size_t i = 0; i < ranked.size(); ++i)
       votes += (i ? "," : "") + std::string("{\"answer\":") + json_string(ranked[i].first) +
                ",\"count\":" + std::to_string(ranked[i].second.count) +
                ",\"weight\":" + json_number(ranked[i].second.weight) + "}";
-    s.set_output("votes", votes + "]");
+    s.request().set_output("votes", votes + "]");
     std::string tree = "{\"mode\":" + json_string(mode_name_) + ",\"rounds\":" + std::to_string(rounds_) +
                        ",\"expansions\":" + std::to_string(n_expanded_) + ",\"nodes\":[";
     for (size_t i = 1; i < nodes_.size(); ++i) {
@@ -285,12 +285,12 @@ public:
           (n.stop != LOOM_STOP_NONE ? std::string(",\"stop_reason\":\"") + stop_name(n.stop) + "\"" : "") +
           (n.error.empty() ? "" : ",\"error\":" + json_string(n.error)) + "}";
     }
-    s.set_output("search", tree + "]}");
-    s.set_metric("search_nodes", static_cast<double>(nodes_.size() - 1));
-    s.set_metric("search_expansions", static_cast<double>(n_expanded_));
-    s.set_metric("search_rounds", static_cast<double>(rounds_));
-    s.set_metric("verifier_calls", static_cast<double>(verifier_calls_));
-    s.set_metric("verifier_batches", static_cast<double>(verifier_batches_));
+    s.request().set_output("search", tree + "]}");
+    s.request().set_metric("search_nodes", static_cast<double>(nodes_.size() - 1));
+    s.request().set_metric("search_expansions", static_cast<double>(n_expanded_));
+    s.request().set_metric("search_rounds", static_cast<double>(rounds_));
+    s.request().set_metric("verifier_calls", static_cast<double>(verifier_calls_));
+    s.request().set_metric("verifier_batches", static_cast<double>(verifier_batches_));
   }
 
 private:
@@ -456,7 +456,7 @@ private:
       n.logprob += static_cast<double>(lp);
       ++n.n_gen;
     }
-    const std::string text = s.detokenize(g.step);
+    const std::string text = s.request().detokenize(g.step);
     const size_t first = text.find_first_not_of(" \t\r\n"); // the delimiter counts after non-blank text
     const bool at_delim = first != std::string::npos && text.find(delim_, first) != std::string::npos;
     const bool step_end = at_delim || g.step.size() >= max_step_tokens_;
@@ -500,7 +500,7 @@ private:
   // The generated text of a sequence (after the prompt).
   std::string path_text(Session& s, loom_seq q) const {
     const auto toks = s.tokens(q);
-    return s.detokenize(toks.subspan(std::min(n_prompt_, toks.size())));
+    return s.request().detokenize(toks.subspan(std::min(n_prompt_, toks.size())));
   }
 
   // Scores candidates (node, the sequence whose text it is judged on) in one verifier call: a judge
@@ -514,7 +514,7 @@ private:
       texts.push_back(path_text(s, w.second));
     verifier_calls_ += which.size();
     ++verifier_batches_;
-    const auto verdicts = s.verify_many(texts);
+    const auto verdicts = s.verification().score_many(texts);
     for (size_t i = 0; i < which.size(); ++i) {
       Node& n = nodes_[static_cast<size_t>(which[i].first)];
       const double v = verdicts[i].score;

@@ -143,7 +143,8 @@ LOOM_ABI_OFFSET(loom_host, log, 16); // where every major has it: a plugin of an
 LOOM_ABI_OFFSET(loom_host, get_api, 24);
 LOOM_ABI_OFFSET(loom_host, version, 32);
 LOOM_ABI_SIZE(loom_host, 40);
-static_assert(LOOM_API_CORE == 1u && LOOM_API_CONFIG == 2u && LOOM_API_SESSION == 3u);
+static_assert(LOOM_API_CORE == 1u && LOOM_API_CONFIG == 2u && LOOM_API_SESSION == 3u &&
+              LOOM_API_REQUEST == 4u && LOOM_API_DRAFT == 5u && LOOM_API_VERIFY == 6u);
 LOOM_ABI_OFFSET(loom_core_api, status_create, 0);
 LOOM_ABI_OFFSET(loom_core_api, status_code, 8);
 LOOM_ABI_OFFSET(loom_core_api, status_message, 16);
@@ -159,43 +160,48 @@ LOOM_ABI_OFFSET(loom_config_api, type, 40);
 LOOM_ABI_OFFSET(loom_config_api, get_i64_array, 48);
 LOOM_ABI_OFFSET(loom_config_api, get_f64_array, 56);
 LOOM_ABI_SIZE(loom_config_api, 64);
-LOOM_ABI_OFFSET(loom_session_api, n_vocab, 0);
-LOOM_ABI_OFFSET(loom_session_api, n_prompt, 8);
-LOOM_ABI_OFFSET(loom_session_api, max_new_tokens, 16);
-LOOM_ABI_OFFSET(loom_session_api, seq_fork, 24);
-LOOM_ABI_OFFSET(loom_session_api, seq_free, 32);
-LOOM_ABI_OFFSET(loom_session_api, seq_truncate, 40);
-LOOM_ABI_OFFSET(loom_session_api, seq_append, 48);
-LOOM_ABI_OFFSET(loom_session_api, seq_tokens, 56);
-LOOM_ABI_OFFSET(loom_session_api, seq_n_generated, 64);
-LOOM_ABI_OFFSET(loom_session_api, seq_finished, 72);
-LOOM_ABI_OFFSET(loom_session_api, plan, 80);
-LOOM_ABI_OFFSET(loom_session_api, seq_logits, 88);
-LOOM_ABI_OFFSET(loom_session_api, seq_sample, 96);
-LOOM_ABI_OFFSET(loom_session_api, seq_logprob, 104);
-LOOM_ABI_OFFSET(loom_session_api, seq_finish, 112);
-LOOM_ABI_OFFSET(loom_session_api, seq_score, 120);
-LOOM_ABI_OFFSET(loom_session_api, set_stream, 128);
-LOOM_ABI_OFFSET(loom_session_api, tokenize, 136);
-LOOM_ABI_OFFSET(loom_session_api, detokenize, 144);
-LOOM_ABI_OFFSET(loom_session_api, add_result, 152);
-LOOM_ABI_OFFSET(loom_session_api, set_output, 160);
-LOOM_ABI_OFFSET(loom_session_api, verify, 168);
-LOOM_ABI_OFFSET(loom_session_api, set_metric, 176);
-LOOM_ABI_OFFSET(loom_session_api, uniform, 184);
-LOOM_ABI_OFFSET(loom_session_api, seq_set_draft, 192);
-LOOM_ABI_OFFSET(loom_session_api, seq_commit, 200);
-LOOM_ABI_OFFSET(loom_session_api, seq_n_draft, 208);
-LOOM_ABI_OFFSET(loom_session_api, seq_logits_at, 216);
-LOOM_ABI_OFFSET(loom_session_api, seq_probs, 224);
-LOOM_ABI_OFFSET(loom_session_api, has_draft, 232);
-LOOM_ABI_OFFSET(loom_session_api, seq_fork_draft, 240);
-LOOM_ABI_OFFSET(loom_session_api, seq_set_draft_tree, 248);
-LOOM_ABI_OFFSET(loom_session_api, seq_commit_node, 256);
-LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_nodes, 264);
-LOOM_ABI_OFFSET(loom_session_api, seq_max_tree_depth, 272);
-LOOM_ABI_OFFSET(loom_session_api, verify_many, 280);
-LOOM_ABI_SIZE(loom_session_api, 288);
+LOOM_ABI_OFFSET(loom_session_info, struct_size, 0);
+LOOM_ABI_OFFSET(loom_session_info, n_vocab, 4);
+LOOM_ABI_OFFSET(loom_session_info, max_new_tokens, 8);
+LOOM_ABI_OFFSET(loom_session_info, n_prompt, 16);
+LOOM_ABI_SIZE(loom_session_info, 24);
+LOOM_ABI_OFFSET(loom_session_api, info, 0);
+LOOM_ABI_OFFSET(loom_session_api, seq_fork, 8);
+LOOM_ABI_OFFSET(loom_session_api, seq_free, 16);
+LOOM_ABI_OFFSET(loom_session_api, seq_truncate, 24);
+LOOM_ABI_OFFSET(loom_session_api, seq_append, 32);
+LOOM_ABI_OFFSET(loom_session_api, seq_tokens, 40);
+LOOM_ABI_OFFSET(loom_session_api, seq_finished, 48);
+LOOM_ABI_OFFSET(loom_session_api, plan, 56);
+LOOM_ABI_OFFSET(loom_session_api, seq_logits, 64);
+LOOM_ABI_OFFSET(loom_session_api, seq_sample, 72);
+LOOM_ABI_OFFSET(loom_session_api, seq_logprob, 80);
+LOOM_ABI_OFFSET(loom_session_api, seq_finish, 88);
+LOOM_ABI_OFFSET(loom_session_api, seq_score, 96);
+LOOM_ABI_OFFSET(loom_session_api, set_stream, 104);
+LOOM_ABI_OFFSET(loom_session_api, add_result, 112);
+LOOM_ABI_SIZE(loom_session_api, 120);
+LOOM_ABI_OFFSET(loom_request_api, tokenize, 0);
+LOOM_ABI_OFFSET(loom_request_api, detokenize, 8);
+LOOM_ABI_OFFSET(loom_request_api, seq_probs, 16);
+LOOM_ABI_OFFSET(loom_request_api, set_output, 24);
+LOOM_ABI_OFFSET(loom_request_api, set_metric, 32);
+LOOM_ABI_OFFSET(loom_request_api, uniform, 40);
+LOOM_ABI_SIZE(loom_request_api, 48);
+LOOM_ABI_OFFSET(loom_draft_api, seq_set_draft, 0);
+LOOM_ABI_OFFSET(loom_draft_api, seq_commit, 8);
+LOOM_ABI_OFFSET(loom_draft_api, seq_n_draft, 16);
+LOOM_ABI_OFFSET(loom_draft_api, seq_logits_at, 24);
+LOOM_ABI_OFFSET(loom_draft_api, has_draft, 32);
+LOOM_ABI_OFFSET(loom_draft_api, seq_fork_draft, 40);
+LOOM_ABI_OFFSET(loom_draft_api, seq_set_draft_tree, 48);
+LOOM_ABI_OFFSET(loom_draft_api, seq_commit_node, 56);
+LOOM_ABI_OFFSET(loom_draft_api, seq_max_tree_nodes, 64);
+LOOM_ABI_OFFSET(loom_draft_api, seq_max_tree_depth, 72);
+LOOM_ABI_SIZE(loom_draft_api, 80);
+LOOM_ABI_OFFSET(loom_verify_api, verify, 0);
+LOOM_ABI_OFFSET(loom_verify_api, verify_many, 8);
+LOOM_ABI_SIZE(loom_verify_api, 16);
 // loom_candidates: an array of loom_token_data that carries its element size
 LOOM_ABI_OFFSET(loom_candidates, struct_size, 0);
 LOOM_ABI_OFFSET(loom_candidates, data_size, 4);
@@ -310,7 +316,8 @@ TEST(AbiLayout, Frozen) {
   EXPECT_EQ(LOOM_ABI_MAJOR, 3u);
   EXPECT_GE(LOOM_ABI_MINOR, 0u);
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-  EXPECT_EQ(sizeof(loom_session_api), 288u); // 36 entries
+  EXPECT_EQ(sizeof(loom_session_api),
+            120u); // the core: 15 entries (request, draft, verify: their own tables)
 #else
   GTEST_SKIP() << "the frozen layouts are stated for LP64 only";
 #endif

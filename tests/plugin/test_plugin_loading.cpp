@@ -237,7 +237,8 @@ TEST(PluginLoading, APluginForANewerMinorIsRefusedWithItsReason) {
   const loom_host* h = host_api();
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->abi_major, LOOM_ABI_MAJOR);
-  EXPECT_NE(h->get_api(LOOM_API_SESSION, 0), nullptr);
+  for (uint32_t table : {LOOM_API_SESSION, LOOM_API_REQUEST, LOOM_API_DRAFT, LOOM_API_VERIFY})
+    EXPECT_NE(h->get_api(table, 0), nullptr) << "table " << table;
   EXPECT_NE(h->get_api(LOOM_API_CORE, LOOM_ABI_MINOR), nullptr);
   EXPECT_EQ(h->get_api(LOOM_API_CONFIG, LOOM_ABI_MINOR + 1), nullptr);
   EXPECT_EQ(h->get_api(99, 0), nullptr);

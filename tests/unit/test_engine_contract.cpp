@@ -94,7 +94,7 @@ bool rig_kv_holds_only(const DecodeSession&, std::initializer_list<SeqId> ids) {
   return held == kv_for_ids->shape().n_seq_max - kv_for_ids->free_sequences();
 }
 
-// A decoder given as lambdas over the session (plan / update / done); results: sequence 0.
+// A decoder given as lambdas over the request's DecodeSession (plan / update / done); results: sequence 0.
 struct LambdaDecoder final : Decoder {
   std::function<void(DecodeSession&)> on_plan = [](DecodeSession& s) { // sequence 0 while it is live
     if (s.finished(0) == StopReason::none) s.plan(0);
@@ -102,11 +102,13 @@ struct LambdaDecoder final : Decoder {
   std::function<void(DecodeSession&)> on_update;
   std::function<bool(const DecodeSession&)> on_done;
   std::string_view name() const noexcept override { return "test"; }
-  void plan(DecodeSession& s) override { on_plan(s); }
-  void update(DecodeSession& s) override { on_update(s); }
-  bool done(const DecodeSession& s) const override { return on_done(s); }
+  // Host code: past the session table to the request (DecodeSession::of), as `loom explain` does.
+  void plan(Session& h) override { on_plan(DecodeSession::of(h)); }
+  void update(Session& h) override { on_update(DecodeSession::of(h)); }
+  bool done(const Session& h) const override { return on_done(DecodeSession::of(h)); }
   std::function<void(DecodeSession&)> on_results;
-  void results(DecodeSession& s) override {
+  void results(Session& h) override {
+    DecodeSession& s = DecodeSession::of(h);
     s.add_result(0, s.score(0));
     if (on_results) on_results(s);
   }

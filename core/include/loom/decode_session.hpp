@@ -26,6 +26,7 @@
 #pragma once
 
 #include "loom/sampler.hpp"
+#include "loom/sdk/decoder.hpp"
 #include "loom/sequence_book.hpp"
 #include "loom/stop.hpp"
 #include "loom/tokenizer.hpp"
@@ -61,6 +62,12 @@ public:
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;
+
+  // The request as its decoder sees it (loom::Session over abi.h's session table, which the host
+  // implements on this class), and back: host code — the engine, `loom explain` — may reach past the
+  // table to the request itself.
+  Session handle() noexcept { return Session(reinterpret_cast<loom_session*>(this)); }
+  static DecodeSession& of(const Session& s) noexcept { return *reinterpret_cast<DecodeSession*>(s.raw()); }
 
   // ---- decoder-facing ----
   int32_t n_vocab() const noexcept { return ctx_.n_vocab; }

@@ -162,25 +162,22 @@ public:
   PluginDecoder(std::unique_ptr<Object<loom_decoder_i>> o, std::string name)
       : o_(std::move(o)), name_(std::move(name)) {}
   std::string_view name() const noexcept override { return name_; }
-  void start(DecodeSession& s) override {
+  void start(Session& s) override {
     if (LOOM_HAS(o_->vt, loom_decoder_i, start) && o_->vt->start)
-      throw_if(o_->vt->start(o_->self, raw(s)), "decoder '" + name_ + "' start");
+      throw_if(o_->vt->start(o_->self, s.raw()), "decoder '" + name_ + "' start");
   }
-  void plan(DecodeSession& s) override {
-    throw_if(o_->vt->plan(o_->self, raw(s)), "decoder '" + name_ + "' plan");
+  void plan(Session& s) override {
+    throw_if(o_->vt->plan(o_->self, s.raw()), "decoder '" + name_ + "' plan");
   }
-  void update(DecodeSession& s) override {
-    throw_if(o_->vt->update(o_->self, raw(s)), "decoder '" + name_ + "' update");
+  void update(Session& s) override {
+    throw_if(o_->vt->update(o_->self, s.raw()), "decoder '" + name_ + "' update");
   }
-  bool done(const DecodeSession& s) const override {
-    return o_->vt->done(o_->self, reinterpret_cast<const loom_session*>(&s)) != 0;
-  }
-  void results(DecodeSession& s) override {
-    throw_if(o_->vt->results(o_->self, raw(s)), "decoder '" + name_ + "' results");
+  bool done(const Session& s) const override { return o_->vt->done(o_->self, s.raw()) != 0; }
+  void results(Session& s) override {
+    throw_if(o_->vt->results(o_->self, s.raw()), "decoder '" + name_ + "' results");
   }
 
 private:
-  static loom_session* raw(DecodeSession& s) { return reinterpret_cast<loom_session*>(&s); }
   std::unique_ptr<Object<loom_decoder_i>> o_;
   std::string name_;
 };

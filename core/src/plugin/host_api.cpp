@@ -4,6 +4,7 @@
 #include "plugin_internal.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -242,14 +243,14 @@ const DecodeSession& S(const loom_session* s) {
   return *reinterpret_cast<const DecodeSession*>(s);
 }
 
-int32_t session_n_vocab(const loom_session* s) noexcept {
-  return S(s).n_vocab();
-}
-size_t session_n_prompt(const loom_session* s) noexcept {
-  return S(s).n_prompt();
-}
-int32_t session_max_new_tokens(const loom_session* s) noexcept {
-  return S(s).max_new_tokens();
+// The fields that lie inside the caller's struct_size (a later minor may append some).
+void session_info(const loom_session* s, loom_session_info* out) noexcept {
+  if (!out) return;
+  const auto fits = [&](size_t offset, size_t size) { return out->struct_size >= offset + size; };
+  if (fits(offsetof(loom_session_info, n_vocab), sizeof out->n_vocab)) out->n_vocab = S(s).n_vocab();
+  if (fits(offsetof(loom_session_info, max_new_tokens), sizeof out->max_new_tokens))
+    out->max_new_tokens = S(s).max_new_tokens();
+  if (fits(offsetof(loom_session_info, n_prompt), sizeof out->n_prompt)) out->n_prompt = S(s).n_prompt();
 }
 
 loom_status* seq_fork(loom_session* s, loom_seq parent, loom_seq* child) noexcept {
@@ -277,13 +278,6 @@ size_t seq_tokens(const loom_session* s, loom_seq seq, const loom_token** out) n
     return t.size();
   } catch (...) {
     *out = nullptr;
-    return 0;
-  }
-}
-size_t seq_n_generated(const loom_session* s, loom_seq seq) noexcept {
-  try {
-    return S(s).n_generated(seq);
-  } catch (...) {
     return 0;
   }
 }
@@ -475,26 +469,23 @@ size_t tokenize(const loom_session* s, const char* text, size_t len, int32_t add
   }
 }
 
-// The tables of this major (entries of a later minor are appended, each table's minor noted in
-// get_api).
+// The tables of this major (a later minor appends entries).
 const loom_core_api k_core = {&status_create, &status_code, &status_message, &status_free, &core_rng_uniform};
 const loom_config_api k_config = {&config_get_i64,       &config_get_f64,      &config_get_bool,
                                   &config_get_str,       &config_has,          &config_type,
                                   &config_get_i64_array, &config_get_f64_array};
-const loom_session_api k_session = {&session_n_vocab,    &session_n_prompt,   &session_max_new_tokens,
-                                    &seq_fork,           &seq_free,           &seq_truncate,
-                                    &seq_append,         &seq_tokens,         &seq_n_generated,
-                                    &seq_finished,       &session_plan,       &seq_logits,
-                                    &seq_sample,         &seq_logprob,        &seq_finish,
-                                    &seq_score,          &session_set_stream, &tokenize,
-                                    &detokenize,         &session_add_result, &session_set_output,
-                                    &session_verify,     &session_set_metric, &session_uniform,
-                                    &seq_set_draft,      &seq_commit,         &seq_n_draft,
-                                    &seq_logits_at,      &seq_probs,          &session_has_draft,
-                                    &seq_fork_draft,     &seq_set_draft_tree, &seq_commit_node,
-                                    &seq_max_tree_nodes, &seq_max_tree_depth, &session_verify_many};
+const loom_session_api k_session = {&session_info, &seq_fork,           &seq_free,          &seq_truncate,
+                                    &seq_append,   &seq_tokens,         &seq_finished,      &session_plan,
+                                    &seq_logits,   &seq_sample,         &seq_logprob,       &seq_finish,
+                                    &seq_score,    &session_set_stream, &session_add_result};
+const loom_request_api k_request = {&tokenize,           &detokenize,         &seq_probs,
+                                    &session_set_output, &session_set_metric, &session_uniform};
+const loom_draft_api k_draft = {
+    &seq_set_draft,  &seq_commit,         &seq_n_draft,     &seq_logits_at,      &session_has_draft,
+    &seq_fork_draft, &seq_set_draft_tree, &seq_commit_node, &seq_max_tree_nodes, &seq_max_tree_depth};
+const loom_verify_api k_verify = {&session_verify, &session_verify_many};
 
-// Each table as of 2.`minor`; a minor this host does not have yet gives NULL.
+// Each table as of `minor`; a minor this host does not have yet gives NULL.
 const void* get_api(uint32_t table, uint32_t minor) noexcept {
   if (minor > LOOM_ABI_MINOR) return nullptr;
   switch (table) {
@@ -504,6 +495,12 @@ const void* get_api(uint32_t table, uint32_t minor) noexcept {
     return &k_config;
   case LOOM_API_SESSION:
     return &k_session;
+  case LOOM_API_REQUEST:
+    return &k_request;
+  case LOOM_API_DRAFT:
+    return &k_draft;
+  case LOOM_API_VERIFY:
+    return &k_verify;
   default:
     return nullptr;
   }
@@ -515,6 +512,10 @@ const char* host_version() noexcept {
 
 const loom_host k_host = {sizeof(loom_host), LOOM_ABI_MAJOR, LOOM_ABI_MINOR,
                           &host_log,         &get_api,       &host_version};
+
+// The host's own decoders (`sample`, `loom explain`'s) drive a request through the same tables as a
+// plugin's: the SDK's bindings, set for the host as loom_plugin_init sets them for a plugin.
+[[maybe_unused]] const bool k_host_bound = sdk::detail::bind_host(&k_host, LOOM_ABI_MAJOR, "loom");
 
 } // namespace
 

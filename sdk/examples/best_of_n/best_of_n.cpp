@@ -23,9 +23,9 @@
 
 namespace {
 
-using loom::sdk::Session;
+using loom::Session;
 
-class BestOfN final : public loom::sdk::Decoder {
+class BestOfN final : public loom::Decoder {
 public:
   explicit BestOfN(const loom::sdk::Config& cfg) {
     const int64_t n = cfg.get_i64("n", 4);

@@ -226,11 +226,14 @@ typedef struct loom_plugin {
 
 /* ---- the host's services: tables asked for by version ------------------------------------- */
 
-/* The host hands loom_plugin_init a small loom_host; the services live in three tables that a plugin
+/* The host hands loom_plugin_init a small loom_host; the services live in tables that a plugin
  * asks for with get_api(table, minor), as ONNX Runtime's GetApi(version):
  *   LOOM_API_CORE    statuses and the RNG            (loom_core_api)
  *   LOOM_API_CONFIG  the plugin's TOML table          (loom_config_api)
- *   LOOM_API_SESSION a request, as its decoder sees it (loom_session_api)
+ *   LOOM_API_SESSION a request's core, as its decoder sees it (loom_session_api)
+ *   LOOM_API_REQUEST its tokenizer, RNG and chain, outputs (loom_request_api)
+ *   LOOM_API_DRAFT   speculative decoding (loom_draft_api)
+ *   LOOM_API_VERIFY  the pipeline's verifier (loom_verify_api)
  * get_api returns the table as it is in ABI <major>.`minor`: every entry of that version present and
  * non-NULL, for the life of the process; NULL when the host is older than that minor (or does not know
  * the table). Tables are never reordered: a later minor only appends entries, so a plugin built for
@@ -240,6 +243,9 @@ typedef struct loom_plugin {
 #define LOOM_API_CORE 1u
 #define LOOM_API_CONFIG 2u
 #define LOOM_API_SESSION 3u
+#define LOOM_API_REQUEST 4u
+#define LOOM_API_DRAFT 5u
+#define LOOM_API_VERIFY 6u
 
 typedef struct loom_host {
   uint32_t struct_size;
@@ -283,12 +289,20 @@ typedef struct loom_config_api {
   loom_status* (*get_f64_array)(const loom_config* cfg, const char* key, const double** out, size_t* n);
 } loom_config_api;
 
-/* LOOM_API_SESSION: a request as its decoder sees it. Sequences are request-local ids; 0 is the
- * prompt sequence. */
+/* A request as its decoder sees it, in four tables asked for separately (a plain decoder needs only
+ * the first). Sequences are request-local ids; 0 is the prompt sequence. */
+
+/* What a request is (loom_session_api.info fills the fields inside out->struct_size). */
+typedef struct loom_session_info {
+  uint32_t struct_size;
+  int32_t n_vocab;
+  int32_t max_new_tokens; /* -1: until the context is full */
+  size_t n_prompt;        /* tokens of sequence 0's prompt */
+} loom_session_info;
+
+/* LOOM_API_SESSION: the core — sequences, their tokens and logits, sampling, stopping, results. */
 typedef struct loom_session_api {
-  int32_t (*n_vocab)(const loom_session* s);
-  size_t (*n_prompt)(const loom_session* s);
-  int32_t (*max_new_tokens)(const loom_session* s); /* -1: until the context is full */
+  void (*info)(const loom_session* s, loom_session_info* out);
   /* Copies tokens, the used KV positions, logits, sampler / stop / detokenizer state and text.
    * *child = -1 (status NULL) when the KV cache has no free sequence: recoverable — go on with fewer
    * sequences. An error status only for a parent that does not exist. */
@@ -305,8 +319,7 @@ typedef struct loom_session_api {
    * stopped sequence is finished. */
   loom_status* (*seq_append)(loom_session* s, loom_seq seq, loom_token token, int32_t* reason);
   size_t (*seq_tokens)(const loom_session* s, loom_seq seq,
-                       const loom_token** tokens); /* prompt + generated */
-  size_t (*seq_n_generated)(const loom_session* s, loom_seq seq);
+                       const loom_token** tokens);              /* prompt + generated */
   int32_t (*seq_finished)(const loom_session* s, loom_seq seq); /* its loom_stop_reason, 0 if live */
   /* Plans `seq` for the next forward pass: its tokens not yet in the KV cache are evaluated and the
    * logits of its last token become available to update(). */
@@ -322,6 +335,13 @@ typedef struct loom_session_api {
   double (*seq_score)(const loom_session* s, loom_seq seq); /* sum of the log-probs of its generated tokens */
   /* Which sequence's text is streamed to the caller (default 0; -1: none). */
   void (*set_stream)(loom_session* s, loom_seq seq);
+  /* Reports a hypothesis from results(), best first. */
+  loom_status* (*add_result)(loom_session* s, loom_seq seq, double score);
+} loom_session_api;
+
+/* LOOM_API_REQUEST: the request beyond its sequences — its tokenizer, its RNG and sampler chain, what
+ * it reports besides results. */
+typedef struct loom_request_api {
   /* Tokens of a text with the request's tokenizer: add_special adds what the model adds at the start
    * (BOS) when its metadata says so; parse_special matches special-token texts ("<|eot_id|>"). Writes
    * up to cap tokens to out (may be NULL when cap is 0) and returns the full count. */
@@ -329,22 +349,24 @@ typedef struct loom_session_api {
                      int32_t parse_special, loom_token* out, size_t cap);
   /* Text of tokens; writes up to cap bytes (not NUL-terminated), returns the full length. */
   size_t (*detokenize)(const loom_session* s, const loom_token* tokens, size_t n, char* buf, size_t cap);
-  /* Reports a hypothesis from results(), best first. */
-  loom_status* (*add_result)(loom_session* s, loom_seq seq, double score);
+  /* The distribution the request's sampler chain draws seq's next token from, at row 0 and with seq's
+   * sampler state: out[0..n_vocab) (n ≥ n_vocab), 0 for tokens the chain removes, one-hot for a
+   * deterministic selector (greedy, temperature 0) and at the draw of a selecting plugin sampler.
+   * Samplers that use the RNG (dist excepted) draw from the request's RNG as they would when sampling. */
+  loom_status* (*seq_probs)(loom_session* s, loom_seq seq, float* out, size_t n);
   /* A field the decoder adds to the request's result (`loom run --json` prints it at the top level):
    * `json` is one JSON value; `key` must not be one of the result's own fields (tokens, text,
    * hypotheses, metrics, …). Setting a key again replaces it. */
   loom_status* (*set_output)(loom_session* s, const char* key, const char* json);
-  /* The pipeline's verifier ([verifier]) on a text of this request (its prompt is passed along):
-   * *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier. text NULL
-   * only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
-  loom_status* (*verify)(loom_session* s, const char* text, size_t len, double* score);
   /* A number in the request's metrics (`loom run --json` → metrics.KEY); setting it again replaces it. */
   loom_status* (*set_metric)(loom_session* s, const char* key, double value);
   /* Uniform in [0, 1) from the request's seeded RNG. */
   double (*uniform)(loom_session* s);
 
-  /* Speculative decoding — uncommitted tokens, rows of logits, a second model. */
+} loom_request_api;
+
+/* LOOM_API_DRAFT: speculative decoding — uncommitted tokens, rows of logits, trees, a second model. */
+typedef struct loom_draft_api {
   /* Sets seq's uncommitted (draft) tokens after its committed ones, replacing earlier drafts. The next
    * plan evaluates them in the same forward pass and yields a logits row after the committed tokens
    * (row 0) and after each draft token (rows 1..n). Drafts are not streamed and not seen by stop rules
@@ -361,11 +383,6 @@ typedef struct loom_session_api {
   /* Logits row `row` [n_vocab] (0: after the committed tokens, the same as seq_logits; i: after i
    * draft tokens); NULL unless evaluated. Valid until the sequence changes. */
   const float* (*seq_logits_at)(const loom_session* s, loom_seq seq, size_t row);
-  /* The distribution the request's sampler chain draws seq's next token from, at row 0 and with seq's
-   * sampler state: out[0..n_vocab) (n ≥ n_vocab), 0 for tokens the chain removes, one-hot for a
-   * deterministic selector (greedy, temperature 0) and at the draw of a selecting plugin sampler.
-   * Samplers that use the RNG (dist excepted) draw from the request's RNG as they would when sampling. */
-  loom_status* (*seq_probs)(loom_session* s, loom_seq seq, float* out, size_t n);
   /* 1 when the pipeline names a draft model ([decoder] draft = "x.gguf"). */
   int32_t (*has_draft)(const loom_session* s);
   /* A sequence on the draft model with parent's committed tokens (none evaluated there yet) and a copy
@@ -391,6 +408,14 @@ typedef struct loom_session_api {
   int32_t (*seq_max_tree_nodes)(const loom_session* s, loom_seq seq);
   int32_t (*seq_max_tree_depth)(const loom_session* s, loom_seq seq);
 
+} loom_draft_api;
+
+/* LOOM_API_VERIFY: the pipeline's verifier ([verifier]) on texts of this request. */
+typedef struct loom_verify_api {
+  /* The pipeline's verifier ([verifier]) on a text of this request (its prompt is passed along):
+   * *score in [0, 1]. A LOOM_STATUS_NOT_FOUND status when the pipeline names no verifier. text NULL
+   * only asks: *score = 1 when there is a verifier, 0 when not (status NULL either way). */
+  loom_status* (*verify)(loom_session* s, const char* text, size_t len, double* score);
   /* The verifier on n texts of this request at once (a judge model scores them in one batched
    * forward; other verifiers one by one): scores[i] in [0, 1] when statuses[i] is NULL, else statuses[i]
    * says why text i failed (the caller frees it; the other texts are still scored). The call's own
@@ -398,7 +423,7 @@ typedef struct loom_session_api {
    * statuses are left alone). */
   loom_status* (*verify_many)(loom_session* s, const char* const* texts, const size_t* lens, size_t n,
                               double* scores, loom_status** statuses);
-} loom_session_api;
+} loom_verify_api;
 
 typedef enum loom_config_type {
   LOOM_CONFIG_NONE = 0,

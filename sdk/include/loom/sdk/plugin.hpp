@@ -1,11 +1,12 @@
-// loom/sdk/plugin.hpp — header-only C++ wrapper over abi.h for plugin authors.
+// loom/sdk/plugin.hpp — what a plugin library is made of: its factories, the noexcept trampolines that turn
+// the interfaces of loom/sdk/ (Sampler, StopCriterion, Verifier, Decoder) into abi.h's C tables, and the
+// two exports.
 //
-// Subclass loom::Sampler (loom/sdk/sampler.hpp), loom::sdk::Decoder / StopCriterion / Verifier (they may
-// throw), then list them in one
-// LOOM_PLUGIN_DEFINE, which emits the two C exports and noexcept trampolines that turn exceptions
-// into statuses:
+// Subclass loom::Sampler, loom::StopCriterion, loom::Verifier or loom::Decoder (they may throw), then
+// list them in one LOOM_PLUGIN_DEFINE, which emits the two C exports and trampolines that turn
+// exceptions into statuses:
 //
-//   class BestOfN final : public loom::sdk::Decoder { ... };
+//   class BestOfN final : public loom::Decoder { ... };
 //   LOOM_PLUGIN_DEFINE("best_of_n", "1.0.0", LOOM_DECODER("best_of_n", BestOfN));
 //
 // Constructors take a loom::sdk::Config: read every key there (unknown keys are errors for the user).
@@ -13,125 +14,28 @@
 #pragma once
 
 #include "loom/sdk/abi.h"
+#include "loom/sdk/decoder.hpp"
 #include "loom/sdk/error.hpp"
+#include "loom/sdk/host.hpp"
 #include "loom/sdk/sampler.hpp"
 #include "loom/sdk/stop.hpp"
 #include "loom/sdk/verifier.hpp"
 
-#include <cstdarg>
-#include <cstdio>
+#include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace loom::sdk {
 
-// The host minor whose tables the plugin asks for (abi.h: loom_host.get_api). Define it lower before
-// including this header to run on older 2.x hosts, using only what that minor has.
-#ifndef LOOM_SDK_TARGET_MINOR
-#define LOOM_SDK_TARGET_MINOR LOOM_ABI_MINOR
-#endif
-
-namespace detail {
-struct HostTables {
-  const loom_host* host = nullptr;
-  const loom_core_api* core = nullptr;
-  const loom_config_api* config = nullptr;
-  const loom_session_api* session = nullptr;
-};
-inline HostTables& tables() noexcept {
-  static HostTables t; // set by loom_plugin_init; one per plugin (hidden)
-  return t;
-}
-inline const char*& plugin_name_ref() noexcept {
-  static const char* n = "plugin";
-  return n;
-}
-// Asks the host for every table at LOOM_SDK_TARGET_MINOR; false (after one log line) when the host is
-// older than that minor or speaks another major.
-inline bool bind_host(const loom_host* h, uint32_t abi_major, const char* name) noexcept {
-  if (!h) return false;
-  char line[200];
-  if (abi_major != LOOM_ABI_MAJOR) {
-    std::snprintf(line, sizeof line,
-                  "the host speaks ABI %u.x, this plugin ABI %u.x: rebuild it against the host's SDK",
-                  abi_major, LOOM_ABI_MAJOR);
-    if (h->log) h->log(LOOM_LOG_ERROR, name, line);
-    return false;
-  }
-  HostTables t;
-  t.host = h;
-  if (h->struct_size >= offsetof(loom_host, get_api) + sizeof(h->get_api) && h->get_api) {
-    t.core = static_cast<const loom_core_api*>(h->get_api(LOOM_API_CORE, LOOM_SDK_TARGET_MINOR));
-    t.config = static_cast<const loom_config_api*>(h->get_api(LOOM_API_CONFIG, LOOM_SDK_TARGET_MINOR));
-    t.session = static_cast<const loom_session_api*>(h->get_api(LOOM_API_SESSION, LOOM_SDK_TARGET_MINOR));
-  }
-  if (!t.core || !t.config || !t.session) {
-    std::snprintf(
-        line, sizeof line,
-        "the host (ABI %u.%u) is older than this plugin's ABI %u.%u: upgrade Loom, or build the plugin "
-        "with LOOM_SDK_TARGET_MINOR=%u",
-        h->abi_major, h->abi_minor, LOOM_ABI_MAJOR, static_cast<unsigned>(LOOM_SDK_TARGET_MINOR),
-        h->abi_minor);
-    if (h->log) h->log(LOOM_LOG_ERROR, name, line);
-    return false;
-  }
-  tables() = t;
-  return true;
-}
-} // namespace detail
-
-// The host and its tables (valid from loom_plugin_init on).
-inline const loom_host& host() {
-  return *detail::tables().host;
-}
-inline const loom_core_api& core_api() {
-  return *detail::tables().core;
-}
-inline const loom_config_api& config_api() {
-  return *detail::tables().config;
-}
-inline const loom_session_api& session_api() {
-  return *detail::tables().session;
-}
-
-// Thrown by plugin code (loom/sdk/error.hpp's, the host's too); a status with its code at the boundary.
-using Error = loom::Error;
-
-// A status from the host becomes an exception inside plugin code. Left alone it reaches the boundary
-// and the host reports it with its full text; plugin code that handles it instead reads code() and
-// message() and calls release() (status_code, status_message, status_free).
-struct StatusError : std::exception {
-  loom_status* status;
-  explicit StatusError(loom_status* s) : status(s) {}
-  const char* what() const noexcept override {
-    return status ? core_api().status_message(status) : "host call failed";
-  }
-  int32_t code() const noexcept { return status ? core_api().status_code(status) : 0; }
-  std::string message() const { return what(); }
-  void release() noexcept {
-    if (status) core_api().status_free(status);
-    status = nullptr;
-  }
-};
-inline void check(loom_status* s) {
-  if (s) throw StatusError(s);
-}
-
-inline void log(loom_log_level level, const std::string& msg) {
-  if (detail::tables().host) host().log(level, detail::plugin_name_ref(), msg.c_str());
-}
-
 // Converts the exception in flight into a status for the host.
 inline loom_status* current_exception_to_status() noexcept {
   try {
     throw;
   } catch (const StatusError& e) {
-    if (e.status) return e.status;
+    if (loom_status* s = e.take()) return s;
     return core_api().status_create(LOOM_STATUS_INTERNAL, "a host status rethrown after release()");
   } catch (const Error& e) {
     return core_api().status_create(status_code(e.code()), e.what());
@@ -199,185 +103,6 @@ public:
 
 private:
   const loom_config* c_;
-};
-
-// ---- decoders -----------------------------------------------------------------------------
-
-// One request as its decoder sees it. Sequence 0 holds the prompt.
-class Session {
-public:
-  explicit Session(loom_session* s) : s_(s) {}
-  int32_t n_vocab() const { return session_api().n_vocab(s_); }
-  size_t n_prompt() const { return session_api().n_prompt(s_); }
-  int32_t max_new_tokens() const { return session_api().max_new_tokens(s_); }
-  // -1 when the KV cache has no free sequence (recoverable: go on with fewer sequences).
-  loom_seq fork(loom_seq parent) {
-    loom_seq child = -1;
-    check(session_api().seq_fork(s_, parent, &child));
-    return child;
-  }
-  void free(loom_seq seq) { session_api().seq_free(s_, seq); }
-  void truncate(loom_seq seq, size_t n) { check(session_api().seq_truncate(s_, seq, n)); }
-  // Returns the stop reason the token caused (LOOM_STOP_NONE = go on).
-  int32_t append(loom_seq seq, loom_token t) {
-    int32_t reason = 0;
-    check(session_api().seq_append(s_, seq, t, &reason));
-    return reason;
-  }
-  std::span<const loom_token> tokens(loom_seq seq) const {
-    const loom_token* p = nullptr;
-    const size_t n = session_api().seq_tokens(s_, seq, &p);
-    return {p, n};
-  }
-  size_t n_generated(loom_seq seq) const { return session_api().seq_n_generated(s_, seq); }
-  int32_t finished(loom_seq seq) const { return session_api().seq_finished(s_, seq); }
-  void plan(loom_seq seq) { check(session_api().plan(s_, seq)); }
-  std::span<const float> logits(loom_seq seq) const {
-    const float* p = session_api().seq_logits(s_, seq);
-    return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
-  }
-  loom_token sample(loom_seq seq) {
-    loom_token t = -1;
-    check(session_api().seq_sample(s_, seq, &t));
-    return t;
-  }
-  float logprob(loom_seq seq, loom_token t) const { return session_api().seq_logprob(s_, seq, t); }
-  void finish(loom_seq seq, int32_t reason, double score) {
-    check(session_api().seq_finish(s_, seq, reason, score));
-  }
-  double score(loom_seq seq) const { return session_api().seq_score(s_, seq); }
-  void set_stream(loom_seq seq) { session_api().set_stream(s_, seq); }
-  // Tokens of a text with the request's tokenizer (add_special: BOS as the model adds it;
-  // parse_special: special-token texts are tokens).
-  std::vector<loom_token> tokenize(std::string_view text, bool add_special = false,
-                                   bool parse_special = false) const {
-    std::vector<loom_token> out(text.size() + 2);
-    size_t n = session_api().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0,
-                                      parse_special ? 1 : 0, out.data(), out.size());
-    if (n > out.size()) {
-      out.resize(n);
-      n = session_api().tokenize(s_, text.data(), text.size(), add_special ? 1 : 0, parse_special ? 1 : 0,
-                                 out.data(), out.size());
-    }
-    out.resize(n);
-    return out;
-  }
-  std::string detokenize(std::span<const loom_token> toks) const {
-    std::string out(64, '\0');
-    size_t n = session_api().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
-    if (n > out.size()) {
-      out.resize(n);
-      n = session_api().detokenize(s_, toks.data(), toks.size(), out.data(), out.size());
-    }
-    out.resize(n);
-    return out;
-  }
-  void add_result(loom_seq seq, double score) { check(session_api().add_result(s_, seq, score)); }
-  // The pipeline's verifier ([verifier]) on a text: a score in [0, 1]. Throws (LOOM_STATUS_NOT_FOUND)
-  // when the pipeline names none: a decoder that needs one says so at start (has_verifier()).
-  double verify(std::string_view text) {
-    double v = 0;
-    check(session_api().verify(s_, text.data(), text.size(), &v));
-    return v;
-  }
-  // The verifier on several texts at once (a judge model scores them in one batched forward): one
-  // outcome each — a score, or why that text failed (the others are still scored). Throws only when the
-  // pipeline names no verifier.
-  std::vector<VerifyOutcome> verify_many(std::span<const std::string> texts) {
-    std::vector<VerifyOutcome> r(texts.size());
-    std::vector<const char*> ptr(texts.size());
-    std::vector<size_t> len(texts.size());
-    std::vector<double> score(texts.size());
-    std::vector<loom_status*> st(texts.size(), nullptr);
-    for (size_t i = 0; i < texts.size(); ++i) {
-      ptr[i] = texts[i].data();
-      len[i] = texts[i].size();
-    }
-    check(session_api().verify_many(s_, ptr.data(), len.data(), texts.size(), score.data(), st.data()));
-    for (size_t i = 0; i < texts.size(); ++i) {
-      if (st[i]) {
-        r[i].error = core_api().status_message(st[i]);
-        core_api().status_free(st[i]);
-      } else {
-        r[i].score = score[i];
-      }
-    }
-    return r;
-  }
-  bool has_verifier() {
-    double v = 0;
-    check(session_api().verify(s_, nullptr, 0, &v)); // a NULL text only asks
-    return v == 1.0;
-  }
-  // A field of the result (`--json` top level): `json` is one JSON value.
-  void set_output(const std::string& key, const std::string& json) {
-    check(session_api().set_output(s_, key.c_str(), json.c_str()));
-  }
-  // ---- speculative decoding ----
-  // Uncommitted tokens after the committed ones, evaluated by the next plan with a logits row after
-  // each (logits_at). Returns how many the context had room for.
-  size_t set_draft(loom_seq seq, std::span<const loom_token> toks) {
-    size_t kept = 0;
-    check(session_api().seq_set_draft(s_, seq, toks.data(), toks.size(), &kept));
-    return kept;
-  }
-  // Commits the first n draft tokens (as append would); returns the stop reason they caused.
-  int32_t commit(loom_seq seq, size_t n) {
-    int32_t reason = 0;
-    check(session_api().seq_commit(s_, seq, n, &reason));
-    return reason;
-  }
-  size_t n_draft(loom_seq seq) const { return session_api().seq_n_draft(s_, seq); }
-  std::span<const float> logits_at(loom_seq seq, size_t row) const {
-    const float* p = session_api().seq_logits_at(s_, seq, row);
-    return p ? std::span<const float>(p, static_cast<size_t>(n_vocab())) : std::span<const float>();
-  }
-  // The sampler chain's distribution of seq's next token (row 0): out.size() ≥ n_vocab.
-  void probs(loom_seq seq, std::span<float> out) {
-    check(session_api().seq_probs(s_, seq, out.data(), out.size()));
-  }
-  bool has_draft_model() const { return session_api().has_draft(s_) == 1; }
-  // Token trees: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
-  // token); evaluated in one forward with row 1 + i after node i. Returns the nodes kept (context room).
-  size_t set_draft_tree(loom_seq seq, std::span<const loom_token> tokens, std::span<const int32_t> parents) {
-    if (tokens.size() != parents.size()) throw Error("set_draft_tree: one parent per token");
-    size_t kept = 0;
-    check(session_api().seq_set_draft_tree(s_, seq, tokens.data(), parents.data(), tokens.size(), &kept));
-    return kept;
-  }
-  // Commits node `node` (a child of the last committed node, or of the root at first); returns the stop
-  // reason it caused. Its row becomes row 0.
-  int32_t commit_node(loom_seq seq, int32_t node) {
-    int32_t reason = LOOM_STOP_NONE;
-    check(session_api().seq_commit_node(s_, seq, node, &reason));
-    return reason;
-  }
-  int32_t max_tree_nodes(loom_seq seq) const { return session_api().seq_max_tree_nodes(s_, seq); }
-  int32_t max_tree_depth(loom_seq seq) const { return session_api().seq_max_tree_depth(s_, seq); }
-  // A sequence on the pipeline's draft model with parent's committed tokens; -1 when its KV is full.
-  loom_seq fork_draft(loom_seq parent) {
-    loom_seq child = -1;
-    check(session_api().seq_fork_draft(s_, parent, &child));
-    return child;
-  }
-  void set_metric(const std::string& key, double value) {
-    check(session_api().set_metric(s_, key.c_str(), value));
-  }
-  double uniform() { return session_api().uniform(s_); } // [0, 1), the request's RNG
-  loom_session* raw() const { return s_; }
-
-private:
-  loom_session* s_;
-};
-
-class Decoder {
-public:
-  virtual ~Decoder() = default;
-  virtual void start(Session&) {}
-  virtual void plan(Session& s) = 0;
-  virtual void update(Session& s) = 0;
-  virtual bool done(const Session& s) const = 0;
-  virtual void results(Session& s) = 0;
 };
 
 // ---- trampolines (noexcept; exceptions become statuses) -----------------------------------
