@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sets Loom up on Debian 12: installs the Debian packages that are missing, configures and builds the
-# default (Release) preset, and fetches the demo model. Idempotent: a second run only rebuilds what
-# changed.
+# Sets Loom up on Debian 12: installs the Debian packages that are missing, configures the default
+# (Release) preset, builds what runs — loom and its plugins, not the tests (scripts/test.sh builds
+# those) — and fetches the demo model. Idempotent: a second run only rebuilds what changed.
 #   scripts/setup.sh            # deps + build + model
 #   scripts/setup.sh --deps     # only the Debian packages
 #   scripts/setup.sh --no-model # skip the model download
@@ -14,7 +14,7 @@ for a in "$@"; do
   case "$a" in
     --deps) deps_only=1 ;;
     --no-model) fetch_model=0 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +45,8 @@ fi
 [ "$deps_only" = 1 ] && exit 0
 
 cmake --preset default >/dev/null
-cmake --build --preset default
+# loom and its plugins only; scripts/test.sh builds the tests.
+cmake --build --preset default --target loom_runtime
 ln -sf build/compile_commands.json compile_commands.json
 
 if [ "$fetch_model" = 1 ]; then
