@@ -322,7 +322,7 @@ void DecodeSession::plan(LocalSeq seq) {
   Seq& s = at(seq);
   if (s.finished != StopReason::none)
     fail(Errc::invalid_argument, "decoder", "cannot plan finished sequence " + std::to_string(seq));
-  book_.plan(seq);
+  book_.mark_planned(seq);
 }
 const float* DecodeSession::logits(LocalSeq seq) const {
   return logits_at(seq, 0);

@@ -383,18 +383,17 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       Scheduler::RequestState st;
       st.decoding = r->prefilled && !r->recompute;
       st.evicted = r->session->book().evicted();
-      for (const SequenceBook::Pending& p : r->session->book().pending())
-        st.pending.push_back({p.seq, p.model, p.kv, p.remaining});
+      st.pending = r->session->book().pending();
       for (int m = 0; m < 2; ++m)
         st.kv_held[m] = r->session->book().kv_held(m);
       states.push_back(std::move(st));
     }
-  const Scheduler::StepPlan plan = scheduler_.plan(states, draft_ ? &draft_->kv : nullptr);
+  const Scheduler::StepPlan plan = scheduler_.schedule(states, draft_ ? &draft_->kv : nullptr);
   std::array<Scheduler::Batch, 2> batches;
   KVCacheStore* stores[2] = {&ctx_.kv, draft_ ? &draft_->kv : nullptr};
   size_t copies_before[2] = {0, 0};
   for (int m = 0; m < 2; ++m)
-    if (stores[m]) copies_before[m] = stores[m]->pending_copies();
+    if (stores[m]) copies_before[m] = stores[m]->queued_copies().size();
   for (const Scheduler::Action& a : plan.actions) {
     DecodeSession& s = *owners[a.request]->session;
     switch (a.op) {
@@ -421,7 +420,8 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
     std::vector<int64_t> listed;
     for (const auto& c : plan.copies)
       if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
-    const auto made = stores[m]->pending().subspan(std::min(copies_before[m], stores[m]->pending_copies()));
+    const auto queued = stores[m]->queued_copies();
+    const auto made = queued.subspan(std::min(copies_before[m], queued.size()));
     for (const KVBlockCopy& c : made) {
       ++stats_.block_copies;
       if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())

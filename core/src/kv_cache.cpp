@@ -516,9 +516,9 @@ void KVCacheStore::attach(std::unique_ptr<Buffer> memory) {
 }
 
 void KVCacheStore::sync() {
-  if (pending_.empty()) return;
-  if (memory_) memory_->copy(layout(), pending_);
-  pending_.clear();
+  if (queued_.empty()) return;
+  if (memory_) memory_->copy(layout(), queued_);
+  queued_.clear();
 }
 
 KVRows KVCacheStore::rows_for(const BatchView& b) {

@@ -37,7 +37,7 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   return {Admission::admit, StopReason::none, {}};
 }
 
-Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
+Scheduler::StepPlan Scheduler::schedule(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
   StepPlan out;
   const size_t n = reqs.size();
   const KVCacheStore* store[2] = {&kv_, draft};
@@ -72,7 +72,7 @@ Scheduler::StepPlan Scheduler::plan(std::span<const RequestState> reqs, const KV
       const size_t first_action = out.actions.size();
       bool self_preempted = false;
       int32_t taken[2] = {0, 0};
-      for (const PendingSeq& p : r.pending) {
+      for (const SequenceBook::Pending& p : r.pending) {
         const int m = p.model == 0 ? 0 : 1;
         const int32_t take = std::min(p.remaining, budget[m]);
         if (take <= 0 || !store[m]) continue; // the budget is spent: the rest waits for the next step

@@ -58,7 +58,7 @@ void SequenceBook::erase(LocalSeq seq) {
   ++events_;
 }
 
-bool SequenceBook::plan(LocalSeq seq) {
+bool SequenceBook::mark_planned(LocalSeq seq) {
   Entry& e = at(seq);
   if (e.planned) return false;
   e.planned = true;

@@ -1,6 +1,6 @@
 // The scheduler's step plan as a function of the engine's state, without a model: KV stores hold only
 // their accounting (no memory), requests are described by their pending work and the KV sequences they
-// hold, and Scheduler::plan() returns the actions a step applies — takes within the token budget,
+// hold, and Scheduler::schedule() returns the actions a step applies — takes within the token budget,
 // decodes before prefills, preemption of the newest request for room, a self-preempting decode, a
 // request alone ending with max_context — and never changes the store.
 #include "loom/kv_cache.hpp"
@@ -53,7 +53,7 @@ TEST(StepPlan, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
   reqs.push_back(request(*kv, 1, 20, 1, true));   // a decode
   reqs.push_back(request(*kv, 2, 30, 1, true));   // a decode
   const int64_t free_before = kv->free_units();
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   EXPECT_EQ(plan.actions, (std::vector<Action>{take(1, 1), take(2, 1), take(0, 38)}));
   EXPECT_EQ(plan.tokens[0], 40);
   EXPECT_TRUE(plan.preempted.empty());
@@ -72,7 +72,7 @@ TEST(StepPlan, TheNewestRequestIsPreemptedForRoomAndWhatItHeldIsCounted) {
   reqs.push_back(request(*kv, 1, 32, 0, true)); // 2 blocks, nothing pending this step
   reqs.push_back(request(*kv, 2, 32, 0, true)); // 2 blocks (the newest)
   ASSERT_EQ(kv->free_units(), 0);
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   // No free block: the newest request not in the batch (2) gives its two back, and 0 takes one.
   EXPECT_EQ(plan.actions, (std::vector<Action>{preempt(2), take(0, 1)}));
   EXPECT_EQ(plan.preempted, (std::vector<size_t>{2}));
@@ -85,7 +85,7 @@ TEST(StepPlan, ADecodeWithNoNewerRequestPreemptsItself) {
   std::vector<Scheduler::RequestState> reqs;
   reqs.push_back(request(*kv, 0, 32, 0, true)); // the oldest holds 2 blocks
   reqs.push_back(request(*kv, 1, 32, 1, true)); // the newest needs a third block: none free
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   EXPECT_EQ(plan.actions, (std::vector<Action>{preempt(1)}));
   EXPECT_EQ(plan.tokens[0], 0);
 }
@@ -97,7 +97,7 @@ TEST(StepPlan, APrefillWithNoRoomWaitsForTheNextStep) {
   reqs.push_back(request(*kv, 0, 48, 1, true));  // 3 blocks, the next token needs a fourth: takes it
   reqs.push_back(request(*kv, 1, 0, 20, false)); // a prompt of 20: 2 blocks, none left
   reqs.push_back(request(*kv, 2, 0, 0, true));   // newer, holds nothing
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   // The newest holds nothing but preempting it is still tried before the prefill gives up; the prefill
   // is not preempted (a decode is in the batch): it waits.
   EXPECT_EQ(plan.actions, (std::vector<Action>{take(0, 1), preempt(2)}));
@@ -108,7 +108,7 @@ TEST(StepPlan, ARequestAloneThatCannotGrowEndsWithMaxContext) {
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs;
   reqs.push_back(request(*kv, 0, 32, 1, true)); // the whole pool, and one more token
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   ASSERT_EQ(plan.actions.size(), 1u);
   EXPECT_EQ(plan.actions[0].op, Op::end);
   EXPECT_EQ(plan.actions[0].reason, StopReason::max_context);
@@ -147,22 +147,22 @@ TEST(StepPlan, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   reqs[1].decoding = true;
   reqs[1].pending = {{0, 0, 2, 1}};
   reqs[1].kv_held[0] = {2};
-  const auto plan = sch.plan(reqs, nullptr);
+  const auto plan = sch.schedule(reqs, nullptr);
   ASSERT_EQ(plan.actions.size(), 3u);
   // Each beam's take is planned with a copy of the shared block (an upper bound: the second beam's take
   // then finds it no longer shared).
   ASSERT_EQ(plan.copies.size(), 2u);
   EXPECT_EQ(plan.copies[0], (Scheduler::StepPlan::BlockCopy{0, 0, 0, shared}));
   EXPECT_EQ(plan.copies[1], (Scheduler::StepPlan::BlockCopy{0, 1, 0, shared}));
-  EXPECT_EQ(kv->pending_copies(), 0u) << "planning changes nothing";
+  EXPECT_EQ(kv->queued_copies().size(), 0u) << "planning changes nothing";
   // Applying the takes records one copy, of the listed block, and the second beam writes in place.
   for (const auto& a : plan.actions)
     ASSERT_TRUE(kv->allocate(reqs[a.request].pending[static_cast<size_t>(a.seq)].kv, a.n));
-  ASSERT_EQ(kv->pending_copies(), 1u);
-  EXPECT_EQ(kv->pending()[0].src, shared.src);
-  EXPECT_EQ(kv->pending()[0].n_positions, 4);
+  ASSERT_EQ(kv->queued_copies().size(), 1u);
+  EXPECT_EQ(kv->queued_copies()[0].src, shared.src);
+  EXPECT_EQ(kv->queued_copies()[0].n_positions, 4);
   kv->sync(); // no memory attached: the copies are dropped (nothing was written)
-  EXPECT_EQ(kv->pending_copies(), 0u);
+  EXPECT_EQ(kv->queued_copies().size(), 0u);
 }
 
 TEST(StepPlan, TheContiguousStoreGrowsWithinItsSlab) {
@@ -183,7 +183,7 @@ TEST(StepPlan, TheContiguousStoreGrowsWithinItsSlab) {
   r.decoding = true;
   r.pending.push_back({0, 0, 0, 60}); // more than the slab has left: alone, it ends
   r.kv_held[0] = {0};
-  const auto plan = sch.plan(std::vector<Scheduler::RequestState>{r}, nullptr);
+  const auto plan = sch.schedule(std::vector<Scheduler::RequestState>{r}, nullptr);
   ASSERT_EQ(plan.actions.size(), 1u);
   EXPECT_EQ(plan.actions[0].op, Op::end);
 }

@@ -62,8 +62,7 @@ public:
   std::vector<uint8_t> read_row(int32_t layer, int kv, SeqId seq, Pos pos);
   void write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes);
   // Block copies recorded and not yet run, in the order they will run.
-  size_t pending_copies() const noexcept { return pending_.size(); }
-  std::span<const KVBlockCopy> pending() const noexcept { return pending_; }
+  std::span<const KVBlockCopy> queued_copies() const noexcept { return queued_; }
 
   // Reserves positions [length, length + n_new) of `seq` (creating the sequence if new). Returns
   // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
@@ -146,11 +145,11 @@ public:
 protected:
   // The block ids of seq, in position order (-1: released); empty for an unknown sequence.
   virtual std::span<const int32_t> table(SeqId seq) const noexcept = 0;
-  void record_copy(KVBlockCopy c) { pending_.push_back(c); }
+  void record_copy(KVBlockCopy c) { queued_.push_back(c); }
 
 private:
   std::unique_ptr<Buffer> memory_;
-  std::vector<KVBlockCopy> pending_;
+  std::vector<KVBlockCopy> queued_;
   std::vector<int64_t> slots_;   // rows_for's view: per batch row
   std::vector<int32_t> row_seq_; // per batch row, its sequence's index
   std::vector<int32_t> tables_;  // per sequence of the batch, table_stride block ids

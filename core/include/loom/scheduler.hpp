@@ -44,17 +44,12 @@ public:
 
   // ---- one step: a function of the engine's state that returns what the step does ----
 
-  // What the scheduler reads of a running request (the engine fills it; tests write it by hand).
-  struct PendingSeq {
-    LocalSeq seq = 0;
-    int model = 0;         // 0 target, 1 draft
-    SeqId kv = -1;         // its sequence in that model's KV store
-    int32_t remaining = 0; // tokens left to evaluate
-  };
+  // What the scheduler reads of a running request (the engine fills it from the request's book; tests
+  // write it by hand).
   struct RequestState {
-    bool decoding = false; // past its prompt: scheduled before the prefills
-    bool evicted = false;  // preempted earlier and not restored: nothing to schedule
-    std::vector<PendingSeq> pending;
+    bool decoding = false;                      // past its prompt: scheduled before the prefills
+    bool evicted = false;                       // preempted earlier and not restored: nothing to schedule
+    std::vector<SequenceBook::Pending> pending; // its sequences' work left (SequenceBook::pending())
     std::vector<SeqId> kv_held[2]; // the KV sequences it holds on each model (preempting frees them)
   };
   // What a step does, in order: the engine applies the actions one after the other.
@@ -65,7 +60,7 @@ public:
       end,     // end (request, seq) with `reason`: it cannot get KV room even with the engine to itself
     };
     Op op = Op::take;
-    size_t request = 0; // index into the states passed to plan()
+    size_t request = 0; // index into the states passed to schedule()
     LocalSeq seq = -1;
     int model = 0;
     int32_t n = 0;
@@ -95,7 +90,7 @@ public:
   // batch is preempted; with none newer, a decode preempts itself and a prefill waits for the next
   // step; a request alone that still does not fit ends that sequence with max_context. Reads the KV
   // stores (kv: the target's; draft: the draft model's, or null) and changes nothing.
-  StepPlan plan(std::span<const RequestState> requests, const KVCacheStore* draft) const;
+  StepPlan schedule(std::span<const RequestState> requests, const KVCacheStore* draft) const;
 
   // The forward pass of one model, built by the engine from the chunks it took: the rows from each
   // sequence's Work::out_from on produce logits.

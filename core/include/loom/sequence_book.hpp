@@ -123,7 +123,7 @@ public:
   Entry* find(LocalSeq seq) noexcept;
   const Entry* find(LocalSeq seq) const noexcept;
   void erase(LocalSeq seq);             // frees its K/V and KV id
-  bool plan(LocalSeq seq);              // false when already planned this step
+  bool mark_planned(LocalSeq seq);      // false when already planned this step
   void uncache(Entry& e, int32_t keep); // K/V of positions ≥ keep dropped
   void drop_draft(Entry& e);            // the uncommitted tokens, their K/V and rows
   // An ended sequence's K/V go back to the store at once (not while its chunk is in flight: then after
