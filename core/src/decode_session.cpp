@@ -476,6 +476,14 @@ StopReason DecodeSession::commit_node(LocalSeq seq, int32_t node) {
   return r;
 }
 
+// What seq's samplers read: the prompt, its generated tokens, the request's RNG and the vocabulary.
+SamplerContext DecodeSession::sampler_context(const Seq& s) {
+  return SamplerContext{
+      prompt_,
+      std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
+      &rng_, &rng_uniform, &ctx_.tok};
+}
+
 void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
   Seq& s = at(seq);
   const float* row0 = book_.row(*s.e, 0);
@@ -485,10 +493,7 @@ void DecodeSession::probs(LocalSeq seq, std::span<float> out) {
   const auto V = static_cast<size_t>(n_vocab());
   if (out.size() < V)
     fail(Errc::invalid_argument, "decoder", "probs: the output holds fewer than n_vocab values");
-  SamplerContext sc{
-      prompt_,
-      std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_, &rng_uniform, &ctx_.tok};
+  const SamplerContext sc = sampler_context(s);
   sampling_distribution(*s.chain, std::span<const float>(row0, V), sc, out.first(V));
 }
 
@@ -499,10 +504,7 @@ template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, 
   if (!row0)
     fail(Errc::invalid_argument, "decoder",
          "sequence " + std::to_string(seq) + " has no logits: plan it first");
-  SamplerContext sc{
-      prompt_,
-      std::span<const TokenId>(s.e->tokens.data() + prompt_.size(), s.e->tokens.size() - prompt_.size()),
-      &rng_, &rng_uniform, &ctx_.tok};
+  const SamplerContext sc = sampler_context(s);
   const auto V = static_cast<size_t>(n_vocab());
   Candidates c = Candidates::from_logits(std::span<const float>(row0, V), candidates_);
   apply(c, sc);

@@ -8,10 +8,9 @@
 //  * `logit_bias` ids that are not among the candidates (beyond the vocabulary, or filtered out by an
 //    earlier sampler) are skipped: the vocabulary size is unknown when the sampler is created.
 //    Duplicate ids add up.
-//  * `dist` draws exactly one 64-bit number from the request's RNG per call (rng_uniform) and maps it to [0,
-//  1) with 53 bits
-//    ((x >> 11) · 2⁻⁵³) rather than std::uniform_real_distribution, whose algorithm differs between
-//    standard libraries: a seed gives the same tokens with libstdc++ and libc++.
+//  * `dist` draws exactly one 64-bit number from the request's RNG per call (rng_uniform) and maps it
+//    to [0, 1) with 53 bits ((x >> 11) · 2⁻⁵³) rather than std::uniform_real_distribution, whose
+//    algorithm differs between standard libraries: a seed gives the same tokens with libstdc++ and libc++.
 //  * A filter that reorders or shrinks the list keeps `selected` pointing at the same token (or -1 if
 //    the token was removed); the chain runs `dist` at the end only when nothing is selected then.
 //  * Ties in logit are broken by the lower token id everywhere (sorting, greedy, temperature 0), so
@@ -33,10 +32,6 @@ namespace loom {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-float key(float logit) {
-  return Candidates::order_key(logit);
-}
 
 size_t best_index(std::span<const TokenData> d) {
   size_t best = 0;
@@ -173,9 +168,9 @@ public:
     const TokenId sel = c.selected_id();
     float mx = kNegInf;
     for (const auto& t : c.data)
-      mx = std::max(mx, key(t.logit));
+      mx = std::max(mx, Candidates::order_key(t.logit));
     const float min_logit = mx + std::log(p_); // p_i ≥ p · p_max  ⇔  logit_i ≥ max + log p
-    const auto pass = [&](const TokenData& t) { return key(t.logit) >= min_logit; };
+    const auto pass = [&](const TokenData& t) { return Candidates::order_key(t.logit) >= min_logit; };
     const auto n_pass = static_cast<size_t>(std::count_if(c.data.begin(), c.data.end(), pass));
     const size_t n = c.data.size();
     if (n_pass >= min_keep_ && n_pass > 0) {
@@ -838,16 +833,17 @@ float token_logprob(std::span<const float> logits, TokenId token) {
              std::to_string(logits.size()));
   float mx = kNegInf;
   for (float l : logits)
-    mx = std::max(mx, key(l));
+    mx = std::max(mx, Candidates::order_key(l));
   if (!std::isfinite(mx)) { // all -inf, or some +inf: the maximal tokens share the mass
-    if (key(logits[static_cast<size_t>(token)]) != mx) return kNegInf;
-    const auto ties = std::count_if(logits.begin(), logits.end(), [&](float l) { return key(l) == mx; });
+    if (Candidates::order_key(logits[static_cast<size_t>(token)]) != mx) return kNegInf;
+    const auto ties =
+        std::count_if(logits.begin(), logits.end(), [&](float l) { return Candidates::order_key(l) == mx; });
     return static_cast<float>(-std::log(static_cast<double>(ties)));
   }
   double sum = 0.0;
   for (float l : logits)
     if (!std::isnan(l)) sum += std::exp(static_cast<double>(l) - static_cast<double>(mx));
-  const double lt = static_cast<double>(key(logits[static_cast<size_t>(token)]));
+  const double lt = static_cast<double>(Candidates::order_key(logits[static_cast<size_t>(token)]));
   return static_cast<float>(lt - static_cast<double>(mx) - std::log(sum));
 }
 

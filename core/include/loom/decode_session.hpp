@@ -189,6 +189,7 @@ private:
   void copy_state(const Seq& p, Seq& c);
   LocalSeq adopt(SequenceBook::Entry e, std::unique_ptr<Seq> s);
   template <class Apply> TokenId sample_with(LocalSeq seq, Seq& s, Apply&& apply);
+  SamplerContext sampler_context(const Seq& s);
 
   SessionContext& ctx_;
   RequestId id_;

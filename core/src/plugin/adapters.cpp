@@ -98,6 +98,9 @@ private:
 
 // ---- stop criteria ----
 
+// The longest text a stop verdict may say matched (a stop string, not a document).
+constexpr size_t k_max_matched_bytes = 64 * 1024;
+
 // A plugin's stop criterion (loom_stop_i) as one more StopCriterion of the sequence's StopTracker.
 class PluginStopAdapter final : public StopCriterion {
 public:
@@ -113,6 +116,10 @@ public:
     // A reason past `custom` (error, or one this host does not know) is the plugin's own: custom.
     const auto reason = v.reason >= LOOM_STOP_CUSTOM ? StopReason::custom : static_cast<StopReason>(v.reason);
     // drop is bounded by the text held (StopTracker); matched is the plugin's until its next call.
+    if (v.matched && v.matched_len > k_max_matched_bytes)
+      fail(Errc::invalid_argument, "plugin",
+           "stop criterion '" + name_ + "' returned a matched text of " + std::to_string(v.matched_len) +
+               " bytes; expected a stop text of at most " + std::to_string(k_max_matched_bytes));
     return {reason, v.drop, v.matched ? std::string(v.matched, v.matched_len) : std::string()};
   }
   size_t holdback_bytes() const override {
