@@ -44,8 +44,11 @@ if ! PYTHONPATH=.pydeps python3 -c "import openai" 2>/dev/null; then
 fi
 [ "$deps_only" = 1 ] && exit 0
 
-cmake --preset default >/dev/null
-# loom and its plugins only; scripts/test.sh builds the tests.
+# loom and its plugins only; scripts/test.sh builds the tests (and the cuda plugin, GPU or not).
+gpu=OFF
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then gpu=ON; fi
+[ "$gpu" = OFF ] && echo "setup: no GPU here: the cuda backend plugin is left out (scripts/test.sh builds it)"
+cmake --preset default -DLOOM_RUNTIME_CUDA=$gpu >/dev/null
 cmake --build --preset default --target loom_runtime
 ln -sf build/compile_commands.json compile_commands.json
 

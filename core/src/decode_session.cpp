@@ -76,6 +76,7 @@ const DecodeSession::Seq& DecodeSession::at(LocalSeq seq) const {
 }
 
 void DecodeSession::checkpoint(Seq& s) {
+  if (!rollback_) return; // truncate is refused: nothing to keep
   auto cp = std::make_shared<Checkpoint>(s.stop);
   cp->chain = s.chain->clone();
   cp->detok = s.detok;
@@ -216,6 +217,10 @@ void DecodeSession::truncate(LocalSeq seq, size_t n_tokens) {
              std::to_string(prompt_.size()) + ", length " + std::to_string(e.tokens.size()) + "]");
   book_.drop_draft(e);
   if (n_tokens == e.tokens.size() && s.finished == StopReason::none) return;
+  if (!rollback_)
+    fail(Errc::invalid_argument, "decoder",
+         "truncate: this request's decoder said it never rolls back (Decoder::rolls_back() is false), so "
+         "no checkpoints were kept");
   const size_t k = n_tokens - prompt_.size();
   LOOM_ASSERT(k < s.history.size(), "a checkpoint per generated length");
   const Checkpoint& cp = *s.history[k];

@@ -272,7 +272,7 @@ template <class R, class F> void guard(R& r, F&& f) {
 // Starts waiting requests in order while the scheduler admits them; one that must wait for room
 // keeps its place (and the ones behind it theirs). A preempted request gets its KV sequences back
 // and continues its pending work from position 0.
-void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
+void Engine::admit(Finished& done) {
   while (!waiting_.empty()) {
     Request& head = *waiting_.front();
     DecodeSession& s = *head.session;
@@ -330,6 +330,7 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
         finish_now(StopReason::error, "");
         continue;
       }
+      s.set_rollback(head.decoder->rolls_back());
     }
     // Running requests stay in arrival order (a restored one before those that came after it): the
     // scheduler preempts from the newest.
@@ -339,16 +340,40 @@ void Engine::admit(std::vector<std::pair<RequestId, GenerationResult>>& done) {
   }
 }
 
-std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
-  const auto t_step = Clock::now();
-  std::vector<std::pair<RequestId, GenerationResult>> done = std::move(early_);
-  early_.clear();
+// What the scheduler's plan made of this step: the requests in it (the plan's indices) and each model's
+// batch.
+struct Engine::StepBatch {
+  std::vector<Request*> owners;
+  std::array<Scheduler::Batch, 2> batches; // [0] the target's, [1] the draft's
+};
 
-  // 1. What other threads submitted and cancelled; admission.
+// One step, in the order of the file's header: what other threads sent → admission → plans → the
+// scheduler's batch → one forward per model → updates → the finished collected.
+Engine::Finished Engine::step() {
+  const auto t_step = Clock::now();
+  Finished done = std::move(early_);
+  early_.clear();
   take_incoming();
   admit(done);
+  const std::vector<char> planned = plan_running();
+  release_cancelled();
+  StepBatch step = schedule_batch();
+  const bool any_forward = forward(step);
+  update_evaluated(step.owners);
+  const size_t n_running_step = running_.size();
+  collect_finished(planned, done);
+  ++stats_.steps;
+  if (any_forward) {
+    const double ms = ms_between(t_step, Clock::now());
+    stats_.busy_ms += ms;
+    stats_.running_ms_integral += ms * static_cast<double>(n_running_step);
+  }
+  return done;
+}
 
-  // 2. Plans, from the requests whose last plan is fully evaluated (the others continue theirs).
+// Plans, from the requests whose last plan is fully evaluated (the others continue theirs). Returns which
+// running requests were asked (in running_'s order).
+std::vector<char> Engine::plan_running() {
   std::vector<char> called(running_.size(), 0);
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
@@ -367,120 +392,142 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       r.awaiting_update = true;
     });
   }
+  return called;
+}
 
-  // Requests cancelled or failed so far give their KV back now, before the batch is built (they are
-  // collected at the end of the step).
+// Requests cancelled or failed so far give their KV back before the batch is built (they are collected
+// at the end of the step).
+void Engine::release_cancelled() {
   for (auto& r : running_)
     if (r->cancelled) r->session->release();
+}
 
-  // 3. The scheduler's plan (chunks of pending work within the token budget; preemption for room),
-  // applied in order: preemptions evict, takes reserve KV and fill each model's batch.
-  std::vector<Request*> owners;
+// The scheduler's plan (chunks of pending work within the token budget; preemption for room), applied
+// in order: preemptions evict, takes reserve KV and fill each model's batch.
+Engine::StepBatch Engine::schedule_batch() {
+  StepBatch step;
   std::vector<Scheduler::RequestState> states;
   for (auto& r : running_)
     if (!r->cancelled) {
-      owners.push_back(r.get());
+      step.owners.push_back(r.get());
+      const SequenceBook& book = r->session->book();
       Scheduler::RequestState st;
       st.decoding = r->prefilled && !r->recompute;
-      st.evicted = r->session->book().evicted();
-      st.pending = r->session->book().pending();
+      st.evicted = book.evicted();
+      st.pending = book.pending();
       for (int m = 0; m < 2; ++m)
-        st.kv_held[m] = r->session->book().kv_held(m);
+        st.kv_held[m] = book.kv_held(m);
       states.push_back(std::move(st));
     }
   const Scheduler::StepPlan plan = scheduler_.schedule(states, draft_ ? &draft_->kv : nullptr);
-  std::array<Scheduler::Batch, 2> batches;
   KVCacheStore* stores[2] = {&ctx_.kv, draft_ ? &draft_->kv : nullptr};
   size_t copies_before[2] = {0, 0};
   for (int m = 0; m < 2; ++m)
     if (stores[m]) copies_before[m] = stores[m]->queued_copies().size();
-  for (const Scheduler::Action& a : plan.actions) {
-    DecodeSession& s = *owners[a.request]->session;
-    switch (a.op) {
-    case Scheduler::Action::Op::preempt:
-      s.book().evict();
-      owners[a.request]->recompute = true;
-      ++owners[a.request]->preemptions;
-      ++stats_.preemptions;
-      break;
-    case Scheduler::Action::Op::end:
-      s.end_pending(a.seq, a.reason);
-      break;
-    case Scheduler::Action::Op::take:
-      if (auto w = s.book().take_chunk(a.seq, a.n))
-        batches[a.model == 0 ? 0 : 1].add(a.request, *w);
-      else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
-        ++stats_.plan_misses;
-      break;
-    }
-  }
-  // The block copies the takes recorded are the plan's (each one listed; the plan may list more).
-  for (int m = 0; m < 2; ++m) {
-    if (!stores[m]) continue;
-    std::vector<int64_t> listed;
-    for (const auto& c : plan.copies)
-      if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
-    const auto queued = stores[m]->queued_copies();
-    const auto made = queued.subspan(std::min(copies_before[m], queued.size()));
-    for (const KVBlockCopy& c : made) {
-      ++stats_.block_copies;
-      if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())
-        listed.erase(it);
-      else
-        ++stats_.plan_misses;
-    }
-  }
-  bool any_forward = false;
-  for (int m = 0; m < 2; ++m) {
-    const Scheduler::Batch& batch = batches[static_cast<size_t>(m)];
-    if (batch.empty()) continue;
-    LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
-    any_forward = true;
-    ++stats_.forwards;
-    stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
-    const int32_t V = ctx_.n_vocab;
-    std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
-    const auto t0 = Clock::now();
-    bool ok = true;
-    try {
-      if (m == 0)
-        model_.forward(backend_, batch.view(), ctx_.kv, logits);
-      else
-        draft_->model.forward(draft_->backend, batch.view(), draft_->kv, logits);
-    } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
-      ok = false;
-      for (size_t i : batch.sessions)
-        owners[i]->failed(
-            std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
-            e.what());
-    }
-    const auto t1 = Clock::now();
-    std::vector<char> seen(owners.size(), 0);
-    for (const auto& o : batch.outs) // each request with rows in the batch once
-      if (!seen[o.session]) {
-        seen[o.session] = 1;
-        Request& r = *owners[o.session];
-        r.forward_ms[m] += ms_between(t0, t1);
-        if (!r.forwarded[m]) r.first_forward_ms[m] = ms_between(t0, t1);
-        r.forwarded[m] = true;
-      }
-    for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
-      const auto& o = batch.outs[i];
-      owners[o.session]->session->book().set_logits(
-          o.seq, o.row,
-          std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
-    }
-  }
-  const auto t_forward = Clock::now();
-  for (Request* r : owners) // rows of a failed forward are never made findable by content
-    if (r->error.empty()) r->session->book().chunks_evaluated();
+  for (const Scheduler::Action& a : plan.actions)
+    apply(a, step);
+  for (int m = 0; m < 2; ++m)
+    if (stores[m]) count_block_copies(plan, m, stores[m]->queued_copies().subspan(copies_before[m]));
+  return step;
+}
 
+void Engine::apply(const Scheduler::Action& a, StepBatch& step) {
+  Request& r = *step.owners[a.request];
+  DecodeSession& s = *r.session;
+  switch (a.op) {
+  case Scheduler::Action::Op::preempt:
+    s.book().evict();
+    r.recompute = true;
+    ++r.preemptions;
+    ++stats_.preemptions;
+    break;
+  case Scheduler::Action::Op::end:
+    s.end_pending(a.seq, a.reason);
+    break;
+  case Scheduler::Action::Op::take:
+    if (auto w = s.book().take_chunk(a.seq, a.n))
+      step.batches[a.model == 0 ? 0 : 1].add(a.request, *w);
+    else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
+      ++stats_.plan_misses;
+    break;
+  }
+}
+
+// The block copies the takes recorded (`made`, on model m's store) are the plan's: each one listed (the
+// plan may list more); one it did not list is a plan miss.
+void Engine::count_block_copies(const Scheduler::StepPlan& plan, int m, std::span<const KVBlockCopy> made) {
+  std::vector<int64_t> listed;
+  for (const auto& c : plan.copies)
+    if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
+  for (const KVBlockCopy& c : made) {
+    ++stats_.block_copies;
+    if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())
+      listed.erase(it);
+    else
+      ++stats_.plan_misses;
+  }
+}
+
+// One forward per model with rows in the step; each request's logits rows go to its sequences. Returns
+// whether any forward ran.
+bool Engine::forward(StepBatch& step) {
+  bool any_forward = false;
+  for (int m = 0; m < 2; ++m)
+    if (!step.batches[static_cast<size_t>(m)].empty()) {
+      LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
+      any_forward = true;
+      forward_model(m, step);
+    }
+  for (Request* r : step.owners) // rows of a failed forward are never made findable by content
+    if (r->error.empty()) r->session->book().chunks_evaluated();
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   for (auto& r : running_)
     r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv.bytes_used());
   stats_.peak_kv_units = std::max(stats_.peak_kv_units, ctx_.kv.units_in_use());
+  return any_forward;
+}
 
-  // 4. Updates: the requests whose plan is now fully evaluated.
+void Engine::forward_model(int m, StepBatch& step) {
+  const Scheduler::Batch& batch = step.batches[static_cast<size_t>(m)];
+  ++stats_.forwards;
+  stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
+  const int32_t V = ctx_.n_vocab;
+  std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
+  const auto t0 = Clock::now();
+  bool ok = true;
+  try {
+    if (m == 0)
+      model_.forward(backend_, batch.view(), ctx_.kv, logits);
+    else
+      draft_->model.forward(draft_->backend, batch.view(), draft_->kv, logits);
+  } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
+    ok = false;
+    for (size_t i : batch.sessions)
+      step.owners[i]->failed(
+          std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
+          e.what());
+  }
+  const double ms = ms_between(t0, Clock::now());
+  std::vector<char> seen(step.owners.size(), 0);
+  for (const auto& o : batch.outs) // each request with rows in the batch once
+    if (!seen[o.session]) {
+      seen[o.session] = 1;
+      Request& r = *step.owners[o.session];
+      r.forward_ms[m] += ms;
+      if (!r.forwarded[m]) r.first_forward_ms[m] = ms;
+      r.forwarded[m] = true;
+    }
+  for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
+    const auto& o = batch.outs[i];
+    step.owners[o.session]->session->book().set_logits(
+        o.seq, o.row,
+        std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
+  }
+}
+
+// Updates: the requests whose plan is now fully evaluated; the inter-token latencies of those that grew.
+void Engine::update_evaluated(const std::vector<Request*>& owners) {
+  const auto t_forward = Clock::now();
   for (Request* rp : owners) {
     Request& r = *rp;
     DecodeSession& s = *r.session;
@@ -509,29 +556,20 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       r.n_generated = g;
     }
   }
-
   // The slabs held at their most during this step (forks inside update() included).
   for (auto& r : running_)
     r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv.bytes_allocated_peak());
   ctx_.kv.reset_peak();
+}
 
-  // 5. Collect the finished requests; fail the ones whose decoder makes no progress; the preempted
-  // ones go back to the queue.
-  const size_t n_running_step = running_.size();
+// Collects the finished requests; fails the ones whose decoder makes no progress; the preempted ones go
+// back to the queue. `planned`: which of the running requests were asked to plan this step.
+void Engine::collect_finished(const std::vector<char>& planned, Finished& done) {
   for (size_t i = 0, k = 0; i < running_.size(); ++k) {
     Request& r = *running_[i];
     bool finished = r.cancelled;
     if (!finished && !r.awaiting_update) guard(r, [&] { finished = r.decoder->done(r.session->handle()); });
-    if (!finished && !r.cancelled && k < called.size() && called[k]) {
-      const uint64_t p = r.session->book().progress();
-      r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
-      r.last_progress = p;
-      if (r.stalled >= k_max_stalled_steps)
-        r.failed("decoder '" + std::string(r.decoder->name()) + "' made no progress in " +
-                 std::to_string(k_max_stalled_steps) +
-                 " steps (it planned no sequence with tokens to evaluate and appended, forked or finished "
-                 "none); this is a bug in the decoder");
-    }
+    if (!finished && !r.cancelled && k < planned.size() && planned[k]) fail_if_stalled(r);
     finished = finished || r.cancelled;
     if (finished) {
       if (!r.cancelled)
@@ -552,14 +590,18 @@ std::vector<std::pair<RequestId, GenerationResult>> Engine::step() {
       ++i;
     }
   }
+}
 
-  ++stats_.steps;
-  if (any_forward) {
-    const double ms = ms_between(t_step, Clock::now());
-    stats_.busy_ms += ms;
-    stats_.running_ms_integral += ms * static_cast<double>(n_running_step);
-  }
-  return done;
+// A request asked to plan whose session shows no progress for k_max_stalled_steps steps in a row fails.
+void Engine::fail_if_stalled(Request& r) {
+  const uint64_t p = r.session->book().progress();
+  r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
+  r.last_progress = p;
+  if (r.stalled >= k_max_stalled_steps)
+    r.failed("decoder '" + std::string(r.decoder->name()) + "' made no progress in " +
+             std::to_string(k_max_stalled_steps) +
+             " steps (it planned no sequence with tokens to evaluate and appended, forked or finished "
+             "none); this is a bug in the decoder");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,6 +621,7 @@ public:
   }
   bool done(const Session& s) const override { return s.finished(0) != LOOM_STOP_NONE; }
   void results(Session& s) override { s.add_result(0, s.score(0)); }
+  bool rolls_back() const noexcept override { return false; }
 };
 } // namespace
 

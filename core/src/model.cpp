@@ -60,6 +60,7 @@ Model::Model(GgufFile f, int32_t max_layers)
 }
 
 void Model::load_into(Backend& be) {
+  std::lock_guard lock(mu_);
   if (std::find(loaded_.begin(), loaded_.end(), be.instance()) != loaded_.end()) return;
   be.load(weights_);
   loaded_.push_back(be.instance());
@@ -88,18 +89,20 @@ KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept {
   return s;
 }
 
-Model::Shape& Model::shape(int32_t n_tokens, int32_t n_outputs) {
+std::shared_ptr<Model::Shape> Model::shape(int32_t n_tokens, int32_t n_outputs) {
   const auto key = std::make_pair(n_tokens, n_outputs);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
-    it = graphs_.emplace(key, Shape{build_graph(n_tokens, n_outputs), {}}).first;
+    it = graphs_.emplace(key, std::make_shared<Shape>(Shape{build_graph(n_tokens, n_outputs), {}})).first;
   }
   return it->second;
 }
 
-const Graph& Model::graph(int32_t n_tokens, int32_t n_outputs) {
-  return shape(n_tokens, n_outputs).graph;
+std::shared_ptr<const Graph> Model::graph(int32_t n_tokens, int32_t n_outputs) {
+  std::lock_guard lock(mu_);
+  std::shared_ptr<Shape> s = shape(n_tokens, n_outputs);
+  return {s, &s->graph};
 }
 
 void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) {
@@ -115,16 +118,21 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
       fail(Errc::invalid_argument, "model",
            "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                std::to_string(cfg_.n_vocab - 1) + ")");
-  Shape& s = shape(n_tokens, n_out);
-  const Graph& g = s.graph;
-  if (std::find(s.runs_on.begin(), s.runs_on.end(), be.instance()) == s.runs_on.end()) { // once per shape
-    for (const Node& n : g.nodes)
-      if (!be.supports(g, n))
-        fail(Errc::unsupported, "model",
-             std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
-                 " for this model");
-    s.runs_on.push_back(be.instance());
+  std::shared_ptr<Shape> s;
+  {
+    std::lock_guard lock(mu_);
+    s = shape(n_tokens, n_out);
+    if (std::find(s->runs_on.begin(), s->runs_on.end(), be.instance()) ==
+        s->runs_on.end()) { // once per shape
+      for (const Node& n : s->graph.nodes)
+        if (!be.supports(s->graph, n))
+          fail(Errc::unsupported, "model",
+               std::string("backend '") + std::string(be.name()) + "' cannot run op " + op_name(n.op) +
+                   " for this model");
+      s->runs_on.push_back(be.instance());
+    }
   }
+  const Graph& g = s->graph;
   load_into(be);
   if (!kv.memory()) kv.attach(be.alloc(kv.layout().bytes(), BufferUsage::kv));
   LOOM_ASSERT(kv.memory()->owner() == nullptr || kv.memory()->owner() == be.instance_tag(),

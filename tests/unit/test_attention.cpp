@@ -242,7 +242,8 @@ TEST(Attention, TheModelsMetadataChoosesTheVariantPerLayer) {
   EXPECT_FLOAT_EQ(m->config().attn_softcap, 30.0f);
   // The variant reaches the graph: every attention node carries its layer's window and soft-cap.
   m->set_attention(make_attention_variant(m->config(), {}));
-  const Graph& g = m->graph(1, 1);
+  const auto graph = m->graph(1, 1);
+  const Graph& g = *graph;
   int32_t seen = 0;
   for (const Node& n : g.nodes)
     if (n.op == OpKind::attention) {

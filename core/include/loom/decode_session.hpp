@@ -175,6 +175,9 @@ public:
   std::vector<Outcome> outcomes() const;
   // Record, for every token committed from now on, the k most likely tokens at its position (0 = off).
   void set_top_logprobs(size_t k) { top_logprobs_ = k; }
+  // Whether truncate may be called: when not (the decoder never rolls back), no sequence keeps a
+  // checkpoint per committed token, and truncate is an error.
+  void set_rollback(bool on) { rollback_ = on; }
   void release() { book_.release(); } // frees every sequence's KV
 
 private:
@@ -210,6 +213,7 @@ private:
   mutable std::optional<std::string> prompt_text_; // decoded once, for the verifier
   std::string task_;                               // the request's task (JSON), for the verifier
   size_t top_logprobs_ = 0;                        // alternatives recorded per committed token
+  bool rollback_ = true;                           // truncate allowed: checkpoints kept
 };
 
 } // namespace loom

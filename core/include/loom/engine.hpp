@@ -152,8 +152,9 @@ public:
   ~Engine();
 
   RequestId submit(EngineRequest req); // thread-safe
+  using Finished = std::vector<std::pair<RequestId, GenerationResult>>;
   // Runs one batched forward pass over every running request; returns the requests that finished.
-  std::vector<std::pair<RequestId, GenerationResult>> step();
+  Finished step();
   bool idle() const noexcept;
   // Ends a waiting or running request (stop_reason cancelled) at the next step, freeing its KV then.
   void cancel(RequestId id); // thread-safe; an unknown or finished id is ignored
@@ -171,9 +172,21 @@ public:
 
 private:
   struct Request;
-  std::pair<RequestId, GenerationResult> finish_request(Request& r);
-  void admit(std::vector<std::pair<RequestId, GenerationResult>>& done);
+  struct StepBatch;
+  // step()'s phases, in order (engine.cpp).
   void take_incoming();
+  void admit(Finished& done);
+  std::vector<char> plan_running();
+  void release_cancelled();
+  StepBatch schedule_batch();
+  void apply(const Scheduler::Action& a, StepBatch& step);
+  void count_block_copies(const Scheduler::StepPlan& plan, int m, std::span<const KVBlockCopy> made);
+  bool forward(StepBatch& step);
+  void forward_model(int m, StepBatch& step);
+  void update_evaluated(const std::vector<Request*>& owners);
+  void collect_finished(const std::vector<char>& planned, Finished& done);
+  void fail_if_stalled(Request& r);
+  std::pair<RequestId, GenerationResult> finish_request(Request& r);
   void requeue(std::unique_ptr<Request> r);
 
   Model& model_;
@@ -185,7 +198,7 @@ private:
   EngineStats stats_;
   std::deque<std::unique_ptr<Request>> waiting_; // arrival order (preempted requests at their place)
   std::vector<std::unique_ptr<Request>> running_;
-  std::vector<std::pair<RequestId, GenerationResult>> early_; // finished at admission
+  Finished early_; // finished at admission
   // Shared with submitting threads.
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,8 +31,9 @@ public:
   const ModelConfig& config() const noexcept { return cfg_; }
   const GgufFile& file() const noexcept { return file_; }
 
-  // The graph for a batch of n_tokens rows of which n_outputs produce logits (cached per shape).
-  const Graph& graph(int32_t n_tokens, int32_t n_outputs);
+  // The graph for a batch of n_tokens rows of which n_outputs produce logits (cached per shape; held
+  // by the pointer while the cache may drop it).
+  std::shared_ptr<const Graph> graph(int32_t n_tokens, int32_t n_outputs);
   // Runs one batch: logits are [n_outputs][n_vocab], for batch.output_rows in order. The batch's
   // positions must already be allocated in `kv` for their sequences.
   // A store without memory gets the backend's (Backend::alloc); the backend gets the weights first if
@@ -45,6 +47,7 @@ public:
   KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept;
   // What each layer's attention computes (default: standard causal, soft-capped as the file says).
   void set_attention(std::shared_ptr<const AttentionVariant> v) {
+    std::lock_guard lock(mu_);
     attention_ = std::move(v);
     graphs_.clear();
   }
@@ -58,11 +61,14 @@ private:
     Graph graph;
     std::vector<uint64_t> runs_on;
   };
-  Shape& shape(int32_t n_tokens, int32_t n_outputs);
+  std::shared_ptr<Shape> shape(int32_t n_tokens, int32_t n_outputs); // with mu_ held
 
   GgufFile file_;
   ModelConfig cfg_;
-  std::map<std::pair<int32_t, int32_t>, Shape> graphs_;
+  // The pipelines of one process share a Model (loom serve's, each with its step loop on a thread of its
+  // own): the graph cache and the backends' lists are theirs under this lock.
+  std::mutex mu_;
+  std::map<std::pair<int32_t, int32_t>, std::shared_ptr<Shape>> graphs_;
   std::shared_ptr<const AttentionVariant> attention_;
   std::vector<WeightDesc> weights_;           // what a backend loads
   std::map<std::string, int64_t> weight_ids_; // by tensor name

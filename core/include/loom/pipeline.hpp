@@ -1,5 +1,5 @@
 // loom/pipeline.hpp — a pipeline built from its config: model + tokenizer + backend + KV cache +
-// sampler chain + stop rules. Read core/src/pipeline.cpp first: it is a request's whole path.
+// sampler chain + stop rules. Read core/src/pipeline/pipeline.cpp first: a request's path starts there.
 #pragma once
 
 #include "loom/backend.hpp"
@@ -70,6 +70,7 @@ public:
   std::vector<TokenId> tokenize(std::string_view text) const; // with the [run] BOS/special settings
 
 private:
+  friend class PipelineBuilder; // Pipeline::create's steps fill these
   Pipeline() = default;
   std::unique_ptr<PluginRegistry> registry_; // first: destroyed last, after every plugin object
   PipelineConfig cfg_;

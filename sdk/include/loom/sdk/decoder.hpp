@@ -254,6 +254,10 @@ public:
   virtual void results(Session& s) = 0; // s.add_result(seq, score), best first
   // The name in messages (the host names a plugin's by its TOML name).
   virtual std::string_view name() const noexcept { return "decoder"; }
+  // Whether it may call truncate (roll a sequence back). One that never does (the built-in `sample`)
+  // spares its session a checkpoint of the sampler chain and stop state per committed token; a plugin's
+  // decoder is taken to roll back.
+  virtual bool rolls_back() const noexcept { return true; }
 };
 
 } // namespace loom
