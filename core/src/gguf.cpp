@@ -68,12 +68,6 @@ uint64_t string_heap(uint64_t len) {
 }
 constexpr uint64_t k_set_entry_bytes = 48;
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
 class Reader {
 public:
   Reader(std::span<const uint8_t> b, const std::string& name, uint64_t limit)

@@ -47,12 +47,6 @@ constexpr uint32_t k_max_dims = 4;
   fail(code, "hf", where + ": " + msg);
 }
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t k = 0; k < s.size(); ++k)
