@@ -36,12 +36,6 @@ uint64_t peak_rss_bytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024u; // Linux reports KiB
 }
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
 // The pipeline both benchmarks run: the user's, with --threads, room for n_ctx positions, greedy
 // decoding and no stop rule but the token count.
 PipelineConfig bench_config(const po::variables_map& vm, int n_ctx) {

@@ -69,4 +69,10 @@ std::string user_value(std::string_view value, size_t max) {
   return "'" + one_line(value.substr(0, cut)) + (cut < value.size() ? "...'" : "'");
 }
 
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
 } // namespace loom

@@ -74,10 +74,10 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
              ", which Loom cannot compute with yet (supported: " + dtype_names(false) + ")");
 }
 
-} // namespace
+// ---- the steps of from_gguf ------------------------------------------------------------------------
 
-ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
-  ModelConfig c;
+// general.architecture (one Loom runs) and what the family's graph has.
+void read_arch(ModelConfig& c, const GgufFile& f) {
   c.arch = f.get_string("general.architecture");
   if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
       c.arch != "gemma3" && c.arch != "phi3")
@@ -90,9 +90,12 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.post_norms = c.geglu = c.arch == "gemma2" || c.arch == "gemma3";
   c.rope.neox = c.arch != "llama"; // GGUF's llama q/k rows are permuted for adjacent pairs
   c.name = f.get_string_opt("general.name").value_or("");
-  const std::string a = c.arch + ".";
-  auto req = [&](const std::string& k) { return f.get_int(a + k); };
+}
 
+// The sizes (a: the key prefix, "llama."), the head grouping and the head dimension, and the norm's
+// epsilon.
+void read_sizes(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  auto req = [&](const std::string& k) { return f.get_int(a + k); };
   c.n_embd = positive(f, a + "embedding_length", req("embedding_length"));
   c.n_layer = positive(f, a + "block_count", req("block_count"), 4096);
   c.n_ff = positive(f, a + "feed_forward_length", req("feed_forward_length"));
@@ -117,25 +120,32 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.norm_eps = static_cast<float>(f.get_float_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (!(c.norm_eps > 0.0f) || c.norm_eps > 1.0f)
     bad(f, "attention.layer_norm_rms_epsilon must be in (0, 1], found " + std::to_string(c.norm_eps));
+}
 
+// A RoPE base (`key`: rope.freq_base or rope.freq_base_swa): 10000 when absent. A NaN, infinite or
+// non-positive value would turn every rotated query and key into NaN.
+float rope_base(const GgufFile& f, const std::string& key) {
+  const float theta =
+      finite_at_least(f, key, 0.0, "a finite number > 1 (typically 10000)").value_or(10000.0f);
+  if (!(theta > 1.0f))
+    bad(f, "metadata '" + key + "' must be a finite number > 1 (typically 10000), found " +
+               number(static_cast<double>(theta)) + "; the file is corrupt — re-convert it");
+  return theta;
+}
+
+// RoPE: dimensions, base, scaling (none, linear, YaRN) and the context it was trained for.
+void read_rope(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.rope.n_dims = positive(f, a + "rope.dimension_count",
                            f.get_int_opt(a + "rope.dimension_count").value_or(c.head_dim), c.head_dim);
   if (c.rope.n_dims % 2 != 0)
     bad(f, "rope.dimension_count must be even, found " + std::to_string(c.rope.n_dims));
-  // RoPE: a NaN, infinite or non-positive value would turn every rotated query and key into NaN.
-  c.rope.theta = finite_at_least(f, a + "rope.freq_base", 0.0, "a finite number > 1 (typically 10000)")
-                     .value_or(10000.0f);
-  if (!(c.rope.theta > 1.0f))
-    bad(f, "metadata '" + a + "rope.freq_base' must be a finite number > 1 (typically 10000), found " +
-               number(static_cast<double>(c.rope.theta)) + "; the file is corrupt — re-convert it");
+  c.rope.theta = rope_base(f, a + "rope.freq_base");
   const std::string scaling = f.get_string_opt(a + "rope.scaling.type").value_or("none");
   // The factor: rope.scaling.factor, else the older rope.scale_linear; 1 is no scaling.
-  std::string factor_key = a + "rope.scaling.factor";
-  std::optional<float> factor = finite_at_least(f, factor_key, 1.0, "a finite number ≥ 1 (1: no scaling)");
-  if (!factor) {
-    factor_key = a + "rope.scale_linear";
-    factor = finite_at_least(f, factor_key, 1.0, "a finite number ≥ 1 (1: no scaling)");
-  }
+  std::optional<float> factor =
+      finite_at_least(f, a + "rope.scaling.factor", 1.0, "a finite number ≥ 1 (1: no scaling)");
+  if (!factor)
+    factor = finite_at_least(f, a + "rope.scale_linear", 1.0, "a finite number ≥ 1 (1: no scaling)");
   if (scaling == "none" || (scaling.empty())) {
     c.rope.scaling = (factor && *factor > 1.0f ? RopeScaling::linear : RopeScaling::none);
   } else if (scaling == "linear") {
@@ -151,56 +161,58 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   c.rope.orig_ctx = c.n_ctx_train;
   if (auto oc = f.get_int_opt(a + "rope.scaling.original_context_length"))
     c.rope.orig_ctx = positive(f, a + "rope.scaling.original_context_length", *oc, 1 << 24);
+}
 
-  if (auto sw = f.get_int_opt(a + "attention.sliding_window"); sw && *sw != 0) {
-    c.sliding_window = positive(f, a + "attention.sliding_window", *sw, 1 << 24);
+// attention.sliding_window and which layers use it: every layer, or as the pattern says (one bool per
+// layer, or a period: every period-th layer attends in full).
+void read_sliding_window(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  auto sw = f.get_int_opt(a + "attention.sliding_window");
+  if (!sw || *sw == 0) return;
+  c.sliding_window = positive(f, a + "attention.sliding_window", *sw, 1 << 24);
+  c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
+  const std::string pk = a + "attention.sliding_window_pattern";
+  const GgufValue* pv = f.find(pk);
+  if (!pv) return;
+  if (pv->type == GgufType::array) {
+    if (pv->elem_type != GgufType::boolean || pv->items.size() != static_cast<size_t>(c.n_layer))
+      bad(f, "metadata '" + pk + "' must be " + std::to_string(c.n_layer) +
+                 " bools (one per layer, true = sliding window), found " + pv->to_string());
+    for (size_t i = 0; i < pv->items.size(); ++i)
+      c.sliding_layers[i] = pv->items[i].u != 0;
+  } else {
+    const int32_t period = positive(f, pk, pv->as_int().value_or(0), 1 << 16);
+    for (int32_t l = 0; l < c.n_layer; ++l) // every period-th layer attends in full (gemma3: 6)
+      c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
+  }
+}
+
+// Gemma 3: five local layers, then a global one (llama.cpp's and HF's default). Local layers rotate
+// with their own base (10 000 unless the file says) and without the global layers' scaling
+// (rope.scaling.* applies to the global layers only, as in HF's rope_local_base_freq).
+void read_gemma3(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
+    for (int32_t l = 0; l < c.n_layer; ++l)
+      c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
+  c.rope.theta_swa = rope_base(f, a + "rope.freq_base_swa");
+}
+
+// Gemma 2's defaults as its config (and llama.cpp) has them when keys are absent.
+void read_gemma2(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  if (!f.find(a + "attn_logit_softcapping")) c.attn_softcap = 50.0f;
+  if (!f.find(a + "final_logit_softcapping")) c.final_softcap = 30.0f;
+  if (!f.find(a + "attention.sliding_window")) {
+    c.sliding_window = 4096;
     c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
-    const std::string pk = a + "attention.sliding_window_pattern";
-    if (const GgufValue* pv = f.find(pk)) {
-      if (pv->type == GgufType::array) {
-        if (pv->elem_type != GgufType::boolean || pv->items.size() != static_cast<size_t>(c.n_layer))
-          bad(f, "metadata '" + pk + "' must be " + std::to_string(c.n_layer) +
-                     " bools (one per layer, true = sliding window), found " + pv->to_string());
-        for (size_t i = 0; i < pv->items.size(); ++i)
-          c.sliding_layers[i] = pv->items[i].u != 0;
-      } else {
-        const int32_t period = positive(f, pk, pv->as_int().value_or(0), 1 << 16);
-        for (int32_t l = 0; l < c.n_layer; ++l) // every period-th layer attends in full (gemma3: 6)
-          c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
-      }
-    }
   }
-  if (c.arch == "gemma3") { // Gemma 3: five local layers, then a global one (llama.cpp's and HF's default)
-    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-    if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-      for (int32_t l = 0; l < c.n_layer; ++l)
-        c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
-    // Local layers rotate with their own base (10 000 unless the file says) and without the global
-    // layers' scaling (rope.scaling.* applies to the global layers only, as in HF's rope_local_base_freq).
-    c.rope.theta_swa =
-        finite_at_least(f, a + "rope.freq_base_swa", 0.0, "a finite number > 1 (typically 10000)")
-            .value_or(10000.0f);
-    if (!(c.rope.theta_swa > 1.0f))
-      bad(f, "metadata '" + a + "rope.freq_base_swa' must be a finite number > 1 (typically 10000), found " +
-                 number(static_cast<double>(c.rope.theta_swa)) + "; the file is corrupt — re-convert it");
-  }
-  c.attn_softcap =
-      finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
-  c.final_softcap =
-      finite_at_least(f, a + "final_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
-  if (c.arch == "gemma2") { // defaults as Gemma 2's config (and llama.cpp) has them when keys are absent
-    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-    if (!f.find(a + "attn_logit_softcapping")) c.attn_softcap = 50.0f;
-    if (!f.find(a + "final_logit_softcapping")) c.final_softcap = 30.0f;
-    if (!f.find(a + "attention.sliding_window")) {
-      c.sliding_window = 4096;
-      c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
-    }
-    if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-      for (int32_t l = 0; l < c.n_layer; ++l) // local and global layers alternate, local first
-        c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
-  }
+  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
+    for (int32_t l = 0; l < c.n_layer; ++l) // local and global layers alternate, local first
+      c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+}
 
+// n_vocab from token_embd.weight's rows, checked against {arch}.vocab_size. Returns the embedding.
+const GgufTensor& read_vocab_size(ModelConfig& c, const GgufFile& f, const std::string& a) {
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) bad(f, "tensor 'token_embd.weight' is missing");
   if (emb->ne.size() != 2 || emb->ne[0] != c.n_embd)
@@ -209,17 +221,28 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (auto vs = f.get_int_opt(a + "vocab_size"); vs && *vs != c.n_vocab)
     bad(f, a + "vocab_size (" + std::to_string(*vs) + ") disagrees with token_embd.weight (" +
                std::to_string(c.n_vocab) + " rows)");
+  return *emb;
+}
 
-  const std::string dims =
-      a + "embedding_length " + std::to_string(c.n_embd) + ", " + a + "attention.head_count " +
-      std::to_string(c.n_head) + ", " + a + "attention.head_count_kv " + std::to_string(c.n_head_kv) +
-      ", head_dim " + std::to_string(c.head_dim) + ", " + a + "feed_forward_length " + std::to_string(c.n_ff);
-  const auto shape = [&](const std::string& tensor, std::initializer_list<int64_t> ne) {
-    expect_shape(f, tensor, ne, true, dims);
-  };
-  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-  for (int32_t l = 0; l < c.n_layer; ++l) {
+// Every tensor's shape as the metadata implies it (messages name the sizes it came from).
+class ShapeCheck {
+public:
+  ShapeCheck(const ModelConfig& c, const GgufFile& f, const std::string& a)
+      : c_(c), f_(f),
+        dims_(a + "embedding_length " + std::to_string(c.n_embd) + ", " + a + "attention.head_count " +
+              std::to_string(c.n_head) + ", " + a + "attention.head_count_kv " + std::to_string(c.n_head_kv) +
+              ", head_dim " + std::to_string(c.head_dim) + ", " + a + "feed_forward_length " +
+              std::to_string(c.n_ff)) {}
+
+  void operator()(const std::string& tensor, std::initializer_list<int64_t> ne) const {
+    expect_shape(f_, tensor, ne, true, dims_);
+  }
+
+  void layer(int32_t l) const {
+    const auto& c = c_;
+    const auto& shape = *this;
+    const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+    const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
     const std::string p = "blk." + std::to_string(l) + ".";
     shape(p + "attn_norm.weight", {c.n_embd});
     if (c.fused_qkv) {
@@ -252,6 +275,19 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     }
     shape(p + "ffn_down.weight", {c.n_ff, c.n_embd});
   }
+
+private:
+  const ModelConfig& c_;
+  const GgufFile& f_;
+  std::string dims_;
+};
+
+// The layers' tensors, rope_freqs (Llama 3.1), the embedding, the final norm and the head (absent:
+// tied to the embedding).
+void check_tensors(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  const ShapeCheck shape(c, f, a);
+  for (int32_t l = 0; l < c.n_layer; ++l)
+    shape.layer(l);
   if (f.find_tensor("rope_freqs.weight")) {
     shape("rope_freqs.weight", {c.rope.n_dims / 2});
     if (f.find_tensor("rope_freqs.weight")->type != DType::f32)
@@ -267,13 +303,32 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   shape("output_norm.weight", {c.n_embd});
   c.tied_output = f.find_tensor("output.weight") == nullptr;
   if (!c.tied_output) shape("output.weight", {c.n_embd, c.n_vocab});
+}
+
+} // namespace
+
+ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
+  ModelConfig c;
+  read_arch(c, f);
+  const std::string a = c.arch + ".";
+  read_sizes(c, f, a);
+  read_rope(c, f, a);
+  read_sliding_window(c, f, a);
+  if (c.arch == "gemma3") read_gemma3(c, f, a);
+  c.attn_softcap =
+      finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
+  c.final_softcap =
+      finite_at_least(f, a + "final_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
+  if (c.arch == "gemma2") read_gemma2(c, f, a);
+  const GgufTensor& emb = read_vocab_size(c, f, a);
+  check_tensors(c, f, a);
 
   for (const auto& t : f.tensors()) {
     c.n_params += t.n_elements;
     c.weight_bytes += t.n_bytes;
   }
   const GgufTensor* q0 = f.find_tensor(c.fused_qkv ? "blk.0.attn_qkv.weight" : "blk.0.attn_q.weight");
-  c.weight_type = q0 ? q0->type : emb->type;
+  c.weight_type = q0 ? q0->type : emb.type;
   return c;
 }
 

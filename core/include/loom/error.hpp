@@ -4,6 +4,7 @@
 
 #include "loom/sdk/error.hpp"
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -17,5 +18,8 @@ std::string one_line(std::string_view s);
 // A user-supplied value as messages echo it: in single quotes, on one line (control characters and
 // invalid UTF-8 escaped as \n, \xNN …), cut after `max` bytes with "...".
 std::string user_value(std::string_view value, size_t max = 160);
+
+// A byte count as messages and reports show it: "12.3 MiB" (one decimal).
+std::string mib(uint64_t bytes);
 
 } // namespace loom
