@@ -1,8 +1,9 @@
-// `loom ab` and `loom explain`: the statistics against known values, identical variants that differ
-// in nothing, a known difference (greedy vs a high temperature) that comes out significant, real
-// pairing, bad input as one-line errors; explain's tokens equal `loom run`'s and its per-stage
-// probabilities sum to 1. (tests/ab/run_checks.sh recomputes a whole report in Python and renders
-// its HTML in Chromium.)
+// `loom ab` and `loom explain`: the statistics against known values, the experiment library's plan
+// and aggregates on hand-made rows (no model), identical variants that differ in nothing, a known difference
+// (greedy vs a high temperature) that comes out significant, real pairing, bad input as one-line errors;
+// explain's tokens equal `loom run`'s and its per-stage probabilities sum to 1. (tests/ab/run_checks.sh
+// recomputes a whole report in Python and renders its HTML in Chromium.)
+#include "loom/ab_experiment.hpp"
 #include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
 #include "test_util.hpp"
@@ -12,6 +13,8 @@
 #include <fstream>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 
 namespace {
 
@@ -59,6 +62,127 @@ TEST(AbStats, TextMetrics) {
   EXPECT_EQ(ab::extract_answer("so 3 apples, then 12.5", "last_number"), "12.5");
   EXPECT_EQ(ab::extract_answer("answer: 7.", "answer: (\\d+)"), "7");
   EXPECT_THROW((void)ab::extract_answer("x", "(a)(b)"), Error);
+}
+
+// ---- the experiment as a library (loom/ab_experiment.hpp) ------------------------------------------
+
+TEST(AbExperiment, PlanNamesTheVariantsAndPairsTheRuns) {
+  ab::Options o;
+  o.configs = {"a/greedy.toml", "b/greedy.toml", "sampling.toml"};
+  const auto v = ab::plan_variants(o);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].name, "greedy");
+  EXPECT_EQ(v[1].name, "greedy#2");
+  EXPECT_EQ(v[2].name, "sampling");
+  EXPECT_EQ(v[1].config, "b/greedy.toml");
+  // A sweep: a variant per config and value, config-major.
+  o.configs = {"x.toml", "y.toml"};
+  o.sweep = {"decoder.expansions", {"1", "2", "4"}};
+  const auto s = ab::plan_variants(o);
+  ASSERT_EQ(s.size(), 6u);
+  EXPECT_EQ(s[0].name, "x expansions=1");
+  EXPECT_EQ(s[5].name, "y expansions=4");
+  EXPECT_EQ(s[4].config_index, 1u);
+  EXPECT_EQ(s[4].sweep_index, 1u);
+
+  // 3 variants × 2 prompts × 2 runs: per prompt, per run, every variant, the order rotated.
+  const auto runs = ab::plan_runs(3, 2, 2, 10);
+  ASSERT_EQ(runs.size(), 12u);
+  const size_t order[] = {0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2};
+  std::set<std::tuple<size_t, size_t, size_t>> seen;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_EQ(runs[k].variant, order[k]);
+    EXPECT_EQ(runs[k].prompt, k / 6);
+    EXPECT_EQ(runs[k].run, k / 3 % 2);
+    EXPECT_EQ(runs[k].seed, 10 + runs[k].prompt * 2 + runs[k].run); // the same in every variant
+    seen.insert({runs[k].variant, runs[k].prompt, runs[k].run});
+  }
+  EXPECT_EQ(seen.size(), 12u) << "every (variant, prompt, run) once";
+}
+
+TEST(AbExperiment, ParsesPromptsAndTasks) {
+  const auto plain = ab::parse_prompts("\xEF\xBB\xBFOnce upon a time\r\n\n  \nThe dog\n", "p.txt");
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(plain[0].prompt, "Once upon a time");
+  EXPECT_EQ(plain[1].id, "2");
+  const auto tasks = ab::parse_prompts("{\"prompt\": \"1+2\", \"answer\": 3.0, \"id\": 7}\n", "t.jsonl");
+  ASSERT_EQ(tasks.size(), 1u);
+  EXPECT_EQ(tasks[0].expected, "3");
+  EXPECT_EQ(tasks[0].id, "7");
+  try {
+    (void)ab::parse_prompts("{\"prompt\": \"a\"}\n{\"prompt\": \"b\"\n", "bad.jsonl");
+    FAIL() << "a line that is not JSON";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "bad.jsonl:2: not a JSON object (JSONL: one {\"prompt\": …} a line, as the first line is)");
+  }
+  EXPECT_THROW((void)ab::parse_prompts("\n\n", "empty.txt"), Error);
+}
+
+// Two greedy variants on six tasks, one run each, rows made by hand: B is always right and two tokens
+// longer, A always wrong; every aggregate follows from that.
+TEST(AbExperiment, AggregatesHandMadeRows) {
+  ab::Result r;
+  r.options.configs = {"a.toml", "b.toml"};
+  r.variants = ab::plan_variants(r.options);
+  r.variants[0].greedy = r.variants[1].greedy = true;
+  for (int i = 0; i < 6; ++i)
+    r.prompts.push_back({"t" + std::to_string(i), "q", std::string("1"), ""});
+  for (size_t i = 0; i < 6; ++i)
+    for (size_t v = 0; v < 2; ++v) {
+      ab::Row row;
+      row.variant = v, row.prompt = i, row.seed = i;
+      row.ok = true;
+      row.result.tokens.assign(10 + 2 * v, static_cast<TokenId>(i));
+      row.result.text = v ? "one" : "two";
+      row.result.stop_reason = StopReason::eos;
+      row.answer = v ? "1" : "2";
+      row.correct = v == 1;
+      row.metrics = {{"tokens", 10.0 + 2 * v},
+                     {"exact_match", v ? 1.0 : 0.0},
+                     {"mean_logprob", v ? -1.0 : -2.0 + (i == 0 ? 1.0 : 0.0)}};
+      r.rows.push_back(row);
+    }
+  r.aggregates = ab::aggregate(r.options, r.variants, r.prompts, r.rows);
+  const auto& a = r.aggregates;
+  EXPECT_EQ(a.per_prompt.at("tokens")[1][3], 12.0);
+  EXPECT_TRUE(std::isnan(a.per_prompt.at("ttft_ms")[0][0])) << "a metric no row has";
+  EXPECT_EQ(a.variants[0].metrics.at("exact_match").mean, 0.0);
+  EXPECT_FALSE(a.variants[0].metrics.at("ttft_ms").mean.has_value());
+  EXPECT_EQ(a.variants[1].stop_reasons.at("eos"), 6);
+  ASSERT_EQ(a.pairs.size(), 1u);
+  const ab::Pair& p = a.pairs[0];
+  EXPECT_EQ(p.prompts_paired, 6u);
+  const ab::MetricDiff& tokens = p.metrics.at("tokens");
+  EXPECT_EQ(tokens.diff, 2.0);
+  EXPECT_EQ(tokens.ci.lo, 2.0);
+  EXPECT_EQ(tokens.ci.hi, 2.0);
+  EXPECT_NEAR(tokens.p, 2.0 / 64, 1e-12); // six same-sign differences: exact sign-flip p
+  EXPECT_EQ(tokens.verdict, "higher");    // tokens: neither better nor worse
+  EXPECT_EQ(p.metrics.at("exact_match").verdict, "better");
+  EXPECT_FALSE(p.metrics.contains("ttft_ms"));
+  EXPECT_EQ(p.b_only_correct, 6);
+  EXPECT_NEAR(p.mcnemar_p, 2.0 / 64, 1e-12);
+  EXPECT_EQ(p.agreement, 0.0);
+  EXPECT_EQ(p.answer_agreement, 0.0);
+  EXPECT_EQ(p.wins, 5);
+  EXPECT_EQ(p.ties, 1);
+  ASSERT_TRUE(p.greedy_identical.has_value());
+  EXPECT_EQ(p.greedy_identical->identical, 0);
+  EXPECT_EQ(p.greedy_identical->differing_prompts.size(), 6u);
+
+  const auto doc = ab::report_json(r);
+  EXPECT_EQ(doc["pairs"][0]["metrics"]["tokens"]["diff"].get<double>(), 2.0);
+  EXPECT_EQ(doc["rows"].size(), 12u);
+  EXPECT_TRUE(doc["aggregates"][0]["metrics"]["ttft_ms"]["mean"].is_null());
+  const std::string text = ab::report_text(r, doc);
+  EXPECT_NE(text.find("greedy outputs identical (tokens): 0 of 6 runs; differing: t0, t1"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("ttft_ms"), std::string::npos) << "no variant has it: left out of the table";
+  const std::string html = ab::report_html(r, doc);
+  EXPECT_NE(html.find("<table id='summary'>"), std::string::npos);
+  EXPECT_NE(html.find("class='right'>✓ 1"), std::string::npos);
 }
 
 // ---- the CLI ---------------------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+// An A/B experiment's plan and runs (loom/ab_experiment.hpp): the variants and their pipelines, the
+// paired runs in their rotating order, and each run's output scored into a row.
+#include "loom/ab_experiment.hpp"
+
+#include "loom/error.hpp"
+#include "loom/stop.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <variant>
+
+namespace loom::ab {
+
+namespace {
+
+// Whether a pipeline's sampler chain selects deterministically: a greedy stage, or temperature 0 (which
+// selects the arg-max itself), before any stage that draws. Two such variants of one model must give the
+// same tokens when they only decode differently (speculative decoding, a batch): the pairs check it.
+bool greedy_chain(const PipelineConfig& cfg) {
+  for (const SamplerSpec& sp : cfg.samplers) {
+    if (sp.name == "greedy") return true;
+    if (sp.name == "dist") return false;
+    if (sp.name == "temperature")
+      for (const auto& [k, v] : sp.params)
+        if (k == "value") {
+          const double t = std::holds_alternative<double>(v)    ? std::get<double>(v)
+                           : std::holds_alternative<int64_t>(v) ? static_cast<double>(std::get<int64_t>(v))
+                                                                : 1.0;
+          if (t == 0.0) return true;
+        }
+  }
+  return false;
+}
+
+// A variant's pipeline: its file, the overrides and the sweep's value, -n and the plugin paths.
+PipelineConfig variant_config(const Options& o, const Variant& v) {
+  std::vector<ConfigOverride> ov = o.overrides;
+  if (!o.sweep.values.empty()) ov.push_back({o.sweep.key, o.sweep.values[v.sweep_index]});
+  PipelineConfig cfg = load_pipeline(v.config, ov);
+  if (o.max_tokens) {
+    const int n = *o.max_tokens;
+    if (n < 1) fail(Errc::invalid_argument, "ab", "max_tokens must be ≥ 1, got " + std::to_string(n));
+    cfg.stop.max_tokens = n;
+  }
+  for (const auto& d : o.plugin_paths)
+    cfg.plugins.paths.push_back(d);
+  return cfg;
+}
+
+// Token metrics and log-probs compare only over one vocabulary.
+void check_same_vocabulary(const std::vector<std::unique_ptr<Pipeline>>& pipes,
+                           const std::vector<Variant>& variants) {
+  const Tokenizer& tok0 = pipes[0]->tokenizer();
+  for (size_t v = 1; v < pipes.size(); ++v) {
+    const Tokenizer& t = pipes[v]->tokenizer();
+    bool same = t.vocab_size() == tok0.vocab_size();
+    for (TokenId i = 0; same && i < t.vocab_size(); ++i)
+      same = t.piece(i) == tok0.piece(i);
+    if (!same)
+      fail(Errc::invalid_argument, "ab",
+           variants[v].config + " uses a model whose vocabulary differs from " + variants[0].config +
+               "'s: token metrics (distinct-n, repetition) and log-probs would not compare; give variants of "
+               "one "
+               "model family");
+  }
+}
+
+// Exact match: the answer extracted from the output against the expected one (with last_number, the
+// expected text's own last number when it has one, so "3 apples" expects "3").
+void score_answer(Row& row, const std::string& expected, const std::string& answer_regex) {
+  row.answer = extract_answer(row.result.text, answer_regex);
+  std::string want = expected;
+  if (answer_regex == "last_number") {
+    const std::string w = extract_answer(want, "last_number");
+    if (!w.empty()) want = w;
+  }
+  row.correct = !row.answer.empty() && row.answer == want;
+}
+
+} // namespace
+
+std::map<std::string, double> run_metrics(const GenerationResult& r, const std::optional<bool>& correct) {
+  std::map<std::string, double> m;
+  // A metric that is undefined for this output (TPOT of one token, log-prob or distinct-n of an output
+  // too short) is left out — missing, not a perfect score.
+  const size_t n = r.tokens.size();
+  if (r.metrics.n_generated > 0) m["ttft_ms"] = r.metrics.ttft_ms;
+  if (r.metrics.n_generated > 1) m["tpot_ms"] = r.metrics.tpot_ms;
+  if (r.metrics.total_ms > 0) m["tok_s"] = 1000.0 * r.metrics.n_generated / r.metrics.total_ms;
+  m["tokens"] = static_cast<double>(n);
+  if (!r.logprobs.empty()) {
+    double lp = 0;
+    for (float x : r.logprobs)
+      lp += static_cast<double>(x);
+    m["mean_logprob"] = lp / static_cast<double>(r.logprobs.size());
+  }
+  if (n >= 1) m["distinct_1"] = distinct_n(r.tokens, 1);
+  if (n >= 2) m["distinct_2"] = distinct_n(r.tokens, 2);
+  if (n >= 4) m["repetition_4"] = repetition_rate(r.tokens, 4);
+  if (correct) m["exact_match"] = *correct ? 1.0 : 0.0;
+  // The compute a run spent: token rows evaluated (target, draft model and a verifier's model such as
+  // model_judge) and its wall time.
+  m["tokens_evaluated"] = static_cast<double>(r.metrics.tokens_evaluated + r.metrics.draft_tokens_evaluated +
+                                              r.metrics.verifier_tokens_evaluated);
+  m["total_ms"] = r.metrics.total_ms;
+  for (const auto& [k, v] : r.metrics.decoder)
+    m["decoder." + k] = v;
+  return m;
+}
+
+std::vector<Variant> plan_variants(const Options& o) {
+  std::vector<Variant> out;
+  const std::string& key = o.sweep.key;
+  for (size_t c = 0; c < o.configs.size(); ++c)
+    for (size_t s = 0; s < std::max<size_t>(1, o.sweep.values.size()); ++s) {
+      std::string stem = std::filesystem::path(o.configs[c]).stem().string();
+      if (!o.sweep.values.empty()) stem += " " + key.substr(key.rfind('.') + 1) + "=" + o.sweep.values[s];
+      std::string name = stem;
+      const auto taken = [&](const std::string& n) {
+        return std::any_of(out.begin(), out.end(), [&](const Variant& v) { return v.name == n; });
+      };
+      for (int k = 2; taken(name); ++k)
+        name = stem + "#" + std::to_string(k);
+      out.push_back({name, o.configs[c], c, s, false});
+    }
+  return out;
+}
+
+std::vector<PlannedRun> plan_runs(size_t variants, size_t prompts, size_t runs, uint64_t seed) {
+  std::vector<PlannedRun> out;
+  out.reserve(variants * prompts * runs);
+  for (size_t i = 0; i < prompts; ++i)
+    for (size_t r = 0; r < runs; ++r)
+      for (size_t k = 0; k < variants; ++k)
+        // The variants' order rotates per (prompt, run): whichever runs first pays for what the
+        // others then find warm (a prompt length's graph in a shared model, caches), in turn.
+        out.push_back({(k + i * runs + r) % variants, i, r, seed + i * runs + r});
+  return out;
+}
+
+Experiment::Experiment(Options options, std::vector<Prompt> prompts)
+    : options_(std::move(options)), prompts_(std::move(prompts)), variants_(plan_variants(options_)) {
+  for (Variant& v : variants_) {
+    const PipelineConfig cfg = variant_config(options_, v);
+    v.greedy = greedy_chain(cfg);
+    pipes_.push_back(Pipeline::create(cfg));
+  }
+  check_same_vocabulary(pipes_, variants_);
+}
+
+Experiment::~Experiment() = default;
+
+std::vector<Row> Experiment::run(const std::function<void(const Progress&)>& progress,
+                                 const std::atomic<bool>* stop) {
+  const std::vector<PlannedRun> plan =
+      plan_runs(variants_.size(), prompts_.size(), static_cast<size_t>(options_.runs), options_.seed);
+  std::vector<Row> rows;
+  for (const PlannedRun& at : plan) {
+    if (stop && stop->load()) break;
+    if (progress) progress({rows.size(), plan.size(), &at, &variants_[at.variant]});
+    const Prompt& prompt = prompts_[at.prompt];
+    Row row;
+    static_cast<PlannedRun&>(row) = at;
+    GenerationRequest req;
+    req.prompt = prompt.prompt;
+    req.seed = row.seed;
+    req.task = prompt.task;
+    try {
+      row.result = pipes_[at.variant]->generate(req);
+      row.ok = row.result.message.empty();
+      row.error = row.result.message;
+    } catch (const std::exception& e) {
+      row.ok = false;
+      row.error = e.what();
+    }
+    if (row.ok) {
+      if (prompt.expected) score_answer(row, *prompt.expected, options_.answer_regex);
+      row.metrics = run_metrics(row.result, row.correct);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Result Experiment::result(std::vector<Row> rows, bool interrupted) const {
+  Result r{options_, variants_, prompts_, std::move(rows), interrupted, {}};
+  r.aggregates = aggregate(r.options, r.variants, r.prompts, r.rows);
+  return r;
+}
+
+} // namespace loom::ab
