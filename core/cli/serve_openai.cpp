@@ -160,87 +160,101 @@ std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
   return t;
 }
 
-Ask ask_of(const json& j, Service& s, bool chat) {
-  Ask a;
-  Pipeline& p = s.pipeline();
-  if (chat) {
-    const auto it = j.find("messages"); // (its shape checked by check_shape)
-    if (!s.chat_template())
-      bad("messages", "this model has no chat template (tokenizer.chat_template): use /v1/completions");
-    chat::RenderInput in;
-    in.messages = *it;
-    if (const auto t = j.find("tools"); t != j.end() && !t->is_null()) {
-      if (!t->is_array()) bad("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
-      const char* expected =
-          "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-          "\"function\": {\"name\": …}}";
-      std::string choice = "auto", named;
-      if (const auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
-        if (c->is_string()) {
-          choice = c->get<std::string>();
-        } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
-                   (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
-          choice = "required";
-          named = (*c)["function"]["name"].get<std::string>();
-        } else {
-          bad("tool_choice", expected);
-        }
-      }
-      if (choice != "none" && choice != "auto" && choice != "required") bad("tool_choice", expected);
-      if (choice != "none" && !t->empty()) {
-        in.tools = *t;
-        a.tools = true;
-      }
-      if (choice == "required") { // one call of an allowed function: {"name": …, "arguments": {…}}
-        json alts = json::array();
-        for (const auto& tool : *t) {
-          const auto f = tool.find("function");
-          if (f == tool.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
-            bad("tools",
-                "each tool must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}");
-          const std::string name = (*f)["name"].get<std::string>();
-          if (!named.empty() && name != named) continue;
-          const auto params = f->find("parameters");
-          alts.push_back(
-              {{"type", "object"},
-               {"properties",
-                {{"name", {{"const", name}}},
-                 {"arguments",
-                  params != f->end() && params->is_object() ? *params : json{{"type", "object"}}}}},
-               {"required", json::array({"name", "arguments"})}});
-        }
-        if (alts.empty())
-          bad("tool_choice", named.empty()
-                                 ? std::string("'tool_choice' is \"required\" but 'tools' is empty")
-                                 : "'tool_choice' names '" + named + "', which is not among 'tools'");
-        a.forced_call_schema = (alts.size() == 1 ? alts[0] : json{{"anyOf", alts}}).dump();
-      }
-    }
-    try {
-      a.prompt =
-          chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special).tokens;
-    } catch (const Error& e) {
-      bad("messages", e.what());
-    }
-  } else {
-    const auto it = j.find("prompt");
-    if (it == j.end()) bad("prompt", "'prompt' is required");
-    if (it->is_string()) {
-      a.prompt = p.tokenize(it->get<std::string>());
-    } else if (it->is_array() && !it->empty() &&
-               std::all_of(it->begin(), it->end(), [](const json& e) { return e.is_number_integer(); })) {
-      for (const auto& e : *it) {
-        const auto v = e.get<int64_t>();
-        if (v < 0 || v >= p.tokenizer().vocab_size())
-          bad("prompt", "token id " + std::to_string(v) + " is out of range");
-        a.prompt.push_back(static_cast<TokenId>(v));
-      }
-    } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
-      a.prompt = p.tokenize((*it)[0].get<std::string>());
+// tool_choice: "none", "auto" (the default), "required", or a named function (required, of that one);
+// the choice, and the function's name when one is named.
+std::pair<std::string, std::string> tool_choice_of(const json& j) {
+  const char* expected = "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": …}}";
+  std::string choice = "auto", named;
+  if (const auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    if (c->is_string()) {
+      choice = c->get<std::string>();
+    } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
+               (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+      choice = "required";
+      named = (*c)["function"]["name"].get<std::string>();
     } else {
-      bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request)");
+      bad("tool_choice", expected);
     }
   }
+  if (choice != "none" && choice != "auto" && choice != "required") bad("tool_choice", expected);
+  return {choice, named};
+}
+
+// tool_choice "required": the schema of one call of an allowed function (all of `tools`, or the one
+// named): {"name": …, "arguments": {…}}.
+std::string forced_call_schema(const json& tools, const std::string& named) {
+  json alts = json::array();
+  for (const auto& tool : tools) {
+    const auto f = tool.find("function");
+    if (f == tool.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+      bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}");
+    const std::string name = (*f)["name"].get<std::string>();
+    if (!named.empty() && name != named) continue;
+    const auto params = f->find("parameters");
+    alts.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", {{"const", name}}},
+           {"arguments", params != f->end() && params->is_object() ? *params : json{{"type", "object"}}}}},
+         {"required", json::array({"name", "arguments"})}});
+  }
+  if (alts.empty())
+    bad("tool_choice", named.empty() ? std::string("'tool_choice' is \"required\" but 'tools' is empty")
+                                     : "'tool_choice' names '" + named + "', which is not among 'tools'");
+  return (alts.size() == 1 ? alts[0] : json{{"anyOf", alts}}).dump();
+}
+
+// A chat request's prompt: its messages (and tools) through the chat template; sets a.tools and
+// a.forced_call_schema from tools / tool_choice.
+void chat_prompt_of(const json& j, Service& s, Ask& a) {
+  Pipeline& p = s.pipeline();
+  const auto it = j.find("messages"); // (its shape checked by check_shape)
+  if (!s.chat_template())
+    bad("messages", "this model has no chat template (tokenizer.chat_template): use /v1/completions");
+  chat::RenderInput in;
+  in.messages = *it;
+  if (const auto t = j.find("tools"); t != j.end() && !t->is_null()) {
+    if (!t->is_array()) bad("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
+    const auto [choice, named] = tool_choice_of(j);
+    if (choice != "none" && !t->empty()) {
+      in.tools = *t;
+      a.tools = true;
+    }
+    if (choice == "required") a.forced_call_schema = forced_call_schema(*t, named);
+  }
+  try {
+    a.prompt = chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special).tokens;
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+}
+
+// A completion request's prompt: a string, an array of token ids, or an array of one string.
+std::vector<TokenId> completion_prompt_of(const json& j, Pipeline& p) {
+  const auto it = j.find("prompt");
+  if (it == j.end()) bad("prompt", "'prompt' is required");
+  if (it->is_string()) return p.tokenize(it->get<std::string>());
+  if (it->is_array() && !it->empty() &&
+      std::all_of(it->begin(), it->end(), [](const json& e) { return e.is_number_integer(); })) {
+    std::vector<TokenId> prompt;
+    for (const auto& e : *it) {
+      const auto v = e.get<int64_t>();
+      if (v < 0 || v >= p.tokenizer().vocab_size())
+        bad("prompt", "token id " + std::to_string(v) + " is out of range");
+      prompt.push_back(static_cast<TokenId>(v));
+    }
+    return prompt;
+  }
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string())
+    return p.tokenize((*it)[0].get<std::string>());
+  bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request)");
+}
+
+// n and max_tokens (max_completion_tokens first): the reply fits the context, n × max_tokens the server's
+// bound.
+void lengths_of(const json& j, Service& s, bool chat, Ask& a) {
+  const Pipeline& p = s.pipeline();
   if (a.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
   if (static_cast<int64_t>(a.prompt.size()) >= p.n_ctx())
     bad(chat ? "messages" : "prompt", "the prompt is " + std::to_string(a.prompt.size()) +
@@ -254,15 +268,16 @@ Ask ask_of(const json& j, Service& s, bool chat) {
   if (a.n * std::max<int64_t>(a.max_tokens, 1) > s.options().max_n_tokens)
     bad("n", "n × max_tokens is " + std::to_string(a.n * a.max_tokens) + "; this server allows " +
                  std::to_string(s.options().max_n_tokens));
-  if (const auto seed = integer(j, "seed", INT64_MIN, INT64_MAX)) a.seed = static_cast<uint64_t>(*seed);
-  a.stream = boolean(j, "stream").value_or(false);
-  if (const auto it = j.find("stream_options"); it != j.end() && it->is_object())
-    a.include_usage = boolean(*it, "include_usage").value_or(false);
-  if (chat) { // logprobs: a boolean; top_logprobs: 0 … 20 alternatives, with logprobs
+}
+
+// Chat: logprobs a boolean, top_logprobs 0 … 20 alternatives (with logprobs); completions: logprobs a
+// boolean or 0 … 20.
+void logprobs_of(const json& j, bool chat, Ask& a) {
+  if (chat) {
     a.logprobs = boolean(j, "logprobs").value_or(false);
     a.top_logprobs = static_cast<int32_t>(integer(j, "top_logprobs", 0, 20).value_or(0));
     if (a.top_logprobs > 0 && !a.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-  } else if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) { // completions: 0 … 20
+  } else if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
     if (it->is_boolean()) {
       a.logprobs = it->get<bool>();
     } else {
@@ -270,6 +285,20 @@ Ask ask_of(const json& j, Service& s, bool chat) {
       a.logprobs = true;
     }
   }
+}
+
+Ask ask_of(const json& j, Service& s, bool chat) {
+  Ask a;
+  if (chat)
+    chat_prompt_of(j, s, a);
+  else
+    a.prompt = completion_prompt_of(j, s.pipeline());
+  lengths_of(j, s, chat, a);
+  if (const auto seed = integer(j, "seed", INT64_MIN, INT64_MAX)) a.seed = static_cast<uint64_t>(*seed);
+  a.stream = boolean(j, "stream").value_or(false);
+  if (const auto it = j.find("stream_options"); it != j.end() && it->is_object())
+    a.include_usage = boolean(*it, "include_usage").value_or(false);
+  logprobs_of(j, chat, a);
   a.sequence = sequence_of(j, s);
   if (!a.forced_call_schema.empty()) constrain(*a.sequence, a.forced_call_schema, "tools");
   return a;
@@ -399,176 +428,220 @@ json chat_choice(Service& s, const Ask& a, const GenerationResult& r, size_t i) 
           {"finish_reason", finish_reason(r.stop_reason)}};
 }
 
-// Runs an Ask: n engine requests; whole or streamed. Returns the reply (nullopt: streamed).
-std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* sink, const ClientGone& gone) {
-  const std::string id = new_id(chat ? "chatcmpl" : "cmpl");
-  const int64_t created = unix_now();
-  const std::string& model = s.options().model_name;
-  const std::string object = chat ? "chat.completion" : "text_completion";
-  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (int64_t i = 0; i < a.n; ++i) {
-    EngineRequest r;
-    r.prompt = a.prompt;
-    r.max_new_tokens = a.max_tokens;
-    r.seed = a.seed ? *a.seed + static_cast<uint64_t>(i)
-                    : std::random_device{}() * 2654435761ULL + static_cast<uint64_t>(i);
-    r.sequence = a.sequence;
-    r.top_logprobs = a.top_logprobs;
-    auto job = std::make_shared<Job>();
-    try {
-      job->id = s.submit(std::move(r), job);
-    } catch (const Error& e) {
-      for (const auto& j : jobs)
-        s.cancel(j->id);
-      if (e.code() == Errc::out_of_memory) bad("", e.what(), 503);
-      bad("", e.what());
-    }
-    jobs.push_back(job);
+// One Ask on the engine: its n jobs, waited for together; whole, or streamed as server-sent events.
+class AskRun {
+public:
+  AskRun(Service& s, const Ask& a, bool chat, const EventSink* sink)
+      : s_(s), a_(a), chat_(chat), sink_(sink), id_(new_id(chat ? "chatcmpl" : "cmpl")), created_(unix_now()),
+        model_(s.options().model_name), object_(chat ? "chat.completion" : "text_completion"),
+        chunk_object_(chat ? "chat.completion.chunk" : "text_completion") {}
+
+  // The reply (nullopt: streamed, or the client went away).
+  std::optional<Reply> operator()(const ClientGone& gone) {
+    submit_all();
+    streaming_ = a_.stream && sink_;
+    if (streaming_ && chat_) // the role first, as OpenAI streams it
+      for (int64_t i = 0; i < a_.n; ++i)
+        send(chunk(json::array({{{"index", i},
+                                 {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                 {"finish_reason", nullptr}}})));
+    if (!wait_all(gone)) return std::nullopt;
+    return end();
   }
-  const bool streaming = a.stream && sink;
-  bool client_ok = true;
-  const auto send = [&](json j) {
-    if (!a.ab.is_null()) j["loom_ab"] = a.ab;
-    if (client_ok && !(*sink)(j.dump(-1, ' ', false, json::error_handler_t::replace))) client_ok = false;
-  };
-  if (streaming && chat) // the role first, as OpenAI streams it
-    for (int64_t i = 0; i < a.n; ++i)
-      send({{"id", id},
-            {"object", chunk_object},
-            {"created", created},
-            {"model", model},
-            {"choices", json::array({{{"index", i},
-                                      {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                      {"finish_reason", nullptr}}})}});
-  // Wait for every job; stream text as it comes; a client that goes away cancels them all.
-  size_t done = 0;
-  std::vector<bool> finished(jobs.size(), false);
-  std::vector<std::string> replies(jobs.size()); // with tools: each reply so far
-  std::vector<size_t> sent(jobs.size(), 0);      // ... of which streamed as content
-  std::vector<bool> call_began(jobs.size(), !a.forced_call_schema.empty()); // a forced call: held whole
-  while (done < jobs.size()) {
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (finished[i]) continue;
-      Job& jb = *jobs[i];
-      std::string piece;
-      bool now_done = false;
-      {
-        std::unique_lock lk(jb.mu);
-        jb.cv.wait_for(lk, std::chrono::milliseconds(jobs.size() == 1 ? 50 : 5),
-                       [&] { return jb.done || !jb.text.empty(); });
-        piece.swap(jb.text);
-        now_done = jb.done;
+
+private:
+  // n engine requests, seeded from the request's seed (or at random); a refused one cancels the others.
+  void submit_all() {
+    for (int64_t i = 0; i < a_.n; ++i) {
+      EngineRequest r;
+      r.prompt = a_.prompt;
+      r.max_new_tokens = a_.max_tokens;
+      r.seed = a_.seed ? *a_.seed + static_cast<uint64_t>(i)
+                       : std::random_device{}() * 2654435761ULL + static_cast<uint64_t>(i);
+      r.sequence = a_.sequence;
+      r.top_logprobs = a_.top_logprobs;
+      auto job = std::make_shared<Job>();
+      try {
+        job->id = s_.submit(std::move(r), job);
+      } catch (const Error& e) {
+        for (const auto& j : jobs_)
+          s_.cancel(j->id);
+        if (e.code() == Errc::out_of_memory) bad("", e.what(), 503);
+        bad("", e.what());
       }
-      // A reply that may hold tool calls streams its content up to where a call could begin; the rest
-      // waits for the end, when it is parsed whole.
-      const bool held = chat && a.tools;
-      if (held && !piece.empty()) {
-        replies[i] += piece;
-        piece.clear();
-        if (!call_began[i]) {
-          const tools::Streamable st = tools::streamable(s.tool_format(), replies[i]);
-          call_began[i] = st.call_began;
-          if (st.content > sent[i]) piece = replies[i].substr(sent[i], st.content - sent[i]);
-          sent[i] = std::max(sent[i], st.content);
-        }
+      jobs_.push_back(job);
+    }
+    finished_.assign(jobs_.size(), false);
+    replies_.assign(jobs_.size(), std::string());
+    sent_.assign(jobs_.size(), 0);
+    call_began_.assign(jobs_.size(), !a_.forced_call_schema.empty());
+  }
+
+  void send(json j) {
+    if (!a_.ab.is_null()) j["loom_ab"] = a_.ab;
+    if (client_ok_ && !(*sink_)(j.dump(-1, ' ', false, json::error_handler_t::replace))) client_ok_ = false;
+  }
+  // A streamed event: the envelope around its choices.
+  json chunk(json choices) const {
+    return {{"id", id_},
+            {"object", chunk_object_},
+            {"created", created_},
+            {"model", model_},
+            {"choices", choices}};
+  }
+
+  // Waits for every job; streams text as it comes; a client that goes away cancels them all (false).
+  bool wait_all(const ClientGone& gone) {
+    size_t done = 0;
+    while (done < jobs_.size()) {
+      for (size_t i = 0; i < jobs_.size(); ++i) {
+        if (finished_[i]) continue;
+        if (poll(i)) ++done;
       }
-      if (streaming && !piece.empty()) {
-        json choice = chat ? json{{"index", i}, {"delta", {{"content", piece}}}, {"finish_reason", nullptr}}
-                           : json{{"index", i}, {"text", piece}, {"finish_reason", nullptr}};
-        send({{"id", id},
-              {"object", chunk_object},
-              {"created", created},
-              {"model", model},
-              {"choices", json::array({choice})}});
-      }
-      if (now_done) {
-        finished[i] = true;
-        ++done;
-        if (streaming && held) { // the rest of the content, or the tool calls (arguments whole, never null)
-          const tools::Parsed p = reply_calls(s, a, jb.result.text);
-          const std::string rest = sent[i] < jb.result.text.size() ? jb.result.text.substr(sent[i]) : "";
-          json delta = p.calls.empty() ? json{{"content", rest}}
-                                       : json{{"content", nullptr}, {"tool_calls", tool_calls_json(p, i)}};
-          send({{"id", id},
-                {"object", chunk_object},
-                {"created", created},
-                {"model", model},
-                {"choices", json::array({{{"index", i}, {"delta", delta}, {"finish_reason", nullptr}}})}});
-          json last = {
-              {"index", i},
-              {"delta", json::object()},
-              {"finish_reason", p.calls.empty() ? finish_reason(jb.result.stop_reason) : "tool_calls"}};
-          if (a.logprobs) last["logprobs"] = logprobs_json(s.pipeline().tokenizer(), jb.result, chat);
-          send({{"id", id},
-                {"object", chunk_object},
-                {"created", created},
-                {"model", model},
-                {"choices", json::array({last})}});
-        } else if (streaming) {
-          json choice =
-              chat
-                  ? json{{"index", i},
-                         {"delta", json::object()},
-                         {"finish_reason", finish_reason(jb.result.stop_reason)}}
-                  : json{{"index", i}, {"text", ""}, {"finish_reason", finish_reason(jb.result.stop_reason)}};
-          if (a.logprobs) // every token's, with the last chunk (clients concatenate them across chunks)
-            choice["logprobs"] = logprobs_json(s.pipeline().tokenizer(), jb.result, chat);
-          send({{"id", id},
-                {"object", chunk_object},
-                {"created", created},
-                {"model", model},
-                {"choices", json::array({choice})}});
-        }
+      if ((streaming_ && !client_ok_) || gone()) { // the client went away: free its KV in the next step
+        cancel_all();
+        return false;
       }
     }
-    if ((streaming && !client_ok) || gone()) { // the client went away: free its KV in the next step
-      for (size_t i = 0; i < jobs.size(); ++i)
-        if (!finished[i]) s.cancel(jobs[i]->id);
-      for (size_t i = 0; i < jobs.size(); ++i) { // (the engine ends them at its next step)
-        std::unique_lock lk(jobs[i]->mu);
-        jobs[i]->cv.wait_for(lk, std::chrono::seconds(30), [&] { return jobs[i]->done; });
+    return true;
+  }
+
+  // Takes job i's new text (streaming what may go now) and its end; true when it has just ended.
+  bool poll(size_t i) {
+    Job& jb = *jobs_[i];
+    std::string piece;
+    bool now_done = false;
+    {
+      std::unique_lock lk(jb.mu);
+      jb.cv.wait_for(lk, std::chrono::milliseconds(jobs_.size() == 1 ? 50 : 5),
+                     [&] { return jb.done || !jb.text.empty(); });
+      piece.swap(jb.text);
+      now_done = jb.done;
+    }
+    if (held() && !piece.empty()) piece = hold(i, std::move(piece));
+    if (streaming_ && !piece.empty()) {
+      json choice = chat_ ? json{{"index", i}, {"delta", {{"content", piece}}}, {"finish_reason", nullptr}}
+                          : json{{"index", i}, {"text", piece}, {"finish_reason", nullptr}};
+      send(chunk(json::array({choice})));
+    }
+    if (!now_done) return false;
+    finished_[i] = true;
+    if (streaming_ && held())
+      stream_held_end(i, jb.result);
+    else if (streaming_)
+      stream_end(i, jb.result);
+    return true;
+  }
+
+  // A reply that may hold tool calls streams its content up to where a call could begin; the rest waits
+  // for the end, when it is parsed whole.
+  bool held() const { return chat_ && a_.tools; }
+  std::string hold(size_t i, std::string piece) {
+    replies_[i] += piece;
+    piece.clear();
+    if (!call_began_[i]) {
+      const tools::Streamable st = tools::streamable(s_.tool_format(), replies_[i]);
+      call_began_[i] = st.call_began;
+      if (st.content > sent_[i]) piece = replies_[i].substr(sent_[i], st.content - sent_[i]);
+      sent_[i] = std::max(sent_[i], st.content);
+    }
+    return piece;
+  }
+
+  // A held reply's end: the rest of the content, or the tool calls (arguments whole, never null).
+  void stream_held_end(size_t i, const GenerationResult& r) {
+    const tools::Parsed p = reply_calls(s_, a_, r.text);
+    const std::string rest = sent_[i] < r.text.size() ? r.text.substr(sent_[i]) : "";
+    json delta = p.calls.empty() ? json{{"content", rest}}
+                                 : json{{"content", nullptr}, {"tool_calls", tool_calls_json(p, i)}};
+    send(chunk(json::array({{{"index", i}, {"delta", delta}, {"finish_reason", nullptr}}})));
+    json last = {{"index", i},
+                 {"delta", json::object()},
+                 {"finish_reason", p.calls.empty() ? finish_reason(r.stop_reason) : "tool_calls"}};
+    if (a_.logprobs) last["logprobs"] = logprobs_json(s_.pipeline().tokenizer(), r, chat_);
+    send(chunk(json::array({last})));
+  }
+
+  void stream_end(size_t i, const GenerationResult& r) {
+    json choice =
+        chat_ ? json{{"index", i}, {"delta", json::object()}, {"finish_reason", finish_reason(r.stop_reason)}}
+              : json{{"index", i}, {"text", ""}, {"finish_reason", finish_reason(r.stop_reason)}};
+    if (a_.logprobs) // every token's, with the last chunk (clients concatenate them across chunks)
+      choice["logprobs"] = logprobs_json(s_.pipeline().tokenizer(), r, chat_);
+    send(chunk(json::array({choice})));
+  }
+
+  void cancel_all() {
+    for (size_t i = 0; i < jobs_.size(); ++i)
+      if (!finished_[i]) s_.cancel(jobs_[i]->id);
+    for (size_t i = 0; i < jobs_.size(); ++i) { // (the engine ends them at its next step)
+      std::unique_lock lk(jobs_[i]->mu);
+      jobs_[i]->cv.wait_for(lk, std::chrono::seconds(30), [&] { return jobs_[i]->done; });
+    }
+  }
+
+  // Every job has ended: an engine error, the usage (streamed) and [DONE], or the whole reply.
+  std::optional<Reply> end() {
+    int64_t prompt_tokens = static_cast<int64_t>(a_.prompt.size()), completion_tokens = 0;
+    for (const auto& j : jobs_)
+      completion_tokens += static_cast<int64_t>(j->result.tokens.size());
+    const json usage = {{"prompt_tokens", prompt_tokens},
+                        {"completion_tokens", completion_tokens},
+                        {"total_tokens", prompt_tokens + completion_tokens}};
+    for (const auto& j : jobs_)
+      if (!j->result.message.empty()) { // the engine failed the request (a backend error, …)
+        if (streaming_) {
+          send({{"error", {{"message", j->result.message}, {"type", "server_error"}}}});
+          return std::nullopt;
+        }
+        return error_reply(500, j->result.message, "server_error");
       }
+    if (streaming_) {
+      if (a_.include_usage) {
+        json last = chunk(json::array());
+        last["usage"] = usage;
+        send(std::move(last));
+      }
+      if (client_ok_) (*sink_)("[DONE]");
       return std::nullopt;
     }
+    return whole_reply(usage);
   }
-  int64_t prompt_tokens = static_cast<int64_t>(a.prompt.size()), completion_tokens = 0;
-  for (const auto& j : jobs)
-    completion_tokens += static_cast<int64_t>(j->result.tokens.size());
-  const json usage = {{"prompt_tokens", prompt_tokens},
-                      {"completion_tokens", completion_tokens},
-                      {"total_tokens", prompt_tokens + completion_tokens}};
-  for (const auto& j : jobs)
-    if (!j->result.message.empty()) { // the engine failed the request (a backend error, …)
-      if (streaming) {
-        send({{"error", {{"message", j->result.message}, {"type", "server_error"}}}});
-        return std::nullopt;
-      }
-      return error_reply(500, j->result.message, "server_error");
+
+  Reply whole_reply(const json& usage) const {
+    json choices = json::array();
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      const GenerationResult& r = jobs_[i]->result;
+      json c = chat_ ? chat_choice(s_, a_, r, i)
+                     : json{{"index", i}, {"text", r.text}, {"finish_reason", finish_reason(r.stop_reason)}};
+      c["logprobs"] = a_.logprobs ? logprobs_json(s_.pipeline().tokenizer(), r, chat_) : json(nullptr);
+      choices.push_back(std::move(c));
     }
-  if (streaming) {
-    if (a.include_usage)
-      send({{"id", id},
-            {"object", chunk_object},
-            {"created", created},
-            {"model", model},
-            {"choices", json::array()},
-            {"usage", usage}});
-    if (client_ok) (*sink)("[DONE]");
-    return std::nullopt;
+    json body = {{"id", id_},       {"object", object_},  {"created", created_},
+                 {"model", model_}, {"choices", choices}, {"usage", usage}};
+    if (!a_.ab.is_null()) body["loom_ab"] = a_.ab;
+    return Reply{200, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
   }
-  json choices = json::array();
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const GenerationResult& r = jobs[i]->result;
-    json c = chat ? chat_choice(s, a, r, i)
-                  : json{{"index", i}, {"text", r.text}, {"finish_reason", finish_reason(r.stop_reason)}};
-    c["logprobs"] = a.logprobs ? logprobs_json(s.pipeline().tokenizer(), r, chat) : json(nullptr);
-    choices.push_back(std::move(c));
-  }
-  json body = {{"id", id},       {"object", object},   {"created", created},
-               {"model", model}, {"choices", choices}, {"usage", usage}};
-  if (!a.ab.is_null()) body["loom_ab"] = a.ab;
-  return Reply{200, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
+
+  Service& s_;
+  const Ask& a_;
+  const bool chat_;
+  const EventSink* sink_;
+  const std::string id_;
+  const int64_t created_;
+  const std::string& model_;
+  const std::string object_, chunk_object_;
+  bool streaming_ = false, client_ok_ = true;
+  std::vector<std::shared_ptr<Job>> jobs_;
+  std::vector<bool> finished_;
+  std::vector<std::string> replies_; // with tools: each reply so far
+  std::vector<size_t> sent_;         // ... of which streamed as content
+  std::vector<bool> call_began_;     // a forced call: held whole
+};
+
+// Runs an Ask: n engine requests; whole or streamed. Returns the reply (nullopt: streamed).
+std::optional<Reply> run(Service& s, const Ask& a, bool chat, const EventSink* sink, const ClientGone& gone) {
+  return AskRun(s, a, chat, sink)(gone);
 }
 
 } // namespace
