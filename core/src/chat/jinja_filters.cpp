@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -342,6 +343,182 @@ int64_t int_arg(const Args& a, size_t i, std::string_view kw, int64_t def, int l
   return as_int(*v);
 }
 
+// ---- methods of str, dict and list values ----
+
+// A str method: the string, the method's name (several share one function), the call's arguments.
+using StrMethod = Value (*)(const std::string& s, const std::string& name, Args& a, int line);
+
+Value str_strip(const std::string& s, const std::string& name, Args& a, int) {
+  return Value::str(strip_chars(s, arg(a, 0, "chars"), name != "rstrip", name != "lstrip"));
+}
+
+Value str_split(const std::string& s, const std::string& name, Args& a, int l) {
+  if (name == "rsplit" && int_arg(a, 1, "maxsplit", -1, l) >= 0)
+    err(l, "rsplit with maxsplit is not supported");
+  return Value::list(split(s, arg(a, 0, "sep"), int_arg(a, 1, "maxsplit", -1, l), l));
+}
+
+Value str_splitlines(const std::string& s, const std::string&, Args&, int) {
+  List out;
+  size_t from = 0;
+  while (from < s.size()) {
+    size_t e = s.find('\n', from);
+    if (e == std::string::npos) e = s.size();
+    std::string part = s.substr(from, e - from);
+    if (!part.empty() && part.back() == '\r') part.pop_back();
+    out.push_back(Value::str(part));
+    from = e + 1;
+  }
+  return Value::list(std::move(out));
+}
+
+Value str_replace(const std::string& s, const std::string&, Args& a, int l) {
+  const Value* from = arg(a, 0, "old");
+  const Value* to = arg(a, 1, "new");
+  if (!from || !to || !from->is(Value::K::string) || !to->is(Value::K::string))
+    err(l, "replace: expected two strings");
+  return Value::str(replace_all(s, from->s, to->s, int_arg(a, 2, "count", -1, l)));
+}
+
+// startswith / endswith: a string, or any of a list of strings.
+Value str_affix(const std::string& s, const std::string& name, Args& a, int l) {
+  const Value* p = arg(a, 0, "prefix");
+  if (!p) err(l, name + ": expected an argument");
+  const auto test = [&](const std::string& x) {
+    return name == "startswith" ? s.rfind(x, 0) == 0
+                                : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  if (p->is(Value::K::string)) return Value::boolean(test(p->s));
+  if (p->is(Value::K::list)) {
+    for (const auto& e : *p->l)
+      if (e.is(Value::K::string) && test(e.s)) return Value::boolean(true);
+    return Value::boolean(false);
+  }
+  err(l, name + ": expected a string");
+}
+
+// isdigit / isalpha / isspace: every character (ASCII) of a non-empty string.
+Value str_is_class(const std::string& s, const std::string& name, Args&, int) {
+  if (s.empty()) return Value::boolean(false);
+  for (const char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (name == "isdigit" ? !std::isdigit(u) : name == "isalpha" ? !std::isalpha(u) : !std::isspace(u))
+      return Value::boolean(false);
+  }
+  return Value::boolean(true);
+}
+
+Value str_join(const std::string& s, const std::string&, Args& a, int l) {
+  const Value* x = arg(a, 0, "sub");
+  if (!x) err(l, "join: expected an iterable");
+  std::string out;
+  const List items = iterate(*x, l);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is(Value::K::string))
+      err(l, std::string("sequence item ") + std::to_string(i) + ": expected str instance, " +
+                 type_name(items[i]) + " found");
+    out += (i ? s : "") + items[i].s;
+  }
+  return Value::str(std::move(out));
+}
+
+Value str_format(const std::string&, const std::string&, Args&, int l) {
+  err(l, "str.format is not supported");
+}
+
+// count / find: the substring argument.
+const Value& substring_arg(const std::string& name, Args& a, int l) {
+  const Value* x = arg(a, 0, "sub");
+  if (!x || !x->is(Value::K::string)) err(l, name + ": expected a string");
+  return *x;
+}
+
+Value str_count(const std::string& s, const std::string& name, Args& a, int l) {
+  const Value& x = substring_arg(name, a, l);
+  if (x.s.empty()) return Value::integer(static_cast<int64_t>(cp_count(s)) + 1);
+  int64_t n = 0;
+  for (size_t p = s.find(x.s); p != std::string::npos; p = s.find(x.s, p + x.s.size()))
+    ++n;
+  return Value::integer(n);
+}
+
+Value str_find(const std::string& s, const std::string& name, Args& a, int l) {
+  const Value& x = substring_arg(name, a, l);
+  const size_t at = s.find(x.s); // find: a code point index
+  return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(cp_count(s.substr(0, at))));
+}
+
+const std::map<std::string, StrMethod, std::less<>>& str_methods() {
+  static const std::map<std::string, StrMethod, std::less<>> methods = {
+      {"strip", str_strip},
+      {"lstrip", str_strip},
+      {"rstrip", str_strip},
+      {"split", str_split},
+      {"rsplit", str_split},
+      {"splitlines", str_splitlines},
+      {"replace", str_replace},
+      {"startswith", str_affix},
+      {"endswith", str_affix},
+      {"lower",
+       [](const std::string& s, const std::string&, Args&, int) { return Value::str(case_map(s, 0)); }},
+      {"upper",
+       [](const std::string& s, const std::string&, Args&, int) { return Value::str(case_map(s, 1)); }},
+      {"title",
+       [](const std::string& s, const std::string&, Args&, int) { return Value::str(case_map(s, 2)); }},
+      {"capitalize",
+       [](const std::string& s, const std::string&, Args&, int) { return Value::str(case_map(s, 3)); }},
+      {"isdigit", str_is_class},
+      {"isalpha", str_is_class},
+      {"isspace", str_is_class},
+      {"join", str_join},
+      {"format", str_format},
+      {"count", str_count},
+      {"find", str_find}};
+  return methods;
+}
+
+std::optional<Value> str_method(const std::string& s, const std::string& name) {
+  const auto& methods = str_methods();
+  const auto it = methods.find(name);
+  if (it == methods.end()) return std::nullopt;
+  return make_func("str." + name,
+                   [s, name, fn = it->second](Ctx&, Args& a, int l) -> Value { return fn(s, name, a, l); });
+}
+
+std::optional<Value> dict_method(const std::shared_ptr<Dict>& d, const std::string& name) {
+  if (name != "items" && name != "keys" && name != "values" && name != "get") return std::nullopt;
+  return make_func("dict." + name, [d, name](Ctx&, Args& a, int l) -> Value {
+    if (name == "get") {
+      const Value* k = arg(a, 0, "key");
+      if (!k) err(l, "get: expected a key");
+      const Value* v = k->is(Value::K::string) ? d->find(k->s) : nullptr;
+      if (v) return *v;
+      const Value* def = arg(a, 1, "default");
+      return def ? *def : Value::none();
+    }
+    List out;
+    for (const auto& [k, v] : d->items)
+      out.push_back(name == "items" ? Value::tuple({Value::str(k), v}) : name == "keys" ? Value::str(k) : v);
+    return Value::list(std::move(out));
+  });
+}
+
+std::optional<Value> list_method(const std::shared_ptr<List>& l, const std::string& name) {
+  if (name != "index" && name != "count") return std::nullopt;
+  return make_func("list." + name, [l, name](Ctx&, Args& a, int ln) -> Value {
+    const Value* x = arg(a, 0, "value");
+    if (!x) err(ln, name + ": expected a value");
+    int64_t n = 0;
+    for (size_t i = 0; i < l->size(); ++i)
+      if (equal((*l)[i], *x)) {
+        if (name == "index") return Value::integer(static_cast<int64_t>(i));
+        ++n;
+      }
+    if (name == "index") err(ln, "list.index(x): x not in list");
+    return Value::integer(n);
+  });
+}
+
 // A method of a str, list or dict value (`s.strip()`, `d.items()`), bound to it; nullopt: no such method.
 std::optional<Value> method(const Value& obj, const std::string& name, int line) {
   static const std::set<std::string, std::less<>> unsafe = {
@@ -357,133 +534,9 @@ std::optional<Value> method(const Value& obj, const std::string& name, int line)
     });
   }
   (void)line;
-  if (obj.is(Value::K::string)) {
-    const std::string s = obj.s;
-    static const std::set<std::string, std::less<>> names = {
-        "strip",    "lstrip",     "rstrip",  "split",   "rsplit",     "replace", "startswith",
-        "endswith", "upper",      "lower",   "title",   "capitalize", "find",    "count",
-        "join",     "splitlines", "isdigit", "isalpha", "isspace",    "format"};
-    if (!names.count(name)) return std::nullopt;
-    return make_func("str." + name, [s, name](Ctx& c, Args& a, int l) -> Value {
-      if (name == "strip" || name == "lstrip" || name == "rstrip")
-        return Value::str(strip_chars(s, arg(a, 0, "chars"), name != "rstrip", name != "lstrip"));
-      if (name == "split" || name == "rsplit") {
-        if (name == "rsplit" && int_arg(a, 1, "maxsplit", -1, l) >= 0)
-          err(l, "rsplit with maxsplit is not supported");
-        return Value::list(split(s, arg(a, 0, "sep"), int_arg(a, 1, "maxsplit", -1, l), l));
-      }
-      if (name == "splitlines") {
-        List out;
-        size_t from = 0;
-        while (from < s.size()) {
-          size_t e = s.find('\n', from);
-          if (e == std::string::npos) e = s.size();
-          std::string part = s.substr(from, e - from);
-          if (!part.empty() && part.back() == '\r') part.pop_back();
-          out.push_back(Value::str(part));
-          from = e + 1;
-        }
-        return Value::list(std::move(out));
-      }
-      if (name == "replace") {
-        const Value* from = arg(a, 0, "old");
-        const Value* to = arg(a, 1, "new");
-        if (!from || !to || !from->is(Value::K::string) || !to->is(Value::K::string))
-          err(l, "replace: expected two strings");
-        return Value::str(replace_all(s, from->s, to->s, int_arg(a, 2, "count", -1, l)));
-      }
-      if (name == "startswith" || name == "endswith") {
-        const Value* p = arg(a, 0, "prefix");
-        if (!p) err(l, name + ": expected an argument");
-        const auto test = [&](const std::string& x) {
-          return name == "startswith"
-                     ? s.rfind(x, 0) == 0
-                     : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-        };
-        if (p->is(Value::K::string)) return Value::boolean(test(p->s));
-        if (p->is(Value::K::list)) {
-          for (const auto& e : *p->l)
-            if (e.is(Value::K::string) && test(e.s)) return Value::boolean(true);
-          return Value::boolean(false);
-        }
-        err(l, name + ": expected a string");
-      }
-      if (name == "upper") return Value::str(case_map(s, 1));
-      if (name == "lower") return Value::str(case_map(s, 0));
-      if (name == "title") return Value::str(case_map(s, 2));
-      if (name == "capitalize") return Value::str(case_map(s, 3));
-      if (name == "isdigit" || name == "isalpha" || name == "isspace") {
-        if (s.empty()) return Value::boolean(false);
-        for (const char ch : s) {
-          const auto u = static_cast<unsigned char>(ch);
-          if (name == "isdigit" ? !std::isdigit(u) : name == "isalpha" ? !std::isalpha(u) : !std::isspace(u))
-            return Value::boolean(false);
-        }
-        return Value::boolean(true);
-      }
-      const Value* x = arg(a, 0, "sub");
-      if (name == "join") {
-        if (!x) err(l, "join: expected an iterable");
-        std::string out;
-        const List items = iterate(*x, l);
-        for (size_t i = 0; i < items.size(); ++i) {
-          if (!items[i].is(Value::K::string))
-            err(l, std::string("sequence item ") + std::to_string(i) + ": expected str instance, " +
-                       type_name(items[i]) + " found");
-          out += (i ? s : "") + items[i].s;
-        }
-        return Value::str(std::move(out));
-      }
-      if (name == "format") err(l, "str.format is not supported");
-      if (!x || !x->is(Value::K::string)) err(l, name + ": expected a string");
-      if (name == "count") {
-        if (x->s.empty()) return Value::integer(static_cast<int64_t>(cp_count(s)) + 1);
-        int64_t n = 0;
-        for (size_t p = s.find(x->s); p != std::string::npos; p = s.find(x->s, p + x->s.size()))
-          ++n;
-        return Value::integer(n);
-      }
-      const size_t at = s.find(x->s); // find: a code point index
-      (void)c;
-      return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(cp_count(s.substr(0, at))));
-    });
-  }
-  if (obj.is(Value::K::dict)) {
-    if (name != "items" && name != "keys" && name != "values" && name != "get") return std::nullopt;
-    const auto d = obj.d;
-    return make_func("dict." + name, [d, name](Ctx&, Args& a, int l) -> Value {
-      if (name == "get") {
-        const Value* k = arg(a, 0, "key");
-        if (!k) err(l, "get: expected a key");
-        const Value* v = k->is(Value::K::string) ? d->find(k->s) : nullptr;
-        if (v) return *v;
-        const Value* def = arg(a, 1, "default");
-        return def ? *def : Value::none();
-      }
-      List out;
-      for (const auto& [k, v] : d->items)
-        out.push_back(name == "items"  ? Value::tuple({Value::str(k), v})
-                      : name == "keys" ? Value::str(k)
-                                       : v);
-      return Value::list(std::move(out));
-    });
-  }
-  if (name == "index" || name == "count") {
-    const auto l = obj.l;
-    return make_func("list." + name, [l, name](Ctx&, Args& a, int ln) -> Value {
-      const Value* x = arg(a, 0, "value");
-      if (!x) err(ln, name + ": expected a value");
-      int64_t n = 0;
-      for (size_t i = 0; i < l->size(); ++i)
-        if (equal((*l)[i], *x)) {
-          if (name == "index") return Value::integer(static_cast<int64_t>(i));
-          ++n;
-        }
-      if (name == "index") err(ln, "list.index(x): x not in list");
-      return Value::integer(n);
-    });
-  }
-  return std::nullopt;
+  if (obj.is(Value::K::string)) return str_method(obj.s, name);
+  if (obj.is(Value::K::dict)) return dict_method(obj.d, name);
+  return list_method(obj.l, name);
 }
 
 } // namespace
@@ -603,227 +656,300 @@ Value select_items(Ctx& c, const Value& v, Args& a, bool attr, bool keep, int li
   return Value::list(std::move(out));
 }
 
+// A filter: the context, the filter's name (several share one function), the value, the arguments.
+using Filter = Value (*)(Ctx& c, const std::string& name, const Value& v, Args& a, int line);
+
+Value filter_tojson(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  int indent = -1;
+  if (const Value* ind = arg(a, 0, "indent"); ind && !ind->is(Value::K::none)) {
+    if (!ind->is(Value::K::integer)) err(line, "tojson: indent must be an integer");
+    indent = static_cast<int>(std::clamp<int64_t>(ind->i, 0, 64));
+  }
+  std::string out;
+  json_dump(v, out, indent, 0, line, 0);
+  return Value::str(std::move(out));
+}
+
+// HTML escaping (no template autoescapes; `|e` is explicit).
+Value filter_escape(Ctx&, const std::string&, const Value& v, Args&, int) {
+  std::string out;
+  for (const char ch : to_str(v)) {
+    switch (ch) {
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&#34;";
+      break;
+    case '\'':
+      out += "&#39;";
+      break;
+    default:
+      out += ch;
+    }
+  }
+  return Value::str(std::move(out));
+}
+
+Value filter_default(Ctx&, const std::string&, const Value& v, Args& a, int) {
+  const Value* def = arg(a, 0, "default_value");
+  const Value* boolean = arg(a, 1, "boolean");
+  const bool use = v.is(Value::K::undefined) || (boolean && truthy(*boolean) && !truthy(v));
+  return use ? (def ? *def : Value::str("")) : v;
+}
+
+Value filter_items(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  if (v.is(Value::K::undefined)) return Value::list({});
+  if (!v.is(Value::K::dict)) err(line, "items: expected a mapping");
+  List out;
+  for (const auto& [k, x] : v.d->items)
+    out.push_back(Value::tuple({Value::str(k), x}));
+  return Value::list(std::move(out));
+}
+
+Value filter_dictsort(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  if (!v.is(Value::K::dict)) err(line, "dictsort: expected a mapping");
+  auto items = v.d->items;
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& x, const auto& y) { return case_map(x.first, 0) < case_map(y.first, 0); });
+  List out;
+  for (const auto& [k, x] : items)
+    out.push_back(Value::tuple({Value::str(k), x}));
+  return Value::list(std::move(out));
+}
+
+Value filter_join(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  const Value* sep = arg(a, 0, "d");
+  const Value* attribute = arg(a, 1, "attribute");
+  std::string out;
+  const List items = iterate(v, line);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i && sep) out += to_str(*sep);
+    out += to_str(attribute ? get_item(items[i], *attribute, line) : items[i]);
+  }
+  return Value::str(std::move(out));
+}
+
+Value filter_first_last(Ctx&, const std::string& name, const Value& v, Args&, int line) {
+  const List items = iterate(v, line);
+  if (items.empty()) return Value::undef("'" + name + "' of an empty sequence");
+  return name == "first" ? items.front() : items.back();
+}
+
+Value filter_reverse(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  if (v.is(Value::K::string)) {
+    const auto o = cp_offsets(v.s);
+    std::string out;
+    for (size_t i = o.size() - 1; i > 0; --i)
+      out += v.s.substr(o[i - 1], o[i] - o[i - 1]);
+    return Value::str(std::move(out));
+  }
+  List items = iterate(v, line);
+  std::reverse(items.begin(), items.end());
+  return Value::list(std::move(items));
+}
+
+Value filter_sort(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  List items = iterate(v, line);
+  const bool rev = [&] {
+    const Value* r = arg(a, 0, "reverse");
+    return r && truthy(*r);
+  }();
+  const Value* attribute = arg(a, 2, "attribute");
+  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    const Value kx = attribute ? get_item(x, *attribute, line) : x;
+    const Value ky = attribute ? get_item(y, *attribute, line) : y;
+    return rev ? compare(ky, kx, line) < 0 : compare(kx, ky, line) < 0;
+  });
+  return Value::list(std::move(items));
+}
+
+Value filter_unique(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  List out;
+  for (const Value& x : iterate(v, line))
+    if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); })) out.push_back(x);
+  return Value::list(std::move(out));
+}
+
+// map(attribute=…, default=…) or map('filter', args…).
+Value filter_map(Ctx& c, const std::string&, const Value& v, Args& a, int line) {
+  List out;
+  const Value* attribute = a.kwarg("attribute");
+  if (!attribute && (a.pos.empty() || !a.pos[0].is(Value::K::string)))
+    err(line, "map: expected a filter name or attribute=");
+  for (const Value& x : iterate(v, line)) {
+    if (attribute) {
+      Value r = get_item(x, *attribute, line);
+      if (r.is(Value::K::undefined))
+        if (const Value* def = a.kwarg("default")) r = *def;
+      out.push_back(r);
+    } else {
+      Args rest;
+      rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+      out.push_back(apply_filter(c, a.pos[0].s, x, rest, line));
+    }
+  }
+  return Value::list(std::move(out));
+}
+
+Value filter_select(Ctx& c, const std::string& name, const Value& v, Args& a, int line) {
+  const bool attr = name == "selectattr" || name == "rejectattr";
+  return select_items(c, v, a, attr, name == "selectattr" || name == "select", line);
+}
+
+// jinja2's do_indent: lines after the first; blank lines only with blank=true.
+Value filter_indent(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  const int64_t width = int_arg(a, 0, "width", 4, line);
+  const Value* first = arg(a, 1, "first");
+  const Value* blank = arg(a, 2, "blank");
+  const std::string pad(static_cast<size_t>(std::clamp<int64_t>(width, 0, 256)), ' ');
+  const std::string s = to_str(v) + "\n";
+  std::vector<std::string> lines;
+  for (size_t from = 0; from < s.size();) {
+    size_t e = s.find('\n', from);
+    std::string ln = s.substr(from, e - from);
+    if (!ln.empty() && ln.back() == '\r') ln.pop_back();
+    lines.push_back(std::move(ln));
+    from = e + 1;
+  }
+  std::string out = lines.empty() ? std::string() : lines[0];
+  for (size_t i = 1; i < lines.size(); ++i)
+    out += "\n" + ((blank && truthy(*blank)) || !lines[i].empty() ? pad + lines[i] : lines[i]);
+  if (first && truthy(*first)) out = pad + out;
+  return Value::str(std::move(out));
+}
+
+Value filter_replace(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  const Value* from = arg(a, 0, "old");
+  const Value* to = arg(a, 1, "new");
+  if (!from || !to) err(line, "replace: expected two arguments");
+  return Value::str(replace_all(to_str(v), to_str(*from), to_str(*to), int_arg(a, 2, "count", -1, line)));
+}
+
+Value filter_abs(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  if (v.is(Value::K::integer)) return Value::integer(v.i < 0 ? -v.i : v.i);
+  if (v.is(Value::K::floating)) return Value::floating(std::fabs(v.f));
+  err(line, "abs: expected a number");
+}
+
+Value filter_int(Ctx&, const std::string&, const Value& v, Args& a, int) {
+  if (v.is(Value::K::integer) || v.is(Value::K::boolean)) return Value::integer(as_int(v));
+  if (v.is(Value::K::floating)) return Value::integer(static_cast<int64_t>(v.f));
+  if (v.is(Value::K::string)) {
+    int64_t x = 0;
+    const std::string s = strip_chars(v.s, nullptr, true, true);
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), x);
+    if (r.ec == std::errc() && r.ptr == s.data() + s.size()) return Value::integer(x);
+  }
+  const Value* def = arg(a, 0, "default");
+  return def ? *def : Value::integer(0);
+}
+
+Value filter_float(Ctx&, const std::string&, const Value& v, Args& a, int) {
+  if (v.number()) return Value::floating(v.as_double());
+  if (v.is(Value::K::string)) {
+    char* end = nullptr;
+    const double x = std::strtod(v.s.c_str(), &end);
+    if (end && *end == '\0' && !v.s.empty()) return Value::floating(x);
+  }
+  const Value* def = arg(a, 0, "default");
+  return def ? *def : Value::floating(0.0);
+}
+
+Value filter_round(Ctx&, const std::string&, const Value& v, Args& a, int line) {
+  const int64_t prec = int_arg(a, 0, "precision", 0, line);
+  if (!v.number()) err(line, "round: expected a number");
+  const double m = std::pow(10.0, static_cast<double>(prec));
+  return Value::floating(std::nearbyint(v.as_double() * m) / m);
+}
+
+Value filter_sum(Ctx&, const std::string&, const Value& v, Args&, int line) {
+  Value acc = Value::integer(0);
+  for (const auto& x : iterate(v, line))
+    acc = add(acc, x, line);
+  return acc;
+}
+
+Value filter_min_max(Ctx&, const std::string& name, const Value& v, Args&, int line) {
+  const List items = iterate(v, line);
+  if (items.empty()) return Value::undef("'" + name + "' of an empty sequence");
+  Value best = items.front();
+  for (const auto& x : items)
+    if (name == "min" ? compare(x, best, line) < 0 : compare(x, best, line) > 0) best = x;
+  return best;
+}
+
+Value filter_case(const Value& v, int mode) {
+  return Value::str(case_map(to_str(v), mode));
+}
+
+const std::map<std::string, Filter, std::less<>>& filters() {
+  static const std::map<std::string, Filter, std::less<>> table = {
+      {"tojson", filter_tojson},
+      {"length",
+       [](Ctx&, const std::string&, const Value& v, Args&, int l) { return Value::integer(length(v, l)); }},
+      {"count",
+       [](Ctx&, const std::string&, const Value& v, Args&, int l) { return Value::integer(length(v, l)); }},
+      {"string", [](Ctx&, const std::string&, const Value& v, Args&, int) { return Value::str(to_str(v)); }},
+      {"trim", [](Ctx&, const std::string&, const Value& v, Args& a,
+                  int) { return Value::str(strip_chars(to_str(v), arg(a, 0, "chars"), true, true)); }},
+      {"lower", [](Ctx&, const std::string&, const Value& v, Args&, int) { return filter_case(v, 0); }},
+      {"upper", [](Ctx&, const std::string&, const Value& v, Args&, int) { return filter_case(v, 1); }},
+      {"title", [](Ctx&, const std::string&, const Value& v, Args&, int) { return filter_case(v, 2); }},
+      {"capitalize", [](Ctx&, const std::string&, const Value& v, Args&, int) { return filter_case(v, 3); }},
+      {"safe", [](Ctx&, const std::string&, const Value& v, Args&, int) { return v; }},
+      {"e", filter_escape},
+      {"escape", filter_escape},
+      {"forceescape", filter_escape},
+      {"default", filter_default},
+      {"d", filter_default},
+      {"items", filter_items},
+      {"dictsort", filter_dictsort},
+      {"list",
+       [](Ctx&, const std::string&, const Value& v, Args&, int l) { return Value::list(iterate(v, l)); }},
+      {"join", filter_join},
+      {"first", filter_first_last},
+      {"last", filter_first_last},
+      {"reverse", filter_reverse},
+      {"sort", filter_sort},
+      {"unique", filter_unique},
+      {"map", filter_map},
+      {"selectattr", filter_select},
+      {"rejectattr", filter_select},
+      {"select", filter_select},
+      {"reject", filter_select},
+      {"indent", filter_indent},
+      {"replace", filter_replace},
+      {"abs", filter_abs},
+      {"int", filter_int},
+      {"float", filter_float},
+      {"round", filter_round},
+      {"sum", filter_sum},
+      {"min", filter_min_max},
+      {"max", filter_min_max},
+      {"wordcount", [](Ctx&, const std::string&, const Value& v, Args&, int l) {
+         return Value::integer(static_cast<int64_t>(split(to_str(v), nullptr, -1, l).size()));
+       }}};
+  return table;
+}
+
+// jinja2's filters this subset leaves out: named in the error, told apart from a misspelt name.
+const std::set<std::string, std::less<>> k_unsupported_filters = {
+    "batch",          "slice",  "groupby",   "format", "truncate", "urlencode", "xmlattr",
+    "filesizeformat", "pprint", "striptags", "urlize", "wordwrap", "random",    "attr"};
+
 } // namespace
 
 Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int line) {
-  const auto str_of = [&](const Value& x) { return to_str(x); };
-  if (name == "tojson") {
-    int indent = -1;
-    if (const Value* ind = arg(a, 0, "indent"); ind && !ind->is(Value::K::none)) {
-      if (!ind->is(Value::K::integer)) err(line, "tojson: indent must be an integer");
-      indent = static_cast<int>(std::clamp<int64_t>(ind->i, 0, 64));
-    }
-    std::string out;
-    json_dump(v, out, indent, 0, line, 0);
-    return Value::str(std::move(out));
-  }
-  if (name == "length" || name == "count") return Value::integer(length(v, line));
-  if (name == "string") return Value::str(str_of(v));
-  if (name == "trim") return Value::str(strip_chars(str_of(v), arg(a, 0, "chars"), true, true));
-  if (name == "lower") return Value::str(case_map(str_of(v), 0));
-  if (name == "upper") return Value::str(case_map(str_of(v), 1));
-  if (name == "title") return Value::str(case_map(str_of(v), 2));
-  if (name == "capitalize") return Value::str(case_map(str_of(v), 3));
-  if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
-    if (name == "safe") return v;
-    std::string out; // HTML escaping (no template autoescapes; `|e` is explicit)
-    for (const char ch : str_of(v)) {
-      switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += ch;
-      }
-    }
-    return Value::str(std::move(out));
-  }
-  if (name == "default" || name == "d") {
-    const Value* def = arg(a, 0, "default_value");
-    const Value* boolean = arg(a, 1, "boolean");
-    const bool use = v.is(Value::K::undefined) || (boolean && truthy(*boolean) && !truthy(v));
-    return use ? (def ? *def : Value::str("")) : v;
-  }
-  if (name == "items") {
-    if (v.is(Value::K::undefined)) return Value::list({});
-    if (!v.is(Value::K::dict)) err(line, "items: expected a mapping");
-    List out;
-    for (const auto& [k, x] : v.d->items)
-      out.push_back(Value::tuple({Value::str(k), x}));
-    return Value::list(std::move(out));
-  }
-  if (name == "dictsort") {
-    if (!v.is(Value::K::dict)) err(line, "dictsort: expected a mapping");
-    auto items = v.d->items;
-    std::stable_sort(items.begin(), items.end(), [](const auto& x, const auto& y) {
-      return case_map(x.first, 0) < case_map(y.first, 0);
-    });
-    List out;
-    for (const auto& [k, x] : items)
-      out.push_back(Value::tuple({Value::str(k), x}));
-    return Value::list(std::move(out));
-  }
-  if (name == "list") return Value::list(iterate(v, line));
-  if (name == "join") {
-    const Value* sep = arg(a, 0, "d");
-    const Value* attribute = arg(a, 1, "attribute");
-    std::string out;
-    const List items = iterate(v, line);
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i && sep) out += str_of(*sep);
-      out += str_of(attribute ? get_item(items[i], *attribute, line) : items[i]);
-    }
-    return Value::str(std::move(out));
-  }
-  if (name == "first" || name == "last") {
-    const List items = iterate(v, line);
-    if (items.empty()) return Value::undef("'" + name + "' of an empty sequence");
-    return name == "first" ? items.front() : items.back();
-  }
-  if (name == "reverse") {
-    if (v.is(Value::K::string)) {
-      const auto o = cp_offsets(v.s);
-      std::string out;
-      for (size_t i = o.size() - 1; i > 0; --i)
-        out += v.s.substr(o[i - 1], o[i] - o[i - 1]);
-      return Value::str(std::move(out));
-    }
-    List items = iterate(v, line);
-    std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
-  }
-  if (name == "sort") {
-    List items = iterate(v, line);
-    const bool rev = [&] {
-      const Value* r = arg(a, 0, "reverse");
-      return r && truthy(*r);
-    }();
-    const Value* attribute = arg(a, 2, "attribute");
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      const Value kx = attribute ? get_item(x, *attribute, line) : x;
-      const Value ky = attribute ? get_item(y, *attribute, line) : y;
-      return rev ? compare(ky, kx, line) < 0 : compare(kx, ky, line) < 0;
-    });
-    return Value::list(std::move(items));
-  }
-  if (name == "unique") {
-    List out;
-    for (const Value& x : iterate(v, line))
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); })) out.push_back(x);
-    return Value::list(std::move(out));
-  }
-  if (name == "map") {
-    List out;
-    const Value* attribute = a.kwarg("attribute");
-    if (!attribute && (a.pos.empty() || !a.pos[0].is(Value::K::string)))
-      err(line, "map: expected a filter name or attribute=");
-    for (const Value& x : iterate(v, line)) {
-      if (attribute) {
-        Value r = get_item(x, *attribute, line);
-        if (r.is(Value::K::undefined))
-          if (const Value* def = a.kwarg("default")) r = *def;
-        out.push_back(r);
-      } else {
-        Args rest;
-        rest.pos.assign(a.pos.begin() + 1, a.pos.end());
-        out.push_back(apply_filter(c, a.pos[0].s, x, rest, line));
-      }
-    }
-    return Value::list(std::move(out));
-  }
-  if (name == "selectattr" || name == "rejectattr")
-    return select_items(c, v, a, true, name == "selectattr", line);
-  if (name == "select" || name == "reject") return select_items(c, v, a, false, name == "select", line);
-  if (name == "indent") { // jinja2's do_indent: lines after the first; blank lines only with blank=true
-    const int64_t width = int_arg(a, 0, "width", 4, line);
-    const Value* first = arg(a, 1, "first");
-    const Value* blank = arg(a, 2, "blank");
-    const std::string pad(static_cast<size_t>(std::clamp<int64_t>(width, 0, 256)), ' ');
-    const std::string s = str_of(v) + "\n";
-    std::vector<std::string> lines;
-    for (size_t from = 0; from < s.size();) {
-      size_t e = s.find('\n', from);
-      std::string ln = s.substr(from, e - from);
-      if (!ln.empty() && ln.back() == '\r') ln.pop_back();
-      lines.push_back(std::move(ln));
-      from = e + 1;
-    }
-    std::string out = lines.empty() ? std::string() : lines[0];
-    for (size_t i = 1; i < lines.size(); ++i)
-      out += "\n" + ((blank && truthy(*blank)) || !lines[i].empty() ? pad + lines[i] : lines[i]);
-    if (first && truthy(*first)) out = pad + out;
-    return Value::str(std::move(out));
-  }
-  if (name == "replace") {
-    const Value* from = arg(a, 0, "old");
-    const Value* to = arg(a, 1, "new");
-    if (!from || !to) err(line, "replace: expected two arguments");
-    return Value::str(replace_all(str_of(v), str_of(*from), str_of(*to), int_arg(a, 2, "count", -1, line)));
-  }
-  if (name == "abs") {
-    if (v.is(Value::K::integer)) return Value::integer(v.i < 0 ? -v.i : v.i);
-    if (v.is(Value::K::floating)) return Value::floating(std::fabs(v.f));
-    err(line, "abs: expected a number");
-  }
-  if (name == "int") {
-    if (v.is(Value::K::integer) || v.is(Value::K::boolean)) return Value::integer(as_int(v));
-    if (v.is(Value::K::floating)) return Value::integer(static_cast<int64_t>(v.f));
-    if (v.is(Value::K::string)) {
-      int64_t x = 0;
-      const std::string s = strip_chars(v.s, nullptr, true, true);
-      const auto r = std::from_chars(s.data(), s.data() + s.size(), x);
-      if (r.ec == std::errc() && r.ptr == s.data() + s.size()) return Value::integer(x);
-    }
-    const Value* def = arg(a, 0, "default");
-    return def ? *def : Value::integer(0);
-  }
-  if (name == "float") {
-    if (v.number()) return Value::floating(v.as_double());
-    if (v.is(Value::K::string)) {
-      char* end = nullptr;
-      const double x = std::strtod(v.s.c_str(), &end);
-      if (end && *end == '\0' && !v.s.empty()) return Value::floating(x);
-    }
-    const Value* def = arg(a, 0, "default");
-    return def ? *def : Value::floating(0.0);
-  }
-  if (name == "round") {
-    const int64_t prec = int_arg(a, 0, "precision", 0, line);
-    if (!v.number()) err(line, "round: expected a number");
-    const double m = std::pow(10.0, static_cast<double>(prec));
-    return Value::floating(std::nearbyint(v.as_double() * m) / m);
-  }
-  if (name == "sum" || name == "min" || name == "max") {
-    const List items = iterate(v, line);
-    if (name == "sum") {
-      Value acc = Value::integer(0);
-      for (const auto& x : items)
-        acc = add(acc, x, line);
-      return acc;
-    }
-    if (items.empty()) return Value::undef("'" + name + "' of an empty sequence");
-    Value best = items.front();
-    for (const auto& x : items)
-      if (name == "min" ? compare(x, best, line) < 0 : compare(x, best, line) > 0) best = x;
-    return best;
-  }
-  if (name == "wordcount")
-    return Value::integer(static_cast<int64_t>(split(str_of(v), nullptr, -1, line).size()));
-  if (name == "batch" || name == "slice" || name == "groupby" || name == "format" || name == "truncate" ||
-      name == "urlencode" || name == "xmlattr" || name == "filesizeformat" || name == "pprint" ||
-      name == "striptags" || name == "urlize" || name == "wordwrap" || name == "random" || name == "attr")
+  const auto& table = filters();
+  if (const auto it = table.find(name); it != table.end()) return it->second(c, name, v, a, line);
+  if (k_unsupported_filters.count(name))
     err(line, "the filter '" + name + "' is not supported by this Jinja subset");
   err(line, "no filter named '" + name + "'");
 }
