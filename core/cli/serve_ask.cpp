@@ -62,6 +62,48 @@ void constrain(SequenceTemplate& t, const std::string& schema, const char* param
   };
 }
 
+// response_format's schema: "" for json_object (any JSON), the given one for json_schema; nullopt for text
+// or none.
+std::optional<std::string> response_format_schema(const json& j) {
+  const auto it = j.find("response_format");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  const char* expected = "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}";
+  if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+    bad("response_format", expected);
+  const std::string type = (*it)["type"].get<std::string>();
+  if (type == "json_object") return "";
+  if (type == "json_schema") {
+    const auto js = it->find("json_schema");
+    if (js == it->end() || !js->is_object())
+      bad("response_format", "'response_format.json_schema' must be an object {name, schema, strict}");
+    const auto sc = js->find("schema");
+    if (sc != js->end() && !sc->is_null() && !sc->is_object() && !sc->is_boolean())
+      bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object");
+    return (sc == js->end() || sc->is_null()) ? std::string() : sc->dump();
+  }
+  if (type != "text") bad("response_format", expected);
+  return std::nullopt;
+}
+
+// stop: a string or an array of at most 4 strings.
+std::vector<std::string> stop_strings(const json& j) {
+  std::vector<std::string> stops;
+  const auto it = j.find("stop");
+  if (it == j.end() || it->is_null()) return stops;
+  if (it->is_string()) {
+    stops.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& e : *it) {
+      if (!e.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+      stops.push_back(e.get<std::string>());
+    }
+  } else {
+    bad("stop", "'stop' must be a string or an array of strings");
+  }
+  if (stops.size() > 4) bad("stop", "'stop' takes at most 4 sequences");
+  return stops;
+}
+
 // Sampling and stop rules from the request, on top of the pipeline's (its end-of-generation tokens): the
 // order llama.cpp's server uses — penalties, top-k, top-p, min-p, temperature, then a draw.
 std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
@@ -95,44 +137,9 @@ std::shared_ptr<SequenceTemplate> sequence_of(const json& j, Service& s) {
   }
   // response_format: the json_schema stage in front of the chain (the request's or the pipeline's), so
   // the reply always parses.
-  if (const auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
-    const char* expected =
-        "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}";
-    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
-      bad("response_format", expected);
-    const std::string type = (*it)["type"].get<std::string>();
-    std::optional<std::string> schema;
-    if (type == "json_object") {
-      schema = "";
-    } else if (type == "json_schema") {
-      const auto js = it->find("json_schema");
-      if (js == it->end() || !js->is_object())
-        bad("response_format", "'response_format.json_schema' must be an object {name, schema, strict}");
-      const auto sc = js->find("schema");
-      if (sc != js->end() && !sc->is_null() && !sc->is_object() && !sc->is_boolean())
-        bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object");
-      schema = (sc == js->end() || sc->is_null()) ? std::string() : sc->dump();
-    } else if (type != "text") {
-      bad("response_format", expected);
-    }
-    if (schema) constrain(*t, *schema, "response_format");
-  }
-  if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    std::vector<std::string> stops;
-    if (it->is_string()) {
-      stops.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (const auto& e : *it) {
-        if (!e.is_string()) bad("stop", "'stop' must be a string or an array of strings");
-        stops.push_back(e.get<std::string>());
-      }
-    } else {
-      bad("stop", "'stop' must be a string or an array of strings");
-    }
-    if (stops.size() > 4) bad("stop", "'stop' takes at most 4 sequences");
-    for (auto& x : stops)
-      if (!x.empty()) t->stop.strings.push_back(std::move(x));
-  }
+  if (const auto schema = response_format_schema(j)) constrain(*t, *schema, "response_format");
+  for (auto& x : stop_strings(j))
+    if (!x.empty()) t->stop.strings.push_back(std::move(x));
   return t;
 }
 
