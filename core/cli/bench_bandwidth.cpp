@@ -1,6 +1,6 @@
 // `loom bench --bandwidth`: the memory read bandwidth that bounds decode (every weight is read once per
 // token), measured several ways by `--threads` threads over a 512 MiB buffer, and a STREAM-style triad.
-#include "cli.hpp"
+#include "bench.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -19,13 +19,6 @@
 namespace loom::cli {
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Σ of n 64-bit words read as `streams` interleaved sequential streams (the n words split into that many
 // contiguous parts, four 64-byte lines of each per step), optionally prefetching `ahead` bytes in front of

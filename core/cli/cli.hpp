@@ -68,8 +68,6 @@ int cmd_plugins(const std::vector<std::string>& args);
 int cmd_synth(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
-// `loom bench --bandwidth` (bench_bandwidth.cpp).
-int bandwidth_probe(const po::variables_map& vm);
 int cmd_template(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);

@@ -48,6 +48,106 @@ constexpr const char* k_help =
     "commands: /reset (forget the conversation), /save FILE (the messages as JSON), "
     "/quit; Ctrl-C stops an answer, Ctrl-D leaves";
 
+// The reply to `req`, streamed to stdout; Ctrl-C cancels it (*cancelled), the engine ends it at its next
+// step.
+GenerationResult generate_interruptible(Pipeline& pipeline, const GenerationRequest& req, bool* cancelled) {
+  GenerationResult result;
+  const InterruptScope interrupts;
+  const RequestId id = pipeline.submit(req, [](std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  });
+  bool done = false;
+  while (!done) {
+    if (g_interrupted && !*cancelled) {
+      pipeline.engine().cancel(id);
+      *cancelled = true;
+    }
+    for (auto& [rid, res] : pipeline.engine().step())
+      if (rid == id) {
+        result = std::move(res);
+        done = true;
+      }
+  }
+  return result;
+}
+
+// The conversation: its messages (from `start`, the system message if any) and what answers them.
+class ChatSession {
+public:
+  ChatSession(Pipeline& pipeline, const chat::Template& tmpl, nlohmann::ordered_json start, bool tty)
+      : pipeline_(pipeline), tmpl_(tmpl), start_(std::move(start)), messages_(start_), tty_(tty) {}
+
+  // A /command; false for /quit (or /exit).
+  bool command(const std::string& line) {
+    if (line == "/quit" || line == "/exit") return false;
+    if (line == "/reset") {
+      messages_ = start_;
+      std::puts("(the conversation is cleared)");
+    } else if (line.rfind("/save", 0) == 0) {
+      save(trim(line.substr(5)));
+    } else {
+      std::printf("(%s)\n", k_help);
+    }
+    return true;
+  }
+
+  // The user's line, and the reply to the conversation so far. A conversation the template refuses or
+  // the context cannot hold is said, and the line dropped.
+  void answer(const std::string& line) {
+    messages_.push_back({{"role", "user"}, {"content", line}});
+    chat::RenderInput in;
+    in.messages = messages_;
+    chat::ChatPrompt cp;
+    try {
+      cp = chat::chat_prompt(tmpl_, in, pipeline_.tokenizer(), pipeline_.config().run.parse_special);
+    } catch (const loom::Error& e) { // the template refused the conversation (roles, …): say so, go on
+      std::printf("(%s)\n", e.what());
+      messages_.erase(messages_.end() - 1);
+      return;
+    }
+    if (static_cast<int64_t>(cp.tokens.size()) >= pipeline_.n_ctx()) {
+      std::printf("(the conversation is %zu tokens, the context %d: /reset to start over)\n",
+                  cp.tokens.size(), pipeline_.n_ctx());
+      messages_.erase(messages_.end() - 1);
+      return;
+    }
+    GenerationRequest req;
+    req.prompt_tokens = std::move(cp.tokens);
+    bool cancelled = false;
+    const GenerationResult result = generate_interruptible(pipeline_, req, &cancelled);
+    std::fputs("\n", stdout);
+    if (cancelled) std::puts("(stopped)");
+    if (!result.message.empty()) std::printf("(%s)\n", result.message.c_str());
+    if (tty_)
+      std::fprintf(stderr, "[%d prompt + %d new tokens, stop: %s | prefill %.1f tok/s, decode %.1f tok/s]\n",
+                   result.metrics.n_prompt, result.metrics.n_generated,
+                   std::string(stop_reason_name(result.stop_reason)).c_str(), result.metrics.prefill_tok_s,
+                   result.metrics.decode_tok_s);
+    messages_.push_back({{"role", "assistant"}, {"content", result.text}});
+  }
+
+private:
+  void save(const std::string& path) const {
+    if (path.empty()) {
+      std::puts("(usage: /save FILE)");
+      return;
+    }
+    std::ofstream f(path);
+    f << messages_.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!f)
+      std::printf("(cannot write %s)\n", path.c_str());
+    else
+      std::printf("(saved %zu messages to %s)\n", messages_.size(), path.c_str());
+  }
+
+  Pipeline& pipeline_;
+  const chat::Template& tmpl_;
+  const nlohmann::ordered_json start_;
+  nlohmann::ordered_json messages_;
+  const bool tty_;
+};
+
 } // namespace
 
 int cmd_chat(const std::vector<std::string>& args) {
@@ -88,8 +188,7 @@ int cmd_chat(const std::vector<std::string>& args) {
       vm.count("template") ? vm["template"].as<std::string>() : "", &pipeline->model().file());
   nlohmann::ordered_json start = nlohmann::ordered_json::array();
   if (vm.count("system")) start.push_back({{"role", "system"}, {"content", vm["system"].as<std::string>()}});
-  nlohmann::ordered_json messages = start;
-  const bool tty = stdout_is_tty();
+  ChatSession session(*pipeline, tmpl, std::move(start), stdout_is_tty());
   std::fprintf(stderr, "loom chat: %s, template %s, context %d tokens\n%s\n", cfg.model.path.c_str(),
                tmpl.name().c_str(), pipeline->n_ctx(), k_help);
 
@@ -104,76 +203,10 @@ int cmd_chat(const std::vector<std::string>& args) {
     line = trim(line);
     if (line.empty()) continue;
     if (line[0] == '/') {
-      if (line == "/quit" || line == "/exit") break;
-      if (line == "/reset") {
-        messages = start;
-        std::puts("(the conversation is cleared)");
-      } else if (line.rfind("/save", 0) == 0) {
-        const std::string path = trim(line.substr(5));
-        if (path.empty()) {
-          std::puts("(usage: /save FILE)");
-          continue;
-        }
-        std::ofstream f(path);
-        f << messages.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-        if (!f)
-          std::printf("(cannot write %s)\n", path.c_str());
-        else
-          std::printf("(saved %zu messages to %s)\n", messages.size(), path.c_str());
-      } else {
-        std::printf("(%s)\n", k_help);
-      }
+      if (!session.command(line)) break;
       continue;
     }
-    messages.push_back({{"role", "user"}, {"content", line}});
-    chat::RenderInput in;
-    in.messages = messages;
-    chat::ChatPrompt cp;
-    try {
-      cp = chat::chat_prompt(tmpl, in, pipeline->tokenizer(), pipeline->config().run.parse_special);
-    } catch (const loom::Error& e) { // the template refused the conversation (roles, …): say so, go on
-      std::printf("(%s)\n", e.what());
-      messages.erase(messages.end() - 1);
-      continue;
-    }
-    if (static_cast<int64_t>(cp.tokens.size()) >= pipeline->n_ctx()) {
-      std::printf("(the conversation is %zu tokens, the context %d: /reset to start over)\n",
-                  cp.tokens.size(), pipeline->n_ctx());
-      messages.erase(messages.end() - 1);
-      continue;
-    }
-    GenerationRequest req;
-    req.prompt_tokens = std::move(cp.tokens);
-    GenerationResult result;
-    bool cancelled = false;
-    {
-      const InterruptScope interrupts;
-      const RequestId id = pipeline->submit(req, [](std::string_view s) {
-        std::fwrite(s.data(), 1, s.size(), stdout);
-        std::fflush(stdout);
-      });
-      bool done = false;
-      while (!done) {
-        if (g_interrupted && !cancelled) {
-          pipeline->engine().cancel(id);
-          cancelled = true;
-        }
-        for (auto& [rid, res] : pipeline->engine().step())
-          if (rid == id) {
-            result = std::move(res);
-            done = true;
-          }
-      }
-    }
-    std::fputs("\n", stdout);
-    if (cancelled) std::puts("(stopped)");
-    if (!result.message.empty()) std::printf("(%s)\n", result.message.c_str());
-    if (tty)
-      std::fprintf(stderr, "[%d prompt + %d new tokens, stop: %s | prefill %.1f tok/s, decode %.1f tok/s]\n",
-                   result.metrics.n_prompt, result.metrics.n_generated,
-                   std::string(stop_reason_name(result.stop_reason)).c_str(), result.metrics.prefill_tok_s,
-                   result.metrics.decode_tok_s);
-    messages.push_back({{"role", "assistant"}, {"content", result.text}});
+    session.answer(line);
   }
   return k_exit_ok;
 }

@@ -164,6 +164,56 @@ std::string one_line_text(const std::string& s, size_t width) {
   return pad(o, width);
 }
 
+// The search tree as text: each candidate step under its parent, with its score, mean log-prob and fate;
+// identical siblings folded into a count.
+class SearchTreePrinter {
+public:
+  explicit SearchTreePrinter(const nlohmann::json& tree) {
+    for (const auto& n : tree["nodes"])
+      kids_[n["parent"].get<int64_t>()].push_back(&n);
+  }
+
+  void print(int64_t parent, int depth) const {
+    auto it = kids_.find(parent);
+    if (it == kids_.end()) return;
+    for (const nlohmann::json* n : it->second) {
+      if ((*n)["state"].get<std::string>() == "duplicate") continue;
+      print_node(*n, it->second, depth);
+      print((*n)["id"].get<int64_t>(), depth + 1);
+    }
+  }
+
+private:
+  static void print_node(const nlohmann::json& n, const std::vector<const nlohmann::json*>& siblings,
+                         int depth) {
+    size_t dups = 0;
+    for (const nlohmann::json* m : siblings)
+      dups += (*m)["state"] == "duplicate" && (*m)["text"] == n["text"] ? 1 : 0;
+    std::string fate = n["state"].get<std::string>();
+    if (n.contains("stop_reason")) fate += " (" + n["stop_reason"].get<std::string>() + ")";
+    const std::string score = n["score"].is_null() ? "-" : fmt_num(n["score"].get<double>(), 3);
+    const std::string lp = n["mean_logprob"].is_null() ? "-" : fmt_num(n["mean_logprob"].get<double>(), 3);
+    std::printf("#%-5lld %7s %8s  %-22s %s%s%s\n", static_cast<long long>(n["id"].get<int64_t>()),
+                score.c_str(), lp.c_str(), fate.c_str(),
+                std::string(2 * static_cast<size_t>(depth), ' ').c_str(),
+                one_line_text(n["text"].get<std::string>(), 60).c_str(),
+                dups ? ("  ×" + std::to_string(dups + 1)).c_str() : "");
+    if (n.contains("error")) std::printf("%38s%s\n", "", one_line(n["error"].get<std::string>()).c_str());
+  }
+
+  std::map<int64_t, std::vector<const nlohmann::json*>> kids_;
+};
+
+void print_search_tree(const nlohmann::json& tree, const std::string& prompt, uint64_t seed) {
+  const SearchTreePrinter printer(tree);
+  std::cout << "prompt: " << prompt << "   (seed " << seed << ")\n";
+  std::cout << "search: " << tree["mode"].get<std::string>() << ", " << tree["rounds"].get<int64_t>()
+            << " rounds, " << tree["expansions"].get<int64_t>() << " partial solutions expanded, "
+            << tree["nodes"].size() << " candidate steps\n\n";
+  std::printf("%-6s %7s %8s  %-22s %s\n", "node", "score", "mean lp", "state", "step");
+  printer.print(0, 0);
+}
+
 // A search decoder's request (one that reports a `search` tree, such as step_search): its tree, each
 // partial solution under its parent with its score, mean log-prob and fate; identical siblings
 // folded into a count.
@@ -195,39 +245,99 @@ int explain_search(PipelineConfig cfg, const po::variables_map& vm) {
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return k_exit_ok;
   }
-  std::map<int64_t, std::vector<const nlohmann::json*>> kids;
-  for (const auto& n : tree["nodes"])
-    kids[n["parent"].get<int64_t>()].push_back(&n);
-  std::cout << "prompt: " << req.prompt << "   (seed " << *cfg.run.seed << ")\n";
-  std::cout << "search: " << tree["mode"].get<std::string>() << ", " << tree["rounds"].get<int64_t>()
-            << " rounds, " << tree["expansions"].get<int64_t>() << " partial solutions expanded, "
-            << tree["nodes"].size() << " candidate steps\n\n";
-  std::printf("%-6s %7s %8s  %-22s %s\n", "node", "score", "mean lp", "state", "step");
-  const auto show = [&](const auto& self, int64_t parent, int depth) -> void {
-    auto it2 = kids.find(parent);
-    if (it2 == kids.end()) return;
-    for (const nlohmann::json* n : it2->second) {
-      const std::string state = (*n)["state"].get<std::string>();
-      if (state == "duplicate") continue;
-      size_t dups = 0;
-      for (const nlohmann::json* m : it2->second)
-        dups += (*m)["state"] == "duplicate" && (*m)["text"] == (*n)["text"] ? 1 : 0;
-      std::string fate = state;
-      if (n->contains("stop_reason")) fate += " (" + (*n)["stop_reason"].get<std::string>() + ")";
-      const std::string score = (*n)["score"].is_null() ? "-" : fmt_num((*n)["score"].get<double>(), 3);
-      const std::string lp =
-          (*n)["mean_logprob"].is_null() ? "-" : fmt_num((*n)["mean_logprob"].get<double>(), 3);
-      std::printf("#%-5lld %7s %8s  %-22s %s%s%s\n", static_cast<long long>((*n)["id"].get<int64_t>()),
-                  score.c_str(), lp.c_str(), fate.c_str(),
-                  std::string(2 * static_cast<size_t>(depth), ' ').c_str(),
-                  one_line_text((*n)["text"].get<std::string>(), 60).c_str(),
-                  dups ? ("  ×" + std::to_string(dups + 1)).c_str() : "");
-      if (n->contains("error"))
-        std::printf("%38s%s\n", "", one_line((*n)["error"].get<std::string>()).c_str());
-      self(self, (*n)["id"].get<int64_t>(), depth + 1);
+  print_search_tree(tree, req.prompt, *cfg.run.seed);
+  std::cout << "\ntext: " << r.text << "\n";
+  return k_exit_ok;
+}
+
+// A traced step as JSON: the stages (survivors, selection) and each listed candidate's probability after
+// every stage (null from the stage that cut it on).
+nlohmann::json step_json(const Step& st, size_t si, const Tokenizer& tok) {
+  nlohmann::json js = {{"step", si + 1}, {"chosen", st.chosen}, {"chosen_text", tok.piece(st.chosen)}};
+  js["stages"] = nlohmann::json::array();
+  for (const Stage& sg : st.stages)
+    js["stages"].push_back({{"name", sg.name},
+                            {"survivors", sg.survivors},
+                            {"selected", sg.selected >= 0 ? nlohmann::json(sg.selected) : nlohmann::json()}});
+  js["candidates"] = nlohmann::json::array();
+  for (size_t li = 0; li < st.listed.size(); ++li) {
+    const TokenId id = st.listed[li];
+    nlohmann::json c = {
+        {"id", id}, {"text", tok.piece(id)}, {"logit", st.raw[li].first}, {"p", st.raw[li].second}};
+    c["after"] = nlohmann::json::array();
+    nlohmann::json cut_by;
+    for (const Stage& sg : st.stages) {
+      auto it = sg.probs.find(id);
+      if (it == sg.probs.end() || !cut_by.is_null()) { // cut here or earlier: out for good
+        if (cut_by.is_null()) cut_by = sg.name;
+        c["after"].push_back(nullptr);
+      } else {
+        c["after"].push_back(it->second);
+      }
     }
-  };
-  show(show, 0, 0);
+    c["cut_by"] = cut_by;
+    c["chosen"] = id == st.chosen;
+    js["candidates"].push_back(c);
+  }
+  return js;
+}
+
+// A step of the text report: the token chosen, then a row per candidate with a column per stage.
+void print_step_text(const nlohmann::json& js, const Tokenizer& tok) {
+  std::cout << "\nstep " << js["step"].get<size_t>() << ": chose " << shown(tok, js["chosen"].get<TokenId>())
+            << " (" << js["chosen"].get<TokenId>() << ")\n";
+  std::printf("  %-16s %8s %8s", "candidate", "logit", "p");
+  for (const auto& sg : js["stages"])
+    std::printf(" %12.12s", sg["name"].get<std::string>().c_str());
+  std::printf("\n");
+  for (const auto& c : js["candidates"]) {
+    const std::string label = pad(shown(tok, c["id"].get<TokenId>()), 16);
+    std::printf("%s %s %8.3f %8.4f", c["chosen"].get<bool>() ? "*" : " ", label.c_str(),
+                c["logit"].get<double>(), c["p"].get<double>());
+    bool cut = false;
+    for (const auto& a : c["after"]) {
+      if (a.is_null()) {
+        std::printf(" %12s", cut ? "" : "cut");
+        cut = true;
+      } else {
+        std::printf(" %12.4f", a.get<double>());
+      }
+    }
+    std::printf("\n");
+  }
+}
+
+// The sample decoder's request, traced: `steps` tokens, each with its `top` candidates through the chain.
+int explain_sampling(PipelineConfig cfg, const po::variables_map& vm, int steps, int top) {
+  cfg.stop.max_tokens = steps;
+  if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
+  auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
+  const Tokenizer& tok = pipeline->tokenizer();
+
+  std::vector<Step> trace;
+  GenerationRequest req;
+  req.prompt = vm["prompt"].as<std::string>();
+  req.decoder = [&trace, top] { return std::make_unique<ExplainDecoder>(&trace, static_cast<size_t>(top)); };
+  const GenerationResult r = pipeline->generate(req);
+  if (!r.message.empty()) {
+    std::cerr << "loom: " << r.message << "\n";
+    return k_exit_error;
+  }
+
+  nlohmann::json out = {{"prompt", req.prompt}, {"seed", *cfg.run.seed}, {"steps", nlohmann::json::array()}};
+  for (size_t si = 0; si < trace.size(); ++si)
+    out["steps"].push_back(step_json(trace[si], si, tok));
+  out["text"] = r.text;
+  out["tokens"] = r.tokens;
+  if (vm.count("json")) {
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return k_exit_ok;
+  }
+
+  std::cout << "prompt: " << req.prompt << "   (seed " << *cfg.run.seed << ")\n";
+  for (const auto& js : out["steps"])
+    print_step_text(js, tok);
   std::cout << "\ntext: " << r.text << "\n";
   return k_exit_ok;
 }
@@ -273,87 +383,7 @@ int cmd_explain(const std::vector<std::string>& args) {
   if (top < 1) throw UsageError("--top must be ≥ 1, got " + std::to_string(top));
   PipelineConfig cfg = run_config_from_args(vm);
   if (cfg.decoder.name != "sample") return explain_search(cfg, vm);
-  cfg.stop.max_tokens = steps;
-  if (!cfg.run.seed) cfg.run.seed = std::random_device{}();
-  auto pipeline = Pipeline::create(cfg);
-  announce_backend(*pipeline);
-  const Tokenizer& tok = pipeline->tokenizer();
-
-  std::vector<Step> trace;
-  GenerationRequest req;
-  req.prompt = vm["prompt"].as<std::string>();
-  req.decoder = [&trace, top] { return std::make_unique<ExplainDecoder>(&trace, static_cast<size_t>(top)); };
-  const GenerationResult r = pipeline->generate(req);
-  if (!r.message.empty()) {
-    std::cerr << "loom: " << r.message << "\n";
-    return k_exit_error;
-  }
-
-  nlohmann::json out = {{"prompt", req.prompt}, {"seed", *cfg.run.seed}, {"steps", nlohmann::json::array()}};
-  for (size_t si = 0; si < trace.size(); ++si) {
-    const Step& st = trace[si];
-    nlohmann::json js = {{"step", si + 1}, {"chosen", st.chosen}, {"chosen_text", tok.piece(st.chosen)}};
-    js["stages"] = nlohmann::json::array();
-    for (const Stage& sg : st.stages)
-      js["stages"].push_back(
-          {{"name", sg.name},
-           {"survivors", sg.survivors},
-           {"selected", sg.selected >= 0 ? nlohmann::json(sg.selected) : nlohmann::json()}});
-    js["candidates"] = nlohmann::json::array();
-    for (size_t li = 0; li < st.listed.size(); ++li) {
-      const TokenId id = st.listed[li];
-      nlohmann::json c = {
-          {"id", id}, {"text", tok.piece(id)}, {"logit", st.raw[li].first}, {"p", st.raw[li].second}};
-      c["after"] = nlohmann::json::array();
-      nlohmann::json cut_by;
-      for (const Stage& sg : st.stages) {
-        auto it = sg.probs.find(id);
-        if (it == sg.probs.end() || !cut_by.is_null()) { // cut here or earlier: out for good
-          if (cut_by.is_null()) cut_by = sg.name;
-          c["after"].push_back(nullptr);
-        } else {
-          c["after"].push_back(it->second);
-        }
-      }
-      c["cut_by"] = cut_by;
-      c["chosen"] = id == st.chosen;
-      js["candidates"].push_back(c);
-    }
-    out["steps"].push_back(js);
-  }
-  out["text"] = r.text;
-  out["tokens"] = r.tokens;
-  if (vm.count("json")) {
-    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    return k_exit_ok;
-  }
-
-  std::cout << "prompt: " << req.prompt << "   (seed " << *cfg.run.seed << ")\n";
-  for (const auto& js : out["steps"]) {
-    std::cout << "\nstep " << js["step"].get<size_t>() << ": chose "
-              << shown(tok, js["chosen"].get<TokenId>()) << " (" << js["chosen"].get<TokenId>() << ")\n";
-    std::printf("  %-16s %8s %8s", "candidate", "logit", "p");
-    for (const auto& sg : js["stages"])
-      std::printf(" %12.12s", sg["name"].get<std::string>().c_str());
-    std::printf("\n");
-    for (const auto& c : js["candidates"]) {
-      const std::string label = pad(shown(tok, c["id"].get<TokenId>()), 16);
-      std::printf("%s %s %8.3f %8.4f", c["chosen"].get<bool>() ? "*" : " ", label.c_str(),
-                  c["logit"].get<double>(), c["p"].get<double>());
-      bool cut = false;
-      for (const auto& a : c["after"]) {
-        if (a.is_null()) {
-          std::printf(" %12s", cut ? "" : "cut");
-          cut = true;
-        } else {
-          std::printf(" %12.4f", a.get<double>());
-        }
-      }
-      std::printf("\n");
-    }
-  }
-  std::cout << "\ntext: " << r.text << "\n";
-  return k_exit_ok;
+  return explain_sampling(cfg, vm, steps, top);
 }
 
 } // namespace loom::cli

@@ -174,38 +174,10 @@ PipelineConfig run_config_from_args(const po::variables_map& vm) {
   return cfg;
 }
 
-int cmd_run(const std::vector<std::string>& args) {
-  po::options_description desc("loom run options");
-  // clang-format off
-  desc.add_options()
-    ("help,h", "show this help")
-    ("config,c", po::value<std::string>(), "pipeline TOML file")
-    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
-    ("prompt,p", po::value<std::string>(), "prompt text")
-    ("file,f", po::value<std::string>(), "read the prompt from a file")
-    ("n-predict,n", po::value<int>(), "number of new tokens (-1 = until the context is full)")
-    ("temp", po::value<double>(), "temperature (0 = greedy)")
-    ("top-k", po::value<long>(), "top-k (0 = off)")
-    ("top-p", po::value<double>(), "top-p in (0, 1]")
-    ("min-p", po::value<double>(), "min-p in [0, 1]")
-    ("seed", po::value<std::string>(), "RNG seed 0..2^63-1 (default: random, reported with --json)")
-    ("ignore-eos", "do not stop at end-of-generation tokens")
-    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
-    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
-    ("no-echo", "do not print the prompt before the generated text")
-    ("special", "parse special-token text (e.g. <s>) in the prompt, and in --messages content ([run] parse_special)")
-    ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
-    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
-    ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
-    ("messages", po::value<std::string>(), "chat: a JSON file of messages ([{\"role\": …, \"content\": …}] or {\"messages\": …, \"tools\": …})")
-    ("template", po::value<std::string>(), "with --messages: a built-in chat template or a Jinja file (default: the model's)")
-    ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
-    ("task", po::value<std::string>(), "the task the [verifier] reads with each candidate: a JSON object (e.g. {\"tests\": [...]}), or @FILE")
-    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
-             "--prompts one object per line, in input order");
-  // clang-format on
-  po::variables_map vm;
-  if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
+namespace {
+
+// The prompt's source: exactly one of -p, -f, --prompts and --messages; --template only with --messages.
+void check_prompt_source(const po::variables_map& vm) {
   if (!vm.count("config") && !vm.count("model"))
     throw UsageError("give a pipeline (-c FILE.toml) or a model (-m FILE.gguf)");
   const int n_sources =
@@ -215,57 +187,84 @@ int cmd_run(const std::vector<std::string>& args) {
     throw UsageError("give a prompt with -p TEXT (or -f FILE, --prompts FILE, --messages FILE.json)");
   if (vm.count("template") && !vm.count("messages")) throw UsageError("--template goes with --messages");
   if (vm["parallel"].as<int>() < 1) throw UsageError("--parallel must be ≥ 1");
+}
 
-  PipelineConfig cfg = run_config_from_args(vm);
-  std::string task;
-  if (vm.count("task")) {
-    const std::string t = vm["task"].as<std::string>();
-    const std::string text = !t.empty() && t[0] == '@' ? read_input_file(t.substr(1), "--task") : t;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw UsageError("--task: not JSON (" + std::string(e.what()) +
-                       "); expected an object such as "
-                       "{\"tests\": [\"assert f(2) == 4\"]}");
-    }
-    if (!j.is_object())
-      throw UsageError("--task: expected a JSON object, found " + std::string(j.type_name()));
-    task = j.dump();
+// --task: a JSON object (or @FILE holding one), compacted; "" when not given.
+std::string task_of(const po::variables_map& vm) {
+  if (!vm.count("task")) return "";
+  const std::string t = vm["task"].as<std::string>();
+  const std::string text = !t.empty() && t[0] == '@' ? read_input_file(t.substr(1), "--task") : t;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--task: not JSON (" + std::string(e.what()) +
+                     "); expected an object such as "
+                     "{\"tests\": [\"assert f(2) == 4\"]}");
   }
+  if (!j.is_object()) throw UsageError("--task: expected a JSON object, found " + std::string(j.type_name()));
+  return j.dump();
+}
 
-  if (vm.count("prompts")) {
-    std::istringstream f(read_input_file(vm["prompts"].as<std::string>(), "--prompts"));
-    std::vector<GenerationRequest> reqs;
-    std::string line;
-    while (std::getline(f, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      GenerationRequest r;
-      r.prompt = line;
-      r.task = task;
-      reqs.push_back(std::move(r));
-    }
-    auto pipeline = Pipeline::create(cfg);
-    announce_backend(*pipeline);
-    const auto results = pipeline->generate_all(reqs, static_cast<size_t>(vm["parallel"].as<int>()));
-    int rc = k_exit_ok;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (vm.count("json")) {
-        nlohmann::json j = to_json(results[i]);
-        j["backend"] = backend_json(*pipeline);
-        j["metrics"]["load_ms"] = pipeline->load_ms(); // the pipeline's, once for all prompts
-        std::cout << j.dump() << "\n";
-      } else {
-        std::cout << reqs[i].prompt << results[i].text << "\n";
-      }
-      if (!results[i].message.empty()) {
-        std::cerr << "loom: prompt " << i + 1 << ": " << results[i].message << "\n";
-        rc = k_exit_error;
-      }
-    }
-    return rc;
+// --prompts FILE: every line a request, --parallel at once; each printed in input order.
+int run_prompts_file(const po::variables_map& vm, const PipelineConfig& cfg, const std::string& task) {
+  std::istringstream f(read_input_file(vm["prompts"].as<std::string>(), "--prompts"));
+  std::vector<GenerationRequest> reqs;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    GenerationRequest r;
+    r.prompt = line;
+    r.task = task;
+    reqs.push_back(std::move(r));
   }
+  auto pipeline = Pipeline::create(cfg);
+  announce_backend(*pipeline);
+  const auto results = pipeline->generate_all(reqs, static_cast<size_t>(vm["parallel"].as<int>()));
+  int rc = k_exit_ok;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (vm.count("json")) {
+      nlohmann::json j = to_json(results[i]);
+      j["backend"] = backend_json(*pipeline);
+      j["metrics"]["load_ms"] = pipeline->load_ms(); // the pipeline's, once for all prompts
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << reqs[i].prompt << results[i].text << "\n";
+    }
+    if (!results[i].message.empty()) {
+      std::cerr << "loom: prompt " << i + 1 << ": " << results[i].message << "\n";
+      rc = k_exit_error;
+    }
+  }
+  return rc;
+}
 
+// The end of one prompt's run: the JSON object, or the text's last line (and on a terminal the numbers).
+void print_run_result(const po::variables_map& vm, const Pipeline& pipeline, const GenerationResult& r,
+                      const std::string& prompt, size_t streamed) {
+  if (vm.count("json")) {
+    nlohmann::json j = to_json(r);
+    if (vm.count("messages")) j["prompt"] = prompt;
+    j["backend"] = backend_json(pipeline);
+    j["metrics"]["load_ms"] = pipeline.load_ms(); // weights to the backend (repacks, uploads), KV pool
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return;
+  }
+  // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.
+  if (streamed == 0 && !r.text.empty()) std::fwrite(r.text.data(), 1, r.text.size(), stdout);
+  std::cout << "\n";
+  std::cout.flush();
+  if (stderr_is_tty()) {
+    std::fprintf(
+        stderr,
+        "[%d prompt + %d new tokens, stop: %s | TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s]\n",
+        r.metrics.n_prompt, r.metrics.n_generated, std::string(stop_reason_name(r.stop_reason)).c_str(),
+        r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
+  }
+}
+
+// One prompt (-p, -f or --messages), streamed to stdout as it comes (unless --json).
+int run_one(const po::variables_map& vm, const PipelineConfig& cfg, const std::string& task) {
   std::string prompt;
   chat::RenderInput chat_in;
   if (vm.count("prompt")) {
@@ -304,30 +303,53 @@ int cmd_run(const std::vector<std::string>& args) {
       streamed += s.size();
     };
   const GenerationResult r = pipeline->generate(req, cb);
-  if (json) {
-    nlohmann::json j = to_json(r);
-    if (chat) j["prompt"] = prompt;
-    j["backend"] = backend_json(*pipeline);
-    j["metrics"]["load_ms"] = pipeline->load_ms(); // weights to the backend (repacks, uploads), KV pool
-    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  } else {
-    // A decoder that streams nothing (best-of-n, beam search) has its answer only at the end.
-    if (streamed == 0 && !r.text.empty()) std::fwrite(r.text.data(), 1, r.text.size(), stdout);
-    std::cout << "\n";
-    std::cout.flush();
-    if (stderr_is_tty()) {
-      std::fprintf(
-          stderr,
-          "[%d prompt + %d new tokens, stop: %s | TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s]\n",
-          r.metrics.n_prompt, r.metrics.n_generated, std::string(stop_reason_name(r.stop_reason)).c_str(),
-          r.metrics.ttft_ms, r.metrics.prefill_tok_s, r.metrics.decode_tok_s);
-    }
-  }
+  print_run_result(vm, *pipeline, r, prompt, streamed);
   if (!r.message.empty()) { // the request failed (after some tokens, perhaps): say why, exit 1
     std::cerr << "loom: " << r.message << "\n";
     return k_exit_error;
   }
   return k_exit_ok;
+}
+
+} // namespace
+
+int cmd_run(const std::vector<std::string>& args) {
+  po::options_description desc("loom run options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config,c", po::value<std::string>(), "pipeline TOML file")
+    ("model,m", po::value<std::string>(), "model file (GGUF); overrides [model] path")
+    ("prompt,p", po::value<std::string>(), "prompt text")
+    ("file,f", po::value<std::string>(), "read the prompt from a file")
+    ("n-predict,n", po::value<int>(), "number of new tokens (-1 = until the context is full)")
+    ("temp", po::value<double>(), "temperature (0 = greedy)")
+    ("top-k", po::value<long>(), "top-k (0 = off)")
+    ("top-p", po::value<double>(), "top-p in (0, 1]")
+    ("min-p", po::value<double>(), "min-p in [0, 1]")
+    ("seed", po::value<std::string>(), "RNG seed 0..2^63-1 (default: random, reported with --json)")
+    ("ignore-eos", "do not stop at end-of-generation tokens")
+    ("ctx-size", po::value<int>(), "context window (tokens); overrides [model] n_ctx")
+    ("set", po::value<std::vector<std::string>>()->composing(), "override a pipeline key: section.key=value")
+    ("no-echo", "do not print the prompt before the generated text")
+    ("special", "parse special-token text (e.g. <s>) in the prompt, and in --messages content ([run] parse_special)")
+    ("decoder", po::value<std::string>(), "decoder: sample (built in) or a plugin's; its keys via --set decoder.KEY=V")
+    ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
+    ("prompts", po::value<std::string>(), "run every line of FILE as a request (see --parallel)")
+    ("messages", po::value<std::string>(), "chat: a JSON file of messages ([{\"role\": …, \"content\": …}] or {\"messages\": …, \"tools\": …})")
+    ("template", po::value<std::string>(), "with --messages: a built-in chat template or a Jinja file (default: the model's)")
+    ("parallel", po::value<int>()->default_value(1), "with --prompts: requests in flight at once")
+    ("task", po::value<std::string>(), "the task the [verifier] reads with each candidate: a JSON object (e.g. {\"tests\": [...]}), or @FILE")
+    ("json", "print one JSON object (prompt_tokens, tokens, text, logprobs, stop_reason, metrics); with\n"
+             "--prompts one object per line, in input order");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm, k_run_usage)) return k_exit_ok;
+  check_prompt_source(vm);
+  const PipelineConfig cfg = run_config_from_args(vm);
+  const std::string task = task_of(vm);
+  if (vm.count("prompts")) return run_prompts_file(vm, cfg, task);
+  return run_one(vm, cfg, task);
 }
 
 } // namespace loom::cli

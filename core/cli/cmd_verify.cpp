@@ -83,6 +83,103 @@ double auc(const std::vector<std::pair<double, bool>>& v) {
   return wins / (static_cast<double>(pos) * static_cast<double>(neg));
 }
 
+// The pipeline whose [verifier] and [plugins] are used: -c, --verifier, --set, then --plugin-path first.
+PipelineConfig verify_config(const po::variables_map& vm) {
+  std::vector<ConfigOverride> overrides;
+  if (vm.count("verifier"))
+    overrides.push_back({"verifier.name", nlohmann::json(vm["verifier"].as<std::string>()).dump()});
+  PipelineConfig cfg = config_from_args(vm, overrides);
+  if (vm.count("plugin-path"))
+    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
+      cfg.plugins.paths.insert(cfg.plugins.paths.begin(), d);
+  if (cfg.verifier.name.empty())
+    throw UsageError("--verifier NAME is required (or a [verifier] section in -c)");
+  return cfg;
+}
+
+// Every task's result ({line, score, error?, label?}) and the counts the summary is made of: scores, and
+// for labelled tasks the confusion matrix at the threshold.
+struct Tally {
+  nlohmann::json results = nlohmann::json::array();
+  std::vector<std::pair<double, bool>> labelled;
+  size_t errors = 0, tp = 0, fp = 0, fn = 0, tn = 0;
+  double sum = 0;
+  size_t scored = 0;
+};
+
+nlohmann::json tally_one(const Task& t, const VerifyOutcome& o, double threshold, Tally& c) {
+  nlohmann::json r = {{"line", t.line}};
+  if (o.error.empty()) {
+    const double s = o.score;
+    r["score"] = s;
+    c.sum += s;
+    ++c.scored;
+    if (t.label) {
+      c.labelled.emplace_back(s, *t.label);
+      const bool acc = s >= threshold;
+      (acc ? (*t.label ? c.tp : c.fp) : (*t.label ? c.fn : c.tn)) += 1;
+    }
+  } else {
+    r["score"] = nullptr;
+    r["error"] = o.error;
+    ++c.errors;
+    if (t.label) (*t.label ? c.fn : c.tn) += 1; // a failed verification accepts nothing
+  }
+  if (t.label) r["label"] = *t.label;
+  return r;
+}
+
+// A task's line of the text report: its score (or error), its label and the candidate's start.
+void print_result_line(const Task& t, const nlohmann::json& r) {
+  std::string excerpt = one_line(t.candidate);
+  if (excerpt.size() > 60) excerpt = excerpt.substr(0, 57) + "...";
+  std::printf("%5zu  %-8s %-6s %s\n", t.line,
+              r["score"].is_null() ? "error"
+                                   : (std::to_string(r["score"].get<double>()).substr(0, 6)).c_str(),
+              t.label ? (*t.label ? "right" : "wrong") : "", excerpt.c_str());
+  if (r.contains("error")) std::printf("       %s\n", one_line(r["error"].get<std::string>()).c_str());
+}
+
+nlohmann::json verify_summary(const StandaloneVerifier& v, size_t n_tasks, const Tally& c, double threshold) {
+  nlohmann::json summary = {
+      {"verifier", v.name()},
+      {"tasks", n_tasks},
+      {"errors", c.errors},
+      {"mean_score", c.scored ? nlohmann::json(c.sum / static_cast<double>(c.scored)) : nullptr}};
+  if (v.name() == "model_judge") summary["judge_forwards"] = v.judge_forwards();
+  const size_t nl = c.tp + c.fp + c.fn + c.tn;
+  if (nl > 0) {
+    const auto ratio = [](size_t a, size_t b) {
+      return b ? nlohmann::json(static_cast<double>(a) / b) : nullptr;
+    };
+    summary["labelled"] = nl;
+    summary["threshold"] = threshold;
+    summary["accuracy"] = ratio(c.tp + c.tn, nl);
+    summary["precision"] = ratio(c.tp, c.tp + c.fp);
+    summary["recall"] = ratio(c.tp, c.tp + c.fn);
+    const double a = auc(c.labelled);
+    summary["auc"] = std::isfinite(a) ? nlohmann::json(a) : nullptr;
+  }
+  return summary;
+}
+
+void print_summary_text(const StandaloneVerifier& v, size_t n_tasks, const Tally& c,
+                        const nlohmann::json& summary, double threshold) {
+  std::printf("%s: %zu tasks, %zu errors, mean score %s\n", v.name().c_str(), n_tasks, c.errors,
+              summary["mean_score"].is_null() ? "-"
+                                              : std::to_string(summary["mean_score"].get<double>()).c_str());
+  const size_t nl = c.tp + c.fp + c.fn + c.tn;
+  if (nl == 0) return;
+  const auto pct = [](const nlohmann::json& x) {
+    return x.is_null() ? std::string("-") : std::to_string(100.0 * x.get<double>()).substr(0, 5) + "%";
+  };
+  std::printf("labelled %zu at threshold %.3g: accuracy %s, precision %s, recall %s, ROC AUC %s\n", nl,
+              threshold, pct(summary["accuracy"]).c_str(), pct(summary["precision"]).c_str(),
+              pct(summary["recall"]).c_str(),
+              summary["auc"].is_null() ? "- (needs right and wrong labels)"
+                                       : std::to_string(summary["auc"].get<double>()).substr(0, 5).c_str());
+}
+
 } // namespace
 
 int cmd_verify(const std::vector<std::string>& args) {
@@ -110,100 +207,32 @@ int cmd_verify(const std::vector<std::string>& args) {
           "run."))
     return k_exit_ok;
   if (!vm.count("tasks")) throw UsageError("--tasks FILE.jsonl is required (see --help)");
-  std::vector<ConfigOverride> overrides;
-  if (vm.count("verifier"))
-    overrides.push_back({"verifier.name", nlohmann::json(vm["verifier"].as<std::string>()).dump()});
-  PipelineConfig cfg = config_from_args(vm, overrides);
-  if (vm.count("plugin-path"))
-    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>())
-      cfg.plugins.paths.insert(cfg.plugins.paths.begin(), d);
-  if (cfg.verifier.name.empty())
-    throw UsageError("--verifier NAME is required (or a [verifier] section in -c)");
+  const PipelineConfig cfg = verify_config(vm);
   const double threshold = vm["threshold"].as<double>();
   if (!(threshold >= 0 && threshold <= 1))
     throw UsageError("--threshold must be in [0, 1], found " + std::to_string(threshold));
   const auto tasks = read_tasks(vm["tasks"].as<std::string>());
   const auto v = StandaloneVerifier::create(cfg);
 
-  nlohmann::json results = nlohmann::json::array();
-  std::vector<std::pair<double, bool>> labelled;
-  size_t errors = 0, tp = 0, fp = 0, fn = 0, tn = 0;
-  double sum = 0;
-  size_t scored = 0;
   const bool json = vm.count("json") > 0;
   std::vector<StandaloneVerifier::Item> items;
   for (const Task& t : tasks)
     items.push_back({t.prompt, t.candidate, t.json});
   const std::vector<VerifyOutcome> outcomes = v->score_all(items);
+  Tally c;
   for (size_t i = 0; i < tasks.size(); ++i) {
-    const Task& t = tasks[i];
-    nlohmann::json r = {{"line", t.line}};
-    if (outcomes[i].error.empty()) {
-      const double s = outcomes[i].score;
-      r["score"] = s;
-      sum += s;
-      ++scored;
-      if (t.label) {
-        labelled.emplace_back(s, *t.label);
-        const bool acc = s >= threshold;
-        (acc ? (*t.label ? tp : fp) : (*t.label ? fn : tn)) += 1;
-      }
-    } else {
-      r["score"] = nullptr;
-      r["error"] = outcomes[i].error;
-      ++errors;
-      if (t.label) (*t.label ? fn : tn) += 1; // a failed verification accepts nothing
-    }
-    if (t.label) r["label"] = *t.label;
-    if (!json) {
-      std::string excerpt = one_line(t.candidate);
-      if (excerpt.size() > 60) excerpt = excerpt.substr(0, 57) + "...";
-      std::printf("%5zu  %-8s %-6s %s\n", t.line,
-                  r["score"].is_null() ? "error"
-                                       : (std::to_string(r["score"].get<double>()).substr(0, 6)).c_str(),
-                  t.label ? (*t.label ? "right" : "wrong") : "", excerpt.c_str());
-      if (r.contains("error")) std::printf("       %s\n", one_line(r["error"].get<std::string>()).c_str());
-    }
-    results.push_back(std::move(r));
+    nlohmann::json r = tally_one(tasks[i], outcomes[i], threshold, c);
+    if (!json) print_result_line(tasks[i], r);
+    c.results.push_back(std::move(r));
   }
-  nlohmann::json summary = {
-      {"verifier", v->name()},
-      {"tasks", tasks.size()},
-      {"errors", errors},
-      {"mean_score", scored ? nlohmann::json(sum / static_cast<double>(scored)) : nullptr}};
-  if (v->name() == "model_judge") summary["judge_forwards"] = v->judge_forwards();
-  const size_t nl = tp + fp + fn + tn;
-  if (nl > 0) {
-    const auto ratio = [](size_t a, size_t b) {
-      return b ? nlohmann::json(static_cast<double>(a) / b) : nullptr;
-    };
-    summary["labelled"] = nl;
-    summary["threshold"] = threshold;
-    summary["accuracy"] = ratio(tp + tn, nl);
-    summary["precision"] = ratio(tp, tp + fp);
-    summary["recall"] = ratio(tp, tp + fn);
-    const double a = auc(labelled);
-    summary["auc"] = std::isfinite(a) ? nlohmann::json(a) : nullptr;
-  }
+  const nlohmann::json summary = verify_summary(*v, tasks.size(), c, threshold);
   if (json) {
-    std::cout << nlohmann::json{{"summary", summary}, {"results", results}}.dump(
+    std::cout << nlohmann::json{{"summary", summary}, {"results", c.results}}.dump(
                      2, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
     return k_exit_ok;
   }
-  std::printf("%s: %zu tasks, %zu errors, mean score %s\n", v->name().c_str(), tasks.size(), errors,
-              summary["mean_score"].is_null() ? "-"
-                                              : std::to_string(summary["mean_score"].get<double>()).c_str());
-  if (nl > 0) {
-    const auto pct = [](const nlohmann::json& x) {
-      return x.is_null() ? std::string("-") : std::to_string(100.0 * x.get<double>()).substr(0, 5) + "%";
-    };
-    std::printf("labelled %zu at threshold %.3g: accuracy %s, precision %s, recall %s, ROC AUC %s\n", nl,
-                threshold, pct(summary["accuracy"]).c_str(), pct(summary["precision"]).c_str(),
-                pct(summary["recall"]).c_str(),
-                summary["auc"].is_null() ? "- (needs right and wrong labels)"
-                                         : std::to_string(summary["auc"].get<double>()).substr(0, 5).c_str());
-  }
+  print_summary_text(*v, tasks.size(), c, summary, threshold);
   return k_exit_ok;
 }
 

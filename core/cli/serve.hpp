@@ -1,6 +1,7 @@
 // `loom serve`: an OpenAI-compatible HTTP server on the batching engine (serve_http.cpp: the HTTP side,
-// serve_request.cpp: the bounded request parser, serve_openai.cpp: requests → engine → responses, the
-// metrics).
+// serve_request.cpp: the bounded request parser, serve_ask.cpp: a request's body → what it asks of the
+// engine, serve_openai.cpp: the endpoints and their responses, serve_service.cpp: the step loop and the A/B
+// splits, serve_metrics.cpp: the Prometheus metrics).
 //
 // One engine step loop per model (Service: a thread that steps while there is work). The HTTP side is
 // asynchronous on a fixed pool of I/O threads: a connection holds no thread while it is read, written or

@@ -556,213 +556,274 @@ bool take_ws(Frame& f, uint8_t c, bool& alive) {
   return true;
 }
 
-void advance(const JsonGrammar& g, Stack t, uint8_t c, std::vector<Stack>& out, int guard = 0) {
+// What a frame did with the byte: took it (the thread, still alive, is in `out`, or it died), or handed it
+// on to the frame now on top (a value's first frame, or the parent of a number or literal it ended).
+enum class Fed { taken, again };
+
+void advance(const JsonGrammar& g, Stack t, uint8_t c, std::vector<Stack>& out, int guard = 0);
+
+Fed root_step(Stack& t, uint8_t c, std::vector<Stack>& out) {
+  Frame& f = t.back();
+  bool alive = true;
+  if (f.st == R_AFTER) return Fed::taken;
+  if (take_ws(f, c, alive)) {
+    if (alive) out.push_back(std::move(t));
+    return Fed::taken;
+  }
+  f.st = R_IN;
+  t.push_back(Frame{f.node, F_VALUE});
+  return Fed::again;
+}
+
+// A value not begun: the frame becomes the one its node's type (or, for `any`, the byte) opens; anyOf
+// tries every alternative.
+Fed value_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out, int guard) {
+  Frame& f = t.back();
+  const JsonGrammar::Node& n = g.node(f.node);
+  switch (n.type) {
+  case NT::any_of:
+    for (const uint32_t alt : n.alts) {
+      Stack t2 = t;
+      t2.back().node = alt;
+      advance(g, std::move(t2), c, out, guard + 1);
+    }
+    return Fed::taken;
+  case NT::any:
+    if (c == '{') {
+      f = Frame{kAnyObject, F_OBJ, O_OPEN};
+    } else if (c == '[') {
+      f = Frame{kAnyArray, F_ARR, A_OPEN};
+    } else if (c == '"') {
+      f = Frame{kAnyString, F_STR, S_NORMAL};
+    } else if (c == '-' || is_digit(c)) {
+      f = Frame{kAnyNumber, F_NUM, N_START};
+      return Fed::again;
+    } else if (c == 't' || c == 'f' || c == 'n') {
+      f = Frame{kAnyLiteral, F_LIT, 0};
+      f.m = bit(0) | bit(1) | bit(2);
+      return Fed::again;
+    } else {
+      return Fed::taken;
+    }
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case NT::object:
+    if (c != '{') return Fed::taken;
+    f.kind = F_OBJ, f.st = O_OPEN;
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case NT::array:
+    if (c != '[') return Fed::taken;
+    f.kind = F_ARR, f.st = A_OPEN;
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case NT::string:
+    if (c != '"') return Fed::taken;
+    f.kind = F_STR, f.st = S_NORMAL;
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case NT::number:
+  case NT::integer:
+    f.kind = F_NUM, f.st = N_START;
+    return Fed::again;
+  case NT::literals:
+    f.kind = F_LIT, f.a = 0;
+    f.m = n.lits.size() >= 64 ? ~uint64_t{0} : bit(static_cast<uint32_t>(n.lits.size())) - 1;
+    return Fed::again;
+  }
+  return Fed::taken;
+}
+
+// A key's opening quote: a keyed object matches the key's bytes against the properties still allowed;
+// an open one (additionalProperties) reads it as a string. False when no key may come here.
+bool open_key(const JsonGrammar::Node& n, Stack& t) {
+  Frame& f = t.back();
+  if (!n.keys.empty()) {
+    f.m = allowed_keys(n, f.a);
+    if (!f.m) return false;
+    f.st = O_KEY, f.b = 0;
+    return true;
+  }
+  if (n.additional == kNone || t.size() >= kMaxDepth) return false;
+  f.st = O_KEYSTR;
+  t.push_back(Frame{kAnyString, F_STR, S_NORMAL});
+  return true;
+}
+
+// A byte of a keyed object's key: narrows the properties it may be; its closing quote picks the one.
+bool key_byte(const JsonGrammar::Node& n, Frame& f, uint8_t c) {
+  if (c == '"') {
+    for (uint32_t i = 0; i < n.keys.size(); ++i)
+      if ((f.m & bit(i)) && n.keys[i].size() == f.b) {
+        f.st = O_COLON, f.b = i, f.ws = 0;
+        return true;
+      }
+    return false;
+  }
+  uint64_t nm = 0;
+  for (uint32_t i = 0; i < n.keys.size(); ++i)
+    if ((f.m & bit(i)) && f.b < n.keys[i].size() && static_cast<uint8_t>(n.keys[i][f.b]) == c) nm |= bit(i);
+  f.m = nm, ++f.b;
+  return nm != 0;
+}
+
+Fed object_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out) {
+  Frame& f = t.back();
+  const JsonGrammar::Node& n = g.node(f.node);
+  const bool keyed = !n.keys.empty();
+  bool alive = true;
+  switch (f.st) {
+  case O_OPEN:
+  case O_COMMA:
+    if (take_ws(f, c, alive)) break;
+    if (c == '"') {
+      alive = open_key(n, t);
+    } else if (c == '}' && f.st == O_OPEN && (!keyed || can_close(n, f.a))) {
+      complete_top(g, t);
+    } else {
+      return Fed::taken;
+    }
+    break;
+  case O_KEY:
+    alive = key_byte(n, f, c);
+    break;
+  case O_COLON:
+    if (take_ws(f, c, alive)) break;
+    if (c != ':') return Fed::taken;
+    f.st = O_BEFORE_VALUE;
+    break;
+  case O_BEFORE_VALUE:
+    if (take_ws(f, c, alive)) break;
+    if (t.size() >= kMaxDepth) return Fed::taken;
+    f.st = O_IN;
+    t.push_back(Frame{keyed ? n.key_nodes[f.b] : n.additional, F_VALUE});
+    return Fed::again;
+  case O_AFTER:
+    if (take_ws(f, c, alive)) break;
+    if (c == ',' && (keyed ? allowed_keys(n, f.a) != 0 : n.additional != kNone)) {
+      f.st = O_COMMA;
+    } else if (c == '}' && (!keyed || can_close(n, f.a))) {
+      complete_top(g, t);
+    } else {
+      return Fed::taken;
+    }
+    break;
+  default:
+    return Fed::taken;
+  }
+  if (alive) out.push_back(std::move(t));
+  return Fed::taken;
+}
+
+Fed array_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out) {
+  Frame& f = t.back();
+  const JsonGrammar::Node& n = g.node(f.node);
+  bool alive = true;
+  switch (f.st) {
+  case A_OPEN:
+  case A_COMMA:
+    if (take_ws(f, c, alive)) break;
+    if (c == ']' && f.st == A_OPEN) {
+      if (n.min_items > 0) return Fed::taken;
+      complete_top(g, t);
+      break;
+    }
+    if (f.a >= n.max_items || t.size() >= kMaxDepth) return Fed::taken;
+    f.st = A_IN;
+    t.push_back(Frame{n.items, F_VALUE});
+    return Fed::again;
+  case A_AFTER:
+    if (take_ws(f, c, alive)) break;
+    if (c == ',' && f.a < n.max_items) {
+      f.st = A_COMMA;
+    } else if (c == ']' && f.a >= n.min_items) {
+      complete_top(g, t);
+    } else {
+      return Fed::taken;
+    }
+    break;
+  default:
+    return Fed::taken;
+  }
+  if (alive) out.push_back(std::move(t));
+  return Fed::taken;
+}
+
+Fed string_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out) {
+  switch (str_step(g.node(t.back().node), t.back(), c)) {
+  case StrStep::more:
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case StrStep::done:
+    complete_top(g, t);
+    out.push_back(std::move(t));
+    return Fed::taken;
+  case StrStep::dead:
+    return Fed::taken;
+  }
+  return Fed::taken;
+}
+
+// A number or literal takes c, or ends where c cannot continue it (if it may end there): c goes to the
+// parent.
+Fed number_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out) {
+  Frame& f = t.back();
+  if (num_step(f, c, g.node(f.node).type == NT::integer)) {
+    out.push_back(std::move(t));
+    return Fed::taken;
+  }
+  if (!num_accepting(f)) return Fed::taken;
+  complete_top(g, t);
+  return Fed::again;
+}
+
+Fed literal_step(const JsonGrammar& g, Stack& t, uint8_t c, std::vector<Stack>& out) {
+  Frame& f = t.back();
+  const JsonGrammar::Node& n = g.node(f.node);
+  uint64_t nm = 0;
+  for (uint32_t i = 0; i < n.lits.size(); ++i)
+    if ((f.m & bit(i)) && f.a < n.lits[i].size() && static_cast<uint8_t>(n.lits[i][f.a]) == c) nm |= bit(i);
+  if (nm) {
+    f.m = nm, ++f.a;
+    out.push_back(std::move(t));
+    return Fed::taken;
+  }
+  if (!lit_accepting(n, f)) return Fed::taken;
+  complete_top(g, t);
+  return Fed::again;
+}
+
+// Feeds byte c to the thread t: every thread it becomes goes to `out` (none: c kills it).
+void advance(const JsonGrammar& g, Stack t, uint8_t c, std::vector<Stack>& out, int guard) {
   if (guard > 16) return; // anyOf nested in anyOf without an end: no further choices
   for (;;) {
-    Frame& f = t.back();
-    const JsonGrammar::Node& n = g.node(f.node);
-    bool alive = true;
-    switch (f.kind) {
+    Fed fed = Fed::taken;
+    switch (t.back().kind) {
     case F_ROOT:
-      if (f.st == R_AFTER) return;
-      if (take_ws(f, c, alive)) {
-        if (alive) out.push_back(std::move(t));
-        return;
-      }
-      f.st = R_IN;
-      t.push_back(Frame{f.node, F_VALUE});
-      continue;
+      fed = root_step(t, c, out);
+      break;
     case F_VALUE:
-      switch (n.type) {
-      case NT::any_of:
-        for (const uint32_t alt : n.alts) {
-          Stack t2 = t;
-          t2.back().node = alt;
-          advance(g, std::move(t2), c, out, guard + 1);
-        }
-        return;
-      case NT::any:
-        if (c == '{') {
-          f = Frame{kAnyObject, F_OBJ, O_OPEN};
-        } else if (c == '[') {
-          f = Frame{kAnyArray, F_ARR, A_OPEN};
-        } else if (c == '"') {
-          f = Frame{kAnyString, F_STR, S_NORMAL};
-        } else if (c == '-' || is_digit(c)) {
-          f = Frame{kAnyNumber, F_NUM, N_START};
-          continue;
-        } else if (c == 't' || c == 'f' || c == 'n') {
-          f = Frame{kAnyLiteral, F_LIT, 0};
-          f.m = bit(0) | bit(1) | bit(2);
-          continue;
-        } else {
-          return;
-        }
-        out.push_back(std::move(t));
-        return;
-      case NT::object:
-        if (c != '{') return;
-        f.kind = F_OBJ, f.st = O_OPEN;
-        out.push_back(std::move(t));
-        return;
-      case NT::array:
-        if (c != '[') return;
-        f.kind = F_ARR, f.st = A_OPEN;
-        out.push_back(std::move(t));
-        return;
-      case NT::string:
-        if (c != '"') return;
-        f.kind = F_STR, f.st = S_NORMAL;
-        out.push_back(std::move(t));
-        return;
-      case NT::number:
-      case NT::integer:
-        f.kind = F_NUM, f.st = N_START;
-        continue;
-      case NT::literals:
-        f.kind = F_LIT, f.a = 0;
-        f.m = n.lits.size() >= 64 ? ~uint64_t{0} : bit(static_cast<uint32_t>(n.lits.size())) - 1;
-        continue;
-      }
-      return;
-    case F_OBJ: {
-      const bool keyed = !n.keys.empty();
-      const auto open_key = [&]() {
-        if (keyed) {
-          f.m = allowed_keys(n, f.a);
-          if (!f.m) return false;
-          f.st = O_KEY, f.b = 0;
-          return true;
-        }
-        if (n.additional == kNone || t.size() >= kMaxDepth) return false;
-        f.st = O_KEYSTR;
-        t.push_back(Frame{kAnyString, F_STR, S_NORMAL});
-        return true;
-      };
-      switch (f.st) {
-      case O_OPEN:
-      case O_COMMA:
-        if (take_ws(f, c, alive)) break;
-        if (c == '"') {
-          alive = open_key();
-        } else if (c == '}' && f.st == O_OPEN && (!keyed || can_close(n, f.a))) {
-          complete_top(g, t);
-        } else {
-          return;
-        }
-        break;
-      case O_KEY:
-        if (c == '"') {
-          alive = false;
-          for (uint32_t i = 0; i < n.keys.size(); ++i)
-            if ((f.m & bit(i)) && n.keys[i].size() == f.b) {
-              f.st = O_COLON, f.b = i, f.ws = 0;
-              alive = true;
-              break;
-            }
-        } else {
-          uint64_t nm = 0;
-          for (uint32_t i = 0; i < n.keys.size(); ++i)
-            if ((f.m & bit(i)) && f.b < n.keys[i].size() && static_cast<uint8_t>(n.keys[i][f.b]) == c)
-              nm |= bit(i);
-          f.m = nm, ++f.b;
-          alive = nm != 0;
-        }
-        break;
-      case O_COLON:
-        if (take_ws(f, c, alive)) break;
-        if (c != ':') return;
-        f.st = O_BEFORE_VALUE;
-        break;
-      case O_BEFORE_VALUE:
-        if (take_ws(f, c, alive)) break;
-        if (t.size() >= kMaxDepth) return;
-        f.st = O_IN;
-        t.push_back(Frame{keyed ? n.key_nodes[f.b] : n.additional, F_VALUE});
-        continue;
-      case O_AFTER:
-        if (take_ws(f, c, alive)) break;
-        if (c == ',' && (keyed ? allowed_keys(n, f.a) != 0 : n.additional != kNone)) {
-          f.st = O_COMMA;
-        } else if (c == '}' && (!keyed || can_close(n, f.a))) {
-          complete_top(g, t);
-        } else {
-          return;
-        }
-        break;
-      default:
-        return;
-      }
-      if (alive) out.push_back(std::move(t));
-      return;
-    }
+      fed = value_step(g, t, c, out, guard);
+      break;
+    case F_OBJ:
+      fed = object_step(g, t, c, out);
+      break;
     case F_ARR:
-      switch (f.st) {
-      case A_OPEN:
-      case A_COMMA:
-        if (take_ws(f, c, alive)) break;
-        if (c == ']' && f.st == A_OPEN) {
-          if (n.min_items > 0) return;
-          complete_top(g, t);
-          break;
-        }
-        if (f.a >= n.max_items || t.size() >= kMaxDepth) return;
-        f.st = A_IN;
-        t.push_back(Frame{n.items, F_VALUE});
-        continue;
-      case A_AFTER:
-        if (take_ws(f, c, alive)) break;
-        if (c == ',' && f.a < n.max_items) {
-          f.st = A_COMMA;
-        } else if (c == ']' && f.a >= n.min_items) {
-          complete_top(g, t);
-        } else {
-          return;
-        }
-        break;
-      default:
-        return;
-      }
-      if (alive) out.push_back(std::move(t));
-      return;
+      fed = array_step(g, t, c, out);
+      break;
     case F_STR:
-      switch (str_step(n, f, c)) {
-      case StrStep::more:
-        out.push_back(std::move(t));
-        return;
-      case StrStep::done:
-        complete_top(g, t);
-        out.push_back(std::move(t));
-        return;
-      case StrStep::dead:
-        return;
-      }
-      return;
+      fed = string_step(g, t, c, out);
+      break;
     case F_NUM:
-      if (num_step(f, c, n.type == NT::integer)) {
-        out.push_back(std::move(t));
-        return;
-      }
-      if (!num_accepting(f)) return;
-      complete_top(g, t);
-      continue; // c goes to the parent
-    case F_LIT: {
-      uint64_t nm = 0;
-      for (uint32_t i = 0; i < n.lits.size(); ++i)
-        if ((f.m & bit(i)) && f.a < n.lits[i].size() && static_cast<uint8_t>(n.lits[i][f.a]) == c)
-          nm |= bit(i);
-      if (nm) {
-        f.m = nm, ++f.a;
-        out.push_back(std::move(t));
-        return;
-      }
-      if (!lit_accepting(n, f)) return;
-      complete_top(g, t);
-      continue;
-    }
+      fed = number_step(g, t, c, out);
+      break;
+    case F_LIT:
+      fed = literal_step(g, t, c, out);
+      break;
     default:
       return;
     }
+    if (fed == Fed::taken) return;
   }
 }
 

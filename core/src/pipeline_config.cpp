@@ -232,99 +232,97 @@ SamplerSpec read_plugin_table(const Checker& c, const toml::node& node, const st
   return spec;
 }
 
-SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index) {
-  const std::string sec = "[[sampler]] #" + std::to_string(index + 1);
-  if (!node.is_table()) c.error(node, sec, "a table with a 'name' key");
-  const toml::table& t = *node.as_table();
-  const toml::node* name = t.get("name");
+// A number (an integer is one too) for a schema's `expected`, else the error at the node.
+double read_number(const Checker& c, const toml::node& v, const std::string& path, const std::string& exp) {
+  if (v.is_integer()) return static_cast<double>(v.as_integer()->get());
+  if (v.is_floating_point()) return v.as_floating_point()->get();
+  c.error(v, path, exp);
+}
+
+// One parameter of a built-in sampler, checked against its schema (bounds apply to each list element).
+ParamValue read_param(const Checker& c, const toml::node& v, const std::string& path, const ParamSchema& p) {
+  switch (p.kind) {
+  case ParamSchema::Kind::boolean:
+    if (!v.is_boolean()) c.error(v, path, "true or false");
+    return v.as_boolean()->get();
+  case ParamSchema::Kind::integer: {
+    const std::string exp = describe_param(p);
+    if (!v.is_integer()) c.error(v, path, exp);
+    const int64_t x = v.as_integer()->get();
+    if (!schema_accepts(p, static_cast<double>(x))) c.error(v, path, exp);
+    return x;
+  }
+  case ParamSchema::Kind::number: {
+    const std::string exp = describe_param(p);
+    const double x = read_number(c, v, path, exp);
+    if (!schema_accepts(p, x)) c.error(v, path, exp);
+    return x;
+  }
+  case ParamSchema::Kind::int_list: {
+    const std::string exp = describe_param(p);
+    if (!v.is_array()) c.error(v, path, exp);
+    std::vector<int64_t> xs;
+    for (const auto& e : *v.as_array()) {
+      if (!e.is_integer() || !schema_accepts(p, static_cast<double>(e.as_integer()->get())))
+        c.error(e, path, exp);
+      xs.push_back(e.as_integer()->get());
+    }
+    return xs;
+  }
+  case ParamSchema::Kind::string:
+    if (!v.is_string()) c.error(v, path, describe_param(p));
+    return v.as_string()->get();
+  case ParamSchema::Kind::number_list: {
+    const std::string exp = describe_param(p);
+    if (!v.is_array()) c.error(v, path, exp);
+    std::vector<double> xs;
+    for (const auto& e : *v.as_array()) {
+      const double x = read_number(c, e, path, exp);
+      if (!schema_accepts(p, x)) c.error(e, path, exp);
+      xs.push_back(x);
+    }
+    return xs;
+  }
+  }
+  c.error(v, path, describe_param(p)); // (every kind is handled above)
+}
+
+// The built-in sampler a [[sampler]] table names; null for another name (a plugin's).
+const SamplerInfo* builtin_sampler_of(const Checker& c, const toml::node& node, const std::string& sec) {
+  const toml::node* name = node.as_table()->get("name");
   const auto& infos = builtin_samplers();
   std::string names;
   for (const auto& i : infos)
     names += (names.empty() ? "" : ", ") + i.name;
   if (!name) c.error(node, sec, "a 'name' key (one of: " + names + ")");
   if (!name->is_string()) c.error(*name, sec + ".name", "a string (one of: " + names + ")");
-  SamplerSpec spec;
-  spec.name = name->as_string()->get();
-  auto it =
-      std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == spec.name; });
-  if (it == infos.end()) { // not built in: a plugin sampler, resolved when the pipeline is built
+  const std::string& n = name->as_string()->get();
+  auto it = std::find_if(infos.begin(), infos.end(), [&](const SamplerInfo& i) { return i.name == n; });
+  return it == infos.end() ? nullptr : &*it;
+}
+
+SamplerSpec read_sampler(const Checker& c, const toml::node& node, size_t index) {
+  const std::string sec = "[[sampler]] #" + std::to_string(index + 1);
+  if (!node.is_table()) c.error(node, sec, "a table with a 'name' key");
+  const toml::table& t = *node.as_table();
+  const SamplerInfo* info = builtin_sampler_of(c, node, sec);
+  if (!info) { // not built in: a plugin sampler, resolved when the pipeline is built
     return read_plugin_table(c, node, sec);
   }
+  SamplerSpec spec;
+  spec.name = info->name;
   std::vector<std::string_view> known{"name"};
-  for (const auto& p : it->params)
+  for (const auto& p : info->params)
     known.push_back(p.key);
   const std::string ssec = "[[sampler]] '" + spec.name + "'";
   c.only_keys(t, ssec, known);
-  for (const auto& p : it->params) {
+  for (const auto& p : info->params) {
     const toml::node* v = t.get(p.key);
-    const std::string path = ssec + "." + p.key;
     if (!v) {
       if (p.required) c.error(node, ssec, "the key '" + p.key + "': " + describe_param(p));
       continue;
     }
-    switch (p.kind) {
-    case ParamSchema::Kind::boolean:
-      if (!v->is_boolean()) c.error(*v, path, "true or false");
-      spec.params.emplace_back(p.key, v->as_boolean()->get());
-      break;
-    case ParamSchema::Kind::integer: {
-      const std::string exp = describe_param(p);
-      if (!v->is_integer()) c.error(*v, path, exp);
-      const int64_t x = v->as_integer()->get();
-      if (!schema_accepts(p, static_cast<double>(x))) c.error(*v, path, exp);
-      spec.params.emplace_back(p.key, x);
-      break;
-    }
-    case ParamSchema::Kind::number: {
-      const std::string exp = describe_param(p);
-      double x;
-      if (v->is_integer()) {
-        x = static_cast<double>(v->as_integer()->get());
-      } else if (v->is_floating_point()) {
-        x = v->as_floating_point()->get();
-      } else {
-        c.error(*v, path, exp);
-      }
-      if (!schema_accepts(p, x)) c.error(*v, path, exp);
-      spec.params.emplace_back(p.key, x);
-      break;
-    }
-    case ParamSchema::Kind::int_list: {
-      const std::string exp = describe_param(p);
-      if (!v->is_array()) c.error(*v, path, exp);
-      std::vector<int64_t> xs;
-      for (const auto& e : *v->as_array()) {
-        if (!e.is_integer() || !schema_accepts(p, static_cast<double>(e.as_integer()->get())))
-          c.error(e, path, exp);
-        xs.push_back(e.as_integer()->get());
-      }
-      spec.params.emplace_back(p.key, std::move(xs));
-      break;
-    }
-    case ParamSchema::Kind::string:
-      if (!v->is_string()) c.error(*v, path, describe_param(p));
-      spec.params.emplace_back(p.key, v->as_string()->get());
-      break;
-    case ParamSchema::Kind::number_list: {
-      const std::string exp = describe_param(p);
-      if (!v->is_array()) c.error(*v, path, exp);
-      std::vector<double> xs;
-      for (const auto& e : *v->as_array()) {
-        double x;
-        if (e.is_integer()) {
-          x = static_cast<double>(e.as_integer()->get());
-        } else if (e.is_floating_point()) {
-          x = e.as_floating_point()->get();
-        } else {
-          c.error(e, path, exp);
-        }
-        if (!schema_accepts(p, x)) c.error(e, path, exp);
-        xs.push_back(x);
-      }
-      spec.params.emplace_back(p.key, std::move(xs));
-      break;
-    }
-    }
+    spec.params.emplace_back(p.key, read_param(c, *v, ssec + "." + p.key, p));
   }
   // Cross-field checks and anything else the sampler itself rejects, with the location.
   try {
@@ -430,6 +428,205 @@ std::set<const toml::node*> collect_nodes(const toml::node& n) {
   return out;
 }
 
+// [model]: the model file and the context.
+void read_model_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[model]", {"path", "n_ctx"});
+  read_string(c, t, "model", "path", cfg.model.path);
+  cfg.model.n_ctx =
+      static_cast<int32_t>(read_int(c, t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
+}
+
+// [backend]: the backend and its threads; a plugin backend's other keys as they are.
+void read_backend_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  read_string(c, t, "backend", "name", cfg.backend.name);
+  cfg.backend.threads =
+      static_cast<int32_t>(read_int(c, t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
+  if (cfg.backend.name == "reference") // built in: no other keys
+    c.only_keys(t, "[backend] \"reference\"", {"name", "threads"});
+  else // a plugin backend reads its own keys through the host (and rejects unknown ones)
+    cfg.backend.params = generic_params(c, t, "backend", "name", "threads");
+}
+
+// [attention]: the variant, the kernel, the window and sinks, the soft-cap.
+void read_attention_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[attention]", {"variant", "kernel", "window", "sinks", "softcap"});
+  read_string(c, t, "attention", "variant", cfg.attention.variant, {"model", "standard", "sliding_window"});
+  read_string(c, t, "attention", "kernel", cfg.attention.kernel, {"auto", "naive", "flash"});
+  cfg.attention.window =
+      static_cast<int32_t>(read_int(c, t, "attention", "window", 0, 0, 1 << 24, "in 0..16777216"));
+  cfg.attention.sinks =
+      static_cast<int32_t>(read_int(c, t, "attention", "sinks", 0, 0, 1 << 24, "in 0..16777216"));
+  if (cfg.attention.variant == "sliding_window" && cfg.attention.window <= 0) {
+    const toml::node* n = t.get("variant");
+    c.error(*n, "attention.window", "a window > 0 with variant = \"sliding_window\"");
+  }
+  if (cfg.attention.variant == "standard" && (cfg.attention.window > 0 || cfg.attention.sinks > 0)) {
+    const toml::node* n = t.get(cfg.attention.window > 0 ? "window" : "sinks");
+    c.error(*n, n == t.get("window") ? "attention.window" : "attention.sinks",
+            "no window or sinks with variant = \"standard\" (full causal); use variant = \"sliding_window\"");
+  }
+  if (const toml::node* n = t.get("softcap")) {
+    const double v = n->is_integer()          ? static_cast<double>(n->as_integer()->get())
+                     : n->is_floating_point() ? n->as_floating_point()->get()
+                                              : -1.0;
+    if (!(v >= 0.0 && v <= 1e6)) c.error(*n, "attention.softcap", "a number in 0..1e6 (0 = off)");
+    cfg.attention.softcap = static_cast<float>(v);
+  }
+}
+
+// [kv_cache]: the store, its blocks, dtype and size, the prefix cache.
+void read_kv_cache_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens", "prefix_cache"});
+  read_string(c, t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
+  cfg.kv_cache.block_size = static_cast<int32_t>(
+      read_int(c, t, "kv_cache", "block_size", 16, 1, 4096, "a power of two in 1..4096"));
+  if ((cfg.kv_cache.block_size & (cfg.kv_cache.block_size - 1)) != 0)
+    c.error(*t.get("block_size"), "kv_cache.block_size", "a power of two in 1..4096");
+  read_string(c, t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
+  cfg.kv_cache.max_tokens =
+      static_cast<int32_t>(read_int(c, t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
+  cfg.kv_cache.prefix_cache = read_bool(c, t, "kv_cache", "prefix_cache", true);
+}
+
+// [scheduler]: the batch's bounds.
+void read_scheduler_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[scheduler]", {"max_batch_tokens", "max_sequences"});
+  cfg.scheduler.max_batch_tokens = static_cast<int32_t>(
+      read_int(c, t, "scheduler", "max_batch_tokens", 2048, 1, 1 << 20, "in 1..1048576"));
+  cfg.scheduler.max_sequences =
+      static_cast<int32_t>(read_int(c, t, "scheduler", "max_sequences", 64, 1, 4096, "in 1..4096"));
+}
+
+// [serve]: the served name, or an A/B split between served pipelines.
+void read_serve_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[serve]", {"name", "ab"});
+  read_string(c, t, "serve", "name", cfg.serve.name);
+  if (const toml::node* ab = t.get("ab")) {
+    const char* expected = "a table of served pipeline names and weights > 0, like { A = 0.5, B = 0.5 }";
+    if (!ab->is_table() || ab->as_table()->empty()) c.error(*ab, "[serve] ab", expected);
+    for (const auto& [k, v] : *ab->as_table()) {
+      double w = -1;
+      if (v.is_integer()) w = static_cast<double>(v.as_integer()->get());
+      if (v.is_floating_point()) w = v.as_floating_point()->get();
+      if (!(w > 0) || !std::isfinite(w) || k.str().empty())
+        c.error(v, "[serve] ab." + std::string(k.str()), expected);
+      cfg.serve.ab.emplace_back(std::string(k.str()), w);
+    }
+  }
+  for (const char ch : cfg.serve.name)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == '"' || ch == '\\')
+      c.error(*t.get("name"), "[serve] name",
+              "a model name without control characters, quotes or backslashes (it is a label in /metrics)");
+  if (t.get("name") && cfg.serve.name.empty()) c.error(*t.get("name"), "[serve] name", "a non-empty name");
+}
+
+// [verifier]: a verifier plugin and its keys.
+void read_verifier_section(const Checker& c, const toml::table& root, const toml::table& t,
+                           PipelineConfig& cfg) {
+  read_string(c, t, "verifier", "name", cfg.verifier.name);
+  if (cfg.verifier.name.empty()) {
+    if (const toml::node* n = t.get("name")) c.error(*n, "verifier.name", "the name of a verifier plugin");
+    c.error(*root.get("verifier"), "verifier", "the key 'name' (a verifier plugin)");
+  }
+  cfg.verifier.where = c.where(*root.get("verifier"));
+  cfg.verifier.params = generic_params(c, t, "verifier", "name");
+}
+
+// [decoder]: sample (built in), or a plugin decoder with its keys and the draft model the host loads.
+void read_decoder_section(const Checker& c, const toml::table& root, const toml::table& t,
+                          PipelineConfig& cfg) {
+  read_string(c, t, "decoder", "name", cfg.decoder.name);
+  cfg.decoder.where = c.where(*root.get("decoder"));
+  if (cfg.decoder.name == "sample") {
+    c.only_keys(t, "[decoder] \"sample\"", {"name"});
+  } else { // a plugin decoder reads its own keys through the host …
+    cfg.decoder.params = generic_params(c, t, "decoder", "name");
+    // … except the draft model, which the host loads once for every request.
+    read_string(c, t, "decoder", "draft", cfg.decoder.draft);
+    read_string(c, t, "decoder", "draft_backend", cfg.decoder.draft_backend);
+    cfg.decoder.draft_threads = static_cast<int32_t>(
+        read_int(c, t, "decoder", "draft_threads", 0, 0, 1024, "in 0..1024 (0 = the [backend]'s)"));
+    cfg.decoder.draft_layers =
+        static_cast<int32_t>(read_int(c, t, "decoder", "draft_layers", 0, 0, 4096,
+                                      "in 0..4096 (0 = none; else the target's first N layers)"));
+    if (!cfg.decoder.draft.empty() && cfg.decoder.draft_layers > 0)
+      c.error(*t.get("draft_layers"), "decoder.draft_layers",
+              "either draft = \"x.gguf\" or draft_layers = N (the target's own first layers), not both");
+    if (cfg.decoder.draft.empty() && cfg.decoder.draft_layers == 0)
+      for (const char* k : {"draft_backend", "draft_threads"})
+        if (const toml::node* n = t.get(k))
+          c.error(*n, std::string("decoder.") + k,
+                  "a [decoder] draft = \"x.gguf\" (or draft_layers = N) for it to apply to");
+    std::erase_if(cfg.decoder.params, [](const auto& kv) {
+      return kv.first == "draft" || kv.first == "draft_backend" || kv.first == "draft_threads" ||
+             kv.first == "draft_layers";
+    });
+  }
+}
+
+// [[sampler]]: the chain, in order.
+void read_samplers(const Checker& c, const toml::node& s, PipelineConfig& cfg) {
+  if (!s.is_array()) c.error(s, "sampler", "an array of tables ([[sampler]] entries)");
+  size_t i = 0;
+  for (const auto& e : *s.as_array())
+    cfg.samplers.push_back(read_sampler(c, e, i++));
+}
+
+// [[stop_criterion]]: plugin stop criteria, in order.
+void read_stop_criteria(const Checker& c, const toml::node& s, PipelineConfig& cfg) {
+  if (!s.is_array()) c.error(s, "stop_criterion", "an array of tables ([[stop_criterion]] entries)");
+  size_t i = 0;
+  for (const auto& e : *s.as_array())
+    cfg.stop_criteria.push_back(read_plugin_table(c, e, "[[stop_criterion]] #" + std::to_string(++i)));
+}
+
+// [stop]: the built-in stop rules.
+void read_stop_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[stop]", {"max_tokens", "strings", "token_ids", "eos", "timeout_ms"});
+  cfg.stop.max_tokens = static_cast<int32_t>(
+      read_int(c, t, "stop", "max_tokens", 128, -1, 1 << 24, "≥ -1 (-1 = until the context is full)"));
+  cfg.stop.strings = read_string_array(c, t, "stop", "strings", true);
+  cfg.stop.token_ids = read_int_array(c, t, "stop", "token_ids", 0);
+  cfg.stop.eos = read_bool(c, t, "stop", "eos", true);
+  cfg.stop.timeout_ms =
+      read_int(c, t, "stop", "timeout_ms", 0, 0, std::numeric_limits<int32_t>::max(), "≥ 0 (0 = none)");
+}
+
+// [run]: seed, BOS, special tokens, echo.
+void read_run_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[run]", {"seed", "add_bos", "parse_special", "echo"});
+  if (const toml::node* n = t.get("seed")) {
+    if (!n->is_integer() || n->as_integer()->get() < 0) c.error(*n, "run.seed", "an integer ≥ 0");
+    cfg.run.seed = static_cast<uint64_t>(n->as_integer()->get());
+  }
+  if (t.get("add_bos")) cfg.run.add_bos = read_bool(c, t, "run", "add_bos", true);
+  cfg.run.parse_special = read_bool(c, t, "run", "parse_special", false);
+  cfg.run.echo = read_bool(c, t, "run", "echo", true);
+}
+
+// [plugins]: the search paths and the sha256 pins.
+void read_plugins_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
+  c.only_keys(t, "[plugins]", {"paths", "sha256"});
+  cfg.plugins.paths = read_string_array(c, t, "plugins", "paths", true);
+  if (const toml::node* h = t.get("sha256")) {
+    if (!h->is_table())
+      c.error(*h, "plugins.sha256",
+              "a table of \"libloom-NAME.so\" (a plugin file, or its path) = \"64 hex digits\"");
+    for (const auto& [k, v] : *h->as_table()) {
+      const std::string key(k.str());
+      if (key.size() < 4 || key.compare(key.size() - 3, 3, ".so") != 0)
+        c.error(v, "plugins.sha256." + key,
+                "a plugin file (\"libloom-NAME.so\" or a path to one) — a pin names the file, not the name a "
+                "plugin declares, which any file can claim");
+      const std::string hex = v.is_string() ? v.as_string()->get() : "";
+      const bool ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (!ok)
+        c.error(v, "plugins.sha256." + std::string(k.str()), "64 lowercase hex digits (sha256sum FILE)");
+      cfg.plugins.sha256[std::string(k.str())] = hex;
+    }
+  }
+}
+
 PipelineConfig validate(const toml::table& root, const Checker& c, const std::string& source,
                         const std::string& base_dir) {
   PipelineConfig cfg;
@@ -438,182 +635,19 @@ PipelineConfig validate(const toml::table& root, const Checker& c, const std::st
   c.only_keys(root, "the pipeline",
               {"model", "backend", "attention", "kv_cache", "scheduler", "decoder", "verifier", "sampler",
                "stop_criterion", "stop", "run", "plugins", "serve"});
-
-  if (const auto* t = section(c, root, "model")) {
-    c.only_keys(*t, "[model]", {"path", "n_ctx"});
-    read_string(c, *t, "model", "path", cfg.model.path);
-    cfg.model.n_ctx =
-        static_cast<int32_t>(read_int(c, *t, "model", "n_ctx", 0, 0, 1 << 24, "≥ 0 (0 = the model's)"));
-  }
-  if (const auto* t = section(c, root, "backend")) {
-    read_string(c, *t, "backend", "name", cfg.backend.name);
-    cfg.backend.threads =
-        static_cast<int32_t>(read_int(c, *t, "backend", "threads", 0, 0, 1024, "in 0..1024 (0 = all cores)"));
-    if (cfg.backend.name == "reference") // built in: no other keys
-      c.only_keys(*t, "[backend] \"reference\"", {"name", "threads"});
-    else // a plugin backend reads its own keys through the host (and rejects unknown ones)
-      cfg.backend.params = generic_params(c, *t, "backend", "name", "threads");
-  }
-  if (const auto* t = section(c, root, "attention")) {
-    c.only_keys(*t, "[attention]", {"variant", "kernel", "window", "sinks", "softcap"});
-    read_string(c, *t, "attention", "variant", cfg.attention.variant,
-                {"model", "standard", "sliding_window"});
-    read_string(c, *t, "attention", "kernel", cfg.attention.kernel, {"auto", "naive", "flash"});
-    cfg.attention.window =
-        static_cast<int32_t>(read_int(c, *t, "attention", "window", 0, 0, 1 << 24, "in 0..16777216"));
-    cfg.attention.sinks =
-        static_cast<int32_t>(read_int(c, *t, "attention", "sinks", 0, 0, 1 << 24, "in 0..16777216"));
-    if (cfg.attention.variant == "sliding_window" && cfg.attention.window <= 0) {
-      const toml::node* n = t->get("variant");
-      c.error(*n, "attention.window", "a window > 0 with variant = \"sliding_window\"");
-    }
-    if (cfg.attention.variant == "standard" && (cfg.attention.window > 0 || cfg.attention.sinks > 0)) {
-      const toml::node* n = t->get(cfg.attention.window > 0 ? "window" : "sinks");
-      c.error(
-          *n, n == t->get("window") ? "attention.window" : "attention.sinks",
-          "no window or sinks with variant = \"standard\" (full causal); use variant = \"sliding_window\"");
-    }
-    if (const toml::node* n = t->get("softcap")) {
-      const double v = n->is_integer()          ? static_cast<double>(n->as_integer()->get())
-                       : n->is_floating_point() ? n->as_floating_point()->get()
-                                                : -1.0;
-      if (!(v >= 0.0 && v <= 1e6)) c.error(*n, "attention.softcap", "a number in 0..1e6 (0 = off)");
-      cfg.attention.softcap = static_cast<float>(v);
-    }
-  }
-  if (const auto* t = section(c, root, "kv_cache")) {
-    c.only_keys(*t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens", "prefix_cache"});
-    read_string(c, *t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
-    cfg.kv_cache.block_size = static_cast<int32_t>(
-        read_int(c, *t, "kv_cache", "block_size", 16, 1, 4096, "a power of two in 1..4096"));
-    if ((cfg.kv_cache.block_size & (cfg.kv_cache.block_size - 1)) != 0)
-      c.error(*t->get("block_size"), "kv_cache.block_size", "a power of two in 1..4096");
-    read_string(c, *t, "kv_cache", "dtype", cfg.kv_cache.dtype, {"f32", "f16", "bf16", "q8_0"});
-    cfg.kv_cache.max_tokens =
-        static_cast<int32_t>(read_int(c, *t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
-    cfg.kv_cache.prefix_cache = read_bool(c, *t, "kv_cache", "prefix_cache", true);
-  }
-  if (const auto* t = section(c, root, "scheduler")) {
-    c.only_keys(*t, "[scheduler]", {"max_batch_tokens", "max_sequences"});
-    cfg.scheduler.max_batch_tokens = static_cast<int32_t>(
-        read_int(c, *t, "scheduler", "max_batch_tokens", 2048, 1, 1 << 20, "in 1..1048576"));
-    cfg.scheduler.max_sequences =
-        static_cast<int32_t>(read_int(c, *t, "scheduler", "max_sequences", 64, 1, 4096, "in 1..4096"));
-  }
-  if (const auto* t = section(c, root, "serve")) {
-    c.only_keys(*t, "[serve]", {"name", "ab"});
-    read_string(c, *t, "serve", "name", cfg.serve.name);
-    if (const toml::node* ab = t->get("ab")) {
-      const char* expected = "a table of served pipeline names and weights > 0, like { A = 0.5, B = 0.5 }";
-      if (!ab->is_table() || ab->as_table()->empty()) c.error(*ab, "[serve] ab", expected);
-      for (const auto& [k, v] : *ab->as_table()) {
-        double w = -1;
-        if (v.is_integer()) w = static_cast<double>(v.as_integer()->get());
-        if (v.is_floating_point()) w = v.as_floating_point()->get();
-        if (!(w > 0) || !std::isfinite(w) || k.str().empty())
-          c.error(v, "[serve] ab." + std::string(k.str()), expected);
-        cfg.serve.ab.emplace_back(std::string(k.str()), w);
-      }
-    }
-    for (const char ch : cfg.serve.name)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == '"' || ch == '\\')
-        c.error(*t->get("name"), "[serve] name",
-                "a model name without control characters, quotes or backslashes (it is a label in /metrics)");
-    if (t->get("name") && cfg.serve.name.empty())
-      c.error(*t->get("name"), "[serve] name", "a non-empty name");
-  }
-  if (const auto* t = section(c, root, "verifier")) {
-    read_string(c, *t, "verifier", "name", cfg.verifier.name);
-    if (cfg.verifier.name.empty()) {
-      if (const toml::node* n = t->get("name")) c.error(*n, "verifier.name", "the name of a verifier plugin");
-      c.error(*root.get("verifier"), "verifier", "the key 'name' (a verifier plugin)");
-    }
-    cfg.verifier.where = c.where(*root.get("verifier"));
-    cfg.verifier.params = generic_params(c, *t, "verifier", "name");
-  }
-  if (const auto* t = section(c, root, "decoder")) {
-    read_string(c, *t, "decoder", "name", cfg.decoder.name);
-    cfg.decoder.where = c.where(*root.get("decoder"));
-    if (cfg.decoder.name == "sample") {
-      c.only_keys(*t, "[decoder] \"sample\"", {"name"});
-    } else { // a plugin decoder reads its own keys through the host …
-      cfg.decoder.params = generic_params(c, *t, "decoder", "name");
-      // … except the draft model, which the host loads once for every request.
-      read_string(c, *t, "decoder", "draft", cfg.decoder.draft);
-      read_string(c, *t, "decoder", "draft_backend", cfg.decoder.draft_backend);
-      cfg.decoder.draft_threads = static_cast<int32_t>(
-          read_int(c, *t, "decoder", "draft_threads", 0, 0, 1024, "in 0..1024 (0 = the [backend]'s)"));
-      cfg.decoder.draft_layers =
-          static_cast<int32_t>(read_int(c, *t, "decoder", "draft_layers", 0, 0, 4096,
-                                        "in 0..4096 (0 = none; else the target's first N layers)"));
-      if (!cfg.decoder.draft.empty() && cfg.decoder.draft_layers > 0)
-        c.error(*t->get("draft_layers"), "decoder.draft_layers",
-                "either draft = \"x.gguf\" or draft_layers = N (the target's own first layers), not both");
-      if (cfg.decoder.draft.empty() && cfg.decoder.draft_layers == 0)
-        for (const char* k : {"draft_backend", "draft_threads"})
-          if (const toml::node* n = t->get(k))
-            c.error(*n, std::string("decoder.") + k,
-                    "a [decoder] draft = \"x.gguf\" (or draft_layers = N) for it to apply to");
-      std::erase_if(cfg.decoder.params, [](const auto& kv) {
-        return kv.first == "draft" || kv.first == "draft_backend" || kv.first == "draft_threads" ||
-               kv.first == "draft_layers";
-      });
-    }
-  }
-  if (const toml::node* s = root.get("sampler")) {
-    if (!s->is_array()) c.error(*s, "sampler", "an array of tables ([[sampler]] entries)");
-    size_t i = 0;
-    for (const auto& e : *s->as_array())
-      cfg.samplers.push_back(read_sampler(c, e, i++));
-  }
-  if (const toml::node* s = root.get("stop_criterion")) {
-    if (!s->is_array()) c.error(*s, "stop_criterion", "an array of tables ([[stop_criterion]] entries)");
-    size_t i = 0;
-    for (const auto& e : *s->as_array())
-      cfg.stop_criteria.push_back(read_plugin_table(c, e, "[[stop_criterion]] #" + std::to_string(++i)));
-  }
-  if (const auto* t = section(c, root, "stop")) {
-    c.only_keys(*t, "[stop]", {"max_tokens", "strings", "token_ids", "eos", "timeout_ms"});
-    cfg.stop.max_tokens = static_cast<int32_t>(
-        read_int(c, *t, "stop", "max_tokens", 128, -1, 1 << 24, "≥ -1 (-1 = until the context is full)"));
-    cfg.stop.strings = read_string_array(c, *t, "stop", "strings", true);
-    cfg.stop.token_ids = read_int_array(c, *t, "stop", "token_ids", 0);
-    cfg.stop.eos = read_bool(c, *t, "stop", "eos", true);
-    cfg.stop.timeout_ms =
-        read_int(c, *t, "stop", "timeout_ms", 0, 0, std::numeric_limits<int32_t>::max(), "≥ 0 (0 = none)");
-  }
-  if (const auto* t = section(c, root, "run")) {
-    c.only_keys(*t, "[run]", {"seed", "add_bos", "parse_special", "echo"});
-    if (const toml::node* n = t->get("seed")) {
-      if (!n->is_integer() || n->as_integer()->get() < 0) c.error(*n, "run.seed", "an integer ≥ 0");
-      cfg.run.seed = static_cast<uint64_t>(n->as_integer()->get());
-    }
-    if (t->get("add_bos")) cfg.run.add_bos = read_bool(c, *t, "run", "add_bos", true);
-    cfg.run.parse_special = read_bool(c, *t, "run", "parse_special", false);
-    cfg.run.echo = read_bool(c, *t, "run", "echo", true);
-  }
-  if (const auto* t = section(c, root, "plugins")) {
-    c.only_keys(*t, "[plugins]", {"paths", "sha256"});
-    cfg.plugins.paths = read_string_array(c, *t, "plugins", "paths", true);
-    if (const toml::node* h = t->get("sha256")) {
-      if (!h->is_table())
-        c.error(*h, "plugins.sha256",
-                "a table of \"libloom-NAME.so\" (a plugin file, or its path) = \"64 hex digits\"");
-      for (const auto& [k, v] : *h->as_table()) {
-        const std::string key(k.str());
-        if (key.size() < 4 || key.compare(key.size() - 3, 3, ".so") != 0)
-          c.error(
-              v, "plugins.sha256." + key,
-              "a plugin file (\"libloom-NAME.so\" or a path to one) — a pin names the file, not the name a "
-              "plugin declares, which any file can claim");
-        const std::string hex = v.is_string() ? v.as_string()->get() : "";
-        const bool ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-        if (!ok)
-          c.error(v, "plugins.sha256." + std::string(k.str()), "64 lowercase hex digits (sha256sum FILE)");
-        cfg.plugins.sha256[std::string(k.str())] = hex;
-      }
-    }
-  }
+  if (const auto* t = section(c, root, "model")) read_model_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "backend")) read_backend_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "attention")) read_attention_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "kv_cache")) read_kv_cache_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "scheduler")) read_scheduler_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "serve")) read_serve_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "verifier")) read_verifier_section(c, root, *t, cfg);
+  if (const auto* t = section(c, root, "decoder")) read_decoder_section(c, root, *t, cfg);
+  if (const toml::node* s = root.get("sampler")) read_samplers(c, *s, cfg);
+  if (const toml::node* s = root.get("stop_criterion")) read_stop_criteria(c, *s, cfg);
+  if (const auto* t = section(c, root, "stop")) read_stop_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "run")) read_run_section(c, *t, cfg);
+  if (const auto* t = section(c, root, "plugins")) read_plugins_section(c, *t, cfg);
   return cfg;
 }
 

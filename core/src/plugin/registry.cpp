@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <openssl/evp.h>
@@ -144,78 +145,65 @@ std::optional<std::string> pin_of(const std::map<std::string, std::string>& pins
   }
   return std::nullopt;
 }
-} // namespace
 
-std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
-                                                    const std::optional<std::string>& pin) {
-  // One line whatever the file name or the plugin's strings hold.
-  auto bad = [&](Errc c, const std::string& why) { fail(c, "plugin", one_line(path + ": " + why)); };
-  auto check_pin = [&](const std::string& sha) {
-    if (pin && *pin != sha)
-      bad(Errc::invalid_argument, "sha256 is " + sha + " but the pipeline pins " + *pin +
-                                      " — the file changed; rebuild it or update the pin");
-  };
-  // Before anything maps the file: a regular file holding a complete ELF shared object for this host.
-  if (const auto problem = plugin::check_plugin_file(path)) bad(problem->code, problem->why);
-  // From here on one open descriptor: its bytes are checked, hashed and loaded (through /proc/self/fd),
-  // so a file replaced after the check or the hash is not what runs.
+// A plugin file that cannot be loaded: one line whatever the file name or the plugin's strings hold.
+[[noreturn]] void refuse(const std::string& path, Errc c, const std::string& why) {
+  fail(c, "plugin", one_line(path + ": " + why));
+}
+
+void check_pin(const std::string& path, const std::optional<std::string>& pin, const std::string& sha) {
+  if (pin && *pin != sha)
+    refuse(path, Errc::invalid_argument,
+           "sha256 is " + sha + " but the pipeline pins " + *pin +
+               " — the file changed; rebuild it or update the pin");
+}
+
+// An open file descriptor, closed unless released.
+struct OwnedFd {
+  int fd;
+  explicit OwnedFd(int f) : fd(f) {}
+  ~OwnedFd() {
+    if (fd >= 0) ::close(fd);
+  }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+};
+
+// Before anything maps the file: a regular file holding a complete ELF shared object for this host. From
+// here on one open descriptor: its bytes are checked, hashed and loaded (through /proc/self/fd), so a file
+// replaced after the check or the hash is not what runs.
+int open_checked(const std::string& path) {
+  if (const auto problem = plugin::check_plugin_file(path)) refuse(path, problem->code, problem->why);
   std::string open_error;
   const int fd = plugin::open_regular_file(path, open_error);
-  if (fd < 0) bad(Errc::not_found, "cannot open the file: " + open_error);
-  struct Fd {
-    int fd;
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } owned{fd};
-  if (const auto problem = plugin::check_plugin_fd(fd)) bad(problem->code, problem->why);
-  std::error_code ec;
-  std::string canonical = fs::weakly_canonical(path, ec).string();
-  if (ec || canonical.empty()) canonical = path;
-  std::lock_guard<std::mutex> lock(libraries_mutex());
-  (void)retained_libraries(); // made before any plugin's statics: destroyed after them
-  if (auto it = loaded_libraries().find(canonical); it != loaded_libraries().end())
-    if (auto existing = it->second.lock()) {
-      check_pin(existing->sha256_);
-      return existing;
-    }
-  std::shared_ptr<PluginLibrary> lib(new PluginLibrary());
-  lib->path_ = canonical;
-  try {
-    lib->sha256_ = plugin::fd_sha256(fd);
-  } catch (const Error& e) {
-    bad(e.code(), "cannot read the file to hash it");
-  }
-  check_pin(lib->sha256_);
-  lib->fd_ = std::exchange(owned.fd, -1);
-  lib->load_path_ = "/proc/self/fd/" + std::to_string(lib->fd_);
-  // The one dlopen that runs its constructors (its message is dlerror()'s, clean); Boost.DLL's load
-  // then finds the library mapped and only takes a reference — nothing is unloaded in between.
-  void* own = dlopen(lib->load_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (fd < 0) refuse(path, Errc::not_found, "cannot open the file: " + open_error);
+  return fd;
+}
+
+// The one dlopen that runs its constructors (its message is dlerror()'s, clean); Boost.DLL's load then
+// finds the library mapped and only takes a reference — nothing is unloaded in between.
+boost::dll::shared_library map_library(const std::string& path, const std::string& load_path) {
+  void* own = dlopen(load_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!own) {
     const char* e = dlerror();
     std::string why = e ? e : "unknown dlopen error";
-    if (why.rfind(lib->load_path_ + ": ", 0) == 0) why = why.substr(lib->load_path_.size() + 2);
-    bad(Errc::invalid_argument, "cannot be loaded as a shared library: " + why);
+    if (why.rfind(load_path + ": ", 0) == 0) why = why.substr(load_path.size() + 2);
+    refuse(path, Errc::invalid_argument, "cannot be loaded as a shared library: " + why);
   }
-  lib->handle_ = std::make_unique<PluginLibrary::Handle>();
+  boost::dll::shared_library dl;
   try {
-    lib->handle_->lib.load(lib->load_path_,
-                           boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    dl.load(load_path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     dlclose(own);
-    bad(Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + e.what());
+    refuse(path, Errc::invalid_argument, std::string("cannot be loaded as a shared library: ") + e.what());
   }
   dlclose(own); // Boost.DLL's handle keeps it
-  auto& dl = lib->handle_->lib;
-  if (!dl.has("loom_plugin_init"))
-    bad(Errc::invalid_argument,
-        "does not export loom_plugin_init (not a Loom plugin, or built without LOOM_PLUGIN_DEFINE)");
-  if (dl.has("loom_plugin_score")) {
-    lib->score_ = dl.get<int32_t()>("loom_plugin_score")();
-    if (lib->score_ <= 0)
-      bad(Errc::unsupported, "loom_plugin_score() is 0: the plugin cannot run on this machine");
-  }
+  return dl;
+}
+
+// loom_plugin_init, called with the host's table and ABI; what it logs while it runs is kept: with a
+// refusal it is the reason, else it is logged as a warning.
+const loom_plugin* init_plugin(const std::string& path, boost::dll::shared_library& dl) {
   const auto init = dl.get<const loom_plugin*(const loom_host*, uint32_t, uint32_t)>("loom_plugin_init");
   const loom_plugin* p = nullptr;
   std::string said;
@@ -225,41 +213,55 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
     said = std::move(capture.text);
   }
   if (!p)
-    bad(Errc::abi_mismatch,
-        "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
-            std::to_string(LOOM_ABI_MINOR) + ")" + (said.empty() ? "" : ": \"" + said + "\"") +
-            ". A plugin for another ABI major needs a rebuild against this SDK (sdk/CHANGELOG.md says "
-            "what each major changed); one built for a newer minor needs a newer Loom");
+    refuse(path, Errc::abi_mismatch,
+           "loom_plugin_init refused the host (ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
+               std::to_string(LOOM_ABI_MINOR) + ")" + (said.empty() ? "" : ": \"" + said + "\"") +
+               ". A plugin for another ABI major needs a rebuild against this SDK (sdk/CHANGELOG.md says "
+               "what each major changed); one built for a newer minor needs a newer Loom");
   if (!said.empty()) host_api()->log(LOOM_LOG_WARN, path.c_str(), said.c_str()); // not a refusal: log it
-  if (p->struct_size == 0)
-    bad(Errc::abi_mismatch, "its loom_plugin table has struct_size 0: the table was not initialised (a "
-                            "hand-written table must set struct_size = sizeof(loom_plugin); "
-                            "LOOM_PLUGIN_DEFINE does)");
-  if (p->abi_major != LOOM_ABI_MAJOR)
-    bad(Errc::abi_mismatch, "built for ABI " + std::to_string(p->abi_major) + "." +
-                                std::to_string(p->abi_minor) + ", the host speaks ABI " +
-                                std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
-                                " (the major must match); rebuild it against this SDK");
-  if (p->struct_size < LOOM_PLUGIN_SIZE_MIN) // fields after shutdown are minor additions, read if present
-    bad(Errc::abi_mismatch, "its loom_plugin table has struct_size " + std::to_string(p->struct_size) +
-                                ", smaller than ABI " + std::to_string(LOOM_ABI_MAJOR) + ".0's " +
-                                std::to_string(LOOM_PLUGIN_SIZE_MIN) + " bytes; rebuild it against this SDK");
-  if (!p->name || !p->version || (p->n_factories > 0 && !p->factories))
-    bad(Errc::invalid_argument, "its loom_plugin table is incomplete (name, version or factories missing)");
-  if (p->n_factories > k_max_factories)
-    bad(Errc::invalid_argument, "its loom_plugin table claims " + std::to_string(p->n_factories) +
-                                    " factories (more than " + std::to_string(k_max_factories) +
-                                    "): the table is not initialised");
-  if (p->n_factories > 0 && p->factories[0].struct_size == 0)
-    bad(Errc::abi_mismatch, "its factory 0 has struct_size 0: the loom_factory entries were not initialised "
-                            "(a hand-written entry must set struct_size = sizeof(loom_factory); "
-                            "LOOM_SAMPLER() and the other SDK macros do)");
-  if (p->n_factories > 0 && p->factories[0].struct_size < sizeof(loom_factory))
-    bad(Errc::abi_mismatch, "its loom_factory entries are smaller than the least a host reads");
-  lib->factory_problems_.assign(p->n_factories, std::string());
-  for (size_t i = 0; i < p->n_factories; ++i) {
-    const loom_factory& f = factory_at(*p, i);
-    std::string& problem = lib->factory_problems_[i];
+  return p;
+}
+
+// The loom_plugin table a host can read: initialised, of this ABI major, complete.
+void check_plugin_table(const std::string& path, const loom_plugin& p) {
+  if (p.struct_size == 0)
+    refuse(path, Errc::abi_mismatch,
+           "its loom_plugin table has struct_size 0: the table was not initialised (a "
+           "hand-written table must set struct_size = sizeof(loom_plugin); "
+           "LOOM_PLUGIN_DEFINE does)");
+  if (p.abi_major != LOOM_ABI_MAJOR)
+    refuse(path, Errc::abi_mismatch,
+           "built for ABI " + std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor) +
+               ", the host speaks ABI " + std::to_string(LOOM_ABI_MAJOR) + "." +
+               std::to_string(LOOM_ABI_MINOR) + " (the major must match); rebuild it against this SDK");
+  if (p.struct_size < LOOM_PLUGIN_SIZE_MIN) // fields after shutdown are minor additions, read if present
+    refuse(path, Errc::abi_mismatch,
+           "its loom_plugin table has struct_size " + std::to_string(p.struct_size) + ", smaller than ABI " +
+               std::to_string(LOOM_ABI_MAJOR) + ".0's " + std::to_string(LOOM_PLUGIN_SIZE_MIN) +
+               " bytes; rebuild it against this SDK");
+  if (!p.name || !p.version || (p.n_factories > 0 && !p.factories))
+    refuse(path, Errc::invalid_argument,
+           "its loom_plugin table is incomplete (name, version or factories missing)");
+  if (p.n_factories > k_max_factories)
+    refuse(path, Errc::invalid_argument,
+           "its loom_plugin table claims " + std::to_string(p.n_factories) + " factories (more than " +
+               std::to_string(k_max_factories) + "): the table is not initialised");
+  if (p.n_factories > 0 && p.factories[0].struct_size == 0)
+    refuse(path, Errc::abi_mismatch,
+           "its factory 0 has struct_size 0: the loom_factory entries were not initialised "
+           "(a hand-written entry must set struct_size = sizeof(loom_factory); "
+           "LOOM_SAMPLER() and the other SDK macros do)");
+  if (p.n_factories > 0 && p.factories[0].struct_size < sizeof(loom_factory))
+    refuse(path, Errc::abi_mismatch, "its loom_factory entries are smaller than the least a host reads");
+}
+
+// Per factory: why this host never uses it ("" when usable). A factory without a name or create function
+// refuses the whole file.
+std::vector<std::string> factory_problems(const std::string& path, const loom_plugin& p) {
+  std::vector<std::string> problems(p.n_factories);
+  for (size_t i = 0; i < p.n_factories; ++i) {
+    const loom_factory& f = factory_at(p, i);
+    std::string& problem = problems[i];
     if (f.struct_size == 0) {
       problem = "struct_size is 0: the loom_factory entry was not initialised (hand-written without "
                 "sizeof(loom_factory)?)";
@@ -268,13 +270,56 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
                 std::to_string(LOOM_ABI_MAJOR) + "'s loom_factory (" + std::to_string(sizeof(loom_factory)) +
                 " bytes)";
     } else if (!f.name || !f.create) {
-      bad(Errc::invalid_argument, "factory " + std::to_string(i) + " has no name or create function");
+      refuse(path, Errc::invalid_argument,
+             "factory " + std::to_string(i) + " has no name or create function");
     } else if (kind_name(f.kind) == "unknown") {
       problem = "kind " + std::to_string(f.kind) +
                 " is none of backend (1), decoder (2), sampler (3), stop (4); this host cannot use it "
                 "(built for a newer SDK?)";
     }
   }
+  return problems;
+}
+} // namespace
+
+std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
+                                                    const std::optional<std::string>& pin) {
+  OwnedFd owned{open_checked(path)};
+  if (const auto problem = plugin::check_plugin_fd(owned.fd)) refuse(path, problem->code, problem->why);
+  std::error_code ec;
+  std::string canonical = fs::weakly_canonical(path, ec).string();
+  if (ec || canonical.empty()) canonical = path;
+  std::lock_guard<std::mutex> lock(libraries_mutex());
+  (void)retained_libraries(); // made before any plugin's statics: destroyed after them
+  if (auto it = loaded_libraries().find(canonical); it != loaded_libraries().end())
+    if (auto existing = it->second.lock()) {
+      check_pin(path, pin, existing->sha256_);
+      return existing;
+    }
+  std::shared_ptr<PluginLibrary> lib(new PluginLibrary());
+  lib->path_ = canonical;
+  try {
+    lib->sha256_ = plugin::fd_sha256(owned.fd);
+  } catch (const Error& e) {
+    refuse(path, e.code(), "cannot read the file to hash it");
+  }
+  check_pin(path, pin, lib->sha256_);
+  lib->fd_ = std::exchange(owned.fd, -1);
+  lib->load_path_ = "/proc/self/fd/" + std::to_string(lib->fd_);
+  lib->handle_ = std::make_unique<PluginLibrary::Handle>();
+  lib->handle_->lib = map_library(path, lib->load_path_);
+  auto& dl = lib->handle_->lib;
+  if (!dl.has("loom_plugin_init"))
+    refuse(path, Errc::invalid_argument,
+           "does not export loom_plugin_init (not a Loom plugin, or built without LOOM_PLUGIN_DEFINE)");
+  if (dl.has("loom_plugin_score")) {
+    lib->score_ = dl.get<int32_t()>("loom_plugin_score")();
+    if (lib->score_ <= 0)
+      refuse(path, Errc::unsupported, "loom_plugin_score() is 0: the plugin cannot run on this machine");
+  }
+  const loom_plugin* p = init_plugin(path, dl);
+  check_plugin_table(path, *p);
+  lib->factory_problems_ = factory_problems(path, *p);
   lib->plugin_ = p;
   loaded_libraries()[canonical] = lib;
   if (!real_unload()) {
@@ -284,10 +329,11 @@ std::shared_ptr<PluginLibrary> PluginRegistry::load(const std::string& path,
   return lib;
 }
 
-std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>& dirs,
-                                                 const std::map<std::string, std::string>& pins,
-                                                 const DiscoverOptions& options) {
-  std::vector<PluginInfo> out;
+namespace {
+// Every libloom-*.so in `dirs`, in order (sorted within a directory), once each: by its canonical path. A
+// path that does not resolve (a dangling symlink, a symlink loop) is listed as found; loading it says why
+// it is unusable.
+std::vector<std::string> plugin_files(const std::vector<std::string>& dirs) {
   std::vector<std::string> files;
   for (const auto& d : dirs) {
     std::error_code ec;
@@ -297,8 +343,6 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       const fs::path found = it->path().lexically_normal();
       const std::string name = found.filename().string();
       if (name.rfind("libloom-", 0) != 0 || found.extension() != ".so") continue;
-      // One entry per file however it is reached: its canonical path. A path that does not resolve
-      // (a dangling symlink, a symlink loop) is listed as found; loading it says why it is unusable.
       std::error_code cec;
       const fs::path canonical = fs::canonical(found, cec);
       here.push_back(cec ? found.string() : canonical.string());
@@ -307,66 +351,127 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
     for (auto& f : here)
       if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
   }
-  // A pipeline loads only what it names: a file whose descriptor provides none of it is never opened;
-  // a pinned file (pins are keyed by file, never by the name a file declares) is loaded only with its
-  // hash, and an unpinned file that offers what a pinned one provides is not loaded at all. A file
-  // without a descriptor (a hand-written loom_plugin_init) is listed with that reason and never loaded.
+  return files;
+}
+
+// A file without a static descriptor (a hand-written loom_plugin_init): listed with that reason (or what
+// else is wrong with it), never loaded.
+PluginInfo undescribed_file(const std::string& f) {
+  PluginInfo info;
+  info.path = f;
+  try {
+    info.sha256 = file_sha256(f);
+  } catch (const Error&) {
+  }
+  const auto problem = plugin::check_plugin_file(f); // (what is wrong with it, if more than that)
+  info.error = problem ? problem->why
+                       : "no static descriptor (the .loom_plugin section of LOOM_PLUGIN_DEFINE, SDK 2.0+): a "
+                         "pipeline never loads it; rebuild it against this SDK";
+  return info;
+}
+
+// What a named-only discover opens. A pipeline loads only what it names: a file whose descriptor provides
+// none of it is never opened; a pinned file (pins are keyed by file, never by the name a file declares) is
+// loaded only with its hash, and an unpinned file that offers what a pinned one provides is not loaded at
+// all. A file without a descriptor is listed (in `out`) and never loaded. `provided` hears of every
+// object each described file provides.
+struct NamedFiles {
+  std::vector<std::string> files;
+  std::map<std::string, std::string> pins; // file → the sha256 its pin requires
+};
+
+NamedFiles named_files(const std::vector<std::string>& files, const std::map<std::string, std::string>& pins,
+                       const DiscoverOptions& options, std::vector<PluginInfo>& out,
+                       const std::function<void(int32_t, const std::string&, const std::string&)>& provided) {
   const auto wanted = [&](int32_t kind, const std::string& name) {
     return std::find(options.only.begin(), options.only.end(), std::pair{kind, name}) != options.only.end();
   };
+  NamedFiles nf;
+  std::vector<std::pair<std::string, plugin::PluginDescriptor>> offered;
+  std::set<std::pair<int32_t, std::string>> pinned_objects;
+  for (const auto& f : files) {
+    auto d = plugin::read_plugin_descriptor(f);
+    if (!d) {
+      out.push_back(undescribed_file(f));
+      continue;
+    }
+    bool use = false;
+    for (const auto& [kind, name] : d->provides) {
+      provided(kind, name, d->name);
+      use = use || wanted(kind, name);
+    }
+    if (!use) continue;
+    if (const auto pin = pin_of(pins, f)) {
+      nf.pins[f] = *pin;
+      for (const auto& o : d->provides)
+        pinned_objects.insert(o);
+    }
+    offered.emplace_back(f, std::move(*d));
+  }
+  for (const auto& [f, d] : offered) {
+    std::string shadowed;
+    if (!nf.pins.count(f))
+      for (const auto& o : d.provides)
+        if (wanted(o.first, o.second) && pinned_objects.count(o)) shadowed = o.second;
+    if (!shadowed.empty()) {
+      PluginInfo info;
+      info.path = f;
+      info.name = d.name;
+      info.error = one_line("provides '" + shadowed +
+                            "', which a pinned plugin file provides: not loaded (pin it too, or remove it)");
+      out.push_back(std::move(info));
+      continue;
+    }
+    nf.files.push_back(f);
+  }
+  return nf;
+}
+
+// A loaded plugin's listing: its name, version, ABI, score, description and factories.
+void describe_loaded(const PluginLibrary& lib, PluginInfo& info) {
+  const loom_plugin& p = lib.plugin();
+  info.name = p.name;
+  info.version = p.version;
+  info.abi_major = p.abi_major;
+  info.abi_minor = p.abi_minor;
+  info.score = lib.score();
+  info.description = plugin_description(p);
+  for (size_t i = 0; i < p.n_factories; ++i) {
+    const loom_factory& fa = factory_at(p, i);
+    info.factories.push_back(
+        {std::string(kind_name(fa.kind)), fa.name ? fa.name : "", std::string(lib.factory_problem(i))});
+  }
+}
+
+// The same plugin name seen again: keep the higher score (ISA variants of one backend).
+void keep_best(std::vector<std::shared_ptr<PluginLibrary>>& libs, const std::shared_ptr<PluginLibrary>& lib) {
+  auto same = std::find_if(libs.begin(), libs.end(), [&](const auto& l) {
+    return std::string(l->plugin().name) == lib->plugin().name;
+  });
+  if (same == libs.end()) {
+    libs.push_back(lib);
+  } else if ((*same)->path() == lib->path()) {
+    // loaded twice: the same file, nothing to do
+  } else if (lib->score() > (*same)->score()) {
+    *same = lib;
+  }
+}
+} // namespace
+
+std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>& dirs,
+                                                 const std::map<std::string, std::string>& pins,
+                                                 const DiscoverOptions& options) {
+  std::vector<PluginInfo> out;
+  std::vector<std::string> files = plugin_files(dirs);
   std::map<std::string, std::string> file_pins; // file → the sha256 its pin requires
   if (options.named_only) {
-    std::vector<std::pair<std::string, plugin::PluginDescriptor>> offered;
-    std::set<std::pair<int32_t, std::string>> pinned_objects;
-    for (const auto& f : files) {
-      auto d = plugin::read_plugin_descriptor(f);
-      if (!d) {
-        PluginInfo info;
-        info.path = f;
-        try {
-          info.sha256 = file_sha256(f);
-        } catch (const Error&) {
-        }
-        const auto problem = plugin::check_plugin_file(f); // (what is wrong with it, if more than that)
-        info.error =
-            problem ? problem->why
-                    : "no static descriptor (the .loom_plugin section of LOOM_PLUGIN_DEFINE, SDK 2.0+): a "
-                      "pipeline never loads it; rebuild it against this SDK";
-        out.push_back(std::move(info));
-        continue;
-      }
-      bool use = false;
-      for (const auto& [kind, name] : d->provides) {
-        described_.push_back({kind, name, d->name});
-        use = use || wanted(kind, name);
-      }
-      if (!use) continue;
-      if (const auto pin = pin_of(pins, f)) {
-        file_pins[f] = *pin;
-        for (const auto& o : d->provides)
-          pinned_objects.insert(o);
-      }
-      offered.emplace_back(f, std::move(*d));
-    }
-    std::vector<std::string> keep;
-    for (const auto& [f, d] : offered) {
-      std::string shadowed;
-      if (!file_pins.count(f))
-        for (const auto& o : d.provides)
-          if (wanted(o.first, o.second) && pinned_objects.count(o)) shadowed = o.second;
-      if (!shadowed.empty()) {
-        PluginInfo info;
-        info.path = f;
-        info.name = d.name;
-        info.error =
-            one_line("provides '" + shadowed +
-                     "', which a pinned plugin file provides: not loaded (pin it too, or remove it)");
-        out.push_back(std::move(info));
-        continue;
-      }
-      keep.push_back(f);
-    }
-    files = std::move(keep);
+    NamedFiles nf =
+        named_files(files, pins, options, out,
+                    [this](int32_t kind, const std::string& name, const std::string& plugin_name) {
+                      described_.push_back({kind, name, plugin_name});
+                    });
+    files = std::move(nf.files);
+    file_pins = std::move(nf.pins);
   }
   for (const std::string& f : files) {
     PluginInfo info;
@@ -384,28 +489,8 @@ std::vector<PluginInfo> PluginRegistry::discover(const std::vector<std::string>&
       // The pin is checked on the bytes load() maps (hashed from the descriptor it loads).
       const auto pin = file_pins.count(f) ? std::optional<std::string>(file_pins[f]) : pin_of(pins, f);
       auto lib = load(f, pin);
-      const loom_plugin& p = lib->plugin();
-      info.name = p.name;
-      info.version = p.version;
-      info.abi_major = p.abi_major;
-      info.abi_minor = p.abi_minor;
-      info.score = lib->score();
-      info.description = plugin_description(p);
-      for (size_t i = 0; i < p.n_factories; ++i) {
-        const loom_factory& fa = factory_at(p, i);
-        info.factories.push_back(
-            {std::string(kind_name(fa.kind)), fa.name ? fa.name : "", std::string(lib->factory_problem(i))});
-      }
-      // The same plugin name seen again: keep the higher score (ISA variants of one backend).
-      auto same = std::find_if(libs_.begin(), libs_.end(),
-                               [&](const auto& l) { return std::string(l->plugin().name) == info.name; });
-      if (same == libs_.end()) {
-        libs_.push_back(lib);
-      } else if ((*same)->path() == lib->path()) {
-        // loaded twice: the same file, nothing to do
-      } else if (lib->score() > (*same)->score()) {
-        *same = lib;
-      }
+      describe_loaded(*lib, info);
+      keep_best(libs_, lib);
     } catch (const Error& e) {
       info.error = e.what();
       const std::string prefix = "plugin: " + one_line(f) + ": ";
