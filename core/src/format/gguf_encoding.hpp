@@ -99,9 +99,11 @@ inline void decode_scalar(GgufType t, const uint8_t* p, GgufValue& v) {
   }
 }
 
+// (resize + memcpy: GCC 12's -Wstringop-overflow misreads a vector insert of an empty vector at -O3.)
 template <class T> inline void put(std::vector<uint8_t>& out, T v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
 }
 
 // A number or bool of type v.type, as the file stores it.
