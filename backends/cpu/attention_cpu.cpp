@@ -278,6 +278,7 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
 // attn_block for head dims 16·NV with AVX-512: the same tiles and online softmax, but a query row's
 // output accumulator stays in NV registers across a tile's keys (attn_block loads and stores it per
 // key), the exps are vectorized (exp512), and the scores of two rows share each key-tile load.
+// One function: a hot SIMD kernel whose accumulators stay in registers across its loops.
 template <int NV>
 LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, float* out, size_t tok,
                                      const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,

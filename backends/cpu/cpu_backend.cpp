@@ -313,6 +313,7 @@ private:
       f(op, a, b, s, dst, c * chunk, std::min(n, (c + 1) * chunk), row);
   }
 
+  // One function: a switch over the ops (a dispatch table in all but name), each case one op's kernel calls.
   void run(const Graph& g, const Node& n, const BatchView& b, const KVRows& kv) {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);

@@ -884,25 +884,26 @@ bool has_kernel(DType t) noexcept {
          t == DType::q4_k || t == DType::q6_k;
 }
 
-void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
-            int64_t T, float* y, int n_threads) {
-  if (!has_kernel(type)) std::abort(); // callers check has_kernel(); reaching here is a bug
-  const bool kquant = type == DType::q4_k || type == DType::q6_k;
-  const bool integer = type == DType::q8_0 || type == DType::q4_0 || kquant;
-  const int64_t nb = K / 32, nsb = K / 256;
-  std::vector<BlockQ8> xq;   // q8_0 / q4_0 activations: blocks of 32
-  std::vector<BlockQ8K> xqk; // k-quant activations: blocks of 256
-  const bool avx2 = at_least(isa, Isa::avx2);
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-  if (kquant) { // activations quantized once per call, shared by every weight row
-    xqk.resize(static_cast<size_t>(T * nsb));
-    quantize_rows_k(isa, x, K, T, xqk.data(), threads);
-  } else if (integer) {
-    xq.resize(static_cast<size_t>(T * nb));
-    quantize_rows(isa, x, K, T, xq.data(), threads);
+namespace {
+
+// What every row of one matmul() call shares: the activations, quantized once per call for the integer
+// types (shared by every weight row), and one weight row's dot product with one token.
+struct MatmulInput {
+  MatmulInput(Isa isa_, DType type_, const float* x_, int64_t K_, int64_t T, int threads)
+      : isa(isa_), type(type_), x(x_), K(K_), nb(K_ / 32), nsb(K_ / 256),
+        kquant(type_ == DType::q4_k || type_ == DType::q6_k),
+        integer(type_ == DType::q8_0 || type_ == DType::q4_0 || kquant), avx2(at_least(isa_, Isa::avx2)) {
+    if (kquant) { // activations quantized once per call, shared by every weight row
+      xqk.resize(static_cast<size_t>(T * nsb));
+      quantize_rows_k(isa, x, K, T, xqk.data(), threads);
+    } else if (integer) {
+      xq.resize(static_cast<size_t>(T * nb));
+      quantize_rows(isa, x, K, T, xq.data(), threads);
+    }
   }
+
   // One row against one token.
-  const auto one = [&](const uint8_t* wr, int64_t t) -> float {
+  float one(const uint8_t* wr, int64_t t) const {
     const float* xr = x + t * K;
     const BlockQ8* xb = integer && !kquant ? xq.data() + t * nb : nullptr;
     const BlockQ8K* xk = kquant ? xqk.data() + t * nsb : nullptr;
@@ -924,78 +925,104 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
     default:
       return NAN; // unreachable: matmul() rejects types without a kernel before the loop
     }
-  };
-  const bool plain = type == DType::f32 || type == DType::f16 || type == DType::bf16;
-  if (avx2 && plain && T >= 2) { // a small batch: four rows against two tokens per weight load
-    const int64_t n_blk = (N + 3) / 4;
+  }
+
+  const Isa isa;
+  const DType type;
+  const float* const x;
+  const int64_t K, nb, nsb; // nb: blocks of 32 per row, nsb: blocks of 256
+  const bool kquant, integer, avx2;
+  std::vector<BlockQ8> xq;   // q8_0 / q4_0 activations: blocks of 32
+  std::vector<BlockQ8K> xqk; // k-quant activations: blocks of 256
+};
+
+// A small batch of plain rows (f32, f16, bf16) with AVX2: four rows against two tokens per weight load.
+void matmul_plain_4x2(const MatmulInput& in, const uint8_t* w, size_t row_bytes, int64_t N, int64_t T,
+                      float* y, int threads) {
+  const DType type = in.type;
+  const float* x = in.x;
+  const int64_t K = in.K;
+  const int64_t n_blk = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
-    for (int64_t jb = 0; jb < n_blk; ++jb) {
-      const int64_t j = jb * 4;
-      const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+  for (int64_t jb = 0; jb < n_blk; ++jb) {
+    const int64_t j = jb * 4;
+    const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+    if (j + 4 > N) {
+      for (int64_t r = j; r < N; ++r)
+        for (int64_t t = 0; t < T; ++t)
+          y[t * N + r] = in.one(w + static_cast<size_t>(r) * row_bytes, t);
+      continue;
+    }
+    int64_t t = 0;
+    for (; t + 2 <= T; t += 2) {
+      float out[8];
+      if (type == DType::f32)
+        rows4x2_avx2<DType::f32>(wr, row_bytes, x + t * K, K, out);
+      else if (type == DType::f16)
+        rows4x2_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
+      else
+        rows4x2_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
+      std::memcpy(y + t * N + j, out, 4 * sizeof(float));
+      std::memcpy(y + (t + 1) * N + j, out + 4, 4 * sizeof(float));
+    }
+    if (t < T) {
+      float out[4];
+      if (type == DType::f32)
+        rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
+      else if (type == DType::f16)
+        rows4_half_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
+      else
+        rows4_half_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
+      std::memcpy(y + t * N + j, out, sizeof out);
+    }
+  }
+}
+
+// Decode with AVX2: four rows at a time, one token at a time.
+void matmul_rows4(const MatmulInput& in, const uint8_t* w, size_t row_bytes, int64_t N, int64_t T, float* y,
+                  int threads) {
+  const DType type = in.type;
+  const float* x = in.x;
+  const int64_t K = in.K, nb = in.nb, nsb = in.nsb;
+  const int64_t n_blk = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
+  for (int64_t jb = 0; jb < n_blk; ++jb) {
+    const int64_t j = jb * 4;
+    const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
+    for (int64_t t = 0; t < T; ++t) {
       if (j + 4 > N) {
         for (int64_t r = j; r < N; ++r)
-          for (int64_t t = 0; t < T; ++t)
-            y[t * N + r] = one(w + static_cast<size_t>(r) * row_bytes, t);
+          y[t * N + r] = in.one(w + static_cast<size_t>(r) * row_bytes, t);
         continue;
       }
-      int64_t t = 0;
-      for (; t + 2 <= T; t += 2) {
-        float out[8];
-        if (type == DType::f32)
-          rows4x2_avx2<DType::f32>(wr, row_bytes, x + t * K, K, out);
-        else if (type == DType::f16)
-          rows4x2_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
-        else
-          rows4x2_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
-        std::memcpy(y + t * N + j, out, 4 * sizeof(float));
-        std::memcpy(y + (t + 1) * N + j, out + 4, 4 * sizeof(float));
-      }
-      if (t < T) {
-        float out[4];
-        if (type == DType::f32)
-          rows4_f32_avx2(wr, row_bytes, x + t * K, K, out);
-        else if (type == DType::f16)
-          rows4_half_avx2<DType::f16>(wr, row_bytes, x + t * K, K, out);
-        else
-          rows4_half_avx2<DType::bf16>(wr, row_bytes, x + t * K, K, out);
-        std::memcpy(y + t * N + j, out, sizeof out);
-      }
+      float out[4];
+      if (type == DType::f32 || type == DType::f16 || type == DType::bf16)
+        rows4_plain(in.isa, type, wr, row_bytes, x + t * K, K, out);
+      else if (type == DType::q4_k)
+        rows4_k_avx2<DType::q4_k>(wr, row_bytes, in.xqk.data() + t * nsb, nsb, out);
+      else if (type == DType::q6_k)
+        rows4_k_avx2<DType::q6_k>(wr, row_bytes, in.xqk.data() + t * nsb, nsb, out);
+      else if (type == DType::q8_0)
+        rows4_q_avx2<DType::q8_0>(wr, row_bytes, in.xq.data() + t * nb, nb, out);
+      else
+        rows4_q_avx2<DType::q4_0>(wr, row_bytes, in.xq.data() + t * nb, nb, out);
+      std::memcpy(y + t * N + j, out, sizeof out);
     }
-    return;
   }
-  if (avx2 && T < 4) { // decode: four rows at a time, one token at a time
-    const int64_t n_blk = (N + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
-    for (int64_t jb = 0; jb < n_blk; ++jb) {
-      const int64_t j = jb * 4;
-      const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
-      for (int64_t t = 0; t < T; ++t) {
-        if (j + 4 > N) {
-          for (int64_t r = j; r < N; ++r)
-            y[t * N + r] = one(w + static_cast<size_t>(r) * row_bytes, t);
-          continue;
-        }
-        float out[4];
-        if (type == DType::f32 || type == DType::f16 || type == DType::bf16)
-          rows4_plain(isa, type, wr, row_bytes, x + t * K, K, out);
-        else if (type == DType::q4_k)
-          rows4_k_avx2<DType::q4_k>(wr, row_bytes, xqk.data() + t * nsb, nsb, out);
-        else if (type == DType::q6_k)
-          rows4_k_avx2<DType::q6_k>(wr, row_bytes, xqk.data() + t * nsb, nsb, out);
-        else if (type == DType::q8_0)
-          rows4_q_avx2<DType::q8_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
-        else
-          rows4_q_avx2<DType::q4_0>(wr, row_bytes, xq.data() + t * nb, nb, out);
-        std::memcpy(y + t * N + j, out, sizeof out);
-      }
-    }
-    return;
-  }
+}
+
+// Everything else: row by row (with AVX2, prefill below the GEMM threshold takes four tokens per weight
+// load).
+void matmul_rows(const MatmulInput& in, const uint8_t* w, size_t row_bytes, int64_t N, int64_t T, float* y,
+                 int threads) {
+  const DType type = in.type;
+  const float* x = in.x;
+  const int64_t K = in.K, nb = in.nb;
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t j = 0; j < N; ++j) {
     const uint8_t* wr = w + static_cast<size_t>(j) * row_bytes;
     int64_t t0 = 0;
-    if (avx2 && type != DType::bf16 && !kquant)
+    if (in.avx2 && type != DType::bf16 && !in.kquant)
       for (; t0 + 4 <= T; t0 += 4) { // prefill below the GEMM threshold: four tokens per weight load
         float out[4];
         switch (type) {
@@ -1006,15 +1033,31 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
           dot4_f16_avx2(wr, x + t0 * K, K, out);
           break;
         default:
-          dot4_q_avx2(type, wr, xq.data() + t0 * nb, nb, out);
+          dot4_q_avx2(type, wr, in.xq.data() + t0 * nb, nb, out);
           break;
         }
         for (int u = 0; u < 4; ++u)
           y[(t0 + u) * N + j] = out[u];
       }
     for (int64_t t = t0; t < T; ++t)
-      y[t * N + j] = one(wr, t);
+      y[t * N + j] = in.one(wr, t);
   }
+}
+
+} // namespace
+
+void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
+            int64_t T, float* y, int n_threads) {
+  if (!has_kernel(type)) std::abort(); // callers check has_kernel(); reaching here is a bug
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  const MatmulInput in(isa, type, x, K, T, threads);
+  const bool plain = type == DType::f32 || type == DType::f16 || type == DType::bf16;
+  if (in.avx2 && plain && T >= 2) // a small batch: four rows against two tokens per weight load
+    matmul_plain_4x2(in, w, row_bytes, N, T, y, threads);
+  else if (in.avx2 && T < 4) // decode: four rows at a time, one token at a time
+    matmul_rows4(in, w, row_bytes, N, T, y, threads);
+  else
+    matmul_rows(in, w, row_bytes, N, T, y, threads);
 }
 
 void to_bf16(Isa isa, const float* x, uint16_t* y, int64_t n) {

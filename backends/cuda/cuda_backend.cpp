@@ -187,167 +187,29 @@ public:
     download(logits.data(), dev_logits_.p, logits.size_bytes());
   }
 
+  // One compute: the batch uploaded, the activations placed in the arena, the RoPE tables made, then the
+  // nodes' launches (replayed as a CUDA graph where the shape recurs) and the logits copied out.
   void run(const Graph& g, const BatchView& b, const KVRows& kv, float* logits, size_t n_logits) {
     bind();
     const auto T = static_cast<int64_t>(b.tokens.size());
     LOOM_ASSERT(g.n_tokens == T, "graph and batch differ in tokens");
-    // Inputs: the batch's ids and positions, the KV slots and block tables, in one upload.
-    std::vector<uint8_t> in;
-    const auto put = [&](const void* p, size_t n) {
-      const size_t at = align_up(in.size());
-      in.resize(at + n);
-      if (n) std::memcpy(in.data() + at, p, n);
-      return at;
-    };
-    const size_t o_tok = put(b.tokens.data(), b.tokens.size() * 4);
-    const size_t o_pos = put(b.positions.data(), b.positions.size() * 4);
-    const size_t o_out = put(b.output_rows.data(), b.output_rows.size() * 4);
-    const size_t o_slot = put(kv.slots().data(), kv.slots().size() * 8);
-    const size_t o_rseq = put(kv.row_seqs().data(), kv.row_seqs().size() * 4);
-    const size_t o_tab = put(kv.tables().data(), kv.tables().size() * 4);
     const bool tree = b.has_tree(); // token-tree rows: their rope positions, tree bases and masks too
-    const size_t o_trope = tree ? put(b.rope_positions.data(), b.rope_positions.size() * 4) : 0;
-    const size_t o_tbase = tree ? put(b.tree_base.data(), b.tree_base.size() * 4) : 0;
-    const size_t o_tmask = tree ? put(b.tree_mask.data(), b.tree_mask.size() * 8) : 0;
-    inputs_.reserve(std::max<size_t>(in.size(), 1));
-    check(cudaMemcpyAsync(inputs_.p, in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "batch upload");
-    const auto dev_in = [&](size_t at) { return inputs_.as<uint8_t>() + at; };
-    const auto* d_tok = reinterpret_cast<const int32_t*>(dev_in(o_tok));
-    const auto* d_pos = reinterpret_cast<const int32_t*>(dev_in(o_pos));
-    const auto* d_out = reinterpret_cast<const int32_t*>(dev_in(o_out));
-    const auto* d_slot = reinterpret_cast<const int64_t*>(dev_in(o_slot));
-    const auto* d_rseq = reinterpret_cast<const int32_t*>(dev_in(o_rseq));
-    const auto* d_tab = reinterpret_cast<const int32_t*>(dev_in(o_tab));
-    const auto* d_trope = tree ? reinterpret_cast<const int32_t*>(dev_in(o_trope)) : nullptr;
-    const auto* d_tbase = tree ? reinterpret_cast<const int32_t*>(dev_in(o_tbase)) : nullptr;
-    const auto* d_tmask = tree ? reinterpret_cast<const uint64_t*>(dev_in(o_tmask)) : nullptr;
+    const DeviceBatch in = upload_batch(b, kv, tree);
     // RoPE at each row's rope position (a tree node's depth), positions elsewhere
     const std::span<const Pos> rope_pos = tree ? b.rope_positions : b.positions;
-
-    // Activations: one arena, each tensor at its offset.
-    std::vector<size_t> off(g.tensors.size(), 0);
-    size_t arena = 0;
-    for (size_t i = 0; i < g.tensors.size(); ++i)
-      if (g.tensors[i].kind == TensorKind::activation) {
-        off[i] = arena;
-        arena += align_up(static_cast<size_t>(g.tensors[i].n_elements()) * sizeof(float));
-      }
-    arena_.reserve(std::max<size_t>(arena, 1));
-    arena_used_ = arena;
-    const auto act = [&](int32_t id) {
-      return reinterpret_cast<float*>(arena_.as<uint8_t>() + off[static_cast<size_t>(id)]);
-    };
-    const auto ints = [&](int32_t id) -> const int32_t* {
-      if (id == g.in_tokens) return d_tok;
-      if (id == g.in_positions) return tree ? d_trope : d_pos;
-      if (id == g.in_out_ids) return d_out;
-      fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
-    };
+    const std::vector<size_t> off = place_activations(g);
     const KvPool pool = kv.pool() ? pool_of(kv.pool(), kv.layout()) : KvPool{};
     int32_t max_keys = 1; // the longest span any row attends (at most: its position + 1)
     for (const Pos p : b.positions)
       max_keys = std::max<int32_t>(max_keys, p + 1);
     rope_used_ = 0; // (the tables' device memory is kept between computes)
+    const LaunchArgs w{g, kv, in, off, pool, rope_pos, T, max_keys, tree};
 
     // Every node's launches; the host work they need (weights, RoPE tables, buffers) is done by an eager
     // run of the same shape first, so that a replayed CUDA graph of them finds it all in place.
     const auto walk = [&] {
       for (const Node& n : g.nodes) {
-        const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
-        float* dst = act(n.dst);
-        const auto src_t = [&](int k) -> const TensorDesc& {
-          return g.tensors[static_cast<size_t>(n.src[k])];
-        };
-        // An element-wise operand as f32 on the device (a weight's f32 copy, or an activation).
-        const auto vec = [&](int k) -> const float* {
-          const TensorDesc& t = src_t(k);
-          if (t.kind == TensorKind::weight) return weight(t, weight_use_vector).f32.as<float>();
-          return act(n.src[k]);
-        };
-        switch (n.op) {
-        case OpKind::get_rows: {
-          const TensorDesc& s = src_t(0);
-          const int32_t* idx = ints(n.src[1]);
-          const auto k = static_cast<int64_t>(g.tensors[static_cast<size_t>(n.src[1])].ne[0]);
-          if (s.kind == TensorKind::weight) {
-            const DeviceWeight& w = weight(s, weight_use_rows);
-            get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, s.ne[0], idx, k, dst, stream_);
-          } else {
-            get_rows(qt_f32, reinterpret_cast<const uint8_t*>(act(n.src[0])), s.ne[0] * 4, s.ne[0], idx, k,
-                     dst, stream_);
-          }
-          break;
-        }
-        case OpKind::rms_norm: {
-          const TensorDesc& s = src_t(0);
-          rms_norm(act(n.src[0]), n.src[1] >= 0 ? vec(1) : nullptr, dst, s.n_rows(), s.ne[0], n.eps, stream_);
-          break;
-        }
-        case OpKind::matmul:
-          matmul(g, n, act(n.src[1]), dst);
-          break;
-        case OpKind::rope: {
-          const TensorDesc& s = src_t(0);
-          const auto [cs, sn] = rope_tables(g, n, rope_pos);
-          rope(act(n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
-          break;
-        }
-        case OpKind::attention: {
-          LOOM_ASSERT(pool.data != nullptr, "attention without a KV pool");
-          const AttentionParams& p = n.attn;
-          kv_write(pool, p.layer, act(n.src[1]), act(n.src[2]), d_slot, T, stream_);
-          AttnArgs a;
-          a.layer = p.layer;
-          a.n_head = p.n_head;
-          a.n_head_kv = p.n_head_kv;
-          a.head_dim = p.head_dim;
-          a.scale = p.scale;
-          a.window = p.window;
-          a.softcap = p.softcap;
-          a.sinks = p.sinks;
-          const size_t sb = attention_scratch_bytes(T, p.n_head, p.head_dim, max_keys);
-          attn_scratch_.reserve(std::max<size_t>(sb, 1));
-          attention(pool, a, act(n.src[0]), d_pos, d_rseq, d_tab, kv.table_stride(), T, max_keys,
-                    sb ? attn_scratch_.as<float>() : nullptr, dst, stream_, d_trope, d_tbase, d_tmask);
-          break;
-        }
-        case OpKind::swiglu:
-          binary(Binary::swiglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
-          break;
-        case OpKind::geglu:
-          binary(Binary::geglu, act(n.src[0]), act(n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
-          break;
-        case OpKind::add:
-          binary(Binary::add, act(n.src[0]), vec(1), dst, d.n_elements(), src_t(1).n_elements(), stream_);
-          break;
-        case OpKind::mul:
-          binary(Binary::mul, act(n.src[0]), vec(1), dst, d.n_elements(),
-                 src_t(1).n_rows() == 1 ? d.ne[0] : src_t(1).n_elements(), stream_);
-          break;
-        case OpKind::scale:
-          unary(Unary::scale, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
-          break;
-        case OpKind::softcap:
-          unary(Unary::softcap, act(n.src[0]), dst, d.n_elements(), n.scale, stream_);
-          break;
-        case OpKind::softmax:
-          softmax(act(n.src[0]), dst, d.n_rows(), d.ne[0], stream_);
-          break;
-        case OpKind::copy: {
-          const TensorDesc& s = src_t(0);
-          if (s.kind == TensorKind::weight) {
-            const DeviceWeight& w = weight(s, weight_use_rows);
-            get_rows(w.type, w.raw.as<uint8_t>(), w.row_bytes, d.ne[0], nullptr, d.n_rows(), dst, stream_);
-          } else {
-            check(cudaMemcpyAsync(dst, act(n.src[0]), static_cast<size_t>(d.n_elements()) * 4,
-                                  cudaMemcpyDeviceToDevice, stream_),
-                  "copy");
-          }
-          break;
-        }
-        default:
-          fail(Errc::unsupported, "cuda", std::string("op ") + op_name(n.op) + " is not implemented");
-        }
+        launch(w, n);
         check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
       }
     };
@@ -355,37 +217,15 @@ public:
     for (const Node& n : g.nodes)
       if (n.op == OpKind::rope) rope_tables(g, n, rope_pos);
     // Decode steps of a recurring shape replay a CUDA graph of the walk (captured the second time the
-    // shape comes with the same buffers: the first run is eager and makes every buffer the walk uses);
-    // anything that changes a launch's arguments is in the key.
-    GraphKey key;
+    // shape comes with the same buffers: the first run is eager and makes every buffer the walk uses).
     const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0 && !tree; // (tree inputs: not in the key)
-    if (graphable) {
-      key.v = {g.id,
-               static_cast<uint64_t>(T),
-               static_cast<uint64_t>(b.output_rows.size()),
-               static_cast<uint64_t>(kv.table_stride()),
-               static_cast<uint64_t>(kv.n_seqs()),
-               static_cast<uint64_t>(attention_scratch_bytes(T, 1, 1, max_keys)),
-               reinterpret_cast<uint64_t>(pool.data),
-               static_cast<uint64_t>(pool.dtype),
-               static_cast<uint64_t>(pool.n_blocks),
-               static_cast<uint64_t>(pool.block_size),
-               reinterpret_cast<uint64_t>(arena_.p),
-               reinterpret_cast<uint64_t>(scratch_.p),
-               reinterpret_cast<uint64_t>(attn_scratch_.p),
-               reinterpret_cast<uint64_t>(inputs_.p)};
-      for (size_t r = 0; r < rope_used_; ++r)
-        key.v.push_back(reinterpret_cast<uint64_t>(rope_cache_[r].mem.p));
-      for (int32_t h : {1, 2, 4, 8, 16, 32, 64}) // the attention launches' split counts
-        key.v.push_back(static_cast<uint64_t>(attention_scratch_bytes(T, h, 1, max_keys)));
-    }
-    if (!graphable || !replay_or_capture(key, walk)) walk();
+    if (!graphable || !replay_or_capture(graph_key(w, b), walk)) walk();
     const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(n_logits >= n_out, "logits buffer too small");
-    check(
-        cudaMemcpyAsync(logits, act(g.out_logits), n_out * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-        "logits");
+    check(cudaMemcpyAsync(logits, act(w, g.out_logits), n_out * sizeof(float), cudaMemcpyDeviceToDevice,
+                          stream_),
+          "logits");
     // A fault inside a kernel shows here at the latest (the download that follows synchronizes).
     check(cudaGetLastError(), "compute");
   }
@@ -400,6 +240,227 @@ private:
     bool failed = false;
     cudaGraphExec_t exec = nullptr;
   };
+  // The batch's inputs on the device.
+  struct DeviceBatch {
+    const int32_t* tok;
+    const int32_t* pos;
+    const int32_t* out;
+    const int64_t* slot;
+    const int32_t* rseq;
+    const int32_t* tab;
+    const int32_t* trope; // token trees only (else nullptr): rope positions, tree bases, masks
+    const int32_t* tbase;
+    const uint64_t* tmask;
+  };
+
+  // The batch's ids and positions, the KV slots and block tables (and a tree's rows), in one upload.
+  DeviceBatch upload_batch(const BatchView& b, const KVRows& kv, bool tree) {
+    std::vector<uint8_t> in;
+    const auto put = [&](const void* p, size_t n) {
+      const size_t at = align_up(in.size());
+      in.resize(at + n);
+      if (n) std::memcpy(in.data() + at, p, n);
+      return at;
+    };
+    const size_t o_tok = put(b.tokens.data(), b.tokens.size() * 4);
+    const size_t o_pos = put(b.positions.data(), b.positions.size() * 4);
+    const size_t o_out = put(b.output_rows.data(), b.output_rows.size() * 4);
+    const size_t o_slot = put(kv.slots().data(), kv.slots().size() * 8);
+    const size_t o_rseq = put(kv.row_seqs().data(), kv.row_seqs().size() * 4);
+    const size_t o_tab = put(kv.tables().data(), kv.tables().size() * 4);
+    const size_t o_trope = tree ? put(b.rope_positions.data(), b.rope_positions.size() * 4) : 0;
+    const size_t o_tbase = tree ? put(b.tree_base.data(), b.tree_base.size() * 4) : 0;
+    const size_t o_tmask = tree ? put(b.tree_mask.data(), b.tree_mask.size() * 8) : 0;
+    inputs_.reserve(std::max<size_t>(in.size(), 1));
+    check(cudaMemcpyAsync(inputs_.p, in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "batch upload");
+    const auto dev_in = [&](size_t at) { return inputs_.as<uint8_t>() + at; };
+    DeviceBatch d;
+    d.tok = reinterpret_cast<const int32_t*>(dev_in(o_tok));
+    d.pos = reinterpret_cast<const int32_t*>(dev_in(o_pos));
+    d.out = reinterpret_cast<const int32_t*>(dev_in(o_out));
+    d.slot = reinterpret_cast<const int64_t*>(dev_in(o_slot));
+    d.rseq = reinterpret_cast<const int32_t*>(dev_in(o_rseq));
+    d.tab = reinterpret_cast<const int32_t*>(dev_in(o_tab));
+    d.trope = tree ? reinterpret_cast<const int32_t*>(dev_in(o_trope)) : nullptr;
+    d.tbase = tree ? reinterpret_cast<const int32_t*>(dev_in(o_tbase)) : nullptr;
+    d.tmask = tree ? reinterpret_cast<const uint64_t*>(dev_in(o_tmask)) : nullptr;
+    return d;
+  }
+
+  // Activations: one arena (reserved here), each tensor at its offset.
+  std::vector<size_t> place_activations(const Graph& g) {
+    std::vector<size_t> off(g.tensors.size(), 0);
+    size_t arena = 0;
+    for (size_t i = 0; i < g.tensors.size(); ++i)
+      if (g.tensors[i].kind == TensorKind::activation) {
+        off[i] = arena;
+        arena += align_up(static_cast<size_t>(g.tensors[i].n_elements()) * sizeof(float));
+      }
+    arena_.reserve(std::max<size_t>(arena, 1));
+    arena_used_ = arena;
+    return off;
+  }
+
+  // What the launches of one compute read.
+  struct LaunchArgs {
+    const Graph& g;
+    const KVRows& kv;
+    const DeviceBatch& in;
+    const std::vector<size_t>& off; // each activation's offset in the arena
+    const KvPool& pool;
+    std::span<const Pos> rope_pos;
+    int64_t T;
+    int32_t max_keys;
+    bool tree;
+  };
+
+  float* act(const LaunchArgs& w, int32_t id) const {
+    return reinterpret_cast<float*>(arena_.as<uint8_t>() + w.off[static_cast<size_t>(id)]);
+  }
+  static const int32_t* ints(const LaunchArgs& w, int32_t id) {
+    if (id == w.g.in_tokens) return w.in.tok;
+    if (id == w.g.in_positions) return w.tree ? w.in.trope : w.in.pos;
+    if (id == w.g.in_out_ids) return w.in.out;
+    fail(Errc::unsupported, "cuda", "an integer tensor that is not a graph input");
+  }
+  // An element-wise operand as f32 on the device (a weight's f32 copy, or an activation).
+  const float* vec(const LaunchArgs& w, int32_t id) {
+    const TensorDesc& t = w.g.tensors[static_cast<size_t>(id)];
+    if (t.kind == TensorKind::weight) return weight(t, weight_use_vector).f32.as<float>();
+    return act(w, id);
+  }
+
+  // A node's launches (one case per op).
+  void launch(const LaunchArgs& w, const Node& n) {
+    const Graph& g = w.g;
+    const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+    float* dst = act(w, n.dst);
+    const auto src_t = [&](int k) -> const TensorDesc& { return g.tensors[static_cast<size_t>(n.src[k])]; };
+    switch (n.op) {
+    case OpKind::get_rows:
+      launch_get_rows(w, n, dst);
+      break;
+    case OpKind::rms_norm: {
+      const TensorDesc& s = src_t(0);
+      rms_norm(act(w, n.src[0]), n.src[1] >= 0 ? vec(w, n.src[1]) : nullptr, dst, s.n_rows(), s.ne[0], n.eps,
+               stream_);
+      break;
+    }
+    case OpKind::matmul:
+      matmul(g, n, act(w, n.src[1]), dst);
+      break;
+    case OpKind::rope: {
+      const TensorDesc& s = src_t(0);
+      const auto [cs, sn] = rope_tables(g, n, w.rope_pos);
+      rope(act(w, n.src[0]), dst, cs, sn, s.ne[0], s.ne[1], s.ne[2], n.rope.n_dims, n.rope.neox, stream_);
+      break;
+    }
+    case OpKind::attention:
+      launch_attention(w, n, dst);
+      break;
+    case OpKind::swiglu:
+      binary(Binary::swiglu, act(w, n.src[0]), act(w, n.src[1]), dst, d.n_elements(), d.n_elements(),
+             stream_);
+      break;
+    case OpKind::geglu:
+      binary(Binary::geglu, act(w, n.src[0]), act(w, n.src[1]), dst, d.n_elements(), d.n_elements(), stream_);
+      break;
+    case OpKind::add:
+      binary(Binary::add, act(w, n.src[0]), vec(w, n.src[1]), dst, d.n_elements(), src_t(1).n_elements(),
+             stream_);
+      break;
+    case OpKind::mul:
+      binary(Binary::mul, act(w, n.src[0]), vec(w, n.src[1]), dst, d.n_elements(),
+             src_t(1).n_rows() == 1 ? d.ne[0] : src_t(1).n_elements(), stream_);
+      break;
+    case OpKind::scale:
+      unary(Unary::scale, act(w, n.src[0]), dst, d.n_elements(), n.scale, stream_);
+      break;
+    case OpKind::softcap:
+      unary(Unary::softcap, act(w, n.src[0]), dst, d.n_elements(), n.scale, stream_);
+      break;
+    case OpKind::softmax:
+      softmax(act(w, n.src[0]), dst, d.n_rows(), d.ne[0], stream_);
+      break;
+    case OpKind::copy:
+      launch_copy(w, n, dst);
+      break;
+    default:
+      fail(Errc::unsupported, "cuda", std::string("op ") + op_name(n.op) + " is not implemented");
+    }
+  }
+
+  void launch_get_rows(const LaunchArgs& w, const Node& n, float* dst) {
+    const TensorDesc& s = w.g.tensors[static_cast<size_t>(n.src[0])];
+    const int32_t* idx = ints(w, n.src[1]);
+    const auto k = static_cast<int64_t>(w.g.tensors[static_cast<size_t>(n.src[1])].ne[0]);
+    if (s.kind == TensorKind::weight) {
+      const DeviceWeight& dw = weight(s, weight_use_rows);
+      get_rows(dw.type, dw.raw.as<uint8_t>(), dw.row_bytes, s.ne[0], idx, k, dst, stream_);
+    } else {
+      get_rows(qt_f32, reinterpret_cast<const uint8_t*>(act(w, n.src[0])), s.ne[0] * 4, s.ne[0], idx, k, dst,
+               stream_);
+    }
+  }
+
+  // This batch's K/V rows into the pool, then attention over each row's span.
+  void launch_attention(const LaunchArgs& w, const Node& n, float* dst) {
+    LOOM_ASSERT(w.pool.data != nullptr, "attention without a KV pool");
+    const AttentionParams& p = n.attn;
+    kv_write(w.pool, p.layer, act(w, n.src[1]), act(w, n.src[2]), w.in.slot, w.T, stream_);
+    AttnArgs a;
+    a.layer = p.layer;
+    a.n_head = p.n_head;
+    a.n_head_kv = p.n_head_kv;
+    a.head_dim = p.head_dim;
+    a.scale = p.scale;
+    a.window = p.window;
+    a.softcap = p.softcap;
+    a.sinks = p.sinks;
+    const size_t sb = attention_scratch_bytes(w.T, p.n_head, p.head_dim, w.max_keys);
+    attn_scratch_.reserve(std::max<size_t>(sb, 1));
+    attention(w.pool, a, act(w, n.src[0]), w.in.pos, w.in.rseq, w.in.tab, w.kv.table_stride(), w.T,
+              w.max_keys, sb ? attn_scratch_.as<float>() : nullptr, dst, stream_, w.in.trope, w.in.tbase,
+              w.in.tmask);
+  }
+
+  void launch_copy(const LaunchArgs& w, const Node& n, float* dst) {
+    const TensorDesc& d = w.g.tensors[static_cast<size_t>(n.dst)];
+    const TensorDesc& s = w.g.tensors[static_cast<size_t>(n.src[0])];
+    if (s.kind == TensorKind::weight) {
+      const DeviceWeight& dw = weight(s, weight_use_rows);
+      get_rows(dw.type, dw.raw.as<uint8_t>(), dw.row_bytes, d.ne[0], nullptr, d.n_rows(), dst, stream_);
+    } else {
+      check(cudaMemcpyAsync(dst, act(w, n.src[0]), static_cast<size_t>(d.n_elements()) * 4,
+                            cudaMemcpyDeviceToDevice, stream_),
+            "copy");
+    }
+  }
+
+  // The key of a replayed CUDA graph: anything that changes a launch's arguments.
+  GraphKey graph_key(const LaunchArgs& w, const BatchView& b) const {
+    GraphKey key;
+    key.v = {w.g.id,
+             static_cast<uint64_t>(w.T),
+             static_cast<uint64_t>(b.output_rows.size()),
+             static_cast<uint64_t>(w.kv.table_stride()),
+             static_cast<uint64_t>(w.kv.n_seqs()),
+             static_cast<uint64_t>(attention_scratch_bytes(w.T, 1, 1, w.max_keys)),
+             reinterpret_cast<uint64_t>(w.pool.data),
+             static_cast<uint64_t>(w.pool.dtype),
+             static_cast<uint64_t>(w.pool.n_blocks),
+             static_cast<uint64_t>(w.pool.block_size),
+             reinterpret_cast<uint64_t>(arena_.p),
+             reinterpret_cast<uint64_t>(scratch_.p),
+             reinterpret_cast<uint64_t>(attn_scratch_.p),
+             reinterpret_cast<uint64_t>(inputs_.p)};
+    for (size_t r = 0; r < rope_used_; ++r)
+      key.v.push_back(reinterpret_cast<uint64_t>(rope_cache_[r].mem.p));
+    for (int32_t h : {1, 2, 4, 8, 16, 32, 64}) // the attention launches' split counts
+      key.v.push_back(static_cast<uint64_t>(attention_scratch_bytes(w.T, h, 1, w.max_keys)));
+    return key;
+  }
+
   // Replays the graph of `key`, or captures it (second sighting) and replays it; false: run eagerly.
   template <class Walk> bool replay_or_capture(const GraphKey& key, const Walk& walk) {
     if (graphs_.size() >= 64 && !graphs_.count(key)) clear_graphs(); // bounded

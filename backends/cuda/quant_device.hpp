@@ -179,6 +179,7 @@ LOOM_HD int q3_k_scale(const uint8_t* s, int k) {
 }
 
 // Values [32·sb, 32·sb + 32) of a row stored as t into y (t quantized: a multiple of 32 values).
+// One function: a switch over the storage types (a dispatch table in all but name), inlined into each kernel.
 LOOM_HD void dequant32(uint32_t t, const uint8_t* row, int64_t sb, float* y) {
   switch (t) {
   case qt_f32:
@@ -389,6 +390,7 @@ namespace loom::cuda {
 // int8 (exactly dequant32's values: the same float steps), so that a dot product with activations quantized
 // to int8 (x[l] ≈ dx · q[l]) is a[h] · dx · Σ w·q − b[h] · dx · Σ q per half h — integer sums (dp4a).
 // False for the plain types (f32, f16, bf16), which have no such form.
+// One function: a switch over the storage types (a dispatch table in all but name), inlined into each kernel.
 LOOM_HD bool unpack32(uint32_t t, const uint8_t* row, int64_t sb, int8_t* w, float* a, float* b) {
   a[0] = a[1] = 0.0f;
   b[0] = b[1] = 0.0f;

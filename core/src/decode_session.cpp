@@ -3,6 +3,7 @@
 #include "loom/decode_session.hpp"
 
 #include "loom/error.hpp"
+#include "loom/logprobs.hpp"
 
 #include <algorithm>
 #include <cmath>

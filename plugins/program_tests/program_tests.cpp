@@ -231,19 +231,12 @@ private:
     return steps;
   }
 
+  // The candidate's code against the tests in the sandbox: <dir> made and filled, the children started
+  // with a plan made before the fork, the judge's verdicts read until done or timed out, the children
+  // killed; a sandbox failure the children reported refuses the request.
   Run run_sandboxed(const std::string& code, const std::string& tests_json, size_t n_tests) const {
-    if (disabled("landlock")) refuse("Landlock unavailable (LOOM_SANDBOX_DISABLE)");
-    if (disabled("netns")) refuse("network namespace unavailable (LOOM_SANDBOX_DISABLE)");
-    if (disabled("mountns")) refuse("mount namespace unavailable (LOOM_SANDBOX_DISABLE)");
-    const bool root = geteuid() == 0;
-    if (!root && disabled("userns")) refuse("user namespace unavailable (LOOM_SANDBOX_DISABLE)");
-    // <dir>: loom/ (the harness and the candidate's code, read-only inside), task/ (the candidate's
-    // directory) and root/ (where the new root is mounted).
-    std::string tmpl = (fs::temp_directory_path() / "loom-program-tests-XXXXXX").string();
-    if (!mkdtemp(tmpl.data()))
-      throw loom::sdk::Error(std::string("program_tests: cannot make a temporary directory: ") +
-                             std::strerror(errno));
-    const fs::path dir = tmpl;
+    const bool root = check_layers();
+    const fs::path dir = make_temp_dir();
     struct Cleanup {
       fs::path d;
       ~Cleanup() {
@@ -251,6 +244,45 @@ private:
         fs::remove_all(d, ec);
       }
     } cleanup{dir};
+    fill_dir(dir, code, root);
+    PlanStrings strings;
+    strings.interp = interpreter_;
+    Plan plan = make_plan(dir, root, tests_json, strings);
+    const Children c = start_children(plan);
+    bool timed_out = false;
+    const std::string got = read_verdicts(c.report, n_tests, timed_out);
+    kill_children(c.pid);
+    close(c.report);
+    const std::string why = read_status(c.status);
+    if (!why.empty()) refuse(why);
+    Run run;
+    run.timed_out = timed_out;
+    for (size_t i = 0; i < got.size() && i < n_tests; ++i)
+      if (got[i] == 'P') ++run.passed;
+    return run;
+  }
+
+  // Refuses when LOOM_SANDBOX_DISABLE turns off a layer the sandbox needs; whether we run as root.
+  static bool check_layers() {
+    if (disabled("landlock")) refuse("Landlock unavailable (LOOM_SANDBOX_DISABLE)");
+    if (disabled("netns")) refuse("network namespace unavailable (LOOM_SANDBOX_DISABLE)");
+    if (disabled("mountns")) refuse("mount namespace unavailable (LOOM_SANDBOX_DISABLE)");
+    const bool root = geteuid() == 0;
+    if (!root && disabled("userns")) refuse("user namespace unavailable (LOOM_SANDBOX_DISABLE)");
+    return root;
+  }
+
+  static fs::path make_temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "loom-program-tests-XXXXXX").string();
+    if (!mkdtemp(tmpl.data()))
+      throw loom::sdk::Error(std::string("program_tests: cannot make a temporary directory: ") +
+                             std::strerror(errno));
+    return tmpl;
+  }
+
+  // <dir>: loom/ (the harness and the candidate's code, read-only inside), task/ (the candidate's
+  // directory) and root/ (where the new root is mounted).
+  static void fill_dir(const fs::path& dir, const std::string& code, bool root) {
     std::error_code ec;
     fs::create_directory(dir / "loom", ec);
     fs::create_directory(dir / "task", ec);
@@ -272,8 +304,16 @@ private:
     if (root && chown((dir / "task").c_str(), k_nobody, k_nobody) != 0)
       throw loom::sdk::Error(std::string("program_tests: cannot hand the directory to nobody: ") +
                              std::strerror(errno));
+  }
 
-    // Everything the children need, made before fork (they only make system calls).
+  // The strings a Plan's argv and envp point into (they live until the children are gone).
+  struct PlanStrings {
+    std::string interp, isolated = "-I", no_pyc = "-B", judge_py = k_judge_py, cand_py = k_candidate_py;
+    std::vector<std::string> envs = {"PATH=/usr/bin:/bin", "HOME=/task", "TMPDIR=/task", "LANG=C.UTF-8"};
+  };
+
+  // Everything the children need, made before fork (they only make system calls).
+  Plan make_plan(const fs::path& dir, bool root, const std::string& tests_json, PlanStrings& s) const {
     Plan plan;
     plan.root = root;
     plan.userns = !disabled("userns");
@@ -284,13 +324,10 @@ private:
     plan.new_root = (dir / "root").string();
     plan.put_old = (dir / "root" / "old").string();
     plan.tests_json = tests_json;
-    std::string interp = interpreter_, isolated = "-I", no_pyc = "-B", judge_py = k_judge_py,
-                cand_py = k_candidate_py;
-    plan.interpreter = interp.c_str();
-    plan.judge_argv = {interp.data(), isolated.data(), no_pyc.data(), judge_py.data(), nullptr};
-    plan.candidate_argv = {interp.data(), isolated.data(), no_pyc.data(), cand_py.data(), nullptr};
-    std::vector<std::string> envs = {"PATH=/usr/bin:/bin", "HOME=/task", "TMPDIR=/task", "LANG=C.UTF-8"};
-    for (auto& e : envs)
+    plan.interpreter = s.interp.c_str();
+    plan.judge_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.judge_py.data(), nullptr};
+    plan.candidate_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.cand_py.data(), nullptr};
+    for (auto& e : s.envs)
       plan.envp.push_back(e.data());
     plan.envp.push_back(nullptr);
     plan.cpu = static_cast<rlim_t>(std::ceil(timeout_s_)) + 1;
@@ -299,7 +336,17 @@ private:
     plan.nproc = static_cast<rlim_t>(max_processes_) + 6;
     plan.fsize = static_cast<rlim_t>(max_file_mb_) << 20;
     plan.filter = make_filter();
+    return plan;
+  }
 
+  struct Children {
+    pid_t pid;  // the outer child (run_outer)
+    int report; // the judge's verdicts: one byte per test
+    int status; // a sandbox failure, in words
+  };
+
+  // Forks the outer child with its pipes; the parent keeps the read ends of report and status.
+  static Children start_children(Plan& plan) {
     int report[2], status_pipe[2], sync_pipe[2];
     if (pipe2(report, O_CLOEXEC) != 0)
       throw loom::sdk::Error(std::string("program_tests: pipe: ") + std::strerror(errno));
@@ -319,11 +366,14 @@ private:
     close(status_pipe[1]);
     close(sync_pipe[0]);
     close(sync_pipe[1]);
-    // One byte per test from the judge ('P' passed), until it is done or the clock runs out.
+    return {pid, report[0], status_pipe[0]};
+  }
+
+  // One byte per test from the judge ('P' passed), until it is done or the clock runs out.
+  std::string read_verdicts(int report, size_t n_tests, bool& timed_out) const {
     std::string got;
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
-    bool timed_out = false;
     while (got.size() < n_tests) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -331,36 +381,38 @@ private:
         timed_out = true;
         break;
       }
-      pollfd p{report[0], POLLIN, 0};
+      pollfd p{report, POLLIN, 0};
       const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
       if (r <= 0) continue;
       char buf[4096];
-      const ssize_t n = read(report[0], buf, sizeof buf);
+      const ssize_t n = read(report, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break; // the judge is gone
       got.append(buf, static_cast<size_t>(n));
     }
+    return got;
+  }
+
+  static void kill_children(pid_t pid) {
     kill(-pid, SIGKILL); // the outer child and init (whose death ends every process of its namespaces)
     kill(pid, SIGKILL);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
-    close(report[0]);
+  }
+
+  // What the children reported failing (empty: nothing); closes the pipe.
+  static std::string read_status(int status) {
     std::string why;
-    pollfd sp{status_pipe[0], POLLIN, 0};
+    pollfd sp{status, POLLIN, 0};
     while (poll(&sp, 1, 2000) > 0) {
       char buf[256];
-      const ssize_t n = read(status_pipe[0], buf, sizeof buf);
+      const ssize_t n = read(status, buf, sizeof buf);
       if (n <= 0 || why.size() > 1000) break;
       why.append(buf, static_cast<size_t>(n));
     }
-    close(status_pipe[0]);
-    if (!why.empty()) refuse(why);
-    Run run;
-    run.timed_out = timed_out;
-    for (size_t i = 0; i < got.size() && i < n_tests; ++i)
-      if (got[i] == 'P') ++run.passed;
-    return run;
+    close(status);
+    return why;
   }
 
   std::string interpreter_;

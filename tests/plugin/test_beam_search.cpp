@@ -3,6 +3,7 @@
 // (computed here with the reference backend over every first token); bad keys are one-line errors.
 #include "fixtures/scripted_model.hpp"
 #include "loom/backend.hpp"
+#include "loom/logprobs.hpp"
 #include "loom/model.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/sampler.hpp"

@@ -6,6 +6,7 @@
 #include "kv_rows.hpp"
 #include "loom/engine.hpp"
 #include "loom/error.hpp"
+#include "loom/logprobs.hpp"
 #include "loom/pipeline.hpp"
 #include "loom/synth.hpp"
 #include "test_util.hpp"

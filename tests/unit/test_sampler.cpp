@@ -1,6 +1,7 @@
 // Unit tests for loom/sampler.hpp: each sampler on small hand-computed examples, the chain, the
 // registry's validation and the default chain.
 #include "loom/error.hpp"
+#include "loom/logprobs.hpp"
 #include "loom/sampler.hpp"
 
 #include <algorithm>

@@ -5,8 +5,11 @@
 // samplers in order (the TOML order); if the last one does not select, the chain ends with `dist`.
 // `temperature = 0` means greedy: the temperature sampler then selects the arg-max itself (no
 // division by zero), so a chain with temperature 0 is deterministic whatever follows.
+// A sampler's parameters and their schemas are loom/sampler_params.hpp's; log-probabilities of the
+// model's raw distribution are loom/logprobs.hpp's.
 #pragma once
 
+#include "loom/sampler_params.hpp"
 #include "loom/sdk/sampler.hpp"
 #include "loom/types.hpp"
 
@@ -18,7 +21,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace loom {
@@ -27,36 +29,6 @@ namespace loom {
 // samplers below implement the same interface as a plugin's. The host's RNG is a std::mt19937_64;
 // rng_uniform(&rng) draws one 64-bit number and maps it to [0, 1) with 53 bits.
 double rng_uniform(void* mt19937_64) noexcept;
-
-// Parameter values as they come from TOML (or the CLI).
-using ParamValue =
-    std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
-
-struct SamplerSpec {
-  std::string name;                                       // "top_k", "temperature", ...
-  std::vector<std::pair<std::string, ParamValue>> params; // key = value, in file order
-  std::string where{};                                    // "p.toml:12:1" (for plugin errors)
-};
-
-// What a parameter accepts — the pipeline validator reads this to name the expected form.
-struct ParamSchema {
-  std::string key;
-  enum class Kind { boolean, integer, number, int_list, number_list, string } kind;
-  double min = 0, max = 0; // inclusive bounds unless *_open
-  bool min_open = false, max_open = false;
-  bool has_min = false, has_max = false;
-  bool required = false;
-  std::string help; // "k ≥ 0 (0 = keep all)"
-};
-
-// The accepted form of a parameter in words, for "expected ..." messages: "an integer ≥ 0",
-// "a number in (0, 1]", "a list of integers, each ≥ 0". Bounds of a list apply to each element.
-std::string describe_expected(const ParamSchema& s);
-// Whether a (finite) value lies in the schema's range. NaN is never accepted.
-bool schema_accepts(const ParamSchema& s, double x) noexcept;
-// describe_expected with the parameter's help text: "an integer ≥ 0 (0 = off)". The one formatter of
-// a parameter's accepted form, for the sampler factory's and the pipeline validator's messages.
-std::string describe_param(const ParamSchema& s);
 
 struct SamplerInfo {
   std::string name;
@@ -125,11 +97,5 @@ SamplerChain make_default_chain(const SamplingParams& p); // throws on out-of-ra
 // at a deterministic (or opaque) selection.
 void sampling_distribution(Sampler& sampler, std::span<const float> logits, const SamplerContext& ctx,
                            std::span<float> out);
-
-// Log-probability of `token` under softmax(logits) (the model's raw distribution).
-float token_logprob(std::span<const float> logits, TokenId token);
-// The k most likely tokens under softmax(logits) and their log-probabilities, most likely first (ties:
-// lower id first); NaN logits are left out. OpenAI's top_logprobs.
-std::vector<std::pair<TokenId, float>> top_logprobs(std::span<const float> logits, size_t k);
 
 } // namespace loom

@@ -156,6 +156,7 @@ private:
     return act_[static_cast<size_t>(id)].data() + r * t.ne[0];
   }
 
+  // One function: a switch over the ops (a dispatch table in all but name), each case one op in plain loops.
   void run(const Graph& g, const Node& n, const BatchView& b, const KVRows& kv) {
     const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
     float* dst = f32(n.dst);

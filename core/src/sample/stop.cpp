@@ -1,4 +1,4 @@
-// stop.cpp — stop reasons, the built-in stop criteria and the per-sequence StopTracker.
+// sample/stop.cpp — stop reasons, the built-in stop criteria and the per-sequence StopTracker.
 //
 // Stop strings are matched on bytes. With valid UTF-8 on both sides a match can only start at a
 // character boundary, so nothing held back or emitted ever splits a character.

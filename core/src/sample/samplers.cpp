@@ -1,4 +1,5 @@
-// sampler.cpp — the host-side samplers (llama.cpp semantics), their schemas and the default chain.
+// sample/samplers.cpp — the built-in samplers (llama.cpp semantics) and their registry: each one's
+// schema (builtin_samplers) and create_sampler, which validates a spec and builds the sampler.
 //
 // Decisions worth knowing:
 //  * Samplers are stateless: `penalties` reads its history from SamplerContext (prompt + generated,
@@ -15,23 +16,21 @@
 //    the token was removed); the chain runs `dist` at the end only when nothing is selected then.
 //  * Ties in logit are broken by the lower token id everywhere (sorting, greedy, temperature 0), so
 //    results never depend on the order of the candidate list.
-#include "loom/sampler.hpp"
-
 #include "loom/error.hpp"
 #include "loom/json_constraint.hpp"
+#include "loom/sampler.hpp"
+#include "sample/dist.hpp"
+#include "sample/params.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <unordered_map>
 
 namespace loom {
 
-namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+namespace sample {
 
 size_t best_index(std::span<const TokenData> d) {
   size_t best = 0;
@@ -39,6 +38,46 @@ size_t best_index(std::span<const TokenData> d) {
     if (Candidates::before(d[i], d[best])) best = i;
   return best;
 }
+
+void dist_select(Candidates& c, const SamplerContext& ctx) {
+  const double u = ctx.uniform(); // one draw, in [0, 1)
+  if (c.data.empty()) {
+    c.selected = -1;
+    return;
+  }
+  c.compute_probs();
+  c.has_probs = true;
+  // Cumulative scan in list order; strict '>' never lands on a zero-probability token.
+  double cum = 0.0;
+  int64_t last_nonzero = -1;
+  for (size_t i = 0; i < c.data.size(); ++i) {
+    if (c.data[i].p <= 0.0f) continue;
+    last_nonzero = static_cast<int64_t>(i);
+    cum += static_cast<double>(c.data[i].p);
+    if (cum > u) {
+      c.selected = static_cast<int64_t>(i);
+      return;
+    }
+  }
+  // Rounding left the total just under u (or every p is 0, e.g. NaN logits): last candidate with mass.
+  c.selected = last_nonzero >= 0 ? last_nonzero : static_cast<int64_t>(best_index(c.data));
+}
+
+} // namespace sample
+
+namespace {
+
+using sample::best_index;
+using sample::dist_select;
+using sample::fail_arg;
+using sample::integer;
+using sample::number;
+using sample::Params;
+using sample::required;
+using sample::with_max;
+using sample::with_min;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Calls f(token_data, value) for every candidate whose id is a key of `m`. Uses the identity layout
 // of a fresh list (data[id].id == id) where it holds and falls back to one scan for the rest.
@@ -55,10 +94,6 @@ template <class V, class F> void for_each_id(Candidates& c, const std::unordered
   // Ids are unique in a candidate list, so none of `rest` was handled above.
   for (auto& t : c.data)
     if (auto it = rest.find(t.id); it != rest.end()) f(t, it->second);
-}
-
-[[noreturn]] void fail_arg(const std::string& msg) {
-  fail(Errc::invalid_argument, "sampler", msg);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,30 +336,6 @@ public:
   }
 };
 
-void dist_select(Candidates& c, const SamplerContext& ctx) {
-  const double u = ctx.uniform(); // one draw, in [0, 1)
-  if (c.data.empty()) {
-    c.selected = -1;
-    return;
-  }
-  c.compute_probs();
-  c.has_probs = true;
-  // Cumulative scan in list order; strict '>' never lands on a zero-probability token.
-  double cum = 0.0;
-  int64_t last_nonzero = -1;
-  for (size_t i = 0; i < c.data.size(); ++i) {
-    if (c.data[i].p <= 0.0f) continue;
-    last_nonzero = static_cast<int64_t>(i);
-    cum += static_cast<double>(c.data[i].p);
-    if (cum > u) {
-      c.selected = static_cast<int64_t>(i);
-      return;
-    }
-  }
-  // Rounding left the total just under u (or every p is 0, e.g. NaN logits): last candidate with mass.
-  c.selected = last_nonzero >= 0 ? last_nonzero : static_cast<int64_t>(best_index(c.data));
-}
-
 class Dist final : public Sampler {
 public:
   std::string_view name() const noexcept override { return "dist"; }
@@ -339,40 +350,7 @@ public:
 };
 
 // ---------------------------------------------------------------------------------------------
-// Schemas and validation.
-
-ParamSchema number(std::string key, std::string help) {
-  ParamSchema s;
-  s.key = std::move(key);
-  s.kind = ParamSchema::Kind::number;
-  s.help = std::move(help);
-  return s;
-}
-
-ParamSchema integer(std::string key, std::string help) {
-  ParamSchema s = number(std::move(key), std::move(help));
-  s.kind = ParamSchema::Kind::integer;
-  return s;
-}
-
-ParamSchema with_min(ParamSchema s, double min, bool open = false) {
-  s.has_min = true;
-  s.min = min;
-  s.min_open = open;
-  return s;
-}
-
-ParamSchema with_max(ParamSchema s, double max, bool open = false) {
-  s.has_max = true;
-  s.max = max;
-  s.max_open = open;
-  return s;
-}
-
-ParamSchema required(ParamSchema s) {
-  s.required = true;
-  return s;
-}
+// The registry: each built-in's name, help and parameter schemas.
 
 std::vector<SamplerInfo> make_builtins() {
   using Kind = ParamSchema::Kind;
@@ -426,164 +404,6 @@ std::vector<SamplerInfo> make_builtins() {
   return v;
 }
 
-std::string fmt_num(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
-}
-
-std::string value_type_name(const ParamValue& v) {
-  switch (v.index()) {
-  case 0:
-    return "a boolean";
-  case 1:
-    return "an integer";
-  case 2:
-    return "a number";
-  case 3:
-    return "a string";
-  case 4:
-    return "a list of integers";
-  default:
-    return "a list of numbers";
-  }
-}
-
-std::string value_text(const ParamValue& v) {
-  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
-  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (const auto* d = std::get_if<double>(&v)) return fmt_num(*d);
-  if (const auto* s = std::get_if<std::string>(&v)) return "\"" + *s + "\"";
-  return value_type_name(v);
-}
-
-[[noreturn]] void fail_value(const SamplerInfo& info, const ParamSchema& s, const std::string& what) {
-  fail_arg(info.name + ": " + s.key + " " + what + "; expected " + describe_param(s));
-}
-
-// Checks one value against its schema (type, finiteness, range); throws with the sampler and key named.
-void check_value(const SamplerInfo& info, const ParamSchema& s, const ParamValue& v) {
-  using Kind = ParamSchema::Kind;
-  const auto check_scalar = [&](double x, bool allow_inf, const std::string& shown) {
-    if (std::isnan(x) || (!allow_inf && std::isinf(x)))
-      fail_value(info, s, "= " + shown + " is not a finite number");
-    if (!schema_accepts(s, x)) fail_value(info, s, "= " + shown + " is out of range");
-  };
-  switch (s.kind) {
-  case Kind::boolean:
-    if (!std::holds_alternative<bool>(v)) fail_value(info, s, "is " + value_type_name(v));
-    return;
-  case Kind::integer:
-    if (!std::holds_alternative<int64_t>(v)) fail_value(info, s, "is " + value_type_name(v));
-    check_scalar(static_cast<double>(std::get<int64_t>(v)), false, value_text(v));
-    return;
-  case Kind::number:
-    if (const auto* i = std::get_if<int64_t>(&v))
-      check_scalar(static_cast<double>(*i), false, value_text(v));
-    else if (const auto* d = std::get_if<double>(&v))
-      check_scalar(*d, false, value_text(v));
-    else
-      fail_value(info, s, "is " + value_type_name(v));
-    return;
-  case Kind::int_list:
-    if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) {
-      for (size_t i = 0; i < l->size(); ++i)
-        check_scalar(static_cast<double>((*l)[i]), false,
-                     "[" + std::to_string(i) + "] " + std::to_string((*l)[i]));
-    } else if (const auto* dl = std::get_if<std::vector<double>>(&v); !(dl && dl->empty())) {
-      fail_value(info, s, "is " + value_type_name(v)); // an empty list has no element type: accepted
-    }
-    return;
-  case Kind::string:
-    if (!std::holds_alternative<std::string>(v)) fail_value(info, s, "is " + value_type_name(v));
-    return;
-  case Kind::number_list:
-    if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) {
-      for (size_t i = 0; i < l->size(); ++i)
-        check_scalar(static_cast<double>((*l)[i]), true,
-                     "[" + std::to_string(i) + "] " + std::to_string((*l)[i]));
-    } else if (const auto* dl = std::get_if<std::vector<double>>(&v)) {
-      for (size_t i = 0; i < dl->size(); ++i)
-        check_scalar((*dl)[i], true, "[" + std::to_string(i) + "] " + fmt_num((*dl)[i]));
-    } else {
-      fail_value(info, s, "is " + value_type_name(v));
-    }
-    return;
-  }
-}
-
-// Validated parameters of one spec, by key.
-class Params {
-public:
-  Params(const SamplerInfo& info, const SamplerSpec& spec) {
-    for (const auto& kv : spec.params) {
-      const std::string& k = kv.first;
-      const ParamValue& v = kv.second;
-      const auto it = std::find_if(info.params.begin(), info.params.end(),
-                                   [&](const ParamSchema& s) { return s.key == k; });
-      if (it == info.params.end()) {
-        std::string msg = info.name + ": unknown key '" + k + "'; ";
-        if (info.params.empty()) {
-          msg += info.name + " takes no parameters";
-        } else {
-          msg += "expected one of:";
-          for (size_t i = 0; i < info.params.size(); ++i)
-            msg += (i ? ", " : " ") + info.params[i].key;
-        }
-        fail_arg(msg);
-      }
-      if (values_.count(k)) fail_arg(info.name + ": key '" + k + "' is given twice");
-      check_value(info, *it, v);
-      values_.emplace(k, v);
-    }
-    for (const auto& s : info.params)
-      if (s.required && !values_.count(s.key))
-        fail_arg(info.name + ": missing key '" + s.key + "'; expected " + describe_expected(s) + " (" +
-                 s.help + ")");
-  }
-
-  double num(const std::string& k, double dflt) const {
-    const auto it = values_.find(k);
-    if (it == values_.end()) return dflt;
-    if (const auto* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
-    return std::get<double>(it->second);
-  }
-
-  int64_t integer(const std::string& k, int64_t dflt) const {
-    const auto it = values_.find(k);
-    return it == values_.end() ? dflt : std::get<int64_t>(it->second);
-  }
-
-  std::vector<int64_t> int_list(const std::string& k) const {
-    const auto it = values_.find(k);
-    if (it == values_.end()) return {};
-    if (const auto* l = std::get_if<std::vector<int64_t>>(&it->second)) return *l;
-    return {}; // an empty list of unknown type
-  }
-
-  std::string str(const std::string& k, std::string dflt) const {
-    const auto it = values_.find(k);
-    return it == values_.end() ? dflt : std::get<std::string>(it->second);
-  }
-
-  std::vector<double> number_list(const std::string& k) const {
-    const auto it = values_.find(k);
-    if (it == values_.end()) return {};
-    if (const auto* l = std::get_if<std::vector<double>>(&it->second)) return *l;
-    const auto& il = std::get<std::vector<int64_t>>(it->second);
-    std::vector<double> out;
-    out.reserve(il.size());
-    for (int64_t x : il)
-      out.push_back(static_cast<double>(x));
-    return out;
-  }
-
-private:
-  std::unordered_map<std::string, ParamValue> values_;
-};
-
 int32_t clamp_i32(int64_t x) {
   return static_cast<int32_t>(
       std::clamp<int64_t>(x, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
@@ -593,53 +413,6 @@ int32_t clamp_i32(int64_t x) {
 
 double rng_uniform(void* mt19937_64) noexcept {
   return static_cast<double>((*static_cast<std::mt19937_64*>(mt19937_64))() >> 11) * 0x1.0p-53;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Registry
-
-std::string describe_expected(const ParamSchema& s) {
-  using Kind = ParamSchema::Kind;
-  std::string out;
-  switch (s.kind) {
-  case Kind::boolean:
-    return "a boolean (true or false)";
-  case Kind::integer:
-    out = "an integer";
-    break;
-  case Kind::number:
-    out = "a number";
-    break;
-  case Kind::int_list:
-    out = "a list of integers";
-    break;
-  case Kind::number_list:
-    out = "a list of numbers";
-    break;
-  case Kind::string:
-    return "a string";
-  }
-  const bool list = s.kind == Kind::int_list || s.kind == Kind::number_list;
-  if (s.has_min && s.has_max) {
-    out += list ? ", each in " : " in ";
-    out += (s.min_open ? "(" : "[") + fmt_num(s.min) + ", " + fmt_num(s.max) + (s.max_open ? ")" : "]");
-  } else if (s.has_min) {
-    out += (list ? ", each " : " ") + std::string(s.min_open ? "> " : "≥ ") + fmt_num(s.min);
-  } else if (s.has_max) {
-    out += (list ? ", each " : " ") + std::string(s.max_open ? "< " : "≤ ") + fmt_num(s.max);
-  }
-  return out;
-}
-
-bool schema_accepts(const ParamSchema& s, double x) noexcept {
-  if (std::isnan(x)) return false;
-  if (s.has_min && (s.min_open ? !(x > s.min) : !(x >= s.min))) return false;
-  if (s.has_max && (s.max_open ? !(x < s.max) : !(x <= s.max))) return false;
-  return true;
-}
-
-std::string describe_param(const ParamSchema& s) {
-  return s.help.empty() ? describe_expected(s) : describe_expected(s) + " (" + s.help + ")";
 }
 
 const std::vector<SamplerInfo>& builtin_samplers() {
@@ -691,178 +464,6 @@ std::unique_ptr<Sampler> create_sampler(const SamplerSpec& spec) {
     }
   }
   fail(Errc::internal, "sampler", "no implementation for built-in sampler '" + n + "'");
-}
-
-// ---------------------------------------------------------------------------------------------
-// SamplerChain
-
-void SamplerChain::add(std::unique_ptr<Sampler> s) {
-  LOOM_ASSERT(s != nullptr, "SamplerChain::add(nullptr)");
-  samplers_.push_back(std::move(s));
-}
-
-void SamplerChain::apply(Candidates& c, const SamplerContext& ctx) {
-  for (auto& s : samplers_)
-    s->apply(c, ctx);
-  if (c.selected < 0) dist_select(c, ctx); // nothing selected: the chain ends with `dist`
-}
-
-void SamplerChain::apply_traced(Candidates& c, const SamplerContext& ctx,
-                                const std::function<void(size_t, const Sampler*, const Candidates&)>& after) {
-  for (size_t i = 0; i < samplers_.size(); ++i) {
-    samplers_[i]->apply(c, ctx);
-    after(i, samplers_[i].get(), c);
-  }
-  if (c.selected < 0) {
-    dist_select(c, ctx);
-    after(samplers_.size(), nullptr, c);
-  }
-}
-
-void SamplerChain::accept(TokenId token) {
-  for (auto& s : samplers_)
-    s->accept(token);
-}
-
-void SamplerChain::reset() {
-  for (auto& s : samplers_)
-    s->reset();
-}
-
-std::unique_ptr<Sampler> SamplerChain::clone() const {
-  auto out = std::make_unique<SamplerChain>();
-  for (const auto& s : samplers_)
-    out->add(s->clone());
-  return out;
-}
-
-TokenId SamplerChain::sample(std::span<const float> logits, const SamplerContext& ctx) {
-  if (logits.empty()) fail_arg("cannot sample from an empty vocabulary");
-  std::vector<TokenData> storage;
-  Candidates c = Candidates::from_logits(logits, storage);
-  apply(c, ctx);
-  if (c.selected < 0 || static_cast<size_t>(c.selected) >= c.data.size())
-    fail(Errc::internal, "sampler", "the sampler chain selected no token");
-  return c.data[static_cast<size_t>(c.selected)].id;
-}
-
-bool SamplerChain::distribution(Candidates& c, const SamplerContext& ctx) {
-  for (size_t i = 0; i < samplers_.size(); ++i) {
-    if (!samplers_[i]->distribution(c, ctx)) continue;
-    if (i + 1 == samplers_.size()) return true; // the chain's last stage: its distribution is the chain's
-    // Samplers after a selecting one still run in apply() (they may filter the selection away, and
-    // the chain then ends with dist): do exactly what apply() does — draw here if that stage left a
-    // distribution, run the rest, dist if nothing is selected — and give one-hot at that draw,
-    // which is exact for speculative sampling (the draw is the chain's own).
-    if (c.selected < 0) dist_select(c, ctx);
-    for (size_t j = i + 1; j < samplers_.size(); ++j)
-      samplers_[j]->apply(c, ctx);
-    if (c.selected < 0) dist_select(c, ctx);
-    return true;
-  }
-  return false;
-}
-
-void sampling_distribution(Sampler& sampler, std::span<const float> logits, const SamplerContext& ctx,
-                           std::span<float> out) {
-  if (logits.empty() || out.size() < logits.size())
-    fail_arg("distribution: empty vocabulary or short output");
-  std::vector<TokenData> storage;
-  Candidates c = Candidates::from_logits(logits, storage);
-  const bool final = sampler.distribution(c, ctx);
-  std::fill(out.begin(), out.end(), 0.0f);
-  if (c.selected >= 0 && static_cast<size_t>(c.selected) < c.data.size()) {
-    out[static_cast<size_t>(c.data[static_cast<size_t>(c.selected)].id)] = 1.0f;
-    return;
-  }
-  if (c.data.empty()) fail(Errc::internal, "sampler", "the sampler chain removed every candidate");
-  if (!final || !c.has_probs) c.compute_probs(); // the chain ends with dist
-  double total = 0;
-  for (const auto& t : c.data)
-    total += static_cast<double>(t.p);
-  if (!(total > 0)) { // every p is 0 (NaN logits): dist would take the arg-max
-    out[static_cast<size_t>(c.data[best_index(c.data)].id)] = 1.0f;
-    return;
-  }
-  for (const auto& t : c.data)
-    out[static_cast<size_t>(t.id)] = t.p;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Default chain, log-probabilities
-
-std::vector<SamplerSpec> default_chain_specs(const SamplingParams& p) {
-  const auto d = [](float x) { return ParamValue{static_cast<double>(x)}; };
-  const auto i = [](int32_t x) { return ParamValue{static_cast<int64_t>(x)}; };
-  const std::vector<SamplerSpec> all = {
-      {"penalties",
-       {{"repeat", d(p.repeat_penalty)},
-        {"frequency", d(p.frequency_penalty)},
-        {"presence", d(p.presence_penalty)},
-        {"last_n", i(p.penalty_last_n)}}},
-      {"top_k", {{"k", i(p.top_k)}}},
-      {"typical_p", {{"p", d(p.typical_p)}}},
-      {"top_p", {{"p", d(p.top_p)}}},
-      {"min_p", {{"p", d(p.min_p)}}},
-      {"temperature", {{"value", d(p.temperature)}}},
-  };
-  for (const auto& s : all) // every value is checked, also those of samplers left out below
-    (void)create_sampler(s);
-  const bool penalties_on =
-      p.penalty_last_n != 0 &&
-      (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
-  const bool on[] = {penalties_on, p.top_k > 0,
-                     p.typical_p<1.0f, p.top_p<1.0f, p.min_p> 0.0f, p.temperature> 0.0f};
-  std::vector<SamplerSpec> out;
-  for (size_t k = 0; k < all.size(); ++k)
-    if (on[k]) out.push_back(all[k]);
-  out.push_back(SamplerSpec{p.temperature > 0.0f ? "dist" : "greedy", {}});
-  return out;
-}
-
-SamplerChain make_default_chain(const SamplingParams& p) {
-  SamplerChain chain;
-  for (const auto& s : default_chain_specs(p))
-    chain.add(create_sampler(s));
-  return chain;
-}
-
-float token_logprob(std::span<const float> logits, TokenId token) {
-  if (token < 0 || static_cast<size_t>(token) >= logits.size())
-    fail_arg("token_logprob: token " + std::to_string(token) + " is outside the vocabulary of " +
-             std::to_string(logits.size()));
-  float mx = kNegInf;
-  for (float l : logits)
-    mx = std::max(mx, Candidates::order_key(l));
-  if (!std::isfinite(mx)) { // all -inf, or some +inf: the maximal tokens share the mass
-    if (Candidates::order_key(logits[static_cast<size_t>(token)]) != mx) return kNegInf;
-    const auto ties =
-        std::count_if(logits.begin(), logits.end(), [&](float l) { return Candidates::order_key(l) == mx; });
-    return static_cast<float>(-std::log(static_cast<double>(ties)));
-  }
-  double sum = 0.0;
-  for (float l : logits)
-    if (!std::isnan(l)) sum += std::exp(static_cast<double>(l) - static_cast<double>(mx));
-  const double lt = static_cast<double>(Candidates::order_key(logits[static_cast<size_t>(token)]));
-  return static_cast<float>(lt - static_cast<double>(mx) - std::log(sum));
-}
-
-std::vector<std::pair<TokenId, float>> top_logprobs(std::span<const float> logits, size_t k) {
-  std::vector<TokenId> ids;
-  ids.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (!std::isnan(logits[i])) ids.push_back(static_cast<TokenId>(i));
-  k = std::min(k, ids.size());
-  const auto higher = [&](TokenId a, TokenId b) {
-    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-    return la != lb ? la > lb : a < b;
-  };
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), higher);
-  std::vector<std::pair<TokenId, float>> out;
-  out.reserve(k);
-  for (size_t i = 0; i < k; ++i)
-    out.emplace_back(ids[i], token_logprob(logits, ids[i]));
-  return out;
 }
 
 } // namespace loom
