@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs Loom's tests — the command the README gives and CI runs:
-#   1. default (Release) preset: build, then every ctest test (unit, golden, configs, fuzz replays);
+#   1. default (Release) preset: build, then every ctest test (unit, integration, golden, configs, fuzz
+#      replays);
 #   2. asan preset (ASan + UBSan, -O1; the tests' own code not instrumented): build, then the same tests
 #      under the sanitizers but for a few long ones the other presets run (RealModels, 500 prompt
 #      lengths, ab's speculative identity check, speculative sampling's chi-square, the out-of-tree
@@ -9,8 +10,8 @@
 #   3. tsan preset (ThreadSanitizer): the engine's scheduling and threading tests;
 #   4. fuzz preset (clang + libFuzzer, -O1): each fuzz target for LOOM_FUZZ_SECONDS (default 20) from its
 #      seed corpus; a crash fails the run and leaves its input in tests/fuzz/corpus/<target>/ to commit.
-# Golden tests read models from LOOM_TEST_MODELS (default ../shared/models); without them they
-# print SKIPPED with the reason.
+# Integration and golden tests read models from LOOM_TEST_MODELS (default ../shared/models); without
+# them they print SKIPPED with the reason.
 #   scripts/test.sh            # all four
 #   scripts/test.sh --quick    # only the default preset
 set -euo pipefail
@@ -19,7 +20,7 @@ quick=0
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done

@@ -31,6 +31,19 @@ inline std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// A path of this process's own in the temp directory: loom-<tag>-<pid>-<name>.
+inline std::filesystem::path temp_path(const std::string& tag, const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("loom-" + tag + "-" + std::to_string(::getpid()) + "-" + name);
+}
+
+// Writes `text` (bytes as given) to temp_path(tag, name); returns that path.
+inline std::string write_temp(const std::string& tag, const std::string& name, const std::string& text) {
+  const std::filesystem::path p = temp_path(tag, name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
 // `$LOOM_BIN args` through a shell: stdout, stderr (or both in `out` when merge_stderr) and the
 // exit code (-1 when LOOM_BIN is unset or the command could not run). With timeout_s > 0 the
 // command is killed after that many seconds (a hang fails the test instead of stalling it): code 137.
@@ -65,6 +78,11 @@ inline CliResult run_loom(const std::string& args, bool merge_stderr, int timeou
     std::filesystem::remove(err_file, ec);
   }
   return r;
+}
+
+// `$LOOM_BIN args` with stdout and stderr together, as a user sees them.
+inline CliResult run_loom_merged(const std::string& args) {
+  return run_loom(args, true);
 }
 
 } // namespace loom::test

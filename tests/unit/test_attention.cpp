@@ -1,25 +1,19 @@
-// Attention variants: the reference kernel equals a softmax under the variant's explicit mask (causal,
-// sliding window, attention sinks, soft-cap); variants come from the model's metadata or the
-// pipeline; a sliding window releases the KV blocks it no longer reads, so a long generation holds a
-// bounded KV cache and still gives the tokens of a store that keeps everything; backends say which
-// kernels they run and a pipeline asking for another gets one clear line.
+// Attention variants without a model: the reference kernel equals a softmax under the variant's explicit
+// mask (causal, sliding window, attention sinks, soft-cap); the key span is the window plus the sinks;
+// variants come from the model's configuration or the pipeline. (Variants on a model file — its metadata,
+// a bounded KV cache over a long generation, a kernel the backend does not run:
+// tests/integration/test_attention.cpp.)
 #include "kv_rows.hpp"
 #include "loom/attention.hpp"
 #include "loom/attention/reference.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
 #include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
 #include "loom/model_config.hpp"
-#include "loom/pipeline.hpp"
-#include "test_util.hpp"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <gtest/gtest.h>
 #include <random>
-#include <unistd.h>
+#include <string>
 
 namespace {
 
@@ -201,151 +195,6 @@ TEST(Attention, VariantsComeFromTheModelUnlessThePipelineChoosesOne) {
   EXPECT_THROW(make_attention_variant(four_layers(), c), Error) << "sinks without a window";
   c.variant = "diagonal";
   EXPECT_THROW(make_attention_variant(mc, c), Error);
-}
-
-// stories260K with attention metadata added (a sliding window, its layer pattern, a soft-cap).
-std::filesystem::path with_attention_metadata(const std::filesystem::path& model, const std::string& name,
-                                              const std::vector<bool>& pattern, int32_t window,
-                                              float softcap) {
-  const GgufFile f = GgufFile::open(model.string());
-  GgufWriter w;
-  for (const auto& kv : f.metadata())
-    w.add(kv.key, kv.value);
-  w.add_u32("llama.attention.sliding_window", static_cast<uint32_t>(window));
-  if (!pattern.empty()) {
-    GgufValue a;
-    a.type = GgufType::array;
-    a.elem_type = GgufType::boolean;
-    for (bool b : pattern) {
-      GgufValue e;
-      e.type = GgufType::boolean;
-      e.u = b ? 1 : 0;
-      a.items.push_back(e);
-    }
-    w.add("llama.attention.sliding_window_pattern", a);
-  }
-  w.add_f32("llama.attn_logit_softcapping", softcap);
-  for (const auto& t : f.tensors())
-    w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
-  const auto out = std::filesystem::temp_directory_path() /
-                   ("loom-attn-" + std::to_string(::getpid()) + "-" + name + ".gguf");
-  w.write(out.string());
-  return out;
-}
-
-TEST(Attention, TheModelsMetadataChoosesTheVariantPerLayer) {
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  const auto path = with_attention_metadata(model, "pattern", {true, true, false, true, false}, 8, 30.0f);
-  auto m = Model::load(path.string());
-  EXPECT_EQ(m->config().sliding_window, 8);
-  EXPECT_EQ(m->config().sliding_layers, (std::vector<bool>{true, true, false, true, false}));
-  EXPECT_FLOAT_EQ(m->config().attn_softcap, 30.0f);
-  // The variant reaches the graph: every attention node carries its layer's window and soft-cap.
-  m->set_attention(make_attention_variant(m->config(), {}));
-  const auto graph = m->graph(1, 1);
-  const Graph& g = *graph;
-  int32_t seen = 0;
-  for (const Node& n : g.nodes)
-    if (n.op == OpKind::attention) {
-      EXPECT_EQ(n.attn.window, n.attn.layer == 2 || n.attn.layer == 4 ? 0 : 8) << n.attn.layer;
-      EXPECT_FLOAT_EQ(n.attn.softcap, 30.0f);
-      ++seen;
-    }
-  EXPECT_EQ(seen, 5);
-
-  // Greedy text on the reference backend and on the cpu plugin (flash and naive kernels) agree.
-  PipelineConfig cfg;
-  cfg.model.path = path.string();
-  cfg.model.n_ctx = 128;
-  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  GenerationRequest req;
-  req.prompt = "Once upon a time";
-  req.max_new_tokens = 40;
-  const auto ref = Pipeline::create(cfg)->generate(req);
-  LOOM_REQUIRE_BIN(); // the cpu plugin lies next to it
-  cfg.plugins.paths = {std::filesystem::path(std::getenv("LOOM_BIN")).parent_path().string()};
-  cfg.backend.name = "cpu";
-  cfg.backend.threads = 1;
-  for (const char* k : {"flash", "naive"}) {
-    cfg.attention.kernel = k;
-    EXPECT_EQ(Pipeline::create(cfg)->generate(req).tokens, ref.tokens) << k;
-  }
-  cfg.attention.variant = "standard"; // the pipeline overrides the file: another text
-  EXPECT_NE(Pipeline::create(cfg)->generate(req).tokens, ref.tokens);
-
-  // A pattern of the wrong length is a clear error naming the key.
-  const auto bad = with_attention_metadata(model, "bad", {true, false}, 8, 0.0f);
-  try {
-    (void)Model::load(bad.string());
-    ADD_FAILURE() << "a 2-entry pattern for 5 layers was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding_window_pattern' must be 5 bools"), std::string::npos)
-        << e.what();
-  }
-  std::filesystem::remove(path);
-  std::filesystem::remove(bad);
-}
-
-PipelineConfig window_config(const std::filesystem::path& model, const std::string& store) {
-  PipelineConfig cfg;
-  cfg.model.path = model.string();
-  cfg.model.n_ctx = 2100;
-  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  cfg.stop.eos = false; // generate the whole budget
-  cfg.attention.variant = "sliding_window";
-  cfg.attention.window = 64;
-  cfg.attention.sinks = 4;
-  cfg.kv_cache.store = store;
-  cfg.kv_cache.block_size = 16;
-  return cfg;
-}
-
-TEST(Attention, SlidingWindowKVStaysBoundedOverTwoThousandTokens) {
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  GenerationRequest req;
-  req.prompt = "Once upon a time";
-  req.max_new_tokens = 2000;
-  auto paged = Pipeline::create(window_config(model, "paged"));
-  const auto a = paged->generate(req);
-  ASSERT_EQ(a.tokens.size(), 2000u) << a.message;
-  // sinks (one block) + the window and its slack (96 positions: 6 blocks, 7 when not aligned) + the
-  // block being written: at most 9 blocks of 16, whatever the length — not the 126 of 2,005 positions.
-  EXPECT_LE(paged->engine().stats().peak_kv_units, 9);
-  EXPECT_EQ(paged->engine().stats().plan_misses, 0u)
-      << "released blocks are counted as the store counts them";
-  EXPECT_LE(paged->engine().stats().peak_kv_units * 16, (KVRetention{4, 64}.bound_positions(16)));
-  EXPECT_LE(paged->kv_store().units_in_use(), 0) << "all given back at the end";
-  // The same tokens as a contiguous store that keeps every position (nothing released was needed).
-  auto whole = Pipeline::create(window_config(model, "contiguous"));
-  const auto b = whole->generate(req);
-  EXPECT_EQ(a.tokens, b.tokens);
-  // And a standard (full) attention run would need them all.
-  auto full_cfg = window_config(model, "paged");
-  full_cfg.attention = {};
-  auto full = Pipeline::create(full_cfg);
-  req.max_new_tokens = 300;
-  (void)full->generate(req);
-  EXPECT_GE(full->engine().stats().peak_kv_units, 19) << "305 positions in blocks of 16";
-}
-
-TEST(Attention, ABackendAskedForAKernelItDoesNotRunIsOneClearLine) {
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  PipelineConfig cfg;
-  cfg.model.path = model.string();
-  cfg.attention.kernel = "flash"; // the reference backend materializes scores: naive only
-  try {
-    (void)Pipeline::create(cfg);
-    ADD_FAILURE() << "flash on the reference backend was accepted";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_EQ(e.code(), Errc::unsupported);
-    EXPECT_NE(m.find("kernel = \"flash\""), std::string::npos) << m;
-    EXPECT_NE(m.find("backend 'reference'"), std::string::npos) << m;
-    EXPECT_NE(m.find("\"naive\""), std::string::npos) << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-  }
-  cfg.attention.kernel = "naive";
-  EXPECT_NO_THROW((void)Pipeline::create(cfg));
 }
 
 } // namespace

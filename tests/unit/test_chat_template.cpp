@@ -2,30 +2,24 @@
 // model templates × 10 conversations × generation prompt on/off (tests/data/chat/expected.json), and
 // 54 small templates that pin the renderer's semantics one at a time (snippets_expected.json) —
 // both written by tests/data/chat/make_expected.py, so no Python runs here. Then what jinja2 does
-// not decide: error lines, bounds on hostile templates, the built-in templates.
+// not decide: error lines, bounds on hostile templates, the built-in templates; `loom template render`.
+// (`loom template` with a model file: tests/integration/test_chat_template.cpp.)
 #include "loom/chat.hpp"
 #include "loom/error.hpp"
 #include "test_util.hpp"
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <gtest/gtest.h>
 #include <map>
-#include <unistd.h>
 
 namespace {
 
 using loom::chat::RenderInput;
 using loom::chat::Template;
+using loom::test::read_file;
 using json = nlohmann::ordered_json;
 
 const std::string k_dir = std::string(LOOM_SOURCE_DIR) + "/tests/data/chat/";
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
 
 json read_json(const std::string& path) {
   return json::parse(read_file(path));
@@ -261,17 +255,12 @@ TEST(ChatTemplate, BuiltinTemplatesRenderEachFamilysFormat) {
 
 namespace {
 
-std::string write_temp(const std::string& name, const std::string& text) {
-  const auto p =
-      std::filesystem::temp_directory_path() / ("loom-tpl-" + std::to_string(::getpid()) + "-" + name);
-  std::ofstream(p, std::ios::binary) << text;
-  return p.string();
-}
+using loom::test::write_temp;
 
 TEST(TemplateCli, RendersExactlyWhatTheTemplateGives) {
   LOOM_REQUIRE_BIN();
   const std::string msgs = write_temp(
-      "m.json", R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])");
+      "tpl", "m.json", R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])");
   const auto r = loom::test::run_loom("template render -t chatml --messages " + msgs, false);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(
@@ -293,7 +282,8 @@ TEST(TemplateCli, RendersExactlyWhatTheTemplateGives) {
   EXPECT_NE(dated.out.find("Today Date: 04 Jul 2026\n"), std::string::npos) << dated.out;
   EXPECT_EQ(dated.out.rfind("B<|start_header_id|>system<|end_header_id|>", 0), 0u) << dated.out;
   // {"messages": …, "tools": …} in one file, as an OpenAI request has them.
-  const std::string req = write_temp("req.json", R"({"messages": [{"role": "user", "content": "Weather?"}],
+  const std::string req =
+      write_temp("tpl", "req.json", R"({"messages": [{"role": "user", "content": "Weather?"}],
                       "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]})");
   const auto tools = loom::test::run_loom(
       "template render -t " + k_dir + "templates/Qwen-Qwen2.5-7B-Instruct.jinja --messages " + req, false);
@@ -303,54 +293,6 @@ TEST(TemplateCli, RendersExactlyWhatTheTemplateGives) {
       << tools.out;
   const auto list = loom::test::run_loom("template list", false);
   EXPECT_EQ(list.out, "chatml\nllama2\nllama3\nmistral\ngemma\nphi3\n");
-}
-
-TEST(TemplateCli, ErrorsNameTheLineOrTheFlag) {
-  LOOM_REQUIRE_BIN();
-  const std::string msgs =
-      write_temp("m2.json", R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}])");
-  const auto raised = loom::test::run_loom(
-      "template render -t " + k_dir + "templates/google-gemma-2-2b-it.jinja --messages " + msgs, false);
-  EXPECT_EQ(raised.code, 1);
-  EXPECT_EQ(raised.err, "loom: error: chat: " + k_dir +
-                            "templates/google-gemma-2-2b-it.jinja line 1: System role not supported\n");
-  const std::string broken = write_temp("broken.jinja", "line one\n{% for m in messages %}\n{{ m.role }}\n");
-  const auto syntax = loom::test::run_loom("template render -t " + broken + " --messages " + msgs, false);
-  EXPECT_EQ(syntax.code, 1);
-  EXPECT_NE(syntax.err.find(broken + " line 4: expected 'else' or 'endfor' before the end of the template"),
-            std::string::npos)
-      << syntax.err;
-  const auto usage = loom::test::run_loom("template render --messages " + msgs, false);
-  EXPECT_EQ(usage.code, 2);
-  EXPECT_NE(usage.err.find("give --template NAME|FILE or -m MODEL"), std::string::npos) << usage.err;
-  const auto unknown = loom::test::run_loom("template render -t nosuch --messages " + msgs, false);
-  EXPECT_EQ(unknown.code, 1);
-  EXPECT_NE(unknown.err.find("neither a built-in template (chatml, llama2"), std::string::npos)
-      << unknown.err;
-  const std::string not_json = write_temp("bad.json", "[{\"role\": ");
-  const auto bad = loom::test::run_loom("template render -t chatml --messages " + not_json, false);
-  EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.err.find("not JSON"), std::string::npos) << bad.err;
-  const std::string no_role = write_temp("norole.json", R"([{"content": "x"}])");
-  const auto nr = loom::test::run_loom("template render -t chatml --messages " + no_role, false);
-  EXPECT_EQ(nr.code, 1);
-  EXPECT_NE(nr.err.find("message 0 is not an object with a string \"role\""), std::string::npos) << nr.err;
-  const auto date =
-      loom::test::run_loom("template render -t chatml --now 2026-02-30 --messages " + msgs, false);
-  EXPECT_EQ(date.code, 2);
-  EXPECT_NE(date.err.find("--now: no such day"), std::string::npos) << date.err;
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  const auto none =
-      loom::test::run_loom("template render -m " + model.string() + " --messages " + msgs, false);
-  EXPECT_EQ(none.code, 1);
-  EXPECT_NE(none.err.find("has no tokenizer.chat_template; name a template with --template (chatml, llama2"),
-            std::string::npos)
-      << none.err;
-  // With --template, -m still gives the model's BOS/EOS text.
-  const auto bos =
-      loom::test::run_loom("template render -m " + model.string() + " -t llama2 --messages " + msgs, false);
-  ASSERT_EQ(bos.code, 0) << bos.err;
-  EXPECT_EQ(bos.out, "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]");
 }
 
 } // namespace

@@ -19,14 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This test's files in the temp directory: loom-chatcli-<pid>-<name>.
 fs::path temp_path(const std::string& name) {
-  return fs::temp_directory_path() / ("loom-chatcli-" + std::to_string(::getpid()) + "-" + name);
-}
-
-std::string write_temp(const std::string& name, const std::string& text) {
-  const fs::path p = temp_path(name);
-  std::ofstream(p, std::ios::binary) << text;
-  return p.string();
+  return loom::test::temp_path("chatcli", name);
 }
 
 // A small random-weight model with stories260K's vocabulary and a chat template in its GGUF.
@@ -48,7 +43,7 @@ TEST(ChatCli, RunMessagesUsesTheModelsTemplate) {
   LOOM_REQUIRE_BIN();
   LOOM_REQUIRE_MODEL(vocab, "stories260K.gguf");
   const std::string model = synth_chat_model(vocab, "chatml");
-  const std::string msgs = write_temp("m.json", k_messages);
+  const std::string msgs = loom::test::write_temp("chatcli", "m.json", k_messages);
   const auto r =
       loom::test::run_loom("run -m " + model + " --messages " + msgs + " -n 8 --temp 0 --json", false);
   ASSERT_EQ(r.code, 0) << r.err;
