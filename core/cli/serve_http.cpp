@@ -1,8 +1,8 @@
 // `loom serve`: the HTTP side on Boost.Beast's asynchronous model — an acceptor and a fixed pool of I/O
-// threads; each connection a Session on a strand whose every read and write has a deadline
+// threads; each connection a Connection on a strand whose every read and write has a deadline
 // (beast::tcp_stream::expires_after), so no client can hold a thread or a slot by sending or reading
 // slowly. A request that runs on the engine is handled on a worker thread, which never touches the
-// socket: it hands events and the reply to its session, and learns from a flag that its client is gone.
+// socket: it hands events and the reply to its connection, and learns from a flag that its client is gone.
 // SIGINT / SIGTERM: stop accepting, close idle connections, give requests in flight --drain-timeout,
 // then close everything.
 #include "serve.hpp"
@@ -103,7 +103,7 @@ private:
       tasks_.pop_front();
       lk.unlock();
       fn();
-      fn = nullptr; // (what it holds, a session, goes before the count does)
+      fn = nullptr; // (what it holds, a connection, goes before the count does)
       lk.lock();
       --running_;
       done_cv_.notify_all();
@@ -117,37 +117,37 @@ private:
   bool stop_ = false;
 };
 
-class Session;
+class Connection;
 
-// (Declared so that what sessions touch in their destructors outlives the io_context, which destroys the
-// handlers still queued — and the sessions they hold — last.)
+// (Declared so that what connections touch in their destructors outlives the io_context, which destroys the
+// handlers still queued — and the connections they hold — last.)
 struct Server {
   Server(Services& s, const ServeOptions& opts) : ss(s), o(opts) {}
   Services& ss;
   const ServeOptions& o;
-  std::atomic<size_t> live{0}; // counted sessions: connections being served, lingering closes included
+  std::atomic<size_t> live{0}; // counted connections: connections being served, lingering closes included
   std::atomic<bool> draining{false};
   std::mutex mu;
-  std::list<std::weak_ptr<Session>> sessions;
+  std::list<std::weak_ptr<Connection>> connections;
   Workers workers;
   net::io_context ioc;
   tcp::acceptor acc{net::make_strand(ioc)};
   void accept();
   // SIGTERM: stop accepting, close idle connections, wait drain_timeout for the rest, then close them all.
   void drain();
-  void add(const std::shared_ptr<Session>& s);
-  void each(const std::function<void(Session&)>& f);
+  void add(const std::shared_ptr<Connection>& s);
+  void each(const std::function<void(Connection&)>& f);
 };
 
 // One connection: read a request (header, then body, each with its deadline), answer it, and again while
-// the client keeps it alive. Everything runs on the session's strand but the worker's handle().
-class Session : public std::enable_shared_from_this<Session> {
+// the client keeps it alive. Everything runs on the connection's strand but the worker's handle().
+class Connection : public std::enable_shared_from_this<Connection> {
 public:
-  Session(tcp::socket&& s, Server& srv, bool counted)
+  Connection(tcp::socket&& s, Server& srv, bool counted)
       : stream_(std::move(s)), ex_(stream_.get_executor()), srv_(srv), counted_(counted) {
     if (counted_) ++srv_.live;
   }
-  ~Session() {
+  ~Connection() {
     if (counted_) --srv_.live;
   }
   void start() {
@@ -235,7 +235,7 @@ private:
                         body = std::move(req.body())]() mutable { self->work(method, target, body, gone); });
   }
 
-  // On the worker: the handler, its events posted to the session as they come, then its reply.
+  // On the worker: the handler, its events posted to the connection as they come, then its reply.
   void work(const std::string& method, const std::string& target, const std::string& body,
             const std::shared_ptr<std::atomic<bool>>& gone) {
     const EventSink sink = [this, gone](const std::string& data) {
@@ -388,17 +388,17 @@ private:
   std::string junk_;
 };
 
-void Server::add(const std::shared_ptr<Session>& s) {
+void Server::add(const std::shared_ptr<Connection>& s) {
   std::lock_guard lk(mu);
-  sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
-  sessions.push_back(s);
+  connections.remove_if([](const std::weak_ptr<Connection>& w) { return w.expired(); });
+  connections.push_back(s);
 }
 
-void Server::each(const std::function<void(Session&)>& f) {
-  std::vector<std::shared_ptr<Session>> all;
+void Server::each(const std::function<void(Connection&)>& f) {
+  std::vector<std::shared_ptr<Connection>> all;
   {
     std::lock_guard lk(mu);
-    for (const auto& w : sessions)
+    for (const auto& w : connections)
       if (auto s = w.lock()) all.push_back(std::move(s));
   }
   for (const auto& s : all)
@@ -411,14 +411,14 @@ void Server::drain() {
     beast::error_code e;
     acc.close(e);
   });
-  each([](Session& s) { s.drain(false); });
+  each([](Connection& s) { s.drain(false); });
   const auto idle = [&] { return live.load() == 0 && workers.running() == 0; };
   const auto deadline = Clock::now() + o.drain_timeout;
   while (!idle() && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (!idle()) { // stuck connections cannot extend the drain: closed, their requests cancelled
     std::fprintf(stderr, "loom serve: the drain's time is up: closing %zu connections\n", live.load());
-    each([](Session& s) { s.drain(true); });
+    each([](Connection& s) { s.drain(true); });
   }
   workers.join_all(Clock::now() + std::chrono::seconds(5)); // (cancelled requests end in a step)
 }
@@ -428,7 +428,7 @@ void Server::accept() {
     if (ec == net::error::operation_aborted || !acc.is_open()) return;
     if (!ec) {
       const bool room = live.load() < o.max_connections; // a slot for nobody else: 503 and close
-      auto s = std::make_shared<Session>(std::move(sock), *this, room);
+      auto s = std::make_shared<Connection>(std::move(sock), *this, room);
       if (room) add(s);
       s->start();
     }

@@ -128,7 +128,7 @@ TEST(Attention, SlidingWindowKVStaysBoundedOverTwoThousandTokens) {
   // sinks (one block) + the window and its slack (96 positions: 6 blocks, 7 when not aligned) + the
   // block being written: at most 9 blocks of 16, whatever the length — not the 126 of 2,005 positions.
   EXPECT_LE(paged->engine().stats().peak_kv_units, 9);
-  EXPECT_EQ(paged->engine().stats().plan_misses, 0u)
+  EXPECT_EQ(paged->engine().stats().schedule_misses, 0u)
       << "released blocks are counted as the store counts them";
   EXPECT_LE(paged->engine().stats().peak_kv_units * 16, (KVRetention{4, 64}.bound_positions(16)));
   EXPECT_LE(paged->kv_store().units_in_use(), 0) << "all given back at the end";

@@ -83,7 +83,7 @@ TEST(Scheduler, PreemptionKeepsEveryRequestsTokens) {
     }
     EXPECT_GT(preemptions, 0) << "the budget was meant to force preemption";
     EXPECT_EQ(static_cast<size_t>(preemptions), p->engine().stats().preemptions);
-    EXPECT_EQ(p->engine().stats().plan_misses, 0u) << "every planned chunk got its KV room";
+    EXPECT_EQ(p->engine().stats().schedule_misses, 0u) << "every planned chunk got its KV room";
     EXPECT_LE(p->engine().stats().peak_kv_units, 10);
   }
 }
@@ -117,7 +117,7 @@ TEST(Scheduler, ForkedBeamsUnderPreemptionGetEveryPlannedTake) {
   }
   EXPECT_GT(p->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
   EXPECT_GT(p->engine().stats().block_copies, 0u) << "beams write into blocks they share";
-  EXPECT_EQ(p->engine().stats().plan_misses, 0u) << "every take got its KV; every copy made was listed";
+  EXPECT_EQ(p->engine().stats().schedule_misses, 0u) << "every take got its KV; every copy made was listed";
 }
 
 TEST(Scheduler, ChunkSizeConcurrencyAndArrivalOrderChangeNoSeededResult) {

@@ -62,7 +62,7 @@ TEST(AbStats, TextMetrics) {
 TEST(AbExperiment, PlanNamesTheVariantsAndPairsTheRuns) {
   ab::Options o;
   o.configs = {"a/greedy.toml", "b/greedy.toml", "sampling.toml"};
-  const auto v = ab::plan_variants(o);
+  const auto v = ab::expand_variants(o);
   ASSERT_EQ(v.size(), 3u);
   EXPECT_EQ(v[0].name, "greedy");
   EXPECT_EQ(v[1].name, "greedy#2");
@@ -71,7 +71,7 @@ TEST(AbExperiment, PlanNamesTheVariantsAndPairsTheRuns) {
   // A sweep: a variant per config and value, config-major.
   o.configs = {"x.toml", "y.toml"};
   o.sweep = {"decoder.expansions", {"1", "2", "4"}};
-  const auto s = ab::plan_variants(o);
+  const auto s = ab::expand_variants(o);
   ASSERT_EQ(s.size(), 6u);
   EXPECT_EQ(s[0].name, "x expansions=1");
   EXPECT_EQ(s[5].name, "y expansions=4");
@@ -79,7 +79,7 @@ TEST(AbExperiment, PlanNamesTheVariantsAndPairsTheRuns) {
   EXPECT_EQ(s[4].sweep_index, 1u);
 
   // 3 variants × 2 prompts × 2 runs: per prompt, per run, every variant, the order rotated.
-  const auto runs = ab::plan_runs(3, 2, 2, 10);
+  const auto runs = ab::list_runs(3, 2, 2, 10);
   ASSERT_EQ(runs.size(), 12u);
   const size_t order[] = {0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2};
   std::set<std::tuple<size_t, size_t, size_t>> seen;
@@ -118,7 +118,7 @@ TEST(AbExperiment, ParsesPromptsAndTasks) {
 TEST(AbExperiment, AggregatesHandMadeRows) {
   ab::Result r;
   r.options.configs = {"a.toml", "b.toml"};
-  r.variants = ab::plan_variants(r.options);
+  r.variants = ab::expand_variants(r.options);
   r.variants[0].greedy = r.variants[1].greedy = true;
   for (int i = 0; i < 6; ++i)
     r.prompts.push_back({"t" + std::to_string(i), "q", std::string("1"), ""});

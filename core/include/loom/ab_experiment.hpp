@@ -1,8 +1,8 @@
 // loom/ab_experiment.hpp — `loom ab` as a library: an A/B experiment of pipelines on the same prompts
 // and seeds, in four phases.
-//   plan:      the variants (one per config, times each sweep value) and the runs: every variant runs
+//   runs:      the variants (one per config, times each sweep value) and the runs: every variant runs
 //              every prompt R times, run r of prompt i with seed S + i·R + r, so comparisons are paired;
-//   run:       Experiment loads a pipeline per variant and generates each planned run, scoring exact
+//   run:       Experiment loads a pipeline per variant and generates each listed run, scoring exact
 //              match against the prompt's expected answer (the rows);
 //   aggregate: per-prompt means, per-variant summaries, each variant against the first with the paired
 //              statistics of loom/ab_stats.hpp, and a sweep's accuracy against compute;
@@ -27,7 +27,7 @@
 
 namespace loom::ab {
 
-// ---- plan ------------------------------------------------------------------------------------------
+// ---- runs ------------------------------------------------------------------------------------------
 
 // A prompt, or a task with its expected answer.
 struct Prompt {
@@ -68,21 +68,21 @@ struct Variant {
 };
 
 // The variants: per config, per sweep value.
-std::vector<Variant> plan_variants(const Options& o);
+std::vector<Variant> expand_variants(const Options& o);
 
-struct PlannedRun {
+struct RunSpec {
   size_t variant = 0, prompt = 0, run = 0;
   uint64_t seed = 0;
 };
 
 // Per prompt, per run, every variant (interleaved, so drift on the machine hits all alike), the
 // variants' order rotated per (prompt, run); run r of prompt i has seed `seed` + i·runs + r.
-std::vector<PlannedRun> plan_runs(size_t variants, size_t prompts, size_t runs, uint64_t seed);
+std::vector<RunSpec> list_runs(size_t variants, size_t prompts, size_t runs, uint64_t seed);
 
 // ---- run -------------------------------------------------------------------------------------------
 
 // One run's outcome: a row of the report.
-struct Row : PlannedRun {
+struct Row : RunSpec {
   bool ok = false;
   std::string error;
   GenerationResult result;
@@ -96,8 +96,8 @@ struct Row : PlannedRun {
 std::map<std::string, double> run_metrics(const GenerationResult& r, const std::optional<bool>& correct);
 
 struct Progress {
-  size_t done = 0, total = 0; // runs finished, runs planned
-  const PlannedRun* run = nullptr;
+  size_t done = 0, total = 0; // runs finished, runs listed
+  const RunSpec* run = nullptr;
   const Variant* variant = nullptr;
 };
 
@@ -195,7 +195,7 @@ public:
 
   const std::vector<Variant>& variants() const noexcept { return variants_; }
 
-  // Every planned run, in order; once `stop` is set, no further run starts (the rows so far).
+  // Every listed run, in order; once `stop` is set, no further run starts (the rows so far).
   // `progress` is called before each run.
   std::vector<Row> run(const std::function<void(const Progress&)>& progress = {},
                        const std::atomic<bool>* stop = nullptr);

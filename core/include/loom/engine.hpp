@@ -122,8 +122,9 @@ struct EngineStats {
   size_t finished = 0;
   size_t prompt_tokens = 0, output_tokens = 0; // of the finished requests
   size_t preemptions = 0;
-  size_t plan_misses = 0;  // planned chunks the KV store refused, or block copies the plan did not list (0)
-  size_t block_copies = 0; // copy-on-write block copies the steps' takes made (run by the backend)
+  size_t schedule_misses =
+      0; // scheduled chunks the KV store refused, or block copies the schedule did not list (0)
+  size_t block_copies = 0;         // copy-on-write block copies the steps' takes made (run by the backend)
   size_t cached_prompt_tokens = 0; // of prompt_tokens, found in the prefix cache
   size_t steps = 0, forwards = 0;
   double busy_ms = 0;             // wall time of steps that ran a forward
@@ -180,7 +181,7 @@ private:
   void release_cancelled();
   StepBatch schedule_batch();
   void apply(const Scheduler::Action& a, StepBatch& step);
-  void count_block_copies(const Scheduler::StepPlan& plan, int m, std::span<const KVBlockCopy> made);
+  void count_block_copies(const Scheduler::Schedule& sched, int m, std::span<const KVBlockCopy> made);
   bool forward(StepBatch& step);
   void forward_model(int m, StepBatch& step);
   void update_evaluated(const std::vector<Request*>& owners);

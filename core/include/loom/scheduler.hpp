@@ -67,7 +67,7 @@ public:
     StopReason reason = StopReason::none;
     bool operator==(const Action&) const = default;
   };
-  struct StepPlan {
+  struct Schedule {
     std::vector<Action> actions;
     std::vector<size_t> preempted; // requests preempted (each once), in the order of their actions
     int32_t tokens[2] = {0, 0};    // rows of each model's forward
@@ -90,7 +90,7 @@ public:
   // batch is preempted; with none newer, a decode preempts itself and a prefill waits for the next
   // step; a request alone that still does not fit ends that sequence with max_context. Reads the KV
   // stores (kv: the target's; draft: the draft model's, or null) and changes nothing.
-  StepPlan schedule(std::span<const RequestState> requests, const KVCacheStore* draft) const;
+  Schedule schedule(std::span<const RequestState> requests, const KVCacheStore* draft) const;
 
   // The forward pass of one model, built by the engine from the chunks it took: the rows from each
   // sequence's Work::out_from on produce logits.

@@ -1,4 +1,4 @@
-// An A/B experiment's plan and runs (loom/ab_experiment.hpp): the variants and their pipelines, the
+// An A/B experiment's variants and runs (loom/ab_experiment.hpp): the variants and their pipelines, the
 // paired runs in their rotating order, and each run's output scored into a row.
 #include "loom/ab_experiment.hpp"
 
@@ -108,7 +108,7 @@ std::map<std::string, double> run_metrics(const GenerationResult& r, const std::
   return m;
 }
 
-std::vector<Variant> plan_variants(const Options& o) {
+std::vector<Variant> expand_variants(const Options& o) {
   std::vector<Variant> out;
   const std::string& key = o.sweep.key;
   for (size_t c = 0; c < o.configs.size(); ++c)
@@ -126,8 +126,8 @@ std::vector<Variant> plan_variants(const Options& o) {
   return out;
 }
 
-std::vector<PlannedRun> plan_runs(size_t variants, size_t prompts, size_t runs, uint64_t seed) {
-  std::vector<PlannedRun> out;
+std::vector<RunSpec> list_runs(size_t variants, size_t prompts, size_t runs, uint64_t seed) {
+  std::vector<RunSpec> out;
   out.reserve(variants * prompts * runs);
   for (size_t i = 0; i < prompts; ++i)
     for (size_t r = 0; r < runs; ++r)
@@ -139,7 +139,7 @@ std::vector<PlannedRun> plan_runs(size_t variants, size_t prompts, size_t runs, 
 }
 
 Experiment::Experiment(Options options, std::vector<Prompt> prompts)
-    : options_(std::move(options)), prompts_(std::move(prompts)), variants_(plan_variants(options_)) {
+    : options_(std::move(options)), prompts_(std::move(prompts)), variants_(expand_variants(options_)) {
   for (Variant& v : variants_) {
     const PipelineConfig cfg = variant_config(options_, v);
     v.greedy = greedy_chain(cfg);
@@ -152,15 +152,15 @@ Experiment::~Experiment() = default;
 
 std::vector<Row> Experiment::run(const std::function<void(const Progress&)>& progress,
                                  const std::atomic<bool>* stop) {
-  const std::vector<PlannedRun> plan =
-      plan_runs(variants_.size(), prompts_.size(), static_cast<size_t>(options_.runs), options_.seed);
+  const std::vector<RunSpec> specs =
+      list_runs(variants_.size(), prompts_.size(), static_cast<size_t>(options_.runs), options_.seed);
   std::vector<Row> rows;
-  for (const PlannedRun& at : plan) {
+  for (const RunSpec& at : specs) {
     if (stop && stop->load()) break;
-    if (progress) progress({rows.size(), plan.size(), &at, &variants_[at.variant]});
+    if (progress) progress({rows.size(), specs.size(), &at, &variants_[at.variant]});
     const Prompt& prompt = prompts_[at.prompt];
     Row row;
-    static_cast<PlannedRun&>(row) = at;
+    static_cast<RunSpec&>(row) = at;
     GenerationRequest req;
     req.prompt = prompt.prompt;
     req.seed = row.seed;

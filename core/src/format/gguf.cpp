@@ -5,7 +5,7 @@
 // loom::Error(parse_error) naming the file, what is wrong and the byte offset.
 #include "loom/gguf.hpp"
 
-#include "../file_type.hpp"
+#include "format/file_type.hpp"
 #include "format/gguf_encoding.hpp"
 #include "format/mapped_file.hpp"
 #include "loom/error.hpp"

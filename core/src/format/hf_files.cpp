@@ -1,7 +1,7 @@
 // format/hf_files.cpp — the files of a Hugging Face checkpoint directory (format/hf_files.hpp).
 #include "format/hf_files.hpp"
 
-#include "../file_type.hpp"
+#include "format/file_type.hpp"
 #include "loom/gguf.hpp"
 
 #include <cerrno>

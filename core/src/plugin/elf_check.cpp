@@ -5,7 +5,7 @@
 // truncated or partly written file is mapped anyway, and touching it kills the process with SIGBUS.
 // So every PT_LOAD (and PT_DYNAMIC) range is checked against the file size here, by reading the
 // headers with pread() (never mmap).
-#include "../file_type.hpp"
+#include "format/file_type.hpp"
 #include "plugin_internal.hpp"
 
 #include <cerrno>

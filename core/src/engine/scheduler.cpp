@@ -37,8 +37,8 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   return {Admission::admit, StopReason::none, {}};
 }
 
-Scheduler::StepPlan Scheduler::schedule(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
-  StepPlan out;
+Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
+  Schedule out;
   const size_t n = reqs.size();
   const KVCacheStore* store[2] = {&kv_, draft};
   int64_t free_units[2] = {kv_.free_units(), draft ? draft->free_units() : 0};
@@ -61,7 +61,7 @@ Scheduler::StepPlan Scheduler::schedule(std::span<const RequestState> reqs, cons
     for (int m = 0; m < 2; ++m)
       if (store[m]) free_units[m] += store[m]->units_freed_by(reqs[j].kv_held[m]) + reserved[j][m];
     evicted[j] = 1;
-    std::erase_if(out.copies, [&](const StepPlan::BlockCopy& c) { return c.request == j; });
+    std::erase_if(out.copies, [&](const Schedule::BlockCopy& c) { return c.request == j; });
     out.actions.push_back({Action::Op::preempt, j, -1, 0, 0, StopReason::none});
     out.preempted.push_back(j);
   };
@@ -114,7 +114,7 @@ Scheduler::StepPlan Scheduler::schedule(std::span<const RequestState> reqs, cons
           if (out.actions[k].request != i || out.actions[k].op != Action::Op::take)
             kept.push_back(out.actions[k]);
         out.actions = std::move(kept);
-        std::erase_if(out.copies, [&](const StepPlan::BlockCopy& c) { return c.request == i; });
+        std::erase_if(out.copies, [&](const Schedule::BlockCopy& c) { return c.request == i; });
         for (int m = 0; m < 2; ++m)
           budget[m] += taken[m];
         preempt(i);

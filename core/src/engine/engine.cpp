@@ -1,5 +1,5 @@
-// The step loop: take submitted/cancelled → admit (scheduler) → plan (decoders) → the scheduler's
-// batch (decodes first, prefill chunks in the token budget, preemption when KV runs out) → one
+// The step loop: take submitted/cancelled → admit (scheduler) → plan (decoders) → the step's schedule
+// and batch (decodes first, prefill chunks in the token budget, preemption when KV runs out) → one
 // forward per model → update (decoders whose plan is fully evaluated) → collect finished requests.
 // A failure of a decoder, the backend or a decoder that stops making progress ends that request with
 // StopReason::error and a message — never the engine, and never silently.
@@ -340,7 +340,7 @@ void Engine::admit(Finished& done) {
   }
 }
 
-// What the scheduler's plan made of this step: the requests in it (the plan's indices) and each model's
+// What the step's schedule made of it: the requests in it (the schedule's indices) and each model's
 // batch.
 struct Engine::StepBatch {
   std::vector<Request*> owners;
@@ -402,7 +402,7 @@ void Engine::release_cancelled() {
     if (r->cancelled) r->session->release();
 }
 
-// The scheduler's plan (chunks of pending work within the token budget; preemption for room), applied
+// The step's schedule (chunks of pending work within the token budget; preemption for room), applied
 // in order: preemptions evict, takes reserve KV and fill each model's batch.
 Engine::StepBatch Engine::schedule_batch() {
   StepBatch step;
@@ -419,15 +419,15 @@ Engine::StepBatch Engine::schedule_batch() {
         st.kv_held[m] = book.kv_held(m);
       states.push_back(std::move(st));
     }
-  const Scheduler::StepPlan plan = scheduler_.schedule(states, draft_ ? &draft_->kv : nullptr);
+  const Scheduler::Schedule sched = scheduler_.schedule(states, draft_ ? &draft_->kv : nullptr);
   KVCacheStore* stores[2] = {&ctx_.kv, draft_ ? &draft_->kv : nullptr};
   size_t copies_before[2] = {0, 0};
   for (int m = 0; m < 2; ++m)
     if (stores[m]) copies_before[m] = stores[m]->queued_copies().size();
-  for (const Scheduler::Action& a : plan.actions)
+  for (const Scheduler::Action& a : sched.actions)
     apply(a, step);
   for (int m = 0; m < 2; ++m)
-    if (stores[m]) count_block_copies(plan, m, stores[m]->queued_copies().subspan(copies_before[m]));
+    if (stores[m]) count_block_copies(sched, m, stores[m]->queued_copies().subspan(copies_before[m]));
   return step;
 }
 
@@ -447,24 +447,24 @@ void Engine::apply(const Scheduler::Action& a, StepBatch& step) {
   case Scheduler::Action::Op::take:
     if (auto w = s.book().take_chunk(a.seq, a.n))
       step.batches[a.model == 0 ? 0 : 1].add(a.request, *w);
-    else // the plan is conservative about KV room, so this does not happen; the sequence waits if it does
-      ++stats_.plan_misses;
+    else // the schedule is conservative about KV room, so this does not happen; the sequence waits if it does
+      ++stats_.schedule_misses;
     break;
   }
 }
 
-// The block copies the takes recorded (`made`, on model m's store) are the plan's: each one listed (the
-// plan may list more); one it did not list is a plan miss.
-void Engine::count_block_copies(const Scheduler::StepPlan& plan, int m, std::span<const KVBlockCopy> made) {
+// The block copies the takes recorded (`made`, on model m's store) are the schedule's: each one listed (the
+// schedule may list more); one it did not list is a schedule miss.
+void Engine::count_block_copies(const Scheduler::Schedule& sched, int m, std::span<const KVBlockCopy> made) {
   std::vector<int64_t> listed;
-  for (const auto& c : plan.copies)
+  for (const auto& c : sched.copies)
     if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
   for (const KVBlockCopy& c : made) {
     ++stats_.block_copies;
     if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())
       listed.erase(it);
     else
-      ++stats_.plan_misses;
+      ++stats_.schedule_misses;
   }
 }
 

@@ -44,7 +44,7 @@ Action preempt(size_t req) {
   return {Op::preempt, req, -1, 0, 0, StopReason::none};
 }
 
-TEST(StepPlan, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
+TEST(Schedule, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
   auto kv = paged(64);
   Scheduler sch(*kv, 256);
   sch.set_max_batch_tokens(40);
@@ -64,7 +64,7 @@ TEST(StepPlan, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
   EXPECT_EQ(kv->length(0), 0);
 }
 
-TEST(StepPlan, TheNewestRequestIsPreemptedForRoomAndWhatItHeldIsCounted) {
+TEST(Schedule, TheNewestRequestIsPreemptedForRoomAndWhatItHeldIsCounted) {
   auto kv = paged(6); // 6 blocks of 16
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs;
@@ -79,7 +79,7 @@ TEST(StepPlan, TheNewestRequestIsPreemptedForRoomAndWhatItHeldIsCounted) {
   EXPECT_EQ(plan.units[0], 1);
 }
 
-TEST(StepPlan, ADecodeWithNoNewerRequestPreemptsItself) {
+TEST(Schedule, ADecodeWithNoNewerRequestPreemptsItself) {
   auto kv = paged(4);
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs;
@@ -90,7 +90,7 @@ TEST(StepPlan, ADecodeWithNoNewerRequestPreemptsItself) {
   EXPECT_EQ(plan.tokens[0], 0);
 }
 
-TEST(StepPlan, APrefillWithNoRoomWaitsForTheNextStep) {
+TEST(Schedule, APrefillWithNoRoomWaitsForTheNextStep) {
   auto kv = paged(4);
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs;
@@ -103,7 +103,7 @@ TEST(StepPlan, APrefillWithNoRoomWaitsForTheNextStep) {
   EXPECT_EQ(plan.actions, (std::vector<Action>{take(0, 1), preempt(2)}));
 }
 
-TEST(StepPlan, ARequestAloneThatCannotGrowEndsWithMaxContext) {
+TEST(Schedule, ARequestAloneThatCannotGrowEndsWithMaxContext) {
   auto kv = paged(2);
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs;
@@ -114,7 +114,7 @@ TEST(StepPlan, ARequestAloneThatCannotGrowEndsWithMaxContext) {
   EXPECT_EQ(plan.actions[0].reason, StopReason::max_context);
 }
 
-TEST(StepPlan, ASharedPartlyFilledBlockCostsACopyAndIsFreedOnlyWithAllItsHolders) {
+TEST(Schedule, ASharedPartlyFilledBlockCostsACopyAndIsFreedOnlyWithAllItsHolders) {
   auto kv = paged(8);
   ASSERT_TRUE(kv->allocate(0, 20)); // 2 blocks, the second part full
   ASSERT_TRUE(kv->fork(0, 1));      // 1 shares both
@@ -130,7 +130,7 @@ TEST(StepPlan, ASharedPartlyFilledBlockCostsACopyAndIsFreedOnlyWithAllItsHolders
   EXPECT_EQ(before - kv->free_units(), 2);
 }
 
-TEST(StepPlan, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
+TEST(Schedule, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   auto kv = paged(16);
   ASSERT_TRUE(kv->allocate(0, 20)); // blocks b0 (full), b1 (4 of 16)
   ASSERT_TRUE(kv->fork(0, 1));      // beams 0 and 1 share both
@@ -152,8 +152,8 @@ TEST(StepPlan, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   // Each beam's take is planned with a copy of the shared block (an upper bound: the second beam's take
   // then finds it no longer shared).
   ASSERT_EQ(plan.copies.size(), 2u);
-  EXPECT_EQ(plan.copies[0], (Scheduler::StepPlan::BlockCopy{0, 0, 0, shared}));
-  EXPECT_EQ(plan.copies[1], (Scheduler::StepPlan::BlockCopy{0, 1, 0, shared}));
+  EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, 0, shared}));
+  EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, 0, shared}));
   EXPECT_EQ(kv->queued_copies().size(), 0u) << "planning changes nothing";
   // Applying the takes records one copy, of the listed block, and the second beam writes in place.
   for (const auto& a : plan.actions)
@@ -165,7 +165,7 @@ TEST(StepPlan, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   EXPECT_EQ(kv->queued_copies().size(), 0u);
 }
 
-TEST(StepPlan, TheContiguousStoreGrowsWithinItsSlab) {
+TEST(Schedule, TheContiguousStoreGrowsWithinItsSlab) {
   KVShape s;
   s.n_layer = 1;
   s.n_head_kv = 1;
