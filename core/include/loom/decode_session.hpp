@@ -78,7 +78,7 @@ public:
   // A sequence on the draft model holding parent's committed tokens (none evaluated there yet) and
   // a copy of its sampler/stop state. -1: the draft store has no free sequence (recoverable).
   LocalSeq fork_draft(LocalSeq parent);
-  bool has_draft_model() const noexcept { return ctx_.draft_kv != nullptr; }
+  bool has_draft_model() const noexcept { return ctx_.has_draft(); }
   int model_of(LocalSeq seq) const; // 0 target, 1 draft
   void free(LocalSeq seq);
   void truncate(LocalSeq seq, size_t n_tokens);   // also drops the draft

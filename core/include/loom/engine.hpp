@@ -190,10 +190,7 @@ private:
   std::pair<RequestId, GenerationResult> finish_request(Request& r);
   void requeue(std::unique_ptr<Request> r);
 
-  Model& model_;
-  Backend& backend_;
-  std::optional<DraftModel> draft_;
-  SessionContext ctx_;
+  SessionContext ctx_; // the target's and the draft's model slots among what sessions share
   RequestTemplate tmpl_;
   Scheduler scheduler_;
   EngineStats stats_;

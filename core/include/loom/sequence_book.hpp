@@ -29,12 +29,41 @@ using RequestId = int64_t;
 using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
 using StreamCallback = std::function<void(std::string_view text)>;
 
+class Model;
+class Backend;
+
+// One model a request's sequences run on: the target (k_target) or the pipeline's draft model (k_draft),
+// with its backend, its KV store and what that backend makes of the model's attention.
+struct ModelSlot {
+  Model* model = nullptr; // null: no such model (a pipeline without a draft)
+  Backend* backend = nullptr;
+  KVCacheStore* kv = nullptr;
+  // What its attention still reads of a sequence: with a bounded window the rest is released from the
+  // store after every forward.
+  KVRetention retention;
+  // Token trees (set_draft_tree): the most nodes a draft tree may have (0: its backend runs no tree rows),
+  // and the deepest (below the narrowest sliding window: a tree row's window is taken at its depth, its
+  // ancestors always attended).
+  int32_t tree_nodes = 0;
+  int32_t tree_depth = 0;
+  // The draft model is the target's own first layers ([decoder] draft_layers): a draft sequence takes the
+  // K/V of the tokens its target sequence has evaluated from the target's store (those layers' rows
+  // copied) instead of evaluating them again.
+  bool target_layers = false;
+  explicit operator bool() const noexcept { return model != nullptr; }
+};
+inline constexpr int k_target = 0; // SequenceBook::Entry::model, ModelSlot index
+inline constexpr int k_draft = 1;
+
 // What a session needs of the engine: shared, outliving every session.
 struct SessionContext {
   const Tokenizer& tok;
-  KVCacheStore& kv;
   int32_t n_ctx = 0;
   int32_t n_vocab = 0;
+  ModelSlot models[2]; // [k_target], [k_draft]
+  const ModelSlot& slot(int model) const noexcept { return models[model == k_target ? k_target : k_draft]; }
+  KVCacheStore& kv() const noexcept { return *models[k_target].kv; } // the target's
+  bool has_draft() const noexcept { return static_cast<bool>(models[k_draft]); }
   // KV store ids (both stores): unique among the sequences alive. An id goes back to free_kv_seqs when its
   // sequence ends for good (freed, or its request released) — not when it is only evicted — and is used
   // again first, so ids stay below the most sequences ever alive at once and never wrap however many
@@ -48,24 +77,11 @@ struct SessionContext {
     else
       ++next_kv_seq;
   }
-  KVCacheStore* draft_kv = nullptr; // the draft model's KV store ([decoder] draft); null = no draft model
-  // The draft model is the target's own first layers ([decoder] draft_layers): a draft sequence takes
-  // the K/V of the tokens its target sequence has evaluated from the target's store (those layers'
-  // rows copied) instead of evaluating them again.
-  bool draft_is_target_layers = false;
   // The pipeline's verifier (loom/sdk/verifier.hpp: model_judge or a plugin's); nullptr = none.
   std::shared_ptr<Verifier> verifier;
   // Token rows the verifier's own model has evaluated so far (a judge model; empty: no model): what a
   // request's verifier calls cost, counted as the difference around them.
   std::function<size_t()> verifier_tokens;
-  // What the target's (0) and the draft's (1) attention still reads of a sequence: with a bounded
-  // window the rest is released from the store after every forward.
-  KVRetention retention[2];
-  // Token trees (set_draft_tree): the most nodes a draft tree may have on each model (0: its backend
-  // runs no tree rows), and the deepest (below the narrowest sliding window: a tree row's window is taken
-  // at its depth, its ancestors always attended).
-  int32_t tree_nodes[2] = {0, 0};
-  int32_t tree_depth[2] = {0, 0};
 };
 
 // The bookkeeping half of a request.
@@ -73,7 +89,7 @@ class SequenceBook {
 public:
   // One sequence's tokens, K/V and logits rows.
   struct Entry {
-    int model = 0;               // 0: the target; 1: the pipeline's draft model
+    int model = k_target;        // k_target, or k_draft: the pipeline's draft model (ModelSlot)
     LocalSeq mirror = -1;        // a draft sequence: the target sequence it was forked from
     SeqId kv = -1;               // id in that model's KV store
     std::vector<TokenId> tokens; // committed: prompt + generated
@@ -113,7 +129,7 @@ public:
 
   // ---- what the decoder's session does through the book ----
   SessionContext& context() const noexcept { return ctx_; }
-  KVCacheStore& kv_of(int model) const { return model == 0 ? ctx_.kv : *ctx_.draft_kv; }
+  KVCacheStore& kv_of(int model) const { return *ctx_.slot(model).kv; }
   // A new KV store sequence on `model`: empty, or (parent_kv ≥ 0 with cached positions) a fork of it.
   // -1 when the store has no free sequence.
   SeqId new_kv(int model, SeqId parent_kv, bool fork);

@@ -102,7 +102,7 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
   e.tokens = prompt_;
   // Blocks of an earlier request with the same leading tokens (the last prompt token is evaluated
   // here in any case: its logits are the first distribution).
-  e.n_cached = ctx_.kv.reuse_prefix(kv, prompt_, static_cast<int32_t>(prompt_.size()) - 1);
+  e.n_cached = ctx_.kv().reuse_prefix(kv, prompt_, static_cast<int32_t>(prompt_.size()) - 1);
   book_.set_cached_prompt(e.n_cached);
   seq->chain = tmpl.make_chain();
   // SentencePiece's leading-space rule applies only when the prompt produced no text.
@@ -163,10 +163,10 @@ LocalSeq DecodeSession::adopt(SequenceBook::Entry e, std::unique_ptr<Seq> s) {
 }
 LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
   Seq& p = at(parent);
-  if (!ctx_.draft_kv)
+  if (!ctx_.has_draft())
     fail(Errc::not_found, "decoder",
          "the pipeline has no draft model; name one with [decoder] draft = \"x.gguf\"");
-  if (p.e->model != 0)
+  if (p.e->model != k_target)
     fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
   const SeqId kv = book_.new_kv(1, -1, false);
   if (kv < 0) return -1; // no free draft KV sequence: recoverable
@@ -383,10 +383,10 @@ StopReason DecodeSession::commit(LocalSeq seq, size_t n) {
 }
 
 int32_t DecodeSession::max_tree_nodes(LocalSeq seq) const {
-  return ctx_.tree_nodes[at(seq).e->model == 0 ? 0 : 1];
+  return ctx_.slot(at(seq).e->model).tree_nodes;
 }
 int32_t DecodeSession::max_tree_depth(LocalSeq seq) const {
-  return ctx_.tree_depth[at(seq).e->model == 0 ? 0 : 1];
+  return ctx_.slot(at(seq).e->model).tree_depth;
 }
 
 size_t DecodeSession::set_draft_tree(LocalSeq seq, std::span<const TokenId> tokens,
@@ -420,16 +420,16 @@ size_t DecodeSession::set_draft_tree(LocalSeq seq, std::span<const TokenId> toke
     max_depth = std::max(max_depth, depth[i]);
   }
   const int m = e.model == 0 ? 0 : 1;
-  if (!chain && ctx_.tree_nodes[m] == 0)
+  if (!chain && ctx_.slot(m).tree_nodes == 0)
     fail(Errc::unsupported, "decoder",
          "this backend runs no token-tree rows (attention feature 'tree'): draft a chain (set_draft), or "
          "run the pipeline on a backend that has them (cpu, reference)");
-  if (!chain && max_depth > ctx_.tree_depth[m])
+  if (!chain && max_depth > ctx_.slot(m).tree_depth)
     fail(Errc::invalid_argument, "decoder",
          "set_draft_tree: a tree " + std::to_string(max_depth) +
              " deep; this model's narrowest attention "
              "window allows " +
-             std::to_string(ctx_.tree_depth[m]));
+             std::to_string(ctx_.slot(m).tree_depth));
   book_.drop_draft(e);
   const size_t room =
       static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(e.tokens.size())));

@@ -82,25 +82,29 @@ std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
 }
 } // namespace
 
+namespace {
+// A model's slot: its backend and store, with what the backend runs of its attention.
+ModelSlot slot_for(Model& m, Backend& be, KVCacheStore& kv, bool target_layers) {
+  ModelSlot s{&m, &be, &kv, retention_for(m, be), 0, 0, target_layers};
+  std::tie(s.tree_nodes, s.tree_depth) = tree_limits(m, be);
+  return s;
+}
+} // namespace
+
 Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStore& kv, int32_t n_ctx,
                RequestTemplate tmpl, std::optional<DraftModel> draft)
-    : model_(model), backend_(backend),
-      draft_(draft), ctx_{tok, kv, n_ctx, model.config().n_vocab, 0, {}, nullptr, false, {}, {}, {}, {}},
-      tmpl_(std::move(tmpl)), scheduler_(kv, n_ctx) {
+    : ctx_{tok, n_ctx, model.config().n_vocab, {}, 0, {}, nullptr, {}}, tmpl_(std::move(tmpl)),
+      scheduler_(kv, n_ctx) {
   ctx_.verifier = tmpl_.verifier;
   ctx_.verifier_tokens = tmpl_.verifier_tokens;
-  if (draft_) {
-    if (draft_->model.config().n_vocab != ctx_.n_vocab)
+  ctx_.models[k_target] = slot_for(model, backend, kv, false);
+  if (draft) {
+    if (draft->model.config().n_vocab != ctx_.n_vocab)
       fail(Errc::invalid_argument, "engine",
-           "the draft model has " + std::to_string(draft_->model.config().n_vocab) +
+           "the draft model has " + std::to_string(draft->model.config().n_vocab) +
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
-    ctx_.draft_kv = &draft_->kv;
-    ctx_.draft_is_target_layers = draft_->target_layers;
-    ctx_.retention[1] = retention_for(draft_->model, draft_->backend);
-    std::tie(ctx_.tree_nodes[1], ctx_.tree_depth[1]) = tree_limits(draft_->model, draft_->backend);
+    ctx_.models[k_draft] = slot_for(draft->model, draft->backend, draft->kv, draft->target_layers);
   }
-  ctx_.retention[0] = retention_for(model, backend);
-  std::tie(ctx_.tree_nodes[0], ctx_.tree_depth[0]) = tree_limits(model, backend);
 }
 
 Engine::~Engine() = default; // sessions free their KV sequences
@@ -419,8 +423,8 @@ Engine::StepBatch Engine::schedule_batch() {
         st.kv_held[m] = book.kv_held(m);
       states.push_back(std::move(st));
     }
-  const Scheduler::Schedule sched = scheduler_.schedule(states, draft_ ? &draft_->kv : nullptr);
-  KVCacheStore* stores[2] = {&ctx_.kv, draft_ ? &draft_->kv : nullptr};
+  const Scheduler::Schedule sched = scheduler_.schedule(states, ctx_.models[k_draft].kv);
+  KVCacheStore* stores[2] = {ctx_.models[k_target].kv, ctx_.models[k_draft].kv};
   size_t copies_before[2] = {0, 0};
   for (int m = 0; m < 2; ++m)
     if (stores[m]) copies_before[m] = stores[m]->queued_copies().size();
@@ -474,7 +478,7 @@ bool Engine::forward(StepBatch& step) {
   bool any_forward = false;
   for (int m = 0; m < 2; ++m)
     if (!step.batches[static_cast<size_t>(m)].empty()) {
-      LOOM_ASSERT(m == 0 || draft_, "draft sequences exist only with a draft model");
+      LOOM_ASSERT(m == k_target || ctx_.has_draft(), "draft sequences exist only with a draft model");
       any_forward = true;
       forward_model(m, step);
     }
@@ -482,8 +486,8 @@ bool Engine::forward(StepBatch& step) {
     if (r->error.empty()) r->session->book().chunks_evaluated();
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   for (auto& r : running_)
-    r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv.bytes_used());
-  stats_.peak_kv_units = std::max(stats_.peak_kv_units, ctx_.kv.units_in_use());
+    r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv().bytes_used());
+  stats_.peak_kv_units = std::max(stats_.peak_kv_units, ctx_.kv().units_in_use());
   return any_forward;
 }
 
@@ -496,16 +500,14 @@ void Engine::forward_model(int m, StepBatch& step) {
   const auto t0 = Clock::now();
   bool ok = true;
   try {
-    if (m == 0)
-      model_.forward(backend_, batch.view(), ctx_.kv, logits);
-    else
-      draft_->model.forward(draft_->backend, batch.view(), draft_->kv, logits);
+    const ModelSlot& slot = ctx_.slot(m);
+    slot.model->forward(*slot.backend, batch.view(), *slot.kv, logits);
   } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
     ok = false;
     for (size_t i : batch.sessions)
-      step.owners[i]->failed(
-          std::string(m == 0 ? "the forward pass failed: " : "the draft model's forward pass failed: ") +
-          e.what());
+      step.owners[i]->failed(std::string(m == k_target ? "the forward pass failed: "
+                                                       : "the draft model's forward pass failed: ") +
+                             e.what());
   }
   const double ms = ms_between(t0, Clock::now());
   std::vector<char> seen(step.owners.size(), 0);
@@ -558,8 +560,8 @@ void Engine::update_evaluated(const std::vector<Request*>& owners) {
   }
   // The slabs held at their most during this step (forks inside update() included).
   for (auto& r : running_)
-    r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv.bytes_allocated_peak());
-  ctx_.kv.reset_peak();
+    r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv().bytes_allocated_peak());
+  ctx_.kv().reset_peak();
 }
 
 // Collects the finished requests; fails the ones whose decoder makes no progress; the preempted ones go

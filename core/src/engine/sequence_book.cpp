@@ -79,7 +79,7 @@ void SequenceBook::rewind(Entry& s, size_t n_tokens) {
   // Under a sliding window the next query (at n_tokens − 1) reads the window before it: when the
   // truncate went back past rows already released, they are evaluated again from the first of them.
   if (s.kv >= 0) {
-    const KVRetention& r = ctx_.retention[s.model == 0 ? 0 : 1];
+    const KVRetention& r = ctx_.slot(s.model).retention;
     KVCacheStore& store = kv_of(s.model);
     const Pos from = r.first_read(static_cast<Pos>(n_tokens) - 1);
     if (r.bounded() && !store.holds(s.kv, from, s.n_cached)) uncache(s, store.first_released(s.kv));
@@ -114,7 +114,7 @@ void SequenceBook::begin_work() {
     q.pending = true;
     q.target = n_all;
     q.out_from = out_from;
-    if (q.model == 1 && ctx_.draft_is_target_layers && q.mirror >= 0) copy_from_target(q);
+    if (q.model == k_draft && ctx_.models[k_draft].target_layers && q.mirror >= 0) copy_from_target(q);
     ++events_;
   }
   planned_.clear();
@@ -124,9 +124,9 @@ void SequenceBook::copy_from_target(Entry& q) {
   const auto it = seqs_.find(q.mirror);
   if (it == seqs_.end()) return;
   const Entry& t = it->second;
-  KVCacheStore& src = ctx_.kv;
-  KVCacheStore& dst = *ctx_.draft_kv;
-  if (t.model != 0 || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
+  KVCacheStore& src = ctx_.kv();
+  KVCacheStore& dst = *ctx_.models[k_draft].kv;
+  if (t.model != k_target || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
   // Host memory only (both pools): rows are copied one at a time, which on a device's memory would be a
   // blocking transfer each — there evaluating the layers again is cheaper.
   if (!src.memory() || !dst.memory() || src.memory()->owner() || dst.memory()->owner()) return;
@@ -220,7 +220,7 @@ void SequenceBook::chunks_evaluated() {
       store.register_prefix(q.kv, q.tokens); // findable by content
       // A sliding window: what no later query reads goes back to the store. The next query is at
       // n_cached, or at the last committed token when its row is evaluated again (begin_work).
-      const KVRetention& r = ctx_.retention[q.model == 0 ? 0 : 1];
+      const KVRetention& r = ctx_.slot(q.model).retention;
       if (r.bounded()) {
         const Pos next = std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1);
         store.release_positions(q.kv, r.sinks, r.keep_from(next));
@@ -268,7 +268,7 @@ bool SequenceBook::restore() {
     q.n_cached = kv_of(q.model).reuse_prefix(q.kv, q.tokens, cap);
     if (q.pending && q.n_cached >= q.target) q.pending = false;
     // The prefix cache hands back the blocks a sliding window had released too: release them again.
-    const KVRetention& r = ctx_.retention[q.model == 0 ? 0 : 1];
+    const KVRetention& r = ctx_.slot(q.model).retention;
     if (r.bounded() && q.n_cached > 0)
       kv_of(q.model).release_positions(
           q.kv, r.sinks, r.keep_from(std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1)));
@@ -279,9 +279,9 @@ bool SequenceBook::restore() {
 int64_t SequenceBook::positions_needed() const noexcept {
   int64_t n = 0;
   for (const auto& [id, q] : seqs_)
-    if (q.kv >= 0 && q.model == 0)
-      n += std::min(ctx_.retention[0].bounded()
-                        ? ctx_.retention[0].bound_positions(ctx_.kv.positions_per_unit())
+    if (q.kv >= 0 && q.model == k_target)
+      n += std::min(ctx_.models[k_target].retention.bounded()
+                        ? ctx_.models[k_target].retention.bound_positions(ctx_.kv().positions_per_unit())
                         : INT64_MAX,
                     q.pending ? q.target : (!q.finished ? static_cast<int64_t>(q.tokens.size()) : 0));
   return n;
