@@ -9,13 +9,12 @@
 // for it.
 #pragma once
 
+#include "loom/sdk/lru_cache.hpp"
+
 #include <compare>
 #include <cstdint>
 #include <cstdlib>
-#include <list>
-#include <map>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <utility>
 
 namespace loom::cpu {
 
@@ -29,32 +28,19 @@ public:
     auto operator<=>(const Shape&) const = default;
   };
 
-  explicit MatmulPrimitives(size_t capacity) : capacity_(capacity) {
+  explicit MatmulPrimitives(size_t capacity) : cache_(capacity) {
     if (std::getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == nullptr) dnnl::set_primitive_cache_capacity(0);
   }
 
   // The primitive for `s`, made by make() (a dnnl::matmul::primitive_desc) when it is not held.
   template <class Make> dnnl::matmul& get(const Shape& s, Make&& make) {
-    if (auto it = index_.find(s); it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
-    }
-    dnnl::matmul prim(make()); // may throw: nothing is changed then
-    if (lru_.size() >= capacity_) {
-      index_.erase(lru_.back().first);
-      lru_.pop_back();
-    }
-    lru_.emplace_front(s, std::move(prim));
-    index_.emplace(s, lru_.begin());
-    return lru_.front().second;
+    return cache_.get(s, [&] { return dnnl::matmul(make()); });
   }
 
-  size_t size() const { return lru_.size(); }
+  size_t size() const { return cache_.size(); }
 
 private:
-  size_t capacity_;
-  std::list<std::pair<Shape, dnnl::matmul>> lru_; // the most recently used first
-  std::map<Shape, std::list<std::pair<Shape, dnnl::matmul>>::iterator> index_;
+  LruCache<Shape, dnnl::matmul> cache_;
 };
 
 } // namespace loom::cpu

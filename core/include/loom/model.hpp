@@ -8,6 +8,7 @@
 #include "loom/graph.hpp"
 #include "loom/kv_cache.hpp"
 #include "loom/model_config.hpp"
+#include "loom/sdk/lru_cache.hpp"
 
 #include <map>
 #include <memory>
@@ -68,7 +69,7 @@ private:
   // The pipelines of one process share a Model (loom serve's, each with its step loop on a thread of its
   // own): the graph cache and the backends' lists are theirs under this lock.
   std::mutex mu_;
-  std::map<std::pair<int32_t, int32_t>, std::shared_ptr<Shape>> graphs_;
+  LruCache<std::pair<int32_t, int32_t>, std::shared_ptr<Shape>> graphs_{64}; // prefill shapes vary per prompt
   std::shared_ptr<const AttentionVariant> attention_;
   std::vector<WeightDesc> weights_;           // what a backend loads
   std::map<std::string, int64_t> weight_ids_; // by tensor name

@@ -312,13 +312,9 @@ KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept {
 }
 
 std::shared_ptr<Model::Shape> Model::shape(int32_t n_tokens, int32_t n_outputs) {
-  const auto key = std::make_pair(n_tokens, n_outputs);
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    if (graphs_.size() >= 64) graphs_.clear(); // bounded cache: prefill shapes vary per prompt
-    it = graphs_.emplace(key, std::make_shared<Shape>(Shape{build_graph(n_tokens, n_outputs), {}})).first;
-  }
-  return it->second;
+  return graphs_.get({n_tokens, n_outputs}, [&] {
+    return std::make_shared<Shape>(Shape{build_graph(n_tokens, n_outputs), {}});
+  });
 }
 
 std::shared_ptr<const Graph> Model::graph(int32_t n_tokens, int32_t n_outputs) {

@@ -1,10 +1,10 @@
 // A backend plugin behind the host's Backend interface: the host's graph is handed over as the C
 // structs of loom/sdk/backend.h (converted once per graph), the KV store as a row-access view.
 #include "loom/sdk/backend.h"
+#include "loom/sdk/lru_cache.hpp"
 #include "plugin_internal.hpp"
 
 #include <map>
-#include <unordered_map>
 
 namespace loom::plugin {
 
@@ -235,19 +235,15 @@ private:
       scratch_.point();
       return scratch_;
     }
-    auto it = cache_.find(g.id);
-    if (it == cache_.end()) {
-      if (cache_.size() >= 64) cache_.clear(); // bounded: prefill shapes vary per prompt
-      it = cache_.emplace(g.id, to_c(g)).first;
-      it->second.point();
-    }
-    return it->second;
+    CGraph& c = cache_.get(g.id, [&] { return to_c(g); });
+    c.point(); // its arrays, wherever the cache moved it
+    return c;
   }
   std::shared_ptr<PluginLibrary> lib_;
   void* self_;
   const loom_backend_i* vt_;
   std::string name_;
-  std::unordered_map<uint64_t, CGraph> cache_;
+  LruCache<uint64_t, CGraph> cache_{64};
   CGraph scratch_;
   void* logits_buf_ = nullptr; // LOOM_BUFFER_LOGITS, logits_cap_ bytes
   size_t logits_cap_ = 0;

@@ -21,6 +21,7 @@
 #include "loom/sdk/backend.h"
 #include "loom/sdk/executor.hpp"
 #include "loom/sdk/graph.hpp"
+#include "loom/sdk/lru_cache.hpp"
 #include "loom/sdk/plugin.hpp"
 
 #include <algorithm>
@@ -127,20 +128,15 @@ struct ExecutorPlugin {
   std::unique_ptr<loom::Backend> be;
   std::map<const void*, std::unique_ptr<loom::Buffer>> buffers; // by address (Buffer::data())
   std::mutex buffers_mutex;
-  std::map<uint64_t, loom::Graph> graphs; // converted once per host graph identity (loom_graph::id)
-  loom::Graph scratch;                    // a graph without identity, converted every call
-  std::string description;                // what describe() returned (once)
+  loom::LruCache<uint64_t, loom::Graph> graphs{64}; // converted once per host graph identity (loom_graph::id)
+  loom::Graph scratch;                              // a graph without identity, converted every call
+  std::string description;                          // what describe() returned (once)
   std::once_flag described;
 
   const loom::Graph& graph(const loom_graph* c) {
     const bool has_id = c->struct_size >= offsetof(loom_graph, id) + sizeof(c->id) && c->id != 0;
     if (!has_id) return scratch = from_c(*c);
-    auto it = graphs.find(c->id);
-    if (it == graphs.end()) {
-      if (graphs.size() >= 64) graphs.clear(); // bounded: prefill shapes vary per prompt
-      it = graphs.emplace(c->id, from_c(*c)).first;
-    }
-    return it->second;
+    return graphs.get(c->id, [&] { return from_c(*c); });
   }
   // The buffer alloc made at this address (the ABI names buffers by address).
   loom::Buffer& buffer(const void* data) {
