@@ -1,3 +1,5 @@
+// kv_cache.cpp — the two KV stores, contiguous and paged, and the part of their accounting they share
+// (the slots and block tables a forward reads).
 #include "loom/kv_cache.hpp"
 
 #include "loom/error.hpp"
@@ -55,16 +57,10 @@ KVLayout layout_of(const KVShape& s, int32_t block_size, int64_t n_blocks) noexc
 // shape.dtype.
 class ContiguousKVCache final : public KVCacheStore {
 public:
-  explicit ContiguousKVCache(const KVShape& s) : shape_(s) {
-    if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
-      fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
-    check_dtype(s);
-    rb_ = kv_row_bytes(s);
-    layout_ = layout_of(s, s.n_ctx, s.n_seq_max);
-  }
+  explicit ContiguousKVCache(const KVShape& s)
+      : KVCacheStore(checked_layout(s)), shape_(s), rb_(kv_row_bytes(s)) {}
   std::string_view name() const noexcept override { return "contiguous"; }
   const KVShape& shape() const noexcept override { return shape_; }
-  const KVLayout& layout() const noexcept override { return layout_; }
   int32_t free_sequences() const noexcept override {
     return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
   }
@@ -129,18 +125,28 @@ public:
   }
   bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
 
-  size_t bytes_allocated() const noexcept override { return seqs_.size() * slab_bytes(); }
-  size_t bytes_allocated_peak() const noexcept override { return peak_seqs_ * slab_bytes(); }
-  void reset_peak() noexcept override { peak_seqs_ = seqs_.size(); }
-  size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
-  size_t bytes_capacity() const noexcept override {
-    return static_cast<size_t>(shape_.n_seq_max) * slab_bytes();
+  KVStats stats() const noexcept override {
+    KVStats st;
+    st.bytes_allocated = seqs_.size() * slab_bytes();
+    st.bytes_used = positions_bytes(shape_, seqs_);
+    st.bytes_allocated_peak = peak_seqs_ * slab_bytes();
+    st.bytes_capacity = static_cast<size_t>(shape_.n_seq_max) * slab_bytes();
+    st.bytes_resident = st.bytes_allocated; // the live slabs
+    return st;
   }
+  void reset_peak() noexcept override { peak_seqs_ = seqs_.size(); }
   int64_t n_units() const noexcept override { return shape_.n_seq_max; }
   int64_t units_in_use() const noexcept override { return static_cast<int64_t>(seqs_.size()); }
   int32_t positions_per_unit() const noexcept override { return shape_.n_ctx; }
 
 private:
+  // The shape checked, as a pool of one n_ctx block per sequence that can live at once.
+  static KVLayout checked_layout(const KVShape& s) {
+    if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0)
+      fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
+    check_dtype(s);
+    return layout_of(s, s.n_ctx, s.n_seq_max);
+  }
   size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
   std::span<const int32_t> table(SeqId seq) const noexcept override {
     auto it = seqs_.find(seq);
@@ -165,7 +171,6 @@ private:
   }
 
   KVShape shape_;
-  KVLayout layout_;
   size_t rb_ = 0; // bytes of one stored row
   std::map<SeqId, Slab> seqs_;
   std::vector<int32_t> free_slabs_;
@@ -178,23 +183,11 @@ private:
 // A block holds K and V of every layer: [kv][layer][block_size][n_head_kv · head_dim] in shape.dtype.
 class PagedKVCache final : public KVCacheStore {
 public:
-  explicit PagedKVCache(const KVShape& s) : shape_(s) {
-    if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
-        s.block_size <= 0)
-      fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
-    check_dtype(s);
-    rb_ = kv_row_bytes(s);
-    blocks_per_seq_ = (s.n_ctx + s.block_size - 1) / s.block_size;
-    n_blocks_ = s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq_) * s.n_seq_max;
-    if (n_blocks_ > std::numeric_limits<int32_t>::max())
-      fail(Errc::invalid_argument, "kv_cache",
-           "a paged pool of " + std::to_string(n_blocks_) +
-               " blocks exceeds 2^31; raise [kv_cache] block_size");
-    layout_ = layout_of(s, s.block_size, n_blocks_);
-  }
+  explicit PagedKVCache(const KVShape& s)
+      : KVCacheStore(checked_layout(s)), shape_(s), rb_(kv_row_bytes(s)),
+        n_blocks_(memory().layout().n_blocks) {}
   std::string_view name() const noexcept override { return "paged"; }
   const KVShape& shape() const noexcept override { return shape_; }
-  const KVLayout& layout() const noexcept override { return layout_; }
   int32_t free_sequences() const noexcept override {
     return shape_.n_seq_max - static_cast<int32_t>(seqs_.size());
   }
@@ -356,13 +349,17 @@ public:
   }
   bool contains(SeqId seq) const noexcept override { return seqs_.count(seq) != 0; }
 
-  size_t bytes_allocated() const noexcept override { return static_cast<size_t>(in_use_) * block_bytes(); }
-  size_t bytes_used() const noexcept override { return positions_bytes(shape_, seqs_); }
-  size_t bytes_allocated_peak() const noexcept override {
-    return static_cast<size_t>(peak_blocks_) * block_bytes();
+  KVStats stats() const noexcept override {
+    KVStats st;
+    st.bytes_allocated = static_cast<size_t>(in_use_) * block_bytes();
+    st.bytes_used = positions_bytes(shape_, seqs_);
+    st.bytes_allocated_peak = static_cast<size_t>(peak_blocks_) * block_bytes();
+    st.bytes_capacity = static_cast<size_t>(n_blocks_) * block_bytes();
+    st.bytes_resident = static_cast<size_t>(made_) * block_bytes(); // free and cached blocks are kept
+    st.cached_blocks = static_cast<int64_t>(cached_.size());
+    return st;
   }
   void reset_peak() noexcept override { peak_blocks_ = in_use_; }
-  size_t bytes_capacity() const noexcept override { return static_cast<size_t>(n_blocks_) * block_bytes(); }
 
   void register_prefix(SeqId seq, std::span<const TokenId> tokens) override {
     if (!shape_.prefix_cache) return;
@@ -416,14 +413,26 @@ public:
     peak_blocks_ = std::max(peak_blocks_, in_use_);
     return q.length;
   }
-  int64_t cached_blocks() const noexcept override { return static_cast<int64_t>(cached_.size()); }
-  size_t bytes_resident() const noexcept override { return static_cast<size_t>(made_) * block_bytes(); }
 
   int64_t n_units() const noexcept override { return n_blocks_; }
   int64_t units_in_use() const noexcept override { return in_use_; }
   int32_t positions_per_unit() const noexcept override { return shape_.block_size; }
 
 private:
+  // The shape checked, as a pool of blocks: n_blocks, or enough for n_seq_max full sequences.
+  static KVLayout checked_layout(const KVShape& s) {
+    if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
+        s.block_size <= 0)
+      fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
+    check_dtype(s);
+    const int32_t blocks_per_seq = (s.n_ctx + s.block_size - 1) / s.block_size;
+    const int64_t n_blocks = s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq) * s.n_seq_max;
+    if (n_blocks > std::numeric_limits<int32_t>::max())
+      fail(Errc::invalid_argument, "kv_cache",
+           "a paged pool of " + std::to_string(n_blocks) +
+               " blocks exceeds 2^31; raise [kv_cache] block_size");
+    return layout_of(s, s.block_size, n_blocks);
+  }
   struct Seq {
     std::vector<int32_t> blocks;  // -1: released (sliding window), never read again
     std::vector<uint64_t> hashes; // content hashes of the first full blocks (register/reuse_prefix)
@@ -489,9 +498,7 @@ private:
   }
 
   KVShape shape_;
-  KVLayout layout_;
   size_t rb_ = 0; // bytes of one stored row
-  int32_t blocks_per_seq_ = 0;
   int64_t n_blocks_ = 0;
   int64_t made_ = 0; // blocks handed out so far (ids [0, made_)), reused through free_list_
   std::vector<int32_t> refs_;
@@ -509,22 +516,10 @@ private:
 
 } // namespace
 
-void KVCacheStore::attach(std::unique_ptr<Buffer> memory) {
-  LOOM_ASSERT(memory != nullptr, "attaching no KV memory");
-  if (memory_) fail(Errc::internal, "kv_cache", "the KV store has its memory already");
-  memory_ = std::move(memory);
-}
-
-void KVCacheStore::sync() {
-  if (queued_.empty()) return;
-  if (memory_) memory_->copy(layout(), queued_);
-  queued_.clear();
-}
-
 KVRows KVCacheStore::rows_for(const BatchView& b) {
-  LOOM_ASSERT(memory_ != nullptr, "a forward over a KV store without memory");
-  sync();
-  const KVLayout& l = layout();
+  LOOM_ASSERT(memory_.buffer() != nullptr, "a forward over a KV store without memory");
+  memory_.sync();
+  const KVLayout& l = memory_.layout();
   const size_t n = b.tokens.size();
   slots_.resize(n);
   row_seq_.resize(n);
@@ -553,11 +548,11 @@ KVRows KVCacheStore::rows_for(const BatchView& b) {
     const std::span<const int32_t> tb = table(seqs[i]);
     std::copy(tb.begin(), tb.end(), tables_.begin() + static_cast<std::ptrdiff_t>(i * stride));
   }
-  return KVRows(l, memory_->data(), slots_, row_seq_, tables_, static_cast<int32_t>(stride));
+  return KVRows(l, memory_.buffer()->data(), slots_, row_seq_, tables_, static_cast<int32_t>(stride));
 }
 
 size_t KVCacheStore::row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const {
-  const KVLayout& l = layout();
+  const KVLayout& l = memory_.layout();
   const std::span<const int32_t> tb = table(seq);
   const auto at = static_cast<size_t>(pos / l.block_size);
   LOOM_ASSERT(layer >= 0 && layer < l.n_layer && pos >= 0 && pos < length(seq) && at < tb.size() &&
@@ -567,18 +562,16 @@ size_t KVCacheStore::row_offset(int32_t layer, int kv, SeqId seq, Pos pos) const
 }
 
 std::vector<uint8_t> KVCacheStore::read_row(int32_t layer, int kv, SeqId seq, Pos pos) {
-  if (!memory_) attach(std::make_unique<HostBuffer>(layout().bytes()));
-  sync();
-  std::vector<uint8_t> out(layout().row_bytes());
-  memory_->read(row_offset(layer, kv, seq, pos), out.data(), out.size());
+  memory_.prepare_row_io();
+  std::vector<uint8_t> out(memory_.layout().row_bytes());
+  memory_.buffer()->read(row_offset(layer, kv, seq, pos), out.data(), out.size());
   return out;
 }
 
 void KVCacheStore::write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes) {
-  if (!memory_) attach(std::make_unique<HostBuffer>(layout().bytes()));
-  sync();
-  LOOM_ASSERT(bytes.size() == layout().row_bytes(), "a KV row of another size");
-  memory_->write(row_offset(layer, kv, seq, pos), bytes.data(), bytes.size());
+  memory_.prepare_row_io();
+  LOOM_ASSERT(bytes.size() == memory_.layout().row_bytes(), "a KV row of another size");
+  memory_.buffer()->write(row_offset(layer, kv, seq, pos), bytes.data(), bytes.size());
 }
 
 std::unique_ptr<KVCacheStore> make_contiguous_kv_cache(const KVShape& shape) {
