@@ -165,11 +165,12 @@ struct LoadMemory {
 
 LoadMemory load_memory(const Pipeline& p, const EngineStats& st) {
   const KVCacheStore& kv = p.kv_store();
+  const KVStats kv_stats = kv.stats();
   const uint64_t unit_bytes =
-      kv.n_units() > 0 ? kv.bytes_capacity() / static_cast<uint64_t>(kv.n_units()) : 0;
+      kv.n_units() > 0 ? kv_stats.bytes_capacity / static_cast<uint64_t>(kv.n_units()) : 0;
   LoadMemory m;
   m.kv_peak = static_cast<uint64_t>(st.peak_kv_units) * unit_bytes;
-  m.kv_resident = std::max<uint64_t>(m.kv_peak, kv.bytes_resident());
+  m.kv_resident = std::max<uint64_t>(m.kv_peak, kv_stats.bytes_resident);
   m.mem = p.memory();
   m.rss = peak_rss_bytes();
   m.accounted = m.mem.weights + m.kv_resident + m.mem.activations + m.mem.workspace;
@@ -204,7 +205,7 @@ void print_load_json(const LoadReport& r) {
                       {"kv_store", r.cfg.kv_cache.store},
                       {"kv_dtype", r.cfg.kv_cache.dtype},
                       {"kv_capacity_tokens", kv.capacity_positions()},
-                      {"kv_capacity_bytes", kv.bytes_capacity()},
+                      {"kv_capacity_bytes", kv.stats().bytes_capacity},
                       {"requests", s.n_req},
                       {"concurrency", s.conc},
                       {"rate", s.rate},
@@ -256,7 +257,7 @@ void print_load_text(const LoadReport& r) {
   std::printf("KV:       %s store of %s rows: %lld %s of %d positions = %lld tokens (%s)\n",
               cfg.kv_cache.store.c_str(), cfg.kv_cache.dtype.c_str(), static_cast<long long>(kv.n_units()),
               units, kv.positions_per_unit(), static_cast<long long>(kv.capacity_positions()),
-              mib(kv.bytes_capacity()).c_str());
+              mib(kv.stats().bytes_capacity).c_str());
   std::printf("load:     %d requests, concurrency %d, %s, prompt %d, gen %d, shared prefix %d\n", s.n_req,
               s.conc, s.rate > 0 ? ("Poisson " + std::to_string(s.rate) + "/s").c_str() : "closed loop",
               s.plen, s.glen, s.prefix);

@@ -87,7 +87,7 @@ struct Harness {
       be.compute(g, batch(), KVRows{}, y);
       return y;
     }
-    if (!kv->memory()) kv->attach(be.alloc(kv->layout().bytes(), BufferUsage::kv));
+    if (!kv->memory().buffer()) kv->memory().attach(be.alloc(kv->memory().layout().bytes(), BufferUsage::kv));
     be.compute(g, batch(), kv->rows_for(batch()), y);
     return y;
   }

@@ -131,7 +131,7 @@ TEST(KvBudget, InspectsFormulaIsWhatTheStoreAllocates) {
   shape.n_blocks = blocks;
   const auto kv = make_paged_kv_cache(shape);
   EXPECT_EQ(kv->capacity_positions(), b["tokens"].get<int64_t>());
-  EXPECT_EQ(kv->bytes_capacity(), b["bytes_used"].get<uint64_t>());
+  EXPECT_EQ(kv->stats().bytes_capacity, b["bytes_used"].get<uint64_t>());
   // Fill it: sequences of the full context until no block is left.
   SeqId seq = 0;
   while (kv->allocate(seq, 128))
@@ -139,11 +139,11 @@ TEST(KvBudget, InspectsFormulaIsWhatTheStoreAllocates) {
   while (kv->allocate(seq, 16)) {
   }
   EXPECT_EQ(kv->free_positions(), 0);
-  EXPECT_EQ(kv->bytes_allocated(), b["bytes_used"].get<uint64_t>());
-  EXPECT_EQ(kv->bytes_used(), static_cast<size_t>(b["tokens"].get<int64_t>()) * per_token);
+  EXPECT_EQ(kv->stats().bytes_allocated, b["bytes_used"].get<uint64_t>());
+  EXPECT_EQ(kv->stats().bytes_used, static_cast<size_t>(b["tokens"].get<int64_t>()) * per_token);
   // The contiguous store: slabs of n_ctx positions by the same formula.
   const auto flat = make_contiguous_kv_cache(m->kv_shape(128, 3));
-  EXPECT_EQ(flat->bytes_capacity(), 3u * 128u * per_token);
+  EXPECT_EQ(flat->stats().bytes_capacity, 3u * 128u * per_token);
   EXPECT_EQ(flat->capacity_positions(), 3 * 128);
 }
 

@@ -100,7 +100,7 @@ struct Harness {
       if (kv.length(seq[t]) <= pos[t]) {
         EXPECT_TRUE(kv.allocate(seq[t], pos[t] + 1 - kv.length(seq[t])));
       }
-    if (!kv.memory()) kv.attach(be.alloc(kv.layout().bytes(), BufferUsage::kv));
+    if (!kv.memory().buffer()) kv.memory().attach(be.alloc(kv.memory().layout().bytes(), BufferUsage::kv));
     be.compute(g, batch(), kv.rows_for(batch()), y);
     return y;
   }

@@ -154,7 +154,7 @@ TEST(Speculative, OwnLayersDraftTakesThePromptsKvFromTheTarget) {
   all.insert(all.end(), gen.begin(), gen.end());
   auto kv = loom::make_contiguous_kv_cache(draft->kv_shape(256, 1));
   draft->load_into(*be);
-  kv->attach(be->alloc(kv->layout().bytes(), BufferUsage::kv));
+  kv->memory().attach(be->alloc(kv->memory().layout().bytes(), BufferUsage::kv));
   ASSERT_TRUE(kv->allocate(0, static_cast<int32_t>(all.size())));
   std::vector<loom::Pos> pos(all.size());
   std::vector<loom::SeqId> seqs(all.size(), 0);

@@ -42,8 +42,9 @@ TEST(EngineContract, ForkCopiesOnlyTheUsedPositions) {
   const long before = resident_kib();
   for (SeqId c = 1; c <= 4; ++c)
     ASSERT_TRUE(kv->fork(0, c));
-  EXPECT_EQ(kv->queued_copies().size(), 4u) << "a fork's copy is recorded, run before the next forward";
-  kv->sync();
+  EXPECT_EQ(kv->memory().queued_copies().size(), 4u)
+      << "a fork's copy is recorded, run before the next forward";
+  kv->memory().sync();
   const long grown = resident_kib() - before;
   EXPECT_LT(grown, 16 * 1024) << "4 forks of a 4-position sequence made " << grown << " KiB resident";
   for (SeqId c = 1; c <= 4; ++c) {

@@ -32,7 +32,7 @@ TEST(KvDtype, RowsRoundTripWithinTheTypesRoundingOnBothStores) {
       SCOPED_TRACE(std::string(dtype_name(t)) + (paged ? " paged" : " contiguous"));
       const KVShape sh = shape(t);
       auto kv = paged ? make_paged_kv_cache(sh) : make_contiguous_kv_cache(sh);
-      EXPECT_EQ(kv->layout().dtype, t);
+      EXPECT_EQ(kv->memory().layout().dtype, t);
       const int64_t E = sh.row_elems();
       std::mt19937 rng(3);
       std::normal_distribution<float> nd(0.0f, 2.0f);
@@ -70,8 +70,8 @@ TEST(KvDtype, RowsRoundTripWithinTheTypesRoundingOnBothStores) {
       }
       // The bytes: 2·L·row bytes per position.
       const size_t per_pos = 2 * 2 * row_bytes(t, E);
-      EXPECT_EQ(kv->bytes_used(), 20 * per_pos);
-      EXPECT_EQ(kv->bytes_capacity(), static_cast<size_t>(kv->capacity_positions()) * per_pos);
+      EXPECT_EQ(kv->stats().bytes_used, 20 * per_pos);
+      EXPECT_EQ(kv->stats().bytes_capacity, static_cast<size_t>(kv->capacity_positions()) * per_pos);
     }
 }
 

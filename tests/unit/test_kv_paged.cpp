@@ -56,7 +56,7 @@ TEST(PagedKv, ReleasedBlocksGoBackToThePoolAndAreNeverReadAgain) {
   EXPECT_TRUE(kv->holds(0, 20, 30));
   EXPECT_FALSE(kv->holds(0, 19, 30));
   EXPECT_EQ(k_f32(*kv, 1, 0, 21)[0], 1.0f + 2100 + 10) << "kept rows are untouched";
-  EXPECT_EQ(kv->bytes_used(), (30u - 16u) * 2 * 2 * 8 * sizeof(float));
+  EXPECT_EQ(kv->stats().bytes_used, (30u - 16u) * 2 * 2 * 8 * sizeof(float));
   EXPECT_EQ(kv->release_positions(0, 2, 21), 0) << "released once";
   // The freed blocks serve another sequence; growing this one reuses none of its released slots.
   ASSERT_TRUE(kv->allocate(1, 16));
@@ -87,12 +87,12 @@ TEST(PagedKv, ForkSharesBlocksAndCopiesOnlyTheBlockItWritesInto) {
   const size_t block = 2ull * 2 * 16 * 8 * sizeof(float); // [kv][layer][16 positions][8 floats]
   ASSERT_TRUE(kv->allocate(0, 40));                       // 3 blocks, the last one half full
   write(*kv, 0, 0, 40, 1.0f);
-  EXPECT_EQ(kv->bytes_allocated(), 3 * block);
+  EXPECT_EQ(kv->stats().bytes_allocated, 3 * block);
   ASSERT_TRUE(kv->fork(0, 1));
-  EXPECT_EQ(kv->bytes_allocated(), 3 * block) << "a fork copies nothing";
+  EXPECT_EQ(kv->stats().bytes_allocated, 3 * block) << "a fork copies nothing";
   EXPECT_TRUE(same_row(*kv, 1, 1, 0, 39)) << "the child reads the parent's rows";
   ASSERT_TRUE(kv->allocate(1, 1)); // position 40 is in the shared third block: copy-on-write
-  EXPECT_EQ(kv->bytes_allocated(), 4 * block);
+  EXPECT_EQ(kv->stats().bytes_allocated, 4 * block);
   EXPECT_FALSE(same_row(*kv, 1, 1, 0, 39));
   EXPECT_TRUE(same_row(*kv, 0, 1, 0, 5)) << "full blocks stay shared";
   write(*kv, 1, 40, 41, 9.0f);
@@ -102,7 +102,7 @@ TEST(PagedKv, ForkSharesBlocksAndCopiesOnlyTheBlockItWritesInto) {
   EXPECT_FALSE(kv->allocate(1, 30)) << "41 + 30 positions exceed n_ctx = 64";
   EXPECT_EQ(kv->length(1), 41);
   ASSERT_TRUE(kv->allocate(1, 20)); // to 61: a fourth block of its own
-  EXPECT_EQ(kv->bytes_allocated(), 5 * block);
+  EXPECT_EQ(kv->stats().bytes_allocated, 5 * block);
 }
 
 TEST(PagedKv, TruncateAndFreeReturnBlocks) {
@@ -111,11 +111,11 @@ TEST(PagedKv, TruncateAndFreeReturnBlocks) {
   ASSERT_TRUE(kv->allocate(0, 30)); // 4 blocks
   ASSERT_TRUE(kv->fork(0, 1));
   kv->truncate(1, 9); // keeps 2 of the shared blocks
-  EXPECT_EQ(kv->bytes_allocated(), 4 * block) << "the parent still holds all four";
+  EXPECT_EQ(kv->stats().bytes_allocated, 4 * block) << "the parent still holds all four";
   kv->free(0);
-  EXPECT_EQ(kv->bytes_allocated(), 2 * block);
+  EXPECT_EQ(kv->stats().bytes_allocated, 2 * block);
   kv->free(1);
-  EXPECT_EQ(kv->bytes_allocated(), 0u);
+  EXPECT_EQ(kv->stats().bytes_allocated, 0u);
   EXPECT_EQ(kv->free_sequences(), 8);
 }
 
@@ -198,7 +198,7 @@ TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
   ASSERT_TRUE(kv->allocate(0, 10));
   write(*kv, 0, 0, 10, 1.0f);
   kv->register_prefix(0, toks); // blocks 0..1 are full (positions 0..7)
-  EXPECT_EQ(kv->cached_blocks(), 2);
+  EXPECT_EQ(kv->stats().cached_blocks, 2);
   ASSERT_TRUE(kv->allocate(1, 0));
   EXPECT_EQ(kv->reuse_prefix(1, toks, 9), 8);
   EXPECT_EQ(kv->length(1), 8);

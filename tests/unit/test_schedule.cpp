@@ -154,15 +154,15 @@ TEST(Schedule, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   ASSERT_EQ(plan.copies.size(), 2u);
   EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, 0, shared}));
   EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, 0, shared}));
-  EXPECT_EQ(kv->queued_copies().size(), 0u) << "planning changes nothing";
+  EXPECT_EQ(kv->memory().queued_copies().size(), 0u) << "planning changes nothing";
   // Applying the takes records one copy, of the listed block, and the second beam writes in place.
   for (const auto& a : plan.actions)
     ASSERT_TRUE(kv->allocate(reqs[a.request].pending[static_cast<size_t>(a.seq)].kv, a.n));
-  ASSERT_EQ(kv->queued_copies().size(), 1u);
-  EXPECT_EQ(kv->queued_copies()[0].src, shared.src);
-  EXPECT_EQ(kv->queued_copies()[0].n_positions, 4);
-  kv->sync(); // no memory attached: the copies are dropped (nothing was written)
-  EXPECT_EQ(kv->queued_copies().size(), 0u);
+  ASSERT_EQ(kv->memory().queued_copies().size(), 1u);
+  EXPECT_EQ(kv->memory().queued_copies()[0].src, shared.src);
+  EXPECT_EQ(kv->memory().queued_copies()[0].n_positions, 4);
+  kv->memory().sync(); // no memory attached: the copies are dropped (nothing was written)
+  EXPECT_EQ(kv->memory().queued_copies().size(), 0u);
 }
 
 TEST(Schedule, TheContiguousStoreGrowsWithinItsSlab) {

@@ -6,6 +6,8 @@
 #pragma once
 
 #include "loom/dtype.hpp"
+#include "loom/kv_memory.hpp"
+#include "loom/kv_stats.hpp"
 #include "loom/sdk/executor.hpp"
 #include "loom/types.hpp"
 
@@ -32,26 +34,18 @@ struct KVShape {
 };
 
 // The store keeps the accounting — which blocks each sequence holds, reference counts, the prefix
-// cache, copy-on-write, sliding-window release; the memory is a pool the backend allocated
-// (Backend::alloc, attached once), and the store hands each forward the slots of its rows and the
-// block tables of its sequences (KVRows, loom/sdk/executor.hpp). Copies it needs (copy-on-write, a
-// contiguous fork) are recorded and run on the backend's memory, in order, before the next forward
-// (sync()).
+// cache, copy-on-write, sliding-window release — and hands each forward the slots of its rows and the
+// block tables of its sequences (KVRows, loom/sdk/executor.hpp). The memory is its KVMemory
+// (loom/kv_memory.hpp): the backend's buffer, the pool's layout and the block copies the store records;
+// what it reports about its storage is a KVStats (loom/kv_stats.hpp).
 class KVCacheStore {
 public:
   virtual ~KVCacheStore() = default;
   virtual std::string_view name() const noexcept = 0;
   virtual const KVShape& shape() const noexcept = 0;
-  // The pool's layout: paged, shape.block_size positions per block and the pool's blocks; contiguous,
-  // one block of n_ctx positions per sequence that can live at once.
-  virtual const KVLayout& layout() const noexcept = 0;
+  KVMemory& memory() noexcept { return memory_; }
+  const KVMemory& memory() const noexcept { return memory_; }
 
-  // The pool's memory. A store without memory keeps its accounting; model forwards attach the
-  // backend's (Model::forward). Attaching twice is an error.
-  void attach(std::unique_ptr<Buffer> memory);
-  Buffer* memory() noexcept { return memory_.get(); }
-  // Runs the recorded block copies on the memory (a no-op without memory: nothing was written yet).
-  void sync();
   // The pool as the forward of `batch` sees it (its positions allocated): runs pending copies first.
   // The view points into this store and is valid until the next call.
   KVRows rows_for(const BatchView& batch);
@@ -61,8 +55,6 @@ public:
   // memory gets host memory (HostBuffer).
   std::vector<uint8_t> read_row(int32_t layer, int kv, SeqId seq, Pos pos);
   void write_row(int32_t layer, int kv, SeqId seq, Pos pos, std::span<const uint8_t> bytes);
-  // Block copies recorded and not yet run, in the order they will run.
-  std::span<const KVBlockCopy> queued_copies() const noexcept { return queued_; }
 
   // Reserves positions [length, length + n_new) of `seq` (creating the sequence if new). Returns
   // false, changing nothing, when the sequence would exceed n_ctx or no slot is free.
@@ -78,12 +70,10 @@ public:
   // Sequences that can still be created (allocate of a new id, fork) — what admission waits for.
   virtual int32_t free_sequences() const noexcept = 0;
 
-  virtual size_t bytes_allocated() const noexcept = 0; // storage currently held
-  virtual size_t bytes_used() const noexcept = 0;      // of it, the positions written (Σ lengths)
-  // The most storage held at once since reset_peak() (forks within a decoder step included).
-  virtual size_t bytes_allocated_peak() const noexcept = 0;
+  // Bytes held, used, at their peak, resident; blocks in the prefix cache.
+  virtual KVStats stats() const noexcept = 0;
+  // Starts a new window for KVStats::bytes_allocated_peak: the peak becomes what is held now.
   virtual void reset_peak() noexcept = 0;
-  virtual size_t bytes_capacity() const noexcept = 0; // storage if every slot were used
 
   // Positions in units of the store's allocation (paged: blocks of block_size positions; contiguous:
   // slabs of n_ctx positions). What admission and preemption reason with.
@@ -127,7 +117,6 @@ public:
                                int32_t /*max_positions*/) {
     return 0;
   }
-  virtual int64_t cached_blocks() const noexcept { return 0; } // findable by content (held or not)
 
   // Sliding-window release: gives back the storage of the positions in [from, to) of seq that whole
   // units cover (paged: the blocks lying inside; contiguous: none — a slab is one unit). Their rows
@@ -138,18 +127,15 @@ public:
   virtual Pos first_released(SeqId seq) const noexcept { return length(seq); }
   // Whether the rows of positions [from, to) of seq are all stored (none released).
   virtual bool holds(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) const noexcept { return true; }
-  // Memory the store holds now: paged, every block made so far (free and cached ones are kept for
-  // reuse); contiguous, the live slabs.
-  virtual size_t bytes_resident() const noexcept { return bytes_allocated(); }
 
 protected:
+  explicit KVCacheStore(const KVLayout& layout) : memory_(layout) {}
   // The block ids of seq, in position order (-1: released); empty for an unknown sequence.
   virtual std::span<const int32_t> table(SeqId seq) const noexcept = 0;
-  void record_copy(KVBlockCopy c) { queued_.push_back(c); }
+  void record_copy(KVBlockCopy c) { memory_.record_copy(c); }
 
 private:
-  std::unique_ptr<Buffer> memory_;
-  std::vector<KVBlockCopy> queued_;
+  KVMemory memory_;
   std::vector<int64_t> slots_;   // rows_for's view: per batch row
   std::vector<int32_t> row_seq_; // per batch row, its sequence's index
   std::vector<int32_t> tables_;  // per sequence of the batch, table_stride block ids

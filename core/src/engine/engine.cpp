@@ -427,11 +427,12 @@ Engine::StepBatch Engine::schedule_batch() {
   KVCacheStore* stores[2] = {ctx_.models[k_target].kv, ctx_.models[k_draft].kv};
   size_t copies_before[2] = {0, 0};
   for (int m = 0; m < 2; ++m)
-    if (stores[m]) copies_before[m] = stores[m]->queued_copies().size();
+    if (stores[m]) copies_before[m] = stores[m]->memory().queued_copies().size();
   for (const Scheduler::Action& a : sched.actions)
     apply(a, step);
   for (int m = 0; m < 2; ++m)
-    if (stores[m]) count_block_copies(sched, m, stores[m]->queued_copies().subspan(copies_before[m]));
+    if (stores[m])
+      count_block_copies(sched, m, stores[m]->memory().queued_copies().subspan(copies_before[m]));
   return step;
 }
 
@@ -485,8 +486,9 @@ bool Engine::forward(StepBatch& step) {
   for (Request* r : step.owners) // rows of a failed forward are never made findable by content
     if (r->error.empty()) r->session->book().chunks_evaluated();
   // The KV store's written positions at their fullest (after the forward) while each request runs.
+  const size_t kv_used = ctx_.kv().stats().bytes_used;
   for (auto& r : running_)
-    r->kv_used_peak = std::max(r->kv_used_peak, ctx_.kv().bytes_used());
+    r->kv_used_peak = std::max(r->kv_used_peak, kv_used);
   stats_.peak_kv_units = std::max(stats_.peak_kv_units, ctx_.kv().units_in_use());
   return any_forward;
 }
@@ -559,8 +561,9 @@ void Engine::update_evaluated(const std::vector<Request*>& owners) {
     }
   }
   // The slabs held at their most during this step (forks inside update() included).
+  const size_t kv_reserved = ctx_.kv().stats().bytes_allocated_peak;
   for (auto& r : running_)
-    r->kv_reserved_peak = std::max(r->kv_reserved_peak, ctx_.kv().bytes_allocated_peak());
+    r->kv_reserved_peak = std::max(r->kv_reserved_peak, kv_reserved);
   ctx_.kv().reset_peak();
 }
 

@@ -129,7 +129,9 @@ void SequenceBook::copy_from_target(Entry& q) {
   if (t.model != k_target || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
   // Host memory only (both pools): rows are copied one at a time, which on a device's memory would be a
   // blocking transfer each — there evaluating the layers again is cheaper.
-  if (!src.memory() || !dst.memory() || src.memory()->owner() || dst.memory()->owner()) return;
+  const Buffer* src_buf = src.memory().buffer();
+  const Buffer* dst_buf = dst.memory().buffer();
+  if (!src_buf || !dst_buf || src_buf->owner() || dst_buf->owner()) return;
   // The target's committed tokens with K/V at their own positions (a tree's nodes lie elsewhere).
   int32_t lim = std::min({q.out_from, t.n_cached, static_cast<int32_t>(t.tokens.size())});
   if (t.is_tree()) lim = std::min(lim, t.tree_base);

@@ -95,7 +95,7 @@ ModelJudge::ModelJudge(std::shared_ptr<Model> model, std::unique_ptr<Tokenizer> 
   shape.n_blocks = 2 * blocks + o_.batch;
   kv_ = make_paged_kv_cache(shape);
   model_->load_into(*be_);
-  kv_->attach(be_->alloc(kv_->layout().bytes(), BufferUsage::kv));
+  kv_->memory().attach(be_->alloc(kv_->memory().layout().bytes(), BufferUsage::kv));
 }
 
 ModelJudge::~ModelJudge() = default;

@@ -352,8 +352,9 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
   }
   const Graph& g = s->graph;
   load_into(be);
-  if (!kv.memory()) kv.attach(be.alloc(kv.layout().bytes(), BufferUsage::kv));
-  LOOM_ASSERT(kv.memory()->owner() == nullptr || kv.memory()->owner() == be.instance_tag(),
+  KVMemory& mem = kv.memory();
+  if (!mem.buffer()) mem.attach(be.alloc(mem.layout().bytes(), BufferUsage::kv));
+  LOOM_ASSERT(mem.buffer()->owner() == nullptr || mem.buffer()->owner() == be.instance_tag(),
               "a KV store whose memory belongs to another backend");
   be.compute(g, batch, kv.rows_for(batch), logits);
 }

@@ -412,10 +412,11 @@ void PipelineBuilder::check_backends() {
 void PipelineBuilder::load_weights() {
   const auto t0 = std::chrono::steady_clock::now();
   p.model_->load_into(*p.backend_);
-  p.kv_->attach(p.backend_->alloc(p.kv_->layout().bytes(), BufferUsage::kv));
+  p.kv_->memory().attach(p.backend_->alloc(p.kv_->memory().layout().bytes(), BufferUsage::kv));
   if (p.draft_backend_) {
     p.draft_model_->load_into(*p.draft_backend_);
-    p.draft_kv_->attach(p.draft_backend_->alloc(p.draft_kv_->layout().bytes(), BufferUsage::kv));
+    p.draft_kv_->memory().attach(
+        p.draft_backend_->alloc(p.draft_kv_->memory().layout().bytes(), BufferUsage::kv));
   }
   p.load_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

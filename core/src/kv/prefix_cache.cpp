@@ -1,0 +1,69 @@
+// prefix_cache.cpp — full blocks findable by content, and the evictable ones in least-recently-used order.
+#include "kv/prefix_cache.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+namespace loom {
+
+namespace {
+
+uint64_t mix(uint64_t z) noexcept { // SplitMix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+} // namespace
+
+uint64_t PrefixCache::block_hash(uint64_t parent, std::span<const TokenId> toks) noexcept {
+  uint64_t h = mix(parent + 0x9e3779b97f4a7c15ULL);
+  for (TokenId t : toks)
+    h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
+  return h == 0 ? 1 : h; // 0 marks "not cached"
+}
+
+void PrefixCache::add_block() {
+  hash_of_.push_back(0);
+  tokens_.emplace_back();
+  parent_.push_back(0);
+  lru_pos_.emplace_back();
+}
+
+void PrefixCache::insert(uint64_t hash, int32_t b, std::span<const TokenId> toks, uint64_t parent) {
+  const auto i = static_cast<size_t>(b);
+  by_hash_.emplace(hash, b);
+  hash_of_[i] = hash;
+  tokens_[i].assign(toks.begin(), toks.end());
+  parent_[i] = parent;
+}
+
+int32_t PrefixCache::find(uint64_t hash, uint64_t parent, std::span<const TokenId> toks) const {
+  auto c = by_hash_.find(hash);
+  if (c == by_hash_.end()) return -1;
+  const auto i = static_cast<size_t>(c->second);
+  if (parent_[i] != parent || !std::equal(toks.begin(), toks.end(), tokens_[i].begin(), tokens_[i].end()))
+    return -1;
+  return c->second;
+}
+
+void PrefixCache::park(int32_t b) {
+  lru_.push_back(b);
+  lru_pos_[static_cast<size_t>(b)] = std::prev(lru_.end());
+}
+
+void PrefixCache::unpark(int32_t b) {
+  lru_.erase(lru_pos_[static_cast<size_t>(b)]);
+}
+
+int32_t PrefixCache::evict() {
+  const int32_t b = lru_.front();
+  lru_.pop_front();
+  const auto i = static_cast<size_t>(b);
+  by_hash_.erase(hash_of_[i]);
+  hash_of_[i] = 0;
+  tokens_[i].clear();
+  return b;
+}
+
+} // namespace loom

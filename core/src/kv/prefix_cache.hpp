@@ -1,0 +1,49 @@
+// prefix_cache.hpp — the paged store's prefix cache: full blocks findable by their content (the hash of
+// their tokens and of every block before them), and the ones nobody references kept evictable, least
+// recently used first.
+#pragma once
+
+#include "loom/types.hpp"
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace loom {
+
+class PrefixCache {
+public:
+  // The content hash of a block of `toks` following the blocks hashed as `parent` (0: the first block);
+  // never 0 (0 marks "not cached").
+  static uint64_t block_hash(uint64_t parent, std::span<const TokenId> toks) noexcept;
+
+  // Makes room for the block the pool made next (ids are dense from 0).
+  void add_block();
+  bool cached(int32_t b) const noexcept { return hash_of_[static_cast<size_t>(b)] != 0; }
+  bool contains(uint64_t hash) const noexcept { return by_hash_.count(hash) != 0; }
+  // Block b holds `toks` (after the blocks hashed as `parent`): findable as `hash` from now on.
+  void insert(uint64_t hash, int32_t b, std::span<const TokenId> toks, uint64_t parent);
+  // The block holding `toks` after `parent`, or -1 (none, or a hash collision: not this content).
+  int32_t find(uint64_t hash, uint64_t parent, std::span<const TokenId> toks) const;
+  int64_t size() const noexcept { return static_cast<int64_t>(by_hash_.size()); }
+
+  // Cached blocks nobody references: evictable, the most recently used last.
+  void park(int32_t b);
+  void unpark(int32_t b); // referenced again
+  bool has_evictable() const noexcept { return !lru_.empty(); }
+  // The least recently used evictable block, no longer findable.
+  int32_t evict();
+
+private:
+  std::unordered_map<uint64_t, int32_t> by_hash_; // content hash → block
+  // Per block: its hash (0: none), tokens and parent hash.
+  std::vector<uint64_t> hash_of_;
+  std::vector<std::vector<TokenId>> tokens_;
+  std::vector<uint64_t> parent_;
+  std::list<int32_t> lru_; // cached blocks with no reference, least recently used first
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
+};
+
+} // namespace loom
