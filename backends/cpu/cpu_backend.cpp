@@ -135,7 +135,7 @@ public:
   void compute(const Graph& g, const BatchView& batch, const KVRows& kv, std::span<float> logits) override {
     check_batch(g, batch);
     omp_set_num_threads(threads_); // this thread's team size, for our loops and oneDNN's
-    const size_t total = plan(g);
+    const size_t total = place_activations(g);
     logits_ = logits_matmul_dst(g);
     if (arena_.size() < total) arena_.resize(total);
     for (size_t i = 0; i < g.nodes.size();) {
@@ -197,7 +197,7 @@ private:
   // fit over a free list, neighbours merged); returns the arena's size in floats. An element-wise
   // op writes in place over an operand it reads for the last time; any other node's output never
   // overlaps its inputs; the logits are never freed.
-  size_t plan(const Graph& g) {
+  size_t place_activations(const Graph& g) {
     const size_t nt = g.tensors.size();
     std::vector<int64_t> last(nt, -1);
     for (size_t i = 0; i < g.nodes.size(); ++i)

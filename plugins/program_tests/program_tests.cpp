@@ -232,7 +232,7 @@ private:
   }
 
   // The candidate's code against the tests in the sandbox: <dir> made and filled, the children started
-  // with a plan made before the fork, the judge's verdicts read until done or timed out, the children
+  // with a setup made before the fork, the judge's verdicts read until done or timed out, the children
   // killed; a sandbox failure the children reported refuses the request.
   Run run_sandboxed(const std::string& code, const std::string& tests_json, size_t n_tests) const {
     const bool root = check_layers();
@@ -245,10 +245,10 @@ private:
       }
     } cleanup{dir};
     fill_dir(dir, code, root);
-    PlanStrings strings;
+    SetupStrings strings;
     strings.interp = interpreter_;
-    Plan plan = make_plan(dir, root, tests_json, strings);
-    const Children c = start_children(plan);
+    SandboxSetup setup = make_setup(dir, root, tests_json, strings);
+    const Children c = start_children(setup);
     bool timed_out = false;
     const std::string got = read_verdicts(c.report, n_tests, timed_out);
     kill_children(c.pid);
@@ -306,37 +306,38 @@ private:
                              std::strerror(errno));
   }
 
-  // The strings a Plan's argv and envp point into (they live until the children are gone).
-  struct PlanStrings {
+  // The strings a SandboxSetup's argv and envp point into (they live until the children are gone).
+  struct SetupStrings {
     std::string interp, isolated = "-I", no_pyc = "-B", judge_py = k_judge_py, cand_py = k_candidate_py;
     std::vector<std::string> envs = {"PATH=/usr/bin:/bin", "HOME=/task", "TMPDIR=/task", "LANG=C.UTF-8"};
   };
 
   // Everything the children need, made before fork (they only make system calls).
-  Plan make_plan(const fs::path& dir, bool root, const std::string& tests_json, PlanStrings& s) const {
-    Plan plan;
-    plan.root = root;
-    plan.userns = !disabled("userns");
+  SandboxSetup make_setup(const fs::path& dir, bool root, const std::string& tests_json,
+                          SetupStrings& s) const {
+    SandboxSetup setup;
+    setup.root = root;
+    setup.userns = !disabled("userns");
     const unsigned outer_uid = root ? k_nobody : geteuid(), outer_gid = root ? k_nobody : getegid();
-    plan.uid_map = "65534 " + std::to_string(outer_uid) + " 1\n";
-    plan.gid_map = "65534 " + std::to_string(outer_gid) + " 1\n";
-    plan.steps = root_steps(dir);
-    plan.new_root = (dir / "root").string();
-    plan.put_old = (dir / "root" / "old").string();
-    plan.tests_json = tests_json;
-    plan.interpreter = s.interp.c_str();
-    plan.judge_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.judge_py.data(), nullptr};
-    plan.candidate_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.cand_py.data(), nullptr};
+    setup.uid_map = "65534 " + std::to_string(outer_uid) + " 1\n";
+    setup.gid_map = "65534 " + std::to_string(outer_gid) + " 1\n";
+    setup.steps = root_steps(dir);
+    setup.new_root = (dir / "root").string();
+    setup.put_old = (dir / "root" / "old").string();
+    setup.tests_json = tests_json;
+    setup.interpreter = s.interp.c_str();
+    setup.judge_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.judge_py.data(), nullptr};
+    setup.candidate_argv = {s.interp.data(), s.isolated.data(), s.no_pyc.data(), s.cand_py.data(), nullptr};
     for (auto& e : s.envs)
-      plan.envp.push_back(e.data());
-    plan.envp.push_back(nullptr);
-    plan.cpu = static_cast<rlim_t>(std::ceil(timeout_s_)) + 1;
-    plan.mem = static_cast<rlim_t>(memory_mb_) << 20;
+      setup.envp.push_back(e.data());
+    setup.envp.push_back(nullptr);
+    setup.cpu = static_cast<rlim_t>(std::ceil(timeout_s_)) + 1;
+    setup.mem = static_cast<rlim_t>(memory_mb_) << 20;
     // init, the judge, a test's judge, the reaper, the loaded candidate and the next test's fork of it
-    plan.nproc = static_cast<rlim_t>(max_processes_) + 6;
-    plan.fsize = static_cast<rlim_t>(max_file_mb_) << 20;
-    plan.filter = make_filter();
-    return plan;
+    setup.nproc = static_cast<rlim_t>(max_processes_) + 6;
+    setup.fsize = static_cast<rlim_t>(max_file_mb_) << 20;
+    setup.filter = make_filter();
+    return setup;
   }
 
   struct Children {
@@ -346,7 +347,7 @@ private:
   };
 
   // Forks the outer child with its pipes; the parent keeps the read ends of report and status.
-  static Children start_children(Plan& plan) {
+  static Children start_children(SandboxSetup& setup) {
     int report[2], status_pipe[2], sync_pipe[2];
     if (pipe2(report, O_CLOEXEC) != 0)
       throw loom::sdk::Error(std::string("program_tests: pipe: ") + std::strerror(errno));
@@ -361,7 +362,7 @@ private:
         close(fd);
       throw loom::sdk::Error(std::string("program_tests: fork: ") + std::strerror(errno));
     }
-    if (pid == 0) run_outer(plan, sync_pipe[0], sync_pipe[1], report[1], status_pipe[1]);
+    if (pid == 0) run_outer(setup, sync_pipe[0], sync_pipe[1], report[1], status_pipe[1]);
     close(report[1]);
     close(status_pipe[1]);
     close(sync_pipe[0]);

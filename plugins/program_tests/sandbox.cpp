@@ -134,8 +134,8 @@ bool place_fds(const int* targets, const int* sources, int n) {
   return true;
 }
 
-[[noreturn]] void run_judge_or_candidate(const Plan& p, int status, const int* targets, const int* sources,
-                                         int n, char* const* argv) {
+[[noreturn]] void run_judge_or_candidate(const SandboxSetup& p, int status, const int* targets,
+                                         const int* sources, int n, char* const* argv) {
   if (!place_fds(targets, sources, n)) child_fail(status, "placing the descriptors");
   status = targets[n - 1];
   if (!p.userns && (setresgid(k_nobody, k_nobody, k_nobody) || setresuid(k_nobody, k_nobody, k_nobody)))
@@ -153,7 +153,7 @@ bool place_fds(const int* targets, const int* sources, int n) {
 }
 
 // The new root's steps; `root_len` is the length of the prefix (<dir>/root) to leave out of messages.
-void make_root(const Plan& p, int sfd) {
+void make_root(const SandboxSetup& p, int sfd) {
   const size_t root_len = p.new_root.size();
   for (const MountStep& s : p.steps) {
     const char* t = s.target.c_str();
@@ -223,7 +223,7 @@ void restrict_writes(int sfd) {
 // The namespaces' init (PID 1): builds the root, sets the limits, starts the judge and (in a PID
 // namespace of its own, under a reaper) the candidate's process, and ends everything when the judge
 // is done. Its descriptors on entry: sync (7), report (8), status (9).
-[[noreturn]] void run_init(const Plan& p) {
+[[noreturn]] void run_init(const SandboxSetup& p) {
   constexpr int sync_fd = 7, report_fd = 8, sfd = 9;
   char go = 0;
   ssize_t got;
@@ -237,7 +237,7 @@ void restrict_writes(int sfd) {
   if (p.userns && (setresgid(k_nobody, k_nobody, k_nobody) || setresuid(k_nobody, k_nobody, k_nobody)))
     child_fail(sfd, "becoming nobody in the user namespace");
   if (sethostname("sandbox", 7) != 0) child_fail(sfd, "sethostname in the UTS namespace");
-  // The new root: nothing of the host's but what the plan binds.
+  // The new root: nothing of the host's but what the setup binds.
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) child_fail(sfd, "making / private");
   if (mount("tmpfs", p.new_root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=755") !=
       0)
@@ -312,7 +312,7 @@ void itoa(char*& p, unsigned long v) {
     *p++ = tmp[--n];
 }
 
-bool write_id_maps(const Plan& p, pid_t pid) {
+bool write_id_maps(const SandboxSetup& p, pid_t pid) {
   char path[64];
   const auto at = [&](const char* leaf) {
     char* q = path;
@@ -332,7 +332,7 @@ bool write_id_maps(const Plan& p, pid_t pid) {
 
 } // namespace
 
-[[noreturn]] void run_outer(Plan& p, int sync_r, int sync_w, int report_w, int status_w) {
+[[noreturn]] void run_outer(SandboxSetup& p, int sync_r, int sync_w, int report_w, int status_w) {
   setpgid(0, 0);
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;

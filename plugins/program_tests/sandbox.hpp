@@ -1,4 +1,4 @@
-// program_tests' sandbox: the plan of a run (the new root's mounts, ids, limits, the seccomp filter,
+// program_tests' sandbox: the setup of a run (the new root's mounts, ids, limits, the seccomp filter,
 // the judge's and the candidate's command lines) made before any fork, and the processes that carry
 // it out — system calls only after the fork. program_tests.cpp's header describes what it gives.
 #pragma once
@@ -34,7 +34,7 @@ struct MountStep {
 };
 
 // Everything the forked processes need, made before the fork.
-struct Plan {
+struct SandboxSetup {
   bool root = false, userns = true;
   std::string uid_map, gid_map; // "65534 <outer id> 1"
   std::vector<MountStep> steps;
@@ -48,7 +48,7 @@ struct Plan {
 
 // The first child (in the parent's namespaces): starts init in the new namespaces, maps its ids, waits.
 // Reports a failure on status_w and exits k_sandbox_failed; the judges' verdicts come on report_w.
-[[noreturn]] void run_outer(Plan& p, int sync_r, int sync_w, int report_w, int status_w);
+[[noreturn]] void run_outer(SandboxSetup& p, int sync_r, int sync_w, int report_w, int status_w);
 
 // seccomp: what neither the judge nor the candidate needs and a sandbox escape would.
 std::vector<sock_filter> make_filter();
