@@ -18,9 +18,9 @@ namespace loom::cli {
 
 namespace {
 
-std::atomic<bool> g_interrupted{false};
+std::atomic<bool> g_ab_interrupted{false};
 extern "C" void on_sigint(int) {
-  g_interrupted.store(true);
+  g_ab_interrupted.store(true);
   std::signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once (signal() is async-signal-safe)
 }
 
@@ -175,15 +175,15 @@ int cmd_ab(const std::vector<std::string>& args) {
     if (!probe) throw UsageError("cannot write --html " + vm["html"].as<std::string>());
   }
   // From here Ctrl-C stops after the current generation and the report covers what was measured.
-  g_interrupted = false;
+  g_ab_interrupted = false;
   auto old_handler = std::signal(SIGINT, on_sigint);
   add_variant_flags(vm, o);
   const size_t P = prompts.size(), R = static_cast<size_t>(o.runs);
   ab::Experiment experiment(std::move(o), std::move(prompts));
-  std::vector<ab::Row> rows = experiment.run(progress_line(P, R), &g_interrupted);
+  std::vector<ab::Row> rows = experiment.run(progress_line(P, R), &g_ab_interrupted);
   std::signal(SIGINT, old_handler);
   if (stderr_is_tty()) std::fprintf(stderr, "\r%*s\r", 90, "");
-  const bool interrupted = g_interrupted.load();
+  const bool interrupted = g_ab_interrupted.load();
   write_report(vm, experiment.result(std::move(rows), interrupted));
   return interrupted ? 130 : k_exit_ok;
 }

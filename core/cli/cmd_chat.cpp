@@ -15,16 +15,16 @@ namespace loom::cli {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
+volatile std::sig_atomic_t g_chat_interrupted = 0;
 void on_chat_sigint(int) {
-  g_interrupted = 1;
+  g_chat_interrupted = 1;
 }
 
 // SIGINT stops the answer being generated (not the program) while this lives.
 class InterruptScope {
 public:
   InterruptScope() {
-    g_interrupted = 0;
+    g_chat_interrupted = 0;
     struct sigaction sa {};
     sa.sa_handler = on_chat_sigint;
     sigemptyset(&sa.sa_mask);
@@ -59,7 +59,7 @@ GenerationResult generate_interruptible(Pipeline& pipeline, const GenerationRequ
   });
   bool done = false;
   while (!done) {
-    if (g_interrupted && !*cancelled) {
+    if (g_chat_interrupted && !*cancelled) {
       pipeline.engine().cancel(id);
       *cancelled = true;
     }

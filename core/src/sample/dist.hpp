@@ -5,9 +5,13 @@
 #include "loom/sampler.hpp"
 
 #include <cstddef>
+#include <limits>
 #include <span>
 
 namespace loom::sample {
+
+// The logit of a candidate a stage removed.
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The index of the most likely candidate (ties: the lower token id).
 size_t best_index(std::span<const TokenData> d);

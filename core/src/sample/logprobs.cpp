@@ -4,6 +4,7 @@
 
 #include "loom/error.hpp"
 #include "loom/sdk/sampler.hpp"
+#include "sample/dist.hpp"
 #include "sample/params.hpp"
 
 #include <algorithm>
@@ -13,11 +14,11 @@
 
 namespace loom {
 
+using sample::kNegInf;
+
 namespace {
 
 using sample::fail_arg;
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 } // namespace
 

@@ -71,13 +71,12 @@ using sample::best_index;
 using sample::dist_select;
 using sample::fail_arg;
 using sample::integer;
+using sample::kNegInf;
 using sample::number;
 using sample::Params;
 using sample::required;
 using sample::with_max;
 using sample::with_min;
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Calls f(token_data, value) for every candidate whose id is a key of `m`. Uses the identity layout
 // of a fresh list (data[id].id == id) where it holds and falls back to one scan for the rest.
