@@ -3,7 +3,7 @@
 // repacked. Reports bytes/s of weights read, comparable with `loom bench --bandwidth -t 1`.
 //   build/bench/loom_bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include "../backends/cpu/kernels.hpp"
-#include "loom/dtype.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <benchmark/benchmark.h>
 #include <cmath>

@@ -2,7 +2,7 @@
 // memory; integration: the real vocabularies of the shared models).
 #pragma once
 
-#include "loom/tokenizer.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <optional>
 

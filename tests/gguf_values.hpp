@@ -1,7 +1,7 @@
 // tests/gguf_values.hpp — GGUF metadata values for tests that craft model files.
 #pragma once
 
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,7 @@
 // read_row / write_row, the pool's bytes copied to and from host memory).
 #pragma once
 
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <cstring>
 #include <span>

@@ -2,8 +2,8 @@
 // a comparison relative to the largest reference value.
 #pragma once
 
-#include "loom/dtype.hpp"
-#include "loom/graph.hpp"
+#include "loom/model/graph.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // What every AttentionVariant derives from its layers (loom/attention.hpp), and the factory.
 #include "loom/attention.hpp"
 #include "loom/error.hpp"
-#include "loom/model_config.hpp"
+#include "loom/model/model_config.hpp"
 
 #include <cstdio>
 

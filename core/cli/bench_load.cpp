@@ -2,9 +2,9 @@
 // flight (closed loop) or arriving as a Poisson process — with latency percentiles, throughput, mean
 // concurrency, peak KV, preemptions and the prefix cache's hit rate.
 #include "bench.hpp"
-#include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/eval/ab_stats.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <algorithm>
 #include <chrono>

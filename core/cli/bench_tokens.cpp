@@ -3,7 +3,7 @@
 // numbers, at depth 0 or after -d positions already in the context.
 #include "bench.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Chat input shared by `loom template`, `loom run --messages` and `loom chat`.
 #include "cli.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
 
 #include <nlohmann/json.hpp>

@@ -2,8 +2,8 @@
 // parses argv; everything it does is available through the library.
 #pragma once
 
-#include "loom/pipeline.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>

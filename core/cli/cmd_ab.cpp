@@ -1,11 +1,11 @@
 // `loom ab`: A/B comparison of pipelines on the same prompts and seeds (docs/ab.md). The experiment is
-// the library's (loom/ab_experiment.hpp: plan, run, aggregate, report); here are its options, the
+// the library's (loom/eval/ab_experiment.hpp: plan, run, aggregate, report); here are its options, the
 // Ctrl-C handling, the progress line, and the report written: a terminal table, --json with every row
 // (so every aggregate can be recomputed: tests/ab/check_ab_json.py does), --html OUT (one
 // self-contained file).
 #include "cli.hpp"
-#include "loom/ab_experiment.hpp"
 #include "loom/error.hpp"
+#include "loom/eval/ab_experiment.hpp"
 
 #include <atomic>
 #include <chrono>

@@ -3,7 +3,7 @@
 // (bench_load.cpp) and the memory bandwidth that bounds decode (bench_bandwidth.cpp).
 #include "bench.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <algorithm>
 #include <cstdio>

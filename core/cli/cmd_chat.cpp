@@ -1,9 +1,9 @@
 // `loom chat`: a conversation in the terminal under the model's chat template — history, the reply
 // streamed, /reset, /save FILE, Ctrl-C stops the current answer, Ctrl-D (or /quit) leaves.
 #include "cli.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <csignal>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // `loom config show`: the pipeline as Loom will run it — defaults filled in, overrides applied.
 #include "cli.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 
 #include <iostream>
 

@@ -4,7 +4,7 @@
 // same pipeline and seed: the stages are the chain's own apply(), traced (SamplerChain::apply_traced).
 #include "cli.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,10 +2,10 @@
 #include "cli.hpp"
 #include "loom/attention.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/model_config.hpp"
-#include "loom/plugin_host.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model_config.hpp"
+#include "loom/plugin/plugin_host.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <cstdio>
 #include <iostream>

@@ -1,7 +1,7 @@
 // `loom plugins`: what plugin files are found, what they provide, and why a broken one is unusable.
 #include "cli.hpp"
 #include "loom/error.hpp"
-#include "loom/plugin_host.hpp"
+#include "loom/plugin/plugin_host.hpp"
 
 #include <cstdio>
 #include <iostream>

@@ -1,8 +1,8 @@
 // `loom run`: one prompt through a pipeline, streamed; --json prints one object at the end.
 #include "cli.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <algorithm>
 #include <cmath>

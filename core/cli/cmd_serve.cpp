@@ -1,7 +1,7 @@
 // `loom serve`: an OpenAI-compatible HTTP server for one pipeline (serve.hpp).
 #include "cli.hpp"
 #include "loom/error.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 #include "serve.hpp"
 
 #include <cstdio>

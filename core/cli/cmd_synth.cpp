@@ -1,8 +1,8 @@
 // `loom synth`: random-weight models of named shapes, loadable by Loom and llama.cpp alike.
 #include "cli.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
-#include "loom/synth.hpp"
+#include "loom/model/synth.hpp"
 
 #include <cstdio>
 #include <iostream>

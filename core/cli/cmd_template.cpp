@@ -1,10 +1,10 @@
 // `loom template`: what a model is fed — a chat template rendered for a list of messages, exactly
 // (no newline added), and the built-in templates.
 #include "cli.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <iostream>
 #include <optional>

@@ -1,8 +1,8 @@
 // `loom tokenize`: the ids a model's tokenizer gives a text.
 #include "cli.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <fstream>
 #include <iostream>

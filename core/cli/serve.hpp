@@ -12,9 +12,9 @@
 // step.
 #pragma once
 
-#include "loom/chat.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/tool_calls.hpp"
+#include "loom/chat/chat.hpp"
+#include "loom/chat/tool_calls.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "serve_request.hpp"
 
 #include <atomic>

@@ -2,9 +2,9 @@
 #include "serve_ask.hpp"
 
 #include "loom/error.hpp"
-#include "loom/sampler.hpp"
-#include "loom/stop.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/sample/sampler.hpp"
+#include "loom/sample/stop.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // (whole or streamed as server-sent events, with logprobs and tool calls), and the other routes (models,
 // tokenize, detokenize, health, metrics).
 #include "loom/error.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "serve_ask.hpp"
 
 #include <algorithm>

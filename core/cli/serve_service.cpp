@@ -1,7 +1,7 @@
 // `loom serve`: the services a request can go to — one engine's step loop per served pipeline (Service),
 // and the A/B splits that choose one of several by weight (Split).
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 #include "serve.hpp"
 
 #include <cstdio>

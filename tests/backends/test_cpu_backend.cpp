@@ -9,8 +9,8 @@
 #include "../../backends/cpu/cpu_backend.hpp"
 #include "kv_rows.hpp"
 #include "loom/attention/reference.hpp"
-#include "loom/backend.hpp"
-#include "loom/dtype.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/sdk/dtype.hpp"
 #include "op_harness.hpp"
 
 #include <cmath>

@@ -4,9 +4,9 @@
 //   f32, f16, bf16: 1e-5 — the weights are exact in f32; only the summation order differs;
 //   q8_0, q4_0:     1e-2 — activations are quantized to 8 bits per block of 32 (as llama.cpp does).
 #include "../../backends/cpu/kernels.hpp"
-#include "loom/dtype.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/synth.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/sdk/dtype.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

@@ -3,7 +3,7 @@
 // q8_0 KV rows the kernels write equal quantize_row's bytes. These run on every machine; the kernels that
 // use them are checked on a GPU (scripts/gpu-check.sh).
 #include "../../backends/cuda/quant_device.hpp"
-#include "loom/dtype.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <cstring>
 #include <gtest/gtest.h>

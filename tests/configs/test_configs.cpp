@@ -1,6 +1,6 @@
 // Every pipeline in configs/ parses, builds and runs. The configs name models/stories260K.gguf
 // (what scripts/fetch-models.sh puts there); when that is absent the shared copy is used instead.
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

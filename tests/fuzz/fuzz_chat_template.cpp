@@ -1,7 +1,7 @@
 // libFuzzer target: chat templates (parse + render) — a model's template is untrusted input. The input
 // is the template; it renders for a fixed conversation with tools, under small bounds so that every
 // run ends fast. Any loom::Error is fine; a crash, a hang or another exception is a finding.
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
 
 #include <string_view>

@@ -1,8 +1,8 @@
 // libFuzzer target: the GGUF reader, and the model config and tokenizer built from what it accepts.
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/model_config.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model_config.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <cstddef>
 #include <cstdint>

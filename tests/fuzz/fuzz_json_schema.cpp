@@ -1,7 +1,7 @@
 // libFuzzer target: JSON-schema compilation (response_format's json_schema, a client's input) within its
 // bounds — states, alternatives, nesting — and the matcher fed the text after the first NUL byte.
 #include "loom/error.hpp"
-#include "loom/json_constraint.hpp"
+#include "loom/sample/json_constraint.hpp"
 
 #include <cstdint>
 #include <string_view>

@@ -1,6 +1,6 @@
 // libFuzzer target: the pipeline loader (TOML parse + validation + --set overrides + to_toml).
 #include "loom/error.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 
 #include <string>
 

@@ -1,9 +1,9 @@
-// libFuzzer target: the safetensors header reader of Hugging Face checkpoints (loom/hf_checkpoint.hpp).
-// An input that starts with '{' is a header: it is given its 8-byte length and 64 data bytes (so the
-// seeds are JSON text, and mutations reach the checks of dtypes, shapes and offsets); any other input
-// is a whole file (mutations reach the header length).
+// libFuzzer target: the safetensors header reader of Hugging Face checkpoints
+// (loom/format/hf_checkpoint.hpp). An input that starts with '{' is a header: it is given its 8-byte length
+// and 64 data bytes (so the seeds are JSON text, and mutations reach the checks of dtypes, shapes and
+// offsets); any other input is a whole file (mutations reach the header length).
 #include "loom/error.hpp"
-#include "loom/hf_checkpoint.hpp"
+#include "loom/format/hf_checkpoint.hpp"
 
 #include <cstddef>
 #include <cstdint>

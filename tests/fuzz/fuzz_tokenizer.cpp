@@ -2,8 +2,8 @@
 // Vocabularies come from $LOOM_TEST_MODELS (stories260K: SentencePiece; ggml-vocab-gpt-2: byte-level
 // BPE; ggml-vocab-falcon / deepseek-coder: other pre-tokenizers).
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -3,10 +3,10 @@
 // positions of a 300-token prompt (within 1e-3 of their scale) and its 32 greedy tokens, on the reference
 // backend and on the cpu plugin. llama.cpp's numbers are in tests/data/families/reference.json
 // (make_reference.py wrote them with llama-cpp-python); no Python runs here.
-#include "loom/backend.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

@@ -1,7 +1,8 @@
 // Golden tests: Loom's reference backend against llama2.c run.c and llama.cpp on real models
 // (../shared/models/reference). Missing models are SKIPPED with the reason, never passed.
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

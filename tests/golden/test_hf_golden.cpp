@@ -2,11 +2,11 @@
 // model.safetensors with q/k in HF's rotate-half row order and tied embeddings, tokenizer.json) is the
 // GGUF's model: the same token ids, the same logits at every position, the same `loom run` text.
 // Missing models are SKIPPED with the reason, never passed.
-#include "loom/backend.hpp"
-#include "loom/gguf.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

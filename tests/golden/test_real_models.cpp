@@ -16,9 +16,9 @@
 //     top-2 margin is under k_llamacpp_tie. llama.cpp rounds every matmul's activations to 8 bits and keeps
 //     an f16 KV cache: against the float64 forward its Gemma 3 logits are off by up to 0.51 in the first
 //     three steps (19.4758 vs 19.0915, 17.9672 vs 17.4592), so a smaller margin is a tie it cannot resolve.
-#include "loom/chat.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/chat/chat.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

@@ -5,10 +5,10 @@
 // tests/unit/test_attention.cpp.)
 #include "loom/attention.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <cstdlib>

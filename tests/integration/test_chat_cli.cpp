@@ -1,9 +1,9 @@
 // Chat from the command line: `loom run --messages` (the conversation rendered by the model's template,
 // tokenized with its special tokens, BOS not doubled) and `loom chat` driven in a real terminal (tmux):
 // two turns, /reset, /save, Ctrl-C stopping an answer, Ctrl-D leaving.
-#include "loom/chat.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/chat/chat.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <chrono>

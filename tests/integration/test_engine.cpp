@@ -1,5 +1,5 @@
 // The engine's step loop: batched results equal unbatched results, requests are independent.
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>

@@ -4,11 +4,12 @@
 // releases everything, custom stops and plugin hold-back that never lose text, and failures that end a
 // request with a reason and a message — never a hang. (A fork copies only the used positions:
 // tests/unit/test_engine_contract.cpp, on a KV store alone.)
-#include "loom/engine.hpp"
+#include "loom/engine/engine.hpp"
 #include "loom/error.hpp"
-#include "loom/logprobs.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/synth.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/sample/logprobs.hpp"
 #include "test_util.hpp"
 
 #include <filesystem>

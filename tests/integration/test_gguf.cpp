@@ -2,9 +2,9 @@
 // error, never a crash), its model configuration, and a vocabulary-only file refused as a model. (Files
 // written in memory, hostile headers included: tests/unit/test_gguf.cpp.)
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/model_config.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model_config.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>

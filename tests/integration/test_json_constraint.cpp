@@ -4,10 +4,10 @@
 // and the stage's parameters: tests/unit/test_json_constraint.cpp.)
 #include "json_schemas.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/json_constraint.hpp"
-#include "loom/sampler.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/sample/json_constraint.hpp"
+#include "loom/sample/sampler.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <cstdio>

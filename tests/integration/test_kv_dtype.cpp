@@ -2,8 +2,8 @@
 // tolerances of f32 (f16 greedy-identical on stories260K); the cpu backend's kernels, which read the stored
 // type in place, agree with the reference backend for every type on head_dim 8 and 64 (prefill tiles and
 // decode), on both stores. (The stores' rows in each type: tests/unit/test_kv_dtype.cpp.)
-#include "loom/pipeline.hpp"
-#include "loom/synth.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

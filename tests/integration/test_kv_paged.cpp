@@ -2,8 +2,8 @@
 // decoding, self-consistency) gives the same tokens on either store, the paged one holding the prompt's KV
 // once for all forks; the prefix cache cuts a repeated prompt's prefill; the KV budget `loom inspect`
 // reports is what the store allocates. (The store alone: tests/unit/test_kv_paged.cpp.)
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
 #include "test_util.hpp"
 
 #include <fstream>

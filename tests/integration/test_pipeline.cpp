@@ -1,6 +1,6 @@
 // Pipeline behaviour around the edges: prompts that do not fit, bad parameters, stop rules end to end.
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>

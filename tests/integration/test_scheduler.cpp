@@ -4,7 +4,7 @@
 // ends that request alone; 64 concurrent requests complete; submit and cancel from other threads
 // (this test also runs under the tsan preset).
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <atomic>

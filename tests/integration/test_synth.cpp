@@ -1,8 +1,8 @@
 // `loom synth` files with stories260K's vocabulary: every offered type loads and generates in Loom, with
 // the requested shape. (A synthetic vocabulary, bad input and the families: tests/unit/test_synth.cpp.)
-#include "loom/gguf.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/synth.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

@@ -1,11 +1,11 @@
-// The GGUF tokenizers (loom/tokenizer.hpp) on the real vocabularies of the shared models, against reference
-// tokenizations: llama.cpp's vocab test cases (ids from Hugging Face tokenizers) and SentencePiece outputs
-// for two vocabs; special tokens, end of generation, incremental decoding, arbitrary bytes, long inputs.
-// (Tiny vocabularies and malformed metadata: tests/unit/test_tokenizer.cpp.)
+// The GGUF tokenizers (loom/tokenizer/tokenizer.hpp) on the real vocabularies of the shared models, against
+// reference tokenizations: llama.cpp's vocab test cases (ids from Hugging Face tokenizers) and SentencePiece
+// outputs for two vocabs; special tokens, end of generation, incremental decoding, arbitrary bytes, long
+// inputs. (Tiny vocabularies and malformed metadata: tests/unit/test_tokenizer.cpp.)
 #include "encode_options.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <chrono>

@@ -4,12 +4,12 @@
 // reason (scripts/gpu-check.sh runs these on a GPU). Tolerances, relative to the largest output value:
 // f32 throughout (element-wise ops, norms, RoPE, attention, exact matmuls): 1e-4; matmuls on activations
 // rounded to 8 bits (cpu's int8 kernels) 2e-2.
-#include "loom/backend.hpp"
-#include "loom/dtype.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/plugin_host.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/plugin/plugin_host.hpp"
+#include "loom/sdk/dtype.hpp"
 #include "op_harness.hpp"
 #include "plugin/plugin_internal.hpp"
 #include "test_util.hpp"

@@ -2,12 +2,12 @@
 // vocabulary, two-token search is exhaustive, so its n-best must be the exact top pairs by log-prob
 // (computed here with the reference backend over every first token); bad keys are one-line errors.
 #include "fixtures/scripted_model.hpp"
-#include "loom/backend.hpp"
-#include "loom/logprobs.hpp"
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/sampler.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/sample/logprobs.hpp"
+#include "loom/sample/sampler.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

@@ -2,9 +2,9 @@
 // decoder's truncate restores the sequence exactly, and a backend that fails after some tokens makes
 // `loom run` exit 1 with its message (not 0 with a short answer).
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <filesystem>

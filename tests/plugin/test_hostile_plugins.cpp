@@ -7,7 +7,7 @@
 // The hostile fixtures live in <build>/tests/plugin/hostile-fixtures (no other test scans it); each
 // test links or copies what it needs into a temporary directory of its own.
 #include "loom/error.hpp"
-#include "loom/plugin_host.hpp"
+#include "loom/plugin/plugin_host.hpp"
 #include "test_util.hpp"
 
 #include <cstdio>

@@ -2,10 +2,10 @@
 // a forward written out here on the reference backend; candidates of one prompt reuse the prompt's KV
 // and score as they do alone; it runs inside step_search with the pipeline's own model; bad keys are
 // one-line errors.
-#include "loom/backend.hpp"
-#include "loom/model.hpp"
-#include "loom/model_judge.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/eval/model_judge.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

@@ -4,10 +4,10 @@
 // `loom plugins` lists what it finds and reports broken files without failing; plugin objects keep
 // their library alive (and the library really goes away with LOOM_TEST_REAL_UNLOAD=1).
 #include "loom/error.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/pipeline_config.hpp"
-#include "loom/plugin_host.hpp"
-#include "loom/sampler.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
+#include "loom/plugin/plugin_host.hpp"
+#include "loom/sample/sampler.hpp"
 #include "plugin/plugin_internal.hpp"
 #include "test_util.hpp"
 

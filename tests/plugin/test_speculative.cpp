@@ -6,10 +6,10 @@
 // errors; every decoder gives inside a `--parallel 4` batch what it gives alone.
 #include "fixtures/scripted_model.hpp"
 #include "loom/attention.hpp"
-#include "loom/backend.hpp"
-#include "loom/model.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

@@ -3,8 +3,8 @@
 // score and fate); pruned branches free their KV; a failing verifier fails its candidate only; bad
 // keys are one-line errors; on stories260K, width 1 × 1 expansion at temperature 0 is greedy.
 #include "fixtures/scripted_model.hpp"
-#include "loom/pipeline.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/pipeline/pipeline.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // `loom ab`'s statistics against known values, and the experiment library's plan and aggregates on
 // hand-made rows — no model. (`loom ab` and `loom explain` on a model: tests/integration/test_ab.cpp.)
-#include "loom/ab_experiment.hpp"
-#include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
+#include "loom/eval/ab_experiment.hpp"
+#include "loom/eval/ab_stats.hpp"
 
 #include <cmath>
 #include <gtest/gtest.h>
@@ -57,7 +57,7 @@ TEST(AbStats, TextMetrics) {
   EXPECT_THROW((void)ab::extract_answer("x", "(a)(b)"), Error);
 }
 
-// ---- the experiment as a library (loom/ab_experiment.hpp) ------------------------------------------
+// ---- the experiment as a library (loom/eval/ab_experiment.hpp) ------------------------------------------
 
 TEST(AbExperiment, PlanNamesTheVariantsAndPairsTheRuns) {
   ab::Options o;

@@ -7,8 +7,8 @@
 #include "loom/attention.hpp"
 #include "loom/attention/reference.hpp"
 #include "loom/error.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model_config.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model_config.hpp"
 
 #include <cmath>
 #include <gtest/gtest.h>

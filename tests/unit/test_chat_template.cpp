@@ -1,10 +1,10 @@
-// Chat templates (loom/chat.hpp) against Python jinja2 3.1 as transformers configures it: 21 real
+// Chat templates (loom/chat/chat.hpp) against Python jinja2 3.1 as transformers configures it: 21 real
 // model templates × 10 conversations × generation prompt on/off (tests/data/chat/expected.json), and
 // 54 small templates that pin the renderer's semantics one at a time (snippets_expected.json) —
 // both written by tests/data/chat/make_expected.py, so no Python runs here. Then what jinja2 does
 // not decide: error lines, bounds on hostile templates, the built-in templates; `loom template render`.
 // (`loom template` with a model file: tests/integration/test_chat_template.cpp.)
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
 #include "test_util.hpp"
 

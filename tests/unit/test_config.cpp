@@ -1,6 +1,6 @@
 // Pipeline TOML: validation messages name file, line, column and the expected form.
 #include "loom/error.hpp"
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 #include "test_util.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Element types: half/bfloat conversions and block (de)quantization.
-#include "loom/dtype.hpp"
 #include "loom/error.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <cmath>
 #include <cstring>

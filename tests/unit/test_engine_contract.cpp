@@ -2,7 +2,7 @@
 // sequence's whole slab. (The contract on a model — KV room, forks, truncate, free, stops, failures,
 // drafts — is tests/integration/test_engine_contract.cpp.)
 #include "kv_rows.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <fstream>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // wrong magic/version, absurd counts, flipped bytes) — each a loom::Error with an offset, never a crash.
 // (Real model files: tests/integration/test_gguf.cpp.)
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cstring>
 #include <gtest/gtest.h>

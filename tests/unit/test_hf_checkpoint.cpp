@@ -3,15 +3,15 @@
 // models of each supported family written out in HF layout give the GGUF's logits; and hostile
 // checkpoints (truncated or oversized headers, overlapping or mis-sized tensors, bad dtypes, missing
 // tensors, shard names escaping the directory) are one-line loom::Errors, never crashes.
-#include "loom/backend.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/hf_checkpoint.hpp"
-#include "loom/kv_cache.hpp"
-#include "loom/model.hpp"
-#include "loom/model_config.hpp"
-#include "loom/synth.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/format/hf_checkpoint.hpp"
+#include "loom/kv/kv_cache.hpp"
+#include "loom/model/model.hpp"
+#include "loom/model/model_config.hpp"
+#include "loom/model/reference_backend.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
 #include <cmath>

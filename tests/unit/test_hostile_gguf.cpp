@@ -3,8 +3,8 @@
 // Each case is a one-line loom::Error (exit 1 from the CLI) or, for inspect --json, valid JSON.
 #include "gguf_values.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/model_config.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model_config.hpp"
 #include "test_util.hpp"
 
 #include <algorithm>

@@ -4,8 +4,8 @@
 // tests/integration/test_json_constraint.cpp.)
 #include "json_schemas.hpp"
 #include "loom/error.hpp"
-#include "loom/json_constraint.hpp"
-#include "loom/sampler.hpp"
+#include "loom/sample/json_constraint.hpp"
+#include "loom/sample/sampler.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -4,7 +4,7 @@
 // reference backend: tests/integration/test_kv_dtype.cpp. A backend that reads f32 rows only is refused:
 // test_contract_plugins.cpp, with the ABI 1.0 fixture.)
 #include "loom/error.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <cmath>
 #include <gtest/gtest.h>

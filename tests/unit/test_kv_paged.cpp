@@ -3,7 +3,7 @@
 // the contiguous store's under any sequence of operations; the prefix cache. (Whole pipelines on either
 // store, and the KV budget `loom inspect` reports: tests/integration/test_kv_paged.cpp.)
 #include "kv_rows.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <gtest/gtest.h>
 #include <random>

@@ -1,8 +1,8 @@
-// Unit tests for loom/sampler.hpp: each sampler on small hand-computed examples, the chain, the
+// Unit tests for loom/sample/sampler.hpp: each sampler on small hand-computed examples, the chain, the
 // registry's validation and the default chain.
 #include "loom/error.hpp"
-#include "loom/logprobs.hpp"
-#include "loom/sampler.hpp"
+#include "loom/sample/logprobs.hpp"
+#include "loom/sample/sampler.hpp"
 
 #include <algorithm>
 #include <cmath>

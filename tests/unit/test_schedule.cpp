@@ -3,8 +3,8 @@
 // hold, and Scheduler::schedule() returns the actions a step applies — takes within the token budget,
 // decodes before prefills, preemption of the newest request for room, a self-preempting decode, a
 // request alone ending with max_context — and never changes the store.
-#include "loom/kv_cache.hpp"
-#include "loom/scheduler.hpp"
+#include "loom/engine/scheduler.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <gtest/gtest.h>
 #include <vector>

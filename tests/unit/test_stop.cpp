@@ -1,6 +1,6 @@
-// Unit tests for loom/stop.hpp: stop reasons, stop strings across token boundaries, hold-back.
+// Unit tests for loom/sample/stop.hpp: stop reasons, stop strings across token boundaries, hold-back.
 #include "loom/error.hpp"
-#include "loom/stop.hpp"
+#include "loom/sample/stop.hpp"
 
 #include <chrono>
 #include <gtest/gtest.h>

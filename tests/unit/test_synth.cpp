@@ -2,10 +2,10 @@
 // with its features and contradictions name the keys. (Every type with stories260K's vocabulary, loaded
 // and generating: tests/integration/test_synth.cpp.)
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/model_config.hpp"
-#include "loom/synth.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model_config.hpp"
+#include "loom/model/synth.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <filesystem>
 #include <gtest/gtest.h>

@@ -1,11 +1,11 @@
-// The GGUF tokenizers (loom/tokenizer.hpp) on tiny vocabularies made in memory: SentencePiece and byte-level
-// BPE encode and decode, every malformed metadata key a one-line error, every known pre-tokenizer compiles.
-// (The real vocabularies against reference tokenizations: tests/integration/test_tokenizer.cpp.)
+// The GGUF tokenizers (loom/tokenizer/tokenizer.hpp) on tiny vocabularies made in memory: SentencePiece and
+// byte-level BPE encode and decode, every malformed metadata key a one-line error, every known pre-tokenizer
+// compiles. (The real vocabularies against reference tokenizations: tests/integration/test_tokenizer.cpp.)
 #include "encode_options.hpp"
 #include "gguf_values.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <gtest/gtest.h>
 #include <map>

@@ -1,6 +1,6 @@
 // Tool calls in model replies: Hermes / Qwen, Llama 3.x and Mistral formats, arguments never dropped or
 // null, text that is not a call kept as content.
-#include "loom/tool_calls.hpp"
+#include "loom/chat/tool_calls.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,7 +1,7 @@
 // Built-in chat templates for models whose GGUF has no `tokenizer.chat_template`: the prompt formats
 // of the common families, written for the renderer in jinja*.cpp (each is a template, so `loom template
 // render --template NAME` shows exactly what a model is fed).
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 
 #include <array>
 #include <utility>

@@ -1,8 +1,8 @@
 // Chat templates meet models: which template a command uses, and a conversation as prompt tokens.
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
 #include <array>

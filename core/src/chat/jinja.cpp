@@ -1,6 +1,7 @@
-// loom::chat::Template (loom/chat.hpp): parses a template with the Jinja subset of chat/jinja_*, renders it.
+// loom::chat::Template (loom/chat/chat.hpp): parses a template with the Jinja subset of chat/jinja_*, renders
+// it.
 //
-// The Jinja subset behind loom/chat.hpp: a segmenter (text and tags, with jinja2's whitespace control,
+// The Jinja subset behind loom/chat/chat.hpp: a segmenter (text and tags, with jinja2's whitespace control,
 // trim_blocks and lstrip_blocks), a recursive-descent parser to an AST, and a tree-walking interpreter
 // over Python-like values (None, bool, int, float, str, list, dict in insertion order, namespace,
 // callables) whose printing, `tojson`, truthiness, undefined and scoping follow jinja2 3.1 as
@@ -10,7 +11,7 @@
 #include "chat/jinja_lexer.hpp"
 #include "chat/jinja_parser.hpp"
 #include "chat/jinja_value.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
 
 #include <cstdint>

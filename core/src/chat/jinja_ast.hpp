@@ -2,7 +2,7 @@
 // The Jinja AST's base nodes (Expr, Stmt, Body) and the render context (Frame, Ctx, DepthGuard).
 
 #include "chat/jinja_value.hpp"
-#include "loom/chat.hpp"
+#include "loom/chat/chat.hpp"
 
 #include <cstdint>
 #include <ctime>

@@ -1,5 +1,5 @@
-// Tool calls in a model's reply (loom/tool_calls.hpp).
-#include "loom/tool_calls.hpp"
+// Tool calls in a model's reply (loom/chat/tool_calls.hpp).
+#include "loom/chat/tool_calls.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,9 +1,9 @@
 // One request's sequences: fork / truncate / free, appending with stop rules and streaming, and the
-// plans the scheduler turns into batch rows. The contract is in loom/decode_session.hpp.
-#include "loom/decode_session.hpp"
+// plans the scheduler turns into batch rows. The contract is in loom/engine/decode_session.hpp.
+#include "loom/engine/decode_session.hpp"
 
 #include "loom/error.hpp"
-#include "loom/logprobs.hpp"
+#include "loom/sample/logprobs.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,10 +3,10 @@
 // forward per model → update (decoders whose plan is fully evaluated) → collect finished requests.
 // A failure of a decoder, the backend or a decoder that stops making progress ends that request with
 // StopReason::error and a message — never the engine, and never silently.
-#include "loom/engine.hpp"
+#include "loom/engine/engine.hpp"
 
-#include "loom/ab_stats.hpp"
 #include "loom/error.hpp"
+#include "loom/eval/ab_stats.hpp"
 
 #include <algorithm>
 #include <array>

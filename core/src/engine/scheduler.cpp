@@ -1,5 +1,5 @@
-// Admission, token budget, chunked prefill and preemption (loom/scheduler.hpp).
-#include "loom/scheduler.hpp"
+// Admission, token budget, chunked prefill and preemption (loom/engine/scheduler.hpp).
+#include "loom/engine/scheduler.hpp"
 
 #include <algorithm>
 #include <optional>

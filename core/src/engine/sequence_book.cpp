@@ -1,6 +1,6 @@
-// The bookkeeping half of a request (loom/sequence_book.hpp): its sequences' tokens, K/V and logits
+// The bookkeeping half of a request (loom/engine/sequence_book.hpp): its sequences' tokens, K/V and logits
 // rows, the work of a step, preemption.
-#include "loom/sequence_book.hpp"
+#include "loom/engine/sequence_book.hpp"
 
 #include "loom/error.hpp"
 

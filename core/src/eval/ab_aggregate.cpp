@@ -1,9 +1,9 @@
-// An A/B experiment's aggregates (loom/ab_experiment.hpp): the per-prompt means of every metric, each
+// An A/B experiment's aggregates (loom/eval/ab_experiment.hpp): the per-prompt means of every metric, each
 // variant's summary, each variant against the first (paired bootstrap intervals, sign-flip p-values,
 // McNemar, agreement, win/tie/loss) and a sweep's accuracy against compute.
 #include "eval/ab_format.hpp"
-#include "loom/ab_experiment.hpp"
-#include "loom/stop.hpp"
+#include "loom/eval/ab_experiment.hpp"
+#include "loom/sample/stop.hpp"
 
 #include <algorithm>
 #include <cmath>

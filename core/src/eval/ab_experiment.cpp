@@ -1,9 +1,9 @@
-// An A/B experiment's variants and runs (loom/ab_experiment.hpp): the variants and their pipelines, the
+// An A/B experiment's variants and runs (loom/eval/ab_experiment.hpp): the variants and their pipelines, the
 // paired runs in their rotating order, and each run's output scored into a row.
-#include "loom/ab_experiment.hpp"
+#include "loom/eval/ab_experiment.hpp"
 
 #include "loom/error.hpp"
-#include "loom/stop.hpp"
+#include "loom/sample/stop.hpp"
 
 #include <algorithm>
 #include <filesystem>

@@ -2,7 +2,7 @@
 // a number and name a setting, and which metrics their tables show.
 #pragma once
 
-#include "loom/ab_stats.hpp"
+#include "loom/eval/ab_stats.hpp"
 
 #include <cmath>
 #include <cstdio>

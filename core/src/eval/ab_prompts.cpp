@@ -1,7 +1,7 @@
-// The prompts file of an A/B experiment (loom/ab_experiment.hpp): plain text, one prompt a line, or
+// The prompts file of an A/B experiment (loom/eval/ab_experiment.hpp): plain text, one prompt a line, or
 // JSONL, one task a line with its expected answer.
-#include "loom/ab_experiment.hpp"
 #include "loom/error.hpp"
+#include "loom/eval/ab_experiment.hpp"
 
 #include <cmath>
 #include <nlohmann/json.hpp>

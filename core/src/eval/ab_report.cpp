@@ -1,9 +1,9 @@
-// An A/B experiment's report (loom/ab_experiment.hpp): the JSON document, with every row so every
+// An A/B experiment's report (loom/eval/ab_experiment.hpp): the JSON document, with every row so every
 // aggregate can be recomputed (tests/ab/check_ab_json.py does), and the terminal table made from it.
 // The HTML page is ab_report_html.cpp.
 #include "eval/ab_format.hpp"
-#include "loom/ab_experiment.hpp"
-#include "loom/stop.hpp"
+#include "loom/eval/ab_experiment.hpp"
+#include "loom/sample/stop.hpp"
 
 #include <cstdarg>
 

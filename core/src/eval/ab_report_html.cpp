@@ -1,9 +1,9 @@
-// An A/B experiment's report as one self-contained HTML page (loom/ab_experiment.hpp): the summary
+// An A/B experiment's report as one self-contained HTML page (loom/eval/ab_experiment.hpp): the summary
 // table, strip plots of TPOT and output length, a panel of the differences' intervals per pair, a
 // sweep's accuracy against compute, and the outputs of run 1 with the words not in the first
 // variant's output marked. Inline SVG and CSS only: no script, nothing fetched.
 #include "eval/ab_format.hpp"
-#include "loom/ab_experiment.hpp"
+#include "loom/eval/ab_experiment.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// The paired statistics of `loom ab` (loom/ab_stats.hpp).
-#include "loom/ab_stats.hpp"
+// The paired statistics of `loom ab` (loom/eval/ab_stats.hpp).
+#include "loom/eval/ab_stats.hpp"
 
 #include "loom/error.hpp"
 

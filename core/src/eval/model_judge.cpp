@@ -3,7 +3,7 @@
 // end: p(yes) / (p(yes) + p(no)). Built into the host (it runs a model, which plugins reach only
 // through the engine): [verifier] name = "model_judge". The judge's KV keeps the longest prefix it
 // shares with the previous judgement, so the candidates of one prompt pay for the prompt once.
-#include "loom/model_judge.hpp"
+#include "loom/eval/model_judge.hpp"
 
 #include "loom/error.hpp"
 

@@ -1,9 +1,9 @@
-// format/gguf.cpp — GGUF v2/v3 model files read as untrusted input (GgufFile, loom/gguf.hpp).
+// format/gguf.cpp — GGUF v2/v3 model files read as untrusted input (GgufFile, loom/format/gguf.hpp).
 //
 // Every count, offset, size and string length is checked against the bytes that are actually there
 // before it is used, and every allocation is charged against GgufLimits first; a bad file is a
 // loom::Error(parse_error) naming the file, what is wrong and the byte offset.
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include "format/file_type.hpp"
 #include "format/gguf_encoding.hpp"

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cstdint>
 #include <cstring>

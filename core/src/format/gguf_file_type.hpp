@@ -2,7 +2,7 @@
 // and `loom quantize` label their files the way llama-quantize does.
 #pragma once
 
-#include "loom/dtype.hpp"
+#include "loom/sdk/dtype.hpp"
 
 #include <cstdint>
 

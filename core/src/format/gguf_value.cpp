@@ -1,8 +1,8 @@
-// format/gguf_value.cpp — GGUF metadata values and arrays (loom/gguf.hpp): GgufValue's conversions
+// format/gguf_value.cpp — GGUF metadata values and arrays (loom/format/gguf.hpp): GgufValue's conversions
 // and one-line text, GgufArray's views of a file's bytes and owned elements.
 #include "format/gguf_encoding.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,8 +1,8 @@
-// format/gguf_writer.cpp — GgufWriter (loom/gguf.hpp): GGUF v3 files from metadata and tensors, whole
+// format/gguf_writer.cpp — GgufWriter (loom/format/gguf.hpp): GGUF v3 files from metadata and tensors, whole
 // or streamed one tensor at a time.
 #include "format/gguf_encoding.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cerrno>
 #include <cstring>

@@ -1,7 +1,7 @@
 // format/hf_config.cpp — a checkpoint's config.json read into GGUF keys (format/hf_config.hpp).
 #include "format/hf_config.hpp"
 
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cmath>
 #include <numbers>

@@ -1,5 +1,5 @@
 // format/hf_dir.cpp — a Hugging Face checkpoint directory read as a GgufFile (GgufFile::from_hf_dir,
-// loom/hf_checkpoint.hpp).
+// loom/format/hf_checkpoint.hpp).
 //
 // config.json → general.* and {arch}.* keys (format/hf_config.cpp); tokenizer.json (+
 // tokenizer_config.json, chat_template.jinja) → tokenizer.ggml.* and tokenizer.chat_template
@@ -13,8 +13,8 @@
 #include "format/hf_json.hpp"
 #include "format/hf_metadata.hpp"
 #include "format/hf_tokenizer.hpp"
-#include "loom/gguf.hpp"
-#include "loom/hf_checkpoint.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/format/hf_checkpoint.hpp"
 
 #include <algorithm>
 #include <cstdlib>

@@ -2,7 +2,7 @@
 #include "format/hf_files.hpp"
 
 #include "format/file_type.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cerrno>
 #include <cstring>

@@ -1,7 +1,7 @@
 // format/hf_json.cpp — the JSON of a Hugging Face checkpoint (format/hf_json.hpp).
 #include "format/hf_json.hpp"
 
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cmath>
 #include <limits>

@@ -2,7 +2,7 @@
 // header): keys in the order they are added, values made with v_str, v_u32 … as GGUF types them.
 #pragma once
 
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <string>
 #include <utility>

@@ -6,7 +6,7 @@
 // chat template (chat_template.jinja wins).
 #include "format/hf_tokenizer.hpp"
 
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cctype>
 #include <optional>

@@ -1,8 +1,8 @@
 // format/safetensors.cpp — the header of a safetensors file, checked against the file's bytes
-// (parse_safetensors, loom/hf_checkpoint.hpp).
+// (parse_safetensors, loom/format/hf_checkpoint.hpp).
 #include "format/hf_json.hpp"
-#include "loom/gguf.hpp"
-#include "loom/hf_checkpoint.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/format/hf_checkpoint.hpp"
 
 #include <algorithm>
 #include <limits>

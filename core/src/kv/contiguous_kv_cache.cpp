@@ -1,6 +1,6 @@
 // contiguous_kv_cache.cpp — the contiguous KV store: one slab of n_ctx positions per live sequence.
 #include "kv/kv_shape.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <algorithm>
 #include <map>

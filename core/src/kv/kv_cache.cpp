@@ -1,6 +1,6 @@
 // kv_cache.cpp — what both KV stores share: the slots and block tables a forward reads, a row's place in
 // the pool and its bytes (the stores themselves: contiguous_kv_cache.cpp, paged_kv_cache.cpp).
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include "loom/error.hpp"
 

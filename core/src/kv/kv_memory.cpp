@@ -1,5 +1,5 @@
 // kv_memory.cpp — the buffer a KV pool lives in and the block copies queued on it.
-#include "loom/kv_memory.hpp"
+#include "loom/kv/kv_memory.hpp"
 
 #include "loom/error.hpp"
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "loom/error.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <string>
 

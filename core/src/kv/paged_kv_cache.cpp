@@ -3,7 +3,7 @@
 // pool's PrefixCache.
 #include "kv/block_pool.hpp"
 #include "kv/kv_shape.hpp"
-#include "loom/kv_cache.hpp"
+#include "loom/kv/kv_cache.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -3,7 +3,7 @@
 // recently used first.
 #pragma once
 
-#include "loom/types.hpp"
+#include "loom/sdk/types.hpp"
 
 #include <cstdint>
 #include <list>

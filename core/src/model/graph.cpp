@@ -1,4 +1,4 @@
-#include "loom/graph.hpp"
+#include "loom/model/graph.hpp"
 
 #include <atomic>
 

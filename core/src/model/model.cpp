@@ -1,6 +1,6 @@
 // model.cpp — Model: the architecture (ModelConfig) and weights of a GGUF file, the forward graph of each
 // batch shape (built by GraphBuilder, cached per shape), and forward() on a backend.
-#include "loom/model.hpp"
+#include "loom/model/model.hpp"
 
 #include "loom/error.hpp"
 

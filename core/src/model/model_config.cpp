@@ -1,7 +1,7 @@
-#include "loom/model_config.hpp"
+#include "loom/model/model_config.hpp"
 
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <cmath>
 #include <cstdio>

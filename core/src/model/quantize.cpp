@@ -1,9 +1,9 @@
-// quantize.cpp — `loom quantize` (loom/synth.hpp): a GGUF model copied with its matrices converted to
+// quantize.cpp — `loom quantize` (loom/model/synth.hpp): a GGUF model copied with its matrices converted to
 // another weight type, rows converted on all cores; quantize_target, llama-quantize's fallback types.
 #include "format/gguf_file_type.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
-#include "loom/synth.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/synth.hpp"
 
 #include <algorithm>
 #include <exception>

@@ -1,6 +1,7 @@
 // The built-in reference backend: the SDK's reference executor (loom/sdk/reference.hpp), the very
 // code the reference_plugin backend plugin runs.
-#include "loom/backend.hpp"
+#include "loom/model/reference_backend.hpp"
+
 #include "loom/sdk/reference.hpp"
 
 namespace loom {

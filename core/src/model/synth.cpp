@@ -1,11 +1,11 @@
-// synth.cpp — `loom synth` (loom/synth.hpp): random-weight models of named shapes and families, with a
+// synth.cpp — `loom synth` (loom/model/synth.hpp): random-weight models of named shapes and families, with a
 // vocabulary (synthetic, or copied from another GGUF), written tensor by tensor. `loom quantize` is
 // quantize.cpp.
-#include "loom/synth.hpp"
+#include "loom/model/synth.hpp"
 
 #include "format/gguf_file_type.hpp"
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,6 +3,7 @@
 #include "pipeline/builder.hpp"
 
 #include "loom/error.hpp"
+#include "loom/model/reference_backend.hpp"
 #include "plugin/plugin_internal.hpp"
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // shares with them: the plugin directories, a path relative to the config, the process's model cache.
 #pragma once
 
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include <filesystem>
 #include <optional>

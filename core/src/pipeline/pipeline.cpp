@@ -2,7 +2,7 @@
 // names; submit() tokenizes and hands the request to the Engine (engine.cpp: admission and the
 // batched step loop, via scheduler.cpp), whose DecodeSession (decode_session.cpp) appends each
 // sampled token, runs the stop rules and streams the text; the decoder drives it.
-#include "loom/pipeline.hpp"
+#include "loom/pipeline/pipeline.hpp"
 
 #include "loom/error.hpp"
 #include "pipeline/builder.hpp"

@@ -1,4 +1,4 @@
-#include "loom/pipeline_config.hpp"
+#include "loom/pipeline/pipeline_config.hpp"
 
 #include "loom/error.hpp"
 

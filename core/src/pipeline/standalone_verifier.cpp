@@ -1,6 +1,7 @@
 // `loom verify`'s verifier: a config's [verifier] on its own, without the pipeline's model — a plugin
 // found on the config's plugin paths, or the built-in model_judge with its judge model.
 #include "loom/error.hpp"
+#include "loom/model/reference_backend.hpp"
 #include "pipeline/builder.hpp"
 #include "plugin/plugin_internal.hpp"
 

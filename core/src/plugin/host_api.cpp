@@ -1,6 +1,6 @@
 // The host's services (loom_host and the tables it hands out by version): statuses, logging,
 // configuration, RNG and the decoder session API. Every entry point is noexcept; host errors become statuses.
-#include "loom/engine.hpp"
+#include "loom/engine/engine.hpp"
 #include "plugin_internal.hpp"
 
 #include <cmath>

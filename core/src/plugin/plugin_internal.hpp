@@ -1,13 +1,13 @@
 // Host-side pieces of the plugin ABI shared by the registry, the host API and the adapters.
 #pragma once
 
-#include "loom/backend.hpp"
-#include "loom/decoder.hpp"
-#include "loom/engine.hpp"
+#include "loom/engine/engine.hpp"
+#include "loom/engine/sample_decoder.hpp"
 #include "loom/error.hpp"
-#include "loom/plugin_host.hpp"
-#include "loom/sampler.hpp"
+#include "loom/plugin/plugin_host.hpp"
+#include "loom/sample/sampler.hpp"
 #include "loom/sdk/abi.h"
+#include "loom/sdk/executor.hpp"
 
 #include <chrono>
 #include <cstring>

@@ -1,7 +1,7 @@
 // sample/chain.cpp — SamplerChain (the samplers in TOML order, ending with `dist` when none selected),
 // the distribution a chain draws from (sampling_distribution) and llama.cpp's default chain.
 #include "loom/error.hpp"
-#include "loom/sampler.hpp"
+#include "loom/sample/sampler.hpp"
 #include "sample/dist.hpp"
 #include "sample/params.hpp"
 

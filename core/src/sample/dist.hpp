@@ -2,7 +2,7 @@
 // which the chain runs at its end when no stage selected a token.
 #pragma once
 
-#include "loom/sampler.hpp"
+#include "loom/sample/sampler.hpp"
 
 #include <cstddef>
 #include <limits>

@@ -7,11 +7,11 @@
 // kills the thread. Numbers and literals end when a byte cannot continue them: they complete and the
 // byte goes on to the parent. The token mask walks a trie of the vocabulary's byte strings, feeding
 // one byte per trie edge, so a prefix shared by many tokens is matched once.
-#include "loom/json_constraint.hpp"
+#include "loom/sample/json_constraint.hpp"
 
 #include "loom/error.hpp"
-#include "loom/sampler.hpp"
-#include "loom/tokenizer.hpp"
+#include "loom/sample/sampler.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // sample/logprobs.cpp — log-probabilities under softmax(logits), the model's raw distribution: a
 // token's (token_logprob) and the k most likely (top_logprobs).
-#include "loom/logprobs.hpp"
+#include "loom/sample/logprobs.hpp"
 
 #include "loom/error.hpp"
 #include "loom/sdk/sampler.hpp"

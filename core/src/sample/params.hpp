@@ -3,7 +3,7 @@
 // its sampler's schema.
 #pragma once
 
-#include "loom/sampler.hpp"
+#include "loom/sample/sampler.hpp"
 
 #include <cstdint>
 #include <string>

@@ -1,10 +1,10 @@
 // sample/sampler_params.cpp — how a sampler's TOML keys are described and validated: the schema
 // builders, the "expected ..." wording (describe_expected / describe_param), the per-value checks and
 // Params, a spec's parameters validated against its sampler's schema.
-#include "loom/sampler_params.hpp"
+#include "loom/sample/sampler_params.hpp"
 
 #include "loom/error.hpp"
-#include "loom/sampler.hpp"
+#include "loom/sample/sampler.hpp"
 #include "sample/params.hpp"
 
 #include <algorithm>

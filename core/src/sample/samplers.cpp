@@ -17,8 +17,8 @@
 //  * Ties in logit are broken by the lower token id everywhere (sorting, greedy, temperature 0), so
 //    results never depend on the order of the candidate list.
 #include "loom/error.hpp"
-#include "loom/json_constraint.hpp"
-#include "loom/sampler.hpp"
+#include "loom/sample/json_constraint.hpp"
+#include "loom/sample/sampler.hpp"
 #include "sample/dist.hpp"
 #include "sample/params.hpp"
 

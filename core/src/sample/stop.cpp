@@ -6,7 +6,7 @@
 // When several stop strings occur in the held text, the one that *ends* first wins (ties: the one
 // that starts first, i.e. the longer). That is the match a byte-by-byte stream would have found
 // first, so the result does not depend on how the text was split into tokens.
-#include "loom/stop.hpp"
+#include "loom/sample/stop.hpp"
 
 #include "loom/error.hpp"
 

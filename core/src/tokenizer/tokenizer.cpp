@@ -1,7 +1,7 @@
 // tokenizer/tokenizer.cpp — GGUF vocabulary loading, Tokenizer::from_gguf and the shared parts
 // of encoding (special tokens, BOS/EOS) and decoding (UTF-8 safe, incremental).
 #include "loom/error.hpp"
-#include "loom/gguf.hpp"
+#include "loom/format/gguf.hpp"
 #include "tokenizer/utf8.hpp"
 #include "tokenizer/vocab.hpp"
 

@@ -5,7 +5,7 @@
 // plain text and the decoding of normal pieces.
 #pragma once
 
-#include "loom/tokenizer.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <array>
 #include <memory>
