@@ -773,7 +773,7 @@ TEST(EngineContract, DraftSequencesOfAllRequestsShareOneDraftForwardPerStep) {
         d->on_plan = [draft](DecodeSession& s) {
           if (*draft < 0) {
             *draft = s.fork_draft(0);
-            EXPECT_EQ(s.model_of(*draft), 1);
+            EXPECT_EQ(s.role_of(*draft), ModelRole::draft);
           }
           if (s.finished(0) == StopReason::none) {
             s.plan(0);

@@ -32,16 +32,16 @@ Scheduler::RequestState request(KVCacheStore& kv, SeqId id, int32_t held, int32_
   EXPECT_TRUE(kv.allocate(id, held));
   Scheduler::RequestState r;
   r.decoding = decoding;
-  r.pending.push_back({0, 0, id, remaining});
-  r.kv_held[0] = {id};
+  r.pending.push_back({0, ModelRole::target, id, remaining});
+  r.kv_held.target = {id};
   return r;
 }
 
 Action take(size_t req, int32_t n) {
-  return {Op::take, req, 0, 0, n, StopReason::none};
+  return {Op::take, req, 0, ModelRole::target, n, StopReason::none};
 }
 Action preempt(size_t req) {
-  return {Op::preempt, req, -1, 0, 0, StopReason::none};
+  return {Op::preempt, req, -1, ModelRole::target, 0, StopReason::none};
 }
 
 TEST(Schedule, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
@@ -55,11 +55,11 @@ TEST(Schedule, DecodesFirstThenPrefillChunksWithinTheTokenBudget) {
   const int64_t free_before = kv->free_units();
   const auto plan = sch.schedule(reqs, nullptr);
   EXPECT_EQ(plan.actions, (std::vector<Action>{take(1, 1), take(2, 1), take(0, 38)}));
-  EXPECT_EQ(plan.tokens[0], 40);
+  EXPECT_EQ(plan.tokens.target, 40);
   EXPECT_TRUE(plan.preempted.empty());
   // 38 new positions of an empty sequence: 3 blocks; the decodes land in blocks they have (20→21: the
   // second block is there; 30→31 too).
-  EXPECT_EQ(plan.units[0], 3);
+  EXPECT_EQ(plan.units.target, 3);
   EXPECT_EQ(kv->free_units(), free_before) << "planning changes nothing";
   EXPECT_EQ(kv->length(0), 0);
 }
@@ -76,7 +76,7 @@ TEST(Schedule, TheNewestRequestIsPreemptedForRoomAndWhatItHeldIsCounted) {
   // No free block: the newest request not in the batch (2) gives its two back, and 0 takes one.
   EXPECT_EQ(plan.actions, (std::vector<Action>{preempt(2), take(0, 1)}));
   EXPECT_EQ(plan.preempted, (std::vector<size_t>{2}));
-  EXPECT_EQ(plan.units[0], 1);
+  EXPECT_EQ(plan.units.target, 1);
 }
 
 TEST(Schedule, ADecodeWithNoNewerRequestPreemptsItself) {
@@ -87,7 +87,7 @@ TEST(Schedule, ADecodeWithNoNewerRequestPreemptsItself) {
   reqs.push_back(request(*kv, 1, 32, 1, true)); // the newest needs a third block: none free
   const auto plan = sch.schedule(reqs, nullptr);
   EXPECT_EQ(plan.actions, (std::vector<Action>{preempt(1)}));
-  EXPECT_EQ(plan.tokens[0], 0);
+  EXPECT_EQ(plan.tokens.target, 0);
 }
 
 TEST(Schedule, APrefillWithNoRoomWaitsForTheNextStep) {
@@ -142,18 +142,18 @@ TEST(Schedule, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs(2);
   reqs[0].decoding = true; // the beams: a token each
-  reqs[0].pending = {{0, 0, 0, 1}, {1, 0, 1, 1}};
-  reqs[0].kv_held[0] = {0, 1};
+  reqs[0].pending = {{0, ModelRole::target, 0, 1}, {1, ModelRole::target, 1, 1}};
+  reqs[0].kv_held.target = {0, 1};
   reqs[1].decoding = true;
-  reqs[1].pending = {{0, 0, 2, 1}};
-  reqs[1].kv_held[0] = {2};
+  reqs[1].pending = {{0, ModelRole::target, 2, 1}};
+  reqs[1].kv_held.target = {2};
   const auto plan = sch.schedule(reqs, nullptr);
   ASSERT_EQ(plan.actions.size(), 3u);
   // Each beam's take is planned with a copy of the shared block (an upper bound: the second beam's take
   // then finds it no longer shared).
   ASSERT_EQ(plan.copies.size(), 2u);
-  EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, 0, shared}));
-  EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, 0, shared}));
+  EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, ModelRole::target, shared}));
+  EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, ModelRole::target, shared}));
   EXPECT_EQ(kv->memory().queued_copies().size(), 0u) << "planning changes nothing";
   // Applying the takes records one copy, of the listed block, and the second beam writes in place.
   for (const auto& a : plan.actions)
@@ -181,8 +181,8 @@ TEST(Schedule, TheContiguousStoreGrowsWithinItsSlab) {
   Scheduler sch(*kv, 64);
   Scheduler::RequestState r;
   r.decoding = true;
-  r.pending.push_back({0, 0, 0, 60}); // more than the slab has left: alone, it ends
-  r.kv_held[0] = {0};
+  r.pending.push_back({0, ModelRole::target, 0, 60}); // more than the slab has left: alone, it ends
+  r.kv_held.target = {0};
   const auto plan = sch.schedule(std::vector<Scheduler::RequestState>{r}, nullptr);
   ASSERT_EQ(plan.actions.size(), 1u);
   EXPECT_EQ(plan.actions[0].op, Op::end);

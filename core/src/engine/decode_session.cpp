@@ -1,7 +1,9 @@
-// One request's sequences: fork / truncate / free, appending with stop rules and streaming, and the
-// plans the scheduler turns into batch rows. The contract is in loom/engine/decode_session.hpp.
+// One request's sequences: fork / truncate / free, appending with stop rules and streaming, sampling, and
+// the plans the scheduler turns into batch rows. The contract is in loom/engine/decode_session.hpp; drafts
+// and token trees are in session_draft.cpp, the verifier in session_verifier.cpp.
 #include "loom/engine/decode_session.hpp"
 
+#include "engine/session_state.hpp"
 #include "loom/error.hpp"
 #include "loom/sample/logprobs.hpp"
 
@@ -11,56 +13,11 @@
 
 namespace loom {
 
-// A sequence's state once it had prompt + k generated tokens (immutable; shared by forks), so that
-// truncate restores exactly what a sequence of that length had — including sampler state that a
-// replay of accept() could not rebuild (Mirostat's μ moves in apply()).
-struct DecodeSession::Checkpoint {
-  std::unique_ptr<Sampler> chain;
-  StopTracker stop; // every criterion, built-in and plugin, with its state
-  DecodeState detok;
-  size_t text_size = 0;
-  explicit Checkpoint(const StopTracker& st) : stop(st) {}
-};
-
-// The decoder-side state of a sequence; its tokens, K/V and logits rows are the book's entry `e`.
-struct DecodeSession::Seq {
-  SequenceBook::Entry* e = nullptr; // the book's entry of the same id (std::map nodes do not move)
-  std::unique_ptr<Sampler> chain;   // this sequence's sampler state
-  StopTracker stop; // its stop criteria (built-in and plugin) and the text held back from streaming
-  DecodeState detok;
-  std::string text; // released text
-  std::vector<float> logprobs;
-  std::vector<TokenAlternatives> top; // per generated token, when the request asked for top_logprobs
-  double logprob_sum = 0;
-  StopReason finished = StopReason::none;
-  std::string stop_string;
-  double final_score = 0;
-  std::vector<std::shared_ptr<const Checkpoint>> history; // [k]: after k generated tokens
-
-  explicit Seq(StopTracker st) : stop(std::move(st)) {}
-};
-
-DecodeSession::DecodeSession(SessionContext& ctx, RequestId id, std::vector<TokenId> prompt, uint64_t seed,
-                             int32_t max_new_tokens, StreamCallback cb)
+DecodeSession::DecodeSession(SessionContext& ctx, SequenceBook& book, RequestId id,
+                             std::vector<TokenId> prompt, uint64_t seed, int32_t max_new_tokens,
+                             StreamCallback cb)
     : ctx_(ctx), id_(id), prompt_(std::move(prompt)), rng_(seed), max_new_tokens_(max_new_tokens),
-      on_text_(std::move(cb)), book_(ctx, prompt_.size()) {}
-
-namespace {
-// A KV sequence just allocated for a sequence whose state is still being built: that state is cloned from
-// plugins (sampler chain, stop criteria), which may throw — then the KV sequence goes back to the store.
-struct FreeKvOnThrow {
-  SequenceBook& book;
-  int model;
-  SeqId seq;
-  bool armed = true;
-  FreeKvOnThrow(SequenceBook& b, int m, SeqId s) : book(b), model(m), seq(s) {}
-  FreeKvOnThrow(const FreeKvOnThrow&) = delete;
-  FreeKvOnThrow& operator=(const FreeKvOnThrow&) = delete;
-  ~FreeKvOnThrow() {
-    if (armed) book.free_kv(model, seq);
-  }
-};
-} // namespace
+      on_text_(std::move(cb)), book_(book) {}
 
 DecodeSession::~DecodeSession() {
   release();
@@ -89,9 +46,9 @@ void DecodeSession::checkpoint(Seq& s) {
 
 bool DecodeSession::open(const SequenceTemplate& tmpl) {
   LOOM_ASSERT(seqs_.empty(), "a session is opened once");
-  const SeqId kv = book_.new_kv(0, -1, false);
+  const SeqId kv = book_.new_kv(ModelRole::target, -1, false);
   if (kv < 0) return false;
-  FreeKvOnThrow undo{book_, 0, kv};
+  FreeKvOnThrow undo{book_, ModelRole::target, kv};
   StopConfig stop_cfg = tmpl.stop;
   stop_cfg.max_tokens = max_new_tokens_;
   auto seq = std::make_unique<Seq>(StopTracker(
@@ -118,12 +75,12 @@ bool DecodeSession::open(const SequenceTemplate& tmpl) {
 LocalSeq DecodeSession::fork(LocalSeq parent) {
   Seq& p = at(parent);
   const SequenceBook::Entry& pe = *p.e;
-  const SeqId kv = book_.new_kv(pe.model, pe.kv, pe.n_cached > 0);
+  const SeqId kv = book_.new_kv(pe.role, pe.kv, pe.n_cached > 0);
   if (kv < 0) return -1; // no free KV sequence: the decoder goes on with fewer
-  FreeKvOnThrow undo{book_, pe.model, kv};
+  FreeKvOnThrow undo{book_, pe.role, kv};
   auto c = std::make_unique<Seq>(p.stop); // clones the stop criteria: may throw
   SequenceBook::Entry e;
-  e.model = pe.model;
+  e.role = pe.role;
   e.kv = kv;
   e.tokens = pe.tokens;
   e.draft = pe.draft;
@@ -161,27 +118,6 @@ LocalSeq DecodeSession::adopt(SequenceBook::Entry e, std::unique_ptr<Seq> s) {
   seqs_.emplace(id, std::move(s));
   return id;
 }
-LocalSeq DecodeSession::fork_draft(LocalSeq parent) {
-  Seq& p = at(parent);
-  if (!ctx_.has_draft())
-    fail(Errc::not_found, "decoder",
-         "the pipeline has no draft model; name one with [decoder] draft = \"x.gguf\"");
-  if (p.e->model != k_target)
-    fail(Errc::invalid_argument, "decoder", "fork_draft: the parent must be a target sequence");
-  const SeqId kv = book_.new_kv(1, -1, false);
-  if (kv < 0) return -1; // no free draft KV sequence: recoverable
-  FreeKvOnThrow undo{book_, 1, kv};
-  auto c = std::make_unique<Seq>(p.stop); // clones the stop criteria: may throw
-  SequenceBook::Entry e;
-  e.model = 1;
-  e.kv = kv;
-  e.tokens = p.e->tokens; // committed tokens only; none evaluated on the draft model yet
-  e.finished = p.e->finished;
-  e.mirror = parent;
-  copy_state(p, *c); // clones plugin state: may throw
-  undo.armed = false;
-  return adopt(std::move(e), std::move(c));
-}
 void DecodeSession::set_metric(const std::string& key, double value) {
   if (key.empty()) fail(Errc::invalid_argument, "decoder", "set_metric: the key is empty");
   if (!std::isfinite(value))
@@ -198,9 +134,6 @@ double DecodeSession::uniform() {
   return rng_uniform(&rng_);
 }
 
-int DecodeSession::model_of(LocalSeq seq) const {
-  return at(seq).e->model;
-}
 void DecodeSession::free(LocalSeq seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -337,151 +270,6 @@ const float* DecodeSession::logits(LocalSeq seq) const {
 const float* DecodeSession::logits_at(LocalSeq seq, size_t row) const {
   return book_.row(*at(seq).e, row);
 }
-size_t DecodeSession::n_draft(LocalSeq seq) const {
-  return at(seq).e->draft.size();
-}
-
-size_t DecodeSession::set_draft(LocalSeq seq, std::span<const TokenId> tokens) {
-  Seq& s = at(seq);
-  if (s.finished != StopReason::none)
-    fail(Errc::invalid_argument, "decoder", "cannot draft after finished sequence " + std::to_string(seq));
-  for (TokenId t : tokens)
-    if (t < 0 || t >= n_vocab())
-      fail(Errc::invalid_argument, "decoder",
-           "draft token " + std::to_string(t) + " is outside the vocabulary");
-  book_.drop_draft(*s.e);
-  // Positions the context has left (the committed tokens' last one is evaluated at tokens.size() - 1).
-  const size_t room =
-      static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(s.e->tokens.size())));
-  const size_t n = std::min(tokens.size(), room);
-  s.e->draft.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
-  book_.note();
-  return n;
-}
-
-StopReason DecodeSession::commit(LocalSeq seq, size_t n) {
-  Seq& s = at(seq);
-  std::vector<TokenId>& draft = s.e->draft;
-  if (s.e->is_tree())
-    fail(Errc::invalid_argument, "decoder",
-         "commit(n) on sequence " + std::to_string(seq) +
-             ", whose draft is a tree: commit its nodes one by "
-             "one (commit_node)");
-  if (n > draft.size())
-    fail(Errc::invalid_argument, "decoder",
-         "commit of " + std::to_string(n) + " tokens but sequence " + std::to_string(seq) + " has " +
-             std::to_string(draft.size()) + " drafted");
-  StopReason r = StopReason::none;
-  for (size_t i = 0; i < n && r == StopReason::none; ++i) {
-    if (s.finished != StopReason::none)
-      fail(Errc::invalid_argument, "decoder", "commit to finished sequence " + std::to_string(seq));
-    const TokenId t = draft.front();
-    draft.erase(draft.begin());
-    r = commit_token(s, t);
-  }
-  return r;
-}
-
-int32_t DecodeSession::max_tree_nodes(LocalSeq seq) const {
-  return ctx_.slot(at(seq).e->model).tree_nodes;
-}
-int32_t DecodeSession::max_tree_depth(LocalSeq seq) const {
-  return ctx_.slot(at(seq).e->model).tree_depth;
-}
-
-size_t DecodeSession::set_draft_tree(LocalSeq seq, std::span<const TokenId> tokens,
-                                     std::span<const int32_t> parents) {
-  Seq& s = at(seq);
-  SequenceBook::Entry& e = *s.e;
-  if (s.finished != StopReason::none)
-    fail(Errc::invalid_argument, "decoder", "cannot draft after finished sequence " + std::to_string(seq));
-  if (tokens.size() != parents.size())
-    fail(Errc::invalid_argument, "decoder",
-         "set_draft_tree: " + std::to_string(tokens.size()) + " tokens but " +
-             std::to_string(parents.size()) + " parents (one each)");
-  if (tokens.size() > static_cast<size_t>(k_max_tree_nodes))
-    fail(Errc::invalid_argument, "decoder",
-         "set_draft_tree: " + std::to_string(tokens.size()) + " nodes; a tree has at most " +
-             std::to_string(k_max_tree_nodes));
-  bool chain = true;
-  std::vector<int32_t> depth(tokens.size());
-  int32_t max_depth = 0;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= n_vocab())
-      fail(Errc::invalid_argument, "decoder",
-           "draft token " + std::to_string(tokens[i]) + " is outside the vocabulary");
-    const int32_t par = parents[i];
-    if (par < -1 || par >= static_cast<int32_t>(i))
-      fail(Errc::invalid_argument, "decoder",
-           "set_draft_tree: node " + std::to_string(i) + " has parent " + std::to_string(par) +
-               "; expected -1 (the last committed token) or an earlier node");
-    chain = chain && par == static_cast<int32_t>(i) - 1;
-    depth[i] = par < 0 ? 1 : depth[static_cast<size_t>(par)] + 1;
-    max_depth = std::max(max_depth, depth[i]);
-  }
-  const int m = e.model == 0 ? 0 : 1;
-  if (!chain && ctx_.slot(m).tree_nodes == 0)
-    fail(Errc::unsupported, "decoder",
-         "this backend runs no token-tree rows (attention feature 'tree'): draft a chain (set_draft), or "
-         "run the pipeline on a backend that has them (cpu, reference)");
-  if (!chain && max_depth > ctx_.slot(m).tree_depth)
-    fail(Errc::invalid_argument, "decoder",
-         "set_draft_tree: a tree " + std::to_string(max_depth) +
-             " deep; this model's narrowest attention "
-             "window allows " +
-             std::to_string(ctx_.slot(m).tree_depth));
-  book_.drop_draft(e);
-  const size_t room =
-      static_cast<size_t>(std::max<int64_t>(0, ctx_.n_ctx - static_cast<int64_t>(e.tokens.size())));
-  const size_t n = std::min(tokens.size(), room);
-  e.draft.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
-  e.parent.assign(parents.begin(), parents.begin() + static_cast<std::ptrdiff_t>(n));
-  e.tree_chain = chain;
-  e.tree_base = static_cast<int32_t>(e.tokens.size());
-  e.tree_at = -1;
-  e.tree_kv_keep = e.tree_base;
-  book_.note();
-  return n;
-}
-
-StopReason DecodeSession::commit_node(LocalSeq seq, int32_t node) {
-  Seq& s = at(seq);
-  SequenceBook::Entry& e = *s.e;
-  if (s.finished != StopReason::none)
-    fail(Errc::invalid_argument, "decoder", "commit to finished sequence " + std::to_string(seq));
-  if (!e.is_tree())
-    fail(Errc::invalid_argument, "decoder",
-         "commit_node on sequence " + std::to_string(seq) + ", which has no draft tree (set_draft_tree)");
-  if (node < 0 || node >= static_cast<int32_t>(e.draft.size()))
-    fail(Errc::invalid_argument, "decoder",
-         "commit_node: node " + std::to_string(node) + " of a tree of " + std::to_string(e.draft.size()));
-  if (e.parent[static_cast<size_t>(node)] != e.tree_at)
-    fail(Errc::invalid_argument, "decoder",
-         "commit_node: node " + std::to_string(node) + " is not a child of the last committed node (" +
-             std::to_string(e.tree_at) + ")");
-  if (e.tree_at < 0) { // the first commit: the tree's rows as evaluated
-    if (e.n_rows < e.draft.size() + 1)
-      fail(Errc::invalid_argument, "decoder",
-           "commit_node: the tree of sequence " + std::to_string(seq) + " is not evaluated yet (plan it)");
-    e.tree_row_off = e.row_off;
-    e.tree_n_rows = e.n_rows;
-  }
-  // The committed node's depth is its slot's when every node before it on the path was at its own
-  // (node == depth − 1): then its K/V stay where they are.
-  const auto n_before = static_cast<int32_t>(e.tokens.size());
-  if (e.tree_kv_keep == n_before && node == n_before - e.tree_base) e.tree_kv_keep = n_before + 1;
-  const int32_t from = e.tree_at; // row 0 = the row after the last committed node
-  e.row_off = e.tree_row_off + static_cast<size_t>(1 + from);
-  e.n_rows = e.tree_n_rows - static_cast<size_t>(1 + from);
-  e.tree_at = node;
-  const StopReason r = commit_token(s, e.draft[static_cast<size_t>(node)]);
-  if (r == StopReason::none) {
-    e.row_off = e.tree_row_off + static_cast<size_t>(1 + node);
-    e.n_rows = e.tree_n_rows - static_cast<size_t>(1 + node);
-  }
-  return r;
-}
-
 // What seq's samplers read: the prompt, its generated tokens, the request's RNG and the vocabulary.
 SamplerContext DecodeSession::sampler_context(const Seq& s) {
   return SamplerContext{
@@ -588,51 +376,6 @@ void DecodeSession::set_output(const std::string& key, const std::string& json) 
       return;
     }
   outputs_.emplace_back(key, json);
-}
-
-namespace {
-// Adds the rows a verifier's model evaluated during one call to `total` (also when the verifier throws).
-class VerifierTokenCount {
-public:
-  VerifierTokenCount(const SessionContext& c, size_t& total)
-      : c_(c), total_(total), before_(c.verifier_tokens ? c.verifier_tokens() : 0) {}
-  ~VerifierTokenCount() {
-    if (c_.verifier_tokens) total_ += c_.verifier_tokens() - before_;
-  }
-  VerifierTokenCount(const VerifierTokenCount&) = delete;
-  VerifierTokenCount& operator=(const VerifierTokenCount&) = delete;
-
-private:
-  const SessionContext& c_;
-  size_t& total_;
-  size_t before_;
-};
-} // namespace
-
-const std::string& DecodeSession::verifier_prompt() const {
-  if (!ctx_.verifier)
-    fail(Errc::not_found, "decoder",
-         "the pipeline names no verifier; add a [verifier] section (name = a verifier plugin)");
-  if (!prompt_text_) prompt_text_ = ctx_.tok.decode(prompt_); // once per request, not per candidate
-  return *prompt_text_;
-}
-
-double DecodeSession::verify(std::string_view text) const {
-  const std::string& prompt = verifier_prompt();
-  const VerifierTokenCount count(ctx_, verifier_tokens_);
-  return ctx_.verifier->score(prompt, text, task_);
-}
-
-std::vector<VerifyOutcome> DecodeSession::verify_many(std::span<const std::string_view> texts) const {
-  const std::string& prompt = verifier_prompt();
-  const VerifierTokenCount count(ctx_, verifier_tokens_);
-  const std::vector<std::string_view> tasks(texts.size(), task_); // the request's, for each text
-  std::vector<VerifyOutcome> r = ctx_.verifier->score_many(prompt, texts, tasks);
-  if (r.size() != texts.size())
-    fail(Errc::internal, "decoder",
-         "the verifier gave " + std::to_string(r.size()) + " outcomes for " + std::to_string(texts.size()) +
-             " texts");
-  return r;
 }
 
 // ---- engine-facing ----

@@ -28,6 +28,9 @@ constexpr int k_max_stalled_steps = 3;
 
 struct Engine::Request {
   RequestId id;
+  // The request's sequences as the engine drives them (tokens, K/V, logits rows, the step's work), and its
+  // decoder-facing session over the same book (declared after it: it is destroyed first).
+  std::unique_ptr<SequenceBook> book;
   std::unique_ptr<DecodeSession> session;
   std::function<std::unique_ptr<Decoder>()> make_decoder; // called at the first admission (stepping thread)
   std::unique_ptr<Decoder> decoder;
@@ -43,9 +46,9 @@ struct Engine::Request {
   int32_t max_new_tokens = -1;
   Clock::time_point t_submit, t_admit{}, t_first{}, t_last{}, t_prefill0{}, t_prefill1{};
   bool prefilled = false;
-  double forward_ms[2] = {0, 0};       // wall time of the forwards (target, draft) this request took part in
-  double first_forward_ms[2] = {0, 0}; // of them, the first (the prompt's)
-  bool forwarded[2] = {false, false};
+  PerModel<double> forward_ms;       // wall time of the forwards this request took part in
+  PerModel<double> first_forward_ms; // of them, the first (the prompt's)
+  PerModel<bool> forwarded;
   size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran
   size_t n_generated = 0;                        // at the last step (inter-token latency)
   std::vector<double> itl_ms;
@@ -97,13 +100,13 @@ Engine::Engine(Model& model, const Tokenizer& tok, Backend& backend, KVCacheStor
       scheduler_(kv, n_ctx) {
   ctx_.verifier = tmpl_.verifier;
   ctx_.verifier_tokens = tmpl_.verifier_tokens;
-  ctx_.models[k_target] = slot_for(model, backend, kv, false);
+  ctx_.models.target = slot_for(model, backend, kv, false);
   if (draft) {
     if (draft->model.config().n_vocab != ctx_.n_vocab)
       fail(Errc::invalid_argument, "engine",
            "the draft model has " + std::to_string(draft->model.config().n_vocab) +
                " tokens in its vocabulary but the target has " + std::to_string(ctx_.n_vocab));
-    ctx_.models[k_draft] = slot_for(draft->model, draft->backend, draft->kv, draft->target_layers);
+    ctx_.models.draft = slot_for(draft->model, draft->backend, draft->kv, draft->target_layers);
   }
 }
 
@@ -134,7 +137,8 @@ RequestId Engine::submit(EngineRequest req) {
   std::lock_guard lock(mu_);
   r->id = next_id_++;
   // The session only keeps references here; the KV store is touched at admission (stepping thread).
-  r->session = std::make_unique<DecodeSession>(ctx_, r->id, std::move(req.prompt), req.seed,
+  r->book = std::make_unique<SequenceBook>(ctx_, req.prompt.size());
+  r->session = std::make_unique<DecodeSession>(ctx_, *r->book, r->id, std::move(req.prompt), req.seed,
                                                req.max_new_tokens, std::move(req.on_text));
   if (req.top_logprobs > 0) r->session->set_top_logprobs(static_cast<size_t>(req.top_logprobs));
   if (!req.task.empty()) r->session->set_task(std::move(req.task));
@@ -230,16 +234,16 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.n_prompt = static_cast<int32_t>(s.n_prompt());
   m.n_generated = static_cast<int32_t>(res.tokens.size());
   m.total_ms = ms_between(r.t_submit, t_end);
-  m.forward_ms = r.forward_ms[0];
-  m.tokens_evaluated = s.book().evaluated(0);
-  m.draft_tokens_evaluated = s.book().evaluated(1);
-  m.draft_kv_copied = s.book().kv_copied();
+  m.forward_ms = r.forward_ms.target;
+  m.tokens_evaluated = r.book->evaluated(ModelRole::target);
+  m.draft_tokens_evaluated = r.book->evaluated(ModelRole::draft);
+  m.draft_kv_copied = r.book->kv_copied();
   m.verifier_tokens_evaluated = s.verifier_tokens();
   m.kv_reserved_peak_bytes = r.kv_reserved_peak;
   m.kv_used_peak_bytes = r.kv_used_peak;
-  m.draft_forward_ms = r.forward_ms[1];
-  m.prefill_ms = r.first_forward_ms[0];
-  m.draft_prefill_ms = r.first_forward_ms[1];
+  m.draft_forward_ms = r.forward_ms.draft;
+  m.prefill_ms = r.first_forward_ms.target;
+  m.draft_prefill_ms = r.first_forward_ms.draft;
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
   m.queue_ms = ms_between(r.t_submit, r.t_admit != Clock::time_point{} ? r.t_admit : t_end);
   m.itl_ms = r.itl_ms;
@@ -247,7 +251,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.itl_p90_ms = ab::quantile(r.itl_ms, 0.9);
   m.itl_max_ms = r.itl_ms.empty() ? 0 : *std::max_element(r.itl_ms.begin(), r.itl_ms.end());
   m.preemptions = r.preemptions;
-  m.cached_prompt_tokens = s.book().cached_prompt();
+  m.cached_prompt_tokens = r.book->cached_prompt();
   stats_.cached_prompt_tokens += static_cast<size_t>(m.cached_prompt_tokens);
   ++stats_.finished;
   stats_.prompt_tokens += static_cast<size_t>(m.n_prompt);
@@ -301,7 +305,7 @@ void Engine::admit(Finished& done) {
       finish_now(head.error.empty() ? StopReason::cancelled : StopReason::error, "");
       continue;
     }
-    const int64_t needed = head.admitted ? s.book().positions_needed() : static_cast<int64_t>(s.n_prompt());
+    const int64_t needed = head.admitted ? head.book->positions_needed() : static_cast<int64_t>(s.n_prompt());
     const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), needed, running_.size());
     if (d.admission == Scheduler::Admission::wait) return;
     if (d.admission == Scheduler::Admission::never) {
@@ -312,7 +316,7 @@ void Engine::admit(Finished& done) {
     // request alone, with its KV given back, instead of escaping step() with the request still at the head.
     bool room = false;
     try {
-      room = head.admitted ? s.book().restore() : s.open(head.sequence ? *head.sequence : tmpl_);
+      room = head.admitted ? head.book->restore() : s.open(head.sequence ? *head.sequence : tmpl_);
     } catch (const std::exception& e) {
       head.failed(e.what());
       finish_now(StopReason::error, "");
@@ -348,7 +352,7 @@ void Engine::admit(Finished& done) {
 // batch.
 struct Engine::StepBatch {
   std::vector<Request*> owners;
-  std::array<Scheduler::Batch, 2> batches; // [0] the target's, [1] the draft's
+  PerModel<Scheduler::Batch> batches; // each model's forward
 };
 
 // One step, in the order of the file's header: what other threads sent → admission → plans → the
@@ -392,7 +396,7 @@ std::vector<char> Engine::plan_running() {
       }
       if (r.decoder->done(h)) return;
       r.decoder->plan(h);
-      s.book().begin_work();
+      r.book->begin_work();
       r.awaiting_update = true;
     });
   }
@@ -414,44 +418,42 @@ Engine::StepBatch Engine::schedule_batch() {
   for (auto& r : running_)
     if (!r->cancelled) {
       step.owners.push_back(r.get());
-      const SequenceBook& book = r->session->book();
+      const SequenceBook& book = *r->book;
       Scheduler::RequestState st;
       st.decoding = r->prefilled && !r->recompute;
       st.evicted = book.evicted();
       st.pending = book.pending();
-      for (int m = 0; m < 2; ++m)
+      for (ModelRole m : k_model_roles)
         st.kv_held[m] = book.kv_held(m);
       states.push_back(std::move(st));
     }
-  const Scheduler::Schedule sched = scheduler_.schedule(states, ctx_.models[k_draft].kv);
-  KVCacheStore* stores[2] = {ctx_.models[k_target].kv, ctx_.models[k_draft].kv};
-  size_t copies_before[2] = {0, 0};
-  for (int m = 0; m < 2; ++m)
-    if (stores[m]) copies_before[m] = stores[m]->memory().queued_copies().size();
+  const Scheduler::Schedule sched = scheduler_.schedule(states, ctx_.models.draft.kv);
+  PerModel<size_t> copies_before;
+  for (ModelRole m : k_model_roles)
+    if (KVCacheStore* kv = ctx_.models[m].kv) copies_before[m] = kv->memory().queued_copies().size();
   for (const Scheduler::Action& a : sched.actions)
     apply(a, step);
-  for (int m = 0; m < 2; ++m)
-    if (stores[m])
-      count_block_copies(sched, m, stores[m]->memory().queued_copies().subspan(copies_before[m]));
+  for (ModelRole m : k_model_roles)
+    if (KVCacheStore* kv = ctx_.models[m].kv)
+      count_block_copies(sched, m, kv->memory().queued_copies().subspan(copies_before[m]));
   return step;
 }
 
 void Engine::apply(const Scheduler::Action& a, StepBatch& step) {
   Request& r = *step.owners[a.request];
-  DecodeSession& s = *r.session;
   switch (a.op) {
   case Scheduler::Action::Op::preempt:
-    s.book().evict();
+    r.book->evict();
     r.recompute = true;
     ++r.preemptions;
     ++stats_.preemptions;
     break;
   case Scheduler::Action::Op::end:
-    s.end_pending(a.seq, a.reason);
+    r.session->end_pending(a.seq, a.reason);
     break;
   case Scheduler::Action::Op::take:
-    if (auto w = s.book().take_chunk(a.seq, a.n))
-      step.batches[a.model == 0 ? 0 : 1].add(a.request, *w);
+    if (auto w = r.book->take_chunk(a.seq, a.n))
+      step.batches[a.role].add(a.request, *w);
     else // the schedule is conservative about KV room, so this does not happen; the sequence waits if it does
       ++stats_.schedule_misses;
     break;
@@ -460,10 +462,11 @@ void Engine::apply(const Scheduler::Action& a, StepBatch& step) {
 
 // The block copies the takes recorded (`made`, on model m's store) are the schedule's: each one listed (the
 // schedule may list more); one it did not list is a schedule miss.
-void Engine::count_block_copies(const Scheduler::Schedule& sched, int m, std::span<const KVBlockCopy> made) {
+void Engine::count_block_copies(const Scheduler::Schedule& sched, ModelRole m,
+                                std::span<const KVBlockCopy> made) {
   std::vector<int64_t> listed;
   for (const auto& c : sched.copies)
-    if ((c.model == 0 ? 0 : 1) == m) listed.push_back(c.copy.src);
+    if (c.role == m) listed.push_back(c.copy.src);
   for (const KVBlockCopy& c : made) {
     ++stats_.block_copies;
     if (auto it = std::find(listed.begin(), listed.end(), c.src); it != listed.end())
@@ -477,14 +480,15 @@ void Engine::count_block_copies(const Scheduler::Schedule& sched, int m, std::sp
 // whether any forward ran.
 bool Engine::forward(StepBatch& step) {
   bool any_forward = false;
-  for (int m = 0; m < 2; ++m)
-    if (!step.batches[static_cast<size_t>(m)].empty()) {
-      LOOM_ASSERT(m == k_target || ctx_.has_draft(), "draft sequences exist only with a draft model");
+  for (ModelRole m : k_model_roles)
+    if (!step.batches[m].empty()) {
+      LOOM_ASSERT(m == ModelRole::target || ctx_.has_draft(),
+                  "draft sequences exist only with a draft model");
       any_forward = true;
       forward_model(m, step);
     }
   for (Request* r : step.owners) // rows of a failed forward are never made findable by content
-    if (r->error.empty()) r->session->book().chunks_evaluated();
+    if (r->error.empty()) r->book->chunks_evaluated();
   // The KV store's written positions at their fullest (after the forward) while each request runs.
   const size_t kv_used = ctx_.kv().stats().bytes_used;
   for (auto& r : running_)
@@ -493,8 +497,8 @@ bool Engine::forward(StepBatch& step) {
   return any_forward;
 }
 
-void Engine::forward_model(int m, StepBatch& step) {
-  const Scheduler::Batch& batch = step.batches[static_cast<size_t>(m)];
+void Engine::forward_model(ModelRole m, StepBatch& step) {
+  const Scheduler::Batch& batch = step.batches[m];
   ++stats_.forwards;
   stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
   const int32_t V = ctx_.n_vocab;
@@ -502,13 +506,13 @@ void Engine::forward_model(int m, StepBatch& step) {
   const auto t0 = Clock::now();
   bool ok = true;
   try {
-    const ModelSlot& slot = ctx_.slot(m);
+    const ModelSlot& slot = ctx_.models[m];
     slot.model->forward(*slot.backend, batch.view(), *slot.kv, logits);
   } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
     ok = false;
     for (size_t i : batch.sessions)
-      step.owners[i]->failed(std::string(m == k_target ? "the forward pass failed: "
-                                                       : "the draft model's forward pass failed: ") +
+      step.owners[i]->failed(std::string(m == ModelRole::target ? "the forward pass failed: "
+                                                                : "the draft model's forward pass failed: ") +
                              e.what());
   }
   const double ms = ms_between(t0, Clock::now());
@@ -523,7 +527,7 @@ void Engine::forward_model(int m, StepBatch& step) {
     }
   for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
     const auto& o = batch.outs[i];
-    step.owners[o.session]->session->book().set_logits(
+    step.owners[o.session]->book->set_logits(
         o.seq, o.row,
         std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
   }
@@ -535,7 +539,7 @@ void Engine::update_evaluated(const std::vector<Request*>& owners) {
   for (Request* rp : owners) {
     Request& r = *rp;
     DecodeSession& s = *r.session;
-    if (r.cancelled || s.book().evicted() || s.book().work_pending()) continue;
+    if (r.cancelled || r.book->evicted() || r.book->work_pending()) continue;
     if (!r.prefilled) {
       r.prefilled = true;
       r.t_prefill0 = r.t_admit;
@@ -549,7 +553,7 @@ void Engine::update_evaluated(const std::vector<Request*>& owners) {
       if (r.decoder->done(h)) return;
       r.decoder->update(h);
     });
-    const size_t g = s.book().max_generated();
+    const size_t g = r.book->max_generated();
     if (g > r.n_generated) {
       const auto now = Clock::now();
       if (r.t_first == Clock::time_point{})
@@ -587,7 +591,7 @@ void Engine::collect_finished(const std::vector<char>& planned, Finished& done) 
       if (r.on_finish) r.on_finish(res.first, res.second);
       done.push_back(std::move(res));
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else if (r.session->book().evicted()) {
+    } else if (r.book->evicted()) {
       auto owned = std::move(running_[i]);
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
       requeue(std::move(owned));
@@ -599,7 +603,7 @@ void Engine::collect_finished(const std::vector<char>& planned, Finished& done) 
 
 // A request asked to plan whose session shows no progress for k_max_stalled_steps steps in a row fails.
 void Engine::fail_if_stalled(Request& r) {
-  const uint64_t p = r.session->book().progress();
+  const uint64_t p = r.book->progress();
   r.stalled = p == r.last_progress ? r.stalled + 1 : 0;
   r.last_progress = p;
   if (r.stalled >= k_max_stalled_steps)

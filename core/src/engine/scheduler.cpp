@@ -40,11 +40,11 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
 Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, const KVCacheStore* draft) const {
   Schedule out;
   const size_t n = reqs.size();
-  const KVCacheStore* store[2] = {&kv_, draft};
-  int64_t free_units[2] = {kv_.free_units(), draft ? draft->free_units() : 0};
+  const PerModel<const KVCacheStore*> store{&kv_, draft};
+  PerModel<int64_t> free_units{kv_.free_units(), draft ? draft->free_units() : 0};
   std::vector<char> scheduled(n, 0), evicted(n, 0);
-  std::vector<std::array<int64_t, 2>> reserved(n, {0, 0}); // units each request's takes reserved
-  int32_t budget[2] = {max_batch_tokens_, max_batch_tokens_};
+  std::vector<PerModel<int64_t>> reserved(n); // units each request's takes reserved
+  PerModel<int32_t> budget{max_batch_tokens_, max_batch_tokens_};
   for (size_t i = 0; i < n; ++i)
     evicted[i] = reqs[i].evicted ? 1 : 0;
   const auto newest_victim = [&](size_t i) -> std::optional<size_t> {
@@ -58,11 +58,11 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
     return false;
   };
   const auto preempt = [&](size_t j) { // what it holds, and what it reserved this step, become free
-    for (int m = 0; m < 2; ++m)
+    for (ModelRole m : k_model_roles)
       if (store[m]) free_units[m] += store[m]->units_freed_by(reqs[j].kv_held[m]) + reserved[j][m];
     evicted[j] = 1;
     std::erase_if(out.copies, [&](const Schedule::BlockCopy& c) { return c.request == j; });
-    out.actions.push_back({Action::Op::preempt, j, -1, 0, 0, StopReason::none});
+    out.actions.push_back({Action::Op::preempt, j, -1, ModelRole::target, 0, StopReason::none});
     out.preempted.push_back(j);
   };
   for (int pass = 0; pass < 2; ++pass) // decodes, then prefills
@@ -71,9 +71,9 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
       if (evicted[i] || r.decoding != (pass == 0)) continue;
       const size_t first_action = out.actions.size();
       bool self_preempted = false;
-      int32_t taken[2] = {0, 0};
+      PerModel<int32_t> taken;
       for (const SequenceBook::Pending& p : r.pending) {
-        const int m = p.model == 0 ? 0 : 1;
+        const ModelRole m = p.role;
         const int32_t take = std::min(p.remaining, budget[m]);
         if (take <= 0 || !store[m]) continue; // the budget is spent: the rest waits for the next step
         bool took = false;
@@ -90,10 +90,10 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
             continue;
           }
           if (!others_hold_kv(i)) { // alone and still no room: this sequence cannot grow further
-            out.actions.push_back({Action::Op::end, i, p.seq, p.model, 0, StopReason::max_context});
+            out.actions.push_back({Action::Op::end, i, p.seq, m, 0, StopReason::max_context});
             break;
           }
-          if (r.decoding || (out.tokens[0] == 0 && out.tokens[1] == 0 && taken[0] + taken[1] == 0)) {
+          if (r.decoding || (out.tokens == PerModel<int32_t>{} && taken == PerModel<int32_t>{})) {
             self_preempted = true; // it gives way to the older requests and is recomputed later
           }
           break; // a prefill waits for the next step
@@ -102,9 +102,9 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
         if (took) {
           budget[m] -= take;
           taken[m] += take;
-          out.actions.push_back({Action::Op::take, i, p.seq, p.model, take, StopReason::none});
+          out.actions.push_back({Action::Op::take, i, p.seq, m, take, StopReason::none});
           if (const KVCacheStore::GrowCopy c = store[m]->copy_to_grow(p.kv, take); c.src >= 0)
-            out.copies.push_back({i, p.seq, p.model, c});
+            out.copies.push_back({i, p.seq, m, c});
         }
       }
       if (self_preempted) { // its chunks are dropped (their budget and KV come back); victims stay out
@@ -115,16 +115,16 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
             kept.push_back(out.actions[k]);
         out.actions = std::move(kept);
         std::erase_if(out.copies, [&](const Schedule::BlockCopy& c) { return c.request == i; });
-        for (int m = 0; m < 2; ++m)
+        for (ModelRole m : k_model_roles)
           budget[m] += taken[m];
         preempt(i);
         continue;
       }
-      if (taken[0] + taken[1] > 0) scheduled[i] = 1;
-      for (int m = 0; m < 2; ++m)
+      if (taken.target + taken.draft > 0) scheduled[i] = 1;
+      for (ModelRole m : k_model_roles)
         out.tokens[m] += taken[m];
     }
-  for (int m = 0; m < 2; ++m)
+  for (ModelRole m : k_model_roles)
     for (size_t i = 0; i < n; ++i)
       out.units[m] += evicted[i] ? 0 : reserved[i][m];
   return out;

@@ -27,8 +27,8 @@ SequenceBook::Entry& SequenceBook::at(LocalSeq seq) {
   return *e;
 }
 
-SeqId SequenceBook::new_kv(int model, SeqId parent_kv, bool fork) {
-  KVCacheStore& store = kv_of(model);
+SeqId SequenceBook::new_kv(ModelRole role, SeqId parent_kv, bool fork) {
+  KVCacheStore& store = ctx_.kv(role);
   const SeqId kv = ctx_.kv_seq_to_take();
   const bool ok = fork ? store.fork(parent_kv, kv) : store.allocate(kv, 0);
   if (!ok) return -1;
@@ -36,9 +36,9 @@ SeqId SequenceBook::new_kv(int model, SeqId parent_kv, bool fork) {
   return kv;
 }
 
-void SequenceBook::free_kv(int model, SeqId kv) noexcept {
+void SequenceBook::free_kv(ModelRole role, SeqId kv) noexcept {
   if (kv < 0) return;
-  kv_of(model).free(kv);
+  ctx_.kv(role).free(kv);
   ctx_.free_kv_seqs.push_back(kv);
 }
 
@@ -52,7 +52,7 @@ LocalSeq SequenceBook::add(Entry e) {
 void SequenceBook::erase(LocalSeq seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  free_kv(it->second.model, it->second.kv);
+  free_kv(it->second.role, it->second.kv);
   seqs_.erase(it);
   planned_.erase(std::remove(planned_.begin(), planned_.end(), seq), planned_.end());
   ++events_;
@@ -79,8 +79,8 @@ void SequenceBook::rewind(Entry& s, size_t n_tokens) {
   // Under a sliding window the next query (at n_tokens − 1) reads the window before it: when the
   // truncate went back past rows already released, they are evaluated again from the first of them.
   if (s.kv >= 0) {
-    const KVRetention& r = ctx_.slot(s.model).retention;
-    KVCacheStore& store = kv_of(s.model);
+    const KVRetention& r = ctx_.models[s.role].retention;
+    KVCacheStore& store = ctx_.kv(s.role);
     const Pos from = r.first_read(static_cast<Pos>(n_tokens) - 1);
     if (r.bounded() && !store.holds(s.kv, from, s.n_cached)) uncache(s, store.first_released(s.kv));
   }
@@ -114,7 +114,7 @@ void SequenceBook::begin_work() {
     q.pending = true;
     q.target = n_all;
     q.out_from = out_from;
-    if (q.model == k_draft && ctx_.models[k_draft].target_layers && q.mirror >= 0) copy_from_target(q);
+    if (q.role == ModelRole::draft && ctx_.models.draft.target_layers && q.mirror >= 0) copy_from_target(q);
     ++events_;
   }
   planned_.clear();
@@ -125,8 +125,8 @@ void SequenceBook::copy_from_target(Entry& q) {
   if (it == seqs_.end()) return;
   const Entry& t = it->second;
   KVCacheStore& src = ctx_.kv();
-  KVCacheStore& dst = *ctx_.models[k_draft].kv;
-  if (t.model != k_target || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
+  KVCacheStore& dst = ctx_.kv(ModelRole::draft);
+  if (t.role != ModelRole::target || t.kv < 0 || t.in_flight || !src.contains(t.kv)) return;
   // Host memory only (both pools): rows are copied one at a time, which on a device's memory would be a
   // blocking transfer each — there evaluating the layers again is cheaper.
   const Buffer* src_buf = src.memory().buffer();
@@ -159,14 +159,14 @@ bool SequenceBook::work_pending() const noexcept {
 std::vector<SequenceBook::Pending> SequenceBook::pending() const {
   std::vector<Pending> out;
   for (const auto& [id, q] : seqs_)
-    if (q.pending) out.push_back({id, q.model, q.kv, q.target - q.n_cached});
+    if (q.pending) out.push_back({id, q.role, q.kv, q.target - q.n_cached});
   return out;
 }
 
-std::vector<SeqId> SequenceBook::kv_held(int model) const {
+std::vector<SeqId> SequenceBook::kv_held(ModelRole role) const {
   std::vector<SeqId> out;
   for (const auto& [id, q] : seqs_)
-    if (q.kv >= 0 && (q.model == 0) == (model == 0) && kv_of(q.model).contains(q.kv)) out.push_back(q.kv);
+    if (q.kv >= 0 && q.role == role && ctx_.kv(q.role).contains(q.kv)) out.push_back(q.kv);
   return out;
 }
 
@@ -174,11 +174,11 @@ std::optional<SequenceBook::Work> SequenceBook::take_chunk(LocalSeq seq, int32_t
   Entry& q = at(seq);
   LOOM_ASSERT(q.pending && !evicted_ && n > 0, "a chunk of pending work");
   n = std::min(n, q.target - q.n_cached);
-  if (!kv_of(q.model).allocate(q.kv, n)) return std::nullopt;
+  if (!ctx_.kv(q.role).allocate(q.kv, n)) return std::nullopt;
   const auto n_committed = static_cast<int32_t>(q.tokens.size());
   Work w;
   w.seq = seq;
-  w.model = q.model;
+  w.role = q.role;
   w.kv = q.kv;
   w.first_pos = q.n_cached;
   w.out_from = q.out_from;
@@ -210,7 +210,7 @@ std::optional<SequenceBook::Work> SequenceBook::take_chunk(LocalSeq seq, int32_t
   q.in_flight = true;
   q.in_flight_n = n;
   if (q.n_cached == q.target) q.pending = false;
-  evaluated_[q.model == 0 ? 0 : 1] += static_cast<size_t>(n);
+  evaluated_[q.role] += static_cast<size_t>(n);
   ++events_;
   return w;
 }
@@ -218,11 +218,11 @@ std::optional<SequenceBook::Work> SequenceBook::take_chunk(LocalSeq seq, int32_t
 void SequenceBook::chunks_evaluated() {
   for (auto& [id, q] : seqs_) {
     if (q.in_flight && q.kv >= 0) {
-      KVCacheStore& store = kv_of(q.model);
+      KVCacheStore& store = ctx_.kv(q.role);
       store.register_prefix(q.kv, q.tokens); // findable by content
       // A sliding window: what no later query reads goes back to the store. The next query is at
       // n_cached, or at the last committed token when its row is evaluated again (begin_work).
-      const KVRetention& r = ctx_.slot(q.model).retention;
+      const KVRetention& r = ctx_.models[q.role].retention;
       if (r.bounded()) {
         const Pos next = std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1);
         store.release_positions(q.kv, r.sinks, r.keep_from(next));
@@ -235,11 +235,11 @@ void SequenceBook::chunks_evaluated() {
 
 void SequenceBook::evict() {
   for (auto& [id, q] : seqs_) {
-    if (q.kv >= 0) kv_of(q.model).free(q.kv);
+    if (q.kv >= 0) ctx_.kv(q.role).free(q.kv);
     q.n_cached = 0;
     if (q.in_flight) { // its chunk never ran: its rows are still owed, its tokens were not evaluated
       q.pending = true;
-      evaluated_[q.model == 0 ? 0 : 1] -= static_cast<size_t>(q.in_flight_n);
+      evaluated_[q.role] -= static_cast<size_t>(q.in_flight_n);
     }
     q.in_flight = false;
   }
@@ -252,9 +252,9 @@ bool SequenceBook::restore() {
   std::vector<Entry*> done;
   for (auto& [id, q] : seqs_) {
     if (q.kv < 0 || q.finished) continue; // a finished sequence holds no K/V
-    if (!kv_of(q.model).allocate(q.kv, 0)) {
+    if (!ctx_.kv(q.role).allocate(q.kv, 0)) {
       for (Entry* d : done)
-        kv_of(d->model).free(d->kv);
+        ctx_.kv(d->role).free(d->kv);
       return false;
     }
     done.push_back(&q);
@@ -267,12 +267,12 @@ bool SequenceBook::restore() {
     if (q.finished) continue;
     const auto n_committed = static_cast<int32_t>(q.tokens.size());
     const int32_t cap = q.pending ? std::min(q.out_from, n_committed) : n_committed;
-    q.n_cached = kv_of(q.model).reuse_prefix(q.kv, q.tokens, cap);
+    q.n_cached = ctx_.kv(q.role).reuse_prefix(q.kv, q.tokens, cap);
     if (q.pending && q.n_cached >= q.target) q.pending = false;
     // The prefix cache hands back the blocks a sliding window had released too: release them again.
-    const KVRetention& r = ctx_.slot(q.model).retention;
+    const KVRetention& r = ctx_.models[q.role].retention;
     if (r.bounded() && q.n_cached > 0)
-      kv_of(q.model).release_positions(
+      ctx_.kv(q.role).release_positions(
           q.kv, r.sinks, r.keep_from(std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1)));
   }
   return true;
@@ -281,9 +281,9 @@ bool SequenceBook::restore() {
 int64_t SequenceBook::positions_needed() const noexcept {
   int64_t n = 0;
   for (const auto& [id, q] : seqs_)
-    if (q.kv >= 0 && q.model == k_target)
-      n += std::min(ctx_.models[k_target].retention.bounded()
-                        ? ctx_.models[k_target].retention.bound_positions(ctx_.kv().positions_per_unit())
+    if (q.kv >= 0 && q.role == ModelRole::target)
+      n += std::min(ctx_.models.target.retention.bounded()
+                        ? ctx_.models.target.retention.bound_positions(ctx_.kv().positions_per_unit())
                         : INT64_MAX,
                     q.pending ? q.target : (!q.finished ? static_cast<int64_t>(q.tokens.size()) : 0));
   return n;
@@ -312,7 +312,7 @@ bool SequenceBook::any_generated() const noexcept {
 void SequenceBook::release() {
   for (auto& [id, q] : seqs_)
     if (q.kv >= 0) {
-      kv_of(q.model).free(q.kv);
+      ctx_.kv(q.role).free(q.kv);
       ctx_.free_kv_seqs.push_back(q.kv);
       q.kv = -1;
     }
@@ -320,7 +320,7 @@ void SequenceBook::release() {
 
 void SequenceBook::drop_kv(Entry& s) {
   if (s.kv < 0 || s.in_flight) return;
-  KVCacheStore& store = kv_of(s.model);
+  KVCacheStore& store = ctx_.kv(s.role);
   if (!store.contains(s.kv)) return;
   store.free(s.kv); // the id stays this sequence's until it is freed (allocate() makes it again)
   s.n_cached = 0;
@@ -343,7 +343,7 @@ void SequenceBook::drop_draft(Entry& s) {
 void SequenceBook::uncache(Entry& s, int32_t keep) {
   if (s.n_cached > keep) {
     s.n_cached = keep;
-    kv_of(s.model).truncate(s.kv, keep);
+    ctx_.kv(s.role).truncate(s.kv, keep);
   }
 }
 

@@ -3,7 +3,7 @@
 // A request owns sequences (request-local ids; 0 holds the prompt). Each sequence has its tokens,
 // its K/V in the store, the logits of its last evaluated token, and its own sampler-chain, stop and
 // detokenizer state. The bookkeeping — tokens, K/V, logits rows, the step's work, preemption — is the
-// request's SequenceBook (loom/engine/sequence_book.hpp), which the engine and its scheduler drive; this
+// request's SequenceBook (loom/engine/sequence_book.hpp), which the engine owns and drives; this
 // class is the decoder's face (built-in or plugin, through the C ABI): sampling, stop rules, text and
 // streaming, checkpoints for truncate, results — and it drives the book for everything touching K/V.
 //
@@ -21,7 +21,7 @@
 //             the same forward with a logits row after each; commit(n) takes the first n through the
 //             stop rules exactly as append would; append / truncate / set_draft drop the rest (tokens,
 //             KV positions, rows). Drafts are never streamed nor seen by stop rules or the chain.
-//   models    a sequence lives on the target (0) or on the pipeline's draft model (1, fork_draft);
+//   models    a sequence lives on the target or on the pipeline's draft model (ModelRole; fork_draft);
 //             both kinds are planned alike and each model gets one batched forward per step.
 #pragma once
 
@@ -57,8 +57,10 @@ struct SequenceTemplate {
 
 class DecodeSession {
 public:
-  DecodeSession(SessionContext& ctx, RequestId id, std::vector<TokenId> prompt, uint64_t seed,
-                int32_t max_new_tokens, StreamCallback cb);
+  // `book` is the request's (the engine owns it, beside this session, and drives it): it outlives the
+  // session.
+  DecodeSession(SessionContext& ctx, SequenceBook& book, RequestId id, std::vector<TokenId> prompt,
+                uint64_t seed, int32_t max_new_tokens, StreamCallback cb);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;
@@ -75,37 +77,9 @@ public:
   int32_t max_new_tokens() const noexcept { return max_new_tokens_; }
 
   LocalSeq fork(LocalSeq parent); // -1: no free KV sequence (recoverable)
-  // A sequence on the draft model holding parent's committed tokens (none evaluated there yet) and
-  // a copy of its sampler/stop state. -1: the draft store has no free sequence (recoverable).
-  LocalSeq fork_draft(LocalSeq parent);
-  bool has_draft_model() const noexcept { return ctx_.has_draft(); }
-  int model_of(LocalSeq seq) const; // 0 target, 1 draft
   void free(LocalSeq seq);
   void truncate(LocalSeq seq, size_t n_tokens);   // also drops the draft
   StopReason append(LocalSeq seq, TokenId token); // drops any draft first
-  // Uncommitted tokens after the committed ones: evaluated by the next plan, which then yields a
-  // logits row after the committed tokens and after each draft token (logits_at 0..n). Not streamed,
-  // not seen by stop rules or the sampler chain until commit(). Replaces an earlier draft; keeps
-  // what the context has room for and returns that count.
-  size_t set_draft(LocalSeq seq, std::span<const TokenId> tokens);
-  size_t n_draft(LocalSeq seq) const;
-  // Commits the first n draft tokens in order, as append would (stop rules, streaming, sampler
-  // accept); stops early when one ends the sequence (the rest are dropped). Row 1 becomes row 0, ….
-  StopReason commit(LocalSeq seq, size_t n);
-  // A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
-  // token). The next plan evaluates every node in one forward (tree attention: each node sees the
-  // committed tokens and its own ancestors) with row 1 + i after node i (row 0: after the committed
-  // tokens). Replaces an earlier draft; keeps the first nodes the context has room for, returns how many.
-  // At most max_tree_nodes(seq) nodes (0: the backend runs no tree rows — a chain is still accepted) and
-  // max_tree_depth(seq) deep.
-  size_t set_draft_tree(LocalSeq seq, std::span<const TokenId> tokens, std::span<const int32_t> parents);
-  // Commits node `node` of an evaluated tree, a child of the last committed node (or of the root), as
-  // append would; its row becomes row 0. Nodes off the committed path are dropped with the tree (the
-  // next append, truncate or draft); committed nodes whose K/V are not at their own positions are then
-  // evaluated again in the next forward.
-  StopReason commit_node(LocalSeq seq, int32_t node);
-  int32_t max_tree_nodes(LocalSeq seq) const;
-  int32_t max_tree_depth(LocalSeq seq) const;
   // The distribution the request's sampler chain draws seq's next token from (its state, row 0):
   // out[n_vocab], zeros for tokens the chain removed; one-hot for a deterministic selector.
   void probs(LocalSeq seq, std::span<float> out);
@@ -137,6 +111,41 @@ public:
   // A field the decoder adds to the result: one JSON value (validated) under a key that is not one of
   // the result's own fields.
   void set_output(const std::string& key, const std::string& json);
+  const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
+  std::mt19937_64& rng() noexcept { return rng_; }
+  RequestId id() const noexcept { return id_; }
+
+  // ---- drafts and token trees (speculative decoding: session_draft.cpp) ----
+  // A sequence on the draft model holding parent's committed tokens (none evaluated there yet) and
+  // a copy of its sampler/stop state. -1: the draft store has no free sequence (recoverable).
+  LocalSeq fork_draft(LocalSeq parent);
+  bool has_draft_model() const noexcept { return ctx_.has_draft(); }
+  ModelRole role_of(LocalSeq seq) const;
+  // Uncommitted tokens after the committed ones: evaluated by the next plan, which then yields a
+  // logits row after the committed tokens and after each draft token (logits_at 0..n). Not streamed,
+  // not seen by stop rules or the sampler chain until commit(). Replaces an earlier draft; keeps
+  // what the context has room for and returns that count.
+  size_t set_draft(LocalSeq seq, std::span<const TokenId> tokens);
+  size_t n_draft(LocalSeq seq) const;
+  // Commits the first n draft tokens in order, as append would (stop rules, streaming, sampler
+  // accept); stops early when one ends the sequence (the rest are dropped). Row 1 becomes row 0, ….
+  StopReason commit(LocalSeq seq, size_t n);
+  // A draft tree: node i is tokens[i], a child of node parents[i] < i (-1: of the last committed
+  // token). The next plan evaluates every node in one forward (tree attention: each node sees the
+  // committed tokens and its own ancestors) with row 1 + i after node i (row 0: after the committed
+  // tokens). Replaces an earlier draft; keeps the first nodes the context has room for, returns how many.
+  // At most max_tree_nodes(seq) nodes (0: the backend runs no tree rows — a chain is still accepted) and
+  // max_tree_depth(seq) deep.
+  size_t set_draft_tree(LocalSeq seq, std::span<const TokenId> tokens, std::span<const int32_t> parents);
+  // Commits node `node` of an evaluated tree, a child of the last committed node (or of the root), as
+  // append would; its row becomes row 0. Nodes off the committed path are dropped with the tree (the
+  // next append, truncate or draft); committed nodes whose K/V are not at their own positions are then
+  // evaluated again in the next forward.
+  StopReason commit_node(LocalSeq seq, int32_t node);
+  int32_t max_tree_nodes(LocalSeq seq) const;
+  int32_t max_tree_depth(LocalSeq seq) const;
+
+  // ---- the verifier (session_verifier.cpp) ----
   bool has_verifier() const noexcept { return ctx_.verifier != nullptr; }
   double verify(std::string_view text) const; // the pipeline's verifier on this request's prompt + text
   // The verifier on several texts at once: one outcome each (a failing text fails alone). Throws only
@@ -144,18 +153,11 @@ public:
   std::vector<VerifyOutcome> verify_many(std::span<const std::string_view> texts) const;
   size_t verifier_tokens() const noexcept { return verifier_tokens_; }   // rows its verifier calls evaluated
   void set_task(std::string task_json) { task_ = std::move(task_json); } // what the verifier is also given
-  const std::vector<std::pair<std::string, std::string>>& outputs() const noexcept { return outputs_; }
-  std::mt19937_64& rng() noexcept { return rng_; }
-  RequestId id() const noexcept { return id_; }
 
   // ---- engine-facing ----
   // Creates sequence 0 (the prompt) and reserves its KV sequence; false when the store has none free.
   bool open(const SequenceTemplate& tmpl);
   const std::vector<TokenId>& prompt() const noexcept { return prompt_; }
-  // The sequences' tokens, K/V, logits rows and the step's work: what the engine and its scheduler
-  // drive (begin_work, take_chunk, set_logits, evict / restore, …).
-  SequenceBook& book() noexcept { return book_; }
-  const SequenceBook& book() const noexcept { return book_; }
   // Ends a pending sequence that cannot get KV room even with the engine to itself.
   void end_pending(LocalSeq seq, StopReason reason);
   // Ends every live sequence with `reason` (cancel, failure).
@@ -201,7 +203,7 @@ private:
   std::vector<TokenData> candidates_; // the storage sample() views as Candidates (reused per token)
   int32_t max_new_tokens_;
   StreamCallback on_text_;
-  SequenceBook book_;                             // tokens, K/V, rows, work (by the same ids as seqs_)
+  SequenceBook& book_;                            // tokens, K/V, rows, work (by the same ids as seqs_)
   std::map<LocalSeq, std::unique_ptr<Seq>> seqs_; // sampler / stop / detokenizer state, text, results
   LocalSeq stream_ = 0;
   size_t streamed_ = 0; // bytes of the streamed sequence's text already handed to on_text_

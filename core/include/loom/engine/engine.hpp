@@ -181,9 +181,9 @@ private:
   void release_cancelled();
   StepBatch schedule_batch();
   void apply(const Scheduler::Action& a, StepBatch& step);
-  void count_block_copies(const Scheduler::Schedule& sched, int m, std::span<const KVBlockCopy> made);
+  void count_block_copies(const Scheduler::Schedule& sched, ModelRole m, std::span<const KVBlockCopy> made);
   bool forward(StepBatch& step);
-  void forward_model(int m, StepBatch& step);
+  void forward_model(ModelRole m, StepBatch& step);
   void update_evaluated(const std::vector<Request*>& owners);
   void collect_finished(const std::vector<char>& planned, Finished& done);
   void fail_if_stalled(Request& r);

@@ -50,7 +50,7 @@ public:
     bool decoding = false;                      // past its prompt: scheduled before the prefills
     bool evicted = false;                       // preempted earlier and not restored: nothing to schedule
     std::vector<SequenceBook::Pending> pending; // its sequences' work left (SequenceBook::pending())
-    std::vector<SeqId> kv_held[2]; // the KV sequences it holds on each model (preempting frees them)
+    PerModel<std::vector<SeqId>> kv_held; // the KV sequences it holds on each model (preempting frees them)
   };
   // What a step does, in order: the engine applies the actions one after the other.
   struct Action {
@@ -62,7 +62,7 @@ public:
     Op op = Op::take;
     size_t request = 0; // index into the states passed to schedule()
     LocalSeq seq = -1;
-    int model = 0;
+    ModelRole role = ModelRole::target;
     int32_t n = 0;
     StopReason reason = StopReason::none;
     bool operator==(const Action&) const = default;
@@ -70,8 +70,8 @@ public:
   struct Schedule {
     std::vector<Action> actions;
     std::vector<size_t> preempted; // requests preempted (each once), in the order of their actions
-    int32_t tokens[2] = {0, 0};    // rows of each model's forward
-    int64_t units[2] = {0, 0};     // KV units the takes reserve (blocks, copies of shared blocks)
+    PerModel<int32_t> tokens;      // rows of each model's forward
+    PerModel<int64_t> units;       // KV units the takes reserve (blocks, copies of shared blocks)
     // The block copies the takes cause (copy-on-write of a shared last block), in action order: the
     // store records them as the engine applies the takes and the backend runs them before the forward
     // (KVCacheStore::sync). An upper bound, as units: a copy whose sharer is preempted first, or that a
@@ -79,7 +79,7 @@ public:
     struct BlockCopy {
       size_t request = 0;
       LocalSeq seq = -1;
-      int model = 0;
+      ModelRole role = ModelRole::target;
       KVCacheStore::GrowCopy copy;
       bool operator==(const BlockCopy&) const = default;
     };

@@ -9,8 +9,8 @@
 #pragma once
 
 #include "loom/attention.hpp"
+#include "loom/engine/session_context.hpp"
 #include "loom/kv/kv_cache.hpp"
-#include "loom/sdk/verifier.hpp"
 #include "loom/tokenizer/tokenizer.hpp"
 
 #include <cstdint>
@@ -29,71 +29,16 @@ using RequestId = int64_t;
 using LocalSeq = int32_t; // request-local sequence id (0 = the prompt sequence)
 using StreamCallback = std::function<void(std::string_view text)>;
 
-class Model;
-class Backend;
-
-// One model a request's sequences run on: the target (k_target) or the pipeline's draft model (k_draft),
-// with its backend, its KV store and what that backend makes of the model's attention.
-struct ModelSlot {
-  Model* model = nullptr; // null: no such model (a pipeline without a draft)
-  Backend* backend = nullptr;
-  KVCacheStore* kv = nullptr;
-  // What its attention still reads of a sequence: with a bounded window the rest is released from the
-  // store after every forward.
-  KVRetention retention;
-  // Token trees (set_draft_tree): the most nodes a draft tree may have (0: its backend runs no tree rows),
-  // and the deepest (below the narrowest sliding window: a tree row's window is taken at its depth, its
-  // ancestors always attended).
-  int32_t tree_nodes = 0;
-  int32_t tree_depth = 0;
-  // The draft model is the target's own first layers ([decoder] draft_layers): a draft sequence takes the
-  // K/V of the tokens its target sequence has evaluated from the target's store (those layers' rows
-  // copied) instead of evaluating them again.
-  bool target_layers = false;
-  explicit operator bool() const noexcept { return model != nullptr; }
-};
-inline constexpr int k_target = 0; // SequenceBook::Entry::model, ModelSlot index
-inline constexpr int k_draft = 1;
-
-// What a session needs of the engine: shared, outliving every session.
-struct SessionContext {
-  const Tokenizer& tok;
-  int32_t n_ctx = 0;
-  int32_t n_vocab = 0;
-  ModelSlot models[2]; // [k_target], [k_draft]
-  const ModelSlot& slot(int model) const noexcept { return models[model == k_target ? k_target : k_draft]; }
-  KVCacheStore& kv() const noexcept { return *models[k_target].kv; } // the target's
-  bool has_draft() const noexcept { return static_cast<bool>(models[k_draft]); }
-  // KV store ids (both stores): unique among the sequences alive. An id goes back to free_kv_seqs when its
-  // sequence ends for good (freed, or its request released) — not when it is only evicted — and is used
-  // again first, so ids stay below the most sequences ever alive at once and never wrap however many
-  // forks a long-running engine makes.
-  SeqId next_kv_seq = 0; // never used yet
-  std::vector<SeqId> free_kv_seqs;
-  SeqId kv_seq_to_take() const noexcept { return free_kv_seqs.empty() ? next_kv_seq : free_kv_seqs.back(); }
-  void take_kv_seq(SeqId id) { // after the store allocated kv_seq_to_take()
-    if (!free_kv_seqs.empty() && free_kv_seqs.back() == id)
-      free_kv_seqs.pop_back();
-    else
-      ++next_kv_seq;
-  }
-  // The pipeline's verifier (loom/sdk/verifier.hpp: model_judge or a plugin's); nullptr = none.
-  std::shared_ptr<Verifier> verifier;
-  // Token rows the verifier's own model has evaluated so far (a judge model; empty: no model): what a
-  // request's verifier calls cost, counted as the difference around them.
-  std::function<size_t()> verifier_tokens;
-};
-
 // The bookkeeping half of a request.
 class SequenceBook {
 public:
   // One sequence's tokens, K/V and logits rows.
   struct Entry {
-    int model = k_target;        // k_target, or k_draft: the pipeline's draft model (ModelSlot)
-    LocalSeq mirror = -1;        // a draft sequence: the target sequence it was forked from
-    SeqId kv = -1;               // id in that model's KV store
-    std::vector<TokenId> tokens; // committed: prompt + generated
-    std::vector<TokenId> draft;  // uncommitted tokens after `tokens` (not streamed, not seen by stop rules)
+    ModelRole role = ModelRole::target; // the model it runs on (SessionContext::models)
+    LocalSeq mirror = -1;               // a draft sequence: the target sequence it was forked from
+    SeqId kv = -1;                      // id in that model's KV store
+    std::vector<TokenId> tokens;        // committed: prompt + generated
+    std::vector<TokenId> draft; // uncommitted tokens after `tokens` (not streamed, not seen by stop rules)
     // A draft tree (empty: the draft is linear): parent[i] < i is node i's parent in draft, -1 the last
     // committed token. Node i's K/V lie at slot tree_base + i; it is rotated at tree_base − 1 + its depth.
     // While a path is committed (DecodeSession::commit_node) the nodes stay: tree_at is the last committed
@@ -129,12 +74,11 @@ public:
 
   // ---- what the decoder's session does through the book ----
   SessionContext& context() const noexcept { return ctx_; }
-  KVCacheStore& kv_of(int model) const { return *ctx_.slot(model).kv; }
-  // A new KV store sequence on `model`: empty, or (parent_kv ≥ 0 with cached positions) a fork of it.
+  // A new KV store sequence on model `role`: empty, or (parent_kv ≥ 0 with cached positions) a fork of it.
   // -1 when the store has no free sequence.
-  SeqId new_kv(int model, SeqId parent_kv, bool fork);
+  SeqId new_kv(ModelRole role, SeqId parent_kv, bool fork);
   // Gives a KV store sequence back for good (its id is used again).
-  void free_kv(int model, SeqId kv) noexcept;
+  void free_kv(ModelRole role, SeqId kv) noexcept;
   LocalSeq add(Entry e); // the next request-local id
   Entry* find(LocalSeq seq) noexcept;
   const Entry* find(LocalSeq seq) const noexcept;
@@ -159,7 +103,7 @@ public:
   // One planned sequence's unevaluated tokens, for the scheduler's batch.
   struct Work {
     LocalSeq seq;
-    int model = 0; // 0 target, 1 draft
+    ModelRole role = ModelRole::target;
     SeqId kv = -1;
     Pos first_pos = 0;           // position of tokens[0]
     std::vector<TokenId> tokens; // to evaluate
@@ -179,13 +123,13 @@ public:
   bool work_pending() const noexcept;
   struct Pending {
     LocalSeq seq;
-    int model = 0;
+    ModelRole role = ModelRole::target;
     SeqId kv = -1;         // its sequence in that model's KV store
     int32_t remaining = 0; // tokens left to evaluate
   };
   std::vector<Pending> pending() const;
-  // The KV store sequences this request holds on a model (0 target, 1 draft): what preempting it frees.
-  std::vector<SeqId> kv_held(int model) const;
+  // The KV store sequences this request holds on a model: what preempting it frees.
+  std::vector<SeqId> kv_held(ModelRole role) const;
   // The next (at most n) tokens of a pending sequence, their KV positions reserved; nullopt, changing
   // nothing, when the store has no room for them.
   std::optional<Work> take_chunk(LocalSeq seq, int32_t n);
@@ -209,8 +153,8 @@ public:
   bool any_generated() const noexcept;
   // A number that changes whenever the request does something (appends, evaluates, ends, forks).
   uint64_t progress() const noexcept { return events_; }
-  // Token rows evaluated for this request so far, on the target (0) and on the draft model (1).
-  size_t evaluated(int model) const noexcept { return evaluated_[model == 0 ? 0 : 1]; }
+  // Token rows evaluated for this request so far, on each model.
+  size_t evaluated(ModelRole role) const noexcept { return evaluated_[role]; }
   // Positions a draft of the target's layers took from the target's store instead of evaluating them.
   size_t kv_copied() const noexcept { return kv_copied_; }
   void release(); // frees every sequence's KV and KV id
@@ -228,7 +172,7 @@ private:
   std::vector<LocalSeq> planned_;
   bool evicted_ = false;
   int32_t cached_prompt_ = 0;
-  size_t evaluated_[2] = {0, 0};
+  PerModel<size_t> evaluated_;
   size_t kv_copied_ = 0;
   uint64_t events_ = 0; // progress counter
 };
