@@ -21,9 +21,6 @@ class Backend;
 // Which model a sequence runs on: the target, or the pipeline's draft model (speculative decoding).
 enum class ModelRole : uint8_t { target, draft };
 inline constexpr std::array<ModelRole, 2> k_model_roles = {ModelRole::target, ModelRole::draft};
-inline const char* to_string(ModelRole r) noexcept {
-  return r == ModelRole::target ? "target" : "draft";
-}
 
 // One value per model role (a forward's rows, a request's forward time, …).
 template <class T> struct PerModel {
