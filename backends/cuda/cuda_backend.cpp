@@ -7,9 +7,11 @@
 #include "loom/sdk/dtype.hpp"
 #include "loom/sdk/error.hpp"
 #include "loom/sdk/rope.hpp"
+#include "op_profile.hpp"
 #include "quant_device.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -95,10 +97,12 @@ public:
           "cublasSetMathMode");
     describe_ =
         describe_device(o.device) + (o.exact_matmul ? ", exact f32 GEMMs" : ", f16/bf16 tensor-core GEMMs");
+    if (o.profile) profile_ = std::make_unique<OpProfile>();
   }
   ~CudaBackendImpl() override {
     cudaSetDevice(o_.device); // (no throw here)
     if (stream_) cudaStreamSynchronize(stream_);
+    profile_.reset(); // (its table, and its events while the device is bound)
     clear_graphs();
     weights_.clear();
     lazy_.clear();
@@ -131,7 +135,8 @@ public:
     return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0;
   }
   // An online-softmax kernel over each query's span (flash-decoding's shape): never materialized scores.
-  // Token trees (attn_tree) are not run here yet: speculative decoding drafts linearly on this backend.
+  // Token-tree rows too (attn_tree; first passed on an H200, 2026-12-04), unless [backend] tree_attention
+  // = false: then speculative decoding drafts chains on this backend.
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
     return k != AttnKernel::naive && ((features & attn_tree) == 0 || o_.tree_attention);
   }
@@ -176,6 +181,13 @@ public:
   // `logits`: a buffer of this backend (what the plugin table hands over), or host memory, which gets the
   // logits through a device buffer of this backend's own.
   void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
+    if (!profile_) return compute_once(g, b, kv, logits);
+    const auto start = std::chrono::steady_clock::now();
+    compute_once(g, b, kv, logits);
+    check(cudaStreamSynchronize(stream_), "profile");
+    profile_->add_compute(start, std::chrono::steady_clock::now());
+  }
+  void compute_once(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, logits.data()) == cudaSuccess && a.type == cudaMemoryTypeDevice) {
       run(g, b, kv, logits.data(), logits.size());
@@ -218,8 +230,11 @@ public:
       if (n.op == OpKind::rope) rope_tables(g, n, rope_pos);
     // Decode steps of a recurring shape replay a CUDA graph of the walk (captured the second time the
     // shape comes with the same buffers: the first run is eager and makes every buffer the walk uses).
-    const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0 && !tree; // (tree inputs: not in the key)
-    if (!graphable || !replay_or_capture(graph_key(w, b), walk)) walk();
+    const bool graphable = o_.cuda_graphs && T <= 8 && g.id != 0 && !tree && !profile_; // (tree: not keyed)
+    if (profile_)
+      timed_walk(w);
+    else if (!graphable || !replay_or_capture(graph_key(w, b), walk))
+      walk();
     const TensorDesc& out = g.tensors[static_cast<size_t>(g.out_logits)];
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(n_logits >= n_out, "logits buffer too small");
@@ -461,6 +476,23 @@ private:
     return key;
   }
 
+  // The walk with each node between two events ([backend] profile), summed by op kind and batch size.
+  void timed_walk(const LaunchArgs& w) {
+    std::vector<std::string> kinds;
+    for (size_t i = 0; i < w.g.nodes.size(); ++i) {
+      const Node& n = w.g.nodes[i];
+      profile_->mark(i, false, stream_);
+      launch(w, n);
+      check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
+      profile_->mark(i, true, stream_);
+      kinds.push_back(std::string(op_name(n.op)) + (w.T == 1   ? " (1 row)"
+                                                    : w.T <= 8 ? " (2-8 rows)"
+                                                               : " (9+ rows)"));
+    }
+    check(cudaStreamSynchronize(stream_), "profile");
+    profile_->collect(kinds);
+  }
+
   // Replays the graph of `key`, or captures it (second sighting) and replays it; false: run eagerly.
   template <class Walk> bool replay_or_capture(const GraphKey& key, const Walk& walk) {
     if (graphs_.size() >= 64 && !graphs_.count(key)) clear_graphs(); // bounded
@@ -509,6 +541,10 @@ private:
 
   // A KV pool as the kernels see it.
   static KvPool pool_of(void* p, const KVLayout& l) {
+    if (l.dtype == DType::q8_0 && (static_cast<int64_t>(l.n_head_kv) * l.head_dim) % 32 != 0)
+      fail(Errc::unsupported, "cuda",
+           "a q8_0 KV cache needs rows of a multiple of 32 values (n_head_kv x head_dim), found " +
+               std::to_string(static_cast<int64_t>(l.n_head_kv) * l.head_dim) + "; use kv_cache.dtype = f16");
     KvPool k;
     k.data = static_cast<uint8_t*>(p);
     k.dtype = static_cast<uint32_t>(l.dtype);
@@ -675,8 +711,11 @@ private:
     } else {
       fail(Errc::unsupported, "cuda", "a matmul whose matrix is an activation");
     }
-    if (T <= 8) {
-      if (!o_.exact_matmul && !(logits && o_.exact_logits) && block_values(type) > 1) { // int8 products
+    // GEMV kernels for ≤ 8 rows; for block types' int8 products up to 32 rows too (⌈T/8⌉ passes over the
+    // packed weights move fewer bytes than dequantizing them all to f16 for one GEMM).
+    const bool int8 = !o_.exact_matmul && !(logits && o_.exact_logits) && block_values(type) > 1;
+    if (T <= 8 || (int8 && T <= 32)) {
+      if (int8) { // int8 products
         const size_t qbytes = static_cast<size_t>(T * (K / 32)) * q8_block_bytes();
         scratch_.reserve(qbytes);
         scratch_used_ = std::max(scratch_used_, qbytes);
@@ -744,6 +783,7 @@ private:
   };
 
   CudaOptions o_;
+  std::unique_ptr<OpProfile> profile_; // [backend] profile
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::string describe_;

@@ -25,10 +25,11 @@ struct CudaOptions {
   size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
   // Decode steps (≤ 8 rows) of a recurring shape replayed as CUDA graphs (one launch per step).
   bool cuda_graphs = true;
-  // Token-tree rows (speculative decoding's trees): written and built, not yet run on a GPU by
-  // this project (no device lent); off until scripts/gpu-check.sh's BackendOps tree test passes on one —
-  // speculative decoding drafts chains here meanwhile.
-  bool tree_attention = false;
+  // Token-tree rows (speculative decoding's trees) in the attention kernel; off: drafts are chains here.
+  bool tree_attention = true;
+  // Each node timed with CUDA events (the launches eager, no graphs), and the host's share of each compute:
+  // a table by op kind on stderr when the backend goes ([backend] profile; slows every step).
+  bool profile = false;
 };
 
 // Whether a CUDA device can be used, and if not, why (one line; "" when it can).

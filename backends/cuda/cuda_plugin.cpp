@@ -30,7 +30,8 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.exact_matmul = c.get_bool("exact_matmul", false);
   o.exact_logits = c.get_bool("exact_logits", true);
   o.cuda_graphs = c.get_bool("cuda_graphs", true);
-  o.tree_attention = c.get_bool("tree_attention", false);
+  o.tree_attention = c.get_bool("tree_attention", true);
+  o.profile = c.get_bool("profile", false);
   o.staging_bytes = static_cast<size_t>(staging) << 20;
   auto p = std::make_unique<loom::sdk::ExecutorPlugin>();
   p->be = loom::cuda::make_cuda_backend(o); // throws, in one line, where no GPU is usable

@@ -108,6 +108,55 @@ __global__ void k_gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const
   }
 }
 
+// The plain types (f32, f16, bf16) when K is a multiple of 8: each lane reads 8 weights at a time in 16-byte
+// loads (a warp: 256 consecutive weights), two rounds in flight; x in float4s. Same sums as k_gemv's up to
+// their order.
+__device__ __forceinline__ void widen8(uint32_t type, const uint8_t* p, float* v) {
+  if (type == qt_f32) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  for (int i = 0; i < 4; ++i) {
+    const auto lo = static_cast<uint16_t>(w[i] & 0xFFFFu), hi = static_cast<uint16_t>(w[i] >> 16);
+    v[2 * i] = type == qt_bf16 ? bf16_to_float(lo) : __half2float(__ushort_as_half(lo));
+    v[2 * i + 1] = type == qt_bf16 ? bf16_to_float(hi) : __half2float(__ushort_as_half(hi));
+  }
+}
+
+template <int T, uint32_t Type>
+__global__ void k_gemv_wide(const uint8_t* w, int64_t row_bytes, const float* x, float* y, int64_t K,
+                            int64_t N) {
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (j >= N) return;
+  constexpr int es = Type == qt_f32 ? 4 : 2;
+  const uint8_t* row = w + j * row_bytes;
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+    acc[t] = 0.0f;
+#pragma unroll 2
+  for (int64_t k = 8 * lane; k < K; k += 256) {
+    float v[8];
+    widen8(Type, row + k * es, v);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4 a = *reinterpret_cast<const float4*>(x + t * K + k);
+      const float4 b = *reinterpret_cast<const float4*>(x + t * K + k + 4);
+      acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z +
+                v[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float r = warp_sum(acc[t]);
+    if (lane == 0) y[t * N + j] = r;
+  }
+}
+
 __global__ void k_quantize_acts(const float* x, Q8Block* xq, int64_t n_blocks) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_blocks) return;
@@ -138,17 +187,32 @@ __global__ void k_gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, 
   }
 }
 
-__global__ void k_dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows,
-                               void* out, uint32_t out_type) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= K * rows) return;
-  const float v = value_at(type, w + (i / K) * row_bytes, i % K);
+__device__ __forceinline__ void put_value(void* out, uint32_t out_type, int64_t i, float v) {
   if (out_type == qt_f32)
     static_cast<float*>(out)[i] = v;
   else if (out_type == qt_f16)
     static_cast<__half*>(out)[i] = __float2half_rn(v);
   else
     static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+}
+
+// Plain types: a thread per value. Block types: a thread per 32 values (one dequant32 of its sub-block,
+// not 32 — a block is decoded once).
+__global__ void k_dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows,
+                               void* out, uint32_t out_type) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (block_values(type) == 1) {
+    if (i < K * rows) put_value(out, out_type, i, value_at(type, w + (i / K) * row_bytes, i % K));
+    return;
+  }
+  const int64_t per_row = K / 32;
+  if (i >= per_row * rows) return;
+  const int64_t r = i / per_row, sb = i % per_row;
+  float v[32];
+  dequant32(type, w + r * row_bytes, sb, v);
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+    put_value(out, out_type, r * K + 32 * sb + j, v[j]);
 }
 
 __global__ void k_to_half(const float* x, void* y, int64_t n, bool bf16) {
@@ -213,15 +277,11 @@ __global__ void k_kv_write(KvPool kv, int32_t layer, const float* k, const float
     reinterpret_cast<float*>(row)[e] = src[e];
     break;
   case qt_f16: {
-    const uint16_t h = float_to_half(src[e]);
-    row[2 * e] = static_cast<uint8_t>(h & 0xFF);
-    row[2 * e + 1] = static_cast<uint8_t>(h >> 8);
+    store_u16(row + 2 * e, float_to_half(src[e]));
     break;
   }
   case qt_bf16: {
-    const uint16_t h = float_to_bf16(src[e]);
-    row[2 * e] = static_cast<uint8_t>(h & 0xFF);
-    row[2 * e + 1] = static_cast<uint8_t>(h >> 8);
+    store_u16(row + 2 * e, float_to_bf16(src[e]));
     break;
   }
   default: // q8_0
@@ -485,9 +545,22 @@ void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, fl
           int32_t T, cudaStream_t s) {
   if (N == 0 || T == 0) return;
   const unsigned grid = blocks_for(N * 32);
+  // 16-byte loads: rows and x aligned to 16 bytes (device allocations are; K a multiple of 8 keeps rows so)
+  const bool wide = K % 8 == 0 && (type == qt_f32 || type == qt_f16 || type == qt_bf16) &&
+                    reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    row_bytes % 16 == 0;
   by_chunks_of_8(T, [&](auto n, int32_t t0) {
-    k_gemv<decltype(n)::value><<<grid, k_threads, 0, s>>>(
-        type, w, row_bytes, x + static_cast<int64_t>(t0) * K, y + static_cast<int64_t>(t0) * N, K, N);
+    constexpr int R = decltype(n)::value;
+    const float* xs = x + static_cast<int64_t>(t0) * K;
+    float* ys = y + static_cast<int64_t>(t0) * N;
+    if (!wide)
+      k_gemv<R><<<grid, k_threads, 0, s>>>(type, w, row_bytes, xs, ys, K, N);
+    else if (type == qt_bf16)
+      k_gemv_wide<R, qt_bf16><<<grid, k_threads, 0, s>>>(w, row_bytes, xs, ys, K, N);
+    else if (type == qt_f16)
+      k_gemv_wide<R, qt_f16><<<grid, k_threads, 0, s>>>(w, row_bytes, xs, ys, K, N);
+    else
+      k_gemv_wide<R, qt_f32><<<grid, k_threads, 0, s>>>(w, row_bytes, xs, ys, K, N);
   });
 }
 
@@ -514,7 +587,8 @@ void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* x
 void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,
                   uint32_t out_type, cudaStream_t s) {
   if (K * rows == 0) return;
-  k_dequant_rows<<<blocks_for(K * rows), k_threads, 0, s>>>(type, w, row_bytes, K, rows, out, out_type);
+  const int64_t threads = block_values(type) == 1 ? K * rows : K / 32 * rows;
+  k_dequant_rows<<<blocks_for(threads), k_threads, 0, s>>>(type, w, row_bytes, K, rows, out, out_type);
 }
 
 void to_half(const float* x, void* y, int64_t n, bool bf16, cudaStream_t s) {

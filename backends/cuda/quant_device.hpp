@@ -153,6 +153,17 @@ LOOM_HD uint32_t load_u32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
          (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
 }
+// Two bytes, little-endian, at p (2-byte aligned: f16 KV values, q8_0 scales). On the device one 16-bit
+// store: ptxas 13.0 compiles the byte stores of a value fresh from __float2half_rn as a float-to-integer
+// conversion of the half (F2I.U8.F16: the low byte came out as the half's integer part), seen on an H200.
+LOOM_HD void store_u16(uint8_t* p, uint16_t v) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint16_t*>(p) = v;
+#else
+  p[0] = static_cast<uint8_t>(v & 0xFF);
+  p[1] = static_cast<uint8_t>(v >> 8);
+#endif
+}
 LOOM_HD float load_half(const uint8_t* p) {
   return half_to_float(load_u16(p));
 }
@@ -373,9 +384,7 @@ LOOM_HD void quant32_q8_0(const float* x, uint8_t* out) {
     amax = fmaxf(amax, fabsf(x[j]));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  const uint16_t h = float_to_half(d);
-  out[0] = static_cast<uint8_t>(h & 0xFF);
-  out[1] = static_cast<uint8_t>(h >> 8);
+  store_u16(out, float_to_half(d));
   for (int j = 0; j < 32; ++j)
     out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(lroundf(x[j] * id)));
 }

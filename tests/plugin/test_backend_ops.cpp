@@ -280,31 +280,11 @@ TEST_P(BackendOps, AttentionOverThePagedPoolForEveryKvType) {
     }
 }
 
-// stories260K end to end on the cuda backend (exact f32 GEMMs) against the built-in reference backend (which
-// the golden tests hold to run.c): the greedy tokens of six prompts, the six batched equal to each alone, and
-// a paged store with a prefix cache and too few blocks (preemption) changes no token. Label `plugin`, not
-// `golden`: it is SKIPPED with the reason where no GPU is (scripts/gpu-check.sh runs it on one).
-TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
-  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
-  if (!std::filesystem::exists(std::string(LOOM_BUILD_BIN_DIR) + "/libloom-backend-cuda.so"))
-    GTEST_SKIP() << "SKIPPED: the cuda backend was not built (no nvcc)";
-  PipelineConfig cfg;
-  cfg.model.path = model.string();
-  cfg.model.n_ctx = 512;
-  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
-  cfg.backend.name = "reference";
-  auto ref = Pipeline::create(cfg);
-  cfg.backend.name = "cuda";
-  cfg.backend.params = {{"exact_matmul", true}};
-  cfg.plugins.paths = {LOOM_BUILD_BIN_DIR};
-  std::unique_ptr<Pipeline> p;
-  try {
-    p = Pipeline::create(cfg);
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("CUDA device") != std::string::npos)
-      GTEST_SKIP() << "SKIPPED: " << e.what();
-    throw;
-  }
+// stories260K end to end on a cuda pipeline (cfg) against the reference pipeline: the greedy tokens of six
+// prompts, the six batched equal to each alone, and a paged store with a prefix cache and too few blocks
+// (preemption) changes no token.
+void expect_cuda_runs_match(const PipelineConfig& cfg, Pipeline& ref) {
+  auto p = Pipeline::create(cfg);
   std::vector<GenerationRequest> reqs;
   for (const char* s : {"Once upon a time", "The little dog", "", "Lily", "Tom and Sue", "One day"}) {
     GenerationRequest q;
@@ -315,7 +295,7 @@ TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
   std::vector<GenerationResult> alone;
   for (const auto& q : reqs) {
     alone.push_back(p->generate(q));
-    EXPECT_EQ(alone.back().tokens, ref->generate(q).tokens) << q.prompt;
+    EXPECT_EQ(alone.back().tokens, ref.generate(q).tokens) << q.prompt;
   }
   const auto batched = p->generate_all(reqs, 6);
   auto paged_cfg = cfg;
@@ -334,6 +314,29 @@ TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
                            squeezed[i].tokens.begin()));
   }
   EXPECT_GT(paged->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
+}
+
+// The above on the cuda backend (exact f32 GEMMs), eager and with decode steps replayed as CUDA graphs; the
+// reference backend is held to run.c by the golden tests. Label `plugin`, not `golden`: it is SKIPPED with
+// the reason where no GPU is (scripts/gpu-check.sh runs it on one).
+TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  if (!std::filesystem::exists(std::string(LOOM_BUILD_BIN_DIR) + "/libloom-backend-cuda.so"))
+    GTEST_SKIP() << "SKIPPED: the cuda backend was not built (no nvcc)";
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 512;
+  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+  cfg.backend.name = "reference";
+  auto ref = Pipeline::create(cfg);
+  cfg.backend.name = "cuda";
+  cfg.plugins.paths = {LOOM_BUILD_BIN_DIR};
+  if (const Made m = make("cuda"); !m.be) GTEST_SKIP() << "SKIPPED: " << m.why;
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "cuda graphs" : "eager");
+    cfg.backend.params = {{"exact_matmul", true}, {"cuda_graphs", graphs}};
+    expect_cuda_runs_match(cfg, *ref);
+  }
 }
 
 // A long span read by one token (decode at depth): a device backend splits it over several blocks and
@@ -373,10 +376,7 @@ TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
 // evaluated alone as plain tokens (stories260K, f32 and f16 KV, a paged store with blocks smaller than
 // the tree).
 TEST_P(BackendOps, TreeRowsGiveTheLogitsOfTheirPathsAlone) {
-  // (cuda: tree rows are opt-in, [backend] tree_attention, until this test has passed on a GPU)
-  Made m =
-      GetParam() == "cuda" ? make("cuda", {{"exact_matmul", true}, {"tree_attention", true}}) : under_test();
-  if (!m.be) GTEST_SKIP() << "SKIPPED: " << GetParam() << ": " << m.why;
+  LOOM_BACKEND_OR_SKIP(m); // (cuda: [backend] tree_attention is on by default)
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   if (!m.be->supports_attention(AttnKernel::auto_, attn_tree))
     GTEST_SKIP() << "SKIPPED: " << GetParam() << " runs no token-tree rows";
@@ -389,8 +389,7 @@ TEST_P(BackendOps, TreeRowsGiveTheLogitsOfTheirPathsAlone) {
   for (const DType dt : {DType::f32, DType::f16}) {
     if (!m.be->supports_kv_dtype(dt)) continue;
     SCOPED_TRACE(dtype_name(dt));
-    auto be = GetParam() == "cuda" ? make("cuda", {{"exact_matmul", true}, {"tree_attention", true}}).be
-                                   : under_test().be;
+    auto be = under_test().be;
     KVShape shape = mdl->kv_shape(64, 2);
     shape.dtype = dt;
     shape.block_size = 4;

@@ -114,6 +114,7 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.attn.kernel = static_cast<loom::AttnKernel>(n.attn.kernel);
     g.nodes.push_back(d);
   }
+  g.id = c.id; // the host's name for this graph's shape (backends key their caches by it)
   g.n_tokens = c.n_tokens;
   g.n_outputs = c.n_outputs;
   g.in_tokens = c.in_tokens;
