@@ -6,6 +6,7 @@
 
 #include "attention_cpu.hpp"
 #include "loom/sdk/error.hpp"
+#include "loom/sdk/op_profile.hpp"
 #include "loom/sdk/reference.hpp"
 #include "loom/sdk/rope.hpp"
 #include "matmul_primitives.hpp"
@@ -85,6 +86,7 @@ public:
       : opt_(o), threads_(o.threads > 0 ? o.threads : omp_get_num_procs()), avx2_(at_least(o.isa, Isa::avx2)),
         description_(std::string("isa ") + isa_name(o.isa) + " (CPU: " + isa_name(cpu_isa()) + "), " +
                      std::to_string(threads_) + " threads") {
+    if (o.profile) profile_ = std::make_unique<sdk::OpProfile>("cpu");
     if (o.bf16_gemm && at_least(o.isa, Isa::avx512_bf16)) { // oneDNN's own choice of kernel, if native
       try {
         const std::string impl = bf16_matmul(16, 64, 64, 64).impl_info_str();
@@ -138,9 +140,14 @@ public:
     const size_t total = place_activations(g);
     logits_ = logits_matmul_dst(g);
     if (arena_.size() < total) arena_.resize(total);
+    const auto start = sdk::OpProfile::Clock::now();
     for (size_t i = 0; i < g.nodes.size();) {
+      const auto t0 = profile_ ? sdk::OpProfile::Clock::now() : start;
       const size_t fused = fused_gemv(g, i);
       if (fused == 0) run(g, g.nodes[i], batch, kv);
+      if (profile_)
+        profile_->add(sdk::OpProfile::kind(g.nodes[i].op, g.n_tokens) + (fused > 1 ? " fused" : ""),
+                      sdk::OpProfile::ms_between(t0, sdk::OpProfile::Clock::now()));
       i += std::max<size_t>(fused, 1);
     }
     if (redrop_) { // reads of other tensors map whole page-cache folios, repacked neighbours included
@@ -153,6 +160,7 @@ public:
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
     if (n_out > 0) std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
     workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
+    if (profile_) profile_->add_compute(start, sdk::OpProfile::Clock::now());
   }
 
   // The model's weights, once: the matrices that run repacked are repacked here (the file's pages
@@ -855,6 +863,7 @@ private:
   }
 
   CpuOptions opt_;
+  std::unique_ptr<sdk::OpProfile> profile_; // [backend] profile
   int threads_;
   bool avx2_;
   std::string description_;

@@ -67,6 +67,9 @@ struct CpuOptions {
   // where the int8 routes' rounding matters (Gemma 3's residual outliers move its logits by up to ≈ 0.6 on
   // them). Slower at decode (the int8 kernels are ≈ 1.3–2× the f32 FMAs on the same weights).
   bool exact_matmul = false;
+  // Every node (a fused group of decode GEMVs as one) timed with the host's clock, and a table by op kind
+  // on stderr when the backend goes (loom/sdk/op_profile.hpp; `loom bench --profile`).
+  bool profile = false;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt);

@@ -39,6 +39,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const bool f16_gemv = c.get_bool("f16_gemv", true);
   const bool exact_logits = c.get_bool("exact_logits", true);
   const bool exact_matmul = c.get_bool("exact_matmul", false);
+  const bool profile = c.get_bool("profile", false);
   if (exact_matmul && f16_as_bf16)
     throw loom::sdk::Error(
         "[backend] exact_matmul = true rounds no weight and no activation, but f16_as_bf16 = true "
@@ -63,6 +64,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.f16_gemv = f16_gemv;
   o.exact_logits = exact_logits;
   o.exact_matmul = exact_matmul;
+  o.profile = profile;
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;

@@ -6,8 +6,8 @@
 #include "kernels.cuh"
 #include "loom/sdk/dtype.hpp"
 #include "loom/sdk/error.hpp"
+#include "loom/sdk/op_profile.hpp"
 #include "loom/sdk/rope.hpp"
-#include "op_profile.hpp"
 #include "quant_device.hpp"
 
 #include <algorithm>
@@ -97,12 +97,14 @@ public:
           "cublasSetMathMode");
     describe_ =
         describe_device(o.device) + (o.exact_matmul ? ", exact f32 GEMMs" : ", f16/bf16 tensor-core GEMMs");
-    if (o.profile) profile_ = std::make_unique<OpProfile>();
+    if (o.profile) profile_ = std::make_unique<sdk::OpProfile>("cuda");
   }
   ~CudaBackendImpl() override {
     cudaSetDevice(o_.device); // (no throw here)
     if (stream_) cudaStreamSynchronize(stream_);
-    profile_.reset(); // (its table, and its events while the device is bound)
+    profile_.reset(); // (its table)
+    for (cudaEvent_t e : events_)
+      cudaEventDestroy(e);
     clear_graphs();
     weights_.clear();
     lazy_.clear();
@@ -182,10 +184,10 @@ public:
   // logits through a device buffer of this backend's own.
   void compute(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) override {
     if (!profile_) return compute_once(g, b, kv, logits);
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = sdk::OpProfile::Clock::now();
     compute_once(g, b, kv, logits);
     check(cudaStreamSynchronize(stream_), "profile");
-    profile_->add_compute(start, std::chrono::steady_clock::now());
+    profile_->add_compute(start, sdk::OpProfile::Clock::now());
   }
   void compute_once(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) {
     cudaPointerAttributes a{};
@@ -476,21 +478,26 @@ private:
     return key;
   }
 
-  // The walk with each node between two events ([backend] profile), summed by op kind and batch size.
+  // The walk with each node between two CUDA events ([backend] profile), summed by op kind and batch size.
   void timed_walk(const LaunchArgs& w) {
-    std::vector<std::string> kinds;
-    for (size_t i = 0; i < w.g.nodes.size(); ++i) {
-      const Node& n = w.g.nodes[i];
-      profile_->mark(i, false, stream_);
-      launch(w, n);
-      check(cudaGetLastError(), std::string("launching ") + op_name(n.op));
-      profile_->mark(i, true, stream_);
-      kinds.push_back(std::string(op_name(n.op)) + (w.T == 1   ? " (1 row)"
-                                                    : w.T <= 8 ? " (2-8 rows)"
-                                                               : " (9+ rows)"));
+    const size_t n = w.g.nodes.size();
+    while (events_.size() < 2 * n) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      check(cudaEventRecord(events_[2 * i], stream_), "cudaEventRecord");
+      launch(w, w.g.nodes[i]);
+      check(cudaGetLastError(), std::string("launching ") + op_name(w.g.nodes[i].op));
+      check(cudaEventRecord(events_[2 * i + 1], stream_), "cudaEventRecord");
     }
     check(cudaStreamSynchronize(stream_), "profile");
-    profile_->collect(kinds);
+    for (size_t i = 0; i < n; ++i) {
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]), "cudaEventElapsedTime");
+      profile_->add(sdk::OpProfile::kind(w.g.nodes[i].op, w.T), static_cast<double>(ms));
+    }
   }
 
   // Replays the graph of `key`, or captures it (second sighting) and replays it; false: run eagerly.
@@ -783,7 +790,8 @@ private:
   };
 
   CudaOptions o_;
-  std::unique_ptr<OpProfile> profile_; // [backend] profile
+  std::unique_ptr<sdk::OpProfile> profile_; // [backend] profile
+  std::vector<cudaEvent_t> events_;         // its per-node events
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::string describe_;

@@ -20,6 +20,7 @@ namespace {
 // --pp, --tg, -r and -d, checked.
 struct TokenBenchSpec {
   int pp = 0, tg = 0, reps = 0, depth = 0;
+  bool profile = false;
 };
 
 TokenBenchSpec token_bench_spec(const po::variables_map& vm) {
@@ -35,7 +36,7 @@ TokenBenchSpec token_bench_spec(const po::variables_map& vm) {
   if (vm.count("threads") && (vm["threads"].as<int>() < 0 || vm["threads"].as<int>() > 1024))
     throw UsageError("--threads must be in 0..1024 (0 = all cores, as [backend] threads); found " +
                      std::to_string(vm["threads"].as<int>()));
-  return {pp, tg, reps, depth};
+  return {pp, tg, reps, depth, vm.count("profile") > 0};
 }
 
 // Refused up front: positions past the trained context (RoPE extrapolates into noise, and attention's
@@ -52,9 +53,43 @@ void check_trained_context(const Pipeline& p, const PipelineConfig& cfg, const T
              "; use at most that many in all");
 }
 
-// Per repetition: prefill and decode tokens per second, TTFT and TPOT.
+// Where the decode steps' time went (--profile): the engine's phases summed over the timed decode
+// requests' steps.
+struct DecodeProfile {
+  size_t steps = 0;
+  EngineStats::Phases ms;
+
+  void add(const EngineStats& before, const EngineStats& after) {
+    steps += after.steps - before.steps;
+    const auto& a = after.phase_ms;
+    const auto& b = before.phase_ms;
+    ms.admit += a.admit - b.admit;
+    ms.plan += a.plan - b.plan;
+    ms.schedule += a.schedule - b.schedule;
+    ms.forward += a.forward - b.forward;
+    ms.backend += a.backend - b.backend;
+    ms.logits += a.logits - b.logits;
+    ms.update += a.update - b.update;
+    ms.finish += a.finish - b.finish;
+  }
+  double step_ms() const { return ms.admit + ms.plan + ms.schedule + ms.forward + ms.update + ms.finish; }
+  // The host's parts of a step, per step (ms), in the order they run.
+  std::vector<std::pair<const char*, double>> host_parts() const {
+    const double n = steps > 0 ? static_cast<double>(steps) : 1.0;
+    return {{"admit", ms.admit / n},
+            {"plan", ms.plan / n},
+            {"schedule", ms.schedule / n},
+            {"forward outside the backend", (ms.forward - ms.backend - ms.logits) / n},
+            {"logits into the requests", ms.logits / n},
+            {"update (sampling, log-probs, stop rules, streaming)", ms.update / n},
+            {"finish", ms.finish / n}};
+  }
+};
+
+// Per repetition: prefill and decode tokens per second, TTFT and TPOT; the decode steps' profile.
 struct TokenRuns {
   std::vector<double> pre, dec, ttft, tpot;
+  DecodeProfile profile;
 };
 
 // The timed requests: random prompts (BOS, then ids drawn from one seeded generator), each request
@@ -76,7 +111,9 @@ public:
   // empty context too, after a one-token prompt — llama-bench's pp and tg, each at depth 0.
   void repetition_at_depth0(const TokenBenchSpec& s, int r, TokenRuns& out) {
     const auto p_res = run(prompt(s.pp), 1, r);
+    const EngineStats before = p_.engine().stats();
     const auto d_res = run(prompt(1), s.tg + 1, r);
+    out.profile.add(before, p_.engine().stats());
     out.pre.push_back(p_res.metrics.prefill_tok_s);
     out.dec.push_back(d_res.metrics.decode_tok_s);
     out.ttft.push_back(p_res.metrics.ttft_ms);
@@ -100,7 +137,9 @@ public:
     out.ttft.push_back(a.metrics.ttft_ms);
     std::vector<TokenId> one = ctx;
     one.push_back(extra[1]);
+    const EngineStats before = p_.engine().stats();
     const auto b = run(one, s.tg + 1, r);
+    out.profile.add(before, p_.engine().stats());
     out.dec.push_back(b.metrics.decode_tok_s);
     out.tpot.push_back(b.metrics.tpot_ms);
   }
@@ -170,6 +209,22 @@ void print_token_bench_json(const Pipeline& p, const PipelineConfig& cfg, const 
                         {"workspace_bytes", m.mem.workspace},
                         {"file_bytes", m.file_bytes},
                         {"decode_read_bytes", m.decode_read}}}};
+  if (s.profile) {
+    const DecodeProfile& d = runs.profile;
+    const double n = d.steps > 0 ? static_cast<double>(d.steps) : 1.0, step = d.step_ms() / n;
+    nlohmann::json parts = nlohmann::json::object();
+    double host = 0.0;
+    for (const auto& [name, ms] : d.host_parts()) {
+      parts[name] = ms;
+      host += ms;
+    }
+    j["profile"] = {{"decode_steps", d.steps},
+                    {"step_ms", step},
+                    {"backend_ms", d.ms.backend / n},
+                    {"host_ms", host},
+                    {"host_share", step > 0 ? host / step : 0.0},
+                    {"host_ms_by_phase", parts}};
+  }
   std::cout << j.dump() << "\n";
 }
 
@@ -199,6 +254,14 @@ void print_token_bench_text(const Pipeline& p, const PipelineConfig& cfg, const 
   std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s, workspace %s (file %s)\n",
               mib(m.rss).c_str(), mib(m.mem.weights).c_str(), mib(m.mem.kv).c_str(),
               mib(m.mem.activations).c_str(), mib(m.mem.workspace).c_str(), mib(m.file_bytes).c_str());
+  if (!s.profile) return;
+  const DecodeProfile& d = runs.profile;
+  const double n = d.steps > 0 ? static_cast<double>(d.steps) : 1.0, step = d.step_ms() / n;
+  const auto pct = [&](double ms) { return step > 0 ? 100.0 * ms / step : 0.0; };
+  std::printf("profile:  a decode step %.3f ms over %zu steps: backend compute %.3f ms (%.1f %%), host:\n",
+              step, d.steps, d.ms.backend / n, pct(d.ms.backend / n));
+  for (const auto& [name, ms] : d.host_parts())
+    std::printf("          %-52s %8.3f ms %5.1f %%\n", name, ms, pct(ms));
 }
 
 } // namespace

@@ -37,6 +37,10 @@ PipelineConfig bench_config(const po::variables_map& vm, int n_ctx) {
   cfg.stop.token_ids.clear();
   cfg.stop.timeout_ms = 0;
   cfg.run.seed = 1;
+  // --profile: the backend's own per-op table too (the cpu and cuda plugins: [backend] profile)
+  if (vm.count("profile") &&
+      (cfg.backend.name == "cuda" || cfg.backend.name == "cpu" || cfg.backend.name == "auto"))
+    cfg.backend.params.emplace_back("profile", true);
   return cfg;
 }
 
@@ -72,6 +76,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("bandwidth", "measure memory read bandwidth instead (the decode bound): 512 MiB read by --threads "
                   "threads as 1, 4 and 8 streams each (and with prefetch), -r times; the best way counts; "
                   "plus a STREAM-style triad")
+    ("profile", "where a decode step's time goes: the engine's host phases and the backend's compute, "
+                "and the cpu/cuda backend's per-op table on stderr ([backend] profile)")
     ("json", "print one JSON object");
   // clang-format on
   po::variables_map vm;
@@ -79,7 +85,7 @@ int cmd_bench(const std::vector<std::string>& args) {
           args, desc, vm,
           "usage: loom bench (-m MODEL.gguf | -c PIPELINE.toml) [--threads N] [--pp N] [--tg N] [-d N] [-r "
           "R] "
-          "[--json]\n"
+          "[--profile] [--json]\n"
           "       loom bench (-m MODEL.gguf | -c PIPELINE.toml) --requests N [--concurrency C] [--rate R]\n"
           "                  [--prompt-len L] [--gen-len G] [--shared-prefix P] [--seed S] [--json]\n"
           "Prefill (pp) and decode (tg) throughput, TTFT, TPOT and peak RSS, over R repetitions after one\n"

@@ -359,17 +359,30 @@ struct Engine::StepBatch {
 // scheduler's batch → one forward per model → updates → the finished collected.
 Engine::Finished Engine::step() {
   const auto t_step = Clock::now();
+  auto t = t_step;
+  const auto lap = [&t](double& into) { // the phase that just ended, into stats_.phase_ms
+    const auto now = Clock::now();
+    into += ms_between(t, now);
+    t = now;
+  };
+  EngineStats::Phases& ph = stats_.phase_ms;
   Finished done = std::move(early_);
   early_.clear();
   take_incoming();
   admit(done);
+  lap(ph.admit);
   const std::vector<char> planned = plan_running();
   release_cancelled();
+  lap(ph.plan);
   StepBatch step = schedule_batch();
+  lap(ph.schedule);
   const bool any_forward = forward(step);
+  lap(ph.forward);
   update_evaluated(step.owners);
+  lap(ph.update);
   const size_t n_running_step = running_.size();
   collect_finished(planned, done);
+  lap(ph.finish);
   ++stats_.steps;
   if (any_forward) {
     const double ms = ms_between(t_step, Clock::now());
@@ -502,12 +515,13 @@ void Engine::forward_model(ModelRole m, StepBatch& step) {
   ++stats_.forwards;
   stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
   const int32_t V = ctx_.n_vocab;
-  std::vector<float> logits(batch.out_rows.size() * static_cast<size_t>(V));
+  logits_.resize(batch.out_rows.size() * static_cast<size_t>(V)); // (grows to the largest; never cleared)
+  const std::span<const float> logits(logits_);
   const auto t0 = Clock::now();
   bool ok = true;
   try {
     const ModelSlot& slot = ctx_.models[m];
-    slot.model->forward(*slot.backend, batch.view(), *slot.kv, logits);
+    stats_.phase_ms.backend += slot.model->forward(*slot.backend, batch.view(), *slot.kv, logits_);
   } catch (const std::exception& e) { // a backend failure fails every request with tokens in it
     ok = false;
     for (size_t i : batch.sessions)
@@ -525,12 +539,13 @@ void Engine::forward_model(ModelRole m, StepBatch& step) {
       if (!r.forwarded[m]) r.first_forward_ms[m] = ms;
       r.forwarded[m] = true;
     }
+  const auto t_copy = Clock::now();
   for (size_t i = 0; ok && i < batch.outs.size(); ++i) {
     const auto& o = batch.outs[i];
     step.owners[o.session]->book->set_logits(
-        o.seq, o.row,
-        std::span<const float>(logits).subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
+        o.seq, o.row, logits.subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
   }
+  stats_.phase_ms.logits += ms_between(t_copy, Clock::now());
 }
 
 // Updates: the requests whose plan is now fully evaluated; the inter-token latencies of those that grew.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -323,7 +324,7 @@ std::shared_ptr<const Graph> Model::graph(int32_t n_tokens, int32_t n_outputs) {
   return {s, &s->graph};
 }
 
-void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) {
+double Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits) {
   const auto n_tokens = static_cast<int32_t>(batch.tokens.size());
   const auto n_out = static_cast<int32_t>(batch.output_rows.size());
   LOOM_ASSERT(n_tokens > 0 && batch.positions.size() == batch.tokens.size() &&
@@ -356,7 +357,10 @@ void Model::forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::
   if (!mem.buffer()) mem.attach(be.alloc(mem.layout().bytes(), BufferUsage::kv));
   LOOM_ASSERT(mem.buffer()->owner() == nullptr || mem.buffer()->owner() == be.instance_tag(),
               "a KV store whose memory belongs to another backend");
-  be.compute(g, batch, kv.rows_for(batch), logits);
+  const KVRows rows = kv.rows_for(batch);
+  const auto t0 = std::chrono::steady_clock::now();
+  be.compute(g, batch, rows, logits);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 Graph Model::build_graph(int32_t n_tokens, int32_t n_outputs) const {

@@ -64,6 +64,14 @@ TokenId SamplerChain::sample(std::span<const float> logits, const SamplerContext
   return c.data[static_cast<size_t>(c.selected)].id;
 }
 
+std::optional<TokenId> SamplerChain::greedy_choice(std::span<const float> logits) const {
+  if (samplers_.size() != 1 || !sample::is_greedy(*samplers_[0]) || logits.empty()) return std::nullopt;
+  const float mx = sample::max_key(logits);
+  const auto it =
+      std::find_if(logits.begin(), logits.end(), [mx](float l) { return Candidates::order_key(l) == mx; });
+  return static_cast<TokenId>(it - logits.begin());
+}
+
 bool SamplerChain::distribution(Candidates& c, const SamplerContext& ctx) {
   for (size_t i = 0; i < samplers_.size(); ++i) {
     if (!samplers_[i]->distribution(c, ctx)) continue;

@@ -10,11 +10,23 @@
 
 namespace loom::sample {
 
+// Loops over a whole vocabulary, compiled for AVX-512 and AVX2 too and picked at load time (the library
+// itself targets baseline x86-64).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LOOM_VOCAB_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LOOM_VOCAB_LOOP
+#endif
+
 // The logit of a candidate a stage removed.
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The index of the most likely candidate (ties: the lower token id).
 size_t best_index(std::span<const TokenData> d);
+// The greatest order key (NaN as -inf) of a row of logits, in vector lanes.
+float max_key(std::span<const float> logits);
+// Whether s is the built-in `greedy` sampler.
+bool is_greedy(const Sampler& s);
 
 // Selects a candidate by one draw of the request's RNG (ctx.uniform()), proportional to its
 // probability; an empty list selects nothing (-1) but still draws.

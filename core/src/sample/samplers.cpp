@@ -32,10 +32,37 @@ namespace loom {
 
 namespace sample {
 
+LOOM_VOCAB_LOOP float max_key(std::span<const float> logits) {
+  constexpr size_t w = 16; // partial maxima the compiler keeps in vector lanes
+  float part[w];
+  std::fill(part, part + w, kNegInf);
+  const size_t n = logits.size() / w * w;
+  for (size_t i = 0; i < n; i += w)
+    for (size_t j = 0; j < w; ++j) {
+      const float l = logits[i + j];
+      part[j] = l > part[j] ? l : part[j]; // (NaN: never greater, as order_key's -inf)
+    }
+  float mx = kNegInf;
+  for (size_t i = n; i < logits.size(); ++i)
+    mx = std::max(mx, Candidates::order_key(logits[i]));
+  for (float p : part)
+    mx = std::max(mx, p);
+  return mx;
+}
+
+// Two passes (the greatest key, then the lowest id that has it): a greedy step's whole cost over a
+// vocabulary of 10⁵ candidates, so the first pass is a plain max the compiler vectorizes.
 size_t best_index(std::span<const TokenData> d) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (const TokenData& t : d)
+    mx = std::max(mx, Candidates::order_key(t.logit));
   size_t best = 0;
-  for (size_t i = 1; i < d.size(); ++i)
-    if (Candidates::before(d[i], d[best])) best = i;
+  bool found = false;
+  for (size_t i = 0; i < d.size(); ++i)
+    if (Candidates::order_key(d[i].logit) == mx && (!found || d[i].id < d[best].id)) {
+      best = i;
+      found = true;
+    }
   return best;
 }
 
@@ -334,6 +361,14 @@ public:
     c.selected = c.data.empty() ? -1 : static_cast<int64_t>(best_index(c.data));
   }
 };
+
+} // namespace
+
+bool sample::is_greedy(const Sampler& s) {
+  return dynamic_cast<const Greedy*>(&s) != nullptr;
+}
+
+namespace {
 
 class Dist final : public Sampler {
 public:

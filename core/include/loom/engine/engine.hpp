@@ -131,6 +131,13 @@ struct EngineStats {
   double running_ms_integral = 0; // Σ running requests × step time (mean concurrency = this / busy_ms)
   int64_t peak_kv_units = 0;      // the KV store's blocks (paged) or slabs (contiguous) at their most
   size_t peak_batch_tokens = 0;
+  // Where the steps' wall time went, in ms summed over steps (`loom bench --profile`): the host's phases
+  // of Engine::step, and within `forward` the backends' compute calls (`backend`: for a plugin, the ABI
+  // call and the logits' download included) and the copies of the logits into the requests (`logits`).
+  struct Phases {
+    double admit = 0, plan = 0, schedule = 0, forward = 0, backend = 0, logits = 0, update = 0, finish = 0;
+  };
+  Phases phase_ms;
 };
 
 // A second model decoders may drive sequences on ([decoder] draft): its own backend and KV store,
@@ -194,6 +201,7 @@ private:
   RequestTemplate tmpl_;
   Scheduler scheduler_;
   EngineStats stats_;
+  std::vector<float> logits_; // a forward's logits (kept: a step allocates nothing for them)
   std::deque<std::unique_ptr<Request>> waiting_; // arrival order (preempted requests at their place)
   std::vector<std::unique_ptr<Request>> running_;
   Finished early_; // finished at admission

@@ -39,7 +39,9 @@ public:
   // positions must already be allocated in `kv` for their sequences.
   // A store without memory gets the backend's (Backend::alloc); the backend gets the weights first if
   // it has not got them (load_into).
-  void forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits);
+  // Returns the milliseconds the backend's compute took (the rest: the graph's lookup, the weights' first
+  // load, the KV rows).
+  double forward(Backend& be, const BatchView& batch, KVCacheStore& kv, std::span<float> logits);
   // Hands the weights to the backend (Backend::load), once per backend: it repacks or uploads them there,
   // not inside a forward.
   void load_into(Backend& be);

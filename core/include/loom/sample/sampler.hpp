@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -69,6 +70,9 @@ public:
 
   // Convenience: candidates from logits, apply, return the selected id.
   TokenId sample(std::span<const float> logits, const SamplerContext& ctx);
+  // When the chain is `greedy` alone: its choice, the logits' arg-max (ties: the lower id), found without
+  // a candidate list (a greedy step's host work over a vocabulary of 10⁵); otherwise nullopt.
+  std::optional<TokenId> greedy_choice(std::span<const float> logits) const;
 
 private:
   std::vector<std::unique_ptr<Sampler>> samplers_;
