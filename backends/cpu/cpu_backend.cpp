@@ -145,8 +145,9 @@ public:
       const auto t0 = profile_ ? sdk::OpProfile::Clock::now() : start;
       const size_t fused = fused_gemv(g, i);
       if (fused == 0) run(g, g.nodes[i], batch, kv);
-      if (profile_)
-        profile_->add(sdk::OpProfile::kind(g.nodes[i].op, g.n_tokens) + (fused > 1 ? " fused" : ""),
+      if (profile_) // (the output head apart: on large vocabularies it is the largest matrix)
+        profile_->add(sdk::OpProfile::kind(g.nodes[i].op, g.n_tokens) + (fused > 1 ? " fused" : "") +
+                          (g.nodes[i].dst == logits_ ? " output head" : ""),
                       sdk::OpProfile::ms_between(t0, sdk::OpProfile::Clock::now()));
       i += std::max<size_t>(fused, 1);
     }
