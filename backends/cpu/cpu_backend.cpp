@@ -173,7 +173,8 @@ public:
       if (t.data == nullptr) continue;
       if (w.uses & weight_use_vector) (void)vec_of(t);
       if (w.uses & weight_use_matmul) prepare_matmul(t, opt_.exact_matmul);
-      if (w.uses & weight_use_logits) prepare_matmul(t, opt_.exact_matmul || opt_.exact_logits);
+      if (w.uses & weight_use_logits)
+        prepare_matmul(t, opt_.exact_matmul || (opt_.exact_logits && !rescored_head(t)));
     }
     if (redrop_) {
       for (const auto& [p, n] : dropped_)
@@ -363,7 +364,11 @@ private:
       const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
       const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
       LOOM_ASSERT(x.ne[0] == w.ne[0], "matmul inner dimensions differ");
-      matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_matmul || (opt_.exact_logits && n.dst == logits_));
+      const bool head = opt_.exact_logits && n.dst == logits_;
+      if (head && rescored_head(w))
+        head_rescored(w, f32(n.src[1]), x.n_rows(), dst);
+      else
+        matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_matmul || head);
       return;
     }
     case OpKind::rope: {
@@ -723,6 +728,48 @@ private:
       return;
     }
     rows_dequantized(w, x, T, y);
+  }
+
+  // Whether the output head w takes head_rescored under exact_logits: a block type (whose own kernels round
+  // the activations), with logits_rescore > 0 and exact_matmul off.
+  bool rescored_head(const TensorDesc& w) const noexcept {
+    return opt_.logits_rescore > 0 && !opt_.exact_matmul && dtype_traits(w.dtype).block_size > 1;
+  }
+
+  // The output head under exact_logits at the cost of the fast route: the whole vocabulary on the weight
+  // type's own kernels (activations rounded to int8), then each row's logits_rescore highest recomputed
+  // exactly (the row dequantized, an f32 dot) — greedy, and top-k up to that many, see exact logits; the
+  // tail keeps the int8 route's (≈ 1e-2 off). Gemma 3's head (262 144 × 640) is most of its decode step
+  // exactly; this way it costs what its int8 kernel does.
+  void head_rescored(const TensorDesc& w, const float* x, int64_t T, float* y) {
+    matmul(w, x, T, y, false);
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const auto c = static_cast<size_t>(std::min<int64_t>(opt_.logits_rescore, N));
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const size_t rb = row_bytes(w.dtype, K);
+    std::vector<float> row(static_cast<size_t>(K));
+    std::vector<std::pair<float, int64_t>> top; // a min-heap of the c highest (NaN never enters)
+    top.reserve(c);
+    const auto lower = [](const auto& a, const auto& b) { return a.first > b.first; };
+    for (int64_t t = 0; t < T; ++t) {
+      float* yt = y + t * N;
+      top.clear();
+      for (int64_t j = 0; j < N; ++j) {
+        const float v = yt[j];
+        if (top.size() < c) {
+          if (v == v) top.emplace_back(v, j);
+          if (top.size() == c) std::make_heap(top.begin(), top.end(), lower);
+        } else if (v > top.front().first) {
+          std::pop_heap(top.begin(), top.end(), lower);
+          top.back() = {v, j};
+          std::push_heap(top.begin(), top.end(), lower);
+        }
+      }
+      for (const auto& [v, j] : top) {
+        dequantize_row(w.dtype, base + static_cast<size_t>(j) * rb, row.data(), K);
+        yt[j] = vdot(row.data(), x + t * K, static_cast<int32_t>(K));
+      }
+    }
   }
 
   // y = x · Wᵀ with each row of W dequantized to f32 (the SDK's values), then dotted: exact, and the route of

@@ -61,6 +61,10 @@ struct CpuOptions {
   // errors decide between near-tied tokens (SmolLM2's outlier dimension makes them ≈ 1 % of the logits).
   // false: the head takes its type's route like any other matrix.
   bool exact_logits = true;
+  // Under exact_logits, a block-type head runs on its own (int8) kernels for the whole vocabulary and only
+  // each row's this-many highest logits are recomputed exactly (greedy and top-k up to this see exact
+  // logits; the rest carry the int8 route's error); 0: the whole head exact.
+  int logits_rescore = 64;
   // Every matrix multiplied exactly (what exact_logits does for the head, for all of them): the block types
   // with an int8 kernel (Q8_0, Q4_0, Q4_K, Q6_K) take the exact f32 route too, so no activation is rounded
   // anywhere and the logits are the reference backend's up to summation order — for checking a model, or

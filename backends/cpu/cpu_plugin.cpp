@@ -40,6 +40,10 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   const bool exact_logits = c.get_bool("exact_logits", true);
   const bool exact_matmul = c.get_bool("exact_matmul", false);
   const bool profile = c.get_bool("profile", false);
+  const int64_t rescore = c.get_i64("logits_rescore", 64);
+  if (rescore < 0 || rescore > 4096)
+    throw loom::sdk::Error("[backend] logits_rescore: expected 0 .. 4096 (0: the whole head exact), found " +
+                           std::to_string(rescore));
   if (exact_matmul && f16_as_bf16)
     throw loom::sdk::Error(
         "[backend] exact_matmul = true rounds no weight and no activation, but f16_as_bf16 = true "
@@ -65,6 +69,7 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
   o.exact_logits = exact_logits;
   o.exact_matmul = exact_matmul;
   o.profile = profile;
+  o.logits_rescore = static_cast<int>(rescore);
   p->be = loom::cpu::make_cpu_backend(o);
   *out_self = p;
   *out_vtable = &Table::table;
