@@ -115,11 +115,11 @@ public:
           std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
           (o.repack ? " (repacked)" : "") +
           (at_least(o.isa, Isa::avx2) ? ", q4_1 q5_0 q5_1 iq4_nl (batches under gemm_min_rows)" : "");
-    const std::string head =
-        !o.exact_logits         ? ""
-        : o.logits_rescore == 0 ? " and the output head"
-                                : "; the output head's " + std::to_string(o.logits_rescore) +
-                                      " highest logits a row recomputed exactly";
+    const std::string head = !o.exact_logits ? ""
+                             : o.logits_rescore == 0
+                                 ? " and the output head"
+                                 : "; the output head's " + std::to_string(o.logits_rescore) +
+                                       " highest logits a row recomputed exactly";
     if (o.exact_matmul) {
     } else if (at_least(o.isa, Isa::avx2))
       description_ += std::string("; exact f32 products on weights unpacked in registers: q2_k q3_k q5_k "
