@@ -105,6 +105,19 @@ LOOM_AVX2 void elementwise_avx2(Ew op, const float* a, const float* b, float s, 
       const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, t));
       _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(v, sig), _mm256_loadu_ps(b + i)));
     }
+  } else if (op == Ew::geglu) { // gelu_tanh with tanh(u) = sign(u)·(1 − e^−2|u|) / (1 + e^−2|u|)
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 k = _mm256_set1_ps(0.7978845608028654f), c = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= i1; i += 8) {
+      const __m256 x = _mm256_loadu_ps(a + i);
+      const __m256 u =
+          _mm256_mul_ps(_mm256_mul_ps(k, x), _mm256_add_ps(one, _mm256_mul_ps(c, _mm256_mul_ps(x, x))));
+      const __m256 t = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, u))); // e^−2|u|
+      const __m256 th =
+          _mm256_or_ps(_mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t)), _mm256_and_ps(sign, u));
+      const __m256 g = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, th));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(g, _mm256_loadu_ps(b + i)));
+    }
   }
   elementwise(op, a, b, s, dst, i, i1, row);
 }
@@ -112,9 +125,13 @@ void elementwise_generic(Ew op, const float* a, const float* b, float s, float* 
                          int64_t row) {
   elementwise(op, a, b, s, dst, i0, i1, row);
 }
-// AVX-512: SwiGLU as elementwise_avx2's, 16 at a time; the other ops as elementwise_avx2.
+// AVX-512: SwiGLU as elementwise_avx2's, 16 at a time; GeGLU as elementwise_avx2's; the rest plain.
 LOOM_AVX512 void elementwise_avx512(Ew op, const float* a, const float* b, float s, float* dst, int64_t i0,
                                     int64_t i1, int64_t row) {
+  if (op == Ew::geglu) {
+    elementwise_avx2(op, a, b, s, dst, i0, i1, row);
+    return;
+  }
   if (op != Ew::swiglu) {
     elementwise(op, a, b, s, dst, i0, i1, row);
     return;

@@ -169,6 +169,7 @@ TEST_P(BackendOps, ElementwiseNormRopeAndCopies) {
         {"swiglu", h.op(OpKind::swiglu, a, b, {n, T, 1, 1})},
         {"swiglu wide", h.op(OpKind::swiglu, wide, b, {n, T, 1, 1})},
         {"geglu", h.op(OpKind::geglu, a, b, {n, T, 1, 1})},
+        {"geglu wide", h.op(OpKind::geglu, wide, b, {n, T, 1, 1})},
         {"softmax", h.op(OpKind::softmax, a, -1, {n, T, 1, 1})},
         {"softmax wide", h.op(OpKind::softmax, wide, -1, {n, T, 1, 1})},
         {"copy", h.op(OpKind::copy, a, -1, {n, T, 1, 1})},
