@@ -39,7 +39,9 @@ void apply_pipeline_flags(const po::variables_map& vm, PipelineConfig& cfg) {
 
 // Each pipeline's config: its file with the --set overrides, then the command line's model and context.
 ServedConfigs served_configs(const po::variables_map& vm) {
-  std::vector<ConfigOverride> overrides;
+  // Serving's default store: paged, with its prefix cache (a repeated system prompt or conversation is
+  // evaluated once, as in vLLM and llama-server) — where the file says nothing else.
+  std::vector<ConfigOverride> overrides{{"kv_cache.store", "\"paged\"", true}};
   if (vm.count("set"))
     for (const auto& x : vm["set"].as<std::vector<std::string>>())
       overrides.push_back(parse_override(x));
@@ -53,6 +55,7 @@ ServedConfigs served_configs(const po::variables_map& vm) {
       cfg = load_pipeline(f, overrides);
     } else {
       cfg.source = "<command line>";
+      cfg.kv_cache.store = "paged";
       cfg = apply_overrides(cfg, overrides);
     }
     if (!cfg.serve.ab.empty()) {

@@ -295,9 +295,12 @@ private:
     int64_t prompt_tokens = static_cast<int64_t>(a_.prompt.size()), completion_tokens = 0;
     for (const auto& j : jobs_)
       completion_tokens += static_cast<int64_t>(j->result.tokens.size());
+    // OpenAI's prompt_tokens_details.cached_tokens: the prompt positions the prefix cache had (first choice)
+    const int64_t cached = jobs_.empty() ? 0 : jobs_[0]->result.metrics.cached_prompt_tokens;
     const json usage = {{"prompt_tokens", prompt_tokens},
                         {"completion_tokens", completion_tokens},
-                        {"total_tokens", prompt_tokens + completion_tokens}};
+                        {"total_tokens", prompt_tokens + completion_tokens},
+                        {"prompt_tokens_details", {{"cached_tokens", cached}}}};
     for (const auto& j : jobs_)
       if (!j->result.message.empty()) { // the engine failed the request (a backend error, …)
         if (streaming_) {

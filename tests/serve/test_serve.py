@@ -37,9 +37,9 @@ def check(cond, what):
 
 
 class Server:
-    def __init__(self, *extra, model=MODEL, eos=False):
-        cfg = os.path.join(SRC, "configs", "quickstart.toml")
-        self.p = subprocess.Popen([LOOM, "serve", "-c", cfg, "-m", model, "--port", "0",
+    def __init__(self, *extra, model=MODEL, eos=False, config="quickstart"):
+        cfg = ["-c", os.path.join(SRC, "configs", config + ".toml")] if config else []  # None: serve's defaults
+        self.p = subprocess.Popen([LOOM, "serve", *cfg, "-m", model, "--port", "0",
                                    "--set", "stop.eos=" + ("true" if eos else "false"),
                                    "--timeout", "1", "--max-body", "65536", *extra],
                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -128,6 +128,7 @@ try:
           "a greedy completion is llama2.c's text: " + json.dumps(r)[:300])
     check(r["usage"]["completion_tokens"] == 40 and r["choices"][0]["finish_reason"] == "length", "usage, finish_reason")
     whole = r["choices"][0]["text"]
+    check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "quickstart's contiguous store: no cache")
     ev = s.stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "stream": True,
                                       "stream_options": {"include_usage": True}})
     check(text_of(ev) == whole, "the streamed text is the whole text")
@@ -400,6 +401,19 @@ bad_split = subprocess.run([LOOM, "serve", "-c", os.path.join(SRC, "configs", "q
                             "-c", split, "--port", "0"], capture_output=True, text=True, timeout=60)
 check(bad_split.returncode != 0 and "'greedy', which is not served here" in bad_split.stderr,
       "a split of an unknown pipeline is refused: " + bad_split.stderr[-300:])
+
+# ---- serve's own defaults (no pipeline file): a paged store with its prefix cache ----
+plain = Server(config=None)
+try:
+    story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 3
+    st1, r1 = plain.post("/v1/completions", {"prompt": story, "max_tokens": 4, "temperature": 0})
+    st2, r2 = plain.post("/v1/completions", {"prompt": story, "max_tokens": 4, "temperature": 0})
+    check(st1 == 200 and st2 == 200 and r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and
+          r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 and
+          r2["choices"][0]["text"] == r1["choices"][0]["text"],
+          "a repeated prompt comes from the prefix cache, same reply: " + json.dumps([r1["usage"], r2["usage"]]))
+finally:
+    plain.stop()
 
 # ---- the API key, and a drain that finishes the request in flight ----
 k = Server("--api-key", "sesame")

@@ -132,6 +132,18 @@ TEST(Config, SetOverridesAnyKey) {
   expect_error(base, {"section.key=value"}, {parse_override("max_tokens=1")});
 }
 
+// A front end's default (ConfigOverride::if_absent, loom serve's paged store) applies where the file sets
+// nothing at that key, and never over the file's own value; a later plain override still wins.
+TEST(Config, DefaultsApplyOnlyWhereTheFileIsSilent) {
+  const ConfigOverride paged{"kv_cache.store", "\"paged\"", true};
+  EXPECT_EQ(parse_pipeline("[model]\npath = \"m.gguf\"\n", "p.toml", {paged}).kv_cache.store, "paged");
+  EXPECT_EQ(parse_pipeline("[kv_cache]\ndtype = \"f16\"\n", "p.toml", {paged}).kv_cache.store, "paged");
+  EXPECT_EQ(parse_pipeline("[kv_cache]\nstore = \"contiguous\"\n", "p.toml", {paged}).kv_cache.store,
+            "contiguous");
+  EXPECT_EQ(parse_pipeline("", "p.toml", {paged, parse_override("kv_cache.store=contiguous")}).kv_cache.store,
+            "contiguous");
+}
+
 TEST(Config, ToTomlRoundTrips) {
   const auto c = parse_pipeline("[model]\npath = \"m.gguf\"\n[[sampler]]\nname = \"logit_bias\"\ntokens = "
                                 "[1, 2]\nvalues = [-1.0, 2.5]\n"

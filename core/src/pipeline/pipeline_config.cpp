@@ -665,6 +665,7 @@ PipelineConfig parse_impl(const std::string& text, const std::string& source, co
   std::set<const toml::node*> overridden;
   std::vector<std::string> keys;
   for (const auto& o : overrides) {
+    if (o.if_absent && root.at_path(o.key)) continue; // the file's own value stands
     const toml::node* n = apply_one(root, o);
     auto sub = collect_nodes(*n);
     overridden.insert(sub.begin(), sub.end());

@@ -104,6 +104,9 @@ struct PipelineConfig {
 struct ConfigOverride {
   std::string key;
   std::string value;
+  // A front end's default rather than an override: applied only where the file sets no value at `key`
+  // (loom serve's paged store with its prefix cache).
+  bool if_absent = false;
 };
 ConfigOverride parse_override(const std::string& arg); // throws on a missing '=' or empty key
 
