@@ -10,7 +10,8 @@
 #      + written) and a bf16 8192³ matrix product (tensor-core rate);
 #   4. loom bench on synth models (made on the CPUs while the tests run) — Llama-3 1B and 8B shapes, BF16
 #      and Q4_0: batch-1 decode at depth 0 and 4096, prefill 512, and --requests 64 --concurrency 64;
-#      then where the time goes: [backend] profile, and runs without CUDA graphs and without the exact head;
+#      then where the time goes: loom bench --profile (engine phases, [backend] profile's per-op table),
+#      and runs without CUDA graphs and without the exact head;
 #   5. one JSON summary (gpu-check.json, in $OUT when set): every bench's numbers, decode's bytes per token
 #      (weights + KV read) as a fraction of the copy bandwidth, prefill's 2·params FLOP per token as a
 #      fraction of the tensor-core rate, and 64 concurrent requests' throughput over batch-1 decode's.
@@ -191,9 +192,9 @@ for name in llama-3.2-1b-like-bf16 llama-3-8b-q4_0; do
   m=$synth/$name.gguf
   variant "$name-nographs" "$m" --pp 64 --tg 64 -r 2 --set backend.cuda_graphs=false
   variant "$name-inexacthead" "$m" --pp 64 --tg 64 -r 2 --set backend.exact_logits=false
-  variant "$name-profile" "$m" --pp 512 --tg 32 -r 1 --set backend.profile=true
+  variant "$name-profile" "$m" --pp 512 --tg 32 -r 1 --profile
   variant "$name-c16-profile" "$m" --requests 16 --concurrency 16 --prompt-len 128 --gen-len 16 \
-    --set backend.profile=true
+    --profile
 done
 
 cp "$synth"/*-nographs.* "$synth"/*-inexacthead.* "$synth"/*profile.* "$logs/" 2> /dev/null
