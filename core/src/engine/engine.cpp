@@ -546,6 +546,10 @@ void Engine::forward_model(ModelRole m, StepBatch& step) {
         o.seq, o.row, logits.subspan(i * static_cast<size_t>(V), static_cast<size_t>(V)));
   }
   stats_.phase_ms.logits += ms_between(t_copy, Clock::now());
+  if (batch.out_rows.size() > k_kept_logit_rows) { // a rare wide forward (every prompt row): not kept
+    logits_.clear();
+    logits_.shrink_to_fit();
+  }
 }
 
 // Updates: the requests whose plan is now fully evaluated; the inter-token latencies of those that grew.
