@@ -203,7 +203,7 @@ private:
   EngineStats stats_;
   std::vector<float> logits_; // a forward's logits (kept: a step allocates nothing for them)
   static constexpr size_t k_kept_logit_rows = 64; // …up to this many rows (decode batches, drafts)
-  std::deque<std::unique_ptr<Request>> waiting_; // arrival order (preempted requests at their place)
+  std::deque<std::unique_ptr<Request>> waiting_;  // arrival order (preempted requests at their place)
   std::vector<std::unique_ptr<Request>> running_;
   Finished early_; // finished at admission
   // Shared with submitting threads.
