@@ -87,6 +87,15 @@ struct Harness {
     const int32_t w = weight(DType::f32, row, g.n_tokens, r, sd);
     return op(OpKind::get_rows, w, g.in_tokens, ne);
   }
+  // y [T][N] = x [T][K] · Wᵀ: random activations, a random weight of `type` (sd 0.1), the product.
+  struct Matmul {
+    int32_t x, w, y;
+  };
+  Matmul matmul(DType type, int64_t K, int64_t N, Rand& r) {
+    const int32_t x = input(r, {K, g.n_tokens, 1, 1});
+    const int32_t w = weight(type, K, N, r, 0.1f);
+    return {x, w, op(OpKind::matmul, w, x, {N, g.n_tokens, 1, 1})};
+  }
   int32_t op(OpKind k, int32_t a, int32_t b, std::array<int64_t, 4> ne, Node n = {}, int32_t c = -1) {
     n.op = k;
     n.src = {a, b, c};
@@ -199,9 +208,8 @@ TEST_P(BackendOps, GetRowsAndMatmulOnEveryWeightType) {
       Rand r(static_cast<uint32_t>(T * 31 + static_cast<int>(type)));
       const int64_t K = 512, N = 67;
       Harness h(T);
-      const int32_t x = h.input(r, {K, T, 1, 1});
-      const int32_t w = h.weight(type, K, N, r, 0.1f);
-      const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1});
+      const auto [x, w, y] = h.matmul(type, K, N, r);
+      (void)x;
       for (int32_t t = 0; t < T; ++t)
         h.pos[static_cast<size_t>(t)] = static_cast<Pos>((t * 5) % N);
       const int32_t rows = h.op(OpKind::get_rows, w, h.g.in_positions, {K, T, 1, 1});
@@ -234,11 +242,9 @@ TEST(CpuOutputHead, TheHighestLogitsAreExactAndTheRestWithinTheInt8Error) {
     for (const int32_t T : {1, 3}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " T=" + std::to_string(T));
       Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
-      const int64_t K = 256, N = 3000;
+      const int64_t N = 3000;
       Harness h(T);
-      const int32_t x = h.input(r, {K, T, 1, 1});
-      const int32_t w = h.weight(type, K, N, r, 0.1f);
-      const int32_t y = h.op(OpKind::matmul, w, x, {N, T, 1, 1}); // the graph's output: the head
+      const int32_t y = h.matmul(type, 256, N, r).y; // the graph's output: the head
       auto fast = make("cpu").be, exact = make("cpu", {{"logits_rescore", int64_t{0}}}).be;
       auto k1 = store(1, 4), k2 = store(1, 4), k3 = store(1, 4); // (after the backends: pools they own)
       const std::vector<float> want = h.run(*ref, *k1, y);
