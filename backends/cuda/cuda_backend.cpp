@@ -11,7 +11,6 @@
 #include "quant_device.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -189,6 +188,7 @@ public:
     check(cudaStreamSynchronize(stream_), "profile");
     profile_->add_compute(start, sdk::OpProfile::Clock::now());
   }
+  // One compute (compute() times it under [backend] profile).
   void compute_once(const Graph& g, const BatchView& b, const KVRows& kv, std::span<float> logits) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, logits.data()) == cudaSuccess && a.type == cudaMemoryTypeDevice) {

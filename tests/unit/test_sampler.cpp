@@ -9,6 +9,7 @@
 #include <deque>
 #include <gtest/gtest.h>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -563,6 +564,55 @@ TEST(TokenLogprob, HandComputed) {
               1e-6);
   EXPECT_EQ(token_logprob(std::vector<float>{0.0f, -kInf}, 1), -kInf);
   EXPECT_THROW((void)token_logprob(std::vector<float>{0.0f}, 1), Error);
+}
+
+// A vocabulary's worth (the vectorized passes, every lane and the tail), NaN and -inf among them: the
+// log-probabilities are the double-precision formula's, and top_logprobs' are token_logprob's.
+TEST(TokenLogprob, AVocabularyMatchesTheDoubleFormula) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 4.0f);
+  std::vector<float> l(49157);
+  for (float& v : l)
+    v = d(rng);
+  l[5] = std::nanf("");
+  l[40000] = -kInf;
+  double mx = -1e300, sum = 0.0;
+  for (float v : l)
+    if (!std::isnan(v)) mx = std::max(mx, static_cast<double>(v));
+  for (float v : l)
+    if (!std::isnan(v)) sum += std::exp(static_cast<double>(v) - mx);
+  for (TokenId t : {0, 5, 123, 4000, 40000, 49156}) {
+    const auto v = static_cast<double>(l[static_cast<size_t>(t)]);
+    const double want = std::isnan(v) ? -std::numeric_limits<double>::infinity() : v - mx - std::log(sum);
+    const auto got = static_cast<double>(token_logprob(l, t));
+    if (std::isinf(want))
+      EXPECT_EQ(got, want) << t;
+    else
+      EXPECT_NEAR(got, want, 2e-5) << t;
+  }
+  for (const auto& [id, lp] : top_logprobs(l, 20))
+    EXPECT_EQ(lp, token_logprob(l, id)) << id;
+}
+
+// Greedy alone is the raw row's arg-max (ties: the lower id; NaN never; all -inf: the first), as the
+// candidate list's greedy would choose; any other chain has no shortcut.
+TEST(GreedyChoice, TheArgMaxAsGreedyWouldChoose) {
+  SamplerChain greedy;
+  greedy.add(create_sampler(SamplerSpec{"greedy", {}}));
+  std::vector<float> l(1000, 0.5f);
+  l[700] = 2.0f;
+  l[300] = 2.0f;
+  l[10] = std::nanf("");
+  EXPECT_EQ(greedy.greedy_choice(l), std::optional<TokenId>(300));
+  std::vector<TokenData> storage;
+  Candidates c = Candidates::from_logits(l, storage);
+  greedy.apply(c, SamplerContext{});
+  EXPECT_EQ(c.selected_id(), 300);
+  EXPECT_EQ(greedy.greedy_choice(std::vector<float>(40, -kInf)), std::optional<TokenId>(0));
+  SamplerChain sampled;
+  sampled.add(create_sampler(SamplerSpec{"top_k", {{"k", int64_t{5}}}}));
+  sampled.add(create_sampler(SamplerSpec{"greedy", {}}));
+  EXPECT_EQ(sampled.greedy_choice(l), std::nullopt);
 }
 
 TEST(TopLogprobs, MostLikelyFirstTiesByIdNanLeftOut) {

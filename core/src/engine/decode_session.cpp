@@ -309,7 +309,7 @@ template <class Apply> TokenId DecodeSession::sample_with(LocalSeq seq, Seq& s, 
 
 TokenId DecodeSession::sample(LocalSeq seq) {
   Seq& s = at(seq);
-  if (const auto* chain = dynamic_cast<const SamplerChain*>(s.chain.get()); chain && chain->size() == 1)
+  if (const auto* chain = dynamic_cast<const SamplerChain*>(s.chain.get()))
     if (const float* row0 = book_.row(*s.e, 0))
       if (const auto t = chain->greedy_choice(std::span<const float>(row0, static_cast<size_t>(n_vocab()))))
         return *t; // greedy alone: the arg-max, no candidate list

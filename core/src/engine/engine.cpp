@@ -515,7 +515,7 @@ void Engine::forward_model(ModelRole m, StepBatch& step) {
   ++stats_.forwards;
   stats_.peak_batch_tokens = std::max(stats_.peak_batch_tokens, batch.tokens.size());
   const int32_t V = ctx_.n_vocab;
-  logits_.resize(batch.out_rows.size() * static_cast<size_t>(V)); // (grows to the largest; never cleared)
+  logits_.resize(batch.out_rows.size() * static_cast<size_t>(V)); // (kept between steps: see below)
   const std::span<const float> logits(logits_);
   const auto t0 = Clock::now();
   bool ok = true;

@@ -43,12 +43,6 @@ inline float exp_nonpositive(float x) {
   return live ? p * std::bit_cast<float>(bits) : 0.0f;
 }
 
-// softmax(logits)'s normalizer: max and log Σ e^(l - max), NaN logits left out; a vocabulary with no
-// finite maximum (all -inf, or some +inf) has none: nullopt.
-struct Normalizer {
-  float max = kNegInf;
-  double log_sum = 0.0;
-};
 // Σ e^(l - mx) over the logits (NaN: 0), in vector lanes.
 LOOM_VOCAB_LOOP double sum_exp_below(std::span<const float> logits, float mx) {
   constexpr size_t w = 16; // partial sums the compiler keeps in vector lanes
@@ -65,6 +59,12 @@ LOOM_VOCAB_LOOP double sum_exp_below(std::span<const float> logits, float mx) {
   return sum;
 }
 
+// softmax(logits)'s normalizer: max and log Σ e^(l - max), NaN logits left out; a vocabulary with no
+// finite maximum (all -inf, or some +inf) has none: nullopt.
+struct Normalizer {
+  float max = kNegInf;
+  double log_sum = 0.0;
+};
 std::optional<Normalizer> normalizer(std::span<const float> logits) {
   const float mx = sample::max_key(logits);
   if (!std::isfinite(mx)) return std::nullopt;
