@@ -20,17 +20,10 @@ void read_chat_messages(const std::string& path, chat::RenderInput& in) {
     if (j.contains("tools")) in.tools = j["tools"];
     j = j["messages"];
   }
-  if (!j.is_array())
+  if (const auto problem = chat::messages_problem(j))
     fail(Errc::invalid_argument, "chat",
-         "--messages " + path +
-             ": expected an array of {\"role\": …, \"content\": …} objects (or an object with "
-             "\"messages\"), found " +
-             std::string(j.type_name()));
-  for (size_t i = 0; i < j.size(); ++i)
-    if (!j[i].is_object() || !j[i].contains("role") || !j[i]["role"].is_string())
-      fail(Errc::invalid_argument, "chat",
-           "--messages " + path + ": message " + std::to_string(i) +
-               " is not an object with a string \"role\"");
+         "--messages " + path + ": " + *problem +
+             " (expected an array of {\"role\": …, \"content\": …} objects, or an object with \"messages\")");
   in.messages = std::move(j);
 }
 

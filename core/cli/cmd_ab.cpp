@@ -7,6 +7,7 @@
 #include "loom/error.hpp"
 #include "loom/eval/ab_experiment.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -74,6 +75,8 @@ ab::Options experiment_options(const po::variables_map& vm) {
   o.answer_regex = vm["answer-regex"].as<std::string>();
   (void)ab::extract_answer("", o.answer_regex); // a regex that does not compile fails here, before any run
   if (vm.count("plugin-path")) o.plugin_paths = vm["plugin-path"].as<std::vector<std::string>>();
+  o.chat = vm.count("chat") != 0;
+  if (vm.count("system")) o.system = vm["system"].as<std::string>();
   return o;
 }
 
@@ -138,7 +141,9 @@ int cmd_ab(const std::vector<std::string>& args) {
   desc.add_options()
     ("help,h", "show this help")
     ("config,c", po::value<std::vector<std::string>>()->composing(), "a variant's pipeline TOML (give two or more)")
-    ("prompts", po::value<std::string>(), "prompts: one a line, or JSONL {prompt, expected?, id?}")
+    ("prompts", po::value<std::string>(), "prompts: one a line, or JSONL {prompt | messages, expected?, id?}")
+    ("chat", "render raw prompts as one user message with each variant's chat template")
+    ("system", po::value<std::string>(), "a system turn for every conversation that has none (with --chat or messages)")
     ("runs", po::value<int>()->default_value(1), "runs per prompt and variant (seeds S + i·R + r)")
     ("seed", po::value<std::string>()->default_value("0"), "base seed S")
     ("n-predict,n", po::value<int>(), "new tokens per run (overrides each [stop] max_tokens)")
@@ -156,16 +161,24 @@ int cmd_ab(const std::vector<std::string>& args) {
   if (!parse_args(
           args, desc, vm,
           "usage: loom ab -c A.toml -c B.toml [-c C.toml …] --prompts FILE [--runs R] [--seed S] [--json]\n"
-          "               [--html OUT] [--bootstrap N] [--ci percentile|bca] [--set …]\n"
+          "               [--html OUT] [--bootstrap N] [--ci percentile|bca] [--set …] [--chat [--system "
+          "T]]\n"
           "       loom ab -c A.toml --sweep decoder.expansions=1,2,4,8 --prompts TASKS.jsonl [...]\n"
           "Runs every variant on the same prompts with the same seeds and compares each with the first:\n"
           "speed (TTFT, TPOT, tok/s) and quality (mean log-prob, distinct-n, repetition, exact match),\n"
           "with paired bootstrap confidence intervals and permutation tests. --sweep makes a variant per\n"
           "value of one key and reports accuracy (with its CI) against tokens evaluated and wall time,\n"
-          "and where more compute stops paying (TASKS.jsonl: {\"prompt\", \"answer\"} a line)."))
+          "and where more compute stops paying (TASKS.jsonl: {\"prompt\", \"answer\"} a line).\n"
+          "A JSONL line may hold OpenAI-style \"messages\" (and \"tools\") instead of \"prompt\": each "
+          "variant\n"
+          "renders them with its model's chat template, as `loom run --messages` does; --chat does the same\n"
+          "for raw prompts (one user message each), --system TEXT adds a system turn."))
     return k_exit_ok;
   ab::Options o = experiment_options(vm);
   auto prompts = load_prompts(vm["prompts"].as<std::string>());
+  if (o.system && !o.chat &&
+      std::none_of(prompts.begin(), prompts.end(), [](const ab::Prompt& p) { return p.chat.has_value(); }))
+    throw UsageError("--system goes with --chat (or a prompts file with \"messages\" lines)");
   if (!o.sweep.values.empty() && std::none_of(prompts.begin(), prompts.end(),
                                               [](const ab::Prompt& p) { return p.expected.has_value(); }))
     throw UsageError("--sweep plots accuracy against compute: give a task set with answers (JSONL "

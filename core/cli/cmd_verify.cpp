@@ -1,6 +1,7 @@
 // `loom verify`: a verifier plugin on given candidates, without a model — to test a verifier and to
 // A/B-check one against another on labelled candidates.
 #include "cli.hpp"
+#include "loom/chat/chat.hpp"
 #include "loom/error.hpp"
 
 #include <algorithm>
@@ -31,7 +32,7 @@ std::vector<Task> read_tasks(const std::string& path) {
     fail(Errc::invalid_argument, "verify",
          "--tasks " + user_value(path) + " line " + std::to_string(n) + ": " + what +
              "; expected one JSON object per line with \"candidate\" (a string), optionally \"prompt\" "
-             "(a string) and \"label\" (true/false or 1/0)");
+             "(a string) or OpenAI-style \"messages\", and \"label\" (true/false or 1/0)");
   };
   while (std::getline(in, line)) {
     ++n;
@@ -48,9 +49,15 @@ std::vector<Task> read_tasks(const std::string& path) {
     t.line = n;
     t.json = j.dump();
     t.candidate = j["candidate"].get<std::string>();
+    if (j.contains("prompt") && j.contains("messages")) bad("give \"prompt\" or \"messages\", not both");
     if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) bad("\"prompt\" is not a string");
       t.prompt = j["prompt"].get<std::string>();
+    }
+    if (j.contains("messages")) { // the conversation the candidate replies to: its last user turn
+      const nlohmann::ordered_json m = j["messages"];
+      if (const auto problem = chat::messages_problem(m)) bad("\"messages\": " + *problem);
+      t.prompt = chat::last_user_text(m);
     }
     if (j.contains("label")) {
       const auto& l = j["label"];
@@ -188,7 +195,7 @@ int cmd_verify(const std::vector<std::string>& args) {
   desc.add_options()
     ("help,h", "show this help")
     ("verifier", po::value<std::string>(), "the verifier plugin (as [verifier] name)")
-    ("tasks", po::value<std::string>(), "a JSONL file: {\"prompt\", \"candidate\", \"label\"?} per line")
+    ("tasks", po::value<std::string>(), "a JSONL file: {\"prompt\" or \"messages\", \"candidate\", \"label\"?} per line")
     ("config,c", po::value<std::string>(), "a pipeline TOML file whose [verifier] and [plugins] are used")
     ("set", po::value<std::vector<std::string>>()->composing(), "section.key=value (repeatable), e.g. verifier.scope='\"last_line\"'")
     ("plugin-path", po::value<std::vector<std::string>>()->composing(), "a plugin directory (repeatable)")
@@ -200,8 +207,10 @@ int cmd_verify(const std::vector<std::string>& args) {
           args, desc, vm,
           "usage: loom verify --verifier NAME [--set verifier.KEY=V]... --tasks FILE.jsonl [--json]\n"
           "Scores given candidates with a verifier plugin, without a model: each line of FILE.jsonl is "
-          "an object\nwith \"candidate\" (the text scored), optionally \"prompt\" (what it answers) and "
-          "\"label\" (whether the\ncandidate is right: then accuracy, precision and recall at --threshold "
+          "an object\nwith \"candidate\" (the text scored), optionally \"prompt\" (what it answers; or "
+          "OpenAI-style "
+          "\"messages\",\nwhose last user turn it answers) and \"label\" (whether the\ncandidate is right: "
+          "then accuracy, precision and recall at --threshold "
           "and the ROC AUC are reported).\nThe whole line is the verifier's task (program_tests reads its "
           "\"tests\"). A verifier that fails on a candidate marks that line, not the "
           "run."))

@@ -1,6 +1,8 @@
 // `loom serve`: the bounded request parser and the routes' shape checks (serve_request.hpp).
 #include "serve_request.hpp"
 
+#include "loom/chat/chat.hpp"
+
 #include <algorithm>
 
 namespace loom::cli::serve {
@@ -65,18 +67,7 @@ bool is_post(Route r) noexcept {
 namespace {
 
 void check_messages(const json& m) {
-  if (!m.is_array() || m.empty()) bad("messages", "'messages' must be a non-empty array of {role, content}");
-  for (const auto& msg : m) {
-    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
-      bad("messages", "each message must be an object with a string 'role'");
-    const auto c = msg.find("content");
-    if (c == msg.end() || c->is_null() || c->is_string()) continue;
-    if (!c->is_array())
-      bad("messages", "a message's 'content' must be a string, null or an array of {type, text} parts");
-    for (const auto& part : *c)
-      if (!part.is_object() || (part.contains("text") && !part["text"].is_string()))
-        bad("messages", "each part of a message's 'content' must be an object {type, text: string}");
-  }
+  if (const auto problem = chat::messages_problem(nlohmann::ordered_json(m))) bad("messages", *problem);
 }
 
 } // namespace

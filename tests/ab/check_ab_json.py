@@ -18,6 +18,7 @@ MASK = (1 << 64) - 1
 BETTER = {"ttft_ms": -1, "tpot_ms": -1, "tok_s": 1, "tokens": 0, "mean_logprob": 1, "distinct_1": 1,
           "distinct_2": 1, "repetition_4": -1, "exact_match": 1, "tokens_evaluated": -1,
           "total_ms": -1}
+ANY_VOCABULARY = {"ttft_ms", "exact_match", "total_ms"}  # the metrics compared across vocabularies
 
 
 class SplitMix64:
@@ -198,7 +199,12 @@ def main():
         pr = rep["pairs"][b - 1]
         paired = [ok_runs[0][i] == R and ok_runs[b][i] == R for i in range(P)]
         check(pr["prompts_paired"] == sum(paired), "prompts_paired")
+        same_vocab = rep["variants"][b]["vocabulary"] == rep["variants"][0]["vocabulary"]
+        check(pr["same_vocabulary"] == same_vocab, "same_vocabulary")
         for mi, m in enumerate(names):
+            if not same_vocab and m not in ANY_VOCABULARY:
+                check(m not in pr.get("metrics", {}), f"pair {b} {m} across vocabularies")
+                continue
             d = [per[m][b][i] - per[m][0][i] for i in range(P)
                  if paired[i] and per[m][0][i] is not None and per[m][b][i] is not None]
             if not d:
@@ -246,7 +252,7 @@ def main():
         w = t = l = 0
         for i in range(P):
             x, y = per["mean_logprob"][0][i], per["mean_logprob"][b][i]
-            if not paired[i] or x is None or y is None:
+            if not paired[i] or not same_vocab or x is None or y is None:
                 continue
             if y > x:
                 w += 1

@@ -78,37 +78,24 @@ assert "gain" not in pts[0] and "gain" in pts[1] and "gain" in pts[2]
 print(f"ab --sweep: {len(pts)} points, accuracy and compute recomputed from the rows")
 PYEOF
 
-chromium=""
-for c in chromium chromium-browser google-chrome; do
-  command -v "$c" >/dev/null && chromium="$c" && break
-done
+. "$src/tests/ab/chromium.sh"
+find_chromium
 if [ -z "$chromium" ]; then
   echo "SKIPPED (HTML part): no chromium (scripts/setup.sh --deps installs it); the JSON checks passed"
   exit 77
 fi
-flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir="$out/chromium-profile")
-"$chromium" "${flags[@]}" --enable-logging=stderr --v=0 --dump-dom "file://$out/ab.html" > "$out/ab.dom.html" \
-  2> "$out/chromium.log" || { cat "$out/chromium.log"; exit 1; }
+render_dom "$out/ab.html" "$out/ab.dom.html"
 grep -q "<table id=\"summary\"" "$out/ab.dom.html" || { echo "the rendered DOM has no summary table"; exit 1; }
 grep -q "<table id=\"outputs\"" "$out/ab.dom.html" || { echo "the rendered DOM has no outputs table"; exit 1; }
 n_svg=$(grep -o "<svg" "$out/ab.dom.html" | wc -l)
 [ "$n_svg" -ge 3 ] || { echo "expected 3 SVG plots (TPOT, length, CI bars), found $n_svg"; exit 1; }
-if grep -E "CONSOLE|Uncaught|SyntaxError" "$out/chromium.log"; then
-  echo "the console has errors (above)"
-  exit 1
-fi
-"$chromium" "${flags[@]}" --dump-dom "file://$out/ab_sweep.html" > "$out/ab_sweep.dom.html" 2>> "$out/chromium.log" \
-  || { cat "$out/chromium.log"; exit 1; }
+render_dom "$out/ab_sweep.html" "$out/ab_sweep.dom.html"
 grep -q "<table id=\"sweep\"" "$out/ab_sweep.dom.html" || { echo "the sweep report has no sweep table"; exit 1; }
 n_curves=$(grep -o "<svg[^>]*class=\"sweep\"" "$out/ab_sweep.dom.html" | wc -l)
 [ "$n_curves" -eq 2 ] || { echo "expected 2 accuracy-vs-compute plots, found $n_curves"; exit 1; }
 grep -q "<th>expected</th>" "$out/ab_sweep.dom.html" || { echo "the outputs table has no expected column"; exit 1; }
 grep -q "class=\"right\"\|class=\"wrong\"" "$out/ab_sweep.dom.html" || { echo "no answer marked right or wrong"; exit 1; }
-if grep -E "CONSOLE|Uncaught|SyntaxError" "$out/chromium.log"; then
-  echo "the console has errors (above)"
-  exit 1
-fi
-"$chromium" "${flags[@]}" --screenshot="$out/ab.png" --window-size=1280,2000 "file://$out/ab.html" \
+"$chromium" $(chromium_flags "$out") --screenshot="$out/ab.png" --window-size=1280,2000 "file://$out/ab.html" \
   > /dev/null 2>&1 || { echo "the screenshot failed"; exit 1; }
 [ -s "$out/ab.png" ] || { echo "no screenshot written"; exit 1; }
 echo "ab: JSON recomputed; HTML rendered by $chromium ($n_svg SVG plots, no console errors); screenshot $out/ab.png"

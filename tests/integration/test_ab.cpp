@@ -5,6 +5,7 @@
 // a whole report in Python and renders its HTML in Chromium.)
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
@@ -144,16 +145,37 @@ TEST(AbCli, BadInputIsAOneLineError) {
            " --ci normal",
        "--ci must be percentile or bca", 2},
   };
-  if (fs::exists(test::models_dir() / "llama-2-tiny-random.gguf"))
-    cases.push_back({"-c " + (d / "a.toml").string() + " -c " + (d / "other.toml").string() + " --prompts " +
-                         (d / "ok.txt").string() + " --set 'model.n_ctx=64'",
-                     "vocabulary differs", 1});
+  cases.push_back({"-c " + cfg("greedy.toml") + " -c " + cfg("sampling.toml") + " --prompts " +
+                       (d / "ok.txt").string() + " --system 'Be brief.'" + m,
+                   "--system goes with --chat", 2});
+  {
+    std::ofstream(d / "badmsg.jsonl")
+        << "{\"prompt\": \"a\"}\n{\"messages\": [{\"role\": \"user\", \"content\": 7}]}\n";
+  }
+  cases.push_back({"-c " + cfg("greedy.toml") + " -c " + cfg("sampling.toml") + " --prompts " +
+                       (d / "badmsg.jsonl").string() + m,
+                   "badmsg.jsonl:2: message 0: \"content\" must be a string", 2});
+  cases.push_back({"-c " + cfg("greedy.toml") + " -c " + cfg("sampling.toml") + " --prompts " +
+                       (d / "ok.txt").string() + " --chat" + m,
+                   "has no tokenizer.chat_template", 1}); // stories260K: no template, no turn tokens
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
     const auto r = test::run_loom("ab " + c.args, false, 120);
     EXPECT_EQ(r.code, c.code) << r.out << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("terminate called"), std::string::npos);
+    EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  }
+  // Models with different vocabularies compare (e.g. two chat models under their own templates): only
+  // the metrics that do not count tokens.
+  if (fs::exists(test::models_dir() / "llama-2-tiny-random.gguf")) {
+    const auto r =
+        test::run_loom("ab -c " + (d / "a.toml").string() + " -c " + (d / "other.toml").string() +
+                           " --prompts " + (d / "ok.txt").string() + " --set 'model.n_ctx=64' -n 4",
+                       false, 120);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("different vocabularies: only time and exact match are compared"), std::string::npos)
+        << r.out;
   }
 }
 

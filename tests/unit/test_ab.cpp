@@ -107,10 +107,76 @@ TEST(AbExperiment, ParsesPromptsAndTasks) {
     (void)ab::parse_prompts("{\"prompt\": \"a\"}\n{\"prompt\": \"b\"\n", "bad.jsonl");
     FAIL() << "a line that is not JSON";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(),
-                 "bad.jsonl:2: not a JSON object (JSONL: one {\"prompt\": …} a line, as the first line is)");
+    EXPECT_STREQ(
+        e.what(),
+        "bad.jsonl:2: not a JSON object (JSONL: one {\"prompt\": …} or {\"messages\": …} a line, as the "
+        "first line is)");
   }
   EXPECT_THROW((void)ab::parse_prompts("\n\n", "empty.txt"), Error);
+}
+
+// A JSONL line may be a conversation: rendered later with each variant's template; the reports show its
+// last user turn. A bad one is one line naming the file and line.
+TEST(AbExperiment, ParsesConversations) {
+  const auto p = ab::parse_prompts(
+      R"({"prompt": "raw", "answer": 1})"
+      "\n"
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}], "answer": 5, "id": "c"})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "tools": []})"
+      "\n",
+      "c.jsonl");
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_FALSE(p[0].chat.has_value());
+  ASSERT_TRUE(p[1].chat.has_value());
+  EXPECT_EQ(p[1].prompt, "What is 2+3?");
+  EXPECT_EQ(p[1].chat->messages.size(), 2u);
+  EXPECT_EQ(p[1].chat->messages[0]["role"], "system") << "the order kept";
+  EXPECT_EQ(p[1].expected, "5");
+  EXPECT_EQ(p[1].id, "c");
+  EXPECT_EQ(p[2].prompt, "a\nb");
+  EXPECT_TRUE(p[2].chat->tools.is_array());
+  const auto error_of = [](const std::string& text) {
+    try {
+      (void)ab::parse_prompts(text, "m.jsonl");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error_of("{\"prompt\": \"x\"}\n{\"messages\": [{\"content\": \"no role\"}]}\n"),
+            "m.jsonl:2: message 0 is not an object with a string \"role\"");
+  EXPECT_EQ(error_of("{\"messages\": []}\n"),
+            "m.jsonl:1: \"messages\" must be a non-empty array of {role, content}, found an empty array");
+  EXPECT_EQ(error_of("{\"messages\": [{\"role\": \"user\", \"content\": 3}]}\n"),
+            "m.jsonl:1: message 0: \"content\" must be a string, null or an array of {type, text} parts");
+  EXPECT_NE(
+      error_of("{\"prompt\": \"x\", \"messages\": [{\"role\": \"user\"}]}\n").find("m.jsonl:1: expected"),
+      std::string::npos);
+  EXPECT_EQ(error_of("{\"prompt\": \"x\", \"tools\": []}\n"), "m.jsonl:1: \"tools\" goes with \"messages\"");
+  EXPECT_EQ(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": 1}\n"),
+            "m.jsonl:1: \"tools\" must be an array of {type, function}");
+  for (const char* bad :
+       {"{\"messages\": 1}\n", "{\"messages\": [[]]}\n", "{\"messages\": [{\"role\": 1}]}\n"})
+    EXPECT_EQ(error_of(bad).find('\n'), std::string::npos) << "one line: " << error_of(bad);
+}
+
+// --chat: a raw prompt becomes one user turn; --system goes first where a conversation has none.
+TEST(AbExperiment, ChatWrapsRawPrompts) {
+  auto p = ab::parse_prompts(
+      "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"system\", \"content\": \"own\"}, {\"role\": "
+      "\"user\", \"content\": \"q\"}]}\n",
+      "c.jsonl");
+  auto only_system = p;
+  ab::apply_chat(only_system, false, std::string("S"));
+  EXPECT_FALSE(only_system[0].chat.has_value()) << "without --chat a raw prompt stays raw";
+  ab::apply_chat(p, true, std::string("S"));
+  ASSERT_TRUE(p[0].chat.has_value());
+  EXPECT_EQ(p[0].chat->messages.dump(),
+            R"([{"role":"system","content":"S"},{"role":"user","content":"hi"}])");
+  EXPECT_EQ(p[0].prompt, "hi");
+  EXPECT_EQ(p[1].chat->messages.size(), 2u) << "its own system turn is kept, no second one";
+  EXPECT_EQ(p[1].chat->messages[0]["content"], "own");
 }
 
 // Two greedy variants on six tasks, one run each, rows made by hand: B is always right and two tokens
@@ -121,7 +187,7 @@ TEST(AbExperiment, AggregatesHandMadeRows) {
   r.variants = ab::expand_variants(r.options);
   r.variants[0].greedy = r.variants[1].greedy = true;
   for (int i = 0; i < 6; ++i)
-    r.prompts.push_back({"t" + std::to_string(i), "q", std::string("1"), ""});
+    r.prompts.push_back({"t" + std::to_string(i), "q", std::string("1"), "", std::nullopt});
   for (size_t i = 0; i < 6; ++i)
     for (size_t v = 0; v < 2; ++v) {
       ab::Row row;
@@ -172,6 +238,17 @@ TEST(AbExperiment, AggregatesHandMadeRows) {
   const std::string text = ab::report_text(r, doc);
   EXPECT_NE(text.find("greedy outputs identical (tokens): 0 of 6 runs; differing: t0, t1"), std::string::npos)
       << text;
+
+  // The same rows as if B's model had another vocabulary: only time and exact match compare.
+  r.variants[1].vocabulary = 1;
+  const auto other = ab::aggregate(r.options, r.variants, r.prompts, r.rows).pairs[0];
+  EXPECT_FALSE(other.same_vocabulary);
+  EXPECT_FALSE(other.metrics.contains("tokens"));
+  EXPECT_FALSE(other.metrics.contains("mean_logprob"));
+  EXPECT_EQ(other.metrics.at("exact_match").verdict, "better");
+  EXPECT_EQ(other.wins + other.ties + other.losses, 0);
+  EXPECT_FALSE(other.greedy_identical.has_value());
+  EXPECT_EQ(other.b_only_correct, 6);
   EXPECT_EQ(text.find("ttft_ms"), std::string::npos) << "no variant has it: left out of the table";
   const std::string html = ab::report_html(r, doc);
   EXPECT_NE(html.find("<table id='summary'>"), std::string::npos);

@@ -34,6 +34,47 @@ std::optional<std::string_view> builtin_for_vocabulary(const GgufFile& model) {
   return std::nullopt;
 }
 
+std::optional<std::string> messages_problem(const nlohmann::ordered_json& m) {
+  if (!m.is_array() || m.empty())
+    return "\"messages\" must be a non-empty array of {role, content}, found " +
+           (m.is_array() ? std::string("an empty array") : std::string(m.type_name()));
+  for (size_t i = 0; i < m.size(); ++i) {
+    const auto& msg = m[i];
+    const std::string which = "message " + std::to_string(i);
+    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
+      return which + " is not an object with a string \"role\"";
+    const auto c = msg.find("content");
+    if (c == msg.end() || c->is_null() || c->is_string()) continue;
+    if (!c->is_array())
+      return which + ": \"content\" must be a string, null or an array of {type, text} parts";
+    for (const auto& part : *c)
+      if (!part.is_object() || (part.contains("text") && !part["text"].is_string()))
+        return which + ": each part of \"content\" must be an object {type, text: string}";
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::string content_text(const nlohmann::ordered_json& msg) {
+  const auto c = msg.find("content");
+  if (c == msg.end() || c->is_null()) return "";
+  if (c->is_string()) return c->get<std::string>();
+  std::string out;
+  for (const auto& part : *c)
+    if (part.contains("text")) out += (out.empty() ? "" : "\n") + part["text"].get<std::string>();
+  return out;
+}
+
+} // namespace
+
+std::string last_user_text(const nlohmann::ordered_json& messages) {
+  if (messages.empty()) return "";
+  for (auto it = messages.rbegin(); it != messages.rend(); ++it)
+    if ((*it)["role"] == "user") return content_text(*it);
+  return content_text(messages.back());
+}
+
 Template load_template(const std::string& spec, const GgufFile* model) {
   std::string names;
   for (const auto n : builtin_template_names())

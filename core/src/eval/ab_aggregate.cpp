@@ -13,21 +13,35 @@ namespace loom::ab {
 
 namespace {
 
-// The metrics compared. `better`: +1 higher is better, -1 lower is better, 0 neither.
+// The metrics compared. `better`: +1 higher is better, -1 lower is better, 0 neither. `any_vocabulary`:
+// the metric means the same whatever the tokens are (time, exact match), so it compares variants whose
+// models tokenize differently; the others count or score tokens of one vocabulary.
 struct MetricDef {
   const char* name;
   int better;
+  bool any_vocabulary;
 };
 const MetricDef k_metrics[] = {
-    {"ttft_ms", -1},      {"tpot_ms", -1},          {"tok_s", +1},      {"tokens", 0},
-    {"mean_logprob", +1}, {"distinct_1", +1},       {"distinct_2", +1}, {"repetition_4", -1},
-    {"exact_match", +1},  {"tokens_evaluated", -1}, {"total_ms", -1},
+    {"ttft_ms", -1, true},       {"tpot_ms", -1, false},
+    {"tok_s", +1, false},        {"tokens", 0, false},
+    {"mean_logprob", +1, false}, {"distinct_1", +1, false},
+    {"distinct_2", +1, false},   {"repetition_4", -1, false},
+    {"exact_match", +1, true},   {"tokens_evaluated", -1, false},
+    {"total_ms", -1, true},
 };
 
 int better_of(const std::string& m) {
   for (const auto& d : k_metrics)
     if (m == d.name) return d.better;
   return 0;
+}
+
+// Whether a pair of variants whose vocabularies differ compares metric m (a decoder's metrics count
+// tokens: no).
+bool any_vocabulary(const std::string& m) {
+  for (const auto& d : k_metrics)
+    if (m == d.name) return d.any_vocabulary;
+  return false;
 }
 
 using PerPrompt = std::map<std::string, std::vector<std::vector<double>>>;
@@ -147,7 +161,7 @@ void compare_per_prompt(const PairInput& in, const std::vector<bool>& paired, Pa
   pr.mcnemar_p = mcnemar_exact_p(pr.a_only_correct, pr.b_only_correct);
   for (size_t i = 0; i < paired.size(); ++i) {
     const double x = lp[0][i], y = lp[b][i];
-    if (!paired[i] || !std::isfinite(x) || !std::isfinite(y)) continue;
+    if (!paired[i] || !pr.same_vocabulary || !std::isfinite(x) || !std::isfinite(y)) continue;
     (y > x ? pr.wins : y < x ? pr.losses : pr.ties)++;
   }
 }
@@ -189,7 +203,7 @@ void compare_per_run(const PairInput& in, Pair& pr) {
     }
   }
   if (both) pr.agreement = static_cast<double>(same) / static_cast<double>(both);
-  if (in.variants[0].greedy && in.variants[pr.b].greedy)
+  if (in.variants[0].greedy && in.variants[pr.b].greedy && pr.same_vocabulary)
     pr.greedy_identical = GreedyIdentity{both, identical, differ};
   // With `expected`: runs whose extracted answers are equal.
   if (both_answered)
@@ -201,14 +215,17 @@ void compare_per_run(const PairInput& in, Pair& pr) {
 Pair compare_pair(const PairInput& in, size_t b) {
   Pair pr;
   pr.b = b;
+  pr.same_vocabulary = in.variants[b].vocabulary == in.variants[0].vocabulary;
   const size_t P = in.prompts.size(), R = static_cast<size_t>(in.o.runs);
   std::vector<bool> paired(P);
   for (size_t i = 0; i < P; ++i) {
     paired[i] = in.ok_runs[0][i] == R && in.ok_runs[b][i] == R;
     pr.prompts_paired += paired[i] ? 1 : 0;
   }
-  for (size_t mi = 0; mi < in.metric_names.size(); ++mi)
+  for (size_t mi = 0; mi < in.metric_names.size(); ++mi) {
+    if (!pr.same_vocabulary && !any_vocabulary(in.metric_names[mi])) continue;
     if (auto d = compare_metric(in, b, mi, paired)) pr.metrics[in.metric_names[mi]] = std::move(*d);
+  }
   compare_per_prompt(in, paired, pr);
   compare_per_run(in, pr);
   return pr;

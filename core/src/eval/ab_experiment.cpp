@@ -3,7 +3,10 @@
 #include "loom/eval/ab_experiment.hpp"
 
 #include "loom/error.hpp"
+#include "loom/format/gguf.hpp"
+#include "loom/model/model.hpp"
 #include "loom/sample/stop.hpp"
+#include "loom/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -47,22 +50,44 @@ PipelineConfig variant_config(const Options& o, const Variant& v) {
   return cfg;
 }
 
-// Token metrics and log-probs compare only over one vocabulary.
-void check_same_vocabulary(const std::vector<std::unique_ptr<Pipeline>>& pipes,
-                           const std::vector<Variant>& variants) {
-  const Tokenizer& tok0 = pipes[0]->tokenizer();
-  for (size_t v = 1; v < pipes.size(); ++v) {
-    const Tokenizer& t = pipes[v]->tokenizer();
-    bool same = t.vocab_size() == tok0.vocab_size();
-    for (TokenId i = 0; same && i < t.vocab_size(); ++i)
-      same = t.piece(i) == tok0.piece(i);
-    if (!same)
+bool same_vocabulary(const Tokenizer& a, const Tokenizer& b) {
+  if (&a == &b) return true;
+  if (a.vocab_size() != b.vocab_size()) return false;
+  for (TokenId i = 0; i < a.vocab_size(); ++i)
+    if (a.piece(i) != b.piece(i)) return false;
+  return true;
+}
+
+// Which template rendered a variant's conversations, as the reports name it.
+std::string template_label(const chat::Template& t, const GgufFile& file) {
+  const auto family = chat::builtin_for_vocabulary(file);
+  if (t.name() == "tokenizer.chat_template")
+    return family ? "tokenizer.chat_template (" + std::string(*family) + " turns)" : t.name();
+  return family ? "built-in " + std::string(*family) + " (the file has no tokenizer.chat_template)"
+                : t.name();
+}
+
+// Every conversation among the prompts as the variant's model reads it: its chat template (the file's,
+// else the built-in one its vocabulary's turn tokens name), as `loom run --messages` renders it. Raw
+// prompts get no tokens here (the request tokenizes them).
+std::vector<std::vector<TokenId>> render_conversations(const Pipeline& pipe,
+                                                       const std::vector<Prompt>& prompts, Variant& v) {
+  std::vector<std::vector<TokenId>> out(prompts.size());
+  if (std::none_of(prompts.begin(), prompts.end(), [](const Prompt& p) { return p.chat.has_value(); }))
+    return out;
+  const chat::Template t = chat::load_template("", &pipe.model().file());
+  v.chat_template = template_label(t, pipe.model().file());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (!prompts[i].chat) continue;
+    try {
+      out[i] =
+          chat::chat_prompt(t, *prompts[i].chat, pipe.tokenizer(), pipe.config().run.parse_special).tokens;
+    } catch (const Error& e) {
       fail(Errc::invalid_argument, "ab",
-           variants[v].config + " uses a model whose vocabulary differs from " + variants[0].config +
-               "'s: token metrics (distinct-n, repetition) and log-probs would not compare; give variants of "
-               "one "
-               "model family");
+           v.config + " (" + v.chat_template + "), prompt " + prompts[i].id + ": " + e.what());
+    }
   }
+  return out;
 }
 
 // Exact match: the answer extracted from the output against the expected one (with last_number, the
@@ -121,7 +146,7 @@ std::vector<Variant> expand_variants(const Options& o) {
       };
       for (int k = 2; taken(name); ++k)
         name = stem + "#" + std::to_string(k);
-      out.push_back({name, o.configs[c], c, s, false});
+      out.push_back({name, o.configs[c], c, s, false, 0, {}});
     }
   return out;
 }
@@ -140,12 +165,18 @@ std::vector<RunSpec> list_runs(size_t variants, size_t prompts, size_t runs, uin
 
 Experiment::Experiment(Options options, std::vector<Prompt> prompts)
     : options_(std::move(options)), prompts_(std::move(prompts)), variants_(expand_variants(options_)) {
-  for (Variant& v : variants_) {
+  if (options_.chat || options_.system) apply_chat(prompts_, options_.chat, options_.system);
+  for (size_t k = 0; k < variants_.size(); ++k) {
+    Variant& v = variants_[k];
     const PipelineConfig cfg = variant_config(options_, v);
     v.greedy = greedy_chain(cfg);
     pipes_.push_back(Pipeline::create(cfg));
+    v.vocabulary = k;
+    for (size_t u = 0; u < k && v.vocabulary == k; ++u)
+      if (same_vocabulary(pipes_[u]->tokenizer(), pipes_[k]->tokenizer()))
+        v.vocabulary = variants_[u].vocabulary;
+    rendered_.push_back(render_conversations(*pipes_[k], prompts_, v));
   }
-  check_same_vocabulary(pipes_, variants_);
 }
 
 Experiment::~Experiment() = default;
@@ -163,6 +194,7 @@ std::vector<Row> Experiment::run(const std::function<void(const Progress&)>& pro
     static_cast<RunSpec&>(row) = at;
     GenerationRequest req;
     req.prompt = prompt.prompt;
+    if (prompt.chat) req.prompt_tokens = rendered_[at.variant][at.prompt];
     req.seed = row.seed;
     req.task = prompt.task;
     try {

@@ -23,6 +23,8 @@ nlohmann::json settings_json(const Options& o) {
           {"level", 0.95},
           {"rng", "splitmix64"},
           {"answer_regex", o.answer_regex},
+          {"chat", o.chat},
+          {"system", o.system ? nlohmann::json(*o.system) : nlohmann::json()},
           {"seed_rule", "run r of prompt i: seed + i*runs + r"},
           {"bootstrap_seed_rule", "seed + 1000003*(pair+1) + metric index (in metric_names)"}};
 }
@@ -69,6 +71,7 @@ nlohmann::json summary_json(const std::string& name, const VariantSummary& s) {
 nlohmann::json pair_json(const std::vector<Variant>& variants, const Pair& p) {
   nlohmann::json pr = {{"a", variants[0].name}, {"b", variants[p.b].name}};
   pr["prompts_paired"] = p.prompts_paired;
+  pr["same_vocabulary"] = p.same_vocabulary;
   for (const auto& [m, x] : p.metrics)
     pr["metrics"][m] = {
         {"diff", x.diff}, {"ci", {x.ci.lo, x.ci.hi}},          {"p", x.p}, {"n", x.n}, {"verdict", x.verdict},
@@ -175,6 +178,10 @@ void text_pairs(std::string& out, const nlohmann::json& J, const std::vector<std
             pr["agreement"].is_null() ? std::nan("") : pr["agreement"].get<double>(),
             pr["logprob_win_tie_loss"][0].get<int>(), pr["logprob_win_tie_loss"][1].get<int>(),
             pr["logprob_win_tie_loss"][2].get<int>(), pr["mcnemar"]["p"].get<double>());
+    if (!pr["same_vocabulary"].get<bool>())
+      appendf(out,
+              "  different vocabularies: only time and exact match are compared (token counts, log-probs "
+              "and distinct-n are per model)\n");
     if (pr.contains("greedy_identical")) {
       const auto& gi = pr["greedy_identical"];
       const auto n_same = gi["identical"].get<int64_t>(), n_runs = gi["runs"].get<int64_t>();
@@ -231,15 +238,19 @@ nlohmann::json report_json(const Result& r) {
   J["metric_names"] = r.aggregates.metric_names;
   J["variants"] = nlohmann::json::array();
   for (const Variant& v : r.variants) {
-    nlohmann::json jv = {{"name", v.name}, {"config", v.config}};
+    nlohmann::json jv = {{"name", v.name}, {"config", v.config}, {"vocabulary", v.vocabulary}};
+    if (!v.chat_template.empty()) jv["chat_template"] = v.chat_template;
     if (!r.options.sweep.values.empty()) jv["sweep_value"] = r.options.sweep.values[v.sweep_index];
     J["variants"].push_back(jv);
   }
   J["prompts"] = nlohmann::json::array();
-  for (const auto& p : r.prompts)
-    J["prompts"].push_back({{"id", p.id},
-                            {"prompt", p.prompt},
-                            {"expected", p.expected ? nlohmann::json(*p.expected) : nlohmann::json()}});
+  for (const auto& p : r.prompts) {
+    nlohmann::json jp = {{"id", p.id},
+                         {"prompt", p.prompt},
+                         {"expected", p.expected ? nlohmann::json(*p.expected) : nlohmann::json()}};
+    if (p.chat) jp["messages"] = nlohmann::json::parse(p.chat->messages.dump());
+    J["prompts"].push_back(std::move(jp));
+  }
   J["rows"] = nlohmann::json::array();
   for (const auto& row : r.rows)
     J["rows"].push_back(row_json(row));
@@ -259,6 +270,9 @@ std::string report_text(const Result& r, const nlohmann::json& doc) {
   for (const Variant& v : r.variants)
     names.push_back(v.name);
   std::string out;
+  for (const Variant& v : r.variants)
+    if (!v.chat_template.empty())
+      appendf(out, "%s: conversations rendered with %s\n", v.name.c_str(), v.chat_template.c_str());
   text_summary(out, doc, names);
   text_pairs(out, doc, names);
   if (doc.contains("sweep")) text_sweep(out, doc["sweep"]);

@@ -187,6 +187,13 @@ void html_head(std::ostream& h, const Page& pg) {
     << " variants; seeds " << o.seed << " + i·" << o.runs << " + r; " << o.bootstrap
     << " bootstrap resamples (" << ci_name(o.ci) << "), 95% intervals"
     << (pg.r.interrupted ? "; <b>interrupted</b>: partial results" : "") << ".</p>";
+  const auto& vs = pg.r.variants;
+  if (std::none_of(vs.begin(), vs.end(), [](const Variant& v) { return !v.chat_template.empty(); })) return;
+  h << "<table id='templates'><tr><th>variant</th><th>conversations rendered with</th></tr>";
+  for (const Variant& v : vs)
+    h << "<tr><td class='l'>" << html_escape(v.name) << "</td><td class='l'>" << html_escape(v.chat_template)
+      << "</td></tr>";
+  h << "</table>";
 }
 
 // Per metric: each variant's mean, then each pair's difference with its interval and verdict.
@@ -267,6 +274,9 @@ void html_pair(std::ostream& h, const Page& pg, size_t b) {
     << "; win/tie/loss by mean log-prob: " << pr["logprob_win_tie_loss"][0] << "/"
     << pr["logprob_win_tie_loss"][1] << "/" << pr["logprob_win_tie_loss"][2]
     << "; McNemar exact p on exact match: " << fmt(pr["mcnemar"]["p"].get<double>()) << "</p>";
+  if (!pr["same_vocabulary"].get<bool>())
+    h << "<p>Different vocabularies: only time and exact match are compared (token counts, log-probs and "
+         "distinct-n are per model).</p>";
   if (pr.contains("greedy_identical")) {
     const auto& gi = pr["greedy_identical"];
     h << "<p class='" << (gi["identical"] == gi["runs"] ? "better" : "worse")

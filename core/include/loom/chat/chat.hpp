@@ -37,6 +37,16 @@ struct RenderInput {
   std::optional<std::tm> now; // strftime_now()'s clock; unset: the local time at render
 };
 
+// What is wrong with OpenAI-style `messages` — a non-empty array of objects with a string "role" and a
+// "content" that is a string, null or an array of {type, text: string} parts — or nullopt when nothing
+// is. The one check of every command that takes messages (loom run --messages, loom ab's JSONL, serve).
+std::optional<std::string> messages_problem(const nlohmann::ordered_json& messages);
+
+// The text of a conversation's last user turn (of its last turn when no turn is a user's): its content
+// string, or its text parts joined by newlines — what a report shows of the conversation, without markup.
+// `messages` has passed messages_problem.
+std::string last_user_text(const nlohmann::ordered_json& messages);
+
 // Bounds for untrusted templates; exceeding one is an error naming it.
 struct Limits {
   size_t max_output = size_t{16} << 20; // bytes rendered, macro calls' output included

@@ -11,6 +11,7 @@
 // The library prints nothing: progress goes through a callback; the caller writes the reports.
 #pragma once
 
+#include "loom/chat/chat.hpp"
 #include "loom/eval/ab_stats.hpp"
 #include "loom/pipeline/pipeline.hpp"
 #include "loom/pipeline/pipeline_config.hpp"
@@ -29,17 +30,24 @@ namespace loom::ab {
 
 // ---- runs ------------------------------------------------------------------------------------------
 
-// A prompt, or a task with its expected answer.
+// A prompt, or a task with its expected answer. A conversation (`chat`) is rendered with each variant's own
+// chat template, as `loom run --messages` renders it; raw text (`prompt` alone) is tokenized as it is.
 struct Prompt {
-  std::string id, prompt;
+  std::string id;
+  std::string prompt; // raw text; a conversation's: its last user turn's text (what the reports show)
   std::optional<std::string> expected;
   std::string task; // JSONL: the whole line, the [verifier]'s task (e.g. program_tests' "tests")
+  std::optional<chat::RenderInput> chat;
 };
 
-// A prompts file's text: plain (one prompt a line; blank lines skipped) or JSONL (`prompt`, optional
-// `expected` or `answer`, `id`, `tests`). Bad input is a loom::Error (invalid_argument, no component)
-// naming `path` and the line.
+// A prompts file's text: plain (one prompt a line; blank lines skipped) or JSONL (`prompt` or `messages`
+// with optional `tools`, optional `expected` or `answer`, `id`, `tests`). Bad input is a loom::Error
+// (invalid_argument, no component) naming `path` and the line.
 std::vector<Prompt> parse_prompts(const std::string& text, const std::string& path);
+
+// `--chat` (as lm-eval-harness's --apply_chat_template): every raw prompt becomes one user message; with
+// `system`, every conversation that has no system turn gets one first.
+void apply_chat(std::vector<Prompt>& prompts, bool raw_too, const std::optional<std::string>& system);
 
 // A variant per value of one key (each value a TOML value, as an override takes it). No values: no sweep.
 struct Sweep {
@@ -58,6 +66,8 @@ struct Options {
   int bootstrap = 1000;
   CiMethod ci = CiMethod::percentile;
   std::string answer_regex = "last_number"; // see extract_answer
+  bool chat = false;                        // --chat: raw prompts rendered as one user message
+  std::optional<std::string> system;        // --system: a system turn for conversations without one
 };
 
 struct Variant {
@@ -65,6 +75,11 @@ struct Variant {
   std::string config;                       // its file
   size_t config_index = 0, sweep_index = 0; // its config and sweep value in Options
   bool greedy = false; // its chain selects deterministically (known once its pipeline is loaded)
+  // Known once its pipeline is loaded: the first variant whose model has the same vocabulary (token
+  // metrics and log-probs compare only within one), and the chat template that rendered the
+  // conversations ("" when there were none).
+  size_t vocabulary = 0;
+  std::string chat_template;
 };
 
 // The variants: per config, per sweep value.
@@ -137,8 +152,9 @@ struct Pair {
   int64_t a_only_correct = 0, b_only_correct = 0; // McNemar's discordant pairs
   double mcnemar_p = 1;
   std::optional<double> agreement, answer_agreement;
-  std::optional<GreedyIdentity> greedy_identical; // both variants greedy
-  int wins = 0, ties = 0, losses = 0;             // by mean log-prob
+  std::optional<GreedyIdentity> greedy_identical; // both variants greedy, one vocabulary
+  bool same_vocabulary = true; // else the token metrics, log-prob wins and greedy identity are not compared
+  int wins = 0, ties = 0, losses = 0; // by mean log-prob
 };
 
 struct SweepGain {
@@ -188,8 +204,8 @@ struct Result {
 
 class Experiment {
 public:
-  // Loads a pipeline per variant (pipelines that name the same model file share it); the variants
-  // must share a vocabulary (token metrics and log-probs would not compare otherwise).
+  // Loads a pipeline per variant (pipelines that name the same model file share it) and renders the
+  // conversations with each variant's chat template (a template error names the variant and prompt).
   Experiment(Options options, std::vector<Prompt> prompts);
   ~Experiment();
 
@@ -207,6 +223,7 @@ private:
   std::vector<Prompt> prompts_;
   std::vector<Variant> variants_;
   std::vector<std::unique_ptr<Pipeline>> pipes_;
+  std::vector<std::vector<std::vector<TokenId>>> rendered_; // [variant][prompt]: a conversation's tokens
 };
 
 // ---- report ----------------------------------------------------------------------------------------
