@@ -7,7 +7,8 @@
 #   2. a `messages` line (a system and a user turn) compares SmolLM2 (ChatML) with Gemma 3 (its built-in
 #      gemma format) in one run: each variant rendered with its own template, only the metrics that do
 #      not count tokens compared across the two vocabularies;
-#   3. a bad `messages` line is a one-line usage error naming the line (exit 2).
+#   3. a bad `messages` line is a one-line usage error naming the line (exit 2);
+#   4. configs/arith/chat/ (greedy, step search) on generated arithmetic conversations: replies scored.
 # Exit 77 (skipped, with the reason) when a model or Chromium is missing.
 set -euo pipefail
 loom="$1"
@@ -79,6 +80,20 @@ rc=0
 [ "$(wc -l < "$out/bad.err")" = 1 ] || { echo "expected one line:"; cat "$out/bad.err"; exit 1; }
 grep -q "bad.jsonl:2: message 0 is not an object with a string \"role\"" "$out/bad.err" \
   || { echo "the error does not name the line:"; cat "$out/bad.err"; exit 1; }
+
+# 4. The arithmetic task set as conversations, with the chat versions of configs/arith.
+python3 "$src/tests/tasks/make_arith_tasks.py" --chat -n 3 --steps 1 --seed 21 > "$out/arith_chat.jsonl"
+"$loom" ab -c "$cfg/arith/chat/greedy.toml" -c "$cfg/arith/chat/step_search.toml" --set "model.path=\"$smol\"" \
+  --prompts "$out/arith_chat.jsonl" --answer-regex 'answer is (-?[0-9]+)' --json > "$out/arith_chat.json"
+python3 - "$out/arith_chat.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert len(r["rows"]) == 6 and all(x["ok"] for x in r["rows"]), r["rows"]
+answered = sum("answer is" in x["text"] for x in r["rows"])
+assert answered >= 4, [x["text"] for x in r["rows"]]
+print(f"arith chat configs: {answered} of 6 replies state their answer; "
+      f"{sum(bool(x.get('correct')) for x in r['rows'])} right")
+PYEOF
 
 . "$src/tests/ab/chromium.sh"
 find_chromium

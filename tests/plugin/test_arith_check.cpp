@@ -113,6 +113,20 @@ TEST(ArithCheck, GroundedEquationsTakeTheirOperandsFromTheQuestion) {
   ASSERT_EQ(u.code, 0) << u.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(u.out)["results"][1]["score"].get<double>(), 1.0);
   fs::remove(f);
+  // A chat task: the candidate answers the conversation's last user turn (an earlier turn's numbers do
+  // not ground it).
+  const nlohmann::json messages = {
+      {{"role", "user"}, {"content", "Question: 5 + 12 = 17."}},
+      {{"role", "assistant"}, {"content", "17"}},
+      {{"role", "user"}, {"content", "Question: Tom has 9 marbles and gets 12 more."}}};
+  const fs::path c = write_tasks("chat.jsonl", {{{"messages", messages}, {"candidate", "9 + 12 = 21"}},
+                                                {{"messages", messages}, {"candidate", "5 + 12 = 17"}}});
+  const auto ch =
+      verify("--verifier arith_check --set verifier.grounded=true --tasks " + c.string() + " --json");
+  ASSERT_EQ(ch.code, 0) << ch.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(ch.out)["results"][0]["score"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(ch.out)["results"][1]["score"].get<double>(), 0.0);
+  fs::remove(c);
 }
 
 TEST(ArithCheck, VerifyReportsAccuracyAndAucOnLabels) {
@@ -157,6 +171,11 @@ TEST(ArithCheck, BadKeysAndBadTasksAreOneLineErrors) {
   one_line(verify("--verifier arith_check --tasks /nonexistent/t.jsonl"), "cannot read");
   const fs::path bad = write_tasks("bad.jsonl", {{{"candidate", "1 + 1 = 2"}}, {{"prompt", "no candidate"}}});
   one_line(verify("--verifier arith_check --tasks " + bad.string()), "line 2: no \"candidate\" string");
+  const fs::path bad_chat = write_tasks(
+      "bad_chat.jsonl", {{{"candidate", "1"}, {"messages", nlohmann::json::array({{{"content", "x"}}})}}});
+  one_line(verify("--verifier arith_check --tasks " + bad_chat.string()),
+           "line 1: \"messages\": message 0 is not an object with a string \"role\"");
+  fs::remove(bad_chat);
   fs::remove(ok);
   fs::remove(bad);
 }

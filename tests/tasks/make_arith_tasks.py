@@ -3,10 +3,13 @@
 `loom ab --prompts` ({"id", "prompt", "answer"} a line) — the task set of docs/decoders.md's
 step-search measurements.
 
-usage: make_arith_tasks.py [-n 200] [--seed 1] [--steps 2] [--shots 2] [--max 20] > tasks.jsonl
+usage: make_arith_tasks.py [-n 200] [--seed 1] [--steps 2] [--shots 2] [--max 20] [--chat] > tasks.jsonl
 
 Each prompt is a few-shot completion prompt: `--shots` worked examples (one equation a line, then
-"The answer is N."), then the question and "Answer:". Each problem takes `--steps` operations (2 or 3)
+"The answer is N."), then the question and "Answer:". With --chat each task is a conversation instead
+({"id", "messages", "answer"}, for a chat model's template): a system turn saying the answer's form,
+each worked example as a user turn ("Question: …") and the assistant's reply, then the question as the
+last user turn. The same problems and examples either way. Each problem takes `--steps` operations (2 or 3)
 over numbers in 2..--max; every intermediate result is a positive integer (divisions are exact).
 Deterministic for a seed.
 """
@@ -15,6 +18,8 @@ import json
 import random
 
 NAMES = ["Tom", "Ann", "Sara", "Ben", "Lily", "Max", "Mia", "Sam", "Zoe", "Leo"]
+SYSTEM = ("Solve the arithmetic word problem. Write one equation a line, then the last line: "
+          "\"The answer is N.\"")
 ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "coins", "cards"]
 
 
@@ -67,17 +72,26 @@ def main():
     ap.add_argument("--steps", type=int, default=2, choices=[1, 2, 3, 4])
     ap.add_argument("--shots", type=int, default=2)
     ap.add_argument("--max", type=int, default=20)
+    ap.add_argument("--chat", action="store_true", help="conversations (messages) instead of raw prompts")
     args = ap.parse_args()
     shots_rng = random.Random(10_000 + args.seed)
-    shots = ""
-    for _ in range(args.shots):
-        q, lines, ans = problem(shots_rng, args.steps, args.max)
-        shots += f"Question: {q}\nAnswer:\n" + "\n".join(lines) + f"\nThe answer is {ans}.\n\n"
+    examples = [problem(shots_rng, args.steps, args.max) for _ in range(args.shots)]
+    shots = "".join(f"Question: {q}\nAnswer:\n" + "\n".join(lines) + f"\nThe answer is {ans}.\n\n"
+                    for q, lines, ans in examples)
+    turns = [{"role": "system", "content": SYSTEM}]
+    for q, lines, ans in examples:
+        turns += [{"role": "user", "content": f"Question: {q}"},
+                  {"role": "assistant", "content": "\n".join(lines) + f"\nThe answer is {ans}."}]
     rng = random.Random(args.seed)
     for i in range(args.n):
         q, _, ans = problem(rng, args.steps, args.max)
-        print(json.dumps({"id": f"arith-{args.seed}-{i + 1}", "prompt": shots + f"Question: {q}\nAnswer:\n",
-                          "answer": ans}))
+        task = {"id": f"arith-{args.seed}-{i + 1}"}
+        if args.chat:
+            task["messages"] = turns + [{"role": "user", "content": f"Question: {q}"}]
+        else:
+            task["prompt"] = shots + f"Question: {q}\nAnswer:\n"
+        task["answer"] = ans
+        print(json.dumps(task))
 
 
 if __name__ == "__main__":
