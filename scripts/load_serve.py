@@ -40,7 +40,7 @@ def one(url, model, text, max_tokens, api_key):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    times, chunks, tokens = [], 0, None
+    times, chunks, tokens, timings = [], 0, None, {}
     buf = b""
     while True:
         data = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
@@ -55,6 +55,8 @@ def one(url, model, text, max_tokens, api_key):
             j = json.loads(line[6:])
             if j.get("usage") and j["usage"].get("completion_tokens") is not None:
                 tokens = j["usage"]["completion_tokens"]
+            if isinstance(j.get("timings"), dict):  # the server's own breakdown (loom: TTFT's parts)
+                timings = j["timings"]
             if j.get("choices") and j["choices"][0].get("text"):
                 times.append(time.perf_counter())
                 chunks += 1
@@ -65,7 +67,7 @@ def one(url, model, text, max_tokens, api_key):
     # Tokens from the usage chunk where the server sends one (a chunk may carry several tokens' text).
     n = tokens if tokens is not None else chunks
     tpot = (times[-1] - times[0]) / (n - 1) if len(times) > 1 and n > 1 else tpot
-    return ttft, tpot, n, t1 - t0
+    return ttft, tpot, n, t1 - t0, timings
 
 
 def pct(v, p):
@@ -101,6 +103,11 @@ def main():
                "output_tokens_per_s": out / wall, "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
                "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99),
                "tpot_ms_mean": statistics.mean(tpot) if tpot else 0.0}
+        # The server's timings, p50 of each (loom: ttft_ms = render + tokenize + queue + prefill + first
+        # sample; llama-server: prompt_ms, predicted_ms, …)
+        keys = set.intersection(*[set(r[4]) for r in res]) if res else set()
+        row["server_timings_p50"] = {k: pct([float(r[4][k]) for r in res], 50) for k in sorted(keys)
+                                     if all(isinstance(r[4][k], (int, float)) for r in res)}
         rows.append(row)
         if a.json:
             print(json.dumps(row), flush=True)
@@ -108,6 +115,9 @@ def main():
             print(f"concurrency {conc:3d}: {row['requests_per_s']:7.2f} req/s, {row['output_tokens_per_s']:8.1f} tok/s, "
                   f"TTFT p50 {row['ttft_ms_p50']:7.1f} ms p99 {row['ttft_ms_p99']:7.1f} ms, "
                   f"TPOT p50 {row['tpot_ms_p50']:6.2f} ms p99 {row['tpot_ms_p99']:6.2f} ms", flush=True)
+            if row["server_timings_p50"]:
+                print("  server timings p50: " + ", ".join(f"{k} {v:.2f}" for k, v in row["server_timings_p50"].items()),
+                      flush=True)
     return 0
 
 

@@ -113,8 +113,10 @@ public:
     else
       description_ +=
           std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
-          (o.repack ? " (repacked)" : "") +
-          (at_least(o.isa, Isa::avx2) ? ", q4_1 q5_0 q5_1 iq4_nl (batches under gemm_min_rows)" : "");
+          (o.repack ? " (repacked), q4_1 (repacked, batches under gemm_min_rows)" : "") +
+          (at_least(o.isa, Isa::avx2) ? std::string(", ") + (o.repack ? "" : "q4_1 ") +
+                                            "q5_0 q5_1 iq4_nl (batches under gemm_min_rows)"
+                                      : "");
     const std::string head = !o.exact_logits ? ""
                              : o.logits_rescore == 0
                                  ? " and the output head"
@@ -635,16 +637,22 @@ private:
   // int8 kernel of their own (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS), and with `exact` (the
   // logits' matmul under exact_logits) every block type.
   bool dq_route(const TensorDesc& w, bool exact = false) const noexcept {
-    return dq_supports(opt_.isa, w.dtype) && (exact || !has_kernel(w.dtype)) && w.ne[2] == 1 &&
-           w.ne[3] == 1 && w.ne[0] % dtype_traits(w.dtype).block_size == 0;
+    return dq_supports(opt_.isa, w.dtype) && (exact || (!has_kernel(w.dtype) && !repack_route(w))) &&
+           w.ne[2] == 1 && w.ne[3] == 1 && w.ne[0] % dtype_traits(w.dtype).block_size == 0;
   }
 
-  // Whether w (Q4_1, Q5_0, Q5_1, IQ4_NL) takes the int8 route on its GGUF rows for decode and batches under
-  // gemm_min_rows (longer batches: the exact GEMM on dequantized panels); not under exact_matmul, nor for
-  // the logits' matmul under exact_logits (`exact`).
+  // Whether w is a matrix of a repackable type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) that its int8 kernels
+  // multiply from the repacked copy (when nothing asks for exact products).
+  bool repack_route(const TensorDesc& w) const noexcept {
+    return opt_.repack && repackable(w.dtype, w.ne[0], w.ne[1]) && w.ne[2] == 1 && w.ne[3] == 1;
+  }
+
+  // Whether w (Q5_0, Q5_1, IQ4_NL; Q4_1 when it is not repacked) takes the int8 route on its GGUF rows for
+  // decode and batches under gemm_min_rows (longer batches: the exact GEMM on dequantized panels); not under
+  // exact_matmul, nor for the logits' matmul under exact_logits (`exact`).
   bool i8dq_route(const TensorDesc& w, bool exact) const noexcept {
     return !exact && !opt_.exact_matmul && i8dq_supports(opt_.isa, w.dtype) && w.ne[2] == 1 && w.ne[3] == 1 &&
-           w.ne[0] % 32 == 0;
+           w.ne[0] % 32 == 0 && !repack_route(w);
   }
 
   // What matmul(w, …, exact) and gemv_route(w) repack, repacked now (load time).
@@ -705,7 +713,13 @@ private:
     }
     if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      if (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype))
+      // Q4_1 (no GGUF-row kernel of its own: its int8 kernels came with the repacked layout) keeps its
+      // exact products for batches of gemm_min_rows or more, as before: a prompt's logits are then those
+      // of exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that rounding the
+      // activations to 8 bits flips, as llama.cpp's does). gemm_min_rows above the prompt: int8 throughout.
+      const bool exact_batch = !has_kernel(w.dtype) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
+      if (exact_batch ||
+          (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,
                     [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
       else

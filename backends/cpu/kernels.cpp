@@ -115,25 +115,32 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
 // 16h, its Vc at 16H + 32H·c + 32h.
 // (k_q4x8_block, k_q8x8_block, q_scale_at, q_vec_at: kernels_internal.hpp)
 
-// Blocks of 32 (Q4_0: 16 quantized bytes, Q8_0: 32) of 8·H rows (rb bytes apart) into the layout above.
-void repack_groups_b32(const uint8_t* w, size_t rb, int64_t nb, int qs_bytes, int H, uint8_t* out) {
-  const size_t bs = 2 + static_cast<size_t>(qs_bytes), blk = 16 + 8 * static_cast<size_t>(qs_bytes);
+// GGUF blocks of 32 (Q4_0: a scale and 16 quantized bytes; Q4_1: a scale, a min and 16; Q8_0: a scale and
+// 32) of 8·H rows (rb bytes apart) into the layout above.
+void repack_groups_b32(DType type, const uint8_t* w, size_t rb, int64_t nb, int H, uint8_t* out) {
+  const int qs = type == DType::q8_0 ? 32 : 16;
+  const size_t head = b32_head(type), src_head = type == DType::q4_1 ? 4 : 2;
+  const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
   for (int64_t b = 0; b < nb; ++b, out += static_cast<size_t>(H) * blk)
     for (int r = 0; r < 8 * H; ++r) {
       const uint8_t* src = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
       std::memcpy(out + q_scale_at(r / 8) + 2 * (r % 8), src, 2);
-      for (int c = 0; c < qs_bytes / 4; ++c)
-        std::memcpy(out + q_vec_at(H, r / 8, c) + 4 * (r % 8), src + 2 + 4 * c, 4);
+      if (type == DType::q4_1) std::memcpy(out + q_min_at(H, r / 8) + 2 * (r % 8), src + 2, 2);
+      for (int c = 0; c < qs / 4; ++c)
+        std::memcpy(out + q_vec_at(H, r / 8, c, head) + 4 * (r % 8), src + src_head + 4 * c, 4);
     }
 }
 
-// Row r (0..8H−1) of H groups stored together back to its GGUF blocks (nb × (2 + qs_bytes)).
-void unpack_row_b32(const uint8_t* g, int64_t nb, int r, int qs_bytes, int H, uint8_t* out) {
-  const size_t bs = 2 + static_cast<size_t>(qs_bytes), blk = 16 + 8 * static_cast<size_t>(qs_bytes);
+// Row r (0..8H−1) of H groups stored together back to its GGUF blocks (nb of them).
+void unpack_row_b32(DType type, const uint8_t* g, int64_t nb, int r, int H, uint8_t* out) {
+  const int qs = type == DType::q8_0 ? 32 : 16;
+  const size_t head = b32_head(type), src_head = type == DType::q4_1 ? 4 : 2;
+  const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
   for (int64_t b = 0; b < nb; ++b, g += static_cast<size_t>(H) * blk, out += bs) {
     std::memcpy(out, g + q_scale_at(r / 8) + 2 * (r % 8), 2);
-    for (int c = 0; c < qs_bytes / 4; ++c)
-      std::memcpy(out + 2 + 4 * c, g + q_vec_at(H, r / 8, c) + 4 * (r % 8), 4);
+    if (type == DType::q4_1) std::memcpy(out + 2, g + q_min_at(H, r / 8) + 2 * (r % 8), 2);
+    for (int c = 0; c < qs / 4; ++c)
+      std::memcpy(out + src_head + 4 * c, g + q_vec_at(H, r / 8, c, head) + 4 * (r % 8), 4);
   }
 }
 
@@ -164,6 +171,41 @@ template <int H> void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int
         }
       out[r] += f16(g + q_scale_at(r / 8) + 2 * (r % 8)) * x[b].d * static_cast<float>(acc);
     }
+}
+
+template <int H> void gemv_q4_1x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t head = b32_head(DType::q4_1);
+  for (int r = 0; r < 8 * H; ++r)
+    out[r] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, g += H * k_q41x8_block)
+    for (int r = 0; r < 8 * H; ++r) {
+      int32_t acc = 0;
+      for (int c = 0; c < 4; ++c)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t q = g[q_vec_at(H, r / 8, c, head) + 4 * (r % 8) + i];
+          acc += (q & 0x0F) * x[b].qs[4 * c + i] + (q >> 4) * x[b].qs[16 + 4 * c + i];
+        }
+      const float dw = f16(g + q_scale_at(r / 8) + 2 * (r % 8)), mw = f16(g + q_min_at(H, r / 8) + 2 * (r % 8));
+      out[r] += dw * (x[b].d * static_cast<float>(acc)) + mw * (0.125f * x[b].s8);
+    }
+}
+
+// The types repacked in groups of 8 rows by blocks of 32 (the layout above).
+constexpr bool b32(DType type) {
+  return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1;
+}
+
+// The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below.
+using GemvB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, float*);
+GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
+  if (type == DType::q4_0)
+    return avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
+                : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>);
+  if (type == DType::q4_1)
+    return avx2 ? (pair ? gemv_q4_1x8_avx2<2> : gemv_q4_1x8_avx2<1>)
+                : (pair ? gemv_q4_1x8_scalar<2> : gemv_q4_1x8_scalar<1>);
+  return avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
+              : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>);
 }
 
 // k-quants: 256-element super-blocks against BlockQ8K activations.
@@ -492,7 +534,7 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 }
 
 bool repackable(DType type, int64_t K, int64_t N) noexcept {
-  return ((type == DType::q4_0 || type == DType::q8_0) && K % 32 == 0 && N % 8 == 0) ||
+  return (b32(type) && K % 32 == 0 && N % 8 == 0) ||
          ((type == DType::q4_k || type == DType::q6_k) && K % 256 == 0 && N % 8 == 0);
 }
 
@@ -500,9 +542,9 @@ namespace {
 size_t group_bytes(DType type, int64_t K) {
   switch (type) {
   case DType::q4_0:
-    return static_cast<size_t>(K / 32) * k_q4x8_block;
   case DType::q8_0:
-    return static_cast<size_t>(K / 32) * k_q8x8_block;
+  case DType::q4_1:
+    return static_cast<size_t>(K / 32) * b32_block_bytes(type);
   case DType::q4_k:
     return static_cast<size_t>(K / 256) * k_q4kx8_block;
   default:
@@ -517,13 +559,13 @@ size_t repacked_bytes(DType type, int64_t K, int64_t N) {
 
 void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out) {
   const size_t gb = group_bytes(type, K);
-  if (type == DType::q4_0 || type == DType::q8_0) { // pairs of groups, an odd last group alone
+  if (b32(type)) { // pairs of groups, an odd last group alone
     const int64_t units = (N / 8 + 1) / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
       const int H = 2 * u + 1 < N / 8 ? 2 : 1;
-      repack_groups_b32(w + static_cast<size_t>(16 * u) * row_bytes, row_bytes, K / 32,
-                        type == DType::q4_0 ? 16 : 32, H, out + static_cast<size_t>(2 * u) * gb);
+      repack_groups_b32(type, w + static_cast<size_t>(16 * u) * row_bytes, row_bytes, K / 32, H,
+                        out + static_cast<size_t>(2 * u) * gb);
     }
     return;
   }
@@ -540,15 +582,14 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, int64_t row,
                          float* y) {
   uint8_t blocks[16 * 210]; // a few GGUF blocks at a time, no allocation
-  if (type == DType::q4_0 || type == DType::q8_0) {
+  if (b32(type)) {
     const int64_t u = row / 16; // its pair, or the odd last group
     const int H = 2 * u + 1 < N / 8 ? 2 : 1;
-    const int qs = type == DType::q4_0 ? 16 : 32;
     const uint8_t* g = wp + static_cast<size_t>(2 * u) * group_bytes(type, K);
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
-      unpack_row_b32(g + static_cast<size_t>(b0 * H) * static_cast<size_t>(16 + 8 * qs), n,
-                     static_cast<int>(row % 16), qs, H, blocks);
+      unpack_row_b32(type, g + static_cast<size_t>(b0 * H) * b32_block_bytes(type), n, static_cast<int>(row % 16),
+                     H, blocks);
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
@@ -603,18 +644,16 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
           g[h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
           yo[h] = m.y + 16 * pr[h];
         }
-        if (type == DType::q4_0)
-          gemv_pairs_vnni<true, P>(g, xq, nb, yo);
-        else
-          gemv_pairs_vnni<false, P>(g, xq, nb, yo);
+        (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, P>
+         : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, P>
+                               : gemv_pairs_vnni<DType::q8_0, P>)(g, xq, nb, yo);
       });
       for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
         const uint8_t* g[1] = {m.w + static_cast<size_t>(2 * pr) * gb};
         float* yo[1] = {m.y + 16 * pr};
-        if (type == DType::q4_0)
-          gemv_pairs_vnni<true, 1>(g, xq, nb, yo);
-        else
-          gemv_pairs_vnni<false, 1>(g, xq, nb, yo);
+        (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, 1>
+         : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, 1>
+                               : gemv_pairs_vnni<DType::q8_0, 1>)(g, xq, nb, yo);
       }
       u_from = pairs;
     }
@@ -623,13 +662,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     for (int64_t u = u_from + rest * id / nt; u < u_from + rest * (id + 1) / nt; ++u) {
       const uint8_t* wg = m.w + static_cast<size_t>(2 * u) * gb;
       float* out = m.y + 16 * u;
-      const bool pair = u < pairs;
-      if (type == DType::q4_0)
-        (avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
-              : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>))(wg, xq, nb, out);
-      else
-        (avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
-              : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>))(wg, xq, nb, out);
+      gemv_b32(type, avx2, u < pairs)(wg, xq, nb, out);
     }
     return;
   }
@@ -699,8 +732,7 @@ void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::bf16) return at_least(isa, Isa::avx512_bf16);
   if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
-  if (repacked)
-    return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k;
+  if (repacked) return b32(type) || type == DType::q4_k || type == DType::q6_k;
   return at_least(isa, Isa::avx2) &&
          (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
@@ -789,9 +821,11 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
           else if (amx && tt >= k_amx_min_tokens && type == DType::q8_0)
             gemm_x16_amx<false>(g0, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
           else if (type == DType::q4_0)
-            gemm_x16_tokens<true>(g0, xq.data() + tb(t0), nb, tt, yt, N);
+            gemm_x16_tokens<DType::q4_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
+          else if (type == DType::q4_1)
+            gemm_x16_tokens<DType::q4_1>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else if (type == DType::q8_0)
-            gemm_x16_tokens<false>(g0, xq.data() + tb(t0), nb, tt, yt, N);
+            gemm_x16_tokens<DType::q8_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else {
             const BlockQ8K* xk = xqk.data() + tb(t0);
             const auto at = [&](int64_t t) { return xk + tb(t); };
@@ -822,12 +856,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
         const uint8_t* wg = wp + static_cast<size_t>(2 * u) * gb;
         const bool pair = u < pairs;
         float out[16];
-        if (type == DType::q4_0)
-          (avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
-                : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>))(wg, xq.data() + t * nb, nb, out);
-        else
-          (avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
-                : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>))(wg, xq.data() + t * nb, nb, out);
+        gemv_b32(type, avx2, pair)(wg, xq.data() + t * nb, nb, out);
         std::memcpy(y + t * N + 16 * u, out, (pair ? 16 : 8) * sizeof(float));
       }
     return;
@@ -846,8 +875,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 }
 
 bool int8_gemm(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx512_vnni) &&
-         (type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k || type == DType::q6_k);
+  return at_least(isa, Isa::avx512_vnni) && (b32(type) || type == DType::q4_k || type == DType::q6_k);
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

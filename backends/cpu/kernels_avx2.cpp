@@ -620,6 +620,36 @@ template <int H> LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8
     _mm256_storeu_ps(out + 8 * h, acc[h]);
 }
 
+// Q4_1: as gemv_q4_0x8_avx2 on the nibbles, then kernels_internal.hpp's Q4_1 step with the rows' mins.
+template <int H> LOOM_AVX2 void gemv_q4_1x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t blk = H * k_q41x8_block, head = b32_head(DType::q4_1);
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[H];
+  for (auto& a : acc)
+    a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += blk) {
+    for (size_t c = 0; c < blk; c += 64) // eight blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
+    for (int h = 0; h < H; ++h) {
+      __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c, head)));
+        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
+      const __m256 t = _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)));
+      acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(0.125f * x[b].s8), _mm256_fmadd_ps(dw, t, acc[h]));
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    _mm256_storeu_ps(out + 8 * h, acc[h]);
+}
+
 namespace {
 
 // pshufb indices putting byte b of each dword, zero-extended, in both int16 halves of that dword.
@@ -821,6 +851,8 @@ template void gemv_q8_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float
 template void gemv_q8_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4_1x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4_1x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 

@@ -89,12 +89,22 @@ inline float f16(const uint8_t* p) {
 
 // The repacked layouts (described in kernels.cpp): Q4_0 / Q8_0 blocks and their offsets, Q4_K and Q6_K
 // super-blocks.
-constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272;
+constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272, k_q41x8_block = 160;
+// A group's bytes before its vectors, per group stored together: the 8 scales (Q4_1: and the 8 mins).
+constexpr size_t b32_head(DType type) {
+  return type == DType::q4_1 ? 32 : 16;
+}
+constexpr size_t b32_block_bytes(DType type) {
+  return type == DType::q4_1 ? k_q41x8_block : type == DType::q4_0 ? k_q4x8_block : k_q8x8_block;
+}
 constexpr size_t q_scale_at(int h) {
   return 16 * static_cast<size_t>(h);
 }
-constexpr size_t q_vec_at(int H, int h, int c) {
-  return 16 * static_cast<size_t>(H) + 32 * static_cast<size_t>(H * c + h);
+constexpr size_t q_min_at(int H, int h) { // Q4_1: the mins after all H groups' scales
+  return 16 * static_cast<size_t>(H) + 16 * static_cast<size_t>(h);
+}
+constexpr size_t q_vec_at(int H, int h, int c, size_t head = 16) {
+  return head * static_cast<size_t>(H) + 32 * static_cast<size_t>(H * c + h);
 }
 constexpr size_t k_q4kx8_block = 1152;
 constexpr size_t k_q6kx8_block = 1680;
@@ -122,12 +132,21 @@ LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
 // its 16 scales as floats. The vector is read as two 32-byte halves: pair blocks are 288 / 544 bytes, so
 // every other block's 64-byte vectors straddle two cache lines, and such loads cost Q4_0 prefill 4 %
 // (pp256, interleaved A/B) where two aligned-enough halves cost nothing; decode reads the same either way.
-LOOM_AVX512VNNI inline __m512i pair_vec(const uint8_t* a, int c) {
-  return pair256(a + q_vec_at(2, 0, c), a + q_vec_at(2, 1, c));
+LOOM_AVX512VNNI inline __m512i pair_vec(const uint8_t* a, int c, size_t head = 16) {
+  return pair256(a + q_vec_at(2, 0, c, head), a + q_vec_at(2, 1, c, head));
 }
 LOOM_AVX512VNNI inline __m512 pair_scales(const uint8_t* a) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
 }
+LOOM_AVX512VNNI inline __m512 pair_mins(const uint8_t* a) { // Q4_1
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + q_min_at(2, 0))));
+}
+
+// One block's float step of the repacked b32 kernels (block_step in kernels_vnni.cpp, kernels_avx2.cpp), the
+// same in every vector kernel so that their results agree bit for bit: the rows' scales dw (Q4_1: and mins
+// mw) with the block's integer sums s of the (Q4_0 / Q4_1: unsigned) weights by the token's int8 values,
+//   Q8_0: acc + (dw · d) · s;  Q4_0: acc + dw · (d · s − 8·d·Σq);  Q4_1: (acc + dw · (d · s)) + mw · (d·Σq),
+// with d·Σq = s8 / 8 (BlockQ8).
 
 // ---- kernels_avx2.cpp (the i8dq_rows int8 route of Q4_1, Q5_0, Q5_1 and IQ4_NL included) ----
 
@@ -157,6 +176,8 @@ template <int H> // 1 or 2
 LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
 template <int H> // 1 or 2
 LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
+template <int H> // 1 or 2
+LOOM_AVX2 void gemv_q4_1x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
 template <int P> // 4
 LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs);
@@ -182,11 +203,11 @@ to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
 
 // ---- kernels_vnni.cpp ----
 
-template <bool Q4, int P> // P: 1 or 4
+template <DType Q, int P> // Q: q8_0, q4_0 or q4_1; P: 1 or 4
 LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
                                      float* const y[P]);
-// A pair of repacked Q4_0 / Q8_0 groups against T tokens (tiles of 16, 8, 4, 2, 1 on gemm_x16_vnni).
-template <bool Q4>
+// A pair of repacked Q8_0 / Q4_0 / Q4_1 groups against T tokens (tiles of 16, 8, 4, 2, 1 on gemm_x16_vnni).
+template <DType Q>
 void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,

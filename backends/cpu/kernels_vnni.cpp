@@ -1,4 +1,4 @@
-// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_K and Q6_K.
+// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
 #include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
@@ -6,23 +6,37 @@
 
 namespace loom::cpu {
 
-// ---- AVX-512 VNNI: the int8 GEMM of repacked Q8_0 / Q4_0 against several tokens ----
+// ---- AVX-512 VNNI: the int8 GEMM of repacked Q8_0 / Q4_0 / Q4_1 against several tokens ----
 
 namespace {
 
 // Blocks ahead that the one- and two-token kernels prefetch.
 constexpr size_t k_prefetch_blocks = 8;
 
+// kernels_internal.hpp's float step of one block, 16 rows.
+template <DType Q>
+LOOM_AVX512VNNI inline __m512 block_step(__m512 acc, __m512 dw, __m512 mw, const BlockQ8& xb, __m512i s) {
+  if constexpr (Q == DType::q8_0)
+    return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc);
+  else if constexpr (Q == DType::q4_0)
+    return _mm512_fmadd_ps(
+        dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc);
+  else
+    return _mm512_fmadd_ps(mw, _mm512_set1_ps(0.125f * xb.s8),
+                           _mm512_fmadd_ps(dw, _mm512_mul_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s)), acc));
+}
+
 // 16 rows (a pair of repacked groups, p) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
 // x: the tokens' blocks, nb per token (with Σ qs of each). Per block the 16 rows' weights are
-// unpacked once, as unsigned bytes u (Q4_0: the nibbles, u = q + 8; Q8_0: u = q + 128, the sign bit
-// flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each token
-// broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
+// unpacked once, as unsigned bytes u (Q4_0 / Q4_1: the nibbles, Q4_0's u = q + 8; Q8_0: u = q + 128, the
+// sign bit flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each
+// token broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
 // Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
-// the AVX2 kernel per block, so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2, bit for bit.
-template <int TT, bool Q4>
+// the AVX2 kernel per block (block_step), so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2 /
+// gemv_q4_1x8_avx2, bit for bit.
+template <int TT, DType Q>
 LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t nb, float* y, int64_t ldy) {
-  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
+  constexpr size_t blk = 2 * b32_block_bytes(Q), head = b32_head(Q);
   __m512 acc[TT];
   for (int t = 0; t < TT; ++t)
     acc[t] = _mm512_setzero_ps();
@@ -33,10 +47,10 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
       for (size_t c = 0; c < blk; c += 64)
         _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
     __m512i w[8];
-    if constexpr (Q4) {
+    if constexpr (Q != DType::q8_0) {
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) { // low nibbles: columns 4c..4c+3; high: 16 + 4c..
-        const __m512i v = pair_vec(a, c);
+        const __m512i v = pair_vec(a, c, head);
         w[c] = _mm512_and_si512(v, mask);
         w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
       }
@@ -46,21 +60,18 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
         w[c] = _mm512_xor_si512(pair_vec(a, c), flip);
     }
     const __m512 dw = pair_scales(a);
+    const __m512 mw = Q == DType::q4_1 ? pair_mins(a) : _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
       const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
-      // Q8_0 starts from −128 · Σ x (exact: Σ q·x then); Q4_0 from 0 (Σ nibble · x), its −8 · Σ x taken
-      // off in float as the AVX2 kernel does (xb.s8), so both give that kernel's very floats.
-      __m512i s = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+      // Q8_0 starts from −128 · Σ x (exact: Σ q·x then); Q4_0 / Q4_1 from 0 (Σ nibble · x), Q4_0's −8 · Σ x
+      // and Q4_1's min · Σ x taken in float as the AVX2 kernels do, so all give those kernels' very floats.
+      __m512i s = Q != DType::q8_0 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c)
         s = _mm512_dpbusd_epi32(s, w[c], _mm512_set1_epi32(xw[c]));
-      if constexpr (Q4)
-        acc[t] = _mm512_fmadd_ps(
-            dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[t]);
-      else
-        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc[t]);
+      acc[t] = block_step<Q>(acc[t], dw, mw, xb, s);
     }
   }
   for (int t = 0; t < TT; ++t)
@@ -72,11 +83,11 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
 // One token against P pairs (16·P rows) at once: P sequential weight streams per thread instead of one,
 // which is what the machine's read bandwidth needs (`loom bench --bandwidth`: one stream per thread reads
 // half of what four do). Each block's integer sum in two chains of vpdpbusd (exact either way); the same
-// float steps as gemm_x16_vnni<1, Q4> for each pair, so the same results.
-template <bool Q4, int P>
+// float steps as gemm_x16_vnni<1, Q> for each pair, so the same results.
+template <DType Q, int P>
 LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
                                      float* const y[P]) {
-  constexpr size_t blk = 2 * (Q4 ? k_q4x8_block : k_q8x8_block);
+  constexpr size_t blk = 2 * b32_block_bytes(Q), head = b32_head(Q);
   __m512 acc[P];
   for (auto& a : acc)
     a = _mm512_setzero_ps();
@@ -89,12 +100,12 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
       const uint8_t* a = p[h] + static_cast<size_t>(b) * blk;
       for (size_t c = 0; c < blk; c += 64)
         _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-      __m512i s0 = Q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum),
+      __m512i s0 = Q != DType::q8_0 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum),
               s1 = _mm512_setzero_si512();
-      if constexpr (Q4) {
+      if constexpr (Q != DType::q8_0) {
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          const __m512i v = pair_vec(a, c);
+          const __m512i v = pair_vec(a, c, head);
           s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, mask), _mm512_set1_epi32(xw[c]));
           s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
                                    _mm512_set1_epi32(xw[4 + c]));
@@ -107,38 +118,33 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
                                    _mm512_set1_epi32(xw[c + 1]));
         }
       }
-      const __m512i s = _mm512_add_epi32(s0, s1);
-      const __m512 dw = pair_scales(a);
-      if constexpr (Q4)
-        acc[h] = _mm512_fmadd_ps(
-            dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc[h]);
-      else
-        acc[h] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc[h]);
+      const __m512 mw = Q == DType::q4_1 ? pair_mins(a) : _mm512_setzero_ps();
+      acc[h] = block_step<Q>(acc[h], pair_scales(a), mw, xb, _mm512_add_epi32(s0, s1));
     }
   }
   for (int h = 0; h < P; ++h)
     _mm512_storeu_ps(y[h], acc[h]);
 }
 
-template <bool Q4>
+template <DType Q>
 void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy) {
   int64_t t = 0;
   const auto at = [&](int64_t u) { return static_cast<size_t>(u) * static_cast<size_t>(nb); };
   for (; t + 16 <= T; t += 16)
-    gemm_x16_vnni<16, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<16, Q>(p, x + at(t), nb, y + t * ldy, ldy);
   if (t + 8 <= T) {
-    gemm_x16_vnni<8, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<8, Q>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 8;
   }
   if (t + 4 <= T) {
-    gemm_x16_vnni<4, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<4, Q>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 4;
   }
   if (t + 2 <= T) {
-    gemm_x16_vnni<2, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+    gemm_x16_vnni<2, Q>(p, x + at(t), nb, y + t * ldy, ldy);
     t += 2;
   }
-  if (t < T) gemm_x16_vnni<1, Q4>(p, x + at(t), nb, y + t * ldy, ldy);
+  if (t < T) gemm_x16_vnni<1, Q>(p, x + at(t), nb, y + t * ldy, ldy);
 }
 
 // ---- AVX-512 VNNI: the int8 GEMM of repacked Q4_K / Q6_K against several tokens ----
@@ -302,12 +308,15 @@ LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
 }
 
 // The specializations that kernels.cpp calls.
-template void gemv_pairs_vnni<true, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<false, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<true, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<false, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemm_x16_tokens<true>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemm_x16_tokens<false>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemv_pairs_vnni<DType::q8_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q8_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q4_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q4_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q4_1, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q4_1, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemm_x16_tokens<DType::q8_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemm_x16_tokens<DType::q4_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemm_x16_tokens<DType::q4_1>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
 template void gemm_q4_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                      int64_t);
 template void gemm_q4_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,

@@ -207,7 +207,10 @@ void chat_prompt_of(const json& j, Service& s, Ask& a) {
     if (choice == "required") a.forced_call_schema = forced_call_schema(*t, named);
   }
   try {
-    a.prompt = chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special).tokens;
+    chat::ChatPrompt cp = chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special);
+    a.prompt = std::move(cp.tokens);
+    a.render_ms = cp.render_ms;
+    a.tokenize_ms = cp.tokenize_ms;
   } catch (const Error& e) {
     bad("messages", e.what());
   }
@@ -274,10 +277,13 @@ void logprobs_of(const json& j, bool chat, Ask& a) {
 
 Ask ask_of(const json& j, Service& s, bool chat) {
   Ask a;
-  if (chat)
+  if (chat) {
     chat_prompt_of(j, s, a);
-  else
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
     a.prompt = completion_prompt_of(j, s.pipeline());
+    a.tokenize_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   lengths_of(j, s, chat, a);
   if (const auto seed = integer(j, "seed", INT64_MIN, INT64_MAX)) a.seed = static_cast<uint64_t>(*seed);
   a.stream = boolean(j, "stream").value_or(false);

@@ -29,6 +29,7 @@ void Metrics::finished(const GenerationResult& r, bool ok) {
   if (r.metrics.n_generated > 1) v_.tpot.add(r.metrics.tpot_ms / 1e3);
   v_.e2e.add(r.metrics.total_ms / 1e3);
   v_.queue.add(r.metrics.queue_ms / 1e3);
+  if (r.metrics.n_generated > 0) v_.prefill.add(r.metrics.ttft_forward_ms / 1e3);
 }
 
 Metrics::Values Metrics::values() const {
@@ -113,6 +114,8 @@ std::string render_metrics(const Services& ss) {
        [](const One& o) -> const Metrics::Histogram& { return o.v.e2e; });
   hist("request_queue_time_seconds", "Time waiting before the first admission.",
        [](const One& o) -> const Metrics::Histogram& { return o.v.queue; });
+  hist("request_prefill_time_seconds", "The prompt's forward passes, up to the first token.",
+       [](const One& o) -> const Metrics::Histogram& { return o.v.prefill; });
   { // the process's heap (glibc's count of allocated bytes): what the soak test tells a leak from RSS by
     const struct mallinfo2 mi = mallinfo2();
     out += "# HELP loom:heap_in_use_bytes Heap bytes allocated and not freed (malloc's count).\n"

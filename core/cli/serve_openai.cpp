@@ -14,6 +14,21 @@ namespace loom::cli::serve {
 
 namespace {
 
+// The first reply's time to first token in its parts (llama-server's `timings` object, ours): the chat
+// template, the tokenizer, the wait for admission, the prompt's forward passes, and the engine's own work
+// around them up to the first sampled token (scheduling, graphs, sampling, stop rules).
+json ttft_timings(const Ask& a, const GenerationMetrics& m) {
+  const double engine_own = std::max(0.0, m.ttft_ms - m.queue_ms - m.ttft_forward_ms);
+  return {{"ttft_ms", a.render_ms + a.tokenize_ms + m.ttft_ms},
+          {"render_ms", a.render_ms},
+          {"tokenize_ms", a.tokenize_ms},
+          {"queue_ms", m.queue_ms},
+          {"prefill_ms", m.ttft_forward_ms},
+          {"first_sample_ms", engine_own},
+          {"prompt_n", m.n_prompt},
+          {"cached_n", m.cached_prompt_tokens}};
+}
+
 std::string finish_reason(StopReason r) {
   switch (r) {
   case StopReason::eos:
@@ -297,10 +312,11 @@ private:
       completion_tokens += static_cast<int64_t>(j->result.tokens.size());
     // OpenAI's prompt_tokens_details.cached_tokens: the prompt positions the prefix cache had (first choice)
     const int64_t cached = jobs_.empty() ? 0 : jobs_[0]->result.metrics.cached_prompt_tokens;
-    const json usage = {{"prompt_tokens", prompt_tokens},
-                        {"completion_tokens", completion_tokens},
-                        {"total_tokens", prompt_tokens + completion_tokens},
-                        {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    json usage = {{"prompt_tokens", prompt_tokens},
+                  {"completion_tokens", completion_tokens},
+                  {"total_tokens", prompt_tokens + completion_tokens},
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    const json timings = jobs_.empty() ? json(nullptr) : ttft_timings(a_, jobs_[0]->result.metrics);
     for (const auto& j : jobs_)
       if (!j->result.message.empty()) { // the engine failed the request (a backend error, …)
         if (streaming_) {
@@ -313,15 +329,16 @@ private:
       if (a_.include_usage) {
         json last = chunk(json::array());
         last["usage"] = usage;
+        last["timings"] = timings;
         send(std::move(last));
       }
       if (client_ok_) (*sink_)("[DONE]");
       return std::nullopt;
     }
-    return whole_reply(usage);
+    return whole_reply(usage, timings);
   }
 
-  Reply whole_reply(const json& usage) const {
+  Reply whole_reply(const json& usage, const json& timings) const {
     json choices = json::array();
     for (size_t i = 0; i < jobs_.size(); ++i) {
       const GenerationResult& r = jobs_[i]->result;
@@ -332,6 +349,7 @@ private:
     }
     json body = {{"id", id_},       {"object", object_},  {"created", created_},
                  {"model", model_}, {"choices", choices}, {"usage", usage}};
+    body["timings"] = timings;
     if (!a_.ab.is_null()) body["loom_ab"] = a_.ab;
     return Reply{200, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
   }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -182,6 +183,7 @@ ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok, 
   EncodeOptions o;
   o.parse_special = true;
   ChatPrompt p;
+  const auto t0 = std::chrono::steady_clock::now();
   if (specials_in_content) {
     p.text = t.render(in);
   } else {
@@ -192,7 +194,10 @@ ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok, 
   }
   if (!bos_text.empty() && p.text.rfind(bos_text, 0) == 0) o.add_bos = false; // the template wrote it
   o.add_eos = false;
+  const auto t1 = std::chrono::steady_clock::now();
   p.tokens = tok.encode(p.text, o);
+  p.render_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  p.tokenize_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   return p;
 }
 

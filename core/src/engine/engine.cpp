@@ -48,6 +48,7 @@ struct Engine::Request {
   bool prefilled = false;
   PerModel<double> forward_ms;       // wall time of the forwards this request took part in
   PerModel<double> first_forward_ms; // of them, the first (the prompt's)
+  double forward_ms_to_first = 0;    // of them (both models), those before the first token
   PerModel<bool> forwarded;
   size_t kv_reserved_peak = 0, kv_used_peak = 0; // the target store's, while this request ran
   size_t n_generated = 0;                        // at the last step (inter-token latency)
@@ -245,6 +246,7 @@ std::pair<RequestId, GenerationResult> Engine::finish_request(Request& r) {
   m.prefill_ms = r.first_forward_ms.target;
   m.draft_prefill_ms = r.first_forward_ms.draft;
   if (r.t_first != Clock::time_point{}) m.ttft_ms = ms_between(r.t_submit, r.t_first);
+  m.ttft_forward_ms = r.forward_ms_to_first;
   m.queue_ms = ms_between(r.t_submit, r.t_admit != Clock::time_point{} ? r.t_admit : t_end);
   m.itl_ms = r.itl_ms;
   m.itl_p50_ms = ab::quantile(r.itl_ms, 0.5);
@@ -575,9 +577,10 @@ void Engine::update_evaluated(const std::vector<Request*>& owners) {
     const size_t g = r.book->max_generated();
     if (g > r.n_generated) {
       const auto now = Clock::now();
-      if (r.t_first == Clock::time_point{})
+      if (r.t_first == Clock::time_point{}) {
         r.t_first = now;
-      else
+        r.forward_ms_to_first = r.forward_ms.target + r.forward_ms.draft;
+      } else
         r.itl_ms.push_back(ms_between(r.t_last, now));
       r.t_last = now;
       r.n_generated = g;

@@ -94,6 +94,7 @@ std::optional<std::string_view> builtin_for_vocabulary(const GgufFile& model);
 struct ChatPrompt {
   std::string text;
   std::vector<int32_t> tokens;
+  double render_ms = 0, tokenize_ms = 0; // the two parts' wall time (serve's TTFT breakdown)
 };
 ChatPrompt chat_prompt(const Template& t, RenderInput in, const Tokenizer& tok,
                        bool specials_in_content = false);

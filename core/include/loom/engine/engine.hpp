@@ -38,6 +38,9 @@ namespace loom {
 
 struct GenerationMetrics {
   double ttft_ms = 0;       // submit → first token sampled
+  // Of ttft_ms, the forward passes (both models; a long prompt's chunks all) before the first token: the
+  // rest is queue_ms and the engine's own work (scheduling, graphs, the first sampling and stop rules).
+  double ttft_forward_ms = 0;
   double tpot_ms = 0;       // mean time per output token after the first
   double prefill_tok_s = 0; // prompt tokens evaluated (not from the prefix cache) / their steps' time
   double decode_tok_s = 0;  // tokens after the first / their time
