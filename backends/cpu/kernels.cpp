@@ -115,32 +115,61 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
 // 16h, its Vc at 16H + 32H·c + 32h.
 // (k_q4x8_block, k_q8x8_block, q_scale_at, q_vec_at: kernels_internal.hpp)
 
-// GGUF blocks of 32 (Q4_0: a scale and 16 quantized bytes; Q4_1: a scale, a min and 16; Q8_0: a scale and
-// 32) of 8·H rows (rb bytes apart) into the layout above.
+// A b32 type's GGUF block: bytes before the quantized ones (the scale; Q4_1: and the min; Q5_0: and the
+// fifth bits), and the quantized bytes.
+constexpr size_t b32_src_head(DType type) {
+  return type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 2;
+}
+constexpr int b32_qs(DType type) {
+  return type == DType::q8_0 ? 32 : 16;
+}
+
+// GGUF blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0) of 8·H rows (rb bytes apart) into the layout above.
 void repack_groups_b32(DType type, const uint8_t* w, size_t rb, int64_t nb, int H, uint8_t* out) {
-  const int qs = type == DType::q8_0 ? 32 : 16;
-  const size_t head = b32_head(type), src_head = type == DType::q4_1 ? 4 : 2;
+  const int qs = b32_qs(type);
+  const size_t head = b32_head(type), src_head = b32_src_head(type);
   const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
-  for (int64_t b = 0; b < nb; ++b, out += static_cast<size_t>(H) * blk)
+  for (int64_t b = 0; b < nb; ++b, out += static_cast<size_t>(H) * blk) {
+    if (type == DType::q5_0) std::memset(out, 0, static_cast<size_t>(H) * head);
     for (int r = 0; r < 8 * H; ++r) {
       const uint8_t* src = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
-      std::memcpy(out + q_scale_at(r / 8) + 2 * (r % 8), src, 2);
-      if (type == DType::q4_1) std::memcpy(out + q_min_at(H, r / 8) + 2 * (r % 8), src + 2, 2);
+      const int h = r / 8, lane = r % 8;
+      std::memcpy(out + q_scale_at(h) + 2 * lane, src, 2);
+      if (type == DType::q4_1) std::memcpy(out + q_min_at(H, h) + 2 * lane, src + 2, 2);
+      if (type == DType::q5_0) { // element e's fifth bit into its nibble's byte of vector (e % 16) / 4
+        uint32_t qh;
+        std::memcpy(&qh, src + 2, 4);
+        for (int e = 0; e < 32; ++e) {
+          const int c = (e % 16) / 4, half = e / 16, i = e % 4;
+          out[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)] |=
+              static_cast<uint8_t>(((qh >> e) & 1u) << ((4 * lane + i) % 8));
+        }
+      }
       for (int c = 0; c < qs / 4; ++c)
-        std::memcpy(out + q_vec_at(H, r / 8, c, head) + 4 * (r % 8), src + src_head + 4 * c, 4);
+        std::memcpy(out + q_vec_at(H, h, c, head) + 4 * lane, src + src_head + 4 * c, 4);
     }
+  }
 }
 
 // Row r (0..8H−1) of H groups stored together back to its GGUF blocks (nb of them).
 void unpack_row_b32(DType type, const uint8_t* g, int64_t nb, int r, int H, uint8_t* out) {
-  const int qs = type == DType::q8_0 ? 32 : 16;
-  const size_t head = b32_head(type), src_head = type == DType::q4_1 ? 4 : 2;
+  const int qs = b32_qs(type), h = r / 8, lane = r % 8;
+  const size_t head = b32_head(type), src_head = b32_src_head(type);
   const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
   for (int64_t b = 0; b < nb; ++b, g += static_cast<size_t>(H) * blk, out += bs) {
-    std::memcpy(out, g + q_scale_at(r / 8) + 2 * (r % 8), 2);
-    if (type == DType::q4_1) std::memcpy(out + 2, g + q_min_at(H, r / 8) + 2 * (r % 8), 2);
+    std::memcpy(out, g + q_scale_at(h) + 2 * lane, 2);
+    if (type == DType::q4_1) std::memcpy(out + 2, g + q_min_at(H, h) + 2 * lane, 2);
+    if (type == DType::q5_0) {
+      uint32_t qh = 0;
+      for (int e = 0; e < 32; ++e) {
+        const int c = (e % 16) / 4, half = e / 16, i = e % 4;
+        const uint8_t byte = g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)];
+        qh |= static_cast<uint32_t>((byte >> ((4 * lane + i) % 8)) & 1u) << e;
+      }
+      std::memcpy(out + 2, &qh, 4);
+    }
     for (int c = 0; c < qs / 4; ++c)
-      std::memcpy(out + src_head + 4 * c, g + q_vec_at(H, r / 8, c, head) + 4 * (r % 8), 4);
+      std::memcpy(out + src_head + 4 * c, g + q_vec_at(H, h, c, head) + 4 * lane, 4);
   }
 }
 
@@ -185,14 +214,38 @@ template <int H> void gemv_q4_1x8_scalar(const uint8_t* g, const BlockQ8* x, int
           const uint8_t q = g[q_vec_at(H, r / 8, c, head) + 4 * (r % 8) + i];
           acc += (q & 0x0F) * x[b].qs[4 * c + i] + (q >> 4) * x[b].qs[16 + 4 * c + i];
         }
-      const float dw = f16(g + q_scale_at(r / 8) + 2 * (r % 8)), mw = f16(g + q_min_at(H, r / 8) + 2 * (r % 8));
+      const float dw = f16(g + q_scale_at(r / 8) + 2 * (r % 8)),
+                  mw = f16(g + q_min_at(H, r / 8) + 2 * (r % 8));
       out[r] += dw * (x[b].d * static_cast<float>(acc)) + mw * (0.125f * x[b].s8);
+    }
+}
+
+template <int H> void gemv_q5_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t head = b32_head(DType::q5_0);
+  for (int r = 0; r < 8 * H; ++r)
+    out[r] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, g += H * k_q50x8_block)
+    for (int r = 0; r < 8 * H; ++r) {
+      const int h = r / 8, lane = r % 8;
+      const auto bit = [&](int c, int half, int i) {
+        return (g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)] >>
+                ((4 * lane + i) % 8)) &
+               1;
+      };
+      int32_t acc = 0;
+      for (int c = 0; c < 4; ++c)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t q = g[q_vec_at(H, h, c, head) + 4 * lane + i];
+          acc += ((q & 0x0F) + 16 * bit(c, 0, i) - 16) * x[b].qs[4 * c + i] +
+                 ((q >> 4) + 16 * bit(c, 1, i) - 16) * x[b].qs[16 + 4 * c + i];
+        }
+      out[r] += f16(g + q_scale_at(h) + 2 * lane) * x[b].d * static_cast<float>(acc);
     }
 }
 
 // The types repacked in groups of 8 rows by blocks of 32 (the layout above).
 constexpr bool b32(DType type) {
-  return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1;
+  return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1 || type == DType::q5_0;
 }
 
 // The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below.
@@ -204,6 +257,9 @@ GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
   if (type == DType::q4_1)
     return avx2 ? (pair ? gemv_q4_1x8_avx2<2> : gemv_q4_1x8_avx2<1>)
                 : (pair ? gemv_q4_1x8_scalar<2> : gemv_q4_1x8_scalar<1>);
+  if (type == DType::q5_0)
+    return avx2 ? (pair ? gemv_q5_0x8_avx2<2> : gemv_q5_0x8_avx2<1>)
+                : (pair ? gemv_q5_0x8_scalar<2> : gemv_q5_0x8_scalar<1>);
   return avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
               : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>);
 }
@@ -544,6 +600,7 @@ size_t group_bytes(DType type, int64_t K) {
   case DType::q4_0:
   case DType::q8_0:
   case DType::q4_1:
+  case DType::q5_0:
     return static_cast<size_t>(K / 32) * b32_block_bytes(type);
   case DType::q4_k:
     return static_cast<size_t>(K / 256) * k_q4kx8_block;
@@ -588,8 +645,8 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     const uint8_t* g = wp + static_cast<size_t>(2 * u) * group_bytes(type, K);
     for (int64_t b0 = 0; b0 < K / 32; b0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 32 - b0);
-      unpack_row_b32(type, g + static_cast<size_t>(b0 * H) * b32_block_bytes(type), n, static_cast<int>(row % 16),
-                     H, blocks);
+      unpack_row_b32(type, g + static_cast<size_t>(b0 * H) * b32_block_bytes(type), n,
+                     static_cast<int>(row % 16), H, blocks);
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
@@ -646,6 +703,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
         }
         (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, P>
          : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, P>
+         : type == DType::q5_0 ? gemv_pairs_vnni<DType::q5_0, P>
                                : gemv_pairs_vnni<DType::q8_0, P>)(g, xq, nb, yo);
       });
       for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
@@ -653,6 +711,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
         float* yo[1] = {m.y + 16 * pr};
         (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, 1>
          : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, 1>
+         : type == DType::q5_0 ? gemv_pairs_vnni<DType::q5_0, 1>
                                : gemv_pairs_vnni<DType::q8_0, 1>)(g, xq, nb, yo);
       }
       u_from = pairs;
@@ -824,6 +883,8 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
             gemm_x16_tokens<DType::q4_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else if (type == DType::q4_1)
             gemm_x16_tokens<DType::q4_1>(g0, xq.data() + tb(t0), nb, tt, yt, N);
+          else if (type == DType::q5_0)
+            gemm_x16_tokens<DType::q5_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else if (type == DType::q8_0)
             gemm_x16_tokens<DType::q8_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else {

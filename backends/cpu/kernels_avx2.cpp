@@ -641,9 +641,61 @@ template <int H> LOOM_AVX2 void gemv_q4_1x8_avx2(const uint8_t* g, const BlockQ8
         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
-      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
-      const __m256 t = _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)));
+      const __m256 mw =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
+      const __m256 t =
+          _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)));
       acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(0.125f * x[b].s8), _mm256_fmadd_ps(dw, t, acc[h]));
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    _mm256_storeu_ps(out + 8 * h, acc[h]);
+}
+
+namespace {
+
+// A Q5_0 fifth-bit mask (q_hmask_at) as bytes: 16 in byte k where bit k is set.
+LOOM_AVX2 inline __m256i bit4_bytes(const uint8_t* at) {
+  uint32_t m;
+  std::memcpy(&m, at, 4);
+  const __m256i spread = _mm256_shuffle_epi8( // byte k gets the mask's byte k / 8
+      _mm256_set1_epi32(static_cast<int>(m)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+                       3, 3, 3));
+  const __m256i bits = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits), _mm256_set1_epi8(0x10));
+}
+
+} // namespace
+
+// Q5_0: the nibbles with their fifth bits (u = q + 16, 0..31), summed a vector at a time into int32 (two
+// maddubs of u ≤ 31 fit int16, eight would not), then kernels_internal.hpp's Q5_0 step.
+template <int H> LOOM_AVX2 void gemv_q5_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t blk = H * k_q50x8_block, head = b32_head(DType::q5_0);
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[H];
+  for (auto& a : acc)
+    a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, g += blk) {
+    for (size_t c = 0; c < blk; c += 64) // eight blocks ahead, every line
+      _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
+    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
+    for (int h = 0; h < H; ++h) {
+      __m256i s32 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c, head)));
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, mask), bit4_bytes(g + q_hmask_at(H, h, c, 0)));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                                           bit4_bytes(g + q_hmask_at(H, h, c, 1)));
+        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
+      const __m256 t =
+          _mm256_fmsub_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(s32), _mm256_set1_ps(2.0f * x[b].s8));
+      acc[h] = _mm256_fmadd_ps(dw, t, acc[h]);
     }
   }
   for (int h = 0; h < H; ++h)
@@ -853,6 +905,8 @@ template void gemv_q4_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float
 template void gemv_q4_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_1x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_1x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q5_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q5_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 

@@ -21,9 +21,13 @@ LOOM_AVX512VNNI inline __m512 block_step(__m512 acc, __m512 dw, __m512 mw, const
   else if constexpr (Q == DType::q4_0)
     return _mm512_fmadd_ps(
         dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(xb.s8)), acc);
+  else if constexpr (Q == DType::q5_0)
+    return _mm512_fmadd_ps(
+        dw, _mm512_fmsub_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s), _mm512_set1_ps(2.0f * xb.s8)), acc);
   else
-    return _mm512_fmadd_ps(mw, _mm512_set1_ps(0.125f * xb.s8),
-                           _mm512_fmadd_ps(dw, _mm512_mul_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s)), acc));
+    return _mm512_fmadd_ps(
+        mw, _mm512_set1_ps(0.125f * xb.s8),
+        _mm512_fmadd_ps(dw, _mm512_mul_ps(_mm512_set1_ps(xb.d), _mm512_cvtepi32_ps(s)), acc));
 }
 
 // 16 rows (a pair of repacked groups, p) against TT tokens: y[t·ldy + r] = Σ_k W[r][k] · x[t][k].
@@ -40,7 +44,8 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
   __m512 acc[TT];
   for (int t = 0; t < TT; ++t)
     acc[t] = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80)),
+                bit4 = _mm512_set1_epi8(0x10);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* a = p + static_cast<size_t>(b) * blk;
     if constexpr (TT <= 2) // decode reads the weights once: keep more lines in flight than the prefetchers do
@@ -53,6 +58,10 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
         const __m512i v = pair_vec(a, c, head);
         w[c] = _mm512_and_si512(v, mask);
         w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        if constexpr (Q == DType::q5_0) { // the fifth bits: 16 where the mask's bit is set
+          w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(pair_hmask(a, c, 0), bit4));
+          w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(pair_hmask(a, c, 1), bit4));
+        }
       }
     } else {
 #pragma GCC unroll 8
@@ -91,7 +100,8 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
   __m512 acc[P];
   for (auto& a : acc)
     a = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i mask = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80)),
+                bit4 = _mm512_set1_epi8(0x10);
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8& xb = x[b];
     const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
@@ -106,9 +116,13 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
           const __m512i v = pair_vec(a, c, head);
-          s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, mask), _mm512_set1_epi32(xw[c]));
-          s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
-                                   _mm512_set1_epi32(xw[4 + c]));
+          __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+          if constexpr (Q == DType::q5_0) {
+            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(pair_hmask(a, c, 0), bit4));
+            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(pair_hmask(a, c, 1), bit4));
+          }
+          s0 = _mm512_dpbusd_epi32(s0, lo, _mm512_set1_epi32(xw[c]));
+          s1 = _mm512_dpbusd_epi32(s1, hi, _mm512_set1_epi32(xw[4 + c]));
         }
       } else {
 #pragma GCC unroll 4
@@ -314,9 +328,12 @@ template void gemv_pairs_vnni<DType::q4_0, 4>(const uint8_t* const*, const Block
 template void gemv_pairs_vnni<DType::q4_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
 template void gemv_pairs_vnni<DType::q4_1, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
 template void gemv_pairs_vnni<DType::q4_1, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q5_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q5_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
 template void gemm_x16_tokens<DType::q8_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
 template void gemm_x16_tokens<DType::q4_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
 template void gemm_x16_tokens<DType::q4_1>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemm_x16_tokens<DType::q5_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
 template void gemm_q4_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                      int64_t);
 template void gemm_q4_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,

@@ -178,15 +178,15 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and the
-// repacked kernels sum the same integers as the GGUF-layout ones (Q4_1: the int8 route on its rows; 1e-5:
-// float rounding only), at every ISA, one to several tokens.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and
+// the repacked kernels sum the same integers as the GGUF-layout ones (Q4_1, Q5_0: the int8 route on their
+// rows; 1e-5: float rounding only), at every ISA, one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
-  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k})
+  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1},
                                   // the int8 GEMM's tiles of 8, 4, 2 and 1 tokens, and an odd last group
                                   std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4},
@@ -213,7 +213,7 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       for (auto& v : x)
         v = nd(rng);
       std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
-      if (type == DType::q4_1) // its GGUF-layout int8 kernel (AVX2 and up)
+      if (type == DType::q4_1 || type == DType::q5_0) // their GGUF-layout int8 kernel (AVX2 and up)
         cpu::matmul_i8dq(cpu::at_least(isa, cpu::Isa::avx2) ? isa : cpu::Isa::avx2, type, w.data(), rb, K, N,
                          x.data(), T, y0.data(), 2);
       else
@@ -238,7 +238,7 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       }
     }
   EXPECT_FALSE(cpu::repackable(DType::q4_0, 64, 12)); // rows not a multiple of 8
-  EXPECT_FALSE(cpu::repackable(DType::q5_0, 64, 16));
+  EXPECT_FALSE(cpu::repackable(DType::q5_1, 64, 16));
 }
 
 // One token against several matrices in one parallel region (the decode step's q/k/v and gate/up):
@@ -254,9 +254,8 @@ TEST_P(CpuKernels, GemvMultiEqualsOneMatrixAtATime) {
     int64_t N;
     bool repacked;
   };
-  std::vector<M> ms = {
-      {DType::q4_0, 88, true}, {DType::q6_k, 40, true}, {DType::q4_k, 256, true}, {DType::q8_0, 136, true},
-      {DType::q4_1, 72, true}};
+  std::vector<M> ms = {{DType::q4_0, 88, true},  {DType::q6_k, 40, true}, {DType::q4_k, 256, true},
+                       {DType::q8_0, 136, true}, {DType::q4_1, 72, true}, {DType::q5_0, 56, true}};
   if (cpu::gemv_multi_supports(isa, DType::f16, false))
     ms.insert(ms.end(), {{DType::f16, 30, false}, {DType::f32, 64, false}, {DType::bf16, 7, false}});
   std::mt19937 rng(11);
@@ -515,7 +514,7 @@ TEST_P(CpuKernels, NonFiniteActivationsQuantizeLikeTheScalarCode) {
   // the rest within rounding; every other level: bit for bit.
   const bool scalar = !cpu::at_least(isa, cpu::Isa::avx2);
   const int64_t N = 16, T = 3;
-  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k}) {
+  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k}) {
     const int64_t K = type == DType::q4_k || type == DType::q6_k ? 256 : 96;
     const auto w = random_blocks(type, K, N, 11);
     std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
