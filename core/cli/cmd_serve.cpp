@@ -129,9 +129,9 @@ void add_services(const po::variables_map& vm, const ServedConfigs& sc, const se
     if (services.find(oi.model_name))
       throw UsageError("two pipelines would be served as '" + oi.model_name +
                        "': give the files distinct names");
-    auto pipeline = Pipeline::create(sc.cfgs[i]);
-    announce_backend(*pipeline);
-    services.add(std::make_unique<serve::Service>(std::move(pipeline), oi));
+    auto service = std::make_unique<serve::Service>(sc.cfgs[i], oi);
+    announce_backend(service->pipeline());
+    services.add(std::move(service));
   }
 }
 

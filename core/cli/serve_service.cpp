@@ -5,13 +5,36 @@
 #include "serve.hpp"
 
 #include <cstdio>
+#include <future>
 #include <malloc.h>
 
 namespace loom::cli::serve {
 
-Service::Service(std::unique_ptr<Pipeline> p, ServeOptions o) : p_(std::move(p)), o_(std::move(o)) {
-  // The chat template: --template, else the model's, else the built-in one whose turn tokens the vocabulary
-  // holds, else ChatML (as llama-server does), said on stderr.
+Service::Service(const PipelineConfig& cfg, ServeOptions o) : o_(std::move(o)) {
+  std::promise<void> loaded;
+  std::future<void> ready = loaded.get_future();
+  thread_ = std::thread([this, &cfg, &loaded] {
+    try {
+      p_ = Pipeline::create(cfg);
+      choose_chat_template();
+    } catch (...) {
+      loaded.set_exception(std::current_exception());
+      return;
+    }
+    loaded.set_value();
+    loop();
+  });
+  try {
+    ready.get();
+  } catch (...) {
+    thread_.join();
+    throw;
+  }
+}
+
+// The chat template: --template, else the model's, else the built-in one whose turn tokens the vocabulary
+// holds, else ChatML (as llama-server does), said on stderr; and how it writes tool calls.
+void Service::choose_chat_template() {
   try {
     tmpl_.emplace(chat::load_template(o_.chat_template, &p_->model().file()));
   } catch (const Error& e) {
@@ -28,7 +51,6 @@ Service::Service(std::unique_ptr<Pipeline> p, ServeOptions o) : p_(std::move(p))
           ? std::string_view(o_.chat_template)
           : std::string_view(
                 p_->model().file().get_string_opt("tokenizer.chat_template").value_or(tmpl_->name())));
-  thread_ = std::thread([this] { loop(); });
 }
 
 Service::~Service() {
