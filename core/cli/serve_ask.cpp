@@ -207,7 +207,8 @@ void chat_prompt_of(const json& j, Service& s, Ask& a) {
     if (choice == "required") a.forced_call_schema = forced_call_schema(*t, named);
   }
   try {
-    chat::ChatPrompt cp = chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special);
+    chat::ChatPrompt cp =
+        chat::chat_prompt(*s.chat_template(), in, p.tokenizer(), p.config().run.parse_special);
     a.prompt = std::move(cp.tokens);
     a.render_ms = cp.render_ms;
     a.tokenize_ms = cp.tokenize_ms;

@@ -37,7 +37,7 @@
 namespace loom {
 
 struct GenerationMetrics {
-  double ttft_ms = 0;       // submit → first token sampled
+  double ttft_ms = 0; // submit → first token sampled
   // Of ttft_ms, the forward passes (both models; a long prompt's chunks all) before the first token: the
   // rest is queue_ms and the engine's own work (scheduling, graphs, the first sampling and stop rules).
   double ttft_forward_ms = 0;
