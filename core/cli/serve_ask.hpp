@@ -23,8 +23,8 @@ struct Ask {
   std::string forced_call_schema;
   bool tools = false; // the request gave tools (and tool_choice is not "none"): replies are parsed for calls
   std::shared_ptr<SequenceTemplate> sequence;
-  double render_ms = 0,
-         tokenize_ms = 0; // the prompt's: the chat template, the tokenizer (TTFT's first parts)
+  // The prompt's chat template and tokenizer: the first parts of its time to first token.
+  double render_ms = 0, tokenize_ms = 0;
 };
 
 // The Ask of a body that passed check_shape (chat: /v1/chat/completions, else /v1/completions). Throws
