@@ -187,59 +187,34 @@ template <int H> void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int
     }
 }
 
-template <int H> void gemv_q4_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+// Q4_0, Q4_1, Q5_0 (8·H rows) against one token: the integer sums of q·x (Q4_1: of the nibbles), then the
+// type's float step (not the vector kernels' fused one: within rounding of them).
+template <DType Q, int H> void gemv_q4x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t head = b32_head(Q), blk = b32_block_bytes(Q);
+  constexpr int off = Q == DType::q4_1 ? 0 : Q == DType::q5_0 ? 16 : 8; // the weights' zero
   for (int r = 0; r < 8 * H; ++r)
     out[r] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, g += H * k_q4x8_block)
-    for (int r = 0; r < 8 * H; ++r) {
-      int32_t acc = 0;
-      for (int c = 0; c < 4; ++c)
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t q = g[q_vec_at(H, r / 8, c) + 4 * (r % 8) + i];
-          acc += ((q & 0x0F) - 8) * x[b].qs[4 * c + i] + ((q >> 4) - 8) * x[b].qs[16 + 4 * c + i];
-        }
-      out[r] += f16(g + q_scale_at(r / 8) + 2 * (r % 8)) * x[b].d * static_cast<float>(acc);
-    }
-}
-
-template <int H> void gemv_q4_1x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t head = b32_head(DType::q4_1);
-  for (int r = 0; r < 8 * H; ++r)
-    out[r] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, g += H * k_q41x8_block)
-    for (int r = 0; r < 8 * H; ++r) {
-      int32_t acc = 0;
-      for (int c = 0; c < 4; ++c)
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t q = g[q_vec_at(H, r / 8, c, head) + 4 * (r % 8) + i];
-          acc += (q & 0x0F) * x[b].qs[4 * c + i] + (q >> 4) * x[b].qs[16 + 4 * c + i];
-        }
-      const float dw = f16(g + q_scale_at(r / 8) + 2 * (r % 8)),
-                  mw = f16(g + q_min_at(H, r / 8) + 2 * (r % 8));
-      out[r] += dw * (x[b].d * static_cast<float>(acc)) + mw * (0.125f * x[b].s8);
-    }
-}
-
-template <int H> void gemv_q5_0x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t head = b32_head(DType::q5_0);
-  for (int r = 0; r < 8 * H; ++r)
-    out[r] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, g += H * k_q50x8_block)
+  for (int64_t b = 0; b < nb; ++b, g += H * blk)
     for (int r = 0; r < 8 * H; ++r) {
       const int h = r / 8, lane = r % 8;
-      const auto bit = [&](int c, int half, int i) {
-        return (g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)] >>
-                ((4 * lane + i) % 8)) &
-               1;
+      const auto bit5 = [&](int c, int half, int i) { // Q5_0's fifth bit, as 16
+        if constexpr (Q != DType::q5_0) return 0;
+        const uint8_t m = g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)];
+        return 16 * ((m >> ((4 * lane + i) % 8)) & 1);
       };
       int32_t acc = 0;
       for (int c = 0; c < 4; ++c)
         for (int i = 0; i < 4; ++i) {
           const uint8_t q = g[q_vec_at(H, h, c, head) + 4 * lane + i];
-          acc += ((q & 0x0F) + 16 * bit(c, 0, i) - 16) * x[b].qs[4 * c + i] +
-                 ((q >> 4) + 16 * bit(c, 1, i) - 16) * x[b].qs[16 + 4 * c + i];
+          acc += ((q & 0x0F) + bit5(c, 0, i) - off) * x[b].qs[4 * c + i] +
+                 ((q >> 4) + bit5(c, 1, i) - off) * x[b].qs[16 + 4 * c + i];
         }
-      out[r] += f16(g + q_scale_at(h) + 2 * lane) * x[b].d * static_cast<float>(acc);
+      const float dw = f16(g + q_scale_at(h) + 2 * lane);
+      if constexpr (Q == DType::q4_1)
+        out[r] +=
+            dw * (x[b].d * static_cast<float>(acc)) + f16(g + q_min_at(H, h) + 2 * lane) * (0.125f * x[b].s8);
+      else
+        out[r] += dw * x[b].d * static_cast<float>(acc);
     }
 }
 
@@ -252,14 +227,14 @@ constexpr bool b32(DType type) {
 using GemvB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, float*);
 GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
   if (type == DType::q4_0)
-    return avx2 ? (pair ? gemv_q4_0x8_avx2<2> : gemv_q4_0x8_avx2<1>)
-                : (pair ? gemv_q4_0x8_scalar<2> : gemv_q4_0x8_scalar<1>);
+    return avx2 ? (pair ? gemv_q4x8_avx2<DType::q4_0, 2> : gemv_q4x8_avx2<DType::q4_0, 1>)
+                : (pair ? gemv_q4x8_scalar<DType::q4_0, 2> : gemv_q4x8_scalar<DType::q4_0, 1>);
   if (type == DType::q4_1)
-    return avx2 ? (pair ? gemv_q4_1x8_avx2<2> : gemv_q4_1x8_avx2<1>)
-                : (pair ? gemv_q4_1x8_scalar<2> : gemv_q4_1x8_scalar<1>);
+    return avx2 ? (pair ? gemv_q4x8_avx2<DType::q4_1, 2> : gemv_q4x8_avx2<DType::q4_1, 1>)
+                : (pair ? gemv_q4x8_scalar<DType::q4_1, 2> : gemv_q4x8_scalar<DType::q4_1, 1>);
   if (type == DType::q5_0)
-    return avx2 ? (pair ? gemv_q5_0x8_avx2<2> : gemv_q5_0x8_avx2<1>)
-                : (pair ? gemv_q5_0x8_scalar<2> : gemv_q5_0x8_scalar<1>);
+    return avx2 ? (pair ? gemv_q4x8_avx2<DType::q5_0, 2> : gemv_q4x8_avx2<DType::q5_0, 1>)
+                : (pair ? gemv_q4x8_scalar<DType::q5_0, 2> : gemv_q4x8_scalar<DType::q5_0, 1>);
   return avx2 ? (pair ? gemv_q8_0x8_avx2<2> : gemv_q8_0x8_avx2<1>)
               : (pair ? gemv_q8_0x8_scalar<2> : gemv_q8_0x8_scalar<1>);
 }

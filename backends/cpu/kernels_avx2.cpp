@@ -591,67 +591,6 @@ template <int H> LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8
     _mm256_storeu_ps(out + 8 * h, acc[h]);
 }
 
-template <int H> LOOM_AVX2 void gemv_q4_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t blk = H * k_q4x8_block;
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[H];
-  for (auto& a : acc)
-    a = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, g += blk) {
-    for (size_t c = 0; c < blk; c += 64) // eight blocks ahead, every line
-      _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
-    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
-    for (int h = 0; h < H; ++h) {
-      __m256i s16 = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c)));
-        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
-      }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
-      const __m256 t = _mm256_fmsub_ps(
-          _mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), _mm256_set1_ps(x[b].s8));
-      acc[h] = _mm256_fmadd_ps(dw, t, acc[h]);
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    _mm256_storeu_ps(out + 8 * h, acc[h]);
-}
-
-// Q4_1: as gemv_q4_0x8_avx2 on the nibbles, then kernels_internal.hpp's Q4_1 step with the rows' mins.
-template <int H> LOOM_AVX2 void gemv_q4_1x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t blk = H * k_q41x8_block, head = b32_head(DType::q4_1);
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[H];
-  for (auto& a : acc)
-    a = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, g += blk) {
-    for (size_t c = 0; c < blk; c += 64) // eight blocks ahead, every line
-      _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
-    const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
-    for (int h = 0; h < H; ++h) {
-      __m256i s16 = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c, head)));
-        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
-      }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
-      const __m256 mw =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
-      const __m256 t =
-          _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)));
-      acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(0.125f * x[b].s8), _mm256_fmadd_ps(dw, t, acc[h]));
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    _mm256_storeu_ps(out + 8 * h, acc[h]);
-}
-
 namespace {
 
 // A Q5_0 fifth-bit mask (q_hmask_at) as bytes: 16 in byte k where bit k is set.
@@ -668,10 +607,12 @@ LOOM_AVX2 inline __m256i bit4_bytes(const uint8_t* at) {
 
 } // namespace
 
-// Q5_0: the nibbles with their fifth bits (u = q + 16, 0..31), summed a vector at a time into int32 (two
-// maddubs of u ≤ 31 fit int16, eight would not), then kernels_internal.hpp's Q5_0 step.
-template <int H> LOOM_AVX2 void gemv_q5_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t blk = H * k_q50x8_block, head = b32_head(DType::q5_0);
+// Q4_0, Q4_1, Q5_0: the nibbles (Q5_0: with their fifth bits, u = q + 16) by maddubs against the token's
+// bytes, then kernels_internal.hpp's float step of the type. Nibbles alone sum in int16 over a block (8 ·
+// 2 · 15 · 127 < 2¹⁵); Q5_0's u ≤ 31 goes to int32 a vector at a time.
+template <DType Q, int H>
+LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
+  constexpr size_t blk = H * b32_block_bytes(Q), head = b32_head(Q);
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[H];
   for (auto& a : acc)
@@ -681,21 +622,34 @@ template <int H> LOOM_AVX2 void gemv_q5_0x8_avx2(const uint8_t* g, const BlockQ8
       _mm_prefetch(reinterpret_cast<const char*>(g + 8 * blk + c), _MM_HINT_T0);
     const auto* xw = reinterpret_cast<const int32_t*>(x[b].qs);
     for (int h = 0; h < H; ++h) {
-      __m256i s32 = _mm256_setzero_si256();
+      __m256i s16 = _mm256_setzero_si256(), s32 = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c, head)));
-        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, mask), bit4_bytes(g + q_hmask_at(H, h, c, 0)));
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                                           bit4_bytes(g + q_hmask_at(H, h, c, 1)));
-        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
-                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
-        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
+        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        if constexpr (Q == DType::q5_0) {
+          lo = _mm256_or_si256(lo, bit4_bytes(g + q_hmask_at(H, h, c, 0)));
+          hi = _mm256_or_si256(hi, bit4_bytes(g + q_hmask_at(H, h, c, 1)));
+        }
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
+                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+        if constexpr (Q == DType::q5_0)
+          s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+        else
+          s16 = _mm256_add_epi16(s16, p);
       }
+      if constexpr (Q != DType::q5_0) s32 = _mm256_madd_epi16(s16, ones);
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
-      const __m256 t =
-          _mm256_fmsub_ps(_mm256_set1_ps(x[b].d), _mm256_cvtepi32_ps(s32), _mm256_set1_ps(2.0f * x[b].s8));
-      acc[h] = _mm256_fmadd_ps(dw, t, acc[h]);
+      const __m256 d = _mm256_set1_ps(x[b].d), s = _mm256_cvtepi32_ps(s32);
+      if constexpr (Q == DType::q4_1) {
+        const __m256 mw =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
+        acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(0.125f * x[b].s8),
+                                 _mm256_fmadd_ps(dw, _mm256_mul_ps(d, s), acc[h]));
+      } else {
+        const float off = Q == DType::q5_0 ? 2.0f * x[b].s8 : x[b].s8; // 16 or 8 · d · Σq
+        acc[h] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(d, s, _mm256_set1_ps(off)), acc[h]);
+      }
     }
   }
   for (int h = 0; h < H; ++h)
@@ -901,12 +855,12 @@ template void rows4_q_avx2<DType::q8_0>(const uint8_t*, size_t, const BlockQ8*, 
 template void rows4_q_avx2<DType::q4_0>(const uint8_t*, size_t, const BlockQ8*, int64_t, float*);
 template void gemv_q8_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q8_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q4_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q4_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q4_1x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q4_1x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q5_0x8_avx2<1>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q5_0x8_avx2<2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q4_0, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q4_0, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q4_1, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q4_1, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q5_0, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::q5_0, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 

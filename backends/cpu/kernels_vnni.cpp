@@ -36,8 +36,8 @@ LOOM_AVX512VNNI inline __m512 block_step(__m512 acc, __m512 dw, __m512 mw, const
 // sign bit flipped), into eight 64-byte vectors whose dword lane r holds row r's bytes of 4 columns; each
 // token broadcasts its 4 matching activation bytes and one vpdpbusd adds u·x of those 4 columns to lane r.
 // Σ u·x − offset · Σ x = Σ q·x exactly, in int32 (|Σ| ≤ 32 · 255 · 128); then the same float steps as
-// the AVX2 kernel per block (block_step), so the results are those of gemv_q8_0x8_avx2 / gemv_q4_0x8_avx2 /
-// gemv_q4_1x8_avx2, bit for bit.
+// the AVX2 kernel per block (block_step), so the results are those of gemv_q8_0x8_avx2 / gemv_q4x8_avx2,
+// bit for bit.
 template <int TT, DType Q>
 LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t nb, float* y, int64_t ldy) {
   constexpr size_t blk = 2 * b32_block_bytes(Q), head = b32_head(Q);

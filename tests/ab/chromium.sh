@@ -1,5 +1,5 @@
 # tests/ab/chromium.sh — sourced by the ab checks: headless Chromium renders an HTML report.
-#   find_chromium          sets $chromium (empty when none is installed)
+#   require_chromium       sets $chromium, or exits 77 (skipped, with the reason) when none is installed
 #   render_dom HTML OUT    the rendered DOM of HTML into OUT; fails when Chromium does, or when its
 #                          console logged an error (the log: OUT.log)
 find_chromium() {
@@ -7,6 +7,14 @@ find_chromium() {
   for c in chromium chromium-browser google-chrome; do
     command -v "$c" >/dev/null && chromium="$c" && return 0
   done
+}
+
+require_chromium() {
+  find_chromium
+  if [ -z "$chromium" ]; then
+    echo "SKIPPED (HTML part): no chromium (scripts/setup.sh --deps installs it); the JSON checks passed"
+    exit 77
+  fi
 }
 
 chromium_flags() {

@@ -96,11 +96,7 @@ print(f"arith chat configs: {answered} of 6 replies state their answer; "
 PYEOF
 
 . "$src/tests/ab/chromium.sh"
-find_chromium
-if [ -z "$chromium" ]; then
-  echo "SKIPPED (HTML part): no chromium (scripts/setup.sh --deps installs it); the JSON checks passed"
-  exit 77
-fi
+require_chromium
 render_dom "$out/chat.html" "$out/chat.dom.html"
 grep -q "<table id=\"templates\"" "$out/chat.dom.html" || { echo "the report does not say which template rendered"; exit 1; }
 grep -q "tokenizer.chat_template (chatml turns)" "$out/chat.dom.html" || { echo "no template named"; exit 1; }

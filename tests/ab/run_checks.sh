@@ -79,11 +79,7 @@ print(f"ab --sweep: {len(pts)} points, accuracy and compute recomputed from the 
 PYEOF
 
 . "$src/tests/ab/chromium.sh"
-find_chromium
-if [ -z "$chromium" ]; then
-  echo "SKIPPED (HTML part): no chromium (scripts/setup.sh --deps installs it); the JSON checks passed"
-  exit 77
-fi
+require_chromium
 render_dom "$out/ab.html" "$out/ab.dom.html"
 grep -q "<table id=\"summary\"" "$out/ab.dom.html" || { echo "the rendered DOM has no summary table"; exit 1; }
 grep -q "<table id=\"outputs\"" "$out/ab.dom.html" || { echo "the rendered DOM has no outputs table"; exit 1; }
