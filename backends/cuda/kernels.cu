@@ -109,7 +109,7 @@ __global__ void k_gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, const
 }
 
 // The plain types (f32, f16, bf16) when K is a multiple of 8: each lane reads 8 weights at a time in 16-byte
-// loads (a warp: 256 consecutive weights), two rounds in flight; x in float4s. Same sums as k_gemv's up to
+// loads (a warp: 256 consecutive weights), four rounds in flight; x in float4s. Same sums as k_gemv's up to
 // their order.
 __device__ __forceinline__ void widen8(uint32_t type, const uint8_t* p, float* v) {
   if (type == qt_f32) {
@@ -138,16 +138,29 @@ __global__ void k_gemv_wide(const uint8_t* w, int64_t row_bytes, const float* x,
 #pragma unroll
   for (int t = 0; t < T; ++t)
     acc[t] = 0.0f;
-#pragma unroll 2
-  for (int64_t k = 8 * lane; k < K; k += 256) {
-    float v[8];
-    widen8(Type, row + k * es, v);
+  // U rounds of 16-byte weight loads issued before any is used: decode is bound by the bytes in flight.
+  constexpr int U = 4;
+  for (int64_t k0 = 8 * lane; k0 < K; k0 += 256 * U) {
+    constexpr int L = es / 2; // 16-byte loads per 8 weights
+    uint4 raw[U][L];
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4 a = *reinterpret_cast<const float4*>(x + t * K + k);
-      const float4 b = *reinterpret_cast<const float4*>(x + t * K + k + 4);
-      acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z +
-                v[7] * b.w;
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int l = 0; l < L; ++l)
+        if (k0 + 256 * u < K) raw[u][l] = reinterpret_cast<const uint4*>(row + (k0 + 256 * u) * es)[l];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + 256 * u;
+      if (k >= K) break;
+      float v[8];
+      widen8(Type, reinterpret_cast<const uint8_t*>(raw[u]), v);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4 a = *reinterpret_cast<const float4*>(x + t * K + k);
+        const float4 b = *reinterpret_cast<const float4*>(x + t * K + k + 4);
+        acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z +
+                  v[7] * b.w;
+      }
     }
   }
 #pragma unroll
@@ -184,6 +197,87 @@ __global__ void k_gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, 
   for (int t = 0; t < T; ++t) {
     const float r = warp_sum(acc[t]);
     if (lane == 0) y[t * N + j] = r;
+  }
+}
+
+// Q4_0 and Q8_0, the types of most quantized files, without unpack32's byte arrays: a lane reads its block in
+// 2-byte words (blocks are 18 and 34 bytes: 2-byte aligned) straight into 32-bit registers and feeds dp4a
+// with them; Q4_0's −8 offset is −8·Σq of the activations' block (Q8Block::s). Same integer sums as
+// k_gemv_int8's.
+template <uint32_t Type> struct WordBlock {
+  static constexpr int bytes = Type == qt_q4_0 ? 18 : 34, words = Type == qt_q4_0 ? 4 : 8;
+  float d;
+  uint32_t q[words];
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+    d = __half2float(__ushort_as_half(h[0]));
+#pragma unroll
+    for (int i = 0; i < words; ++i)
+      q[i] = static_cast<uint32_t>(h[1 + 2 * i]) | (static_cast<uint32_t>(h[2 + 2 * i]) << 16);
+  }
+  __device__ __forceinline__ float dot(const Q8Block& x) const {
+    const auto* xq = reinterpret_cast<const int*>(x.q);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (Type == qt_q4_0) {
+        s = __dp4a(static_cast<int>(q[i] & 0x0F0F0F0Fu), xq[i], s);
+        s = __dp4a(static_cast<int>((q[i] >> 4) & 0x0F0F0F0Fu), xq[4 + i], s);
+      } else {
+        s = __dp4a(static_cast<int>(q[i]), xq[i], s);
+        s = __dp4a(static_cast<int>(q[4 + i]), xq[4 + i], s);
+      }
+    }
+    if constexpr (Type == qt_q4_0) s -= 8 * (x.s[0] + x.s[1]);
+    return d * x.d * static_cast<float>(s);
+  }
+};
+
+template <int T, uint32_t Type>
+__global__ void k_gemv_int8_words(const uint8_t* w, int64_t row_bytes, const Q8Block* xq, float* y, int64_t K,
+                                  int64_t N) {
+  // The activations' blocks of a chunk, staged in shared memory by the whole thread block (its 8 warps, one
+  // row each, read the same ones): a lane's Q8Block lies 11 words from its neighbour's, so the lanes' reads
+  // fall in 32 different banks, where from global memory each of them touched 11 cache lines.
+  constexpr int U = 4, C = 32 * U, words_per_block = sizeof(Q8Block) / 4;
+  static_assert(sizeof(Q8Block) % 4 == 0 && alignof(Q8Block) == 4);
+  __shared__ int xs[T][C * words_per_block]; // raw words: a __shared__ Q8Block may not have initializers
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const bool live = j < N; // no early return: every thread takes part in the staging
+  const uint8_t* row = w + (live ? j : 0) * row_bytes;
+  const int64_t nsb = K / 32;
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+    acc[t] = 0.0f;
+  for (int64_t sb0 = 0; sb0 < nsb; sb0 += C) {
+    WordBlock<Type> b[U]; // the weights' loads first: in flight while the activations are staged
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (live && sb0 + lane + 32 * u < nsb) b[u].load(row + WordBlock<Type>::bytes * (sb0 + lane + 32 * u));
+    const int n = static_cast<int>(nsb - sb0 < C ? nsb - sb0 : C);
+    __syncthreads(); // the previous chunk is consumed
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const auto* src = reinterpret_cast<const int*>(xq + t * nsb + sb0);
+      int* dst = xs[t];
+      for (int i = static_cast<int>(threadIdx.x); i < n * words_per_block; i += static_cast<int>(blockDim.x))
+        dst[i] = src[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!live || lane + 32 * u >= n) break;
+#pragma unroll
+      for (int t = 0; t < T; ++t)
+        acc[t] += b[u].dot(reinterpret_cast<const Q8Block*>(xs[t])[lane + 32 * u]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float r = warp_sum(acc[t]);
+    if (live && lane == 0) y[t * N + j] = r;
   }
 }
 
@@ -578,9 +672,19 @@ void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* x
   if (N == 0 || T == 0) return;
   const unsigned grid = blocks_for(N * 32);
   const auto* x = static_cast<const Q8Block*>(xq);
+  // 2-byte word loads: the row starts 2-byte aligned (device allocations are; row_bytes even)
+  const bool words =
+      (type == qt_q4_0 || type == qt_q8_0) && reinterpret_cast<uintptr_t>(w) % 2 == 0 && row_bytes % 2 == 0;
   by_chunks_of_8(T, [&](auto n, int32_t t0) {
-    k_gemv_int8<decltype(n)::value><<<grid, k_threads, 0, s>>>(type, w, row_bytes, x + t0 * (K / 32),
-                                                               y + static_cast<int64_t>(t0) * N, K, N);
+    constexpr int R = decltype(n)::value;
+    const Q8Block* xs = x + t0 * (K / 32);
+    float* ys = y + static_cast<int64_t>(t0) * N;
+    if (words && type == qt_q4_0)
+      k_gemv_int8_words<R, qt_q4_0><<<grid, k_threads, 0, s>>>(w, row_bytes, xs, ys, K, N);
+    else if (words)
+      k_gemv_int8_words<R, qt_q8_0><<<grid, k_threads, 0, s>>>(w, row_bytes, xs, ys, K, N);
+    else
+      k_gemv_int8<R><<<grid, k_threads, 0, s>>>(type, w, row_bytes, xs, ys, K, N);
   });
 }
 
