@@ -731,8 +731,8 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   }
 }
 
-// Q4_1 / Q5_0 / Q5_1 / IQ4_NL rows on the int8 route: this thread's contiguous run of 4-row blocks, as
-// matmul_i8dq() splits them (so the same floats).
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / IQ4_XS rows on the int8 route: this thread's contiguous run of 4-row
+// blocks, as matmul_i8dq() splits them (so the same floats).
 void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq) {
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
   const int64_t n_blk = (m.N + 3) / 4;
@@ -775,7 +775,7 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
   bool blocks32 = false, blocks256 = false, bf16 = false;
   int64_t work = 0;
   for (int i = 0; i < n_mats; ++i) {
-    if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % 32 != 0
+    if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % dtype_traits(mats[i].type).block_size != 0
                    : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
       std::abort(); // a caller's bug
     if (mats[i].i8) blocks32 = true;
@@ -915,13 +915,14 @@ bool int8_gemm(Isa isa, DType type) noexcept {
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx2) &&
-         (type == DType::q4_1 || type == DType::q5_0 || type == DType::q5_1 || type == DType::iq4_nl);
+  return at_least(isa, Isa::avx2) && (type == DType::q4_1 || type == DType::q5_0 || type == DType::q5_1 ||
+                                      type == DType::iq4_nl || type == DType::q5_k || type == DType::iq4_xs);
 }
 
 void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N,
                  const float* x, int64_t T, float* y, int n_threads) {
-  if (!i8dq_supports(isa, type) || K % 32 != 0) std::abort(); // callers check; reaching here is a bug
+  if (!i8dq_supports(isa, type) || K % dtype_traits(type).block_size != 0)
+    std::abort(); // callers check; reaching here is a bug
   const int64_t nb = K / 32;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
   std::vector<BlockQ8> xq(static_cast<size_t>(T * nb));

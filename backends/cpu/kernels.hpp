@@ -72,7 +72,7 @@ struct Gemv {
   size_t row_bytes; // 0: repacked (N % 8 == 0; bf16 / f16: the bf16x64 / f16x64 layout, N % 64 == 0)
   int64_t N;
   float* y;        // N outputs
-  bool i8 = false; // Q4_1 / Q5_0 / Q5_1 / IQ4_NL rows (row_bytes apart) on the int8 route (i8dq_supports)
+  bool i8 = false; // Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / IQ4_XS rows on the int8 route (i8dq_supports)
 };
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept;
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads);
@@ -122,12 +122,13 @@ void matmul_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_
 void gemv_share_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
                    float* y);
 
-// The int8 route of Q4_1, Q5_0, Q5_1 and IQ4_NL at avx2 and up, on their GGUF rows: each block's weights
-// unpacked in registers to small integers and multiplied by the activations rounded to 8 bits per block of 32
-// (as for Q4_0 / Q8_0, and as llama.cpp computes these types) — about twice the exact f32 FMAs' speed.
+// The int8 route of Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K and IQ4_XS at avx2 and up, on their GGUF rows: each
+// block's weights (the K-quants: each 32-value sub-block's) unpacked in registers to small integers and
+// multiplied by the activations rounded to 8 bits per block of 32 (as for Q4_0 / Q8_0, and as llama.cpp
+// computes these types) — about twice the exact f32 FMAs' speed.
 bool i8dq_supports(Isa isa, DType type) noexcept;
-// y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (decode and small batches), rows split over n_threads; K % 32 ==
-// 0.
+// y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (decode and small batches), rows split over n_threads; K a
+// multiple of the type's block.
 void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N,
                  const float* x, int64_t T, float* y, int n_threads);
 

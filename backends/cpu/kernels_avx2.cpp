@@ -453,49 +453,90 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
-// ---- int8 products for Q4_1, Q5_0, Q5_1 and IQ4_NL on their GGUF rows (the "dq" types' fast route) ----
-// Each block of 32 weights is unpacked in registers to 32 small integers u (Q4_1: the nibbles 0..15; Q5_0 /
-// Q5_1: nibble | high bit << 4, 0..31; IQ4_NL: the signed level k_iq4nl_values[nibble]) with
-// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, IQ4_NL 0), and multiplied by the token's
-// 8-bit blocks: Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the activations' own (s8 / 8).
-// maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; IQ4_NL through dot_i8's sign trick, |u| ≤ 127).
+// ---- int8 products for Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K and IQ4_XS on their GGUF rows (the "dq" types' fast
+// route) ----
+// Each block of 32 weights (Q5_K / IQ4_XS: each 32-value sub-block of a 256-value super-block, with its own
+// scale) is unpacked in registers to 32 small integers u (Q4_1: the nibbles 0..15; Q5_0 / Q5_1 / Q5_K:
+// nibble | high bit << 4, 0..31; IQ4_NL / IQ4_XS: the signed level k_iq4nl_values[nibble]) with
+// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, Q5_K −dmin·m of the sub-block, IQ4_NL / IQ4_XS
+// 0), and multiplied by the token's 8-bit blocks: Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the
+// activations' own (s8 / 8). maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; the IQ4 levels through
+// dot_i8's sign trick, |u| ≤ 127).
 
 namespace {
 
+// Bytes per 32 values (the K-quants': a super-block's share, for the prefetch distance).
 template <DType type> constexpr size_t i8dq_block_bytes() {
-  return type == DType::q4_1 ? 20 : type == DType::q5_0 ? 22 : type == DType::q5_1 ? 24 : 18;
+  return type == DType::q4_1     ? 20
+         : type == DType::q5_0   ? 22
+         : type == DType::q5_1   ? 24
+         : type == DType::q5_k   ? 22
+         : type == DType::iq4_xs ? 17
+                                 : 18;
 }
 
-// Block `blk` against the token's block xq: the int32 sums Σ u·q in 8 lanes; d and c as above.
+// The IQ4 levels of 16 bytes of nibbles (low: values 0..15, high: 16..31) as 32 signed bytes.
+LOOM_AVX2 inline __m256i iq4_levels(const uint8_t* qs) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values));
+  return _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+                          _mm_shuffle_epi8(lut, _mm_and_si128(q, mask)));
+}
+
+// Block b (values [32b, 32b + 32)) of `row` against the token's block xq: the int32 sums Σ u·q in 8 lanes;
+// d and c as above.
 template <DType type>
-LOOM_AVX2 inline __m256i i8dq_block(const uint8_t* blk, __m256i xq, float& d, float& c) {
+LOOM_AVX2 inline __m256i i8dq_block(const uint8_t* row, int64_t b, __m256i xq, float& d, float& c) {
   const __m128i mask = _mm_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  d = f16c(blk);
-  if constexpr (type == DType::iq4_nl) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values));
-    const __m256i a = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), mask)),
-                                       _mm_shuffle_epi8(lut, _mm_and_si128(q, mask)));
+  if constexpr (type == DType::iq4_xs) { // sub-block k of the super-block: scale ls − 32 (6 bits)
+    const uint8_t* sb = row + static_cast<size_t>(b / 8) * 136;
+    const int k = static_cast<int>(b % 8);
+    uint16_t sh;
+    std::memcpy(&sh, sb + 2, 2);
+    const int ls = ((sb[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
+    d = f16c(sb) * static_cast<float>(ls - 32);
     c = 0.0f;
-    return dot_i8(a, xq);
-  } else {
-    constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs_at));
-    __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
-    if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
-      uint32_t qh;
-      std::memcpy(&qh, blk + (type == DType::q5_0 ? 2 : 4), 4);
-      const __m256i spread =
-          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
-                                               2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-    }
-    c = type == DType::q5_0 ? -16.0f * d : f16c(blk + 2);
+    return dot_i8(iq4_levels(sb + 8 + 16 * k), xq);
+  } else if constexpr (type == DType::q5_k) { // sub-block j: nibble (j odd: high) | bit j of qh[l] << 4
+    const uint8_t* sb = row + static_cast<size_t>(b / 8) * 176;
+    const int j = static_cast<int>(b % 8);
+    uint8_t sc, m;
+    dtype_detail::scale_min_k4(j, sb + 4, sc, m);
+    d = f16c(sb) * static_cast<float>(sc);
+    c = -f16c(sb + 2) * static_cast<float>(m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 48 + 32 * (j / 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j % 2))), m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    const __m256i a = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+  } else {
+    const uint8_t* blk = row + static_cast<size_t>(b) * i8dq_block_bytes<type>();
+    d = f16c(blk);
+    if constexpr (type == DType::iq4_nl) {
+      c = 0.0f;
+      return dot_i8(iq4_levels(blk + 2), xq);
+    } else {
+      constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs_at));
+      __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+      if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
+        uint32_t qh;
+        std::memcpy(&qh, blk + (type == DType::q5_0 ? 2 : 4), 4);
+        const __m256i spread =
+            _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+      }
+      c = type == DType::q5_0 ? -16.0f * d : f16c(blk + 2);
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+    }
   }
 }
 
@@ -515,10 +556,11 @@ LOOM_AVX2 void rows_i8dq_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int
     const float xs = 0.125f * x[b].s8; // x.d · Σ q
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0); // the next R rows
+      const uint8_t* row = w + static_cast<size_t>(r) * rb;
+      _mm_prefetch(reinterpret_cast<const char*>(row + R * rb + static_cast<size_t>(b) * bs),
+                   _MM_HINT_T0); // the next R rows
       float d, c;
-      const __m256i dot = i8dq_block<type>(blk, xq, d, c);
+      const __m256i dot = i8dq_block<type>(row, b, xq, d, c);
       acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), xd), _mm256_cvtepi32_ps(dot), acc[r]);
       corr[r] += c * xs;
     }
@@ -548,6 +590,12 @@ LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8*
     break;
   case DType::q5_1:
     run(rows_i8dq_avx2<DType::q5_1, 4>, rows_i8dq_avx2<DType::q5_1, 1>);
+    break;
+  case DType::q5_k:
+    run(rows_i8dq_avx2<DType::q5_k, 4>, rows_i8dq_avx2<DType::q5_k, 1>);
+    break;
+  case DType::iq4_xs:
+    run(rows_i8dq_avx2<DType::iq4_xs, 4>, rows_i8dq_avx2<DType::iq4_xs, 1>);
     break;
   default:
     run(rows_i8dq_avx2<DType::iq4_nl, 4>, rows_i8dq_avx2<DType::iq4_nl, 1>);
