@@ -114,9 +114,10 @@ public:
       description_ +=
           std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
           (o.repack ? " (repacked), q4_1 (repacked, batches under gemm_min_rows)" : "") +
-          (at_least(o.isa, Isa::avx2) ? std::string(", ") + (o.repack ? "" : "q4_1 ") +
-                                            "q5_0 q5_1 iq4_nl q5_k iq4_xs (batches under gemm_min_rows)"
-                                      : "");
+          (at_least(o.isa, Isa::avx2)
+               ? std::string(", ") + (o.repack ? "" : "q4_1 ") +
+                     "q5_0 q5_1 iq4_nl q2_k q3_k q5_k iq4_xs (batches under gemm_min_rows)"
+               : "");
     const std::string head = !o.exact_logits ? ""
                              : o.logits_rescore == 0
                                  ? " and the output head"
@@ -124,9 +125,10 @@ public:
                                        " highest logits a row recomputed exactly";
     if (o.exact_matmul) {
     } else if (at_least(o.isa, Isa::avx2))
-      description_ += std::string("; exact f32 products on weights unpacked in registers: q2_k q3_k (and "
-                                  "q4_1 q5_0 q5_1 iq4_nl q5_k iq4_xs in longer batches)") +
-                      head;
+      description_ +=
+          std::string("; exact f32 products for longer batches of q4_1 q5_0 q5_1 iq4_nl q2_k q3_k "
+                      "q5_k iq4_xs") +
+          head;
     else
       description_ += std::string("; other block types: rows dequantized to f32, then dotted") + head;
   }
@@ -647,9 +649,9 @@ private:
     return opt_.repack && repackable(w.dtype, w.ne[0], w.ne[1]) && w.ne[2] == 1 && w.ne[3] == 1;
   }
 
-  // Whether w (Q5_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS; Q4_1 when it is not repacked) takes the int8 route on its
-  // GGUF rows for decode and batches under gemm_min_rows (longer batches: the exact GEMM on dequantized
-  // panels); not under exact_matmul, nor for the logits' matmul under exact_logits (`exact`).
+  // Whether w (Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS; Q4_1 when it is not repacked) takes the int8
+  // route on its GGUF rows for decode and batches under gemm_min_rows (longer batches: the exact GEMM on
+  // dequantized panels); not under exact_matmul, nor for the logits' matmul under exact_logits (`exact`).
   bool i8dq_route(const TensorDesc& w, bool exact) const noexcept {
     return !exact && !opt_.exact_matmul && i8dq_supports(opt_.isa, w.dtype) && w.ne[2] == 1 && w.ne[3] == 1 &&
            w.ne[0] % dtype_traits(w.dtype).block_size == 0 && !repack_route(w);

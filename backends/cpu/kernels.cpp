@@ -731,8 +731,8 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   }
 }
 
-// Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / IQ4_XS rows on the int8 route: this thread's contiguous run of 4-row
-// blocks, as matmul_i8dq() splits them (so the same floats).
+// Q4_1 / Q5_x / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS rows on the int8 route: this thread's contiguous run of
+// 4-row blocks, as matmul_i8dq() splits them (so the same floats).
 void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq) {
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
   const int64_t n_blk = (m.N + 3) / 4;
@@ -915,8 +915,9 @@ bool int8_gemm(Isa isa, DType type) noexcept {
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx2) && (type == DType::q4_1 || type == DType::q5_0 || type == DType::q5_1 ||
-                                      type == DType::iq4_nl || type == DType::q5_k || type == DType::iq4_xs);
+  return at_least(isa, Isa::avx2) &&
+         (type == DType::q4_1 || type == DType::q5_0 || type == DType::q5_1 || type == DType::iq4_nl ||
+          type == DType::q5_k || type == DType::iq4_xs || type == DType::q2_k || type == DType::q3_k);
 }
 
 void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N,

@@ -71,8 +71,9 @@ struct Gemv {
   const uint8_t* w;
   size_t row_bytes; // 0: repacked (N % 8 == 0; bf16 / f16: the bf16x64 / f16x64 layout, N % 64 == 0)
   int64_t N;
-  float* y;        // N outputs
-  bool i8 = false; // Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / IQ4_XS rows on the int8 route (i8dq_supports)
+  float* y; // N outputs
+  bool i8 =
+      false; // Q4_1 / Q5_x / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS rows on the int8 route (i8dq_supports)
 };
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept;
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads);

@@ -453,26 +453,36 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
-// ---- int8 products for Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K and IQ4_XS on their GGUF rows (the "dq" types' fast
-// route) ----
-// Each block of 32 weights (Q5_K / IQ4_XS: each 32-value sub-block of a 256-value super-block, with its own
-// scale) is unpacked in registers to 32 small integers u (Q4_1: the nibbles 0..15; Q5_0 / Q5_1 / Q5_K:
-// nibble | high bit << 4, 0..31; IQ4_NL / IQ4_XS: the signed level k_iq4nl_values[nibble]) with
-// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, Q5_K −dmin·m of the sub-block, IQ4_NL / IQ4_XS
-// 0), and multiplied by the token's 8-bit blocks: Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the
-// activations' own (s8 / 8). maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; the IQ4 levels through
+// ---- int8 products for Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants without a kernel of their own (Q2_K, Q3_K,
+// Q5_K) and IQ4_XS on their GGUF rows (the "dq" types' fast route) ----
+// Each block of 32 weights (the super-block types: each 32-value sub-block) is unpacked in registers to 32
+// small integers u (Q4_1: the nibbles 0..15; Q5_0 / Q5_1 / Q5_K: nibble | high bit << 4, 0..31; Q2_K: 2 bits;
+// Q3_K: 2 bits | the hmask bit << 2, 0..7; IQ4_NL / IQ4_XS: the signed level k_iq4nl_values[nibble]) with
+// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, Q5_K / Q2_K −dmin·min, Q3_K −4·d, IQ4 0;
+// Q2_K and Q3_K: d and c of each 16 values), and multiplied by the token's 8-bit blocks:
+// Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the activations' own (s8 / 8; per 16 values for
+// Q2_K / Q3_K, from the lanes). maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; the IQ4 levels through
 // dot_i8's sign trick, |u| ≤ 127).
 
 namespace {
 
-// Bytes per 32 values (the K-quants': a super-block's share, for the prefetch distance).
-template <DType type> constexpr size_t i8dq_block_bytes() {
+// The unit a row is made of: one block of 32 values, or (the K-quants, IQ4_XS) a super-block of 8 sub-blocks
+// of 32. Q2_K and Q3_K give each half of a sub-block (16 values) its own step and offset.
+template <DType type> constexpr int i8dq_subs() {
+  return type == DType::q5_k || type == DType::iq4_xs || type == DType::q2_k || type == DType::q3_k ? 8 : 1;
+}
+template <DType type> constexpr bool i8dq_halves() {
+  return type == DType::q2_k || type == DType::q3_k;
+}
+template <DType type> constexpr size_t i8dq_unit_bytes() {
   return type == DType::q4_1     ? 20
          : type == DType::q5_0   ? 22
          : type == DType::q5_1   ? 24
-         : type == DType::q5_k   ? 22
-         : type == DType::iq4_xs ? 17
-                                 : 18;
+         : type == DType::q5_k   ? 176
+         : type == DType::iq4_xs ? 136
+         : type == DType::q2_k   ? 84
+         : type == DType::q3_k   ? 110
+                                 : 18; // iq4_nl
 }
 
 // The IQ4 levels of 16 bytes of nibbles (low: values 0..15, high: 16..31) as 32 signed bytes.
@@ -484,89 +494,153 @@ LOOM_AVX2 inline __m256i iq4_levels(const uint8_t* qs) {
                           _mm_shuffle_epi8(lut, _mm_and_si128(q, mask)));
 }
 
-// Block b (values [32b, 32b + 32)) of `row` against the token's block xq: the int32 sums Σ u·q in 8 lanes;
-// d and c as above.
-template <DType type>
-LOOM_AVX2 inline __m256i i8dq_block(const uint8_t* row, int64_t b, __m256i xq, float& d, float& c) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (type == DType::iq4_xs) { // sub-block k of the super-block: scale ls − 32 (6 bits)
-    const uint8_t* sb = row + static_cast<size_t>(b / 8) * 136;
-    const int k = static_cast<int>(b % 8);
-    uint16_t sh;
-    std::memcpy(&sh, sb + 2, 2);
-    const int ls = ((sb[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
-    d = f16c(sb) * static_cast<float>(ls - 32);
-    c = 0.0f;
-    return dot_i8(iq4_levels(sb + 8 + 16 * k), xq);
-  } else if constexpr (type == DType::q5_k) { // sub-block j: nibble (j odd: high) | bit j of qh[l] << 4
-    const uint8_t* sb = row + static_cast<size_t>(b / 8) * 176;
-    const int j = static_cast<int>(b % 8);
-    uint8_t sc, m;
-    dtype_detail::scale_min_k4(j, sb + 4, sc, m);
-    d = f16c(sb) * static_cast<float>(sc);
-    c = -f16c(sb + 2) * static_cast<float>(m);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 48 + 32 * (j / 2)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j % 2))), m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-    const __m256i a = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
-  } else {
-    const uint8_t* blk = row + static_cast<size_t>(b) * i8dq_block_bytes<type>();
-    d = f16c(blk);
-    if constexpr (type == DType::iq4_nl) {
-      c = 0.0f;
-      return dot_i8(iq4_levels(blk + 2), xq);
-    } else {
-      constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs_at));
-      __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
-      if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
-        uint32_t qh;
-        std::memcpy(&qh, blk + (type == DType::q5_0 ? 2 : 4), 4);
-        const __m256i spread =
-            _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
-                                                 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-        const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-      }
-      c = type == DType::q5_0 ? -16.0f * d : f16c(blk + 2);
-      return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+// A unit's steps, once per unit: d[j] and c[j] of each of its sub-blocks j (Q2_K, Q3_K: of each half j), as
+// above.
+template <DType type> LOOM_AVX2 inline void i8dq_steps(const uint8_t* u, float* d, float* c) {
+  if constexpr (type == DType::q2_k) { // half g: d · (scale & 15), −dmin · (scale >> 4); u = 2-bit value
+    const float du = f16c(u + 80), dmin = f16c(u + 82);
+    for (int g = 0; g < 16; ++g) {
+      d[g] = du * static_cast<float>(u[g] & 0xF);
+      c[g] = -dmin * static_cast<float>(u[g] >> 4);
     }
+  } else if constexpr (type == DType::q3_k) { // half g: d · (scale − 32), −4 of that; u = 2 bits | hbit << 2
+    // the 16 scales + 32 from their 12 bytes four at a time (q3_k_scale's layout): low nibbles of words
+    // a, b (scales 0..7), their high nibbles (8..15), the 2-bit tops from word t
+    uint32_t a, b, t, sc[4];
+    std::memcpy(&a, u + 96, 4);
+    std::memcpy(&b, u + 100, 4);
+    std::memcpy(&t, u + 104, 4);
+    sc[0] = (a & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
+    sc[1] = (b & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
+    sc[2] = ((a >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
+    sc[3] = ((b >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
+    uint8_t bytes[16];
+    std::memcpy(bytes, sc, 16);
+    const float du = f16c(u + 108);
+    for (int g = 0; g < 16; ++g) {
+      d[g] = du * static_cast<float>(static_cast<int>(bytes[g]) - 32);
+      c[g] = -4.0f * d[g];
+    }
+  } else if constexpr (type == DType::iq4_xs) { // sub-block k: d · (ls − 32), ls 6 bits
+    const float du = f16c(u);
+    uint16_t sh;
+    std::memcpy(&sh, u + 2, 2);
+    for (int k = 0; k < 8; ++k) {
+      const int ls = ((u[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
+      d[k] = du * static_cast<float>(ls - 32);
+      c[k] = 0.0f;
+    }
+  } else if constexpr (type == DType::q5_k) { // sub-block j: d · scale_j, −dmin · min_j
+    const float du = f16c(u), dmin = f16c(u + 2);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      dtype_detail::scale_min_k4(j, u + 4, sc, m);
+      d[j] = du * static_cast<float>(sc);
+      c[j] = -dmin * static_cast<float>(m);
+    }
+  } else {
+    d[0] = f16c(u);
+    c[0] = type == DType::q5_0 ? -16.0f * d[0] : type == DType::iq4_nl ? 0.0f : f16c(u + 2);
   }
 }
 
-// R rows (rb bytes apart) against one token (decode): R streams, R accumulators.
+// Sub-block j of unit u against the token's block xq: the int32 sums Σ u·q in 8 lanes.
+template <DType type> LOOM_AVX2 inline __m256i i8dq_sums(const uint8_t* u, int j, __m256i xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (type == DType::q2_k ||
+                type == DType::q3_k) { // 32 bytes >> 2·(j % 4), 2 bits (+ Q3_K's bit j)
+    const __m256i q = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(u + (type == DType::q2_k ? 16 : 32) + 32 * (j / 4)));
+    __m256i a = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
+    if constexpr (type == DType::q3_k) {
+      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
+      const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+      a = _mm256_or_si256(a, _mm256_slli_epi16(hb, 2));
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+  } else if constexpr (type == DType::iq4_xs) {
+    return dot_i8(iq4_levels(u + 8 + 16 * j), xq);
+  } else if constexpr (type == DType::iq4_nl) {
+    return dot_i8(iq4_levels(u + 2), xq);
+  } else if constexpr (type == DType::q5_k) { // nibble (j odd: high) | bit j of qh[l] << 4
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 48 + 32 * (j / 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j % 2))), m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), xq), ones);
+  } else {
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + qs_at));
+    __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+    if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
+      uint32_t qh;
+      std::memcpy(&qh, u + (type == DType::q5_0 ? 2 : 4), 4);
+      const __m256i spread =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
+                                               2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
+  }
+}
+
+// R rows (rb bytes apart) against one token (decode): R streams, R accumulators; a unit's steps decoded
+// once per row, then its sub-blocks.
 template <DType type, int R>
 LOOM_AVX2 void rows_i8dq_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr size_t bs = i8dq_block_bytes<type>();
-  __m256 acc[R];
+  constexpr int P = i8dq_subs<type>();
+  constexpr bool halves = i8dq_halves<type>();
+  constexpr size_t ub = i8dq_unit_bytes<type>();
+  __m256 acc[R], cacc[R]; // cacc: the halves' offsets, lane by lane
   float corr[R];
   for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
+    acc[r] = cacc[r] = _mm256_setzero_ps();
     corr[r] = 0.0f;
   }
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const __m256 xd = _mm256_set1_ps(x[b].d);
-    const float xs = 0.125f * x[b].s8; // x.d · Σ q
+  for (int64_t s = 0; s < nb / P; ++s) {
+    float d[R][halves ? 2 * P : P], c[R][halves ? 2 * P : P];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + static_cast<size_t>(r) * rb;
-      _mm_prefetch(reinterpret_cast<const char*>(row + R * rb + static_cast<size_t>(b) * bs),
-                   _MM_HINT_T0); // the next R rows
-      float d, c;
-      const __m256i dot = i8dq_block<type>(row, b, xq, d, c);
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), xd), _mm256_cvtepi32_ps(dot), acc[r]);
-      corr[r] += c * xs;
+      const uint8_t* u = w + static_cast<size_t>(r) * rb + static_cast<size_t>(s) * ub;
+      for (size_t o = 0; o < ub; o += 64) // the next R rows' unit, every cache line of it
+        _mm_prefetch(reinterpret_cast<const char*>(u + R * rb + o), _MM_HINT_T0);
+      i8dq_steps<type>(u, d[r], c[r]);
+    }
+    for (int j = 0; j < P; ++j) {
+      const BlockQ8& xb = x[s * P + j];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256 xd = _mm256_set1_ps(xb.d);
+      const float xs = 0.125f * xb.s8; // x.d · Σ q
+      // halves: x.d · (Σ q of each 4 values) — lanes 0..3 the first 16 values, 4..7 the second
+      const __m256 xsd =
+          halves
+              ? _mm256_mul_ps(xd, _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                                      _mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), _mm256_set1_epi16(1))))
+              : xd;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* u = w + static_cast<size_t>(r) * rb + static_cast<size_t>(s) * ub;
+        const __m256i dot = i8dq_sums<type>(u, j, xq);
+        if constexpr (halves) {
+          const __m256 dv = _mm256_setr_m128(_mm_set1_ps(d[r][2 * j]), _mm_set1_ps(d[r][2 * j + 1]));
+          const __m256 cv = _mm256_setr_m128(_mm_set1_ps(c[r][2 * j]), _mm_set1_ps(c[r][2 * j + 1]));
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(dot), acc[r]);
+          cacc[r] = _mm256_fmadd_ps(cv, xsd, cacc[r]);
+        } else {
+          acc[r] =
+              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d[r][j]), xd), _mm256_cvtepi32_ps(dot), acc[r]);
+          corr[r] += c[r][j] * xs;
+        }
+      }
     }
   }
   for (int r = 0; r < R; ++r)
-    out[r] = hsum(acc[r]) + corr[r];
+    out[r] = halves ? hsum(_mm256_add_ps(acc[r], cacc[r])) : hsum(acc[r]) + corr[r];
 }
 
 } // namespace
@@ -596,6 +670,12 @@ LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8*
     break;
   case DType::iq4_xs:
     run(rows_i8dq_avx2<DType::iq4_xs, 4>, rows_i8dq_avx2<DType::iq4_xs, 1>);
+    break;
+  case DType::q2_k:
+    run(rows_i8dq_avx2<DType::q2_k, 4>, rows_i8dq_avx2<DType::q2_k, 1>);
+    break;
+  case DType::q3_k:
+    run(rows_i8dq_avx2<DType::q3_k, 4>, rows_i8dq_avx2<DType::q3_k, 1>);
     break;
   default:
     run(rows_i8dq_avx2<DType::iq4_nl, 4>, rows_i8dq_avx2<DType::iq4_nl, 1>);

@@ -163,7 +163,8 @@ LOOM_AVX512VNNI inline __m512 pair_mins(const uint8_t* a) { // Q4_1
 //   Q8_0: acc + (dw · d) · s;  Q4_0: acc + dw · (d · s − 8·d·Σq);  Q4_1: (acc + dw · (d · s)) + mw · (d·Σq);
 //   Q5_0: acc + dw · (d · s − 16·d·Σq), with d·Σq = s8 / 8 (BlockQ8).
 
-// ---- kernels_avx2.cpp (the i8dq_rows int8 route of Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K and IQ4_XS included) ----
+// ---- kernels_avx2.cpp (the i8dq_rows int8 route of Q4_1, Q5_x, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS included)
+// ----
 
 __attribute__((target("avx2,fma,f16c"))) void quantize_x_avx2(const float* x, int64_t K, BlockQ8* out);
 LOOM_AVX2 float dot_f32_avx2(const uint8_t* w, const float* x, int64_t K);

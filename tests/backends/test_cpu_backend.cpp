@@ -242,8 +242,8 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
 // quantize_row from N(0, 0.1) values (real weight distributions: nothing like random bytes' huge cancelling
 // terms). Tolerances, relative to the largest output: the exact routes (f32/f16/bf16 rows, the dq kernels of
 // kernels_dq.cpp, the GEMM on dequantized panels) differ only in the order of the sums: 1e-5. The int8 routes
-// (q8_0, q4_0, q4_1, q4_k, q6_k — repacked, at every level —, and at avx2 and up q5_0, q5_1, iq4_nl, q5_k,
-// iq4_xs:
+// (q8_0, q4_0, q4_1, q4_k, q6_k — repacked, at every level —, and at avx2 and up q5_0, q5_1, iq4_nl, q2_k,
+// q3_k, q5_k, iq4_xs:
 // activations rounded to 8 bits per block) 2e-2, and 1e-2 for bf16 products on
 // activations rounded to bf16. With exact_logits, the logits' matmul of every block type is exact: checked
 // with the matmul as the graph's output; with exact_matmul every matmul of every type is.
@@ -255,7 +255,7 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
   const auto int8_types = [](DType t) {
     return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_k || t == DType::q6_k || t == DType::q4_1 ||
            t == DType::q5_0 || t == DType::q5_1 || t == DType::iq4_nl || t == DType::q5_k ||
-           t == DType::iq4_xs; // (the last six at avx2 and up)
+           t == DType::iq4_xs || t == DType::q2_k || t == DType::q3_k; // (the last eight at avx2 and up)
   };
   for (const DType type : types)
     for (cpu::Isa isa : isas())

@@ -115,16 +115,16 @@ std::vector<uint8_t> random_blocks(DType t, int64_t K, int64_t N, uint32_t seed)
 
 // The integer kernels are exact up to float rounding once the activations' own 8-bit quantization
 // (blocks of 32, of 256 for Q4_K/Q6_K: scale amax/127, round to nearest) is applied to the
-// reference too: 1e-5. Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / IQ4_XS: their int8 route (matmul_i8dq, avx2
-// and up; the K-quants' activations in blocks of 32 too), and
-// gemv_multi on it gives matmul_i8dq's floats bit for bit (the same rows per thread, the same sums).
+// reference too: 1e-5. Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS: their int8 route
+// (matmul_i8dq, avx2 and up; the K-quants' activations in blocks of 32 too), and gemv_multi on it gives
+// matmul_i8dq's floats bit for bit (the same rows per thread, the same sums).
 TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
   for (DType t : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k, DType::q4_1, DType::q5_0, DType::q5_1,
-                  DType::iq4_nl, DType::q5_k, DType::iq4_xs})
+                  DType::iq4_nl, DType::q5_k, DType::iq4_xs, DType::q2_k, DType::q3_k})
     for (const auto& [K, N, T] :
          {std::tuple{256, 5, 1}, std::tuple{512, 9, 2}, std::tuple{768, 6, 5}, std::tuple{576, 37, 1}}) {
       const bool i8dq = !cpu::has_kernel(t);
