@@ -733,11 +733,12 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
 
 // Q4_1 / Q5_x / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS rows on the int8 route: this thread's contiguous run of
 // 4-row blocks, as matmul_i8dq() splits them (so the same floats).
-void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq) {
+void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq, const BlockQ8K* xqk) {
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
   const int64_t n_blk = (m.N + 3) / 4;
   const int64_t j0 = std::min(m.N, 4 * (n_blk * id / nt)), j1 = std::min(m.N, 4 * (n_blk * (id + 1) / nt));
-  i8dq_rows(m.type, m.w, m.row_bytes, xq, K / 32, j0, j1, m.y);
+  i8dq_rows(m.type, m.w, m.row_bytes, i8dq_superblocks(m.type) ? static_cast<const void*>(xqk) : xq, K, j0,
+            j1, m.y);
 }
 
 // The same for F32 / F16 / BF16 rows (AVX2 and up): this thread's contiguous run of 4-row blocks, as
@@ -778,7 +779,7 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
     if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % dtype_traits(mats[i].type).block_size != 0
                    : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
       std::abort(); // a caller's bug
-    if (mats[i].i8) blocks32 = true;
+    if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? blocks256 : blocks32) = true;
     const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
     if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
       (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
@@ -801,7 +802,7 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
     else if (mats[i].row_bytes == 0)
       gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
     else if (mats[i].i8)
-      gemv_share_i8dq(mats[i], K, xq.data());
+      gemv_share_i8dq(mats[i], K, xq.data(), xqk.data());
     else if (mats[i].type != DType::f32 && mats[i].type != DType::f16 && mats[i].type != DType::bf16)
       gemv_share_dq(mats[i].type, mats[i].w, mats[i].row_bytes, K, mats[i].N, x, mats[i].y);
     else
@@ -924,10 +925,18 @@ void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_
                  const float* x, int64_t T, float* y, int n_threads) {
   if (!i8dq_supports(isa, type) || K % dtype_traits(type).block_size != 0)
     std::abort(); // callers check; reaching here is a bug
-  const int64_t nb = K / 32;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-  std::vector<BlockQ8> xq(static_cast<size_t>(T * nb));
-  quantize_rows(isa, x, K, T, xq.data(), threads);
+  // the token's 8-bit blocks: of 256 for the super-block types, of 32 for the others
+  const bool k = i8dq_superblocks(type);
+  std::vector<BlockQ8> xq(k ? 0 : static_cast<size_t>(T * (K / 32)));
+  std::vector<BlockQ8K> xqk(k ? static_cast<size_t>(T * (K / 256)) : 0);
+  if (k)
+    quantize_rows_k(isa, x, K, T, xqk.data(), threads);
+  else
+    quantize_rows(isa, x, K, T, xq.data(), threads);
+  const auto token = [&](int64_t t) -> const void* {
+    return k ? static_cast<const void*>(xqk.data() + t * (K / 256)) : xq.data() + t * (K / 32);
+  };
 #pragma omp parallel num_threads(threads) if (N * K * T > 32768)
   {
     // contiguous runs of 4-row blocks per thread, as gemv_share_i8dq splits them
@@ -940,7 +949,7 @@ void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_
     for (int64_t a = j0; a < j1; a += kTile) {
       const int64_t b = std::min(j1, a + kTile);
       for (int64_t t = 0; t < T; ++t)
-        i8dq_rows(type, w, row_bytes, xq.data() + t * nb, nb, a, b, y + t * N);
+        i8dq_rows(type, w, row_bytes, token(t), K, a, b, y + t * N);
     }
   }
 }

@@ -128,6 +128,11 @@ void gemv_share_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, in
 // multiplied by the activations rounded to 8 bits per block of 32 (as for Q4_0 / Q8_0, and as llama.cpp
 // computes these types) — about twice the exact f32 FMAs' speed.
 bool i8dq_supports(Isa isa, DType type) noexcept;
+// Of those, the types whose rows are super-blocks of 256 (Q2_K, Q3_K, Q5_K, IQ4_XS): their activations are
+// quantized in blocks of 256 (one scale, and the sums of each 16), the others' in blocks of 32.
+inline bool i8dq_superblocks(DType t) noexcept {
+  return t == DType::q2_k || t == DType::q3_k || t == DType::q5_k || t == DType::iq4_xs;
+}
 // y[t][j] = Σ_k W[j][k] · x[t][k] for t < T (decode and small batches), rows split over n_threads; K a
 // multiple of the type's block.
 void matmul_i8dq(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N,

@@ -124,6 +124,26 @@ LOOM_AVX2 inline float hsum128(__m128 v) {
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
+// Q4_K's and Q5_K's 8 six-bit scales (see q4_k_scale_min) as int16 in both halves of `scales`, and the mins'
+// part, dmin · x.d · Σ_j m_j · (bsum_2j + bsum_2j+1), into accm.
+LOOM_AVX2 inline void k4_scales_mins(const uint8_t* blk, const BlockQ8K& xs, __m256i& scales, __m128& accm) {
+  uint32_t u[3];
+  std::memcpy(u, blk + 4, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+  const __m128i sm = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
+  const __m128i sc8 =
+      _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+  scales = _mm256_set_m128i(sc8, sc8);
+  // pairs of 16-sums to 32-sums, then madd with the mins
+  const __m128i bs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums));
+  const __m128i bs1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums + 8));
+  const __m128i bs32 =
+      _mm_packs_epi32(_mm_madd_epi16(bs0, _mm_set1_epi16(1)), _mm_madd_epi16(bs1, _mm_set1_epi16(1)));
+  accm = _mm_fmadd_ps(_mm_set1_ps(f16c(blk + 2) * xs.d), _mm_cvtepi32_ps(_mm_madd_epi16(sm, bs32)), accm);
+}
+
 // One Q4_K super-block (144 bytes) against its BlockQ8K: the scaled nibble sums into acc, the
 // mins' part into accm (subtracted at the end). Integers throughout the super-block: the scales are
 // 6-bit integers, so each sub-block's maddubs sums are multiplied by its scale in madd, and one
@@ -131,23 +151,9 @@ LOOM_AVX2 inline float hsum128(__m128 v) {
 LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& xs, __m256& acc,
                                            __m128& accm) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
-  uint32_t u[3];
-  std::memcpy(u, blk + 4, 12);
-  // the 8 six-bit scales and mins (see q4_k_scale_min), as bytes
-  const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-  const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-  const __m128i sm = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
-  const __m128i sc8 =
-      _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
-  const __m256i scales = _mm256_set_m128i(sc8, sc8); // 8 int16 scales, both halves
-  // Σ_j m_j · (bsum_2j + bsum_2j+1): pairs of 16-sums to 32-sums, then madd with the mins
-  const __m128i bs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums));
-  const __m128i bs1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs.bsums + 8));
-  const __m128i bs32 =
-      _mm_packs_epi32(_mm_madd_epi16(bs0, _mm_set1_epi16(1)), _mm_madd_epi16(bs1, _mm_set1_epi16(1)));
+  __m256i scales;
+  k4_scales_mins(blk, xs, scales, accm);
   const float xd = xs.d;
-  accm = _mm_fmadd_ps(_mm_set1_ps(f16c(blk + 2) * xd), _mm_cvtepi32_ps(_mm_madd_epi16(sm, bs32)), accm);
   __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
@@ -453,36 +459,21 @@ LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64
     out[r] = hsum(acc[r]) - corr[r];
 }
 
-// ---- int8 products for Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants without a kernel of their own (Q2_K, Q3_K,
-// Q5_K) and IQ4_XS on their GGUF rows (the "dq" types' fast route) ----
-// Each block of 32 weights (the super-block types: each 32-value sub-block) is unpacked in registers to 32
-// small integers u (Q4_1: the nibbles 0..15; Q5_0 / Q5_1 / Q5_K: nibble | high bit << 4, 0..31; Q2_K: 2 bits;
-// Q3_K: 2 bits | the hmask bit << 2, 0..7; IQ4_NL / IQ4_XS: the signed level k_iq4nl_values[nibble]) with
-// w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, Q5_K / Q2_K −dmin·min, Q3_K −4·d, IQ4 0;
-// Q2_K and Q3_K: d and c of each 16 values), and multiplied by the token's 8-bit blocks:
-// Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the activations' own (s8 / 8; per 16 values for
-// Q2_K / Q3_K, from the lanes). maddubs' pair sums fit int16 (2 · 31 · 127 < 2^15; the IQ4 levels through
-// dot_i8's sign trick, |u| ≤ 127).
+// ---- int8 products for Q4_1, Q5_0, Q5_1, IQ4_NL, and Q2_K, Q3_K, Q5_K, IQ4_XS, on their GGUF rows (the "dq"
+// types' fast route) ----
+// Blocks of 32 (Q4_1, Q5_0, Q5_1, IQ4_NL): each block's weights unpacked in registers to 32 small integers
+// u (Q4_1: the nibbles 0..15; Q5_0 / Q5_1: nibble | high bit << 4, 0..31; IQ4_NL: the signed level
+// k_iq4nl_values[nibble]) with w = d·u + c (c: Q4_1 / Q5_1 the block's min m, Q5_0 −16·d, IQ4_NL 0), times
+// the token's 8-bit blocks of 32: Σ w·x ≈ d·x.d·Σ u·q + c·x.d·Σ q, the second sum being the activations'
+// own (s8 / 8). Super-blocks of 256 (Q2_K, Q3_K, Q5_K, IQ4_XS) against the token's 8-bit blocks of 256
+// (BlockQ8K, as Q4_K / Q6_K): the sub-blocks' integer sums times their integer scales, added up in int32,
+// one float step per super-block; mins and offsets from the activations' sums of 16 (bsums). maddubs' pair
+// sums fit int16 (2 · 31 · 127 < 2^15; the IQ4 levels through dot_i8's sign trick, |u| ≤ 127).
 
 namespace {
 
-// The unit a row is made of: one block of 32 values, or (the K-quants, IQ4_XS) a super-block of 8 sub-blocks
-// of 32. Q2_K and Q3_K give each half of a sub-block (16 values) its own step and offset.
-template <DType type> constexpr int i8dq_subs() {
-  return type == DType::q5_k || type == DType::iq4_xs || type == DType::q2_k || type == DType::q3_k ? 8 : 1;
-}
-template <DType type> constexpr bool i8dq_halves() {
-  return type == DType::q2_k || type == DType::q3_k;
-}
-template <DType type> constexpr size_t i8dq_unit_bytes() {
-  return type == DType::q4_1     ? 20
-         : type == DType::q5_0   ? 22
-         : type == DType::q5_1   ? 24
-         : type == DType::q5_k   ? 176
-         : type == DType::iq4_xs ? 136
-         : type == DType::q2_k   ? 84
-         : type == DType::q3_k   ? 110
-                                 : 18; // iq4_nl
+template <DType type> constexpr size_t i8dq_block_bytes() {
+  return type == DType::q4_1 ? 20 : type == DType::q5_0 ? 22 : type == DType::q5_1 ? 24 : 18;
 }
 
 // The IQ4 levels of 16 bytes of nibbles (low: values 0..15, high: 16..31) as 32 signed bytes.
@@ -494,89 +485,22 @@ LOOM_AVX2 inline __m256i iq4_levels(const uint8_t* qs) {
                           _mm_shuffle_epi8(lut, _mm_and_si128(q, mask)));
 }
 
-// A unit's steps, once per unit: d[j] and c[j] of each of its sub-blocks j (Q2_K, Q3_K: of each half j), as
-// above.
-template <DType type> LOOM_AVX2 inline void i8dq_steps(const uint8_t* u, float* d, float* c) {
-  if constexpr (type == DType::q2_k) { // half g: d · (scale & 15), −dmin · (scale >> 4); u = 2-bit value
-    const float du = f16c(u + 80), dmin = f16c(u + 82);
-    for (int g = 0; g < 16; ++g) {
-      d[g] = du * static_cast<float>(u[g] & 0xF);
-      c[g] = -dmin * static_cast<float>(u[g] >> 4);
-    }
-  } else if constexpr (type == DType::q3_k) { // half g: d · (scale − 32), −4 of that; u = 2 bits | hbit << 2
-    // the 16 scales + 32 from their 12 bytes four at a time (q3_k_scale's layout): low nibbles of words
-    // a, b (scales 0..7), their high nibbles (8..15), the 2-bit tops from word t
-    uint32_t a, b, t, sc[4];
-    std::memcpy(&a, u + 96, 4);
-    std::memcpy(&b, u + 100, 4);
-    std::memcpy(&t, u + 104, 4);
-    sc[0] = (a & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
-    sc[1] = (b & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
-    sc[2] = ((a >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
-    sc[3] = ((b >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
-    uint8_t bytes[16];
-    std::memcpy(bytes, sc, 16);
-    const float du = f16c(u + 108);
-    for (int g = 0; g < 16; ++g) {
-      d[g] = du * static_cast<float>(static_cast<int>(bytes[g]) - 32);
-      c[g] = -4.0f * d[g];
-    }
-  } else if constexpr (type == DType::iq4_xs) { // sub-block k: d · (ls − 32), ls 6 bits
-    const float du = f16c(u);
-    uint16_t sh;
-    std::memcpy(&sh, u + 2, 2);
-    for (int k = 0; k < 8; ++k) {
-      const int ls = ((u[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
-      d[k] = du * static_cast<float>(ls - 32);
-      c[k] = 0.0f;
-    }
-  } else if constexpr (type == DType::q5_k) { // sub-block j: d · scale_j, −dmin · min_j
-    const float du = f16c(u), dmin = f16c(u + 2);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      dtype_detail::scale_min_k4(j, u + 4, sc, m);
-      d[j] = du * static_cast<float>(sc);
-      c[j] = -dmin * static_cast<float>(m);
-    }
-  } else {
-    d[0] = f16c(u);
-    c[0] = type == DType::q5_0 ? -16.0f * d[0] : type == DType::iq4_nl ? 0.0f : f16c(u + 2);
-  }
-}
-
-// Sub-block j of unit u against the token's block xq: the int32 sums Σ u·q in 8 lanes.
-template <DType type> LOOM_AVX2 inline __m256i i8dq_sums(const uint8_t* u, int j, __m256i xq) {
+// Block `blk` against the token's block xq: the int32 sums Σ u·q in 8 lanes; d and c as above.
+template <DType type>
+LOOM_AVX2 inline __m256i i8dq_block(const uint8_t* blk, __m256i xq, float& d, float& c) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (type == DType::q2_k ||
-                type == DType::q3_k) { // 32 bytes >> 2·(j % 4), 2 bits (+ Q3_K's bit j)
-    const __m256i q = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(u + (type == DType::q2_k ? 16 : 32) + 32 * (j / 4)));
-    __m256i a = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
-    if constexpr (type == DType::q3_k) {
-      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
-      const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-      a = _mm256_or_si256(a, _mm256_slli_epi16(hb, 2));
-    }
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
-  } else if constexpr (type == DType::iq4_xs) {
-    return dot_i8(iq4_levels(u + 8 + 16 * j), xq);
-  } else if constexpr (type == DType::iq4_nl) {
-    return dot_i8(iq4_levels(u + 2), xq);
-  } else if constexpr (type == DType::q5_k) { // nibble (j odd: high) | bit j of qh[l] << 4
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 48 + 32 * (j / 2)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j % 2))), m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), xq), ones);
+  d = f16c(blk);
+  if constexpr (type == DType::iq4_nl) {
+    c = 0.0f;
+    return dot_i8(iq4_levels(blk + 2), xq);
   } else {
-    const __m128i mask = _mm_set1_epi8(0x0F);
     constexpr size_t qs_at = type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 8;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + qs_at));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs_at));
     __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
     if constexpr (type != DType::q4_1) { // the fifth bits: bit j of qh onto byte j, as 0x10
       uint32_t qh;
-      std::memcpy(&qh, u + (type == DType::q5_0 ? 2 : 4), 4);
+      std::memcpy(&qh, blk + (type == DType::q5_0 ? 2 : 4), 4);
       const __m256i spread =
           _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
@@ -585,101 +509,205 @@ template <DType type> LOOM_AVX2 inline __m256i i8dq_sums(const uint8_t* u, int j
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
       a = _mm256_or_si256(a, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
+    c = type == DType::q5_0 ? -16.0f * d : f16c(blk + 2);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, xq), ones);
   }
 }
 
-// R rows (rb bytes apart) against one token (decode): R streams, R accumulators; a unit's steps decoded
-// once per row, then its sub-blocks.
+// R rows (rb bytes apart) against one token (decode): R streams, R accumulators.
 template <DType type, int R>
 LOOM_AVX2 void rows_i8dq_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out) {
-  constexpr int P = i8dq_subs<type>();
-  constexpr bool halves = i8dq_halves<type>();
-  constexpr size_t ub = i8dq_unit_bytes<type>();
-  __m256 acc[R], cacc[R]; // cacc: the halves' offsets, lane by lane
+  constexpr size_t bs = i8dq_block_bytes<type>();
+  __m256 acc[R];
   float corr[R];
   for (int r = 0; r < R; ++r) {
-    acc[r] = cacc[r] = _mm256_setzero_ps();
+    acc[r] = _mm256_setzero_ps();
     corr[r] = 0.0f;
   }
-  for (int64_t s = 0; s < nb / P; ++s) {
-    float d[R][halves ? 2 * P : P], c[R][halves ? 2 * P : P];
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256 xd = _mm256_set1_ps(x[b].d);
+    const float xs = 0.125f * x[b].s8; // x.d · Σ q
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const uint8_t* u = w + static_cast<size_t>(r) * rb + static_cast<size_t>(s) * ub;
-      for (size_t o = 0; o < ub; o += 64) // the next R rows' unit, every cache line of it
-        _mm_prefetch(reinterpret_cast<const char*>(u + R * rb + o), _MM_HINT_T0);
-      i8dq_steps<type>(u, d[r], c[r]);
-    }
-    for (int j = 0; j < P; ++j) {
-      const BlockQ8& xb = x[s * P + j];
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      const __m256 xd = _mm256_set1_ps(xb.d);
-      const float xs = 0.125f * xb.s8; // x.d · Σ q
-      // halves: x.d · (Σ q of each 4 values) — lanes 0..3 the first 16 values, 4..7 the second
-      const __m256 xsd =
-          halves
-              ? _mm256_mul_ps(xd, _mm256_cvtepi32_ps(_mm256_madd_epi16(
-                                      _mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), _mm256_set1_epi16(1))))
-              : xd;
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* u = w + static_cast<size_t>(r) * rb + static_cast<size_t>(s) * ub;
-        const __m256i dot = i8dq_sums<type>(u, j, xq);
-        if constexpr (halves) {
-          const __m256 dv = _mm256_setr_m128(_mm_set1_ps(d[r][2 * j]), _mm_set1_ps(d[r][2 * j + 1]));
-          const __m256 cv = _mm256_setr_m128(_mm_set1_ps(c[r][2 * j]), _mm_set1_ps(c[r][2 * j + 1]));
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(dot), acc[r]);
-          cacc[r] = _mm256_fmadd_ps(cv, xsd, cacc[r]);
-        } else {
-          acc[r] =
-              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d[r][j]), xd), _mm256_cvtepi32_ps(dot), acc[r]);
-          corr[r] += c[r][j] * xs;
-        }
-      }
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0); // the next R rows
+      float d, c;
+      const __m256i dot = i8dq_block<type>(blk, xq, d, c);
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), xd), _mm256_cvtepi32_ps(dot), acc[r]);
+      corr[r] += c * xs;
     }
   }
   for (int r = 0; r < R; ++r)
-    out[r] = halves ? hsum(_mm256_add_ps(acc[r], cacc[r])) : hsum(acc[r]) + corr[r];
+    out[r] = hsum(acc[r]) + corr[r];
+}
+
+template <DType type> constexpr size_t i8dq_superblock_bytes() {
+  return type == DType::q2_k ? 84 : type == DType::q3_k ? 110 : type == DType::q5_k ? 176 : 136;
+}
+
+// The int16 scales of groups 2k (low lane) and 2k + 1 (high lane) from `half`: 8 int16 scales in both lanes
+// (groups 8n .. 8n + 7, k < 4 within them).
+LOOM_AVX2 inline __m256i pair_scales(__m256i half, int k) {
+  return _mm256_shuffle_epi8(
+      half, _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * k + 3) << 8 | (4 * k + 2))),
+                             _mm_set1_epi16(static_cast<short>((4 * k + 1) << 8 | 4 * k))));
+}
+
+// Q2_K's and Q3_K's 16 values of 2 (3) bits of sub-block k (32 values: groups 2k, 2k + 1) times the token's
+// 32 values there, times each group's int16 scale (sc_half[k / 4]), added to sumi.
+template <DType type>
+LOOM_AVX2 inline void k2_sub(const uint8_t* qs, const uint8_t* hm, const BlockQ8K& xs, const __m256i* sc_half,
+                             int k, __m256i& sumi) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (k / 4)));
+  __m256i a = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (k % 4))), _mm256_set1_epi8(3));
+  if constexpr (type == DType::q3_k) { // the hmask bit k of each value, as 4
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hm));
+    a = _mm256_or_si256(
+        a, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(k)), _mm256_set1_epi8(1)),
+                             2));
+  }
+  const __m256i p =
+      _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 32 * k)));
+  sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pair_scales(sc_half[k / 4], k % 4)));
+}
+
+// One super-block against its BlockQ8K: d · x.d · (integer sum) into acc, the mins' part (Q2_K, Q5_K) into
+// accm (subtracted at the end).
+template <DType type>
+LOOM_AVX2 inline void i8dq_superblock(const uint8_t* u, const BlockQ8K& xs, __m256& acc, __m128& accm) {
+  __m256i sumi = _mm256_setzero_si256();
+  float d;
+  if constexpr (type == DType::q5_k) { // Q4_K's nibbles with a fifth bit from qh
+    __m256i scales;
+    k4_scales_mins(u, xs, scales, accm);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 48 + 32 * j));
+      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), one);
+      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+      const __m256i hi =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h1, 4));
+      const __m256i p0 =
+          _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
+      const __m256i p1 =
+          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
+      const __m256i s0 =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
+      const __m256i s1 =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+    }
+    d = f16c(u);
+  } else if constexpr (type == DType::iq4_xs) { // sub-block k: scale ls − 32, signed levels
+    uint16_t sh;
+    std::memcpy(&sh, u + 2, 2);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const int ls = ((u[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
+      const __m256i a = iq4_levels(u + 8 + 16 * k);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 32 * k));
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xq, a));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(static_cast<short>(ls - 32))));
+    }
+    d = f16c(u);
+  } else { // Q2_K (scale & 15, min >> 4 per group) and Q3_K (scale − 32 per group, values − 4)
+    __m256i sc16;
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.bsums));
+    if constexpr (type == DType::q2_k) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+      sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+      const __m256i mins = _mm256_madd_epi16(m16, bsums); // Σ_g m_g · bsum_g in 8 lanes
+      accm = _mm_fmadd_ps(
+          _mm_set1_ps(f16c(u + 82) * xs.d),
+          _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(mins), _mm256_extracti128_si256(mins, 1))),
+          accm);
+      d = f16c(u + 80);
+    } else { // the 16 scales + 32 from their 12 bytes (q3_k_scale's layout), four at a time
+      uint32_t a, b, t, sc[4];
+      std::memcpy(&a, u + 96, 4);
+      std::memcpy(&b, u + 100, 4);
+      std::memcpy(&t, u + 104, 4);
+      sc[0] = (a & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
+      sc[1] = (b & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
+      sc[2] = ((a >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
+      sc[3] = ((b >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
+      const __m128i raw =
+          _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), _mm_set1_epi8(32));
+      sc16 = _mm256_cvtepi8_epi16(raw);
+      // the −4 offset: −4 · Σ_g sc_g · bsum_g
+      sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2));
+      d = f16c(u + 108);
+    }
+    const __m256i sc_half[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),  // groups 0..7 in both lanes
+                                _mm256_permute2x128_si256(sc16, sc16, 0x11)}; // groups 8..15
+    const uint8_t* qs = u + (type == DType::q2_k ? 16 : 32);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k)
+      k2_sub<type>(qs, u, xs, sc_half, k, sumi);
+  }
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xs.d), _mm256_cvtepi32_ps(sumi), acc);
+}
+
+// R rows of a super-block type against one token (decode), prefetching the next R rows.
+template <DType type, int R>
+LOOM_AVX2 void rows_i8dq_k_avx2(const uint8_t* w, size_t rb, const BlockQ8K* x, int64_t nsb, float* out) {
+  constexpr size_t bs = i8dq_superblock_bytes<type>();
+  __m256 acc[R];
+  __m128 accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    accm[r] = _mm_setzero_ps();
+  }
+  for (int64_t i = 0; i < nsb; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * bs;
+      for (size_t c = 0; c < bs; c += 64) // the next R rows, same offset
+        _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + c), _MM_HINT_T0);
+      i8dq_superblock<type>(blk, x[i], acc[r], accm[r]);
+    }
+  for (int r = 0; r < R; ++r)
+    out[r] = hsum(acc[r]) - hsum128(accm[r]);
 }
 
 } // namespace
 
-// Rows [j0, j1) of one token's product (4 rows at a time, then one by one).
-LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, int64_t j0,
+// Rows [j0, j1) of one token's product (4 rows at a time, then one by one); x: BlockQ8 (blocks of 32) for
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL, BlockQ8K for the super-block types (i8dq_superblocks).
+LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const void* x, int64_t K, int64_t j0,
                          int64_t j1, float* y) {
-  const auto run = [&](auto four, auto one) {
+  const auto run = [&](auto four, auto one, const auto* xs, int64_t n) {
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4)
-      four(w + static_cast<size_t>(j) * rb, rb, x, nb, y + j);
+      four(w + static_cast<size_t>(j) * rb, rb, xs, n, y + j);
     for (; j < j1; ++j)
-      one(w + static_cast<size_t>(j) * rb, rb, x, nb, y + j);
+      one(w + static_cast<size_t>(j) * rb, rb, xs, n, y + j);
   };
+  const auto* xb = static_cast<const BlockQ8*>(x);
+  const auto* xk = static_cast<const BlockQ8K*>(x);
+  const int64_t nb = K / 32, nsb = K / 256;
   switch (type) {
   case DType::q4_1:
-    run(rows_i8dq_avx2<DType::q4_1, 4>, rows_i8dq_avx2<DType::q4_1, 1>);
-    break;
+    return run(rows_i8dq_avx2<DType::q4_1, 4>, rows_i8dq_avx2<DType::q4_1, 1>, xb, nb);
   case DType::q5_0:
-    run(rows_i8dq_avx2<DType::q5_0, 4>, rows_i8dq_avx2<DType::q5_0, 1>);
-    break;
+    return run(rows_i8dq_avx2<DType::q5_0, 4>, rows_i8dq_avx2<DType::q5_0, 1>, xb, nb);
   case DType::q5_1:
-    run(rows_i8dq_avx2<DType::q5_1, 4>, rows_i8dq_avx2<DType::q5_1, 1>);
-    break;
-  case DType::q5_k:
-    run(rows_i8dq_avx2<DType::q5_k, 4>, rows_i8dq_avx2<DType::q5_k, 1>);
-    break;
-  case DType::iq4_xs:
-    run(rows_i8dq_avx2<DType::iq4_xs, 4>, rows_i8dq_avx2<DType::iq4_xs, 1>);
-    break;
+    return run(rows_i8dq_avx2<DType::q5_1, 4>, rows_i8dq_avx2<DType::q5_1, 1>, xb, nb);
   case DType::q2_k:
-    run(rows_i8dq_avx2<DType::q2_k, 4>, rows_i8dq_avx2<DType::q2_k, 1>);
-    break;
+    return run(rows_i8dq_k_avx2<DType::q2_k, 4>, rows_i8dq_k_avx2<DType::q2_k, 1>, xk, nsb);
   case DType::q3_k:
-    run(rows_i8dq_avx2<DType::q3_k, 4>, rows_i8dq_avx2<DType::q3_k, 1>);
-    break;
+    return run(rows_i8dq_k_avx2<DType::q3_k, 4>, rows_i8dq_k_avx2<DType::q3_k, 1>, xk, nsb);
+  case DType::q5_k:
+    return run(rows_i8dq_k_avx2<DType::q5_k, 4>, rows_i8dq_k_avx2<DType::q5_k, 1>, xk, nsb);
+  case DType::iq4_xs:
+    return run(rows_i8dq_k_avx2<DType::iq4_xs, 4>, rows_i8dq_k_avx2<DType::iq4_xs, 1>, xk, nsb);
   default:
-    run(rows_i8dq_avx2<DType::iq4_nl, 4>, rows_i8dq_avx2<DType::iq4_nl, 1>);
-    break;
+    return run(rows_i8dq_avx2<DType::iq4_nl, 4>, rows_i8dq_avx2<DType::iq4_nl, 1>, xb, nb);
   }
 }
 

@@ -186,7 +186,9 @@ template <DType type> // f32, f16 or bf16
 LOOM_AVX2 void rows4x2_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out);
 template <DType type> // q8_0 or q4_0
 LOOM_AVX2 void rows4_q_avx2(const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, float* out);
-LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const BlockQ8* x, int64_t nb, int64_t j0,
+// Rows [j0, j1) of one token's product on the int8 route; x: the token's BlockQ8 (K / 32 of them), or its
+// BlockQ8K (K / 256) for the super-block types (i8dq_superblocks).
+LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const void* x, int64_t K, int64_t j0,
                          int64_t j1, float* y);
 template <int H> // 1 or 2
 LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);

@@ -114,7 +114,7 @@ std::vector<uint8_t> random_blocks(DType t, int64_t K, int64_t N, uint32_t seed)
 }
 
 // The integer kernels are exact up to float rounding once the activations' own 8-bit quantization
-// (blocks of 32, of 256 for Q4_K/Q6_K: scale amax/127, round to nearest) is applied to the
+// (blocks of 32, of 256 for the K-quants and IQ4_XS: scale amax/127, round to nearest) is applied to the
 // reference too: 1e-5. Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS: their int8 route
 // (matmul_i8dq, avx2 and up; the K-quants' activations in blocks of 32 too), and gemv_multi on it gives
 // matmul_i8dq's floats bit for bit (the same rows per thread, the same sums).
@@ -138,7 +138,7 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
       for (auto& v : x)
         v = nd(rng);
       // the kernels' activation quantization: blocks of 32, of 256 for the k-quants
-      const size_t qb = t == DType::q4_k || t == DType::q6_k ? 256 : 32;
+      const size_t qb = t == DType::q4_k || t == DType::q6_k || cpu::i8dq_superblocks(t) ? 256 : 32;
       for (size_t b = 0; b < x.size(); b += qb) {
         float amax = 0.0f;
         for (size_t i = b; i < b + qb; ++i)
