@@ -159,13 +159,13 @@ void unpack_row_b32(DType type, const uint8_t* g, int64_t nb, int r, int H, uint
   for (int64_t b = 0; b < nb; ++b, g += static_cast<size_t>(H) * blk, out += bs) {
     std::memcpy(out, g + q_scale_at(h) + 2 * lane, 2);
     if (type == DType::q4_1) std::memcpy(out + 2, g + q_min_at(H, h) + 2 * lane, 2);
-    if (type == DType::q5_0) {
+    if (type == DType::q5_0) { // value 16·half + 4c + i's bit is bit 4·lane + i of mask (c, half): a nibble
       uint32_t qh = 0;
-      for (int e = 0; e < 32; ++e) {
-        const int c = (e % 16) / 4, half = e / 16, i = e % 4;
-        const uint8_t byte = g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)];
-        qh |= static_cast<uint32_t>((byte >> ((4 * lane + i) % 8)) & 1u) << e;
-      }
+      for (int half = 0; half < 2; ++half)
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t byte = g[q_hmask_at(H, h, c, half) + static_cast<size_t>(lane / 2)];
+          qh |= static_cast<uint32_t>((byte >> (4 * (lane % 2))) & 0xFu) << (16 * half + 4 * c);
+        }
       std::memcpy(out + 2, &qh, 4);
     }
     for (int c = 0; c < qs / 4; ++c)
