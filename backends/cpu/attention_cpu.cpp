@@ -92,9 +92,21 @@ LOOM_INLINE const float* const* tile_rows(const std::vector<const uint8_t*>& src
   return ptrs.data();
 }
 
-// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys ks (compact).
+// A chunk of an item's keys (split_decode): each head's unnormalized output sums, then its running max and
+// sum — G rows of D + 2 floats at `part`.
+LOOM_INLINE void store_partial(const AttnScratch& w, int32_t G, int32_t D, float* part) {
+  for (int32_t g = 0; g < G; ++g) {
+    float* pg = part + static_cast<size_t>(g) * static_cast<size_t>(D + 2);
+    std::copy_n(w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D), D, pg);
+    pg[D] = w.m[static_cast<size_t>(g)];
+    pg[D + 1] = w.l[static_cast<size_t>(g)];
+  }
+}
+
+// One (token, kv head) item: the n_gqa query heads that share kv head hk, over keys ks (compact); with
+// `part`, a chunk of the item's keys (store_partial).
 LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                           const KeySegs& ks, int32_t hk, AttnScratch& w) {
+                           const KeySegs& ks, int32_t hk, AttnScratch& w, float* part) {
   const int32_t D = p.head_dim, G = p.n_head / p.n_head_kv;
   w.s.resize(static_cast<size_t>(G) * k_tile);
   w.acc.assign(static_cast<size_t>(G) * static_cast<size_t>(D), 0.0f);
@@ -133,6 +145,10 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
         }
       }
     }
+  }
+  if (part) {
+    store_partial(w, G, D, part);
+    return;
   }
   for (int32_t g = 0; g < G; ++g) {
     const float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
@@ -251,14 +267,18 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
 }
 
 constexpr int32_t k_qblock = 16; // query tokens per prefill block
+// A decode row's keys split into chunks of about this many when its span is longer (at most k_split_max
+// chunks), the chunks on any thread, then combined: one row of a model with one or two KV heads (Gemma 3)
+// kept one thread busy and the other idle.
+constexpr int32_t k_split_keys = 256, k_split_max = 32;
 
 LOOM_AVX2 void attn_item_avx2(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                              const KeySegs& ks, int32_t hk, AttnScratch& w) {
-  attn_item(p, q, out, rows, ks, hk, w);
+                              const KeySegs& ks, int32_t hk, AttnScratch& w, float* part) {
+  attn_item(p, q, out, rows, ks, hk, w, part);
 }
 void attn_item_generic(const AttentionParams& p, const float* q, float* out, const SeqRows& rows,
-                       const KeySegs& ks, int32_t hk, AttnScratch& w) {
-  attn_item(p, q, out, rows, ks, hk, w);
+                       const KeySegs& ks, int32_t hk, AttnScratch& w, float* part) {
+  attn_item(p, q, out, rows, ks, hk, w, part);
 }
 LOOM_AVX2 void attn_block_avx2(const AttentionParams& p, const float* q, float* out, size_t tok,
                                const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk, AttnScratch& w) {
@@ -460,7 +480,7 @@ using V = VecAvx512;
 } // namespace avx512
 
 using AttnItemFn = void (*)(const AttentionParams&, const float*, float*, const SeqRows&, const KeySegs&,
-                            int32_t, AttnScratch&);
+                            int32_t, AttnScratch&, float*);
 
 template <int KT> AttnItemFn pick_item_typed(int32_t D) {
   switch (D) {
@@ -474,6 +494,8 @@ template <int KT> AttnItemFn pick_item_typed(int32_t D) {
     return avx2::attn_item_d<8, KT>;
   case 128:
     return avx2::attn_item_d<16, KT>;
+  case 256:
+    return avx2::attn_item_d<32, KT>;
   default:
     return attn_item_avx2;
   }
@@ -487,6 +509,8 @@ template <int KT> AttnItemFn pick_item_avx512(int32_t D) {
     return avx512::attn_item_d<4, KT>;
   case 128:
     return avx512::attn_item_d<8, KT>;
+  case 256: // Gemma 3
+    return avx512::attn_item_d<16, KT>;
   default:
     return pick_item_typed<KT>(D);
   }
@@ -558,30 +582,98 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
     blocks.emplace_back(t, e - t);
     t = e;
   }
-  const auto n_block_items = static_cast<int64_t>(blocks.size()) * Hkv;
-  const int64_t items = n_block_items + static_cast<int64_t>(tree.size()) * Hkv;
+  // The work: prefill blocks and decode rows per kv head, a decode row over a long span split into chunks of
+  // its keys (split_keys), and the token-tree rows. A split depends on the row's own span alone, so a
+  // sequence's floats do not depend on what else is in the batch.
+  struct Work {
+    int32_t block = -1; // index into blocks, or -1: tree row `tree_at`
+    int32_t tree_at = -1, hk = 0;
+    KeySegs ks;
+    int64_t part = -1; // a chunk: its partial sums' slot (G rows of D + 2)
+  };
+  struct Split {
+    int32_t t, hk;
+    int64_t part0;
+    int32_t n;
+  };
+  std::vector<Work> work;
+  std::vector<Split> splits;
+  int64_t n_parts = 0;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int32_t hk = 0; hk < Hkv; ++hk) {
+      const auto [t, nq] = blocks[b];
+      if (nq > 1) {
+        work.push_back({static_cast<int32_t>(b), -1, hk, {}, -1});
+        continue;
+      }
+      const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
+      const KeySpan sp = key_span(p, pos[t]);
+      const KeySegs ks = key_segs(sr, sp.sink_end, sp.first, sp.last);
+      const auto nb = static_cast<int32_t>(std::max<Pos>(0, ks.b1 - ks.b0 + 1));
+      const int32_t n = std::clamp(nb / k_split_keys, 1, k_split_max);
+      if (n == 1) {
+        work.push_back({static_cast<int32_t>(b), -1, hk, ks, -1});
+        continue;
+      }
+      splits.push_back({t, hk, n_parts, n});
+      for (int32_t c = 0; c < n; ++c) { // the sinks go with the first chunk
+        const Pos c0 = ks.b0 + static_cast<Pos>(static_cast<int64_t>(nb) * c / n);
+        const Pos c1 = ks.b0 + static_cast<Pos>(static_cast<int64_t>(nb) * (c + 1) / n) - 1;
+        work.push_back({static_cast<int32_t>(b), -1, hk, KeySegs{c == 0 ? ks.a_end : 0, c0, c1}, n_parts++});
+      }
+    }
+  for (size_t i = 0; i < tree.size(); ++i)
+    for (int32_t hk = 0; hk < Hkv; ++hk)
+      work.push_back({-1, static_cast<int32_t>(i), hk,
+                      KeySegs{0, 0, static_cast<Pos>(tree[i].second.k.size()) - 1}, -1});
+  const int32_t G = p.n_head / Hkv, D = p.head_dim;
+  const size_t part_floats = static_cast<size_t>(G) * static_cast<size_t>(D + 2);
+  std::vector<float> parts(static_cast<size_t>(n_parts) * part_floats);
+  const auto items = static_cast<int64_t>(work.size());
 #pragma omp parallel if (items > 1)
   {
     AttnScratch w;
     w.f16c = avx2;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      if (it >= n_block_items) { // a tree row: a decode row over its own key list
-        const auto& [t, tr] = tree[static_cast<size_t>((it - n_block_items) / Hkv)];
-        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tr,
-             KeySegs{0, 0, static_cast<Pos>(tr.k.size()) - 1}, static_cast<int32_t>(it % Hkv), w);
+      const Work& k = work[static_cast<size_t>(it)];
+      if (k.block < 0) { // a tree row: a decode row over its own key list
+        const auto& [t, tr] = tree[static_cast<size_t>(k.tree_at)];
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tr, k.ks, k.hk, w,
+             nullptr);
         continue;
       }
-      const auto [t, nq] = blocks[static_cast<size_t>(it / Hkv)];
-      const auto hk = static_cast<int32_t>(it % Hkv);
+      const auto [t, nq] = blocks[static_cast<size_t>(k.block)];
       const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
-      if (nq == 1) { // decode: one token, no transpose worth its cost
-        const KeySpan sp = key_span(p, pos[t]);
-        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr,
-             key_segs(sr, sp.sink_end, sp.first, sp.last), hk, w);
-      } else {
+      if (nq == 1) // decode: one token, no transpose worth its cost
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, k.ks, k.hk, w,
+             k.part < 0 ? nullptr : parts.data() + static_cast<size_t>(k.part) * part_floats);
+      else
         block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t, nq,
-              hk, w);
+              k.hk, w);
+    }
+    // the split rows' chunks combined: each head's sums rescaled to the largest running max
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const Split& sp = splits[i];
+      for (int32_t g = 0; g < G; ++g) {
+        const auto at = [&](int32_t c) {
+          return parts.data() + static_cast<size_t>(sp.part0 + c) * part_floats +
+                 static_cast<size_t>(g) * (D + 2);
+        };
+        float m = -INFINITY;
+        for (int32_t c = 0; c < sp.n; ++c)
+          m = std::max(m, at(c)[D]);
+        float* o = out + static_cast<size_t>(sp.t) * tok + static_cast<size_t>(sp.hk * G + g) * D;
+        std::fill_n(o, D, 0.0f);
+        float l = 0.0f;
+        for (int32_t c = 0; c < sp.n; ++c) {
+          const float* pc = at(c);
+          const float f = pc[D] == -INFINITY ? 0.0f : std::exp(pc[D] - m);
+          l += f * pc[D + 1];
+          vaxpy(o, f, pc, D);
+        }
+        vscale(o, 1.0f / l, D);
       }
     }
   }

@@ -384,12 +384,13 @@ TEST(CudaBackendEndToEnd, GreedyBatchedAndPagedRunsMatchTheReference) {
 }
 
 // A long span read by one token (decode at depth): a device backend splits it over several blocks and
-// merges them (split-K); causal and a window with sinks, f16 and q8_0 KV.
+// merges them (split-K), the cpu backend into chunks of 256 keys on any thread; causal and windows with
+// sinks, f16 and q8_0 KV.
 TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
   LOOM_BACKEND_OR_SKIP(m);
   auto ref = make_reference_backend();
   for (const DType dt : {DType::f16, DType::q8_0})
-    for (const int32_t window : {0, 300}) {
+    for (const int32_t window : {0, 300, 560}) { // 560: a split span with the sinks before it
       SCOPED_TRACE(std::string(dtype_name(dt)) + " window=" + std::to_string(window));
       auto be = under_test().be;
       auto kv_ref = store(2, 64, dt, 1024), kv_be = store(2, 64, dt, 1024);
@@ -398,7 +399,8 @@ TEST_P(BackendOps, AttentionOfOneTokenOverALongSpan) {
       Rand r(5);
       std::vector<std::unique_ptr<Harness>> kept;
       int32_t done = 0;
-      for (const int32_t T : {600, 1, 1}) { // the decodes: 601 and 602 keys, three splits (window: two)
+      for (const int32_t T : {600, 1, 1}) { // the decodes: 601 and 602 keys (cuda: three splits, window 300:
+                                            // two; cpu: chunks of 256 keys, two)
         Harness& h = *kept.emplace_back(std::make_unique<Harness>(T));
         for (int32_t i = 0; i < T; ++i)
           h.pos[static_cast<size_t>(i)] = done + i;
