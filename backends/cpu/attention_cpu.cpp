@@ -566,6 +566,9 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
     case 128:
       block = attn_block_avx512_d<8>;
       break;
+    case 256:
+      block = attn_block_avx512_d<16>;
+      break;
     default:
       break;
     }

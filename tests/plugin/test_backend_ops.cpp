@@ -277,7 +277,8 @@ TEST_P(BackendOps, AttentionOverThePagedPoolForEveryKvType) {
   for (const DType dt : {DType::f32, DType::f16, DType::bf16, DType::q8_0})
     for (const Case c :
          {Case{4, 4, 32, 0, 0.0f, 0}, Case{8, 2, 64, 0, 0.0f, 0}, Case{8, 1, 128, 0, 0.0f, 0},
-          Case{4, 2, 64, 5, 0.0f, 2}, Case{2, 1, 32, 20, 30.0f, 0}, Case{6, 3, 96, 9, 0.0f, 1}}) {
+          Case{4, 2, 64, 5, 0.0f, 2}, Case{2, 1, 32, 20, 30.0f, 0}, Case{6, 3, 96, 9, 0.0f, 1},
+          Case{4, 1, 256, 0, 0.0f, 0}, Case{4, 1, 256, 12, 0.0f, 0}}) { // (256: Gemma 3's heads)
       if (!m.be->supports_kv_dtype(dt)) continue;
       const std::string what = std::string(dtype_name(dt)) + " Hq=" + std::to_string(c.n_head) +
                                " Hkv=" + std::to_string(c.n_head_kv) + " D=" + std::to_string(c.head_dim) +
