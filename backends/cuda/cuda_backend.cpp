@@ -720,14 +720,23 @@ private:
     }
     // GEMV kernels for ≤ 8 rows; for block types' int8 products up to 32 rows too (⌈T/8⌉ passes over the
     // packed weights move fewer bytes than dequantizing them all to f16 for one GEMM).
-    const bool int8 = !o_.exact_matmul && !(logits && o_.exact_logits) && block_values(type) > 1;
+    // The head under exact_logits on a block type: int8, then the logits_rescore highest of each row exact.
+    const bool rescore = logits && o_.exact_logits && o_.logits_rescore > 0;
+    const bool int8 = !o_.exact_matmul && (!(logits && o_.exact_logits) || rescore) && block_values(type) > 1;
     if (T <= 8 || (int8 && T <= 32)) {
       if (int8) { // int8 products
-        const size_t qbytes = static_cast<size_t>(T * (K / 32)) * q8_block_bytes();
-        scratch_.reserve(qbytes);
-        scratch_used_ = std::max(scratch_used_, qbytes);
+        const size_t qbytes = align_up(static_cast<size_t>(T * (K / 32)) * q8_block_bytes());
+        const auto c = static_cast<int32_t>(std::min<int64_t>(o_.logits_rescore, N));
+        const size_t ibytes = rescore ? static_cast<size_t>(T * c) * sizeof(int32_t) : 0;
+        scratch_.reserve(qbytes + ibytes);
+        scratch_used_ = std::max(scratch_used_, qbytes + ibytes);
         quantize_acts(x, scratch_.p, T * (K / 32), stream_);
         gemv_int8(type, w, rb, scratch_.p, dst, K, N, static_cast<int32_t>(T), stream_);
+        if (rescore) {
+          auto* idx = reinterpret_cast<int32_t*>(scratch_.as<uint8_t>() + qbytes);
+          top_rows(dst, N, static_cast<int32_t>(T), c, idx, stream_);
+          rows_exact(type, w, rb, x, K, idx, static_cast<int32_t>(T), c, dst, N, stream_);
+        }
       } else {
         gemv(type, w, rb, x, dst, K, N, static_cast<int32_t>(T), stream_);
       }

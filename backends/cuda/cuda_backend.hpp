@@ -22,6 +22,10 @@ struct CudaOptions {
   // The output head's products exact whatever exact_matmul says (as the cpu backend's exact_logits: 8-bit
   // activations move logits enough to flip near-ties).
   bool exact_logits = true;
+  // Under exact_logits, a block type's head at the int8 route's cost: the whole vocabulary in int8, then each
+  // row's logits_rescore highest recomputed exactly (greedy and top-k up to that many see exact logits; the
+  // cpu backend's rule). 0: the whole head exact.
+  int logits_rescore = 64;
   size_t staging_bytes = size_t{64} << 20; // pinned host memory for weight uploads
   // Decode steps (≤ 8 rows) of a recurring shape replayed as CUDA graphs (one launch per step).
   bool cuda_graphs = true;

@@ -25,10 +25,15 @@ loom_status* create(const loom_config* cfg, void** out_self, const void** out_vt
     throw loom::sdk::Error(
         "[backend] staging_mib: expected 1 .. 4096 (MiB of pinned memory for uploads), found " +
         std::to_string(staging));
+  const int64_t rescore = c.get_i64("logits_rescore", 64);
+  if (rescore < 0 || rescore > 4096)
+    throw loom::sdk::Error("[backend] logits_rescore: expected 0 .. 4096 (0: the whole head exact), found " +
+                           std::to_string(rescore));
   loom::cuda::CudaOptions o;
   o.device = static_cast<int>(device);
   o.exact_matmul = c.get_bool("exact_matmul", false);
   o.exact_logits = c.get_bool("exact_logits", true);
+  o.logits_rescore = static_cast<int>(rescore);
   o.cuda_graphs = c.get_bool("cuda_graphs", true);
   o.tree_attention = c.get_bool("tree_attention", true);
   o.profile = c.get_bool("profile", false);

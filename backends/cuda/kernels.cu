@@ -281,6 +281,86 @@ __global__ void k_gemv_int8_words(const uint8_t* w, int64_t row_bytes, const Q8B
   }
 }
 
+// A float's bits as an unsigned key in the floats' order (NaN: 0, never among the highest).
+__device__ __forceinline__ unsigned order_key(float f) {
+  if (f != f) return 0u;
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One block per row: a radix select of the c-th highest key, 8 bits a pass from the top (a shared histogram
+// of the keys that share the bits chosen so far), then every key above it and enough of those equal to it.
+__global__ void k_select_top(const float* y, int64_t N, int32_t c, int32_t* idx) {
+  const float* yr = y + static_cast<int64_t>(blockIdx.x) * N;
+  int32_t* out = idx + static_cast<int64_t>(blockIdx.x) * c;
+  __shared__ unsigned hist[256];
+  __shared__ unsigned prefix, mask;
+  __shared__ int need, n_above, n_equal;
+  if (threadIdx.x == 0) {
+    prefix = mask = 0u;
+    need = c;
+    n_above = n_equal = 0;
+  }
+  __syncthreads();
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (unsigned i = threadIdx.x; i < 256u; i += blockDim.x)
+      hist[i] = 0u;
+    __syncthreads();
+    const unsigned pf = prefix, mk = mask;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+      const unsigned k = order_key(yr[i]);
+      if ((k & mk) == pf) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { // the bucket holding the need-th highest; the keys above it are all taken
+      int above = 0, b = 255;
+      for (; b > 0 && above + static_cast<int>(hist[b]) < need; --b)
+        above += static_cast<int>(hist[b]);
+      need -= above;
+      prefix = pf | (static_cast<unsigned>(b) << shift);
+      mask = mk | (255u << shift);
+    }
+    __syncthreads();
+  }
+  const unsigned th = prefix; // the c-th highest key: c − need keys above it, `need` of those equal taken
+  const int take = need;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const unsigned k = order_key(yr[i]);
+    if (k > th) {
+      out[atomicAdd(&n_above, 1)] = static_cast<int32_t>(i);
+    } else if (k == th) {
+      const int e = atomicAdd(&n_equal, 1);
+      if (e < take) out[c - take + e] = static_cast<int32_t>(i);
+    }
+  }
+}
+
+// One warp per (row t, candidate i): y[t][idx[t][i]] = the exact dot of that weight row with x[t] (k_gemv's
+// products).
+__global__ void k_rows_exact(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, int64_t K,
+                             const int32_t* idx, int32_t T, int32_t c, float* y, int64_t N) {
+  const int64_t wi = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (wi >= static_cast<int64_t>(T) * c) return;
+  const int64_t t = wi / c, j = idx[wi];
+  const uint8_t* row = w + j * row_bytes;
+  const float* xt = x + t * K;
+  float a = 0.0f;
+  if (block_values(type) == 1) {
+    for (int64_t k = lane; k < K; k += 32)
+      a += value_at(type, row, k) * xt[k];
+  } else {
+    float v[32];
+    for (int64_t sb = lane; sb < K / 32; sb += 32) {
+      dequant32(type, row, sb, v);
+      for (int q = 0; q < 32; ++q)
+        a += v[q] * xt[32 * sb + q];
+    }
+  }
+  a = warp_sum(a);
+  if (lane == 0) y[t * N + j] = a;
+}
+
 __device__ __forceinline__ void put_value(void* out, uint32_t out_type, int64_t i, float v) {
   if (out_type == qt_f32)
     static_cast<float*>(out)[i] = v;
@@ -686,6 +766,18 @@ void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* x
     else
       k_gemv_int8<R><<<grid, k_threads, 0, s>>>(type, w, row_bytes, xs, ys, K, N);
   });
+}
+
+void top_rows(const float* y, int64_t N, int32_t T, int32_t c, int32_t* idx, cudaStream_t s) {
+  if (T == 0 || c == 0) return;
+  k_select_top<<<static_cast<unsigned>(T), 1024, 0, s>>>(y, N, c, idx);
+}
+
+void rows_exact(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, int64_t K,
+                const int32_t* idx, int32_t T, int32_t c, float* y, int64_t N, cudaStream_t s) {
+  if (T == 0 || c == 0) return;
+  k_rows_exact<<<blocks_for(static_cast<int64_t>(T) * c * 32), k_threads, 0, s>>>(type, w, row_bytes, x, K,
+                                                                                  idx, T, c, y, N);
 }
 
 void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,

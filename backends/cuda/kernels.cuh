@@ -42,6 +42,12 @@ size_t q8_block_bytes();
 void gemv_int8(uint32_t type, const uint8_t* w, int64_t row_bytes, const void* xq, float* y, int64_t K,
                int64_t N, int32_t T, cudaStream_t s);
 // Rows [j0, j0 + rows) of a weight (any readable type) as f32, f16 or bf16 (out_type 0, 1, 30), K per row.
+// The output head's rescoring (cuda_backend.cpp, [backend] logits_rescore): the indices of each row's c
+// highest values of y [T][N] (any order; ties at the c-th value broken by position) into idx [T][c], then
+// y[t][idx] recomputed exactly (f32 products of the stored values, as gemv) from x [T][K].
+void top_rows(const float* y, int64_t N, int32_t T, int32_t c, int32_t* idx, cudaStream_t s);
+void rows_exact(uint32_t type, const uint8_t* w, int64_t row_bytes, const float* x, int64_t K,
+                const int32_t* idx, int32_t T, int32_t c, float* y, int64_t N, cudaStream_t s);
 void dequant_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t rows, void* out,
                   uint32_t out_type, cudaStream_t s);
 // f32 → f16 (bf16 false) or bf16, n values.

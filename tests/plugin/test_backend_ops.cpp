@@ -230,38 +230,41 @@ TEST_P(BackendOps, GetRowsAndMatmulOnEveryWeightType) {
     }
 }
 
-// The cpu backend's output head under exact_logits (the default) on a block type: the int8 route for the
+// The output head under exact_logits (the default) on a block type, cpu and cuda: the int8 route for the
 // whole vocabulary, then each row's `logits_rescore` highest recomputed exactly — the arg-max and every
 // logit greedy or a small top-k reads are the reference's; the tail is within the int8 route's error.
 // logits_rescore = 0: the whole head exact.
-TEST(CpuOutputHead, TheHighestLogitsAreExactAndTheRestWithinTheInt8Error) {
-  const Made probe = make("cpu");
-  if (!probe.be) GTEST_SKIP() << "SKIPPED: cpu: " << probe.why;
+TEST(OutputHead, TheHighestLogitsAreExactAndTheRestWithinTheInt8Error) {
+  std::vector<std::string> names;
+  for (const char* name : {"cpu", "cuda"})
+    if (make(name).be) names.emplace_back(name);
+  if (names.empty()) GTEST_SKIP() << "SKIPPED: neither cpu nor cuda can run here";
   auto ref = make_reference_backend();
-  for (const DType type : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k, DType::q5_0})
-    for (const int32_t T : {1, 3}) {
-      SCOPED_TRACE(std::string(dtype_name(type)) + " T=" + std::to_string(T));
-      Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
-      const int64_t N = 3000;
-      Harness h(T);
-      const int32_t y = h.matmul(type, 256, N, r).y; // the graph's output: the head
-      auto fast = make("cpu").be, exact = make("cpu", {{"logits_rescore", int64_t{0}}}).be;
-      auto k1 = store(1, 4), k2 = store(1, 4), k3 = store(1, 4); // (after the backends: pools they own)
-      const std::vector<float> want = h.run(*ref, *k1, y);
-      const std::vector<float> got = h.run(*fast, *k2, y);
-      expect_close(want, got, 2e-2, "every logit, within the int8 route's error");
-      for (int32_t t = 0; t < T; ++t) {
-        std::vector<int64_t> order(static_cast<size_t>(N));
-        std::iota(order.begin(), order.end(), 0);
-        const float* wt = want.data() + t * N;
-        std::partial_sort(order.begin(), order.begin() + 32, order.end(),
-                          [&](int64_t a, int64_t b) { return wt[a] > wt[b]; });
-        for (size_t i = 0; i < 32; ++i) // the 32 highest: exact (the 64 rescored, less a margin)
-          EXPECT_NEAR(got[static_cast<size_t>(t * N + order[i])], wt[order[i]], 1e-4)
-              << "row " << t << ", the " << i + 1 << "th highest logit";
+  for (const std::string& name : names)
+    for (const DType type : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k, DType::q5_0})
+      for (const int32_t T : {1, 3}) {
+        SCOPED_TRACE(name + " " + std::string(dtype_name(type)) + " T=" + std::to_string(T));
+        Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
+        const int64_t N = 3000;
+        Harness h(T);
+        const int32_t y = h.matmul(type, 256, N, r).y; // the graph's output: the head
+        auto fast = make(name).be, exact = make(name, {{"logits_rescore", int64_t{0}}}).be;
+        auto k1 = store(1, 4), k2 = store(1, 4), k3 = store(1, 4); // (after the backends: pools they own)
+        const std::vector<float> want = h.run(*ref, *k1, y);
+        const std::vector<float> got = h.run(*fast, *k2, y);
+        expect_close(want, got, 2e-2, "every logit, within the int8 route's error");
+        for (int32_t t = 0; t < T; ++t) {
+          std::vector<int64_t> order(static_cast<size_t>(N));
+          std::iota(order.begin(), order.end(), 0);
+          const float* wt = want.data() + t * N;
+          std::partial_sort(order.begin(), order.begin() + 32, order.end(),
+                            [&](int64_t a, int64_t b) { return wt[a] > wt[b]; });
+          for (size_t i = 0; i < 32; ++i) // the 32 highest: exact (the 64 rescored, less a margin)
+            EXPECT_NEAR(got[static_cast<size_t>(t * N + order[i])], wt[order[i]], 1e-4)
+                << "row " << t << ", the " << i + 1 << "th highest logit";
+        }
+        expect_close(want, h.run(*exact, *k3, y), 1e-4, "logits_rescore = 0: every logit exact");
       }
-      expect_close(want, h.run(*exact, *k3, y), 1e-4, "logits_rescore = 0: every logit exact");
-    }
 }
 
 // Attention over a KV pool the backend owns: a prefill of two interleaved sequences, each then in a run of
