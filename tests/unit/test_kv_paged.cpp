@@ -205,17 +205,56 @@ TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
   EXPECT_EQ(kv->units_in_use(), 3) << "two blocks shared, one of seq 0's own";
   for (Pos p = 0; p < 8; ++p)
     EXPECT_TRUE(same_row(*kv, 1, 1, 0, p)) << "the same storage at " << p;
-  // A different second block: only the first is found; a limit below one block finds nothing.
+  // A second block that differs at its second token: the first block, then the cached second block's first
+  // position (its common start); a limit below one block: the start of the first block.
   std::vector<TokenId> other = toks;
   other[5] = 6;
   ASSERT_TRUE(kv->allocate(2, 0));
-  EXPECT_EQ(kv->reuse_prefix(2, other, 10), 4);
+  EXPECT_EQ(kv->reuse_prefix(2, other, 10), 5);
   ASSERT_TRUE(kv->allocate(3, 0));
-  EXPECT_EQ(kv->reuse_prefix(3, toks, 3), 0);
+  EXPECT_EQ(kv->reuse_prefix(3, toks, 3), 3);
   // The same first tokens after another first block: nothing (a block's hash covers its prefix).
   std::vector<TokenId> shifted = {9, 9, 9, 9, 1, 5, 9, 2};
   ASSERT_TRUE(kv->allocate(4, 0));
   EXPECT_EQ(kv->reuse_prefix(4, shifted, 8), 0);
+}
+
+// A prompt sharing part of a cached block (llama-server's slots reuse any common prefix; whole blocks alone
+// left up to block_size − 1 positions to evaluate again): those positions are copied from the cached block
+// into one of the sequence's own, and the cached block keeps its content.
+TEST(PagedKvPrefix, APartlySharedBlockGivesACopyOfItsCommonStart) {
+  KVShape sh = small_shape(4, 8);
+  sh.prefix_cache = true;
+  auto kv = make_paged_kv_cache(sh);
+  const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(kv->allocate(0, 8));
+  write(*kv, 0, 0, 8, 1.0f);
+  kv->register_prefix(0, toks);
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 9, 9, 9};
+  ASSERT_TRUE(kv->allocate(1, 0));
+  ASSERT_EQ(kv->reuse_prefix(1, prompt, 8), 6) << "block 0 whole, then 2 positions of block 1";
+  EXPECT_EQ(kv->units_in_use(), 3) << "block 0 shared, block 1 copied";
+  for (Pos p = 0; p < 4; ++p)
+    EXPECT_TRUE(same_row(*kv, 0, 1, 0, p)) << "the same storage at " << p;
+  for (Pos p = 4; p < 6; ++p) {
+    EXPECT_FALSE(same_row(*kv, 0, 1, 0, p)) << "a copy at " << p;
+    EXPECT_EQ(k_f32(*kv, 0, 1, p), k_f32(*kv, 0, 0, p)) << "with the same values at " << p;
+  }
+  const std::vector<float> kept = k_f32(*kv, 0, 0, 6);
+  EXPECT_EQ(kv->units_to_grow(1, 3), 1) << "writes go to its own block: one more for position 8";
+  ASSERT_TRUE(kv->allocate(1, 3));
+  std::vector<float> r = k_f32(*kv, 0, 1, 6);
+  r[0] = -7.0f;
+  loom::test::set_kv_f32(*kv, 0, 1, 0, 6, r);
+  EXPECT_EQ(k_f32(*kv, 0, 0, 6), kept) << "the cached block kept its content";
+  // No free block for the copy: only the whole blocks are reused.
+  KVShape tight = small_shape(4, 2);
+  tight.prefix_cache = true;
+  auto kt = make_paged_kv_cache(tight);
+  ASSERT_TRUE(kt->allocate(0, 8));
+  kt->register_prefix(0, toks);
+  ASSERT_TRUE(kt->allocate(1, 0));
+  EXPECT_EQ(kt->reuse_prefix(1, prompt, 8), 4);
 }
 
 TEST(PagedKvPrefix, UnreferencedCachedBlocksAreEvictedLeastRecentlyUsedFirst) {

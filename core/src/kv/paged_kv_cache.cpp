@@ -220,8 +220,9 @@ public:
     if (it == seqs_.end() || it->second.length != 0 || !it->second.blocks.empty()) return 0;
     Seq& q = it->second;
     const auto B = static_cast<size_t>(shape_.block_size);
-    const size_t limit =
-        std::min(tokens.size(), static_cast<size_t>(std::clamp(max_positions, 0, shape_.n_ctx))) / B;
+    const size_t cap =
+        std::min(tokens.size(), static_cast<size_t>(std::clamp(max_positions, 0, shape_.n_ctx)));
+    const size_t limit = cap / B;
     uint64_t parent = 0;
     for (size_t i = 0; i < limit; ++i) {
       const std::span<const TokenId> toks = tokens.subspan(i * B, B);
@@ -234,6 +235,25 @@ public:
       parent = h;
     }
     q.length = static_cast<int32_t>(q.blocks.size() * B);
+    // Then the cached block after these that starts with the most of the next tokens (as llama-server's
+    // slots keep any common prefix): its first `common` positions copied into a block of the sequence's own
+    // (one block, as evaluating them again would take; none free: nothing more reused). The block is held
+    // while the other is taken, so that taking cannot evict it.
+    const size_t at = q.blocks.size() * B;
+    int32_t common = 0;
+    const int32_t b =
+        at < cap ? pool_.cache().longest_start(parent, tokens.subspan(at, std::min(B, cap - at)), common)
+                 : -1;
+    if (b >= 0) {
+      pool_.ref(b);
+      if (pool_.free() > 0) {
+        const int32_t own = pool_.take();
+        record_copy({b, own, common});
+        q.blocks.push_back(own);
+        q.length += common;
+      }
+      pool_.release(b);
+    }
     peak_blocks_ = std::max(peak_blocks_, pool_.in_use());
     return q.length;
   }

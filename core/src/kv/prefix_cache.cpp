@@ -33,6 +33,7 @@ void PrefixCache::add_block() {
 void PrefixCache::insert(uint64_t hash, int32_t b, std::span<const TokenId> toks, uint64_t parent) {
   const auto i = static_cast<size_t>(b);
   by_hash_.emplace(hash, b);
+  by_parent_.emplace(parent, b);
   hash_of_[i] = hash;
   tokens_[i].assign(toks.begin(), toks.end());
   parent_[i] = parent;
@@ -45,6 +46,25 @@ int32_t PrefixCache::find(uint64_t hash, uint64_t parent, std::span<const TokenI
   if (parent_[i] != parent || !std::equal(toks.begin(), toks.end(), tokens_[i].begin(), tokens_[i].end()))
     return -1;
   return c->second;
+}
+
+int32_t PrefixCache::longest_start(uint64_t parent, std::span<const TokenId> toks, int32_t& common) const {
+  int32_t best = -1;
+  common = 0;
+  const auto [lo, hi] = by_parent_.equal_range(parent);
+  for (auto c = lo; c != hi; ++c) {
+    const std::vector<TokenId>& t = tokens_[static_cast<size_t>(c->second)];
+    const auto n = static_cast<int32_t>(
+        std::mismatch(toks.begin(),
+                      toks.begin() + static_cast<std::ptrdiff_t>(std::min(toks.size(), t.size())), t.begin())
+            .first -
+        toks.begin());
+    if (n > common) {
+      common = n;
+      best = c->second;
+    }
+  }
+  return best;
 }
 
 void PrefixCache::park(int32_t b) {
@@ -61,6 +81,11 @@ int32_t PrefixCache::evict() {
   lru_.pop_front();
   const auto i = static_cast<size_t>(b);
   by_hash_.erase(hash_of_[i]);
+  for (auto [lo, hi] = by_parent_.equal_range(parent_[i]); lo != hi; ++lo)
+    if (lo->second == b) {
+      by_parent_.erase(lo);
+      break;
+    }
   hash_of_[i] = 0;
   tokens_[i].clear();
   return b;

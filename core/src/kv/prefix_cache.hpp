@@ -27,6 +27,9 @@ public:
   void insert(uint64_t hash, int32_t b, std::span<const TokenId> toks, uint64_t parent);
   // The block holding `toks` after `parent`, or -1 (none, or a hash collision: not this content).
   int32_t find(uint64_t hash, uint64_t parent, std::span<const TokenId> toks) const;
+  // Of the cached blocks after `parent`, the one whose tokens begin with the longest run of `toks` (its
+  // length in `common`, at least 1), or -1: a prompt that shares part of a block reuses those positions.
+  int32_t longest_start(uint64_t parent, std::span<const TokenId> toks, int32_t& common) const;
   int64_t size() const noexcept { return static_cast<int64_t>(by_hash_.size()); }
 
   // Cached blocks nobody references: evictable, the most recently used last.
@@ -37,7 +40,8 @@ public:
   int32_t evict();
 
 private:
-  std::unordered_map<uint64_t, int32_t> by_hash_; // content hash → block
+  std::unordered_map<uint64_t, int32_t> by_hash_;        // content hash → block
+  std::unordered_multimap<uint64_t, int32_t> by_parent_; // parent hash → the cached blocks after it
   // Per block: its hash (0: none), tokens and parent hash.
   std::vector<uint64_t> hash_of_;
   std::vector<std::vector<TokenId>> tokens_;

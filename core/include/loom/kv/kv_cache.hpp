@@ -111,8 +111,9 @@ public:
   // of every block before it). A cached block nobody references stays in the pool, evicted least
   // recently used first when a block is needed (it counts as free).
   virtual void register_prefix(SeqId /*seq*/, std::span<const TokenId> /*tokens*/) {}
-  // For an empty sequence: attaches the cached blocks holding the longest prefix of `tokens` in whole
-  // blocks, at most max_positions, and returns the positions it now has (0: none found).
+  // For an empty sequence: attaches the cached blocks holding the longest prefix of `tokens` — whole
+  // blocks, then the start of the cached block after them that shares the most of the next tokens — at most
+  // max_positions, and returns the positions it now has (0: none found).
   virtual int32_t reuse_prefix(SeqId /*seq*/, std::span<const TokenId> /*tokens*/,
                                int32_t /*max_positions*/) {
     return 0;
