@@ -540,40 +540,53 @@ AttnItemFn pick_item(Isa isa, int32_t D, DType dt) {
   }
 }
 
-// rows[row_of[t]]: the keys of token t's sequence (row_of[t] < 0: a tree row, in `tree` instead);
-// tree: (token, the list of exactly its keys) for each token-tree row.
-void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
-              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa,
-              const std::vector<std::pair<int32_t, SeqRows>>& tree) {
-  const int32_t Hkv = p.n_head_kv;
-  const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
-  const bool avx2 = at_least(isa, Isa::avx2);
-  const AttnItemFn item = pick_item(isa, p.head_dim,
-                                    !rows.empty()   ? rows.front().dt
-                                    : !tree.empty() ? tree.front().second.dt
-                                                    : DType::f32);
-  auto block = at_least(isa, Isa::avx512) ? attn_block_avx512 : avx2 ? attn_block_avx2 : attn_block_generic;
-  if (at_least(isa, Isa::avx512)) switch (p.head_dim) {
-    case 16:
-      block = attn_block_avx512_d<1>;
-      break;
-    case 32:
-      block = attn_block_avx512_d<2>;
-      break;
-    case 64:
-      block = attn_block_avx512_d<4>;
-      break;
-    case 128:
-      block = attn_block_avx512_d<8>;
-      break;
-    case 256:
-      block = attn_block_avx512_d<16>;
-      break;
-    default:
-      break;
-    }
-  // Blocks of up to k_qblock consecutive tokens of the same sequence.
+using AttnBlockFn = void (*)(const AttentionParams&, const float*, float*, size_t, const SeqRows&, const Pos*,
+                             int32_t, int32_t, AttnScratch&);
+
+// The prefill block kernel for head dim D at `isa` (register-resident for 16 … 256 with AVX-512).
+AttnBlockFn pick_block(Isa isa, int32_t D) {
+  if (!at_least(isa, Isa::avx512)) return at_least(isa, Isa::avx2) ? attn_block_avx2 : attn_block_generic;
+  switch (D) {
+  case 16:
+    return attn_block_avx512_d<1>;
+  case 32:
+    return attn_block_avx512_d<2>;
+  case 64:
+    return attn_block_avx512_d<4>;
+  case 128:
+    return attn_block_avx512_d<8>;
+  case 256:
+    return attn_block_avx512_d<16>;
+  default:
+    return attn_block_avx512;
+  }
+}
+
+// What attn_all runs: prefill blocks (up to k_qblock consecutive tokens of one sequence) and decode rows per
+// kv head, a decode row over a long span split into chunks of its keys (k_split_keys), and the token-tree
+// rows. A split depends on the row's own span alone, so a sequence's floats do not depend on what else is
+// in the batch.
+struct AttnPlan {
+  struct Work {
+    int32_t block = -1; // index into blocks, or -1: tree row `tree_at`
+    int32_t tree_at = -1, hk = 0;
+    KeySegs ks;
+    int64_t part = -1; // a chunk: its partial sums' slot (G rows of D + 2)
+  };
+  struct Split { // a decode row's chunks, parts [part0, part0 + n)
+    int32_t t, hk;
+    int64_t part0;
+    int32_t n;
+  };
   std::vector<std::pair<int32_t, int32_t>> blocks; // (first token, count)
+  std::vector<Work> work;
+  std::vector<Split> splits;
+  int64_t n_parts = 0;
+};
+
+AttnPlan plan_attention(const AttentionParams& p, int32_t T, const Pos* pos, const std::vector<SeqRows>& rows,
+                        const std::vector<int32_t>& row_of, size_t n_tree) {
+  AttnPlan a;
   for (int32_t t = 0; t < T;) {
     if (row_of[static_cast<size_t>(t)] < 0) { // a tree row: its own item below
       ++t;
@@ -582,31 +595,14 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
     int32_t e = t + 1;
     while (e < T && e - t < k_qblock && row_of[static_cast<size_t>(e)] == row_of[static_cast<size_t>(t)])
       ++e;
-    blocks.emplace_back(t, e - t);
+    a.blocks.emplace_back(t, e - t);
     t = e;
   }
-  // The work: prefill blocks and decode rows per kv head, a decode row over a long span split into chunks of
-  // its keys (split_keys), and the token-tree rows. A split depends on the row's own span alone, so a
-  // sequence's floats do not depend on what else is in the batch.
-  struct Work {
-    int32_t block = -1; // index into blocks, or -1: tree row `tree_at`
-    int32_t tree_at = -1, hk = 0;
-    KeySegs ks;
-    int64_t part = -1; // a chunk: its partial sums' slot (G rows of D + 2)
-  };
-  struct Split {
-    int32_t t, hk;
-    int64_t part0;
-    int32_t n;
-  };
-  std::vector<Work> work;
-  std::vector<Split> splits;
-  int64_t n_parts = 0;
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (int32_t hk = 0; hk < Hkv; ++hk) {
-      const auto [t, nq] = blocks[b];
+  for (size_t b = 0; b < a.blocks.size(); ++b)
+    for (int32_t hk = 0; hk < p.n_head_kv; ++hk) {
+      const auto [t, nq] = a.blocks[b];
       if (nq > 1) {
-        work.push_back({static_cast<int32_t>(b), -1, hk, {}, -1});
+        a.work.push_back({static_cast<int32_t>(b), -1, hk, {}, -1});
         continue;
       }
       const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
@@ -615,38 +611,77 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
       const auto nb = static_cast<int32_t>(std::max<Pos>(0, ks.b1 - ks.b0 + 1));
       const int32_t n = std::clamp(nb / k_split_keys, 1, k_split_max);
       if (n == 1) {
-        work.push_back({static_cast<int32_t>(b), -1, hk, ks, -1});
+        a.work.push_back({static_cast<int32_t>(b), -1, hk, ks, -1});
         continue;
       }
-      splits.push_back({t, hk, n_parts, n});
+      a.splits.push_back({t, hk, a.n_parts, n});
       for (int32_t c = 0; c < n; ++c) { // the sinks go with the first chunk
         const Pos c0 = ks.b0 + static_cast<Pos>(static_cast<int64_t>(nb) * c / n);
         const Pos c1 = ks.b0 + static_cast<Pos>(static_cast<int64_t>(nb) * (c + 1) / n) - 1;
-        work.push_back({static_cast<int32_t>(b), -1, hk, KeySegs{c == 0 ? ks.a_end : 0, c0, c1}, n_parts++});
+        a.work.push_back(
+            {static_cast<int32_t>(b), -1, hk, KeySegs{c == 0 ? ks.a_end : 0, c0, c1}, a.n_parts++});
       }
     }
-  for (size_t i = 0; i < tree.size(); ++i)
-    for (int32_t hk = 0; hk < Hkv; ++hk)
-      work.push_back({-1, static_cast<int32_t>(i), hk,
-                      KeySegs{0, 0, static_cast<Pos>(tree[i].second.k.size()) - 1}, -1});
-  const int32_t G = p.n_head / Hkv, D = p.head_dim;
+  for (size_t i = 0; i < n_tree; ++i)
+    for (int32_t hk = 0; hk < p.n_head_kv; ++hk)
+      a.work.push_back({-1, static_cast<int32_t>(i), hk, {}, -1});
+  return a;
+}
+
+// A split decode row's output: each head's chunk sums rescaled to the largest running max, over their sum.
+void combine_split(const AttentionParams& p, const AttnPlan::Split& sp, const float* parts, float* out) {
+  const int32_t G = p.n_head / p.n_head_kv, D = p.head_dim;
   const size_t part_floats = static_cast<size_t>(G) * static_cast<size_t>(D + 2);
-  std::vector<float> parts(static_cast<size_t>(n_parts) * part_floats);
-  const auto items = static_cast<int64_t>(work.size());
+  for (int32_t g = 0; g < G; ++g) {
+    const auto at = [&](int32_t c) {
+      return parts + static_cast<size_t>(sp.part0 + c) * part_floats + static_cast<size_t>(g) * (D + 2);
+    };
+    float m = -INFINITY;
+    for (int32_t c = 0; c < sp.n; ++c)
+      m = std::max(m, at(c)[D]);
+    float* o = out + static_cast<size_t>(sp.hk * G + g) * D;
+    std::fill_n(o, D, 0.0f);
+    float l = 0.0f;
+    for (int32_t c = 0; c < sp.n; ++c) {
+      const float* pc = at(c);
+      const float f = pc[D] == -INFINITY ? 0.0f : std::exp(pc[D] - m);
+      l += f * pc[D + 1];
+      vaxpy(o, f, pc, D);
+    }
+    vscale(o, 1.0f / l, D);
+  }
+}
+
+// rows[row_of[t]]: the keys of token t's sequence (row_of[t] < 0: a tree row, in `tree` instead);
+// tree: (token, the list of exactly its keys) for each token-tree row.
+void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
+              const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa,
+              const std::vector<std::pair<int32_t, SeqRows>>& tree) {
+  const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
+  const AttnItemFn item = pick_item(isa, p.head_dim,
+                                    !rows.empty()   ? rows.front().dt
+                                    : !tree.empty() ? tree.front().second.dt
+                                                    : DType::f32);
+  const AttnBlockFn block = pick_block(isa, p.head_dim);
+  const AttnPlan plan = plan_attention(p, T, pos, rows, row_of, tree.size());
+  const size_t part_floats =
+      static_cast<size_t>(p.n_head / p.n_head_kv) * static_cast<size_t>(p.head_dim + 2);
+  std::vector<float> parts(static_cast<size_t>(plan.n_parts) * part_floats);
+  const auto items = static_cast<int64_t>(plan.work.size());
 #pragma omp parallel if (items > 1)
   {
     AttnScratch w;
-    w.f16c = avx2;
+    w.f16c = at_least(isa, Isa::avx2);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const Work& k = work[static_cast<size_t>(it)];
+      const AttnPlan::Work& k = plan.work[static_cast<size_t>(it)];
       if (k.block < 0) { // a tree row: a decode row over its own key list
         const auto& [t, tr] = tree[static_cast<size_t>(k.tree_at)];
-        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tr, k.ks, k.hk, w,
-             nullptr);
+        item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tr,
+             KeySegs{0, 0, static_cast<Pos>(tr.k.size()) - 1}, k.hk, w, nullptr);
         continue;
       }
-      const auto [t, nq] = blocks[static_cast<size_t>(k.block)];
+      const auto [t, nq] = plan.blocks[static_cast<size_t>(k.block)];
       const SeqRows& sr = rows[static_cast<size_t>(row_of[static_cast<size_t>(t)])];
       if (nq == 1) // decode: one token, no transpose worth its cost
         item(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, sr, k.ks, k.hk, w,
@@ -655,30 +690,9 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
         block(p, q + static_cast<size_t>(t) * tok, out + static_cast<size_t>(t) * tok, tok, sr, pos + t, nq,
               k.hk, w);
     }
-    // the split rows' chunks combined: each head's sums rescaled to the largest running max
 #pragma omp for schedule(static)
-    for (size_t i = 0; i < splits.size(); ++i) {
-      const Split& sp = splits[i];
-      for (int32_t g = 0; g < G; ++g) {
-        const auto at = [&](int32_t c) {
-          return parts.data() + static_cast<size_t>(sp.part0 + c) * part_floats +
-                 static_cast<size_t>(g) * (D + 2);
-        };
-        float m = -INFINITY;
-        for (int32_t c = 0; c < sp.n; ++c)
-          m = std::max(m, at(c)[D]);
-        float* o = out + static_cast<size_t>(sp.t) * tok + static_cast<size_t>(sp.hk * G + g) * D;
-        std::fill_n(o, D, 0.0f);
-        float l = 0.0f;
-        for (int32_t c = 0; c < sp.n; ++c) {
-          const float* pc = at(c);
-          const float f = pc[D] == -INFINITY ? 0.0f : std::exp(pc[D] - m);
-          l += f * pc[D + 1];
-          vaxpy(o, f, pc, D);
-        }
-        vscale(o, 1.0f / l, D);
-      }
-    }
+    for (size_t i = 0; i < plan.splits.size(); ++i)
+      combine_split(p, plan.splits[i], parts.data(), out + static_cast<size_t>(plan.splits[i].t) * tok);
   }
 }
 

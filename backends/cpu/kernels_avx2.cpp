@@ -144,6 +144,21 @@ LOOM_AVX2 inline void k4_scales_mins(const uint8_t* blk, const BlockQ8K& xs, __m
   accm = _mm_fmadd_ps(_mm_set1_ps(f16c(blk + 2) * xs.d), _mm_cvtepi32_ps(_mm_madd_epi16(sm, bs32)), accm);
 }
 
+// Q4_K's / Q5_K's sub-blocks 2j (lo) and 2j + 1 (hi) as unsigned bytes against the token's 64 values there,
+// each pair sum times its sub-block's int16 scale (`scales`: k4_scales_mins): the int32 sums in 8 lanes.
+LOOM_AVX2 inline __m256i k4_pair_sums(__m256i lo, __m256i hi, const BlockQ8K& xs, __m256i scales, int j) {
+  const __m256i p0 =
+      _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
+  const __m256i p1 =
+      _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
+  // broadcast int16 scales 2j and 2j+1 (bytes 4j..4j+3 of `scales`)
+  const __m256i s0 =
+      _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
+  const __m256i s1 =
+      _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
+  return _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1));
+}
+
 // One Q4_K super-block (144 bytes) against its BlockQ8K: the scaled nibble sums into acc, the
 // mins' part into accm (subtracted at the end). Integers throughout the super-block: the scales are
 // 6-bit integers, so each sub-block's maddubs sums are multiplied by its scale in madd, and one
@@ -159,16 +174,7 @@ LOOM_AVX2 inline void q4_k_superblock_avx2(const uint8_t* blk, const BlockQ8K& x
   for (int j = 0; j < 4; ++j) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * j));
     const __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-    const __m256i p0 =
-        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
-    const __m256i p1 =
-        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
-    // broadcast int16 scales 2j and 2j+1 (bytes 4j..4j+3 of `scales`)
-    const __m256i s0 =
-        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
-    const __m256i s1 =
-        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
-    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+    sumi = _mm256_add_epi32(sumi, k4_pair_sums(lo, hi, xs, scales, j));
   }
   acc = _mm256_fmadd_ps(_mm256_set1_ps(f16c(blk) * xd), _mm256_cvtepi32_ps(sumi), acc);
 }
@@ -572,84 +578,96 @@ LOOM_AVX2 inline void k2_sub(const uint8_t* qs, const uint8_t* hm, const BlockQ8
   sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pair_scales(sc_half[k / 4], k % 4)));
 }
 
+// A Q5_K super-block's integer sum against its BlockQ8K (Q4_K's nibbles with a fifth bit from qh); its mins'
+// part into accm, its step into d.
+LOOM_AVX2 inline __m256i q5_k_sums(const uint8_t* u, const BlockQ8K& xs, __m128& accm, float& d) {
+  __m256i scales, sumi = _mm256_setzero_si256();
+  k4_scales_mins(u, xs, scales, accm);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 48 + 32 * j));
+    const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), one);
+    const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one);
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+    const __m256i hi =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h1, 4));
+    sumi = _mm256_add_epi32(sumi, k4_pair_sums(lo, hi, xs, scales, j));
+  }
+  d = f16c(u);
+  return sumi;
+}
+
+// An IQ4_XS super-block's integer sum: sub-block k's signed levels times its scale ls − 32.
+LOOM_AVX2 inline __m256i iq4_xs_sums(const uint8_t* u, const BlockQ8K& xs, float& d) {
+  __m256i sumi = _mm256_setzero_si256();
+  uint16_t sh;
+  std::memcpy(&sh, u + 2, 2);
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const int ls = ((u[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
+    const __m256i a = iq4_levels(u + 8 + 16 * k);
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 32 * k));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xq, a));
+    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(static_cast<short>(ls - 32))));
+  }
+  d = f16c(u);
+  return sumi;
+}
+
+// A Q2_K (scale & 15, min >> 4 per group of 16; the mins' part into accm) or Q3_K (scale − 32 per group,
+// values − 4) super-block's integer sum.
+template <DType type>
+LOOM_AVX2 inline __m256i k2_sums(const uint8_t* u, const BlockQ8K& xs, __m128& accm, float& d) {
+  __m256i sc16, sumi = _mm256_setzero_si256();
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.bsums));
+  if constexpr (type == DType::q2_k) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+    const __m256i mins = _mm256_madd_epi16(m16, bsums); // Σ_g m_g · bsum_g in 8 lanes
+    accm = _mm_fmadd_ps(
+        _mm_set1_ps(f16c(u + 82) * xs.d),
+        _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(mins), _mm256_extracti128_si256(mins, 1))),
+        accm);
+    d = f16c(u + 80);
+  } else { // the 16 scales + 32 from their 12 bytes (q3_k_scale's layout), four at a time
+    uint32_t a, b, t, sc[4];
+    std::memcpy(&a, u + 96, 4);
+    std::memcpy(&b, u + 100, 4);
+    std::memcpy(&t, u + 104, 4);
+    sc[0] = (a & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
+    sc[1] = (b & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
+    sc[2] = ((a >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
+    sc[3] = ((b >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
+    sc16 = _mm256_cvtepi8_epi16(
+        _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), _mm_set1_epi8(32)));
+    sumi = _mm256_sub_epi32(sumi,
+                            _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2)); // −4 · Σ_g sc_g · bsum_g
+    d = f16c(u + 108);
+  }
+  const __m256i sc_half[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),  // groups 0..7 in both lanes
+                              _mm256_permute2x128_si256(sc16, sc16, 0x11)}; // groups 8..15
+  const uint8_t* qs = u + (type == DType::q2_k ? 16 : 32);
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k)
+    k2_sub<type>(qs, u, xs, sc_half, k, sumi);
+  return sumi;
+}
+
 // One super-block against its BlockQ8K: d · x.d · (integer sum) into acc, the mins' part (Q2_K, Q5_K) into
 // accm (subtracted at the end).
 template <DType type>
 LOOM_AVX2 inline void i8dq_superblock(const uint8_t* u, const BlockQ8K& xs, __m256& acc, __m128& accm) {
-  __m256i sumi = _mm256_setzero_si256();
   float d;
-  if constexpr (type == DType::q5_k) { // Q4_K's nibbles with a fifth bit from qh
-    __m256i scales;
-    k4_scales_mins(u, xs, scales, accm);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16));
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 48 + 32 * j));
-      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), one);
-      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
-      const __m256i hi =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h1, 4));
-      const __m256i p0 =
-          _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j)));
-      const __m256i p1 =
-          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 64 * j + 32)));
-      const __m256i s0 =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 1) << 8 | 4 * j)));
-      const __m256i s1 =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 3) << 8 | (4 * j + 2))));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
-    }
-    d = f16c(u);
-  } else if constexpr (type == DType::iq4_xs) { // sub-block k: scale ls − 32, signed levels
-    uint16_t sh;
-    std::memcpy(&sh, u + 2, 2);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      const int ls = ((u[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
-      const __m256i a = iq4_levels(u + 8 + 16 * k);
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.qs + 32 * k));
-      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xq, a));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(static_cast<short>(ls - 32))));
-    }
-    d = f16c(u);
-  } else { // Q2_K (scale & 15, min >> 4 per group) and Q3_K (scale − 32 per group, values − 4)
-    __m256i sc16;
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.bsums));
-    if constexpr (type == DType::q2_k) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
-      sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
-      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
-      const __m256i mins = _mm256_madd_epi16(m16, bsums); // Σ_g m_g · bsum_g in 8 lanes
-      accm = _mm_fmadd_ps(
-          _mm_set1_ps(f16c(u + 82) * xs.d),
-          _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(mins), _mm256_extracti128_si256(mins, 1))),
-          accm);
-      d = f16c(u + 80);
-    } else { // the 16 scales + 32 from their 12 bytes (q3_k_scale's layout), four at a time
-      uint32_t a, b, t, sc[4];
-      std::memcpy(&a, u + 96, 4);
-      std::memcpy(&b, u + 100, 4);
-      std::memcpy(&t, u + 104, 4);
-      sc[0] = (a & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
-      sc[1] = (b & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
-      sc[2] = ((a >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
-      sc[3] = ((b >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
-      const __m128i raw =
-          _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), _mm_set1_epi8(32));
-      sc16 = _mm256_cvtepi8_epi16(raw);
-      // the −4 offset: −4 · Σ_g sc_g · bsum_g
-      sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2));
-      d = f16c(u + 108);
-    }
-    const __m256i sc_half[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),  // groups 0..7 in both lanes
-                                _mm256_permute2x128_si256(sc16, sc16, 0x11)}; // groups 8..15
-    const uint8_t* qs = u + (type == DType::q2_k ? 16 : 32);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k)
-      k2_sub<type>(qs, u, xs, sc_half, k, sumi);
-  }
+  __m256i sumi;
+  if constexpr (type == DType::q5_k)
+    sumi = q5_k_sums(u, xs, accm, d);
+  else if constexpr (type == DType::iq4_xs)
+    sumi = iq4_xs_sums(u, xs, d);
+  else
+    sumi = k2_sums<type>(u, xs, accm, d);
   acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xs.d), _mm256_cvtepi32_ps(sumi), acc);
 }
 

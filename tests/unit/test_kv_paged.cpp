@@ -190,14 +190,22 @@ TEST(PagedKv, RowsEqualTheContiguousStoreUnderRandomOperations) {
 
 // ---- prefix cache ----------------------------------------------------------------------------------
 
-TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
-  KVShape sh = small_shape(4, 6);
+// A paged store of `blocks` blocks of 4 with the prefix cache, whose sequence 0 holds `toks` (rows written,
+// its full blocks registered).
+std::unique_ptr<KVCacheStore> cached_store(int64_t blocks, const std::vector<TokenId>& toks) {
+  KVShape sh = small_shape(4, blocks);
   sh.prefix_cache = true;
   auto kv = make_paged_kv_cache(sh);
+  const auto n = static_cast<int32_t>(toks.size());
+  EXPECT_TRUE(kv->allocate(0, n));
+  write(*kv, 0, 0, n, 1.0f);
+  kv->register_prefix(0, toks);
+  return kv;
+}
+
+TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
   const std::vector<TokenId> toks = {1, 5, 9, 2, 7, 7, 3, 8, 4, 4};
-  ASSERT_TRUE(kv->allocate(0, 10));
-  write(*kv, 0, 0, 10, 1.0f);
-  kv->register_prefix(0, toks); // blocks 0..1 are full (positions 0..7)
+  auto kv = cached_store(6, toks); // blocks 0..1 are full (positions 0..7)
   EXPECT_EQ(kv->stats().cached_blocks, 2);
   ASSERT_TRUE(kv->allocate(1, 0));
   EXPECT_EQ(kv->reuse_prefix(1, toks, 9), 8);
@@ -223,13 +231,8 @@ TEST(PagedKvPrefix, FullBlocksAreFoundByContentAndShareStorage) {
 // left up to block_size − 1 positions to evaluate again): those positions are copied from the cached block
 // into one of the sequence's own, and the cached block keeps its content.
 TEST(PagedKvPrefix, APartlySharedBlockGivesACopyOfItsCommonStart) {
-  KVShape sh = small_shape(4, 8);
-  sh.prefix_cache = true;
-  auto kv = make_paged_kv_cache(sh);
   const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(kv->allocate(0, 8));
-  write(*kv, 0, 0, 8, 1.0f);
-  kv->register_prefix(0, toks);
+  auto kv = cached_store(8, toks);
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 9, 9, 9};
   ASSERT_TRUE(kv->allocate(1, 0));
   ASSERT_EQ(kv->reuse_prefix(1, prompt, 8), 6) << "block 0 whole, then 2 positions of block 1";
@@ -248,11 +251,7 @@ TEST(PagedKvPrefix, APartlySharedBlockGivesACopyOfItsCommonStart) {
   loom::test::set_kv_f32(*kv, 0, 1, 0, 6, r);
   EXPECT_EQ(k_f32(*kv, 0, 0, 6), kept) << "the cached block kept its content";
   // No free block for the copy: only the whole blocks are reused.
-  KVShape tight = small_shape(4, 2);
-  tight.prefix_cache = true;
-  auto kt = make_paged_kv_cache(tight);
-  ASSERT_TRUE(kt->allocate(0, 8));
-  kt->register_prefix(0, toks);
+  auto kt = cached_store(2, toks);
   ASSERT_TRUE(kt->allocate(1, 0));
   EXPECT_EQ(kt->reuse_prefix(1, prompt, 8), 4);
 }
@@ -286,13 +285,8 @@ TEST(PagedKvPrefix, UnreferencedCachedBlocksAreEvictedLeastRecentlyUsedFirst) {
 }
 
 TEST(PagedKvPrefix, ACachedBlockIsNeverWrittenInPlace) {
-  KVShape sh = small_shape(4, 8);
-  sh.prefix_cache = true;
-  auto kv = make_paged_kv_cache(sh);
   const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(kv->allocate(0, 8));
-  write(*kv, 0, 0, 8, 1.0f);
-  kv->register_prefix(0, toks);
+  auto kv = cached_store(8, toks);
   const float before = k_f32(*kv, 0, 0, 5)[0];
   kv->truncate(0, 6); // into the second (cached) block; seq 0 alone holds it
   ASSERT_TRUE(kv->allocate(0, 1));
