@@ -137,9 +137,11 @@ public:
   }
   // An online-softmax kernel over each query's span (flash-decoding's shape): never materialized scores.
   // Token-tree rows too (attn_tree; first passed on an H200, 2026-12-04), unless [backend] tree_attention
-  // = false: then speculative decoding drafts chains on this backend.
+  // = false: then speculative decoding drafts chains on this backend. Not (yet) a pool of layer groups
+  // (attn_kv_groups): its kernels read one block table, so a hybrid model keeps full KV here.
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
-    return k != AttnKernel::naive && ((features & attn_tree) == 0 || o_.tree_attention);
+    return k != AttnKernel::naive && (features & attn_kv_groups) == 0 &&
+           ((features & attn_tree) == 0 || o_.tree_attention);
   }
 
   size_t workspace_bytes() const noexcept override { return arena_used_ + scratch_used_; }

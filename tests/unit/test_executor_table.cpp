@@ -91,7 +91,7 @@ loom_graph empty_graph(int32_t n_tokens) {
 
 TEST(ExecutorTable, TokenTreeRowsReachTheExecutor) {
   Plugin pl;
-  const loom_kv_layout layout{sizeof(loom_kv_layout), LOOM_DTYPE_F32, 1, 1, 4, 16, 2};
+  const loom_kv_layout layout{sizeof(loom_kv_layout), LOOM_DTYPE_F32, 1, 1, 4, 16, 2, 0, 0, nullptr, nullptr};
   void* kv = nullptr;
   void* logits = nullptr;
   ASSERT_EQ(Table::table.buffer_alloc(&pl.p, 1024, LOOM_BUFFER_KV, &kv), nullptr);
@@ -116,7 +116,8 @@ TEST(ExecutorTable, TokenTreeRowsReachTheExecutor) {
                      2,
                      rope,
                      base,
-                     mask};
+                     mask,
+                     nullptr};
   const loom_graph g = empty_graph(3);
   ASSERT_EQ(Table::table.graph_compute(&pl.p, &g, &b, logits, 4), nullptr);
   EXPECT_EQ(pl.be->rope, (std::vector<loom::Pos>{5, 6, 6}));
@@ -148,7 +149,7 @@ TEST(ExecutorTable, BuffersAndMemoryAreTheExecutorsOwn) {
   EXPECT_EQ(std::memcmp(in, back, sizeof in), 0);
   EXPECT_EQ(pl.counts.writes, 1);
   EXPECT_EQ(pl.counts.reads, 1);
-  const loom_kv_layout layout{sizeof(loom_kv_layout), LOOM_DTYPE_F32, 1, 1, 4, 4, 4};
+  const loom_kv_layout layout{sizeof(loom_kv_layout), LOOM_DTYPE_F32, 1, 1, 4, 4, 4, 0, 0, nullptr, nullptr};
   const loom_block_copy copies[2] = {{0, 1, 4, 0}, {1, 2, 2, 0}};
   ASSERT_EQ(Table::table.kv_copy(&pl.p, buf, &layout, copies, 2), nullptr);
   EXPECT_EQ(pl.counts.copies, 2);

@@ -135,10 +135,11 @@ TEST(Schedule, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   ASSERT_TRUE(kv->allocate(0, 20)); // blocks b0 (full), b1 (4 of 16)
   ASSERT_TRUE(kv->fork(0, 1));      // beams 0 and 1 share both
   ASSERT_TRUE(kv->allocate(2, 32)); // a third request: two full blocks, nothing shared
-  const auto shared = kv->copy_to_grow(0, 1);
-  ASSERT_GE(shared.src, 0);
-  EXPECT_EQ(shared.positions, 4) << "the positions written in the shared block are copied";
-  EXPECT_EQ(kv->copy_to_grow(2, 1), KVCacheStore::GrowCopy{}) << "a full last block: a new block, no copy";
+  const auto shared = kv->copies_to_grow(0, 1);
+  ASSERT_EQ(shared.size(), 1u);
+  ASSERT_GE(shared[0].src, 0);
+  EXPECT_EQ(shared[0].positions, 4) << "the positions written in the shared block are copied";
+  EXPECT_TRUE(kv->copies_to_grow(2, 1).empty()) << "a full last block: a new block, no copy";
   Scheduler sch(*kv, 256);
   std::vector<Scheduler::RequestState> reqs(2);
   reqs[0].decoding = true; // the beams: a token each
@@ -152,14 +153,14 @@ TEST(Schedule, TheBlockCopiesOfAStepAreListedAndAreTheOnesTheStoreRecords) {
   // Each beam's take is planned with a copy of the shared block (an upper bound: the second beam's take
   // then finds it no longer shared).
   ASSERT_EQ(plan.copies.size(), 2u);
-  EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, ModelRole::target, shared}));
-  EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, ModelRole::target, shared}));
+  EXPECT_EQ(plan.copies[0], (Scheduler::Schedule::BlockCopy{0, 0, ModelRole::target, shared[0]}));
+  EXPECT_EQ(plan.copies[1], (Scheduler::Schedule::BlockCopy{0, 1, ModelRole::target, shared[0]}));
   EXPECT_EQ(kv->memory().queued_copies().size(), 0u) << "planning changes nothing";
   // Applying the takes records one copy, of the listed block, and the second beam writes in place.
   for (const auto& a : plan.actions)
     ASSERT_TRUE(kv->allocate(reqs[a.request].pending[static_cast<size_t>(a.seq)].kv, a.n));
   ASSERT_EQ(kv->memory().queued_copies().size(), 1u);
-  EXPECT_EQ(kv->memory().queued_copies()[0].src, shared.src);
+  EXPECT_EQ(kv->memory().queued_copies()[0].src, shared[0].src);
   EXPECT_EQ(kv->memory().queued_copies()[0].n_positions, 4);
   kv->memory().sync(); // no memory attached: the copies are dropped (nothing was written)
   EXPECT_EQ(kv->memory().queued_copies().size(), 0u);

@@ -10,6 +10,7 @@
 // (loom/sdk/reference.hpp, header-only so that plugins test against the same code).
 #pragma once
 
+#include "loom/kv/kv_retention.hpp"
 #include "loom/sdk/graph.hpp"
 
 #include <cstdint>
@@ -29,29 +30,6 @@ struct LayerAttention {
   int32_t sinks = 0;    // with a window: the first `sinks` positions are attended as well
   float softcap = 0.0f; // scores s become softcap · tanh(s / softcap) (0 = off)
   bool operator==(const LayerAttention&) const = default;
-};
-
-// The positions a sequence must keep so that every later query reads what it attends (the KV access
-// pattern of all layers together): [0, sinks) and the last `window` before the next query. window 0:
-// every position (some layer attends in full).
-struct KVRetention {
-  int32_t sinks = 0;
-  int32_t window = 0;
-  // Positions kept before the window besides: a decoder that steps back a little (speculative
-  // decoding rejecting drafts, a rollback) finds them still there instead of re-evaluating the past.
-  static constexpr int32_t k_slack = 32;
-  bool bounded() const noexcept { return window > 0; }
-  // The first position (after the sinks) a query at `next` reads.
-  Pos first_read(Pos next) const noexcept { return bounded() ? std::max<Pos>(0, next - window + 1) : 0; }
-  // For a sequence whose next query is at position `next`: positions [sinks, keep_from(next)) are
-  // released (no later query reads them, unless it steps back more than k_slack).
-  Pos keep_from(Pos next) const noexcept { return std::max<Pos>(0, first_read(next) - k_slack); }
-  // The most positions a sequence then holds at once, in units of `unit` positions: the sinks' units,
-  // the window and slack (plus a unit of straddle), and the unit being written.
-  int64_t bound_positions(int32_t unit) const noexcept {
-    const int64_t u = unit;
-    return (sinks + u - 1) / u * u + (window + k_slack + u - 1) / u * u + 2 * u;
-  }
 };
 
 class AttentionVariant {

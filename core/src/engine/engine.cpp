@@ -64,13 +64,17 @@ struct Engine::Request {
 };
 
 namespace {
-// What a sequence must keep of its KV: the variant's window and sinks, when the backend promises to read
-// nothing else (an older plugin may fetch every row: then nothing is released).
-KVRetention retention_for(const Model& m, const Backend& be) {
+// A store that releases rows past a sliding window, or keeps layer groups, relies on the backend reading
+// only each query's span, through its layer's group (Model::kv_shape asks it before making such a store).
+void check_store(const Model& m, const Backend& be, const KVCacheStore& kv) {
   const AttentionVariant& v = m.attention();
-  if (!v.retention().bounded() || !be.supports_attention(v.kernel(), v.features() | attn_span_only))
-    return {};
-  return v.retention();
+  uint32_t need = kv.shape().retention.bounded() || !kv.shape().window_layers.empty() ? attn_span_only : 0u;
+  if (kv.memory().layout().n_groups() > 1) need |= attn_kv_groups;
+  if (need != 0 && !be.supports_attention(v.kernel(), v.features() | need))
+    fail(Errc::unsupported, "engine",
+         "backend '" + std::string(be.name()) +
+             "' does not read a KV store that releases rows past a sliding window or keeps layer groups; "
+             "make the store with Model::kv_shape(n_ctx, n_seq, &backend)");
 }
 
 // Token trees on a model: the most nodes (0 when the backend runs no tree rows) and the deepest tree
@@ -89,7 +93,8 @@ std::pair<int32_t, int32_t> tree_limits(const Model& m, const Backend& be) {
 namespace {
 // A model's slot: its backend and store, with what the backend runs of its attention.
 ModelSlot slot_for(Model& m, Backend& be, KVCacheStore& kv, bool target_layers) {
-  ModelSlot s{&m, &be, &kv, retention_for(m, be), 0, 0, target_layers};
+  check_store(m, be, kv);
+  ModelSlot s{&m, &be, &kv, 0, 0, target_layers};
   std::tie(s.tree_nodes, s.tree_depth) = tree_limits(m, be);
   return s;
 }
@@ -307,7 +312,8 @@ void Engine::admit(Finished& done) {
       finish_now(head.error.empty() ? StopReason::cancelled : StopReason::error, "");
       continue;
     }
-    const int64_t needed = head.admitted ? head.book->positions_needed() : static_cast<int64_t>(s.n_prompt());
+    const int64_t needed =
+        head.admitted ? head.book->units_needed() : ctx_.kv().units_for(static_cast<int64_t>(s.n_prompt()));
     const Scheduler::Decision d = scheduler_.admission(s.n_prompt(), needed, running_.size());
     if (d.admission == Scheduler::Admission::wait) return;
     if (d.admission == Scheduler::Admission::never) {

@@ -12,7 +12,7 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
             "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
                 std::to_string(n_ctx_) +
                 " (prompt + at least one new token); shorten the prompt or raise [model] n_ctx"};
-  if (static_cast<int64_t>(n_prompt) + 1 > kv_.capacity_positions())
+  if (kv_.units_for(static_cast<int64_t>(n_prompt) + 1) > kv_.n_units())
     return {Admission::never, StopReason::max_context,
             "the prompt has " + std::to_string(n_prompt) + " tokens but the KV cache holds " +
                 std::to_string(kv_.capacity_positions()) +
@@ -28,12 +28,13 @@ Scheduler::Decision Scheduler::admission(size_t n_prompt, int64_t needed, size_t
   }
   // Room for what it holds at once: a new request's prompt, a preempted one's sequences. With
   // nothing running it starts anyway (what does not fit then ends with max_context).
-  // A paged store also keeps a block of headroom per running request, so that what it admits does not
-  // preempt the running ones as soon as they grow (a slab holds its sequence's whole context).
-  const int64_t headroom =
-      kv_.positions_per_unit() < n_ctx_ ? static_cast<int64_t>(n_running) * kv_.positions_per_unit() : 0;
-  if (n_running > 0 && kv_.free_positions() - headroom < needed)
-    return {Admission::wait, StopReason::none, {}};
+  // A paged store also keeps a block (per layer group) of headroom per running request, so that what it
+  // admits does not preempt the running ones as soon as they grow (a slab holds its sequence's whole
+  // context).
+  const int64_t headroom = kv_.positions_per_unit() < n_ctx_
+                               ? static_cast<int64_t>(n_running) * kv_.units_for(kv_.positions_per_unit())
+                               : 0;
+  if (n_running > 0 && kv_.free_units() - headroom < needed) return {Admission::wait, StopReason::none, {}};
   return {Admission::admit, StopReason::none, {}};
 }
 
@@ -103,7 +104,7 @@ Scheduler::Schedule Scheduler::schedule(std::span<const RequestState> reqs, cons
           budget[m] -= take;
           taken[m] += take;
           out.actions.push_back({Action::Op::take, i, p.seq, m, take, StopReason::none});
-          if (const KVCacheStore::GrowCopy c = store[m]->copy_to_grow(p.kv, take); c.src >= 0)
+          for (const KVCacheStore::GrowCopy& c : store[m]->copies_to_grow(p.kv, take))
             out.copies.push_back({i, p.seq, m, c});
         }
       }

@@ -79,10 +79,9 @@ void SequenceBook::rewind(Entry& s, size_t n_tokens) {
   // Under a sliding window the next query (at n_tokens − 1) reads the window before it: when the
   // truncate went back past rows already released, they are evaluated again from the first of them.
   if (s.kv >= 0) {
-    const KVRetention& r = ctx_.models[s.role].retention;
-    KVCacheStore& store = ctx_.kv(s.role);
-    const Pos from = r.first_read(static_cast<Pos>(n_tokens) - 1);
-    if (r.bounded() && !store.holds(s.kv, from, s.n_cached)) uncache(s, store.first_released(s.kv));
+    const KVCacheStore& store = ctx_.kv(s.role);
+    if (!store.readable(s.kv, static_cast<Pos>(n_tokens) - 1, s.n_cached))
+      uncache(s, store.first_released(s.kv));
   }
   ++events_;
 }
@@ -222,11 +221,7 @@ void SequenceBook::chunks_evaluated() {
       store.register_prefix(q.kv, q.tokens); // findable by content
       // A sliding window: what no later query reads goes back to the store. The next query is at
       // n_cached, or at the last committed token when its row is evaluated again (begin_work).
-      const KVRetention& r = ctx_.models[q.role].retention;
-      if (r.bounded()) {
-        const Pos next = std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1);
-        store.release_positions(q.kv, r.sinks, r.keep_from(next));
-      }
+      store.retire(q.kv, std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1));
     }
     q.in_flight = false;
     if (q.finished) drop_kv(q);
@@ -269,23 +264,19 @@ bool SequenceBook::restore() {
     const int32_t cap = q.pending ? std::min(q.out_from, n_committed) : n_committed;
     q.n_cached = ctx_.kv(q.role).reuse_prefix(q.kv, q.tokens, cap);
     if (q.pending && q.n_cached >= q.target) q.pending = false;
-    // The prefix cache hands back the blocks a sliding window had released too: release them again.
-    const KVRetention& r = ctx_.models[q.role].retention;
-    if (r.bounded() && q.n_cached > 0)
-      ctx_.kv(q.role).release_positions(
-          q.kv, r.sinks, r.keep_from(std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1)));
+    // The prefix cache may hand back blocks a sliding window had released: release them again.
+    if (q.n_cached > 0)
+      ctx_.kv(q.role).retire(q.kv, std::min<Pos>(q.n_cached, static_cast<Pos>(q.tokens.size()) - 1));
   }
   return true;
 }
 
-int64_t SequenceBook::positions_needed() const noexcept {
+int64_t SequenceBook::units_needed() const noexcept {
   int64_t n = 0;
   for (const auto& [id, q] : seqs_)
     if (q.kv >= 0 && q.role == ModelRole::target)
-      n += std::min(ctx_.models.target.retention.bounded()
-                        ? ctx_.models.target.retention.bound_positions(ctx_.kv().positions_per_unit())
-                        : INT64_MAX,
-                    q.pending ? q.target : (!q.finished ? static_cast<int64_t>(q.tokens.size()) : 0));
+      n += ctx_.kv().units_for(q.pending ? q.target
+                                         : (!q.finished ? static_cast<int64_t>(q.tokens.size()) : 0));
   return n;
 }
 

@@ -29,10 +29,11 @@ void BlockPool::ref(int32_t b) {
   ++refs_[i];
 }
 
-void BlockPool::release(int32_t b) noexcept {
+void BlockPool::release(int32_t b, bool forget) noexcept {
   const auto i = static_cast<size_t>(b);
   if (--refs_[i] == 0) {
     --in_use_;
+    if (forget) cache_.forget(b);
     if (cache_.cached(b)) // still findable: evictable, the most recently used last
       cache_.park(b);
     else

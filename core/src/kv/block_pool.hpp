@@ -25,8 +25,9 @@ public:
   int32_t take();
   // One more reference to a held block (a fork) or to a cached one (prefix reuse: back from evictable).
   void ref(int32_t b);
-  // One reference fewer; at none the block is free, or evictable while findable by content.
-  void release(int32_t b) noexcept;
+  // One reference fewer; at none the block is free, or evictable while findable by content — unless
+  // `forget`: then it stops being findable (a sliding window's released block: no prompt resumes there).
+  void release(int32_t b, bool forget = false) noexcept;
 
   PrefixCache& cache() noexcept { return cache_; }
   const PrefixCache& cache() const noexcept { return cache_; }

@@ -105,7 +105,7 @@ private:
     return layout_of(s, s.n_ctx, s.n_seq_max);
   }
   size_t peak_seqs_ = 0; // the most sequences held at once since reset_peak()
-  std::span<const int32_t> table(SeqId seq) const noexcept override {
+  std::span<const int32_t> table(SeqId seq, int32_t /*group: one*/) const noexcept override {
     auto it = seqs_.find(seq);
     return it == seqs_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second.id, 1);
   }

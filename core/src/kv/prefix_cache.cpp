@@ -23,11 +23,18 @@ uint64_t PrefixCache::block_hash(uint64_t parent, std::span<const TokenId> toks)
   return h == 0 ? 1 : h; // 0 marks "not cached"
 }
 
+uint64_t PrefixCache::group_key(uint64_t h, int32_t g) noexcept {
+  if (g == 0) return h;
+  const uint64_t k = mix(h ^ (static_cast<uint64_t>(g) * 0x9e3779b97f4a7c15ULL));
+  return k == 0 ? 1 : k;
+}
+
 void PrefixCache::add_block() {
   hash_of_.push_back(0);
   tokens_.emplace_back();
   parent_.push_back(0);
   lru_pos_.emplace_back();
+  parked_.push_back(0);
 }
 
 void PrefixCache::insert(uint64_t hash, int32_t b, std::span<const TokenId> toks, uint64_t parent) {
@@ -70,16 +77,24 @@ int32_t PrefixCache::longest_start(uint64_t parent, std::span<const TokenId> tok
 void PrefixCache::park(int32_t b) {
   lru_.push_back(b);
   lru_pos_[static_cast<size_t>(b)] = std::prev(lru_.end());
+  parked_[static_cast<size_t>(b)] = 1;
 }
 
 void PrefixCache::unpark(int32_t b) {
   lru_.erase(lru_pos_[static_cast<size_t>(b)]);
+  parked_[static_cast<size_t>(b)] = 0;
 }
 
 int32_t PrefixCache::evict() {
   const int32_t b = lru_.front();
-  lru_.pop_front();
+  forget(b);
+  return b;
+}
+
+void PrefixCache::forget(int32_t b) {
   const auto i = static_cast<size_t>(b);
+  if (parked_[i]) unpark(b);
+  if (hash_of_[i] == 0) return;
   by_hash_.erase(hash_of_[i]);
   for (auto [lo, hi] = by_parent_.equal_range(parent_[i]); lo != hi; ++lo)
     if (lo->second == b) {
@@ -88,7 +103,6 @@ int32_t PrefixCache::evict() {
     }
   hash_of_[i] = 0;
   tokens_[i].clear();
-  return b;
 }
 
 } // namespace loom

@@ -18,6 +18,9 @@ public:
   // The content hash of a block of `toks` following the blocks hashed as `parent` (0: the first block);
   // never 0 (0 marks "not cached").
   static uint64_t block_hash(uint64_t parent, std::span<const TokenId> toks) noexcept;
+  // The name of group g's block of the content hashed as h (a store of layer groups caches each group's
+  // block of a content apart); g = 0: h itself. Never 0.
+  static uint64_t group_key(uint64_t h, int32_t g) noexcept;
 
   // Makes room for the block the pool made next (ids are dense from 0).
   void add_block();
@@ -31,6 +34,12 @@ public:
   // length in `common`, at least 1), or -1: a prompt that shares part of a block reuses those positions.
   int32_t longest_start(uint64_t parent, std::span<const TokenId> toks, int32_t& common) const;
   int64_t size() const noexcept { return static_cast<int64_t>(by_hash_.size()); }
+  // A cached block's hash, tokens and parent hash.
+  uint64_t hash_of(int32_t b) const noexcept { return hash_of_[static_cast<size_t>(b)]; }
+  std::span<const TokenId> tokens_of(int32_t b) const noexcept { return tokens_[static_cast<size_t>(b)]; }
+  uint64_t parent_of(int32_t b) const noexcept { return parent_[static_cast<size_t>(b)]; }
+  // Block b (cached, referenced by nobody or not) stops being findable; if it was evictable it no longer is.
+  void forget(int32_t b);
 
   // Cached blocks nobody references: evictable, the most recently used last.
   void park(int32_t b);
@@ -48,6 +57,7 @@ private:
   std::vector<uint64_t> parent_;
   std::list<int32_t> lru_; // cached blocks with no reference, least recently used first
   std::vector<std::list<int32_t>::iterator> lru_pos_;
+  std::vector<char> parked_; // per block: in lru_
 };
 
 } // namespace loom

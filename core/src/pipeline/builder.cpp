@@ -162,7 +162,10 @@ void PipelineBuilder::make_kv_store() {
                " is smaller than the context (" + std::to_string(p.n_ctx_) +
                ") for the contiguous store; raise it, lower [model] n_ctx, or use store = \"paged\"");
   }
-  shape_ = p.model_->kv_shape(p.n_ctx_, p.n_seq_max_);
+  // What a sequence keeps follows the attention and what the backend reads (Model::kv_shape); a
+  // contiguous store, or swa_full, keeps every position.
+  shape_ = p.model_->kv_shape(p.n_ctx_, p.n_seq_max_,
+                              paged && !cfg.kv_cache.swa_full ? p.backend_.get() : nullptr);
   const auto blocks_for = [&](int64_t positions) {
     return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
   };
@@ -336,7 +339,9 @@ void PipelineBuilder::make_draft() {
   p.draft_backend_ =
       make_backend(be, cfg.decoder.draft_threads > 0 ? cfg.decoder.draft_threads : cfg.backend.threads,
                    be == p.backend_name_, cfg.source + ": [decoder] draft_backend", draft_extra);
-  KVShape dshape = p.draft_model_->kv_shape(p.n_ctx_, p.n_seq_max_);
+  KVShape dshape = p.draft_model_->kv_shape(
+      p.n_ctx_, p.n_seq_max_,
+      cfg.kv_cache.store == "paged" && !cfg.kv_cache.swa_full ? p.draft_backend_.get() : nullptr);
   dshape.block_size = cfg.kv_cache.block_size;
   dshape.n_blocks = shape_.n_blocks;
   dshape.prefix_cache = shape_.prefix_cache;

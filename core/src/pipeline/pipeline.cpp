@@ -26,10 +26,10 @@ std::unique_ptr<Pipeline> Pipeline::create(const PipelineConfig& cfg) {
   b.build_stop_rules();
   b.choose_decoder();
   b.load_model();
-  b.make_kv_store();
   b.find_verifier_plugin();
   b.fill_request_template();
   b.choose_backend();
+  b.make_kv_store(); // what it keeps depends on what the backend reads
   b.make_draft();
   b.make_model_judge();
   b.check_backends();

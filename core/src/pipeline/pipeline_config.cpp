@@ -476,7 +476,7 @@ void read_attention_section(const Checker& c, const toml::table& t, PipelineConf
 
 // [kv_cache]: the store, its blocks, dtype and size, the prefix cache.
 void read_kv_cache_section(const Checker& c, const toml::table& t, PipelineConfig& cfg) {
-  c.only_keys(t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens", "prefix_cache"});
+  c.only_keys(t, "[kv_cache]", {"store", "block_size", "dtype", "max_tokens", "prefix_cache", "swa_full"});
   read_string(c, t, "kv_cache", "store", cfg.kv_cache.store, {"contiguous", "paged"});
   cfg.kv_cache.block_size = static_cast<int32_t>(
       read_int(c, t, "kv_cache", "block_size", 16, 1, 4096, "a power of two in 1..4096"));
@@ -486,6 +486,7 @@ void read_kv_cache_section(const Checker& c, const toml::table& t, PipelineConfi
   cfg.kv_cache.max_tokens =
       static_cast<int32_t>(read_int(c, t, "kv_cache", "max_tokens", 0, 0, 1 << 28, "≥ 0"));
   cfg.kv_cache.prefix_cache = read_bool(c, t, "kv_cache", "prefix_cache", true);
+  cfg.kv_cache.swa_full = read_bool(c, t, "kv_cache", "swa_full", false);
 }
 
 // [scheduler]: the batch's bounds.
@@ -853,6 +854,7 @@ std::string to_toml(const PipelineConfig& cfg) {
   kv("dtype", toml_string(cfg.kv_cache.dtype));
   kv("max_tokens", std::to_string(cfg.kv_cache.max_tokens));
   kv("prefix_cache", b(cfg.kv_cache.prefix_cache));
+  kv("swa_full", b(cfg.kv_cache.swa_full));
   o << "\n[scheduler]\n";
   kv("max_batch_tokens", std::to_string(cfg.scheduler.max_batch_tokens));
   kv("max_sequences", std::to_string(cfg.scheduler.max_sequences));

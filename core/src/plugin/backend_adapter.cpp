@@ -5,6 +5,7 @@
 #include "plugin_internal.hpp"
 
 #include <map>
+#include <vector>
 
 namespace loom::plugin {
 
@@ -81,7 +82,11 @@ loom_kv_layout to_c(const KVLayout& l) noexcept {
           l.n_head_kv,
           l.head_dim,
           l.block_size,
-          l.n_blocks};
+          l.n_blocks,
+          l.n_groups() > 1 ? l.n_groups() : 0,
+          l.n_slots(),
+          l.n_groups() > 1 ? l.layer_group().data() : nullptr,
+          l.n_groups() > 1 ? l.layer_slot().data() : nullptr};
 }
 
 // A buffer of a plugin backend's memory (a KV pool, the logits): freed through the plugin, copies and reads
@@ -155,7 +160,12 @@ public:
                   kv.table_stride(),
                   nullptr,
                   nullptr,
+                  nullptr,
                   nullptr};
+    std::vector<loom_kv_group_rows> groups; // only a backend that declared attn_kv_groups gets a grouped pool
+    for (const KVGroupRows& gr : kv.layout().n_groups() > 1 ? kv.groups() : std::span<const KVGroupRows>())
+      groups.push_back({gr.slots.data(), gr.tables.data(), gr.table_stride, 0});
+    if (!groups.empty()) cb.kv_groups = groups.data();
     if (b.has_tree()) { // only when supports_attention said attn_tree (the engine asks)
       cb.rope_positions = b.rope_positions.data();
       cb.tree_base = b.tree_base.data();
@@ -210,6 +220,8 @@ public:
   }
   bool supports_attention(AttnKernel k, uint32_t features) const noexcept override {
     if (!vt_->supports_attention) return Backend::supports_attention(k, features);
+    // A 3.0 plugin cannot know the layer-group bit (its pool layout and batch lack the fields).
+    if ((features & attn_kv_groups) && lib_->plugin().abi_minor < 1) return false;
     return vt_->supports_attention(self_, static_cast<int32_t>(k), features) != 0;
   }
   std::string_view describe() const noexcept override {

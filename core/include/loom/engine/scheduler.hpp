@@ -38,8 +38,8 @@ public:
     StopReason reason = StopReason::none; // for `never`
     std::string why;
   };
-  // For the request at the head of the queue: a prompt of n_prompt tokens, `needed` positions of KV
-  // to hold its sequences again (a preempted request; n_prompt for a new one).
+  // For the request at the head of the queue: a prompt of n_prompt tokens, `needed` units of KV to hold
+  // its sequences again (a preempted request; its prompt's for a new one: KVCacheStore::units_for).
   Decision admission(size_t n_prompt, int64_t needed, size_t n_running) const;
 
   // ---- one step: a function of the engine's state that returns what the step does ----

@@ -145,9 +145,9 @@ public:
   void evict();
   bool evicted() const noexcept { return evicted_; }
   bool restore(); // false, holding nothing, when the stores lack free sequences
-  // Positions the live sequences hold or will need once their pending work is done (admission of a
+  // KV units the live sequences hold or will need once their pending work is done (admission of a
   // preempted request).
-  int64_t positions_needed() const noexcept;
+  int64_t units_needed() const noexcept;
   // Tokens generated so far by the sequence with the most (metrics: inter-token latency).
   size_t max_generated() const noexcept;
   bool any_generated() const noexcept;

@@ -36,10 +36,7 @@ template <class T> struct PerModel {
 struct ModelSlot {
   Model* model = nullptr; // null: no such model (a pipeline without a draft)
   Backend* backend = nullptr;
-  KVCacheStore* kv = nullptr;
-  // What its attention still reads of a sequence: with a bounded window the rest is released from the
-  // store after every forward.
-  KVRetention retention;
+  KVCacheStore* kv = nullptr; // what a sequence keeps of its positions is the store's (KVShape::retention)
   // Token trees (set_draft_tree): the most nodes a draft tree may have (0: its backend runs no tree rows),
   // and the deepest (below the narrowest sliding window: a tree row's window is taken at its depth, its
   // ancestors always attended).

@@ -6,11 +6,13 @@
 #pragma once
 
 #include "loom/kv/kv_memory.hpp"
+#include "loom/kv/kv_retention.hpp"
 #include "loom/kv/kv_stats.hpp"
 #include "loom/sdk/dtype.hpp"
 #include "loom/sdk/executor.hpp"
 #include "loom/sdk/types.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,12 +32,19 @@ struct KVShape {
   int32_t block_size = 16;   // paged store: positions per block
   int64_t n_blocks = 0;      // paged store: blocks in the pool (0: enough for n_seq_max full sequences)
   bool prefix_cache = false; // paged store: full blocks are kept by content for later requests
+  // What a sequence keeps of its positions (loom/kv/kv_retention.hpp; unbounded: every one). A paged
+  // store puts the layers marked in window_layers (some, not all: a hybrid model's sliding-window layers)
+  // in layer groups of their own (KVLayout::set_groups), which keep window_retention's positions while the
+  // others keep `retention`'s — at 32k positions, Gemma 3 holds 1 layer in 6 in full.
+  KVRetention retention{};
+  std::vector<bool> window_layers{}; // empty: every layer keeps `retention`'s
+  KVRetention window_retention{};
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
 // The store keeps the accounting — which blocks each sequence holds, reference counts, the prefix
-// cache, copy-on-write, sliding-window release — and hands each forward the slots of its rows and the
-// block tables of its sequences (KVRows, loom/sdk/executor.hpp). The memory is its KVMemory
+// cache, copy-on-write, sliding-window release, layer groups — and hands each forward the slots of its rows
+// and the block tables of its sequences (KVRows, loom/sdk/executor.hpp). The memory is its KVMemory
 // (loom/kv/kv_memory.hpp): the backend's buffer, the pool's layout and the block copies the store records;
 // what it reports about its storage is a KVStats (loom/kv/kv_stats.hpp).
 class KVCacheStore {
@@ -80,27 +89,30 @@ public:
   virtual int64_t n_units() const noexcept = 0;      // in the pool
   virtual int64_t units_in_use() const noexcept = 0; // held by some sequence
   virtual int32_t positions_per_unit() const noexcept = 0;
-  // New positions the store can still hand out (free units × positions per unit; a partly filled
-  // unit's rest is not counted). A sequence also needs a free sequence id (free_sequences()).
-  int64_t free_positions() const noexcept {
-    return (n_units() - units_in_use()) * static_cast<int64_t>(positions_per_unit());
-  }
-  int64_t capacity_positions() const noexcept {
-    return n_units() * static_cast<int64_t>(positions_per_unit());
-  }
   int64_t free_units() const noexcept { return n_units() - units_in_use(); }
+  // The units a sequence of `positions` positions holds at most (paged: its blocks in every layer group, a
+  // sliding window's no more than the window needs; contiguous: a slab) — what admission reasons with.
+  virtual int64_t units_for(int64_t positions) const noexcept {
+    const int64_t u = positions_per_unit();
+    return (std::max<int64_t>(positions, 0) + u - 1) / u;
+  }
+  // The most positions one sequence could have in `units` units, and in all of them / in the free ones
+  // (a partly filled unit's rest is not counted). A sequence also needs a free sequence id.
+  int64_t positions_in(int64_t units) const noexcept;
+  int64_t capacity_positions() const noexcept { return positions_in(n_units()); }
+  int64_t free_positions() const noexcept { return positions_in(free_units()); }
   // What the scheduler plans with (it changes nothing): the units allocate(seq, n_new) would take from
   // the free ones now — new blocks, and a private copy of a shared last block — or -1 when it can never
   // succeed (past n_ctx, or a new sequence with no sequence free).
   virtual int64_t units_to_grow(SeqId seq, int32_t n_new) const noexcept = 0;
-  // The block copy allocate(seq, n_new) would record now (copy-on-write of a shared, part-filled last
-  // block: its id and the positions written in it), or {-1, 0} when it would copy nothing.
+  // The block copies allocate(seq, n_new) would record now (copy-on-write of a shared, part-filled last
+  // block — one per layer group: its id and the positions written in it); none when it would copy nothing.
   struct GrowCopy {
     int32_t src = -1;
     int32_t positions = 0;
     bool operator==(const GrowCopy&) const = default;
   };
-  virtual GrowCopy copy_to_grow(SeqId /*seq*/, int32_t /*n_new*/) const noexcept { return {}; }
+  virtual std::vector<GrowCopy> copies_to_grow(SeqId /*seq*/, int32_t /*n_new*/) const { return {}; }
   // The units that would become free if all of `seqs` were freed now (a block also held by a sequence
   // outside the set stays in use).
   virtual int64_t units_freed_by(std::span<const SeqId> seqs) const = 0;
@@ -120,26 +132,36 @@ public:
   }
 
   // Sliding-window release: gives back the storage of the positions in [from, to) of seq that whole
-  // units cover (paged: the blocks lying inside; contiguous: none — a slab is one unit). Their rows
-  // must not be read again (no later query attends them); the length is unchanged. Returns the
-  // positions released.
+  // units cover, in every layer group (paged: the blocks lying inside; contiguous: none — a slab is one
+  // unit). Their rows must not be read again (no later query attends them); the length is unchanged.
+  // Returns the positions released.
   virtual int32_t release_positions(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) { return 0; }
-  // The first position of seq whose row was released (length(seq) when none).
+  // The same, by the shape's retention, for a sequence whose next query is at position `next`: each layer
+  // group releases what its retention no longer reads (shape().retention, window_retention). Returns the
+  // positions released.
+  virtual int32_t retire(SeqId /*seq*/, Pos /*next*/) { return 0; }
+  // The first position of seq whose row was released in some layer group (length(seq) when none).
   virtual Pos first_released(SeqId seq) const noexcept { return length(seq); }
-  // Whether the rows of positions [from, to) of seq are all stored (none released).
+  // Whether the rows of positions [from, to) of seq are all stored in every layer group (none released).
   virtual bool holds(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) const noexcept { return true; }
+  // Whether a query at position `next` finds every row below `end` it reads, in every layer group (after
+  // a truncate back past released rows it does not: they are evaluated again).
+  virtual bool readable(SeqId /*seq*/, Pos /*next*/, Pos /*end*/) const noexcept { return true; }
 
 protected:
   explicit KVCacheStore(const KVLayout& layout) : memory_(layout) {}
-  // The block ids of seq, in position order (-1: released); empty for an unknown sequence.
-  virtual std::span<const int32_t> table(SeqId seq) const noexcept = 0;
+  // The block ids of seq in layer group `group`, in position order (-1: released); empty for an unknown
+  // sequence.
+  virtual std::span<const int32_t> table(SeqId seq, int32_t group) const noexcept = 0;
   void record_copy(KVBlockCopy c) { memory_.record_copy(c); }
 
 private:
   KVMemory memory_;
-  std::vector<int64_t> slots_;   // rows_for's view: per batch row
-  std::vector<int32_t> row_seq_; // per batch row, its sequence's index
-  std::vector<int32_t> tables_;  // per sequence of the batch, table_stride block ids
+  // rows_for's view: per batch row, its sequence's index; per layer group, the slot of each batch row and
+  // table_stride block ids per sequence of the batch.
+  std::vector<int32_t> row_seq_;
+  std::vector<std::vector<int64_t>> slots_;
+  std::vector<std::vector<int32_t>> tables_;
 };
 
 // Contiguous store (rows of shape.dtype). Slabs are reserved when a sequence is first created; their pages

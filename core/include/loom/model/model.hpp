@@ -47,7 +47,12 @@ public:
   void load_into(Backend& be);
   const std::vector<WeightDesc>& weights() const noexcept { return weights_; }
 
-  KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max) const noexcept;
+  // The KV store's shape for this model (f32 rows; the caller sets dtype, block size, pool size). With a
+  // backend that reads only each query's span (attn_span_only), what a sequence keeps follows the
+  // attention: a window on every layer bounds every layer's rows; a window on some layers (Gemma 3: 5 in
+  // 6) puts those in layer groups of their own (window_layers; a paged store keeps them apart) if the
+  // backend reads such a pool (attn_kv_groups). Without a backend: every position is kept.
+  KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be = nullptr) const noexcept;
   // What each layer's attention computes (default: standard causal, soft-capped as the file says).
   void set_attention(std::shared_ptr<const AttentionVariant> v) {
     std::lock_guard lock(mu_);

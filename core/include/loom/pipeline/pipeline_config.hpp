@@ -39,6 +39,9 @@ struct PipelineConfig {
     int32_t block_size = 16;
     std::string dtype = "f32";
     bool prefix_cache = true; // paged: full blocks found again by content (prompts with a common prefix)
+    // paged: sliding-window layers keep every position, as the others (llama.cpp's --swa-full); false: they
+    // keep their window only (a hybrid model's in layer groups of their own)
+    bool swa_full = false;
     // Positions the store holds in all. contiguous: max_tokens / n_ctx slabs (at least one); paged:
     // max_tokens / block_size blocks (a request may then get less than n_ctx). 0 = 64 sequences of n_ctx.
     int32_t max_tokens = 0;

@@ -128,8 +128,10 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_WINDOW 1u
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
-#define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
-#define LOOM_ATTN_FEATURE_TREE 16u     /* it runs token-tree rows: loom_batch rope_positions / tree_* */
+#define LOOM_ATTN_FEATURE_SPAN_ONLY 8u  /* its kernels read only each query's span: others may be released */
+#define LOOM_ATTN_FEATURE_TREE 16u      /* it runs token-tree rows: loom_batch rope_positions / tree_* */
+#define LOOM_ATTN_FEATURE_KV_GROUPS 32u /* (3.1) it reads KV pools of layer groups: loom_kv_layout.n_groups  \
+                                         */
 
 typedef struct loom_node {
   int32_t op; /* loom_op */
@@ -167,14 +169,31 @@ typedef struct loom_kv_layout {
   int32_t n_layer, n_head_kv, head_dim;
   int32_t block_size;
   int64_t n_blocks;
+  /* (3.1) Layer groups (vLLM's hybrid KV cache), given only to a backend that declared
+   * LOOM_ATTN_FEATURE_KV_GROUPS; n_groups 0 or 1: every layer in every block, as above. Otherwise a block
+   * holds the rows of n_slots layers, the pool is [n_slots][2: K, V][n_blocks][block_size][row], and layer
+   * l's rows lie in slot layer_slot[l] of the blocks of group layer_group[l]: each group has its own slots
+   * and block tables (loom_batch.kv_groups) over the one pool. A hybrid model's sliding-window layers are
+   * groups of their own, whose blocks are released past the window while the others keep every position. */
+  int32_t n_groups, n_slots;
+  const int32_t* layer_group; /* n_layer entries */
+  const int32_t* layer_slot;  /* n_layer entries */
 } loom_kv_layout;
 
-/* Positions [0, n_positions) of block src copied to block dst, K and V of every layer. */
+/* Positions [0, n_positions) of block src copied to block dst, K and V of every layer (every slot). */
 typedef struct loom_block_copy {
   int64_t src, dst;
   int32_t n_positions;
   int32_t reserved; /* 0 */
 } loom_block_copy;
+
+/* One layer group's rows of a batch (loom_batch.kv_groups): as loom_batch's slots, tables, table_stride. */
+typedef struct loom_kv_group_rows {
+  const int64_t* slots;
+  const int32_t* tables;
+  int32_t table_stride;
+  int32_t reserved; /* 0 */
+} loom_kv_group_rows;
 
 /* The tokens one forward pass evaluates (rows of different sequences may be mixed) and where their
  * K/V live: row t writes its K/V at slots[t] (block · block_size + offset) and attends positions of its
@@ -202,6 +221,9 @@ typedef struct loom_batch {
   const int32_t* rope_positions;
   const int32_t* tree_base;
   const uint64_t* tree_mask;
+  /* (3.1) With layer groups (kv_layout->n_groups > 1): each group's slots and tables, n_groups entries
+   * (entry 0 repeats slots, tables, table_stride above); NULL otherwise. */
+  const loom_kv_group_rows* kv_groups;
 } loom_batch;
 
 typedef struct loom_memory_info {

@@ -9,6 +9,7 @@
 #include "loom/sdk/graph.hpp"
 #include "loom/sdk/types.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <sys/mman.h>
+#include <vector>
 
 namespace loom {
 
@@ -29,30 +31,76 @@ namespace loom {
 // (dtype f32, f16, bf16, or q8_0 with its blocks of 32 along the row). The host's KVCacheStore keeps the
 // accounting (which blocks each sequence holds); a contiguous store is the same shape with one block of
 // n_ctx positions per sequence.
-struct KVLayout {
+//
+// Layer groups (vLLM's hybrid KV cache; set_groups): a block holds the rows of n_slots() layers, the pool is
+// [n_slots][2][n_blocks][block_size][row], and layer l's rows lie in slot layer_slot()[l] of the blocks of
+// group layer_group()[l]. Each group has its own block tables (KVRows) over the one pool: a hybrid model's
+// sliding-window layers are groups whose blocks the host releases past the window, so that a long sequence
+// holds its full-attention layers' rows and only a window of the others'. A backend gets such a pool only
+// if it declared attn_kv_groups. Without groups every layer is in group 0, in slot = its index.
+class KVLayout {
+public:
   DType dtype = DType::f32;
   int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
   int32_t block_size = 0;
   int64_t n_blocks = 0;
+
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
   size_t row_bytes() const noexcept { return loom::row_bytes(dtype, row_elems()); }
-  size_t bytes() const noexcept {
-    return 2 * static_cast<size_t>(n_layer) * static_cast<size_t>(n_blocks) *
-           static_cast<size_t>(block_size) * row_bytes();
-  }
   // Bytes of one layer's K (or V) in one block.
   size_t block_bytes() const noexcept { return static_cast<size_t>(block_size) * row_bytes(); }
+  size_t bytes() const noexcept {
+    return 2 * static_cast<size_t>(n_slots()) * static_cast<size_t>(n_blocks) * block_bytes();
+  }
+
+  // Puts layer l in group layer_group[l] (n_layer entries, groups numbered from 0), in the next free slot of
+  // that group's blocks (layers in order); a block has as many slots as the largest group has layers.
+  // An empty span: one group.
+  void set_groups(std::span<const int32_t> layer_group) {
+    group_.clear();
+    slot_.clear();
+    n_groups_ = 1;
+    n_slots_ = 0;
+    if (layer_group.empty()) return;
+    if (layer_group.size() != static_cast<size_t>(n_layer))
+      throw Error(Errc::invalid_argument, "backend", "a KV layout's layer groups do not match its layers");
+    std::vector<int32_t> used;
+    for (const int32_t g : layer_group) {
+      if (g < 0 || g >= n_layer)
+        throw Error(Errc::invalid_argument, "backend", "a KV layout's layer group is out of range");
+      if (static_cast<size_t>(g) >= used.size()) used.resize(static_cast<size_t>(g) + 1, 0);
+      slot_.push_back(used[static_cast<size_t>(g)]++);
+      n_slots_ = std::max(n_slots_, used[static_cast<size_t>(g)]);
+    }
+    group_.assign(layer_group.begin(), layer_group.end());
+    n_groups_ = static_cast<int32_t>(used.size());
+  }
+  int32_t n_groups() const noexcept { return n_groups_; }
+  int32_t n_slots() const noexcept { return group_.empty() ? n_layer : n_slots_; } // layers a block holds
+  std::span<const int32_t> layer_group() const noexcept { return group_; }         // empty: one group
+  std::span<const int32_t> layer_slot() const noexcept { return slot_; }           // empty: slot = layer
+  int32_t group_of(int32_t layer) const noexcept {
+    return group_.empty() ? 0 : group_[static_cast<size_t>(layer)];
+  }
+  int32_t slot_of(int32_t layer) const noexcept {
+    return slot_.empty() ? layer : slot_[static_cast<size_t>(layer)];
+  }
   // Byte offset of the row at `off` in `block` of layer `layer`'s K (kv 0) or V (kv 1).
   size_t offset(int32_t layer, int kv, int64_t block, int32_t off) const noexcept {
-    return ((static_cast<size_t>(layer) * 2 + static_cast<size_t>(kv)) * static_cast<size_t>(n_blocks) +
+    return ((static_cast<size_t>(slot_of(layer)) * 2 + static_cast<size_t>(kv)) *
+                static_cast<size_t>(n_blocks) +
             static_cast<size_t>(block)) *
                block_bytes() +
            static_cast<size_t>(off) * row_bytes();
   }
+
+private:
+  std::vector<int32_t> group_, slot_;
+  int32_t n_groups_ = 1, n_slots_ = 0;
 };
 
-// Positions [0, n_positions) of block src copied to block dst, K and V of every layer (copy-on-write of
-// a shared block, a fork's copy). A step's copies run in order, before its forward.
+// Positions [0, n_positions) of block src copied to block dst, K and V of every layer (every slot:
+// copy-on-write of a shared block, a fork's copy). A step's copies run in order, before its forward.
 struct KVBlockCopy {
   int64_t src = 0, dst = 0;
   int32_t n_positions = 0;
@@ -112,10 +160,15 @@ public:
   }
   // The copies on a pool in host memory (what a host-memory backend's kv_copy does).
   static void copy_blocks(uint8_t* pool, const KVLayout& l, std::span<const KVBlockCopy> copies) noexcept {
+    const auto at = [&](int32_t slot, int kv, int64_t block) {
+      return ((static_cast<size_t>(slot) * 2 + static_cast<size_t>(kv)) * static_cast<size_t>(l.n_blocks) +
+              static_cast<size_t>(block)) *
+             l.block_bytes();
+    };
     for (const KVBlockCopy& c : copies)
-      for (int32_t layer = 0; layer < l.n_layer; ++layer)
+      for (int32_t slot = 0; slot < l.n_slots(); ++slot)
         for (int kv = 0; kv < 2; ++kv)
-          std::memmove(pool + l.offset(layer, kv, c.dst, 0), pool + l.offset(layer, kv, c.src, 0),
+          std::memmove(pool + at(slot, kv, c.dst), pool + at(slot, kv, c.src),
                        static_cast<size_t>(c.n_positions) * l.row_bytes());
   }
 
@@ -124,18 +177,33 @@ private:
   uint8_t* data_ = nullptr;
 };
 
+// One layer group's part of the KV pool as a forward sees it: where each batch row writes, and the block
+// table of each of the batch's sequences (table_stride block ids each).
+struct KVGroupRows {
+  std::span<const int64_t> slots;
+  std::span<const int32_t> tables;
+  int32_t table_stride = 0;
+};
+
 // The KV pool as one forward sees it (vLLM's shape): batch row t writes its new K / V at slot(t) = block ·
 // block_size + offset, and reads the positions of its sequence through that sequence's block table —
 // tables[seq_of(t) · table_stride + pos / block_size] (−1: a block the host released, never read: it lies
-// outside every query's key_span). Rows are raw bytes of layout().dtype: read and write them with kv_load /
-// kv_store (dtype.hpp), or type-specific kernels.
+// outside every query's key_span). With layer groups (KVLayout::set_groups) each group has its own slots
+// and tables, and a layer's rows are found through its group's. Rows are raw bytes of layout().dtype: read
+// and write them with kv_load / kv_store (dtype.hpp), or type-specific kernels.
 class KVRows {
 public:
   KVRows() = default;
   KVRows(const KVLayout& l, void* pool, std::span<const int64_t> slots, std::span<const int32_t> row_seq,
-         std::span<const int32_t> tables, int32_t table_stride) noexcept
-      : l_(l), pool_(static_cast<uint8_t*>(pool)), slots_(slots), row_seq_(row_seq), tables_(tables),
-        stride_(table_stride) {}
+         std::span<const int32_t> tables, int32_t table_stride)
+      : KVRows(l, pool, row_seq, {KVGroupRows{slots, tables, table_stride}}) {}
+  // One entry of `groups` per group of the layout.
+  KVRows(const KVLayout& l, void* pool, std::span<const int32_t> row_seq, std::vector<KVGroupRows> groups)
+      : l_(l), pool_(static_cast<uint8_t*>(pool)), row_seq_(row_seq), groups_(std::move(groups)) {
+    if (groups_.size() != static_cast<size_t>(l_.n_groups()))
+      throw Error(Errc::invalid_argument, "backend",
+                  "a batch's KV rows do not cover the layout's layer groups");
+  }
   const KVLayout& layout() const noexcept { return l_; }
   DType kv_dtype() const noexcept { return l_.dtype; }
   uint8_t* pool() const noexcept { return pool_; }
@@ -143,34 +211,38 @@ public:
   int32_t seq_of(size_t t) const noexcept { return row_seq_[t]; }
   // Where batch row t's new K (kv 0) / V (kv 1) of `layer` go.
   uint8_t* slot_row(int32_t layer, int kv, size_t t) const noexcept {
-    const int64_t s = slots_[t];
+    const int64_t s = group(l_.group_of(layer)).slots[t];
     return pool_ + l_.offset(layer, kv, s / l_.block_size, static_cast<int32_t>(s % l_.block_size));
   }
   uint8_t* k_new(int32_t layer, size_t t) const noexcept { return slot_row(layer, 0, t); }
   uint8_t* v_new(int32_t layer, size_t t) const noexcept { return slot_row(layer, 1, t); }
   // K / V of position pos of the batch's sequence `seq` (seq_of(t) of a row t).
   uint8_t* row(int32_t layer, int kv, int32_t seq, Pos pos) const noexcept {
-    const int32_t b = tables_[static_cast<size_t>(seq) * static_cast<size_t>(stride_) +
-                              static_cast<size_t>(pos / l_.block_size)];
+    const KVGroupRows& g = group(l_.group_of(layer));
+    const int32_t b = g.tables[static_cast<size_t>(seq) * static_cast<size_t>(g.table_stride) +
+                               static_cast<size_t>(pos / l_.block_size)];
     LOOM_ASSERT(b >= 0, "KV row of a released position (outside the sliding window)");
     return pool_ + l_.offset(layer, kv, b, pos % l_.block_size);
   }
   uint8_t* k_at(int32_t layer, int32_t seq, Pos pos) const noexcept { return row(layer, 0, seq, pos); }
   uint8_t* v_at(int32_t layer, int32_t seq, Pos pos) const noexcept { return row(layer, 1, seq, pos); }
-  // The arrays themselves (what goes over the ABI).
-  std::span<const int64_t> slots() const noexcept { return slots_; }
+  // The arrays themselves (what goes over the ABI): group 0's, and each group's.
+  std::span<const int64_t> slots() const noexcept { return group(0).slots; }
   std::span<const int32_t> row_seqs() const noexcept { return row_seq_; }
-  std::span<const int32_t> tables() const noexcept { return tables_; }
-  int32_t table_stride() const noexcept { return stride_; }
-  size_t n_seqs() const noexcept { return stride_ > 0 ? tables_.size() / static_cast<size_t>(stride_) : 0; }
+  std::span<const int32_t> tables() const noexcept { return group(0).tables; }
+  int32_t table_stride() const noexcept { return group(0).table_stride; }
+  const KVGroupRows& group(int32_t g) const noexcept { return groups_[static_cast<size_t>(g)]; }
+  std::span<const KVGroupRows> groups() const noexcept { return groups_; }
+  size_t n_seqs() const noexcept {
+    const int32_t stride = groups_.empty() ? 0 : groups_[0].table_stride;
+    return stride > 0 ? groups_[0].tables.size() / static_cast<size_t>(stride) : 0;
+  }
 
 private:
   KVLayout l_;
   uint8_t* pool_ = nullptr;
-  std::span<const int64_t> slots_;
   std::span<const int32_t> row_seq_;
-  std::span<const int32_t> tables_;
-  int32_t stride_ = 0;
+  std::vector<KVGroupRows> groups_ = std::vector<KVGroupRows>(1);
 };
 
 // How the graphs use a weight (the ABI's LOOM_WEIGHT_USE_* bits): a backend that prepares weights at load

@@ -54,7 +54,7 @@ template <class T> T element(const void* base, size_t i, size_t size) noexcept {
 }
 
 // The ABI's KV pool layout as loom::KVLayout.
-inline loom::KVLayout from_c(const loom_kv_layout& c) noexcept {
+inline loom::KVLayout from_c(const loom_kv_layout& c) {
   loom::KVLayout l;
   l.dtype = static_cast<loom::DType>(c.dtype);
   l.n_layer = c.n_layer;
@@ -62,6 +62,15 @@ inline loom::KVLayout from_c(const loom_kv_layout& c) noexcept {
   l.head_dim = c.head_dim;
   l.block_size = c.block_size;
   l.n_blocks = c.n_blocks;
+  const bool grouped = c.struct_size >= offsetof(loom_kv_layout, layer_slot) + sizeof(c.layer_slot) &&
+                       c.n_groups > 1 && c.layer_group;
+  if (grouped) { // the slots follow from the groups; a host that says otherwise is not this SDK's
+    l.set_groups({c.layer_group, static_cast<size_t>(c.n_layer)});
+    const auto slots = l.layer_slot();
+    if (c.n_slots != l.n_slots() || (c.layer_slot && !std::equal(slots.begin(), slots.end(), c.layer_slot)))
+      throw loom::Error(loom::Errc::invalid_argument, "backend",
+                        "a KV layout whose layer slots are not its groups' layers in order");
+  }
   return l;
 }
 
@@ -70,9 +79,19 @@ inline loom::KVRows kv_rows(const loom_batch& b) {
   if (!b.kv_layout || !b.kv)
     throw loom::Error(loom::Errc::invalid_argument, "backend", "a batch without its KV pool");
   const loom::KVLayout l = from_c(*b.kv_layout);
-  const size_t n_tables = b.n_seqs * static_cast<size_t>(std::max(b.table_stride, 0));
-  return loom::KVRows(l, b.kv, {b.slots, b.n_tokens}, {b.row_seq, b.n_tokens}, {b.tables, n_tables},
-                      b.table_stride);
+  const auto group = [&](const int64_t* slots, const int32_t* tables, int32_t stride) {
+    const size_t n_tables = b.n_seqs * static_cast<size_t>(std::max(stride, 0));
+    return loom::KVGroupRows{{slots, b.n_tokens}, {tables, n_tables}, stride};
+  };
+  std::vector<loom::KVGroupRows> groups{group(b.slots, b.tables, b.table_stride)};
+  if (l.n_groups() > 1) {
+    if (b.struct_size < offsetof(loom_batch, kv_groups) + sizeof(b.kv_groups) || !b.kv_groups)
+      throw loom::Error(loom::Errc::invalid_argument, "backend",
+                        "a batch of layer groups without their tables");
+    for (int32_t g = 1; g < l.n_groups(); ++g)
+      groups.push_back(group(b.kv_groups[g].slots, b.kv_groups[g].tables, b.kv_groups[g].table_stride));
+  }
+  return loom::KVRows(l, b.kv, {b.row_seq, b.n_tokens}, std::move(groups));
 }
 
 // The ABI's graph as the executor's loom::Graph (tensor data pointers are borrowed).

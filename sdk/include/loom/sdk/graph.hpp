@@ -110,13 +110,15 @@ inline const char* attn_kernel_name(AttnKernel k) noexcept {
 // What an attention node needs of a backend beyond causal attention (bit set; the ABI's
 // LOOM_ATTN_FEATURE_*). attn_span_only is asked of the backend, not of a node: that its kernels read
 // only the rows of each query's key_span, so that the host may release the others (sliding window).
-// attn_tree is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base).
+// attn_tree is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base); and
+// attn_kv_groups: that it reads a KV pool of layer groups (KVLayout::layer_group, KVRows' group tables).
 enum AttnFeature : uint32_t {
   attn_window = 1u,
   attn_softcap = 2u,
   attn_sinks = 4u,
   attn_span_only = 8u,
-  attn_tree = 16u
+  attn_tree = 16u,
+  attn_kv_groups = 32u
 };
 
 struct AttentionParams {
