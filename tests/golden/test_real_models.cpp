@@ -162,6 +162,37 @@ TEST(RealModels, Gemma3CpuGreedyEqualsTheReferenceAndLlamaCpp) {
       k_llamacpp_tie, 4, "cpu vs llama.cpp");
 }
 
+// Gemma 3 keeps 15 of its 18 layers' K/V for their window of 512 on a paged store (layer groups; the
+// other 3 keep every position): past the window — a prompt of ~900 tokens evaluated in chunks of 256, then
+// 48 greedy tokens — its tokens are those of a store that keeps every position (swa_full).
+TEST(RealModels, Gemma3SlidingWindowLayersKeepOnlyTheirWindow) {
+  LOOM_REQUIRE_BIN();
+  const auto ref = reference()["gemma3"];
+  LOOM_REQUIRE_REAL_MODEL(model, ref["file"].get<std::string>());
+  std::string prompt = "A baker kept a ledger.";
+  for (int day = 1; day <= 80; ++day)
+    prompt += " On day " + std::to_string(day) + " she baked " + std::to_string(day * 7 % 31 + 2) +
+              " loaves and sold " + std::to_string(day * 5 % 29 + 1) + ".";
+  prompt += " On which day did she sell the most loaves?";
+  const auto run = [&](bool swa_full) {
+    const auto r = loom::test::run_loom(
+        "run -m " + model.string() + " -p '" + prompt +
+            "' -n 48 --temp 0 --json --ctx-size 2048 --set kv_cache.store='\"paged\"'"
+            " --set scheduler.max_batch_tokens=256 --set kv_cache.swa_full=" +
+            (swa_full ? "true" : "false"),
+        false, 600);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const nlohmann::json hybrid = run(false), full = run(true);
+  ASSERT_TRUE(hybrid.contains("tokens") && full.contains("tokens"));
+  EXPECT_GT(hybrid["metrics"]["n_prompt"].get<int>(), 600) << "the prompt reaches past the window";
+  EXPECT_EQ(hybrid["tokens"], full["tokens"]);
+  EXPECT_EQ(hybrid["tokens"].size(), 48u);
+  EXPECT_LT(hybrid["metrics"]["kv_reserved_peak_bytes"].get<double>(),
+            full["metrics"]["kv_reserved_peak_bytes"].get<double>());
+}
+
 // The chat that was silently wrong (issue 23): SmolLM2's reply by default (the cpu backend, chosen by
 // "auto") is the reference backend's, token for token, and ends at the template's end of turn.
 TEST(RealModels, SmolLM2ChatOnTheDefaultBackendIsTheReferenceBackendsReply) {

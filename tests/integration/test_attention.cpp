@@ -145,6 +145,82 @@ TEST(Attention, SlidingWindowKVStaysBoundedOverTwoThousandTokens) {
   EXPECT_GE(full->engine().stats().peak_kv_units, 19) << "305 positions in blocks of 16";
 }
 
+// A hybrid model (Gemma 2/3's shape: some layers attend a sliding window, the others every position) on
+// a paged store: the window layers keep their rows in layer groups of their own, released past the window,
+// while the full layers keep every position — the same tokens as a store that keeps everything, in less
+// memory; and so under preemption, where a restored request finds its prefix again only where every group
+// still holds what its next query reads.
+PipelineConfig hybrid_config(const std::filesystem::path& model, bool swa_full, int32_t max_tokens = 0) {
+  PipelineConfig cfg;
+  cfg.model.path = model.string();
+  cfg.model.n_ctx = 700;
+  cfg.samplers = {SamplerSpec{"temperature", {{"value", 0.0}}}};
+  cfg.stop.eos = false;
+  cfg.kv_cache.store = "paged";
+  cfg.kv_cache.block_size = 16;
+  cfg.kv_cache.max_tokens = max_tokens;
+  cfg.kv_cache.swa_full = swa_full;
+  return cfg;
+}
+
+TEST(Attention, AHybridModelsWindowLayersKeepOnlyTheirWindow) {
+  LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
+  // Layers 0, 2 and 4 attend a window of 16; 1 and 3 every position.
+  const auto path = with_attention_metadata(model, "hybrid", {true, false, true, false, true}, 16, 0.0f);
+  GenerationRequest req;
+  req.prompt = "Once upon a time";
+  req.max_new_tokens = 600;
+  auto hybrid = Pipeline::create(hybrid_config(path, false));
+  auto full = Pipeline::create(hybrid_config(path, true));
+  const KVLayout& l = hybrid->kv_store().memory().layout();
+  ASSERT_EQ(l.n_groups(), 3) << "the full layers, then the window layers two to a group";
+  EXPECT_EQ(l.n_slots(), 2);
+  EXPECT_EQ(full->kv_store().memory().layout().n_groups(), 1);
+  const auto a = hybrid->generate(req);
+  const auto b = full->generate(req);
+  ASSERT_EQ(a.tokens.size(), 600u) << a.message;
+  EXPECT_EQ(a.tokens, b.tokens) << "greedy, 600 tokens past a window of 16";
+  EXPECT_EQ(hybrid->engine().stats().schedule_misses, 0u);
+  // 2 of 5 layers in full and a window of the rest: well under half the bytes of full KV (2/5 + the
+  // window groups' few blocks), and the one-sequence figure the pipeline reports says as much.
+  const auto peak_bytes = [](Pipeline& p) {
+    const KVCacheStore& kv = p.kv_store();
+    return static_cast<size_t>(p.engine().stats().peak_kv_units) *
+           (kv.memory().layout().bytes() / static_cast<size_t>(kv.n_units()));
+  };
+  const size_t ha = peak_bytes(*hybrid), fa = peak_bytes(*full);
+  EXPECT_LT(static_cast<double>(ha), 0.5 * static_cast<double>(fa)) << ha << " vs " << fa;
+  EXPECT_LT(hybrid->memory().kv, full->memory().kv);
+  // Preempted and restored: eight requests on a store of 24 blocks' worth of every layer (each needs ~23).
+  std::vector<GenerationRequest> reqs;
+  for (const char* p : {"Once upon a time", "The little dog", "Lily and Ben", "Tom wanted to play",
+                        "The sun was hot", "A big red ball", "Mom said", "One day"}) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_new_tokens = 300;
+    reqs.push_back(std::move(r));
+  }
+  std::vector<GenerationResult> ref;
+  for (const auto& r : reqs)
+    ref.push_back(full->generate(r));
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
+    PipelineConfig c = hybrid_config(path, false, 24 * 16);
+    c.kv_cache.prefix_cache = cache;
+    auto tight = Pipeline::create(c);
+    const auto got = tight->generate_all(reqs, 8);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(got[i].tokens, ref[i].tokens);
+      EXPECT_TRUE(got[i].message.empty()) << got[i].message;
+    }
+    EXPECT_GT(tight->engine().stats().preemptions, 0u) << "the budget was meant to force preemption";
+    EXPECT_EQ(tight->engine().stats().schedule_misses, 0u) << "every planned chunk got its KV room";
+    EXPECT_EQ(tight->kv_store().units_in_use(), 0) << "all given back at the end";
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Attention, ABackendAskedForAKernelItDoesNotRunIsOneClearLine) {
   LOOM_REQUIRE_MODEL(model, "stories260K.gguf");
   PipelineConfig cfg;

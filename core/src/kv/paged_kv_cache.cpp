@@ -266,24 +266,24 @@ private:
       if (s.window_layers[l]) g[l] = 1 + w++ / n_full;
     return g;
   }
-  // The shape checked, as a pool of blocks: n_blocks, or enough for n_seq_max full sequences (in every
-  // group); with window_layers, the layer groups.
+  // The shape checked, as a pool of blocks: n_blocks' bytes, or enough for n_seq_max full sequences (in
+  // every group); with window_layers, the layer groups.
   static KVLayout checked_layout(const KVShape& s) {
     if (s.n_layer <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.n_ctx <= 0 || s.n_seq_max <= 0 ||
         s.block_size <= 0)
       fail(Errc::invalid_argument, "kv_cache", "KV cache dimensions must be positive");
     check_dtype(s);
-    const std::vector<int32_t> groups = layer_groups(s);
-    const int64_t n_groups = groups.empty() ? 1 : *std::max_element(groups.begin(), groups.end()) + 1;
-    const int32_t blocks_per_seq = (s.n_ctx + s.block_size - 1) / s.block_size;
-    const int64_t n_blocks =
-        s.n_blocks > 0 ? s.n_blocks : static_cast<int64_t>(blocks_per_seq) * s.n_seq_max * n_groups;
-    if (n_blocks > std::numeric_limits<int32_t>::max())
+    KVLayout l = layout_of(s, s.block_size, 0);
+    l.set_groups(layer_groups(s));
+    // n_blocks counts blocks of every layer: with layer groups (blocks of n_slots layers) the pool keeps
+    // those bytes, in more blocks.
+    const int64_t blocks_per_seq = (s.n_ctx + s.block_size - 1) / s.block_size;
+    l.n_blocks = s.n_blocks > 0 ? (s.n_blocks * s.n_layer + l.n_slots() - 1) / l.n_slots()
+                                : blocks_per_seq * s.n_seq_max * l.n_groups();
+    if (l.n_blocks > std::numeric_limits<int32_t>::max())
       fail(Errc::invalid_argument, "kv_cache",
-           "a paged pool of " + std::to_string(n_blocks) +
+           "a paged pool of " + std::to_string(l.n_blocks) +
                " blocks exceeds 2^31; raise [kv_cache] block_size");
-    KVLayout l = layout_of(s, s.block_size, n_blocks);
-    l.set_groups(groups);
     return l;
   }
   struct Table {

@@ -30,7 +30,9 @@ struct KVShape {
   int32_t n_seq_max = 1; // sequences that can live at once
   DType dtype = DType::f32;
   int32_t block_size = 16;   // paged store: positions per block
-  int64_t n_blocks = 0;      // paged store: blocks in the pool (0: enough for n_seq_max full sequences)
+  // paged store: blocks of every layer's rows the pool holds (0: enough for n_seq_max full sequences); with
+  // layer groups, as many bytes in blocks of fewer layers
+  int64_t n_blocks = 0;
   bool prefix_cache = false; // paged store: full blocks are kept by content for later requests
   // What a sequence keeps of its positions (loom/kv/kv_retention.hpp; unbounded: every one). A paged
   // store puts the layers marked in window_layers (some, not all: a hybrid model's sliding-window layers)
@@ -100,6 +102,10 @@ public:
   // (a partly filled unit's rest is not counted). A sequence also needs a free sequence id.
   int64_t positions_in(int64_t units) const noexcept;
   int64_t capacity_positions() const noexcept { return positions_in(n_units()); }
+  // The bytes of units_for(positions): what one sequence of that many positions holds at most.
+  size_t bytes_for(int64_t positions) const noexcept {
+    return static_cast<size_t>(units_for(positions)) * (memory().layout().bytes() / static_cast<size_t>(std::max<int64_t>(n_units(), 1)));
+  }
   int64_t free_positions() const noexcept { return positions_in(free_units()); }
   // What the scheduler plans with (it changes nothing): the units allocate(seq, n_new) would take from
   // the free ones now — new blocks, and a private copy of a shared last block — or -1 when it can never
