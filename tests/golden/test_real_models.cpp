@@ -175,12 +175,12 @@ TEST(RealModels, Gemma3SlidingWindowLayersKeepOnlyTheirWindow) {
               " loaves and sold " + std::to_string(day * 5 % 29 + 1) + ".";
   prompt += " On which day did she sell the most loaves?";
   const auto run = [&](bool swa_full) {
-    const auto r = loom::test::run_loom(
-        "run -m " + model.string() + " -p '" + prompt +
-            "' -n 48 --temp 0 --json --ctx-size 2048 --set kv_cache.store='\"paged\"'"
-            " --set scheduler.max_batch_tokens=256 --set kv_cache.swa_full=" +
-            (swa_full ? "true" : "false"),
-        false, 600);
+    const auto r =
+        loom::test::run_loom("run -m " + model.string() + " -p '" + prompt +
+                                 "' -n 48 --temp 0 --json --ctx-size 2048 --set kv_cache.store='\"paged\"'"
+                                 " --set scheduler.max_batch_tokens=256 --set kv_cache.swa_full=" +
+                                 (swa_full ? "true" : "false"),
+                             false, 600);
     EXPECT_EQ(r.code, 0) << r.err;
     return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   };

@@ -191,6 +191,14 @@ TEST(Attention, AHybridModelsWindowLayersKeepOnlyTheirWindow) {
   const size_t ha = peak_bytes(*hybrid), fa = peak_bytes(*full);
   EXPECT_LT(static_cast<double>(ha), 0.5 * static_cast<double>(fa)) << ha << " vs " << fa;
   EXPECT_LT(hybrid->memory().kv, full->memory().kv);
+  // The reference backend reads the same pool through the same KVRows: the same tokens.
+  PipelineConfig rc = hybrid_config(path, false);
+  rc.backend.name = "reference";
+  auto on_reference = Pipeline::create(rc);
+  ASSERT_EQ(on_reference->kv_store().memory().layout().n_groups(), 3);
+  req.max_new_tokens = 200;
+  const auto on_ref = on_reference->generate(req);
+  EXPECT_EQ(on_ref.tokens, std::vector<TokenId>(b.tokens.begin(), b.tokens.begin() + 200));
   // Preempted and restored: eight requests on a store of 24 blocks' worth of every layer (each needs ~23).
   std::vector<GenerationRequest> reqs;
   for (const char* p : {"Once upon a time", "The little dog", "Lily and Ben", "Tom wanted to play",

@@ -45,8 +45,15 @@ public:
   explicit Recording(Counts& c) : c_(c) {}
   std::string_view name() const noexcept override { return k_name; }
   bool supports(const loom::Graph&, const loom::Node&) const noexcept override { return true; }
-  void compute(const loom::Graph&, const loom::BatchView& b, const loom::KVRows&,
+  void compute(const loom::Graph&, const loom::BatchView& b, const loom::KVRows& kv,
                std::span<float> logits) override {
+    // Where each layer's row 0 goes and where sequence 0's position of it lies, as pool offsets.
+    k_new_at.clear();
+    k_at.clear();
+    for (int32_t l = 0; l < kv.layout().n_layer && !b.tokens.empty(); ++l) {
+      k_new_at.push_back(static_cast<size_t>(kv.k_new(l, 0) - kv.pool()));
+      k_at.push_back(static_cast<size_t>(kv.v_at(l, 0, b.positions[0]) - kv.pool()));
+    }
     rope.assign(b.rope_positions.begin(), b.rope_positions.end());
     base.assign(b.tree_base.begin(), b.tree_base.end());
     mask.assign(b.tree_mask.begin(), b.tree_mask.end());
@@ -60,6 +67,7 @@ public:
   std::optional<loom::MemoryInfo> memory_info() const override { return loom::MemoryInfo{3, 7}; }
   std::vector<loom::Pos> rope, base;
   std::vector<uint64_t> mask;
+  std::vector<size_t> k_new_at, k_at;
   const float* logits_at = nullptr;
 
 private:
@@ -132,6 +140,65 @@ TEST(ExecutorTable, TokenTreeRowsReachTheExecutor) {
   ASSERT_EQ(Table::table.graph_compute(&pl.p, &g, &plain, logits, 4), nullptr);
   EXPECT_TRUE(pl.be->base.empty());
   EXPECT_TRUE(pl.be->rope.empty());
+  Table::table.buffer_free(&pl.p, kv);
+  Table::table.buffer_free(&pl.p, logits);
+}
+
+// A pool of layer groups (a hybrid model's window layers apart, ABI 3.1): the executor's KVRows finds each
+// layer's rows through its group's slots and tables, in its slot of the blocks; a layout whose slots are not
+// its groups' layers in order, or a batch without the groups' tables, is refused.
+TEST(ExecutorTable, ALayerGroupsPoolReachesTheExecutor) {
+  Plugin pl;
+  // Three layers: 1 in group 0; 0 and 2 in group 1 (slots 0, 1). Blocks of 2 rows of 4 floats (32 bytes).
+  const int32_t layer_group[3] = {1, 0, 1}, layer_slot[3] = {0, 0, 1};
+  const loom_kv_layout layout{
+      sizeof(loom_kv_layout), LOOM_DTYPE_F32, 3, 1, 4, 2, 4, 2, 2, layer_group, layer_slot};
+  void* kv = nullptr;
+  void* logits = nullptr;
+  ASSERT_EQ(Table::table.buffer_alloc(&pl.p, 2 * 2 * 4 * 32, LOOM_BUFFER_KV, &kv), nullptr);
+  ASSERT_EQ(Table::table.buffer_alloc(&pl.p, 16, LOOM_BUFFER_LOGITS, &logits), nullptr);
+  const int32_t tokens[1] = {7}, positions[1] = {1}, seqs[1] = {0}, out[1] = {0}, row_seq[1] = {0};
+  const int64_t slots0[1] = {3 * 2 + 1}, slots1[1] = {0 * 2 + 1}; // group 0: block 3; group 1: block 0
+  const int32_t tables0[1] = {3}, tables1[1] = {0};
+  const loom_kv_group_rows groups[2] = {{slots0, tables0, 1, 0}, {slots1, tables1, 1, 0}};
+  loom_batch b{sizeof(loom_batch),
+               1,
+               tokens,
+               positions,
+               seqs,
+               1,
+               out,
+               &layout,
+               kv,
+               slots0,
+               row_seq,
+               1,
+               tables0,
+               1,
+               nullptr,
+               nullptr,
+               nullptr,
+               groups};
+  const loom_graph g = empty_graph(1);
+  ASSERT_EQ(Table::table.graph_compute(&pl.p, &g, &b, logits, 4), nullptr);
+  // offset = ((slot · 2 + kv) · n_blocks + block) · 32 + row · 16
+  EXPECT_EQ(pl.be->k_new_at,
+            (std::vector<size_t>{(0 * 4 + 0) * 32 + 16, (0 * 4 + 3) * 32 + 16, (2 * 4 + 0) * 32 + 16}));
+  EXPECT_EQ(pl.be->k_at,
+            (std::vector<size_t>{(1 * 4 + 0) * 32 + 16, (1 * 4 + 3) * 32 + 16, (3 * 4 + 0) * 32 + 16}))
+      << "V rows of position 1 through each group's table";
+  loom_batch no_groups = b;
+  no_groups.kv_groups = nullptr;
+  loom_status* st = Table::table.graph_compute(&pl.p, &g, &no_groups, logits, 4);
+  EXPECT_NE(st, nullptr) << "a grouped pool without its groups' tables";
+  if (st) loom::sdk::core_api().status_free(st);
+  const int32_t wrong_slot[3] = {1, 0, 0};
+  loom_kv_layout bad = layout;
+  bad.layer_slot = wrong_slot;
+  b.kv_layout = &bad;
+  st = Table::table.graph_compute(&pl.p, &g, &b, logits, 4);
+  EXPECT_NE(st, nullptr) << "slots that are not the groups' layers in order";
+  if (st) loom::sdk::core_api().status_free(st);
   Table::table.buffer_free(&pl.p, kv);
   Table::table.buffer_free(&pl.p, logits);
 }

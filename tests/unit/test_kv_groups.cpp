@@ -2,7 +2,8 @@
 // paged store keeps the window layers in groups of their own over the one pool, releases their blocks past
 // the window while the full layers keep every position, and reuses a cached prefix only where every group
 // has what the next query reads. The layout the backends see (KVLayout slots, KVRows' per-group tables) is
-// checked here and through the ABI (test_executor_table.cpp); whole models: tests/integration/test_attention.cpp.
+// checked here and through the ABI (test_executor_table.cpp); whole models:
+// tests/integration/test_attention.cpp.
 #include "kv_rows.hpp"
 #include "loom/kv/kv_cache.hpp"
 

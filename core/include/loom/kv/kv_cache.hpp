@@ -29,7 +29,7 @@ struct KVShape {
   int32_t n_ctx = 0;     // positions per sequence
   int32_t n_seq_max = 1; // sequences that can live at once
   DType dtype = DType::f32;
-  int32_t block_size = 16;   // paged store: positions per block
+  int32_t block_size = 16; // paged store: positions per block
   // paged store: blocks of every layer's rows the pool holds (0: enough for n_seq_max full sequences); with
   // layer groups, as many bytes in blocks of fewer layers
   int64_t n_blocks = 0;
@@ -104,7 +104,8 @@ public:
   int64_t capacity_positions() const noexcept { return positions_in(n_units()); }
   // The bytes of units_for(positions): what one sequence of that many positions holds at most.
   size_t bytes_for(int64_t positions) const noexcept {
-    return static_cast<size_t>(units_for(positions)) * (memory().layout().bytes() / static_cast<size_t>(std::max<int64_t>(n_units(), 1)));
+    return static_cast<size_t>(units_for(positions)) *
+           (memory().layout().bytes() / static_cast<size_t>(std::max<int64_t>(n_units(), 1)));
   }
   int64_t free_positions() const noexcept { return positions_in(free_units()); }
   // What the scheduler plans with (it changes nothing): the units allocate(seq, n_new) would take from
