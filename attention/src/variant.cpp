@@ -1,6 +1,7 @@
 // What every AttentionVariant derives from its layers (loom/attention.hpp), and the factory.
 #include "loom/attention.hpp"
 #include "loom/error.hpp"
+#include "loom/kv/kv_cache.hpp"
 #include "loom/model/model_config.hpp"
 
 #include <cstdio>
@@ -35,6 +36,25 @@ KVRetention AttentionVariant::retention() const noexcept {
     r.sinks = std::max(r.sinks, l.sinks);
   }
   return r;
+}
+
+void AttentionVariant::set_retention(KVShape& s, uint32_t reads) const {
+  s.retention = {};
+  s.window_layers.clear();
+  s.window_retention = {};
+  if (!(reads & attn_span_only) || n_layer() != s.n_layer) return;
+  if (retention().bounded()) {
+    s.retention = retention();
+    return;
+  }
+  if (!(reads & attn_kv_groups)) return;
+  for (int32_t il = 0; il < n_layer(); ++il) {
+    const LayerAttention l = layer(il);
+    s.window_layers.push_back(l.window > 0);
+    s.window_retention.window = std::max(s.window_retention.window, l.window);
+    s.window_retention.sinks = std::max(s.window_retention.sinks, l.window > 0 ? l.sinks : 0);
+  }
+  if (!s.window_retention.bounded()) s.window_layers.clear(); // every layer attends in full
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include "loom/attention.hpp"
 #include "loom/error.hpp"
 #include "loom/format/gguf.hpp"
+#include "loom/kv/kv_cache.hpp"
 #include "loom/model/model_config.hpp"
 #include "loom/plugin/plugin_host.hpp"
 #include "loom/tokenizer/tokenizer.hpp"
@@ -117,6 +118,35 @@ uint64_t device_kv_memory(const po::variables_map& vm, const ModelConfig& c, nlo
   return m->free_bytes > weights + reserve ? m->free_bytes - weights - reserve : 0;
 }
 
+// A paged store of this model's KV on a backend that reads only each query's span and layer groups (cpu,
+// reference), for sequences of ctx positions in `blocks` blocks' worth of every layer (0: one sequence):
+// what its sliding-window layers keep. Null when every layer keeps every position.
+nlohmann::json windowed_kv(const ModelConfig& c, int64_t ctx, DType t, int32_t block_size, int64_t blocks) {
+  KVShape s;
+  s.n_layer = c.n_layer;
+  s.n_head_kv = c.n_head_kv;
+  s.head_dim = c.head_dim;
+  s.n_ctx = static_cast<int32_t>(ctx);
+  s.dtype = t;
+  s.block_size = block_size;
+  s.n_blocks = blocks;
+  make_attention_variant(c, {})->set_retention(s, attn_span_only | attn_kv_groups);
+  if (!s.retention.bounded() && s.window_layers.empty()) return nullptr;
+  const auto kv = make_paged_kv_cache(s);
+  const KVRetention& r = s.retention.bounded() ? s.retention : s.window_retention;
+  const auto n_window =
+      s.window_layers.empty()
+          ? c.n_layer
+          : static_cast<int32_t>(std::count(s.window_layers.begin(), s.window_layers.end(), true));
+  nlohmann::json j{{"window_layers", n_window},
+                   {"window", r.window},
+                   {"sinks", r.sinks},
+                   {"bytes_at_ctx", kv->bytes_for(ctx)},
+                   {"full_bytes_at_ctx", c.kv_bytes_per_token(t) * static_cast<uint64_t>(ctx)}};
+  if (blocks > 0) j["full_context_sequences"] = kv->n_units() / std::max<int64_t>(kv->units_for(ctx), 1);
+  return j;
+}
+
 // The KV budget (--kv-memory): whole blocks of --block-size positions in the memory given.
 nlohmann::json kv_budget(const po::variables_map& vm, const ModelConfig& c, int64_t ctx) {
   const std::string mem_s = vm["kv-memory"].as<std::string>();
@@ -148,6 +178,9 @@ nlohmann::json kv_budget(const po::variables_map& vm, const ModelConfig& c, int6
                         {"tokens", tokens},
                         {"bytes_used", blocks * per_block},
                         {"full_context_sequences", tokens / static_cast<uint64_t>(ctx)}};
+  // A paged store keeps only the window of sliding-window layers: more sequences of ctx fit.
+  if (auto w = windowed_kv(c, ctx, *t, bs, static_cast<int64_t>(blocks)); !w.is_null())
+    budget["windowed_full_context_sequences"] = w["full_context_sequences"];
   if (!device.is_null()) budget["device"] = device;
   return budget;
 }
@@ -213,7 +246,10 @@ void print_inspection_json(const Inspection& in) {
              {"f32_bytes_per_token", in.kv32},
              {"f16_bytes_per_token", in.kv16},
              {"f32_bytes", in.kv32 * ctx},
-             {"f16_bytes", in.kv16 * ctx}};
+             {"f16_bytes", in.kv16 * ctx},
+             // a paged store (blocks of 16) keeping the sliding-window layers' window only; null: none
+             {"windowed_f32", windowed_kv(c, in.ctx, DType::f32, 16, 0)},
+             {"windowed_f16", windowed_kv(c, in.ctx, DType::f16, 16, 0)}};
   if (in.budget) j["kv_budget"] = *in.budget;
   if (in.metadata) {
     nlohmann::json md = nlohmann::json::object();
@@ -269,6 +305,10 @@ void print_kv_budget(const nlohmann::json& b, int64_t ctx) {
       static_cast<unsigned long long>(b["tokens"].get<uint64_t>()),
       static_cast<unsigned long long>(b["full_context_sequences"].get<uint64_t>()),
       static_cast<long long>(ctx));
+  if (b.contains("windowed_full_context_sequences"))
+    std::printf("               %llu sequences of %lld with the sliding-window layers keeping their window\n",
+                static_cast<unsigned long long>(b["windowed_full_context_sequences"].get<uint64_t>()),
+                static_cast<long long>(ctx));
   if (b.contains("device")) {
     const auto& d = b["device"];
     std::printf("               from %s's device: %s free of %s, less %s of weights and %s for activations\n",
@@ -291,6 +331,15 @@ void print_inspection_text(const Inspection& in) {
   std::printf("               at %lld tokens: f32 %s, f16 %s\n", static_cast<long long>(in.ctx),
               human_bytes(in.kv32 * static_cast<uint64_t>(in.ctx)).c_str(),
               human_bytes(in.kv16 * static_cast<uint64_t>(in.ctx)).c_str());
+  if (const auto w32 = windowed_kv(in.c, in.ctx, DType::f32, 16, 0); !w32.is_null()) {
+    const auto w16 = windowed_kv(in.c, in.ctx, DType::f16, 16, 0);
+    const auto full = w16["full_bytes_at_ctx"].get<uint64_t>(), kept = w16["bytes_at_ctx"].get<uint64_t>();
+    std::printf("               a paged store keeps %d of %d layers for their window (%d): f32 %s, f16 %s "
+                "(%.1fx less)\n",
+                w16["window_layers"].get<int>(), in.c.n_layer, w16["window"].get<int>(),
+                human_bytes(w32["bytes_at_ctx"].get<uint64_t>()).c_str(), human_bytes(kept).c_str(),
+                kept > 0 ? static_cast<double>(full) / static_cast<double>(kept) : 0.0);
+  }
   if (in.budget) print_kv_budget(*in.budget, in.ctx);
   if (in.metadata) {
     std::printf("metadata:\n");

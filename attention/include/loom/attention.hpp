@@ -23,6 +23,7 @@
 namespace loom {
 
 struct ModelConfig;
+struct KVShape;
 
 // What one layer's attention computes beyond its shape.
 struct LayerAttention {
@@ -45,6 +46,11 @@ public:
   // The AttnFeature bits any layer needs (what the backend must support).
   uint32_t features() const noexcept;
   KVRetention retention() const noexcept;
+  // What a KV store of shape s keeps of a sequence, for a backend that reads `reads` (AttnFeature bits):
+  // with attn_span_only, a window on every layer bounds every layer's rows (s.retention), and a window on
+  // some layers puts those in layer groups of their own that keep only it (s.window_layers,
+  // s.window_retention) if the backend also reads attn_kv_groups. Otherwise every position stays.
+  void set_retention(KVShape& s, uint32_t reads) const;
   // One line: "sliding_window (window 64, sinks 4) on 5 of 6 layers, softcap 50, kernel flash".
   std::string describe() const;
 

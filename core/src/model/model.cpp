@@ -301,7 +301,7 @@ std::unique_ptr<Model> Model::with_layers(int32_t n_layers) const {
   return std::unique_ptr<Model>(new Model(file_.shared_copy(), n_layers));
 }
 
-KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be) const noexcept {
+KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be) const {
   KVShape s;
   s.n_layer = cfg_.n_layer;
   s.n_head_kv = cfg_.n_head_kv;
@@ -310,20 +310,10 @@ KVShape Model::kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be) con
   s.n_seq_max = n_seq_max;
   s.dtype = DType::f32;
   const AttentionVariant& v = *attention_;
-  const uint32_t span = v.features() | attn_span_only;
-  if (!be || v.n_layer() != s.n_layer || !be->supports_attention(v.kernel(), span)) return s;
-  if (v.retention().bounded()) {
-    s.retention = v.retention();
-    return s;
-  }
-  if (!be->supports_attention(v.kernel(), span | attn_kv_groups)) return s;
-  for (int32_t il = 0; il < v.n_layer(); ++il) {
-    const LayerAttention l = v.layer(il);
-    s.window_layers.push_back(l.window > 0);
-    s.window_retention.window = std::max(s.window_retention.window, l.window);
-    s.window_retention.sinks = std::max(s.window_retention.sinks, l.window > 0 ? l.sinks : 0);
-  }
-  if (!s.window_retention.bounded()) s.window_layers.clear(); // every layer attends in full
+  uint32_t reads = 0;
+  for (const uint32_t bit : {attn_span_only, attn_kv_groups})
+    if (be && be->supports_attention(v.kernel(), v.features() | reads | bit)) reads |= bit;
+  v.set_retention(s, reads);
   return s;
 }
 

@@ -52,7 +52,7 @@ public:
   // attention: a window on every layer bounds every layer's rows; a window on some layers (Gemma 3: 5 in
   // 6) puts those in layer groups of their own (window_layers; a paged store keeps them apart) if the
   // backend reads such a pool (attn_kv_groups). Without a backend: every position is kept.
-  KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be = nullptr) const noexcept;
+  KVShape kv_shape(int32_t n_ctx, int32_t n_seq_max, const Backend* be = nullptr) const;
   // What each layer's attention computes (default: standard causal, soft-capped as the file says).
   void set_attention(std::shared_ptr<const AttentionVariant> v) {
     std::lock_guard lock(mu_);
