@@ -343,6 +343,7 @@ private:
   // `found` (-1: not read).
   bool group_has(size_t g, std::span<const uint64_t> hashes, std::span<const TokenId> tokens, size_t k,
                  std::vector<int32_t>* found) const;
+  int32_t copy_common_start(Seq& q, std::span<const TokenId> next);
   std::span<const int32_t> table(SeqId seq, int32_t group) const noexcept override {
     auto it = seqs_.find(seq);
     return it == seqs_.end() ? std::span<const int32_t>()
@@ -402,6 +403,7 @@ int32_t PagedKVCache::reuse_prefix(SeqId seq, std::span<const TokenId> tokens, i
   size_t k = hashes.size();
   while (k > 0 && !others_have(k))
     --k;
+  hashes.resize(k);
   std::vector<int32_t> found;
   for (size_t g = 0; g < keep_.size() && k > 0; ++g) {
     group_has(g, hashes, tokens, k, &found);
@@ -412,40 +414,43 @@ int32_t PagedKVCache::reuse_prefix(SeqId seq, std::span<const TokenId> tokens, i
       t.released += b < 0 ? static_cast<int32_t>(B) : 0;
     }
   }
-  q.hashes.assign(hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(k));
-  q.length = static_cast<int32_t>(k * B);
-  // Then the cached block after these that starts with the most of the next tokens (as llama-server's
-  // slots keep any common prefix): its first `common` positions copied into a block of the sequence's own,
-  // in every group (one block each, as evaluating them again would take; no room, or a group without that
-  // block: nothing more reused). The blocks are held while the others are taken, so that taking cannot
-  // evict them.
-  const size_t at = k * B;
-  const uint64_t parent = k == 0 ? 0 : hashes[k - 1];
-  int32_t common = 0;
-  const int32_t b0 =
-      at < cap ? pool_.cache().longest_start(parent, tokens.subspan(at, std::min(B, cap - at)), common) : -1;
-  std::vector<int32_t> src{b0};
-  for (size_t g = 1; g < keep_.size() && b0 >= 0; ++g) {
-    const auto gi = static_cast<int32_t>(g);
-    src.push_back(pool_.cache().find(PrefixCache::group_key(pool_.cache().hash_of(b0), gi),
-                                     PrefixCache::group_key(parent, gi), pool_.cache().tokens_of(b0)));
-  }
-  if (b0 >= 0 && std::find(src.begin(), src.end(), -1) == src.end()) {
-    for (const int32_t b : src)
-      pool_.ref(b);
-    if (pool_.free() >= static_cast<int64_t>(src.size())) {
-      for (size_t g = 0; g < src.size(); ++g) {
-        const int32_t own = pool_.take();
-        record_copy({src[g], own, common});
-        q.g[g].blocks.push_back(own);
-      }
-      q.length += common;
-    }
-    for (const int32_t b : src)
-      pool_.release(b);
-  }
+  q.hashes = hashes;
+  q.length = static_cast<int32_t>(k * B) + copy_common_start(q, tokens.subspan(k * B, cap - k * B));
   peak_blocks_ = std::max(peak_blocks_, pool_.in_use());
   return q.length;
+}
+
+// After the whole blocks of q (q.hashes): the cached block after them that starts with the most of `next`
+// (as llama-server's slots keep any common prefix), its first `common` positions copied into a block of the
+// sequence's own in every group (one block each, as evaluating them again would take). No room, or a group
+// without that block: nothing. The blocks are held while the others are taken, so that taking cannot evict
+// them. Returns the positions copied.
+int32_t PagedKVCache::copy_common_start(Seq& q, std::span<const TokenId> next) {
+  if (next.empty()) return 0;
+  const uint64_t parent = q.hashes.empty() ? 0 : q.hashes.back();
+  PrefixCache& cache = pool_.cache();
+  int32_t common = 0;
+  const int32_t b0 = cache.longest_start(
+      parent, next.first(std::min(next.size(), static_cast<size_t>(shape_.block_size))), common);
+  if (b0 < 0) return 0;
+  std::vector<int32_t> src{b0};
+  for (size_t g = 1; g < keep_.size(); ++g) {
+    const auto gi = static_cast<int32_t>(g);
+    src.push_back(cache.find(PrefixCache::group_key(cache.hash_of(b0), gi),
+                             PrefixCache::group_key(parent, gi), cache.tokens_of(b0)));
+    if (src.back() < 0) return 0;
+  }
+  for (const int32_t b : src)
+    pool_.ref(b);
+  const bool room = pool_.free() >= static_cast<int64_t>(src.size());
+  for (size_t g = 0; g < src.size() && room; ++g) {
+    const int32_t own = pool_.take();
+    record_copy({src[g], own, common});
+    q.g[g].blocks.push_back(own);
+  }
+  for (const int32_t b : src)
+    pool_.release(b);
+  return room ? common : 0;
 }
 
 } // namespace
