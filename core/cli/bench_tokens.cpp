@@ -168,6 +168,7 @@ struct TokenBenchMemory {
   MemoryReport mem;
   uint64_t rss = 0, file_bytes = 0;
   uint64_t decode_read = 0; // weight bytes one decode step reads
+  uint64_t kv_resident = 0; // the KV store's blocks made so far (KVStats::bytes_resident)
 };
 
 TokenBenchMemory token_bench_memory(const Pipeline& p, const PipelineConfig& cfg) {
@@ -175,6 +176,7 @@ TokenBenchMemory token_bench_memory(const Pipeline& p, const PipelineConfig& cfg
   // Weight bytes one decode step reads: all but the token-embedding table (one row of it is read),
   // unless that table is also the output matrix (tied embeddings).
   m.decode_read = m.mem.weights;
+  m.kv_resident = p.kv_store().stats().bytes_resident;
   const GgufFile& gf = p.model().file();
   if (const GgufTensor* te = gf.find_tensor("token_embd.weight"); te && gf.find_tensor("output.weight"))
     m.decode_read -= std::min(m.decode_read, te->n_bytes);
@@ -205,6 +207,7 @@ void print_token_bench_json(const Pipeline& p, const PipelineConfig& cfg, const 
                       {"memory",
                        {{"weights_bytes", m.mem.weights},
                         {"kv_bytes", m.mem.kv},
+                        {"kv_resident_bytes", m.kv_resident},
                         {"activations_bytes", m.mem.activations},
                         {"workspace_bytes", m.mem.workspace},
                         {"file_bytes", m.file_bytes},
@@ -251,9 +254,10 @@ void print_token_bench_text(const Pipeline& p, const PipelineConfig& cfg, const 
   std::printf(
       "latency:  TTFT %.1f ms, TPOT %.2f ms (medians); load %.1f ms (weights to the backend, KV pool)\n",
       median(runs.ttft), median(runs.tpot), p.load_ms());
-  std::printf("memory:   peak RSS %s; weights %s, KV %s, activations %s, workspace %s (file %s)\n",
-              mib(m.rss).c_str(), mib(m.mem.weights).c_str(), mib(m.mem.kv).c_str(),
-              mib(m.mem.activations).c_str(), mib(m.mem.workspace).c_str(), mib(m.file_bytes).c_str());
+  std::printf(
+      "memory:   peak RSS %s; weights %s, KV %s (resident %s), activations %s, workspace %s (file %s)\n",
+      mib(m.rss).c_str(), mib(m.mem.weights).c_str(), mib(m.mem.kv).c_str(), mib(m.kv_resident).c_str(),
+      mib(m.mem.activations).c_str(), mib(m.mem.workspace).c_str(), mib(m.file_bytes).c_str());
   if (!s.profile) return;
   const DecodeProfile& d = runs.profile;
   const double n = d.steps > 0 ? static_cast<double>(d.steps) : 1.0, step = d.step_ms() / n;

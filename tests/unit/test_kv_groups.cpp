@@ -119,8 +119,8 @@ TEST(KvLayerGroups, WindowGroupsReleaseWhatTheWindowNoLongerReads) {
 }
 
 // A prompt resumes from the cache only where every group has the blocks its next query reads: the full
-// group every block, a window group its last window. Released window blocks are forgotten (no prompt
-// resumes inside a window's past: kept, they would hold memory for nothing).
+// group every block, a window group its last window. A window's released blocks stay findable until a block
+// is needed — they are evicted before the pool grows.
 TEST(KvLayerGroups, PrefixReuseNeedsEachWindowGroupsLastWindow) {
   std::vector<TokenId> toks(100);
   for (size_t i = 0; i < toks.size(); ++i)
@@ -131,7 +131,7 @@ TEST(KvLayerGroups, PrefixReuseNeedsEachWindowGroupsLastWindow) {
   kv->register_prefix(0, toks);
   EXPECT_EQ(kv->stats().cached_blocks, 75);
   kv->retire(0, 100);
-  EXPECT_EQ(kv->stats().cached_blocks, 25 + 2 * 10) << "released window blocks are no longer findable";
+  EXPECT_EQ(kv->stats().cached_blocks, 75) << "released, still findable";
   // The same prompt: every block, shared (the window groups' released entries stay released).
   ASSERT_TRUE(kv->allocate(1, 0));
   EXPECT_EQ(kv->reuse_prefix(1, toks, 100), 100);
@@ -139,11 +139,19 @@ TEST(KvLayerGroups, PrefixReuseNeedsEachWindowGroupsLastWindow) {
   EXPECT_TRUE(same_row(*kv, 0, 0, 1, 95));
   EXPECT_TRUE(kv->readable(1, 100, 100));
   EXPECT_EQ(k_f32(*kv, 5, 1, 99)[0], 995.0f);
-  // A prompt sharing the first 60 tokens: the window groups lack the window before 60 — nothing reused.
+  // A prompt sharing the first 60 tokens: the window before 60 was released but not yet evicted.
   std::vector<TokenId> other(toks.begin(), toks.begin() + 60);
   other.resize(80, 7);
   ASSERT_TRUE(kv->allocate(2, 0));
+  EXPECT_EQ(kv->reuse_prefix(2, other, 80), 60);
+  EXPECT_EQ(k_f32(*kv, 0, 2, 55)[0], 550.0f) << "a window block seq 0 released, found again";
+  // Taking blocks evicts released window blocks first (least recently used): then that window is gone and
+  // nothing of `other` can be reused — but the full prompt's last window, used more recently, stays.
+  kv->free(2);
+  ASSERT_TRUE(kv->allocate(4, 4 * 14));
+  ASSERT_TRUE(kv->allocate(2, 0));
   EXPECT_EQ(kv->reuse_prefix(2, other, 80), 0);
+  kv->free(4);
   // A prompt sharing 98 tokens: 24 whole blocks and, in every group, a copy of the next block's start.
   std::vector<TokenId> near(toks.begin(), toks.begin() + 98);
   near.push_back(1000);
@@ -162,6 +170,27 @@ TEST(KvLayerGroups, PrefixReuseNeedsEachWindowGroupsLastWindow) {
   kv->free(1);
   ASSERT_TRUE(kv->allocate(3, 0));
   EXPECT_EQ(kv->reuse_prefix(3, toks, 100), 100);
+}
+
+// A long sequence evaluated in chunks, its blocks registered in the prefix cache as they fill: the pool
+// grows by the full layers' blocks and a window's worth of the others', not by every layer's.
+TEST(KvLayerGroups, ALongSequenceHoldsTheFullLayersAndAWindowOfTheOthers) {
+  auto kv = make_paged_kv_cache(hybrid_shape(0, true));
+  std::vector<TokenId> toks(240);
+  for (size_t i = 0; i < toks.size(); ++i)
+    toks[i] = static_cast<TokenId>(i % 17 + 1);
+  for (int32_t len = 0; len < 240; len += 16) {
+    ASSERT_TRUE(kv->allocate(0, 16));
+    kv->register_prefix(0, toks);
+    kv->retire(0, len + 16);
+  }
+  const size_t block = kv->memory().layout().bytes() / static_cast<size_t>(kv->n_units());
+  // 60 blocks of the full group; each window group at most its window (8), the slack (32) and a chunk (16).
+  EXPECT_LE(kv->stats().bytes_resident, (60 + 2 * ((8 + 32 + 16) / 4 + 2)) * block);
+  EXPECT_GE(kv->stats().bytes_resident, (60 + 2 * ((8 + 32) / 4)) * block);
+  kv->free(0);
+  ASSERT_TRUE(kv->allocate(1, 0));
+  EXPECT_EQ(kv->reuse_prefix(1, toks, 240), 240) << "the last window is still there";
 }
 
 TEST(KvLayerGroups, AModelWithoutWindowLayersOrWithOnlyThemHasOneGroup) {

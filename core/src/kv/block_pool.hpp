@@ -25,9 +25,10 @@ public:
   int32_t take();
   // One more reference to a held block (a fork) or to a cached one (prefix reuse: back from evictable).
   void ref(int32_t b);
-  // One reference fewer; at none the block is free, or evictable while findable by content — unless
-  // `forget`: then it stops being findable (a sliding window's released block: no prompt resumes there).
-  void release(int32_t b, bool forget = false) noexcept;
+  // One reference fewer; at none the block is free, or evictable while findable by content. A block of
+  // sliding-window layers (`window`) is evicted before the pool grows: only a prompt that stops within its
+  // window resumes from it, and kept past that it would hold memory a long sequence does not need.
+  void release(int32_t b, bool window = false) noexcept;
 
   PrefixCache& cache() noexcept { return cache_; }
   const PrefixCache& cache() const noexcept { return cache_; }

@@ -74,19 +74,21 @@ int32_t PrefixCache::longest_start(uint64_t parent, std::span<const TokenId> tok
   return best;
 }
 
-void PrefixCache::park(int32_t b) {
-  lru_.push_back(b);
-  lru_pos_[static_cast<size_t>(b)] = std::prev(lru_.end());
-  parked_[static_cast<size_t>(b)] = 1;
+void PrefixCache::park(int32_t b, int lane) {
+  std::list<int32_t>& l = lru_[static_cast<size_t>(lane)];
+  l.push_back(b);
+  lru_pos_[static_cast<size_t>(b)] = std::prev(l.end());
+  parked_[static_cast<size_t>(b)] = static_cast<int8_t>(lane + 1);
 }
 
 void PrefixCache::unpark(int32_t b) {
-  lru_.erase(lru_pos_[static_cast<size_t>(b)]);
-  parked_[static_cast<size_t>(b)] = 0;
+  const auto i = static_cast<size_t>(b);
+  lru_[static_cast<size_t>(parked_[i] - 1)].erase(lru_pos_[i]);
+  parked_[i] = 0;
 }
 
-int32_t PrefixCache::evict() {
-  const int32_t b = lru_.front();
+int32_t PrefixCache::evict(int lane) {
+  const int32_t b = lru_[static_cast<size_t>(lane)].front();
   forget(b);
   return b;
 }

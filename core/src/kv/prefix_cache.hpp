@@ -5,6 +5,7 @@
 
 #include "loom/sdk/types.hpp"
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <span>
@@ -41,12 +42,13 @@ public:
   // Block b (cached, referenced by nobody or not) stops being findable; if it was evictable it no longer is.
   void forget(int32_t b);
 
-  // Cached blocks nobody references: evictable, the most recently used last.
-  void park(int32_t b);
+  // Cached blocks nobody references: evictable, the most recently used last, in one of two lanes — lane 1
+  // for blocks of sliding-window layers (BlockPool evicts those before it grows), lane 0 for the others.
+  void park(int32_t b, int lane);
   void unpark(int32_t b); // referenced again
-  bool has_evictable() const noexcept { return !lru_.empty(); }
-  // The least recently used evictable block, no longer findable.
-  int32_t evict();
+  bool has_evictable(int lane) const noexcept { return !lru_[static_cast<size_t>(lane)].empty(); }
+  // The least recently used evictable block of a lane, no longer findable.
+  int32_t evict(int lane);
 
 private:
   std::unordered_map<uint64_t, int32_t> by_hash_;        // content hash → block
@@ -55,9 +57,9 @@ private:
   std::vector<uint64_t> hash_of_;
   std::vector<std::vector<TokenId>> tokens_;
   std::vector<uint64_t> parent_;
-  std::list<int32_t> lru_; // cached blocks with no reference, least recently used first
+  std::array<std::list<int32_t>, 2> lru_; // per lane: cached blocks with no reference, least recently used first
   std::vector<std::list<int32_t>::iterator> lru_pos_;
-  std::vector<char> parked_; // per block: in lru_
+  std::vector<int8_t> parked_; // per block: its lane + 1 (0: not evictable)
 };
 
 } // namespace loom
