@@ -7,7 +7,9 @@
 #include "kv_rows.hpp"
 #include "loom/kv/kv_cache.hpp"
 
+#include <algorithm>
 #include <gtest/gtest.h>
+#include <random>
 
 namespace {
 
@@ -191,6 +193,74 @@ TEST(KvLayerGroups, ALongSequenceHoldsTheFullLayersAndAWindowOfTheOthers) {
   kv->free(0);
   ASSERT_TRUE(kv->allocate(1, 0));
   EXPECT_EQ(kv->reuse_prefix(1, toks, 240), 240) << "the last window is still there";
+}
+
+// Under random allocations, forks, truncations, frees and window releases, every row a query could still
+// read — a full layer's at any position, a window layer's in the last window of a sequence whose window is
+// readable — equals that of a store that keeps every layer's every position.
+TEST(KvLayerGroups, ReadableRowsEqualAFullStoresUnderRandomOperations) {
+  KVShape full_shape = hybrid_shape();
+  full_shape.window_layers.clear();
+  auto hybrid = make_paged_kv_cache(hybrid_shape());
+  auto full = make_paged_kv_cache(full_shape);
+  std::mt19937 g(7);
+  std::vector<SeqId> live;
+  SeqId next = 0;
+  const auto put = [](KVCacheStore& kv, SeqId seq, Pos p, float stamp) {
+    for (int32_t l = 0; l < 6; ++l) {
+      const float x = stamp + static_cast<float>(p * 10 + l);
+      loom::test::set_kv_f32(kv, l, 0, seq, p, std::vector<float>(4, x));
+      loom::test::set_kv_f32(kv, l, 1, seq, p, std::vector<float>(4, -x));
+    }
+  };
+  float stamp = 0;
+  int64_t released = 0;
+  for (int step = 0; step < 600; ++step) {
+    const int op = static_cast<int>(g() % 10);
+    if (op < 4 || live.empty()) {
+      const SeqId seq = live.empty() || g() % 3 == 0 ? next++ : live[g() % live.size()];
+      const auto n = static_cast<int32_t>(g() % 24);
+      const Pos from = full->length(seq);
+      if (!hybrid->readable(seq, from, from)) continue; // the engine evaluates such a sequence again
+      const bool a = full->allocate(seq, n), b = hybrid->allocate(seq, n);
+      ASSERT_EQ(a, b);
+      if (!a) continue;
+      if (std::find(live.begin(), live.end(), seq) == live.end()) live.push_back(seq);
+      for (Pos p = from; p < from + n; ++p) {
+        put(*full, seq, p, stamp);
+        put(*hybrid, seq, p, stamp);
+      }
+      stamp += 10000;
+      released += hybrid->retire(seq, from + n);
+    } else if (op < 6) {
+      const SeqId parent = live[g() % live.size()], child = next++;
+      ASSERT_EQ(full->fork(parent, child), hybrid->fork(parent, child));
+      live.push_back(child);
+    } else if (op < 8) {
+      const SeqId seq = live[g() % live.size()];
+      const auto n = static_cast<int32_t>(g() % static_cast<uint32_t>(full->length(seq) + 1));
+      full->truncate(seq, n);
+      hybrid->truncate(seq, n);
+    } else {
+      const size_t i = g() % live.size();
+      full->free(live[i]);
+      hybrid->free(live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (const SeqId seq : live) {
+      const Pos len = full->length(seq);
+      ASSERT_EQ(len, hybrid->length(seq));
+      const bool window_readable = hybrid->readable(seq, len, len);
+      for (int32_t l = 0; l < 6; ++l) {
+        const bool window_layer = hybrid_shape().window_layers[static_cast<size_t>(l)];
+        if (window_layer && !window_readable) continue;
+        for (Pos p = window_layer ? std::max<Pos>(0, len - 7) : 0; p < len; ++p)
+          ASSERT_EQ(k_f32(*hybrid, l, seq, p), k_f32(*full, l, seq, p))
+              << "seq " << seq << " layer " << l << " pos " << p;
+      }
+    }
+  }
+  EXPECT_GT(released, 0) << "windows were released along the way";
 }
 
 TEST(KvLayerGroups, AModelWithoutWindowLayersOrWithOnlyThemHasOneGroup) {
