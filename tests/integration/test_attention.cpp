@@ -160,6 +160,7 @@ PipelineConfig hybrid_config(const std::filesystem::path& model, bool swa_full, 
   cfg.kv_cache.block_size = 16;
   cfg.kv_cache.max_tokens = max_tokens;
   cfg.kv_cache.swa_full = swa_full;
+  cfg.scheduler.max_batch_tokens = 64; // prompts in chunks; a window's blocks grow by a chunk before retiring
   return cfg;
 }
 

@@ -263,6 +263,34 @@ TEST(KvLayerGroups, ReadableRowsEqualAFullStoresUnderRandomOperations) {
   EXPECT_GT(released, 0) << "windows were released along the way";
 }
 
+// A window on every layer (one group, its retention bounded): a prompt resumes from the sinks and the last
+// window alone — the released blocks before it need not be found, and the step's chunk counts in admission.
+TEST(KvLayerGroups, AWindowOnEveryLayerResumesFromItsLastWindow) {
+  KVShape s = hybrid_shape(0, true);
+  s.window_layers.clear();
+  s.retention = {4, 8};
+  auto kv = make_paged_kv_cache(s);
+  std::vector<TokenId> toks(100);
+  for (size_t i = 0; i < toks.size(); ++i)
+    toks[i] = static_cast<TokenId>(i + 1);
+  ASSERT_TRUE(kv->allocate(0, 100));
+  write(*kv, 0, 0, 100);
+  kv->register_prefix(0, toks);
+  kv->retire(0, 100);
+  ASSERT_TRUE(kv->allocate(2, 40)); // takes evict the released blocks first
+  kv->free(0);
+  ASSERT_TRUE(kv->allocate(1, 0));
+  EXPECT_EQ(kv->reuse_prefix(1, toks, 100), 100);
+  EXPECT_TRUE(kv->readable(1, 100, 100));
+  EXPECT_EQ(k_f32(*kv, 3, 1, 2)[0], 23.0f) << "a sink";
+  EXPECT_EQ(k_f32(*kv, 3, 1, 96)[0], 963.0f);
+  const int64_t bound = KVRetention{4, 8}.bound_positions(4) / 4;
+  EXPECT_EQ(kv->units_for(1000), bound);
+  s.step_positions = 64;
+  EXPECT_EQ(make_paged_kv_cache(s)->units_for(1000), bound + 16)
+      << "a forward's 64 positions before retiring";
+}
+
 TEST(KvLayerGroups, AModelWithoutWindowLayersOrWithOnlyThemHasOneGroup) {
   KVShape s = hybrid_shape(10);
   s.window_layers.assign(6, false);

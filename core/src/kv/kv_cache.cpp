@@ -49,6 +49,7 @@ KVRows KVCacheStore::rows_for(const BatchView& b) {
     tables.assign(seqs.size() * stride, -1);
     for (size_t i = 0; i < seqs.size(); ++i) {
       const std::span<const int32_t> tb = table(seqs[i], gi);
+      LOOM_ASSERT(tb.size() <= stride, "a layer group's block table longer than group 0's");
       std::copy(tb.begin(), tb.end(), tables.begin() + static_cast<std::ptrdiff_t>(i * stride));
     }
     groups[g] = {slots, tables, static_cast<int32_t>(stride)};

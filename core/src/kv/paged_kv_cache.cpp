@@ -120,8 +120,10 @@ public:
     const int64_t B = shape_.block_size;
     const int64_t blocks = (std::max<int64_t>(positions, 0) + B - 1) / B;
     int64_t n = 0;
+    // A window's group holds its bound and what one forward adds before the window is retired.
+    const int64_t step = (std::max<int64_t>(shape_.step_positions, 0) + B - 1) / B;
     for (const KVRetention& k : keep_)
-      n += k.bounded() ? std::min(blocks, k.bound_positions(shape_.block_size) / B) : blocks;
+      n += k.bounded() ? std::min(blocks, k.bound_positions(shape_.block_size) / B + step) : blocks;
     return n;
   }
   void free(SeqId seq) noexcept override {
@@ -166,7 +168,7 @@ public:
     if (it == seqs_.end()) return 0;
     int32_t n = 0;
     for (Table& t : it->second.g)
-      n = std::max(n, release(t, it->second.length, from, to));
+      n += release(t, it->second.length, from, to);
     return n;
   }
   int32_t retire(SeqId seq, Pos next) override {
@@ -350,6 +352,9 @@ private:
   bool group_has(size_t g, std::span<const uint64_t> hashes, std::span<const TokenId> tokens, size_t k,
                  std::vector<int32_t>* found) const;
   int32_t copy_common_start(Seq& q, std::span<const TokenId> next);
+  // How many of the first k blocks (hashes) group g has cached, from the first on.
+  size_t cached_run(size_t g, std::span<const uint64_t> hashes, std::span<const TokenId> tokens,
+                    size_t k) const;
   std::span<const int32_t> table(SeqId seq, int32_t group) const noexcept override {
     auto it = seqs_.find(seq);
     return it == seqs_.end() ? std::span<const int32_t>()
@@ -385,6 +390,18 @@ bool PagedKVCache::group_has(size_t g, std::span<const uint64_t> hashes, std::sp
   return true;
 }
 
+size_t PagedKVCache::cached_run(size_t g, std::span<const uint64_t> hashes, std::span<const TokenId> tokens,
+                                size_t k) const {
+  const auto B = static_cast<size_t>(shape_.block_size);
+  const auto gi = static_cast<int32_t>(g);
+  size_t i = 0;
+  while (i < k && pool_.cache().find(PrefixCache::group_key(hashes[i], gi),
+                                     PrefixCache::group_key(i == 0 ? 0 : hashes[i - 1], gi),
+                                     tokens.subspan(i * B, B)) >= 0)
+    ++i;
+  return i;
+}
+
 int32_t PagedKVCache::reuse_prefix(SeqId seq, std::span<const TokenId> tokens, int32_t max_positions) {
   if (!shape_.prefix_cache) return 0;
   auto it = seqs_.find(seq);
@@ -392,22 +409,20 @@ int32_t PagedKVCache::reuse_prefix(SeqId seq, std::span<const TokenId> tokens, i
   Seq& q = it->second;
   const auto B = static_cast<size_t>(shape_.block_size);
   const size_t cap = std::min(tokens.size(), static_cast<size_t>(std::clamp(max_positions, 0, shape_.n_ctx)));
-  // Whole blocks: the longest run group 0 (every layer, or the full-attention layers) has cached, cut to
-  // where every other group has what the next query reads.
+  // Whole blocks: the most of the prompt's that every group gives back — a group that keeps every position
+  // its longest cached run, a window's group what the next query reads (its sinks and last window).
   std::vector<uint64_t> hashes;
-  for (size_t i = 0; i < cap / B; ++i) {
-    const uint64_t parent = i == 0 ? 0 : hashes.back();
-    const uint64_t h = PrefixCache::block_hash(parent, tokens.subspan(i * B, B));
-    if (pool_.cache().find(h, parent, tokens.subspan(i * B, B)) < 0) break;
-    hashes.push_back(h);
-  }
-  const auto others_have = [&](size_t k) {
-    for (size_t g = 1; g < keep_.size(); ++g)
-      if (!group_has(g, hashes, tokens, k, nullptr)) return false;
+  for (size_t i = 0; i < cap / B; ++i)
+    hashes.push_back(PrefixCache::block_hash(i == 0 ? 0 : hashes.back(), tokens.subspan(i * B, B)));
+  size_t k = hashes.size();
+  for (size_t g = 0; g < keep_.size(); ++g)
+    if (!keep_[g].bounded()) k = std::min(k, cached_run(g, hashes, tokens, k));
+  const auto windows_have = [&](size_t n) {
+    for (size_t g = 0; g < keep_.size(); ++g)
+      if (keep_[g].bounded() && !group_has(g, hashes, tokens, n, nullptr)) return false;
     return true;
   };
-  size_t k = hashes.size();
-  while (k > 0 && !others_have(k))
+  while (k > 0 && !windows_have(k))
     --k;
   hashes.resize(k);
   std::vector<int32_t> found;

@@ -96,7 +96,6 @@ int32_t PrefixCache::evict(int lane) {
 void PrefixCache::forget(int32_t b) {
   const auto i = static_cast<size_t>(b);
   if (parked_[i]) unpark(b);
-  if (hash_of_[i] == 0) return;
   by_hash_.erase(hash_of_[i]);
   for (auto [lo, hi] = by_parent_.equal_range(parent_[i]); lo != hi; ++lo)
     if (lo->second == b) {

@@ -38,9 +38,6 @@ public:
   // A cached block's hash, tokens and parent hash.
   uint64_t hash_of(int32_t b) const noexcept { return hash_of_[static_cast<size_t>(b)]; }
   std::span<const TokenId> tokens_of(int32_t b) const noexcept { return tokens_[static_cast<size_t>(b)]; }
-  uint64_t parent_of(int32_t b) const noexcept { return parent_[static_cast<size_t>(b)]; }
-  // Block b (cached, referenced by nobody or not) stops being findable; if it was evictable it no longer is.
-  void forget(int32_t b);
 
   // Cached blocks nobody references: evictable, the most recently used last, in one of two lanes — lane 1
   // for blocks of sliding-window layers (BlockPool evicts those before it grows), lane 0 for the others.
@@ -51,13 +48,15 @@ public:
   int32_t evict(int lane);
 
 private:
+  void forget(int32_t b);                                // stops being findable (and evictable)
   std::unordered_map<uint64_t, int32_t> by_hash_;        // content hash → block
   std::unordered_multimap<uint64_t, int32_t> by_parent_; // parent hash → the cached blocks after it
   // Per block: its hash (0: none), tokens and parent hash.
   std::vector<uint64_t> hash_of_;
   std::vector<std::vector<TokenId>> tokens_;
   std::vector<uint64_t> parent_;
-  std::array<std::list<int32_t>, 2> lru_; // per lane: cached blocks with no reference, least recently used first
+  std::array<std::list<int32_t>, 2>
+      lru_; // per lane: cached blocks with no reference, least recently used first
   std::vector<std::list<int32_t>::iterator> lru_pos_;
   std::vector<int8_t> parked_; // per block: its lane + 1 (0: not evictable)
 };

@@ -170,6 +170,7 @@ void PipelineBuilder::make_kv_store() {
     return (positions + cfg.kv_cache.block_size - 1) / cfg.kv_cache.block_size;
   };
   shape_.prefix_cache = paged && cfg.kv_cache.prefix_cache;
+  shape_.step_positions = cfg.scheduler.max_batch_tokens;
   shape_.dtype = *kv_type;
   if (paged)
     shape_.n_blocks =
@@ -214,7 +215,9 @@ void PipelineBuilder::fill_request_template() {
 // Whether a backend runs this model as configured (every node of a decode graph, the KV rows' type, the
 // attention variant); "" when it does, else why not.
 std::string PipelineBuilder::cannot_run(const Backend& be, const Model& m) const {
-  if (!be.supports_kv_dtype(shape_.dtype)) return "it does not read " + cfg.kv_cache.dtype + " KV rows";
+  // (the KV store is made after the backend: its type from the configuration)
+  if (const auto t = dtype_from_name(cfg.kv_cache.dtype); t && !be.supports_kv_dtype(*t))
+    return "it does not read " + cfg.kv_cache.dtype + " KV rows";
   const AttentionVariant& v = m.attention();
   if (!be.supports_attention(v.kernel(), v.features()))
     return "it runs no " + std::string(attn_kernel_name(v.kernel())) + " kernel for attention variant " +
@@ -345,6 +348,7 @@ void PipelineBuilder::make_draft() {
   dshape.block_size = cfg.kv_cache.block_size;
   dshape.n_blocks = shape_.n_blocks;
   dshape.prefix_cache = shape_.prefix_cache;
+  dshape.step_positions = shape_.step_positions;
   dshape.dtype = shape_.dtype;
   p.draft_kv_ = make_store(dshape);
   draft_.emplace(DraftModel{*p.draft_model_, *p.draft_backend_, *p.draft_kv_, layers > 0});

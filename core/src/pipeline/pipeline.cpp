@@ -48,7 +48,7 @@ std::vector<TokenId> Pipeline::tokenize(std::string_view text) const {
 MemoryReport Pipeline::memory() const noexcept {
   MemoryReport m;
   m.weights = model_->config().weight_bytes;
-  m.kv = kv_->bytes_for(n_ctx_); // one sequence of the whole context
+  m.kv = kv_->bytes_for(n_ctx_);                     // one sequence of the whole context
   const uint64_t used = backend_->workspace_bytes(); // activations + scratch, as the backend holds them
   m.activations = std::min<uint64_t>(backend_->activation_bytes(), used);
   m.workspace = used - m.activations;

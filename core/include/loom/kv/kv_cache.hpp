@@ -41,6 +41,9 @@ struct KVShape {
   KVRetention retention{};
   std::vector<bool> window_layers{}; // empty: every layer keeps `retention`'s
   KVRetention window_retention{};
+  // Positions one forward may add to a sequence before what its window no longer reads is retired (the
+  // scheduler's max_batch_tokens): what a window's blocks grow by, counted in units_for.
+  int32_t step_positions = 0;
   int64_t row_elems() const noexcept { return static_cast<int64_t>(n_head_kv) * head_dim; }
 };
 
@@ -141,11 +144,11 @@ public:
   // Sliding-window release: gives back the storage of the positions in [from, to) of seq that whole
   // units cover, in every layer group (paged: the blocks lying inside; contiguous: none — a slab is one
   // unit). Their rows must not be read again (no later query attends them); the length is unchanged.
-  // Returns the positions released.
+  // Returns the positions released, summed over the groups.
   virtual int32_t release_positions(SeqId /*seq*/, Pos /*from*/, Pos /*to*/) { return 0; }
   // The same, by the shape's retention, for a sequence whose next query is at position `next`: each layer
   // group releases what its retention no longer reads (shape().retention, window_retention). Returns the
-  // positions released.
+  // positions released, summed over the groups.
   virtual int32_t retire(SeqId /*seq*/, Pos /*next*/) { return 0; }
   // The first position of seq whose row was released in some layer group (length(seq) when none).
   virtual Pos first_released(SeqId seq) const noexcept { return length(seq); }

@@ -128,10 +128,11 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_WINDOW 1u
 #define LOOM_ATTN_FEATURE_SOFTCAP 2u
 #define LOOM_ATTN_FEATURE_SINKS 4u
-#define LOOM_ATTN_FEATURE_SPAN_ONLY 8u  /* its kernels read only each query's span: others may be released */
-#define LOOM_ATTN_FEATURE_TREE 16u      /* it runs token-tree rows: loom_batch rope_positions / tree_* */
-#define LOOM_ATTN_FEATURE_KV_GROUPS 32u /* (3.1) it reads KV pools of layer groups: loom_kv_layout.n_groups  \
-                                         */
+#define LOOM_ATTN_FEATURE_SPAN_ONLY 8u /* its kernels read only each query's span: others may be released */
+#define LOOM_ATTN_FEATURE_TREE 16u     /* it runs token-tree rows: loom_batch rope_positions / tree_* */
+#define LOOM_ATTN_FEATURE_KV_GROUPS                                                                          \
+  32u /* (3.1) it reads KV pools of layer groups: loom_kv_layout.n_groups                                    \
+       */
 
 typedef struct loom_node {
   int32_t op; /* loom_op */

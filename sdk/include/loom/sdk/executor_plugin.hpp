@@ -62,12 +62,15 @@ inline loom::KVLayout from_c(const loom_kv_layout& c) {
   l.head_dim = c.head_dim;
   l.block_size = c.block_size;
   l.n_blocks = c.n_blocks;
-  const bool grouped = c.struct_size >= offsetof(loom_kv_layout, layer_slot) + sizeof(c.layer_slot) &&
-                       c.n_groups > 1 && c.layer_group;
+  const bool grouped =
+      c.struct_size >= offsetof(loom_kv_layout, layer_slot) + sizeof(c.layer_slot) && c.n_groups > 1;
   if (grouped) { // the slots follow from the groups; a host that says otherwise is not this SDK's
+    if (!c.layer_group || c.n_layer <= 0)
+      throw loom::Error(loom::Errc::invalid_argument, "backend", "a KV layout of layer groups without them");
     l.set_groups({c.layer_group, static_cast<size_t>(c.n_layer)});
     const auto slots = l.layer_slot();
-    if (c.n_slots != l.n_slots() || (c.layer_slot && !std::equal(slots.begin(), slots.end(), c.layer_slot)))
+    if (c.n_groups != l.n_groups() || c.n_slots != l.n_slots() ||
+        (c.layer_slot && !std::equal(slots.begin(), slots.end(), c.layer_slot)))
       throw loom::Error(loom::Errc::invalid_argument, "backend",
                         "a KV layout whose layer slots are not its groups' layers in order");
   }
