@@ -147,12 +147,18 @@ TEST(KvLayerGroups, PrefixReuseNeedsEachWindowGroupsLastWindow) {
   ASSERT_TRUE(kv->allocate(2, 0));
   EXPECT_EQ(kv->reuse_prefix(2, other, 80), 60);
   EXPECT_EQ(k_f32(*kv, 0, 2, 55)[0], 550.0f) << "a window block seq 0 released, found again";
-  // Taking blocks evicts released window blocks first (least recently used): then that window is gone and
-  // nothing of `other` can be reused — but the full prompt's last window, used more recently, stays.
+  // Its blocks are now those of a sequence that ended (its last window: what a next turn resumes from), kept
+  // as any cached block; blocks a window released are evicted before the pool grows: after some takes the
+  // window before 40 is gone and nothing of a prompt sharing 40 tokens can be reused, while `other` still is.
   kv->free(2);
   ASSERT_TRUE(kv->allocate(4, 4 * 14));
+  std::vector<TokenId> other40(toks.begin(), toks.begin() + 40);
+  other40.resize(60, 7);
   ASSERT_TRUE(kv->allocate(2, 0));
-  EXPECT_EQ(kv->reuse_prefix(2, other, 80), 0);
+  EXPECT_EQ(kv->reuse_prefix(2, other40, 60), 0);
+  kv->free(2);
+  ASSERT_TRUE(kv->allocate(2, 0));
+  EXPECT_EQ(kv->reuse_prefix(2, other, 80), 60);
   kv->free(4);
   // A prompt sharing 98 tokens: 24 whole blocks and, in every group, a copy of the next block's start.
   std::vector<TokenId> near(toks.begin(), toks.begin() + 98);

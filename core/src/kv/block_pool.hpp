@@ -25,9 +25,10 @@ public:
   int32_t take();
   // One more reference to a held block (a fork) or to a cached one (prefix reuse: back from evictable).
   void ref(int32_t b);
-  // One reference fewer; at none the block is free, or evictable while findable by content. A block of
-  // sliding-window layers (`window`) is evicted before the pool grows: only a prompt that stops within its
-  // window resumes from it, and kept past that it would hold memory a long sequence does not need.
+  // One reference fewer; at none the block is free, or evictable while findable by content. A block a
+  // sliding window released (`window`) is evicted before the pool grows: only a prompt that stops within
+  // that window resumes from it, and kept longer a long sequence's past would hold the memory the window
+  // saves.
   void release(int32_t b, bool window = false) noexcept;
 
   PrefixCache& cache() noexcept { return cache_; }

@@ -50,12 +50,7 @@ public:
           fail(Errc::internal, "kv_cache", "a sequence grows into a block it released (sliding window)");
     const int64_t need = units_to_grow(seq, n_new);
     if (need < 0 || pool_.free() < need) return false;
-    if (it == seqs_.end()) {
-      std::vector<Table> tables(keep_.size());
-      for (size_t g = 0; g < tables.size(); ++g)
-        tables[g].window = keep_[g].bounded();
-      it = seqs_.emplace(seq, Seq{std::move(tables), {}, 0}).first;
-    }
+    if (it == seqs_.end()) it = seqs_.emplace(seq, Seq{std::vector<Table>(keep_.size()), {}, 0}).first;
     Seq& q = it->second;
     for (Table& t : q.g)
       grow(t, q.length, n_new);
@@ -131,7 +126,7 @@ public:
     if (it == seqs_.end()) return;
     for (const Table& t : it->second.g)
       for (int32_t b : t.blocks)
-        if (b >= 0) pool_.release(b, t.window);
+        if (b >= 0) pool_.release(b);
     seqs_.erase(it);
   }
   bool fork(SeqId parent, SeqId child) override {
@@ -155,7 +150,7 @@ public:
     const auto keep = static_cast<size_t>((q.length + B - 1) / B);
     for (Table& t : q.g) {
       while (t.blocks.size() > keep) {
-        if (t.blocks.back() >= 0) pool_.release(t.blocks.back(), t.window);
+        if (t.blocks.back() >= 0) pool_.release(t.blocks.back());
         t.blocks.pop_back();
       }
       t.released = 0; // the positions of released blocks within the new length
@@ -296,7 +291,6 @@ private:
   struct Table {
     std::vector<int32_t> blocks; // -1: released (sliding window), never read again
     int32_t released = 0;        // positions in released blocks
-    bool window = false;         // its group releases past a window: its cached blocks go first (BlockPool)
   };
   struct Seq {
     std::vector<Table> g;         // one per layer group
@@ -314,7 +308,7 @@ private:
       if (write_protected(last)) {
         const int32_t copy = pool_.take();
         record_copy({last, copy, len % B}); // the positions written so far
-        pool_.release(last, t.window);
+        pool_.release(last);
         last = copy;
       }
     }
@@ -322,8 +316,10 @@ private:
     while (t.blocks.size() < need_blocks)
       t.blocks.push_back(pool_.take());
   }
-  // Gives back table t's blocks that lie inside positions [from, to) (a cached one stays findable until a
-  // block is needed: a window's blocks are evicted before the pool grows).
+  // Gives back table t's blocks that lie inside positions [from, to): a window's past. A cached one stays
+  // findable until a block is needed — evicted before the pool grows (BlockPool's window lane), where the
+  // blocks of a sequence that ended (its last window included, what a next turn resumes from) are kept as
+  // any cached block.
   int32_t release(Table& t, int32_t len, Pos from, Pos to) {
     const int32_t B = shape_.block_size;
     to = std::min(to, len);
@@ -331,7 +327,7 @@ private:
     for (int32_t b = (std::max<Pos>(from, 0) + B - 1) / B; (b + 1) * B <= to; ++b) {
       int32_t& id = t.blocks[static_cast<size_t>(b)];
       if (id < 0) continue;
-      pool_.release(id, t.window);
+      pool_.release(id, true);
       id = -1;
       n += B;
     }
@@ -469,8 +465,8 @@ int32_t PagedKVCache::copy_common_start(Seq& q, std::span<const TokenId> next) {
     record_copy({src[g], own, common});
     q.g[g].blocks.push_back(own);
   }
-  for (size_t g = 0; g < src.size(); ++g)
-    pool_.release(src[g], keep_[g].bounded());
+  for (const int32_t b : src)
+    pool_.release(b);
   return room ? common : 0;
 }
 

@@ -40,7 +40,7 @@ public:
   std::span<const TokenId> tokens_of(int32_t b) const noexcept { return tokens_[static_cast<size_t>(b)]; }
 
   // Cached blocks nobody references: evictable, the most recently used last, in one of two lanes — lane 1
-  // for blocks of sliding-window layers (BlockPool evicts those before it grows), lane 0 for the others.
+  // for blocks a sliding window released (BlockPool evicts those before it grows), lane 0 for the others.
   void park(int32_t b, int lane);
   void unpark(int32_t b); // referenced again
   bool has_evictable(int lane) const noexcept { return !lru_[static_cast<size_t>(lane)].empty(); }
