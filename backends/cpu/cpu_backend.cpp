@@ -594,7 +594,7 @@ private:
       m = Gemv{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, K), N, nullptr};
       return true;
     }
-    if (opt_.repack && repackable(w.dtype, K, N)) {
+    if (opt_.repack && repackable(opt_.isa, w.dtype, K, N)) {
       if (opt_.gemm_min_rows_quant == 1 && !int8_gemm(opt_.isa, w.dtype)) return false;
       m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
       return true;
@@ -646,7 +646,7 @@ private:
   // Whether w is a matrix of a repackable type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) that its int8 kernels
   // multiply from the repacked copy (when nothing asks for exact products).
   bool repack_route(const TensorDesc& w) const noexcept {
-    return opt_.repack && repackable(w.dtype, w.ne[0], w.ne[1]) && w.ne[2] == 1 && w.ne[3] == 1;
+    return opt_.repack && repackable(opt_.isa, w.dtype, w.ne[0], w.ne[1]) && w.ne[2] == 1 && w.ne[3] == 1;
   }
 
   // Whether w (Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS; Q4_1 when it is not repacked) takes the int8
@@ -662,7 +662,7 @@ private:
     const int64_t K = w.ne[0], N = w.ne[1];
     if (i8dq_route(w, exact) || dq_route(w, exact) || (exact && dtype_traits(w.dtype).block_size > 1)) return;
     if (bf16_route(w) || f16_route(w) ||
-        (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1 &&
+        (opt_.repack && repackable(opt_.isa, w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1 &&
          !(opt_.exact_matmul && dtype_traits(w.dtype).block_size > 1)))
       (void)repacked(w);
   }
@@ -713,13 +713,15 @@ private:
         matmul_f16x64(opt_.isa, wp, K, N, x, T, y, threads_);
       return;
     }
-    if (opt_.repack && repackable(w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
+    if (opt_.repack && repackable(opt_.isa, w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      // Q4_1 (no GGUF-row kernel of its own: its int8 kernels came with the repacked layout) keeps its
-      // exact products for batches of gemm_min_rows or more, as before: a prompt's logits are then those
-      // of exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that rounding the
-      // activations to 8 bits flips, as llama.cpp's does). gemm_min_rows above the prompt: int8 throughout.
-      const bool exact_batch = !has_kernel(w.dtype) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
+      // Q4_1 and Q5_0 (no GGUF-row kernel of their own: their int8 kernels came with the repacked layout)
+      // keep their exact products for batches of gemm_min_rows or more, as before: a prompt's logits are
+      // then those of exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that
+      // rounding the activations to 8 bits flips, as llama.cpp's does). gemm_min_rows above the prompt: int8
+      // throughout. Q3_K's prompts take its int8 GEMM, as Q4_K's and Q6_K's do.
+      const bool exact_batch = (w.dtype == DType::q4_1 || w.dtype == DType::q5_0) && opt_.gemm_min_rows > 0 &&
+                               T >= opt_.gemm_min_rows;
       if (exact_batch ||
           (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,

@@ -428,6 +428,86 @@ void gemv_q6_kx8_scalar(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float
     }
 }
 
+// ---- Q3_K repacked in groups of 8 rows ("q3_kx8") ----
+// Per group of 8 rows and super-block, 880 bytes (the GGUF size): d[8] (f16, row r at r); the 12 packed
+// scale bytes of each row as three 32-byte vectors (vector u, dword r = row r's bytes 4u..4u+3, as q4_kx8);
+// per group g of 16 columns one 32-byte vector of low bits (dword r, byte b: bits 2k, 2k+1 = the low 2 bits
+// of column 16g + 4k + b) (512); per pair p of groups one 32-byte vector of third bits (dword r, byte b:
+// bit k = that of column 32p + 4k + b, bit 4 + k = of column 32p + 16 + 4k + b) (256). A column's unsigned
+// value u = low | third << 2 is 0..7; its weight is d·(scale − 32)·(u − 4).
+// (k_q3kx8_block: kernels_internal.hpp)
+
+// The unsigned 3-bit value u of Q3_K element e (0..255) of a GGUF super-block (dequant_q3_k's layout).
+inline int q3_k_u(const uint8_t* blk, int e) {
+  const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+  return ((blk[32 + 32 * n + l] >> (2 * j)) & 3) | (((blk[l] >> (4 * n + j)) & 1) << 2);
+}
+constexpr size_t q3_low_at(int g) {
+  return 112 + 32 * static_cast<size_t>(g);
+}
+constexpr size_t q3_high_at(int p) {
+  return 624 + 32 * static_cast<size_t>(p);
+}
+
+void repack_group_q3_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_q3kx8_block) {
+    std::memset(out, 0, k_q3kx8_block);
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 110;
+      std::memcpy(out + 2 * r, blk + 108, 2);
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(out + 16 + 32 * u + 4 * r, blk + 96 + 4 * u, 4);
+      for (int col = 0; col < 256; ++col) {
+        const int u = q3_k_u(blk, col), k = (col % 16) / 4, b = col % 4;
+        out[q3_low_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>((u & 3) << (2 * k));
+        out[q3_high_at(col / 32) + 4 * r + b] |= static_cast<uint8_t>((u >> 2) << (4 * ((col / 16) % 2) + k));
+      }
+    }
+  }
+}
+
+// The unsigned value of column col of row r in a repacked super-block.
+inline int q3_kx8_u(const uint8_t* g, int r, int col) {
+  const int k = (col % 16) / 4, b = col % 4;
+  const int low = (g[q3_low_at(col / 16) + 4 * r + b] >> (2 * k)) & 3;
+  const int third = (g[q3_high_at(col / 32) + 4 * r + b] >> (4 * ((col / 16) % 2) + k)) & 1;
+  return low | third << 2;
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q3_K super-blocks (nsb × 110 bytes).
+void unpack_row_q3_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += k_q3kx8_block, out += 110) {
+    std::memset(out, 0, 110);
+    std::memcpy(out + 108, g + 2 * r, 2);
+    for (int u = 0; u < 3; ++u)
+      std::memcpy(out + 96 + 4 * u, g + 16 + 32 * u + 4 * r, 4);
+    for (int col = 0; col < 256; ++col) {
+      const int u = q3_kx8_u(g, r, col), n = col / 128, j = (col % 128) / 32, l = col % 32;
+      out[32 + 32 * n + l] |= static_cast<uint8_t>((u & 3) << (2 * j));
+      out[l] |= static_cast<uint8_t>((u >> 2) << (4 * n + j));
+    }
+  }
+}
+
+void gemv_q3_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, g += k_q3kx8_block, ++x)
+    for (int r = 0; r < 8; ++r) {
+      uint8_t packed[12]; // row r's GGUF scale bytes
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(packed + 4 * u, g + 16 + 32 * u + 4 * r, 4);
+      int32_t sumq = 0;
+      for (int s = 0; s < 16; ++s) {
+        int32_t acc = 0;
+        for (int col = 16 * s; col < 16 * s + 16; ++col)
+          acc += (q3_kx8_u(g, r, col) - 4) * x->qs[col];
+        sumq += dtype_detail::q3_k_scale(packed, s) * acc;
+      }
+      out[r] += x->d * f16(g + 2 * r) * static_cast<float>(sumq);
+    }
+}
+
 // ---- run-time dispatch to the kernels of each level ----
 
 // Four f32/f16/bf16 rows against one token: the AVX-512 loop at that level, else AVX2.
@@ -463,6 +543,31 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
     t += 2;
   }
   if (t < T) k1(t);
+}
+
+// A k-quant's one-token kernel for one group of 8 rows (Q3_K's: the scalar one, for an odd last group — its
+// VNNI kernel takes pairs).
+using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
+GemvK gemv_kx8(DType type, bool avx2) {
+  if (type == DType::q4_k) return avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar;
+  if (type == DType::q6_k) return avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar;
+  return gemv_q3_kx8_scalar;
+}
+
+// A k-quant's int8 GEMM (kernels_vnni.cpp) for tiles of 16, 8, 4, 2 and 1 tokens.
+using GemmK = void (*)(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*, int64_t);
+struct KTiles {
+  GemmK t16, t8, t4, t2, t1;
+};
+KTiles ktiles(DType type) {
+  if (type == DType::q4_k)
+    return {gemm_q4_k_x16_vnni<16>, gemm_q4_k_x16_vnni<8>, gemm_q4_k_x16_vnni<4>, gemm_q4_k_x16_vnni<2>,
+            gemm_q4_k_x16_vnni<1>};
+  if (type == DType::q3_k)
+    return {gemm_q3_k_x16_vnni<16>, gemm_q3_k_x16_vnni<8>, gemm_q3_k_x16_vnni<4>, gemm_q3_k_x16_vnni<2>,
+            gemm_q3_k_x16_vnni<1>};
+  return {gemm_q6_k_x16_vnni<16>, gemm_q6_k_x16_vnni<8>, gemm_q6_k_x16_vnni<4>, gemm_q6_k_x16_vnni<2>,
+          gemm_q6_k_x16_vnni<1>};
 }
 
 bool cpu_has(Isa level) noexcept {
@@ -564,9 +669,11 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
   dequantize_row(type, w, y, n);
 }
 
-bool repackable(DType type, int64_t K, int64_t N) noexcept {
+bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept {
   return (b32(type) && K % 32 == 0 && N % 8 == 0) ||
-         ((type == DType::q4_k || type == DType::q6_k) && K % 256 == 0 && N % 8 == 0);
+         ((type == DType::q4_k || type == DType::q6_k ||
+           (type == DType::q3_k && at_least(isa, Isa::avx512_vnni))) &&
+          K % 256 == 0 && N % 8 == 0);
 }
 
 namespace {
@@ -579,6 +686,8 @@ size_t group_bytes(DType type, int64_t K) {
     return static_cast<size_t>(K / 32) * b32_block_bytes(type);
   case DType::q4_k:
     return static_cast<size_t>(K / 256) * k_q4kx8_block;
+  case DType::q3_k:
+    return static_cast<size_t>(K / 256) * k_q3kx8_block;
   default:
     return static_cast<size_t>(K / 256) * k_q6kx8_block;
   }
@@ -604,10 +713,9 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < N / 8; ++g) {
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
-    if (type == DType::q4_k)
-      repack_group_q4_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
-    else
-      repack_group_q6_kx8(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
+    (type == DType::q4_k   ? repack_group_q4_kx8
+     : type == DType::q3_k ? repack_group_q3_kx8
+                           : repack_group_q6_kx8)(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
@@ -629,10 +737,10 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     const int r = static_cast<int>(row % 8);
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
-      if (type == DType::q4_k)
-        unpack_row_q4_kx8(g + static_cast<size_t>(i0) * k_q4kx8_block, n, r, blocks);
-      else
-        unpack_row_q6_kx8(g + static_cast<size_t>(i0) * k_q6kx8_block, n, r, blocks);
+      const size_t at = static_cast<size_t>(i0) * (group_bytes(type, K) / static_cast<size_t>(K / 256));
+      (type == DType::q4_k   ? unpack_row_q4_kx8
+       : type == DType::q3_k ? unpack_row_q3_kx8
+                             : unpack_row_q6_kx8)(g + at, n, r, blocks);
       dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
     }
   }
@@ -658,7 +766,7 @@ template <int P, class Fn> void runs_side_by_side(int64_t units, Fn&& fn) {
 // quantized in blocks of 32 (q4_0 / q8_0) or 256 (k-quants).
 void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, const BlockQ8K* xqk) {
   const DType type = m.type;
-  const bool kquant = type == DType::q4_k || type == DType::q6_k;
+  const bool kquant = dtype_traits(type).block_size == 256;
   const int64_t nb = kquant ? K / 256 : K / 32, N = m.N;
   const size_t gb = group_bytes(type, K);
   const bool avx2 = at_least(isa, Isa::avx2);
@@ -700,8 +808,15 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     }
     return;
   }
-  int64_t g_from = 0; // groups before it are done
-  if (avx2) {         // P runs of 8-row groups per thread, read side by side
+  int64_t g_from = 0;        // groups before it are done
+  if (type == DType::q3_k) { // its VNNI kernel, pairs of groups (16 rows) in contiguous runs per thread
+    const int64_t pairs = N / 16;
+    for (int64_t pr = pairs * id / nt; pr < pairs * (id + 1) / nt; ++pr) {
+      const uint8_t* g0 = m.w + static_cast<size_t>(2 * pr) * gb;
+      gemm_q3_k_x16_vnni<1>(g0, g0 + gb, xqk, nb, m.y + 16 * pr, N);
+    }
+    g_from = 2 * pairs;
+  } else if (avx2) { // P runs of 8-row groups per thread, read side by side
     // (the k-quants' VNNI kernel loses to this one for a single token: unpacking and per-sub-block
     // scaling cost more than its shared weight loads save)
     const int64_t groups = N / 8, units = groups / P;
@@ -722,12 +837,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   // The rest one group at a time: split in contiguous runs (one stream each) over the threads.
   const int64_t rest = N / 8 - g_from;
   for (int64_t g = g_from + rest * id / nt; g < g_from + rest * (id + 1) / nt; ++g) {
-    const uint8_t* wg = m.w + static_cast<size_t>(g) * gb;
-    float* out = m.y + 8 * g;
-    if (type == DType::q4_k)
-      (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk, nb, out);
-    else
-      (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk, nb, out);
+    gemv_kx8(type, avx2)(m.w + static_cast<size_t>(g) * gb, xqk, nb, m.y + 8 * g);
   }
 }
 
@@ -767,7 +877,9 @@ void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::bf16) return at_least(isa, Isa::avx512_bf16);
   if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
-  if (repacked) return b32(type) || type == DType::q4_k || type == DType::q6_k;
+  if (repacked)
+    return b32(type) || type == DType::q4_k || type == DType::q6_k ||
+           (type == DType::q3_k && at_least(isa, Isa::avx512_vnni));
   return at_least(isa, Isa::avx2) &&
          (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
@@ -780,7 +892,7 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
                    : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
       std::abort(); // a caller's bug
     if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? blocks256 : blocks32) = true;
-    const bool kquant = mats[i].type == DType::q4_k || mats[i].type == DType::q6_k;
+    const bool kquant = dtype_traits(mats[i].type).block_size == 256;
     if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
       (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
     work += mats[i].N * K;
@@ -818,7 +930,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
     return;
   }
   const size_t gb = group_bytes(type, K);
-  const bool kquant = type == DType::q4_k || type == DType::q6_k;
+  const bool kquant = dtype_traits(type).block_size == 256;
   const int64_t nb = kquant ? K / 256 : K / 32;
   std::vector<BlockQ8> xq;
   std::vector<BlockQ8K> xqk;
@@ -865,21 +977,11 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
             gemm_x16_tokens<DType::q8_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else {
             const BlockQ8K* xk = xqk.data() + tb(t0);
-            const auto at = [&](int64_t t) { return xk + tb(t); };
-            if (type == DType::q4_k)
-              tiles_of_tokens(
-                  tt, [&](int64_t t) { gemm_q4_k_x16_vnni<16>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q4_k_x16_vnni<8>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q4_k_x16_vnni<4>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q4_k_x16_vnni<2>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q4_k_x16_vnni<1>(g0, g1, at(t), nb, yt + t * N, N); });
-            else
-              tiles_of_tokens(
-                  tt, [&](int64_t t) { gemm_q6_k_x16_vnni<16>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q6_k_x16_vnni<8>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q6_k_x16_vnni<4>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q6_k_x16_vnni<2>(g0, g1, at(t), nb, yt + t * N, N); },
-                  [&](int64_t t) { gemm_q6_k_x16_vnni<1>(g0, g1, at(t), nb, yt + t * N, N); });
+            const KTiles k = ktiles(type);
+            const auto run = [&](GemmK kernel) {
+              return [&, kernel](int64_t t) { kernel(g0, g1, xk + tb(t), nb, yt + t * N, N); };
+            };
+            tiles_of_tokens(tt, run(k.t16), run(k.t8), run(k.t4), run(k.t2), run(k.t1));
           }
         }
     g_from = 2 * pairs; // an odd last group: the AVX2 kernel below
@@ -901,18 +1003,15 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K * T > 32768)
   for (int64_t g = g_from; g < N / 8; ++g)
     for (int64_t t = 0; t < T; ++t) { // a group's weights stay in cache across the tokens
-      const uint8_t* wg = wp + static_cast<size_t>(g) * gb;
       float out[8];
-      if (type == DType::q4_k)
-        (avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
-      else
-        (avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar)(wg, xqk.data() + t * nb, nb, out);
+      gemv_kx8(type, avx2)(wp + static_cast<size_t>(g) * gb, xqk.data() + t * nb, nb, out);
       std::memcpy(y + t * N + 8 * g, out, sizeof out);
     }
 }
 
 bool int8_gemm(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx512_vnni) && (b32(type) || type == DType::q4_k || type == DType::q6_k);
+  return at_least(isa, Isa::avx512_vnni) &&
+         (b32(type) || type == DType::q3_k || type == DType::q4_k || type == DType::q6_k);
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

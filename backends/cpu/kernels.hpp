@@ -42,10 +42,10 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n);
 void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,
             int64_t T, float* y, int n_threads);
 
-// Q8_0, Q4_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp; Q8_0 and
-// Q4_0 store two groups side by side, 16 rows, with an odd last group alone): N % 8 == 0.
-// A repacked matrix has the GGUF size.
-bool repackable(DType type, int64_t K, int64_t N) noexcept;
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp;
+// the 32-value block types store two groups side by side, 16 rows, with an odd last group alone), and Q3_K
+// too at avx512_vnni and up (its kernels there only): N % 8 == 0. A repacked matrix has the GGUF size.
+bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept;
 size_t repacked_bytes(DType type, int64_t K, int64_t N);
 // Rows [0, N) of w (row_bytes apart) into `out` (repacked_bytes(type, K, N) bytes); rows
 // [16i, 16i + N) of a matrix go to offset repacked_bytes(type, K, 16i), so a matrix can be repacked in
@@ -53,7 +53,7 @@ size_t repacked_bytes(DType type, int64_t K, int64_t N);
 void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, uint8_t* out);
 // Row `row` of a repacked matrix of N rows to f32 (exactly dequantize_row's values).
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, int64_t row, float* y);
-// Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: Q8_0, Q4_0, Q4_K, Q6_K), which
+// Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: the repacked types), which
 // beats dequantizing to an f32 GEMM at every batch size.
 bool int8_gemm(Isa isa, DType type) noexcept;
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.

@@ -118,6 +118,7 @@ constexpr size_t q_vec_at(int H, int h, int c, size_t head = 16) {
 }
 constexpr size_t k_q4kx8_block = 1152;
 constexpr size_t k_q6kx8_block = 1680;
+constexpr size_t k_q3kx8_block = 880;
 
 // One weight of a row (f32, f16 or bf16) as f32 (the AVX2 and AVX-512 loops' tails).
 template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
@@ -228,6 +229,9 @@ template <DType Q>
 void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy);
+template <int TT> // 16, 8, 4, 2 or 1
+LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
                                         float* y, int64_t ldy);
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,

@@ -1,4 +1,5 @@
-// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
+// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_1, Q5_0, Q3_K, Q4_K and
+// Q6_K.
 #include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
@@ -321,6 +322,86 @@ LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
     _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
 }
 
+// q3_kx8 (kernels.cpp): per group of 16 columns one vector of low bits and half a vector of third bits give
+// the 16 rows' unsigned values u = 0..7 of four 4-column chunks; each token's sum starts from −4 · bsum (the
+// u − 4 offset), four vpdpbusd add u·x, vpmulld applies the rows' scale − 32. One token (TT = 1) is decode.
+template <int TT>
+LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x03030303),
+                three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), byte = _mm512_set1_epi32(0xFF),
+                c32 = _mm512_set1_epi32(32);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q3kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q3kx8_block;
+    if constexpr (TT <= 2) // two super-blocks ahead (as gemm_x16_vnni)
+      for (size_t c = 0; c < k_q3kx8_block; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + 2 * k_q3kx8_block + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + 2 * k_q3kx8_block + c), _MM_HINT_T0);
+      }
+    // the 16 rows' 6-bit scales (q3_k_scale, + 32): dword r of sc[h] holds row r's scales 4h..4h+3 as bytes
+    const __m512i u0 = pair256(a0 + 16, a1 + 16), u1 = pair256(a0 + 48, a1 + 48),
+                  u2 = pair256(a0 + 80, a1 + 80);
+    const __m512i sc[4] = {
+        _mm512_or_si512(_mm512_and_si512(u0, m4), _mm512_slli_epi32(_mm512_and_si512(u2, m2), 4)),
+        _mm512_or_si512(_mm512_and_si512(u1, m4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u2, 2), m2), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u0, 4), m4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m2), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u1, 4), m4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u2, 6), m2), 4))};
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1 of 16 columns
+      const __m512i h = pair256(a0 + 624 + 32 * p, a1 + 624 + 32 * p);
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e) {
+        const int g = 2 * p + e;
+        const __m512i v = pair256(a0 + 112 + 32 * g, a1 + 112 + 32 * g);
+        __m512i q[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          const int s = 4 * e + k; // the third bit's position, moved to bit 2
+          const __m512i third = s > 2   ? _mm512_srli_epi16(h, static_cast<unsigned>(s - 2))
+                                : s < 2 ? _mm512_slli_epi16(h, static_cast<unsigned>(2 - s))
+                                        : h;
+          q[k] = _mm512_or_si512(
+              _mm512_and_si512(k ? _mm512_srli_epi16(v, static_cast<unsigned>(2 * k)) : v, three),
+              _mm512_and_si512(third, four));
+        }
+        const __m512i scs =
+            _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(sc[g / 4], 8 * (g % 4)), byte), c32);
+#pragma GCC unroll 16
+        for (int t = 0; t < TT; ++t) {
+          const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+          const auto* xw = reinterpret_cast<const int32_t*>(xb.qs) + 4 * g;
+          __m512i is = _mm512_set1_epi32(-4 * xb.bsums[g]);
+          is = _mm512_dpbusd_epi32(is, q[0], _mm512_set1_epi32(xw[0]));
+          is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
+          is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
+          is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
+          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
 // The specializations that kernels.cpp calls.
 template void gemv_pairs_vnni<DType::q8_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
 template void gemv_pairs_vnni<DType::q8_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
@@ -353,6 +434,17 @@ template void gemm_q6_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ
 template void gemm_q6_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                     int64_t);
 template void gemm_q6_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+
+template void gemm_q3_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                     int64_t);
+template void gemm_q3_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q3_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q3_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q3_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                     int64_t);
 
 } // namespace loom::cpu

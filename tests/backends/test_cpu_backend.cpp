@@ -278,7 +278,7 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
           const bool bf16mm = type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
           double tol = 1e-5;
           if (int8_types(type) && !as_logits &&
-              (cpu::has_kernel(type) || cpu::i8dq_supports(isa, type) || cpu::repackable(type, K, N)))
+              (cpu::has_kernel(type) || cpu::i8dq_supports(isa, type) || cpu::repackable(isa, type, K, N)))
             tol = 2e-2;
           if (bf16mm && T >= 16) tol = 1e-2;
           const auto be = [&](int gemm_min, bool repack) {

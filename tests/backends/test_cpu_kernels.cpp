@@ -179,15 +179,16 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K repacked into 8-row groups: dequantize to exactly the GGUF rows, and
-// the repacked kernels sum the same integers as the GGUF-layout ones (Q4_1, Q5_0: the int8 route on their
-// rows; 1e-5: float rounding only), at every ISA, one to several tokens.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q3_K) repacked into 8-row groups: dequantize to
+// exactly the GGUF rows, and the repacked kernels sum the same integers as the GGUF-layout ones (Q4_1, Q5_0,
+// Q3_K: the int8 route on their rows; 1e-5: float rounding only), at every ISA, one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
-  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k})
+  for (DType type :
+       {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k, DType::q3_k})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1},
                                   // the int8 GEMM's tiles of 8, 4, 2 and 1 tokens, and an odd last group
                                   std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4},
@@ -196,7 +197,11 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
                                   std::tuple{256, 256, 1} /* two runs of 4 pairs per thread */}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
-      ASSERT_TRUE(cpu::repackable(type, K, N));
+      if (type == DType::q3_k && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) {
+        EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below
+        continue;
+      }
+      ASSERT_TRUE(cpu::repackable(isa, type, K, N));
       const auto w = random_blocks(type, K, N, static_cast<uint32_t>(K * N));
       const size_t rb = row_bytes(type, K);
       std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
@@ -214,13 +219,14 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       for (auto& v : x)
         v = nd(rng);
       std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
-      if (type == DType::q4_1 || type == DType::q5_0) // their GGUF-layout int8 kernel (AVX2 and up)
+      if (type == DType::q4_1 || type == DType::q5_0 ||
+          type == DType::q3_k) // GGUF-layout int8 kernel (AVX2+)
         cpu::matmul_i8dq(cpu::at_least(isa, cpu::Isa::avx2) ? isa : cpu::Isa::avx2, type, w.data(), rb, K, N,
                          x.data(), T, y0.data(), 2);
       else
         cpu::matmul(isa, type, w.data(), rb, K, N, x.data(), T, y0.data(), 2); // the GGUF-layout kernels
       cpu::matmul_repacked(isa, type, wp.data(), K, N, x.data(), T, y1.data(), 2);
-      if (cpu::int8_gemm(isa, type)) { // the int8 GEMM gives the AVX2 kernel's floats, bit for bit
+      if (cpu::int8_gemm(isa, type) && type != DType::q3_k) { // the int8 GEMM: the AVX2 kernel's floats
         std::vector<float> y2(y1.size(), NAN);
         cpu::matmul_repacked(cpu::Isa::avx2, type, wp.data(), K, N, x.data(), T, y2.data(), 2);
         ASSERT_EQ(y1, y2);
@@ -238,8 +244,8 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
         }
       }
     }
-  EXPECT_FALSE(cpu::repackable(DType::q4_0, 64, 12)); // rows not a multiple of 8
-  EXPECT_FALSE(cpu::repackable(DType::q5_1, 64, 16));
+  EXPECT_FALSE(cpu::repackable(isa, DType::q4_0, 64, 12)); // rows not a multiple of 8
+  EXPECT_FALSE(cpu::repackable(isa, DType::q5_1, 64, 16));
 }
 
 // One token against several matrices in one parallel region (the decode step's q/k/v and gate/up):
