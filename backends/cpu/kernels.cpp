@@ -223,6 +223,12 @@ constexpr bool b32(DType type) {
   return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1 || type == DType::q5_0;
 }
 
+// The k-quants repacked at avx512_vnni only, whose kernels there take pairs of groups (16 rows) for one token
+// as for several (gemm_*_x16_vnni): below that level their GGUF rows take the i8dq route.
+constexpr bool vnni_pairs(DType type) {
+  return type == DType::q2_k || type == DType::q3_k || type == DType::iq4_xs;
+}
+
 // The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below.
 using GemvB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, float*);
 GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
@@ -508,6 +514,131 @@ void gemv_q3_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
     }
 }
 
+// ---- Q2_K repacked in groups of 8 rows ("q2_kx8") ----
+// Per group of 8 rows and super-block, 672 bytes (the GGUF size): d[8] and dmin[8] (f16, row r at r); the 16
+// scale bytes of each row (low nibble: scale, high: min, of each 16 columns) as four 32-byte vectors (vector
+// u, dword r = row r's bytes 4u..4u+3); per group g of 16 columns one 32-byte vector of the 2-bit values
+// laid out as q3_kx8's low bits (dword r, byte b: bits 2k, 2k+1 = column 16g + 4k + b).
+// (k_q2kx8_block: kernels_internal.hpp)
+
+constexpr size_t q2_vals_at(int g) {
+  return 160 + 32 * static_cast<size_t>(g);
+}
+
+void repack_group_q2_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_q2kx8_block) {
+    std::memset(out, 0, k_q2kx8_block);
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 84;
+      std::memcpy(out + 2 * r, blk + 80, 2);
+      std::memcpy(out + 16 + 2 * r, blk + 82, 2);
+      for (int u = 0; u < 4; ++u)
+        std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 * u, 4);
+      for (int col = 0; col < 256; ++col) {
+        const int n = col / 128, j = (col % 128) / 32, l = col % 32, k = (col % 16) / 4, b = col % 4;
+        const int q = (blk[16 + 32 * n + l] >> (2 * j)) & 3;
+        out[q2_vals_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>(q << (2 * k));
+      }
+    }
+  }
+}
+
+inline int q2_kx8_q(const uint8_t* g, int r, int col) {
+  return (g[q2_vals_at(col / 16) + 4 * r + col % 4] >> (2 * ((col % 16) / 4))) & 3;
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q2_K super-blocks (nsb × 84 bytes).
+void unpack_row_q2_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += k_q2kx8_block, out += 84) {
+    std::memset(out, 0, 84);
+    std::memcpy(out + 80, g + 2 * r, 2);
+    std::memcpy(out + 82, g + 16 + 2 * r, 2);
+    for (int u = 0; u < 4; ++u)
+      std::memcpy(out + 4 * u, g + 32 + 32 * u + 4 * r, 4);
+    for (int col = 0; col < 256; ++col) {
+      const int n = col / 128, j = (col % 128) / 32, l = col % 32;
+      out[16 + 32 * n + l] |= static_cast<uint8_t>(q2_kx8_q(g, r, col) << (2 * j));
+    }
+  }
+}
+
+// Q2_K: y = d·sc_s·q − dmin·m_s per group s of 16 → Σ = x.d · (d · Σ_s sc_s · Σ q·xq − dmin · Σ_s m_s ·
+// bsum_s).
+void gemv_q2_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, g += k_q2kx8_block, ++x)
+    for (int r = 0; r < 8; ++r) {
+      int32_t sumq = 0, summ = 0;
+      for (int s = 0; s < 16; ++s) {
+        const uint8_t sb = g[32 + 32 * (s / 4) + 4 * r + s % 4];
+        int32_t acc = 0;
+        for (int col = 16 * s; col < 16 * s + 16; ++col)
+          acc += q2_kx8_q(g, r, col) * x->qs[col];
+        sumq += (sb & 0xF) * acc;
+        summ += (sb >> 4) * x->bsums[s];
+      }
+      out[r] +=
+          x->d * (f16(g + 2 * r) * static_cast<float>(sumq) - f16(g + 16 + 2 * r) * static_cast<float>(summ));
+    }
+}
+
+// ---- IQ4_XS repacked in groups of 8 rows ("iq4_xsx8") ----
+// Per group of 8 rows and super-block, 1088 bytes (the GGUF size): d[8] (f16, row r at r); each row's
+// scales_l[4] as one 32-byte vector (dword r) and its u16 scales_h (row r at 2r) (48); per sub-block k of 32
+// columns four 32-byte vectors c whose dword r is row r's index bytes 16k + 4c..4c+3 (low nibbles: columns
+// 32k + 4c..4c+3, high: 32k + 16 + 4c..) (1024).
+// (k_iq4xsx8_block: kernels_internal.hpp)
+
+void repack_group_iq4_xsx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_iq4xsx8_block)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 136;
+      std::memcpy(out + 2 * r, blk, 2);
+      std::memcpy(out + 16 + 4 * r, blk + 4, 4);
+      std::memcpy(out + 48 + 2 * r, blk + 2, 2);
+      for (int k = 0; k < 8; ++k)
+        for (int c = 0; c < 4; ++c)
+          std::memcpy(out + 64 + 128 * k + 32 * c + 4 * r, blk + 8 + 16 * k + 4 * c, 4);
+    }
+}
+
+// Row r (0..7) of a repacked group back to its GGUF IQ4_XS super-blocks (nsb × 136 bytes).
+void unpack_row_iq4_xsx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += k_iq4xsx8_block, out += 136) {
+    std::memcpy(out, g + 2 * r, 2);
+    std::memcpy(out + 4, g + 16 + 4 * r, 4);
+    std::memcpy(out + 2, g + 48 + 2 * r, 2);
+    for (int k = 0; k < 8; ++k)
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(out + 8 + 16 * k + 4 * c, g + 64 + 128 * k + 32 * c + 4 * r, 4);
+  }
+}
+
+void gemv_iq4_xsx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  uint8_t blk[136];
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+    for (int r = 0; r < 8; ++r) {
+      unpack_row_iq4_xsx8(g + static_cast<size_t>(i) * k_iq4xsx8_block, 1, r, blk);
+      uint16_t sh;
+      std::memcpy(&sh, blk + 2, 2);
+      int32_t sumq = 0;
+      for (int k = 0; k < 8; ++k) {
+        const int ls = ((blk[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4);
+        int32_t acc = 0;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t q = blk[8 + 16 * k + j];
+          acc += dtype_detail::k_iq4nl_values[q & 0xF] * x->qs[32 * k + j] +
+                 dtype_detail::k_iq4nl_values[q >> 4] * x->qs[32 * k + 16 + j];
+        }
+        sumq += (ls - 32) * acc;
+      }
+      out[r] += x->d * f16(blk) * static_cast<float>(sumq);
+    }
+}
+
 // ---- run-time dispatch to the kernels of each level ----
 
 // Four f32/f16/bf16 rows against one token: the AVX-512 loop at that level, else AVX2.
@@ -545,13 +676,15 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
-// A k-quant's one-token kernel for one group of 8 rows (Q3_K's: the scalar one, for an odd last group — its
-// VNNI kernel takes pairs).
+// A k-quant's one-token kernel for one group of 8 rows (of the vnni_pairs types: the scalar one, for an odd
+// last group — their VNNI kernel takes pairs).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
   if (type == DType::q4_k) return avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar;
   if (type == DType::q6_k) return avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar;
-  return gemv_q3_kx8_scalar;
+  return type == DType::q3_k   ? gemv_q3_kx8_scalar
+         : type == DType::q2_k ? gemv_q2_kx8_scalar
+                               : gemv_iq4_xsx8_scalar;
 }
 
 // A k-quant's int8 GEMM (kernels_vnni.cpp) for tiles of 16, 8, 4, 2 and 1 tokens.
@@ -566,6 +699,12 @@ KTiles ktiles(DType type) {
   if (type == DType::q3_k)
     return {gemm_q3_k_x16_vnni<16>, gemm_q3_k_x16_vnni<8>, gemm_q3_k_x16_vnni<4>, gemm_q3_k_x16_vnni<2>,
             gemm_q3_k_x16_vnni<1>};
+  if (type == DType::q2_k)
+    return {gemm_q2_k_x16_vnni<16>, gemm_q2_k_x16_vnni<8>, gemm_q2_k_x16_vnni<4>, gemm_q2_k_x16_vnni<2>,
+            gemm_q2_k_x16_vnni<1>};
+  if (type == DType::iq4_xs)
+    return {gemm_iq4_xs_x16_vnni<16>, gemm_iq4_xs_x16_vnni<8>, gemm_iq4_xs_x16_vnni<4>,
+            gemm_iq4_xs_x16_vnni<2>, gemm_iq4_xs_x16_vnni<1>};
   return {gemm_q6_k_x16_vnni<16>, gemm_q6_k_x16_vnni<8>, gemm_q6_k_x16_vnni<4>, gemm_q6_k_x16_vnni<2>,
           gemm_q6_k_x16_vnni<1>};
 }
@@ -672,7 +811,7 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept {
   return (b32(type) && K % 32 == 0 && N % 8 == 0) ||
          ((type == DType::q4_k || type == DType::q6_k ||
-           (type == DType::q3_k && at_least(isa, Isa::avx512_vnni))) &&
+           (vnni_pairs(type) && at_least(isa, Isa::avx512_vnni))) &&
           K % 256 == 0 && N % 8 == 0);
 }
 
@@ -688,6 +827,10 @@ size_t group_bytes(DType type, int64_t K) {
     return static_cast<size_t>(K / 256) * k_q4kx8_block;
   case DType::q3_k:
     return static_cast<size_t>(K / 256) * k_q3kx8_block;
+  case DType::q2_k:
+    return static_cast<size_t>(K / 256) * k_q2kx8_block;
+  case DType::iq4_xs:
+    return static_cast<size_t>(K / 256) * k_iq4xsx8_block;
   default:
     return static_cast<size_t>(K / 256) * k_q6kx8_block;
   }
@@ -715,7 +858,10 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
     (type == DType::q4_k   ? repack_group_q4_kx8
      : type == DType::q3_k ? repack_group_q3_kx8
-                           : repack_group_q6_kx8)(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
+     : type == DType::q2_k ? repack_group_q2_kx8
+     : type == DType::iq4_xs
+         ? repack_group_iq4_xsx8
+         : repack_group_q6_kx8)(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
@@ -738,9 +884,11 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
       const size_t at = static_cast<size_t>(i0) * (group_bytes(type, K) / static_cast<size_t>(K / 256));
-      (type == DType::q4_k   ? unpack_row_q4_kx8
-       : type == DType::q3_k ? unpack_row_q3_kx8
-                             : unpack_row_q6_kx8)(g + at, n, r, blocks);
+      (type == DType::q4_k     ? unpack_row_q4_kx8
+       : type == DType::q3_k   ? unpack_row_q3_kx8
+       : type == DType::q2_k   ? unpack_row_q2_kx8
+       : type == DType::iq4_xs ? unpack_row_iq4_xsx8
+                               : unpack_row_q6_kx8)(g + at, n, r, blocks);
       dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
     }
   }
@@ -808,12 +956,13 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     }
     return;
   }
-  int64_t g_from = 0;        // groups before it are done
-  if (type == DType::q3_k) { // its VNNI kernel, pairs of groups (16 rows) in contiguous runs per thread
+  int64_t g_from = 0;     // groups before it are done
+  if (vnni_pairs(type)) { // their VNNI kernel, pairs of groups (16 rows) in contiguous runs per thread
     const int64_t pairs = N / 16;
+    const GemmK one = ktiles(type).t1;
     for (int64_t pr = pairs * id / nt; pr < pairs * (id + 1) / nt; ++pr) {
       const uint8_t* g0 = m.w + static_cast<size_t>(2 * pr) * gb;
-      gemm_q3_k_x16_vnni<1>(g0, g0 + gb, xqk, nb, m.y + 16 * pr, N);
+      one(g0, g0 + gb, xqk, nb, m.y + 16 * pr, N);
     }
     g_from = 2 * pairs;
   } else if (avx2) { // P runs of 8-row groups per thread, read side by side
@@ -879,7 +1028,7 @@ bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
   if (repacked)
     return b32(type) || type == DType::q4_k || type == DType::q6_k ||
-           (type == DType::q3_k && at_least(isa, Isa::avx512_vnni));
+           (vnni_pairs(type) && at_least(isa, Isa::avx512_vnni));
   return at_least(isa, Isa::avx2) &&
          (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
@@ -1011,7 +1160,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 
 bool int8_gemm(Isa isa, DType type) noexcept {
   return at_least(isa, Isa::avx512_vnni) &&
-         (b32(type) || type == DType::q3_k || type == DType::q4_k || type == DType::q6_k);
+         (b32(type) || vnni_pairs(type) || type == DType::q4_k || type == DType::q6_k);
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

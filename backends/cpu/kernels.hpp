@@ -43,8 +43,9 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
             int64_t T, float* y, int n_threads);
 
 // Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K repacked for decode in groups of 8 rows (layouts in kernels.cpp;
-// the 32-value block types store two groups side by side, 16 rows, with an odd last group alone), and Q3_K
-// too at avx512_vnni and up (its kernels there only): N % 8 == 0. A repacked matrix has the GGUF size.
+// the 32-value block types store two groups side by side, 16 rows, with an odd last group alone), and Q2_K,
+// Q3_K and IQ4_XS too at avx512_vnni and up (their kernels there only): N % 8 == 0. A repacked matrix has the
+// GGUF size.
 bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept;
 size_t repacked_bytes(DType type, int64_t K, int64_t N);
 // Rows [0, N) of w (row_bytes apart) into `out` (repacked_bytes(type, K, N) bytes); rows

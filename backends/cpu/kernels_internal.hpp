@@ -119,6 +119,8 @@ constexpr size_t q_vec_at(int H, int h, int c, size_t head = 16) {
 constexpr size_t k_q4kx8_block = 1152;
 constexpr size_t k_q6kx8_block = 1680;
 constexpr size_t k_q3kx8_block = 880;
+constexpr size_t k_q2kx8_block = 672;
+constexpr size_t k_iq4xsx8_block = 1088;
 
 // One weight of a row (f32, f16 or bf16) as f32 (the AVX2 and AVX-512 loops' tails).
 template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
@@ -137,6 +139,13 @@ template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
 LOOM_AVX512VNNI inline __m512i pair256(const uint8_t* a, const uint8_t* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// Two groups' 8 f16 values (a k-quant group's d or dmin) as 16 floats: rows 0..7, then 8..15.
+LOOM_AVX512VNNI inline __m512 pair_f16(const uint8_t* a, const uint8_t* b) {
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
 }
 
 // Block b of a pair of repacked Q4_0 / Q8_0 groups (16 rows): its vector c (rows 0..7 low, 8..15 high) and
@@ -230,6 +239,12 @@ void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, 
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
                                         float* y, int64_t ldy);
+template <int TT> // 16, 8, 4, 2 or 1
+LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy);
+template <int TT> // 16, 8, 4, 2 or 1
+LOOM_AVX512VNNI void gemm_iq4_xs_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x,
+                                          int64_t nsb, float* y, int64_t ldy);
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
                                         float* y, int64_t ldy);

@@ -1,5 +1,5 @@
-// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_1, Q5_0, Q3_K, Q4_K and
-// Q6_K.
+// The cpu backend's AVX-512 VNNI kernels: the int8 GEMMs of repacked Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K,
+// Q4_K, Q6_K and IQ4_XS.
 #include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
@@ -224,12 +224,8 @@ LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
         sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 16))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 16)), 1));
+    const __m512 d = pair_f16(a0, a1);
+    const __m512 dmin = pair_f16(a0 + 16, a1 + 16);
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
@@ -303,9 +299,7 @@ LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+    const __m512 d = pair_f16(a0, a1);
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
@@ -389,9 +383,141 @@ LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0))),
-                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1)), 1));
+    const __m512 d = pair_f16(a0, a1);
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
+}
+
+// q2_kx8 (kernels.cpp): per group of 16 columns one vector gives the 16 rows' 2-bit values of four 4-column
+// chunks; four vpdpbusd, vpmulld by the rows' 4-bit scale; the mins' part Σ_s m_s · bsum_s per row, as
+// gemm_q4_k_x16_vnni's, in madd pairs.
+template <int TT>
+LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                        float* y, int64_t ldy) {
+  __m512 acc[TT], accm[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = accm[t] = _mm512_setzero_ps();
+  const __m512i three = _mm512_set1_epi8(3), m4 = _mm512_set1_epi32(0x0f0f0f0f),
+                lo16 = _mm512_set1_epi32(0x00FF00FF), nib = _mm512_set1_epi32(0x0F);
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q2kx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q2kx8_block;
+    if constexpr (TT <= 2)
+      for (size_t c = 0; c < k_q2kx8_block; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + 2 * k_q2kx8_block + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + 2 * k_q2kx8_block + c), _MM_HINT_T0);
+      }
+    // dword r of u[h]: row r's scale bytes 4h..4h+3 (scale in the low nibble, min in the high one)
+    __m512i u[4];
+    for (int h = 0; h < 4; ++h)
+      u[h] = pair256(a0 + 32 + 32 * h, a1 + 32 + 32 * h);
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int g = 0; g < 16; ++g) {
+      const __m512i v = pair256(a0 + 160 + 32 * g, a1 + 160 + 32 * g);
+      const __m512i q[4] = {_mm512_and_si512(v, three), _mm512_and_si512(_mm512_srli_epi16(v, 2), three),
+                            _mm512_and_si512(_mm512_srli_epi16(v, 4), three),
+                            _mm512_and_si512(_mm512_srli_epi16(v, 6), three)};
+      const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(u[g / 4], 8 * (g % 4)), nib);
+#pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) {
+        const auto* xw =
+            reinterpret_cast<const int32_t*>(
+                x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
+            4 * g;
+        __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xw[0]));
+        is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
+        is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
+        is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+      }
+    }
+    const __m512 d = pair_f16(a0, a1), dmin = pair_f16(a0 + 16, a1 + 16);
+    __m512i mn[4]; // dword r: row r's mins 4h..4h+3 as bytes
+    for (int h = 0; h < 4; ++h)
+      mn[h] = _mm512_and_si512(_mm512_srli_epi32(u[h], 4), m4);
+#pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+      __m512i summ = _mm512_setzero_si512();
+      for (int h = 0; h < 4; ++h) {
+        const int16_t* bh = xb.bsums + 4 * h;
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
+                                                        _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
+                                                        _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
+      }
+      const __m512 xd = _mm512_set1_ps(xb.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), _mm512_sub_ps(acc[t], accm[t]));
+}
+
+// iq4_xsx8 (kernels.cpp): per sub-block of 32 columns four vectors of index bytes; each nibble looked up
+// (vpshufb) as its IQ4 level + 128 (1..241, unsigned for vpdpbusd), each token's sum starting from
+// −128 · its sub-block's Σ x; vpmulld by the rows' scale − 32.
+template <int TT>
+LOOM_AVX512VNNI void gemm_iq4_xs_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x,
+                                          int64_t nsb, float* y, int64_t ldy) {
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F), nib = _mm512_set1_epi32(0x0F), three = _mm512_set1_epi32(3),
+                c32 = _mm512_set1_epi32(32);
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_xor_si128(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values)), _mm_set1_epi8(-128)));
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_iq4xsx8_block;
+    const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_iq4xsx8_block;
+    if constexpr (TT <= 2)
+      for (size_t c = 0; c < k_iq4xsx8_block; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(a0 + 2 * k_iq4xsx8_block + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a1 + 2 * k_iq4xsx8_block + c), _MM_HINT_T0);
+      }
+    const __m512i sl = pair256(a0 + 16, a1 + 16); // dword r: row r's scales_l
+    const __m512i sh = _mm512_cvtepu16_epi32(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + 48))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + 48)), 1)); // lane r: row r's scales_h
+    __m512i sumi[TT];
+    for (int t = 0; t < TT; ++t)
+      sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int k = 0; k < 8; ++k) {
+      __m512i w[8];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* at0 = a0 + 64 + 128 * k + 32 * c;
+        const __m512i v = pair256(at0, a1 + (at0 - a0));
+        w[c] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, mask));
+        w[4 + c] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+      }
+      const __m512i ls =
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 8 * (k / 2) + 4 * (k % 2)), nib),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * k), three), 4));
+      const __m512i scs = _mm512_sub_epi32(ls, c32);
+#pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) {
+        const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
+        const auto* xw = reinterpret_cast<const int32_t*>(xb.qs) + 8 * k;
+        __m512i is = _mm512_set1_epi32(-128 * (xb.bsums[2 * k] + xb.bsums[2 * k + 1]));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c)
+          is = _mm512_dpbusd_epi32(is, w[c], _mm512_set1_epi32(xw[c]));
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+      }
+    }
+    const __m512 d = pair_f16(a0, a1);
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
@@ -446,5 +572,26 @@ template void gemm_q3_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ
                                     int64_t);
 template void gemm_q3_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                     int64_t);
+
+template void gemm_q2_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                     int64_t);
+template void gemm_q2_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q2_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q2_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_q2_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                    int64_t);
+template void gemm_iq4_xs_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                       int64_t);
+template void gemm_iq4_xs_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                      int64_t);
+template void gemm_iq4_xs_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                      int64_t);
+template void gemm_iq4_xs_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                      int64_t);
+template void gemm_iq4_xs_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
+                                      int64_t);
 
 } // namespace loom::cpu

@@ -179,16 +179,17 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q3_K) repacked into 8-row groups: dequantize to
-// exactly the GGUF rows, and the repacked kernels sum the same integers as the GGUF-layout ones (Q4_1, Q5_0,
-// Q3_K: the int8 route on their rows; 1e-5: float rounding only), at every ISA, one to several tokens.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q2_K, Q3_K, IQ4_XS) repacked into 8-row groups:
+// dequantize to exactly the GGUF rows, and the repacked kernels sum the same integers as the GGUF-layout ones
+// (Q4_1, Q5_0, Q2_K, Q3_K, IQ4_XS: the int8 route on their rows; 1e-5: float rounding only), at every ISA,
+// one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
-  for (DType type :
-       {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k, DType::q3_k})
+  for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k,
+                     DType::q3_k, DType::q2_k, DType::iq4_xs})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1},
                                   // the int8 GEMM's tiles of 8, 4, 2 and 1 tokens, and an odd last group
                                   std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4},
@@ -197,7 +198,8 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
                                   std::tuple{256, 256, 1} /* two runs of 4 pairs per thread */}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
-      if (type == DType::q3_k && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) {
+      const bool vnni_only = type == DType::q3_k || type == DType::q2_k || type == DType::iq4_xs;
+      if (vnni_only && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) {
         EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below
         continue;
       }
@@ -219,14 +221,13 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       for (auto& v : x)
         v = nd(rng);
       std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
-      if (type == DType::q4_1 || type == DType::q5_0 ||
-          type == DType::q3_k) // GGUF-layout int8 kernel (AVX2+)
+      if (type == DType::q4_1 || type == DType::q5_0 || vnni_only) // their GGUF-layout int8 kernel (AVX2+)
         cpu::matmul_i8dq(cpu::at_least(isa, cpu::Isa::avx2) ? isa : cpu::Isa::avx2, type, w.data(), rb, K, N,
                          x.data(), T, y0.data(), 2);
       else
         cpu::matmul(isa, type, w.data(), rb, K, N, x.data(), T, y0.data(), 2); // the GGUF-layout kernels
       cpu::matmul_repacked(isa, type, wp.data(), K, N, x.data(), T, y1.data(), 2);
-      if (cpu::int8_gemm(isa, type) && type != DType::q3_k) { // the int8 GEMM: the AVX2 kernel's floats
+      if (cpu::int8_gemm(isa, type) && !vnni_only) { // the int8 GEMM: the AVX2 kernel's floats
         std::vector<float> y2(y1.size(), NAN);
         cpu::matmul_repacked(cpu::Isa::avx2, type, wp.data(), K, N, x.data(), T, y2.data(), 2);
         ASSERT_EQ(y1, y2);
