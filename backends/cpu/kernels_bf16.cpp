@@ -74,6 +74,11 @@ void dequantize_bf16x64(const uint16_t* wp, int64_t K, int64_t row, float* y) {
 
 namespace {
 
+// Column pairs ahead (256 bytes each) that one token's kernels prefetch: a single sequential stream per
+// thread is not enough for the hardware prefetchers of a Xeon (Sapphire Rapids class) — SmolLM2 BF16 decode
+// 67 → 80 tok/s, F16 71 → 74 at 16 pairs ahead (8 to 64 alike).
+constexpr int64_t k_prefetch_pairs = 16;
+
 #define LOOM_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 LOOM_AVX512BF16 inline __m512 dp(__m512 acc, __m512i w, uint32_t xpair) {
@@ -97,6 +102,9 @@ LOOM_AVX512BF16 void group_bf16x64(const uint16_t* g, const uint32_t* const* xp,
   for (int64_t c = 0; c < P; c += S)
     for (int s = 0; s < S; ++s) {
       const uint16_t* gc = g + 128 * (c + s);
+      if constexpr (TT == 1)
+        for (int l = 0; l < 4; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
       const __m512i w0 = _mm512_loadu_si512(gc), w1 = _mm512_loadu_si512(gc + 32),
                     w2 = _mm512_loadu_si512(gc + 64), w3 = _mm512_loadu_si512(gc + 96);
       for (int t = 0; t < TT; ++t) {
@@ -181,6 +189,9 @@ LOOM_AVX512F_X64 void group_f16x64(const uint16_t* g, const float* const* xt, in
   for (int64_t c = 0; c < K / 2; c += S)
     for (int s = 0; s < S; ++s) {
       const uint16_t* gc = g + 128 * (c + s);
+      if constexpr (TT == 1)
+        for (int l = 0; l < 4; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
       __m512 xv[TT];
       for (int t = 0; t < TT; ++t) {
         double pair;
