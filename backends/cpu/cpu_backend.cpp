@@ -720,8 +720,7 @@ private:
       // then those of exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that
       // rounding the activations to 8 bits flips, as llama.cpp's does). gemm_min_rows above the prompt: int8
       // throughout. Q3_K's prompts take its int8 GEMM, as Q4_K's and Q6_K's do.
-      const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 &&
-                               T >= opt_.gemm_min_rows;
+      const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
       if (exact_batch ||
           (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,

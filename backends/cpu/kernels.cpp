@@ -118,7 +118,7 @@ float dot_q4_0_scalar(const uint8_t* w, const BlockQ8* x, int64_t nb) {
 // A b32 type's GGUF block: bytes before the quantized ones (the scale; Q4_1: and the min; Q5_0: and the
 // fifth bits), and the quantized bytes.
 constexpr size_t b32_src_head(DType type) {
-  return type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : 2;
+  return type == DType::q4_1 ? 4 : type == DType::q5_0 ? 6 : type == DType::q5_1 ? 8 : 2;
 }
 constexpr int b32_qs(DType type) {
   return type == DType::q8_0 ? 32 : 16;
@@ -130,18 +130,18 @@ void repack_groups_b32(DType type, const uint8_t* w, size_t rb, int64_t nb, int 
   const size_t head = b32_head(type), src_head = b32_src_head(type);
   const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
   for (int64_t b = 0; b < nb; ++b, out += static_cast<size_t>(H) * blk) {
-    if (type == DType::q5_0) std::memset(out, 0, static_cast<size_t>(H) * head);
+    if (b32_fifth(type)) std::memset(out, 0, static_cast<size_t>(H) * head);
     for (int r = 0; r < 8 * H; ++r) {
       const uint8_t* src = w + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bs;
       const int h = r / 8, lane = r % 8;
       std::memcpy(out + q_scale_at(h) + 2 * lane, src, 2);
-      if (type == DType::q4_1) std::memcpy(out + q_min_at(H, h) + 2 * lane, src + 2, 2);
-      if (type == DType::q5_0) { // element e's fifth bit into its nibble's byte of vector (e % 16) / 4
+      if (b32_mins(type)) std::memcpy(out + q_min_at(H, h) + 2 * lane, src + 2, 2);
+      if (b32_fifth(type)) { // element e's fifth bit into its nibble's byte of vector (e % 16) / 4
         uint32_t qh;
-        std::memcpy(&qh, src + 2, 4);
+        std::memcpy(&qh, src + src_head - 4, 4);
         for (int e = 0; e < 32; ++e) {
           const int c = (e % 16) / 4, half = e / 16, i = e % 4;
-          out[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)] |=
+          out[q_hmask_at(type, H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)] |=
               static_cast<uint8_t>(((qh >> e) & 1u) << ((4 * lane + i) % 8));
         }
       }
@@ -158,15 +158,15 @@ void unpack_row_b32(DType type, const uint8_t* g, int64_t nb, int r, int H, uint
   const size_t bs = src_head + static_cast<size_t>(qs), blk = b32_block_bytes(type);
   for (int64_t b = 0; b < nb; ++b, g += static_cast<size_t>(H) * blk, out += bs) {
     std::memcpy(out, g + q_scale_at(h) + 2 * lane, 2);
-    if (type == DType::q4_1) std::memcpy(out + 2, g + q_min_at(H, h) + 2 * lane, 2);
-    if (type == DType::q5_0) { // value 16·half + 4c + i's bit is bit 4·lane + i of mask (c, half): a nibble
+    if (b32_mins(type)) std::memcpy(out + 2, g + q_min_at(H, h) + 2 * lane, 2);
+    if (b32_fifth(type)) { // value 16·half + 4c + i's bit is bit 4·lane + i of mask (c, half): a nibble
       uint32_t qh = 0;
       for (int half = 0; half < 2; ++half)
         for (int c = 0; c < 4; ++c) {
-          const uint8_t byte = g[q_hmask_at(H, h, c, half) + static_cast<size_t>(lane / 2)];
+          const uint8_t byte = g[q_hmask_at(type, H, h, c, half) + static_cast<size_t>(lane / 2)];
           qh |= static_cast<uint32_t>((byte >> (4 * (lane % 2))) & 0xFu) << (16 * half + 4 * c);
         }
-      std::memcpy(out + 2, &qh, 4);
+      std::memcpy(out + src_head - 4, &qh, 4);
     }
     for (int c = 0; c < qs / 4; ++c)
       std::memcpy(out + src_head + 4 * c, g + q_vec_at(H, h, c, head) + 4 * lane, 4);
@@ -187,30 +187,37 @@ template <int H> void gemv_q8_0x8_scalar(const uint8_t* g, const BlockQ8* x, int
     }
 }
 
-// Q4_0, Q4_1, Q5_0 (8·H rows) against one token: the integer sums of q·x (Q4_1: of the nibbles), then the
-// type's float step (not the vector kernels' fused one: within rounding of them).
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (8·H rows) against one token: the integer sums of q·x (Q4_1, Q5_1: of the
+// unsigned values; IQ4_NL: of its levels), then the type's float step (not the vector kernels' fused one:
+// within rounding of them).
 template <DType Q, int H> void gemv_q4x8_scalar(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
   constexpr size_t head = b32_head(Q), blk = b32_block_bytes(Q);
-  constexpr int off = Q == DType::q4_1 ? 0 : Q == DType::q5_0 ? 16 : 8; // the weights' zero
+  constexpr int off = b32_mins(Q) ? 0 : Q == DType::q5_0 ? 16 : 8; // the weights' zero
+  const auto value = [](int u) { // a nibble (with its fifth bit) as the weight's integer
+    if constexpr (Q == DType::iq4_nl)
+      return static_cast<int>(dtype_detail::k_iq4nl_values[u]);
+    else
+      return u - off;
+  };
   for (int r = 0; r < 8 * H; ++r)
     out[r] = 0.0f;
   for (int64_t b = 0; b < nb; ++b, g += H * blk)
     for (int r = 0; r < 8 * H; ++r) {
       const int h = r / 8, lane = r % 8;
-      const auto bit5 = [&](int c, int half, int i) { // Q5_0's fifth bit, as 16
-        if constexpr (Q != DType::q5_0) return 0;
-        const uint8_t m = g[q_hmask_at(H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)];
+      const auto bit5 = [&](int c, int half, int i) { // Q5_0's / Q5_1's fifth bit, as 16
+        if constexpr (!b32_fifth(Q)) return 0;
+        const uint8_t m = g[q_hmask_at(Q, H, h, c, half) + static_cast<size_t>((4 * lane + i) / 8)];
         return 16 * ((m >> ((4 * lane + i) % 8)) & 1);
       };
       int32_t acc = 0;
       for (int c = 0; c < 4; ++c)
         for (int i = 0; i < 4; ++i) {
           const uint8_t q = g[q_vec_at(H, h, c, head) + 4 * lane + i];
-          acc += ((q & 0x0F) + bit5(c, 0, i) - off) * x[b].qs[4 * c + i] +
-                 ((q >> 4) + bit5(c, 1, i) - off) * x[b].qs[16 + 4 * c + i];
+          acc += value((q & 0x0F) + bit5(c, 0, i)) * x[b].qs[4 * c + i] +
+                 value((q >> 4) + bit5(c, 1, i)) * x[b].qs[16 + 4 * c + i];
         }
       const float dw = f16(g + q_scale_at(h) + 2 * lane);
-      if constexpr (Q == DType::q4_1)
+      if constexpr (b32_mins(Q))
         out[r] +=
             dw * (x[b].d * static_cast<float>(acc)) + f16(g + q_min_at(H, h) + 2 * lane) * (0.125f * x[b].s8);
       else
@@ -220,18 +227,31 @@ template <DType Q, int H> void gemv_q4x8_scalar(const uint8_t* g, const BlockQ8*
 
 // The types repacked in groups of 8 rows by blocks of 32 (the layout above).
 constexpr bool b32(DType type) {
-  return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1 || type == DType::q5_0;
+  return type == DType::q4_0 || type == DType::q8_0 || type == DType::q4_1 || type == DType::q5_0 ||
+         type == DType::q5_1 || type == DType::iq4_nl;
 }
 
-// The k-quants repacked at avx512_vnni only, whose kernels there take pairs of groups (16 rows) for one token
-// as for several (gemm_*_x16_vnni): below that level their GGUF rows take the i8dq route.
-constexpr bool vnni_pairs(DType type) {
-  return type == DType::q2_k || type == DType::q3_k || type == DType::iq4_xs;
+// The types repacked at avx512_vnni only (their vector kernels are that level's; below it their GGUF rows
+// take the i8dq route): Q5_1 and IQ4_NL in the b32 layout, and the k-quants Q2_K, Q3_K and IQ4_XS, whose
+// kernels take pairs of groups (16 rows) for one token as for several (gemm_*_x16_vnni).
+constexpr bool vnni_only(DType type) {
+  return type == DType::q5_1 || type == DType::iq4_nl || type == DType::q2_k || type == DType::q3_k ||
+         type == DType::iq4_xs;
 }
 
-// The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below.
+// Whether a type has kernels for its repacked layout at this level.
+constexpr bool repacked_kernels(Isa isa, DType type) {
+  return (b32(type) || type == DType::q4_k || type == DType::q6_k || vnni_only(type)) &&
+         (!vnni_only(type) || at_least(isa, Isa::avx512_vnni));
+}
+
+// The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below (Q5_1, IQ4_NL: the
+// scalar one, for an odd last group at avx512_vnni).
 using GemvB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, float*);
 GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
+  if (type == DType::q5_1) return pair ? gemv_q4x8_scalar<DType::q5_1, 2> : gemv_q4x8_scalar<DType::q5_1, 1>;
+  if (type == DType::iq4_nl)
+    return pair ? gemv_q4x8_scalar<DType::iq4_nl, 2> : gemv_q4x8_scalar<DType::iq4_nl, 1>;
   if (type == DType::q4_0)
     return avx2 ? (pair ? gemv_q4x8_avx2<DType::q4_0, 2> : gemv_q4x8_avx2<DType::q4_0, 1>)
                 : (pair ? gemv_q4x8_scalar<DType::q4_0, 2> : gemv_q4x8_scalar<DType::q4_0, 1>);
@@ -676,7 +696,7 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
-// A k-quant's one-token kernel for one group of 8 rows (of the vnni_pairs types: the scalar one, for an odd
+// A k-quant's one-token kernel for one group of 8 rows (of the vnni_only k-quants: the scalar one, for an odd
 // last group — their VNNI kernel takes pairs).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
@@ -685,6 +705,43 @@ GemvK gemv_kx8(DType type, bool avx2) {
   return type == DType::q3_k   ? gemv_q3_kx8_scalar
          : type == DType::q2_k ? gemv_q2_kx8_scalar
                                : gemv_iq4_xsx8_scalar;
+}
+
+// A b32 type's VNNI kernels (kernels_vnni.cpp): one token against P pairs of groups, and a pair against
+// several tokens.
+template <int P> using GemvPairs = void (*)(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template <int P> GemvPairs<P> pairs_kernel(DType type) {
+  switch (type) {
+  case DType::q4_0:
+    return gemv_pairs_vnni<DType::q4_0, P>;
+  case DType::q4_1:
+    return gemv_pairs_vnni<DType::q4_1, P>;
+  case DType::q5_0:
+    return gemv_pairs_vnni<DType::q5_0, P>;
+  case DType::q5_1:
+    return gemv_pairs_vnni<DType::q5_1, P>;
+  case DType::iq4_nl:
+    return gemv_pairs_vnni<DType::iq4_nl, P>;
+  default:
+    return gemv_pairs_vnni<DType::q8_0, P>;
+  }
+}
+using GemmB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+GemmB32 tokens_kernel(DType type) {
+  switch (type) {
+  case DType::q4_0:
+    return gemm_x16_tokens<DType::q4_0>;
+  case DType::q4_1:
+    return gemm_x16_tokens<DType::q4_1>;
+  case DType::q5_0:
+    return gemm_x16_tokens<DType::q5_0>;
+  case DType::q5_1:
+    return gemm_x16_tokens<DType::q5_1>;
+  case DType::iq4_nl:
+    return gemm_x16_tokens<DType::iq4_nl>;
+  default:
+    return gemm_x16_tokens<DType::q8_0>;
+  }
 }
 
 // A k-quant's int8 GEMM (kernels_vnni.cpp) for tiles of 16, 8, 4, 2 and 1 tokens.
@@ -809,20 +866,13 @@ void dequantize(Isa isa, DType type, const uint8_t* w, float* y, int64_t n) {
 }
 
 bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept {
-  return (b32(type) && K % 32 == 0 && N % 8 == 0) ||
-         ((type == DType::q4_k || type == DType::q6_k ||
-           (vnni_pairs(type) && at_least(isa, Isa::avx512_vnni))) &&
-          K % 256 == 0 && N % 8 == 0);
+  return repacked_kernels(isa, type) && K % dtype_traits(type).block_size == 0 && N % 8 == 0;
 }
 
 namespace {
 size_t group_bytes(DType type, int64_t K) {
+  if (b32(type)) return static_cast<size_t>(K / 32) * b32_block_bytes(type);
   switch (type) {
-  case DType::q4_0:
-  case DType::q8_0:
-  case DType::q4_1:
-  case DType::q5_0:
-    return static_cast<size_t>(K / 32) * b32_block_bytes(type);
   case DType::q4_k:
     return static_cast<size_t>(K / 256) * k_q4kx8_block;
   case DType::q3_k:
@@ -932,18 +982,12 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
           g[h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
           yo[h] = m.y + 16 * pr[h];
         }
-        (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, P>
-         : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, P>
-         : type == DType::q5_0 ? gemv_pairs_vnni<DType::q5_0, P>
-                               : gemv_pairs_vnni<DType::q8_0, P>)(g, xq, nb, yo);
+        pairs_kernel<P>(type)(g, xq, nb, yo);
       });
       for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
         const uint8_t* g[1] = {m.w + static_cast<size_t>(2 * pr) * gb};
         float* yo[1] = {m.y + 16 * pr};
-        (type == DType::q4_0   ? gemv_pairs_vnni<DType::q4_0, 1>
-         : type == DType::q4_1 ? gemv_pairs_vnni<DType::q4_1, 1>
-         : type == DType::q5_0 ? gemv_pairs_vnni<DType::q5_0, 1>
-                               : gemv_pairs_vnni<DType::q8_0, 1>)(g, xq, nb, yo);
+        pairs_kernel<1>(type)(g, xq, nb, yo);
       }
       u_from = pairs;
     }
@@ -956,8 +1000,8 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     }
     return;
   }
-  int64_t g_from = 0;     // groups before it are done
-  if (vnni_pairs(type)) { // their VNNI kernel, pairs of groups (16 rows) in contiguous runs per thread
+  int64_t g_from = 0;    // groups before it are done
+  if (vnni_only(type)) { // their VNNI kernel, pairs of groups (16 rows) in contiguous runs per thread
     const int64_t pairs = N / 16;
     const GemmK one = ktiles(type).t1;
     for (int64_t pr = pairs * id / nt; pr < pairs * (id + 1) / nt; ++pr) {
@@ -1026,9 +1070,7 @@ void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
   if (repacked && type == DType::bf16) return at_least(isa, Isa::avx512_bf16);
   if (repacked && type == DType::f16) return at_least(isa, Isa::avx512);
-  if (repacked)
-    return b32(type) || type == DType::q4_k || type == DType::q6_k ||
-           (vnni_pairs(type) && at_least(isa, Isa::avx512_vnni));
+  if (repacked) return repacked_kernels(isa, type);
   return at_least(isa, Isa::avx2) &&
          (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
@@ -1116,14 +1158,8 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
             gemm_x16_amx<true>(g0, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
           else if (amx && tt >= k_amx_min_tokens && type == DType::q8_0)
             gemm_x16_amx<false>(g0, xq.data() + tb(t0), nb, static_cast<int>(tt), yt, N);
-          else if (type == DType::q4_0)
-            gemm_x16_tokens<DType::q4_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
-          else if (type == DType::q4_1)
-            gemm_x16_tokens<DType::q4_1>(g0, xq.data() + tb(t0), nb, tt, yt, N);
-          else if (type == DType::q5_0)
-            gemm_x16_tokens<DType::q5_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
-          else if (type == DType::q8_0)
-            gemm_x16_tokens<DType::q8_0>(g0, xq.data() + tb(t0), nb, tt, yt, N);
+          else if (b32(type))
+            tokens_kernel(type)(g0, xq.data() + tb(t0), nb, tt, yt, N);
           else {
             const BlockQ8K* xk = xqk.data() + tb(t0);
             const KTiles k = ktiles(type);
@@ -1160,7 +1196,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 
 bool int8_gemm(Isa isa, DType type) noexcept {
   return at_least(isa, Isa::avx512_vnni) &&
-         (b32(type) || vnni_pairs(type) || type == DType::q4_k || type == DType::q6_k);
+         (b32(type) || vnni_only(type) || type == DType::q4_k || type == DType::q6_k);
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

@@ -802,8 +802,8 @@ LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, fl
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q_vec_at(H, h, c, head)));
         __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
         if constexpr (Q == DType::q5_0) {
-          lo = _mm256_or_si256(lo, bit4_bytes(g + q_hmask_at(H, h, c, 0)));
-          hi = _mm256_or_si256(hi, bit4_bytes(g + q_hmask_at(H, h, c, 1)));
+          lo = _mm256_or_si256(lo, bit4_bytes(g + q_hmask_at(Q, H, h, c, 0)));
+          hi = _mm256_or_si256(hi, bit4_bytes(g + q_hmask_at(Q, H, h, c, 1)));
         }
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
                                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));

@@ -87,31 +87,42 @@ inline float f16(const uint8_t* p) {
   return fp16_to_fp32(h);
 }
 
-// The repacked layouts (described in kernels.cpp): Q4_0 / Q8_0 blocks and their offsets, Q4_K and Q6_K
-// super-blocks.
-constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272, k_q41x8_block = 160, k_q50x8_block = 176;
-// A group's bytes before its vectors, per group stored together: the 8 scales (Q4_1: and the 8 mins; Q5_0:
-// and the fifth bits as 8 masks of 32 bits, q_hmask_at).
+// The repacked layouts (described in kernels.cpp): blocks of 32 (Q4_0 / IQ4_NL, Q8_0, Q4_1, Q5_0, Q5_1) and
+// their offsets, k-quant super-blocks.
+constexpr size_t k_q4x8_block = 144, k_q8x8_block = 272, k_q41x8_block = 160, k_q50x8_block = 176,
+                 k_q51x8_block = 192;
+// A group's bytes before its vectors, per group stored together: the 8 scales (Q4_1, Q5_1: and the 8 mins;
+// Q5_0, Q5_1: and the fifth bits as 8 masks of 32 bits, q_hmask_at).
 constexpr size_t b32_head(DType type) {
-  return type == DType::q4_1 ? 32 : type == DType::q5_0 ? 48 : 16;
+  return type == DType::q4_1 ? 32 : type == DType::q5_0 ? 48 : type == DType::q5_1 ? 64 : 16;
 }
 constexpr size_t b32_block_bytes(DType type) {
   return type == DType::q4_1   ? k_q41x8_block
          : type == DType::q5_0 ? k_q50x8_block
-         : type == DType::q4_0 ? k_q4x8_block
-                               : k_q8x8_block;
+         : type == DType::q5_1 ? k_q51x8_block
+         : type == DType::q8_0 ? k_q8x8_block
+                               : k_q4x8_block; // q4_0, iq4_nl
+}
+// Whether a b32 type has mins (Q4_1, Q5_1) or fifth bits (Q5_0, Q5_1).
+constexpr bool b32_mins(DType type) {
+  return type == DType::q4_1 || type == DType::q5_1;
+}
+constexpr bool b32_fifth(DType type) {
+  return type == DType::q5_0 || type == DType::q5_1;
 }
 constexpr size_t q_scale_at(int h) {
   return 16 * static_cast<size_t>(h);
 }
-constexpr size_t q_min_at(int H, int h) { // Q4_1: the mins after all H groups' scales
+constexpr size_t q_min_at(int H, int h) { // Q4_1, Q5_1: the mins after all H groups' scales
   return 16 * static_cast<size_t>(H) + 16 * static_cast<size_t>(h);
 }
-// Q5_0: group h's fifth bits of vector c's low (half 0: elements 4c..4c+3) or high nibbles (half 1: 16 +
-// 4c..) as one 32-bit mask, bit 4r + i for row r's element i — the byte of the vector that holds that nibble
-// (so a pair's two words are the 64-bit mask of the pair's 64-byte vector).
-constexpr size_t q_hmask_at(int H, int h, int c, int half) {
-  return 16 * static_cast<size_t>(H) + 4 * static_cast<size_t>(H * (2 * c + half) + h);
+// Q5_0, Q5_1: group h's fifth bits of vector c's low (half 0: elements 4c..4c+3) or high nibbles (half 1: 16
+// + 4c..) as one 32-bit mask, bit 4r + i for row r's element i — the byte of the vector that holds that
+// nibble (so a pair's two words are the 64-bit mask of the pair's 64-byte vector); after the scales (Q5_1:
+// and the mins).
+constexpr size_t q_hmask_at(DType type, int H, int h, int c, int half) {
+  return (b32_mins(type) ? 32 : 16) * static_cast<size_t>(H) +
+         4 * static_cast<size_t>(H * (2 * c + half) + h);
 }
 constexpr size_t q_vec_at(int H, int h, int c, size_t head = 16) {
   return head * static_cast<size_t>(H) + 32 * static_cast<size_t>(H * c + h);
@@ -158,12 +169,12 @@ LOOM_AVX512VNNI inline __m512i pair_vec(const uint8_t* a, int c, size_t head = 1
 LOOM_AVX512VNNI inline __m512 pair_scales(const uint8_t* a) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
 }
-LOOM_AVX512VNNI inline __mmask64 pair_hmask(const uint8_t* a, int c, int half) { // Q5_0
+LOOM_AVX512VNNI inline __mmask64 pair_hmask(DType type, const uint8_t* a, int c, int half) { // Q5_0, Q5_1
   uint64_t m;
-  std::memcpy(&m, a + q_hmask_at(2, 0, c, half), 8);
+  std::memcpy(&m, a + q_hmask_at(type, 2, 0, c, half), 8);
   return m;
 }
-LOOM_AVX512VNNI inline __m512 pair_mins(const uint8_t* a) { // Q4_1
+LOOM_AVX512VNNI inline __m512 pair_mins(const uint8_t* a) { // Q4_1, Q5_1
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + q_min_at(2, 0))));
 }
 
@@ -171,7 +182,7 @@ LOOM_AVX512VNNI inline __m512 pair_mins(const uint8_t* a) { // Q4_1
 // same in every vector kernel so that their results agree bit for bit: the rows' scales dw (Q4_1: and mins
 // mw) with the block's integer sums s of the (Q4_0 / Q4_1: unsigned) weights by the token's int8 values,
 //   Q8_0: acc + (dw · d) · s;  Q4_0: acc + dw · (d · s − 8·d·Σq);  Q4_1: (acc + dw · (d · s)) + mw · (d·Σq);
-//   Q5_0: acc + dw · (d · s − 16·d·Σq), with d·Σq = s8 / 8 (BlockQ8).
+//   Q5_0: acc + dw · (d · s − 16·d·Σq), with d·Σq = s8 / 8 (BlockQ8); Q5_1 as Q4_1, IQ4_NL as Q8_0.
 
 // ---- kernels_avx2.cpp (the i8dq_rows int8 route of Q4_1, Q5_x, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS included)
 // ----
@@ -229,10 +240,10 @@ to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
 
 // ---- kernels_vnni.cpp ----
 
-template <DType Q, int P> // Q: q8_0, q4_0, q4_1 or q5_0; P: 1 or 4
+template <DType Q, int P> // Q: a b32 type; P: 1 or 4
 LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
                                      float* const y[P]);
-// A pair of repacked Q8_0 / Q4_0 / Q4_1 / Q5_0 groups against T tokens (tiles of 16, 8, 4, 2, 1 on
+// A pair of repacked b32 groups against T tokens (tiles of 16, 8, 4, 2, 1 on
 // gemm_x16_vnni).
 template <DType Q>
 void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);

@@ -14,10 +14,22 @@ namespace {
 // Blocks ahead that the one- and two-token kernels prefetch.
 constexpr size_t k_prefetch_blocks = 8;
 
+// Q8_0 and IQ4_NL weights are signed: the kernels take u = q + 128 (Q8_0: the sign bit flipped; IQ4_NL: the
+// level looked up + 128) and start each block's sum from −128 · Σ x.
+constexpr bool signed_levels(DType Q) {
+  return Q == DType::q8_0 || Q == DType::iq4_nl;
+}
+
+// The 16 IQ4 levels + 128 as unsigned bytes, in every 128-bit lane (a vpshufb table).
+LOOM_AVX512VNNI inline __m512i iq4_levels_u8() {
+  return _mm512_broadcast_i32x4(_mm_xor_si128(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values)), _mm_set1_epi8(-128)));
+}
+
 // kernels_internal.hpp's float step of one block, 16 rows.
 template <DType Q>
 LOOM_AVX512VNNI inline __m512 block_step(__m512 acc, __m512 dw, __m512 mw, const BlockQ8& xb, __m512i s) {
-  if constexpr (Q == DType::q8_0)
+  if constexpr (Q == DType::q8_0 || Q == DType::iq4_nl)
     return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(s), acc);
   else if constexpr (Q == DType::q4_0)
     return _mm512_fmadd_ps(
@@ -59,9 +71,13 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
         const __m512i v = pair_vec(a, c, head);
         w[c] = _mm512_and_si512(v, mask);
         w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-        if constexpr (Q == DType::q5_0) { // the fifth bits: 16 where the mask's bit is set
-          w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(pair_hmask(a, c, 0), bit4));
-          w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(pair_hmask(a, c, 1), bit4));
+        if constexpr (b32_fifth(Q)) { // the fifth bits: 16 where the mask's bit is set
+          w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(pair_hmask(Q, a, c, 0), bit4));
+          w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(pair_hmask(Q, a, c, 1), bit4));
+        }
+        if constexpr (Q == DType::iq4_nl) { // the levels + 128, unsigned
+          w[c] = _mm512_shuffle_epi8(iq4_levels_u8(), w[c]);
+          w[4 + c] = _mm512_shuffle_epi8(iq4_levels_u8(), w[4 + c]);
         }
       }
     } else {
@@ -70,14 +86,14 @@ LOOM_AVX512VNNI void gemm_x16_vnni(const uint8_t* p, const BlockQ8* x, int64_t n
         w[c] = _mm512_xor_si512(pair_vec(a, c), flip);
     }
     const __m512 dw = pair_scales(a);
-    const __m512 mw = Q == DType::q4_1 ? pair_mins(a) : _mm512_setzero_ps();
+    const __m512 mw = b32_mins(Q) ? pair_mins(a) : _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nb) + static_cast<size_t>(b)];
       const auto* xw = reinterpret_cast<const int32_t*>(xb.qs);
       // Q8_0 starts from −128 · Σ x (exact: Σ q·x then); Q4_0 / Q4_1 from 0 (Σ nibble · x), Q4_0's −8 · Σ x
       // and Q4_1's min · Σ x taken in float as the AVX2 kernels do, so all give those kernels' very floats.
-      __m512i s = Q != DType::q8_0 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+      __m512i s = signed_levels(Q) ? _mm512_set1_epi32(-128 * xb.sum) : _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c)
         s = _mm512_dpbusd_epi32(s, w[c], _mm512_set1_epi32(xw[c]));
@@ -111,16 +127,20 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
       const uint8_t* a = p[h] + static_cast<size_t>(b) * blk;
       for (size_t c = 0; c < blk; c += 64)
         _mm_prefetch(reinterpret_cast<const char*>(a + k_prefetch_blocks * blk + c), _MM_HINT_T0);
-      __m512i s0 = Q != DType::q8_0 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum),
+      __m512i s0 = signed_levels(Q) ? _mm512_set1_epi32(-128 * xb.sum) : _mm512_setzero_si512(),
               s1 = _mm512_setzero_si512();
       if constexpr (Q != DType::q8_0) {
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
           const __m512i v = pair_vec(a, c, head);
           __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-          if constexpr (Q == DType::q5_0) {
-            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(pair_hmask(a, c, 0), bit4));
-            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(pair_hmask(a, c, 1), bit4));
+          if constexpr (b32_fifth(Q)) {
+            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(pair_hmask(Q, a, c, 0), bit4));
+            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(pair_hmask(Q, a, c, 1), bit4));
+          }
+          if constexpr (Q == DType::iq4_nl) {
+            lo = _mm512_shuffle_epi8(iq4_levels_u8(), lo);
+            hi = _mm512_shuffle_epi8(iq4_levels_u8(), hi);
           }
           s0 = _mm512_dpbusd_epi32(s0, lo, _mm512_set1_epi32(xw[c]));
           s1 = _mm512_dpbusd_epi32(s1, hi, _mm512_set1_epi32(xw[4 + c]));
@@ -133,7 +153,7 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
                                    _mm512_set1_epi32(xw[c + 1]));
         }
       }
-      const __m512 mw = Q == DType::q4_1 ? pair_mins(a) : _mm512_setzero_ps();
+      const __m512 mw = b32_mins(Q) ? pair_mins(a) : _mm512_setzero_ps();
       acc[h] = block_step<Q>(acc[h], pair_scales(a), mw, xb, _mm512_add_epi32(s0, s1));
     }
   }
@@ -475,8 +495,7 @@ LOOM_AVX512VNNI void gemm_iq4_xs_x16_vnni(const uint8_t* g0, const uint8_t* g1, 
     acc[t] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F), nib = _mm512_set1_epi32(0x0F), three = _mm512_set1_epi32(3),
                 c32 = _mm512_set1_epi32(32);
-  const __m512i lut = _mm512_broadcast_i32x4(_mm_xor_si128(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values)), _mm_set1_epi8(-128)));
+  const __m512i lut = iq4_levels_u8();
   for (int64_t i = 0; i < nsb; ++i) {
     const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_iq4xsx8_block;
     const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_iq4xsx8_block;
@@ -593,5 +612,15 @@ template void gemm_iq4_xs_x16_vnni<2>(const uint8_t*, const uint8_t*, const Bloc
                                       int64_t);
 template void gemm_iq4_xs_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
                                       int64_t);
+
+template void gemv_pairs_vnni<DType::q5_1, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemv_pairs_vnni<DType::q5_1, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
+template void gemm_x16_tokens<DType::q5_1>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
+template void gemv_pairs_vnni<DType::iq4_nl, 4>(const uint8_t* const*, const BlockQ8*, int64_t,
+                                                float* const*);
+template void gemv_pairs_vnni<DType::iq4_nl, 1>(const uint8_t* const*, const BlockQ8*, int64_t,
+                                                float* const*);
+template void gemm_x16_tokens<DType::iq4_nl>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*,
+                                             int64_t);
 
 } // namespace loom::cpu
