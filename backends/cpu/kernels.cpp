@@ -232,11 +232,11 @@ constexpr bool b32(DType type) {
 }
 
 // The types repacked at avx512_vnni only (their vector kernels are that level's; below it their GGUF rows
-// take the i8dq route): Q5_1 and IQ4_NL in the b32 layout, and the k-quants Q2_K, Q3_K and IQ4_XS, whose
-// kernels take pairs of groups (16 rows) for one token as for several (gemm_*_x16_vnni).
+// take the i8dq route): Q5_1 and IQ4_NL in the b32 layout, and the k-quants Q2_K, Q3_K, Q5_K and IQ4_XS,
+// whose kernels take pairs of groups (16 rows) for one token as for several (gemm_*_x16_vnni).
 constexpr bool vnni_only(DType type) {
   return type == DType::q5_1 || type == DType::iq4_nl || type == DType::q2_k || type == DType::q3_k ||
-         type == DType::iq4_xs;
+         type == DType::q5_k || type == DType::iq4_xs;
 }
 
 // Whether a type has kernels for its repacked layout at this level.
@@ -306,31 +306,39 @@ float dot_q4_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
 // sub-block 2j+1).
 // (k_q4kx8_block: kernels_internal.hpp)
 
+// Row r's d, dmin, scales (the first 16 bytes of a Q4_K or Q5_K super-block, blk) and 128 nibble bytes (qs)
+// into a group's q4_kx8 super-block, and back.
+void put_k4_row(const uint8_t* blk, const uint8_t* qs, int r, uint8_t* out) {
+  std::memcpy(out + 2 * r, blk, 2);
+  std::memcpy(out + 16 + 2 * r, blk + 2, 2);
+  for (int u = 0; u < 3; ++u)
+    std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 + 4 * u, 4);
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c)
+      std::memcpy(out + 128 + 256 * j + 32 * c + 4 * r, qs + 32 * j + 4 * c, 4);
+}
+void get_k4_row(const uint8_t* g, int r, uint8_t* blk, uint8_t* qs) {
+  std::memcpy(blk, g + 2 * r, 2);
+  std::memcpy(blk + 2, g + 16 + 2 * r, 2);
+  for (int u = 0; u < 3; ++u)
+    std::memcpy(blk + 4 + 4 * u, g + 32 + 32 * u + 4 * r, 4);
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c)
+      std::memcpy(qs + 32 * j + 4 * c, g + 128 + 256 * j + 32 * c + 4 * r, 4);
+}
+
 void repack_group_q4_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
   for (int64_t i = 0; i < nsb; ++i, out += k_q4kx8_block)
     for (int r = 0; r < 8; ++r) {
       const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
-      std::memcpy(out + 2 * r, blk, 2);
-      std::memcpy(out + 16 + 2 * r, blk + 2, 2);
-      for (int u = 0; u < 3; ++u)
-        std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 + 4 * u, 4);
-      for (int j = 0; j < 4; ++j)
-        for (int c = 0; c < 8; ++c)
-          std::memcpy(out + 128 + 256 * j + 32 * c + 4 * r, blk + 16 + 32 * j + 4 * c, 4);
+      put_k4_row(blk, blk + 16, r, out);
     }
 }
 
 // Row r (0..7) of a repacked group back to its GGUF Q4_K super-blocks (nsb × 144 bytes).
 void unpack_row_q4_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, out += 144) {
-    std::memcpy(out, g + 2 * r, 2);
-    std::memcpy(out + 2, g + 16 + 2 * r, 2);
-    for (int u = 0; u < 3; ++u)
-      std::memcpy(out + 4 + 4 * u, g + 32 + 32 * u + 4 * r, 4);
-    for (int j = 0; j < 4; ++j)
-      for (int c = 0; c < 8; ++c)
-        std::memcpy(out + 16 + 32 * j + 4 * c, g + 128 + 256 * j + 32 * c + 4 * r, 4);
-  }
+  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, out += 144)
+    get_k4_row(g, r, out, out + 16);
 }
 
 void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
@@ -356,6 +364,65 @@ void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
       }
       out[r] +=
           x->d * (f16(g + 2 * r) * static_cast<float>(sumq) - f16(g + 16 + 2 * r) * static_cast<float>(summ));
+    }
+}
+
+// ---- Q5_K repacked in groups of 8 rows ("q5_kx8") ----
+// Per group of 8 rows and super-block, 1408 bytes (the GGUF size): the q4_kx8 super-block of its d, dmin,
+// scales and low nibbles (1152), then per 64-column chunk j two 32-byte vectors of fifth bits: dword r,
+// byte b, bit c of the first = the fifth bit of the low nibble in byte b of chunk j's vector c (column
+// 64j + 4c + b), of the second = of the high nibble (column 64j + 32 + 4c + b).
+// (k_q5kx8_block: kernels_internal.hpp)
+
+void repack_group_q5_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += k_q5kx8_block) {
+    std::memset(out + k_q4kx8_block, 0, k_q5kx8_block - k_q4kx8_block);
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 176;
+      put_k4_row(blk, blk + 48, r, out);
+      for (int j = 0; j < 4; ++j)
+        for (int half = 0; half < 2; ++half)
+          for (int l = 0; l < 32; ++l) // qh[l]'s bit 2j + half: of column 64j + 32·half + l
+            out[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] |=
+                static_cast<uint8_t>(((blk[16 + l] >> (2 * j + half)) & 1) << (l / 4));
+    }
+  }
+}
+
+// Row r (0..7) of a repacked group back to its GGUF Q5_K super-blocks (nsb × 176 bytes).
+void unpack_row_q5_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += k_q5kx8_block, out += 176) {
+    get_k4_row(g, r, out, out + 48);
+    std::memset(out + 16, 0, 32);
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half)
+        for (int l = 0; l < 32; ++l)
+          out[16 + l] |= static_cast<uint8_t>(
+              ((g[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] >> (l / 4)) & 1) << (2 * j + half));
+  }
+}
+
+void gemv_q5_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  uint8_t blk[176];
+  for (int r = 0; r < 8; ++r)
+    out[r] = 0.0f;
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+    for (int r = 0; r < 8; ++r) {
+      unpack_row_q5_kx8(g + static_cast<size_t>(i) * k_q5kx8_block, 1, r, blk);
+      int32_t sumq = 0, summ = 0;
+      for (int s = 0; s < 8; ++s) {
+        int sc, m;
+        q4_k_scale_min(s, blk + 4, sc, m);
+        int32_t acc = 0;
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t q = blk[48 + 32 * (s / 2) + l];
+          const int u = ((s & 1) ? q >> 4 : q & 0xF) | (((blk[16 + l] >> s) & 1) << 4);
+          acc += u * x->qs[32 * s + l];
+        }
+        sumq += sc * acc;
+        summ += m * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
+      }
+      out[r] += x->d * (f16(blk) * static_cast<float>(sumq) - f16(blk + 2) * static_cast<float>(summ));
     }
 }
 
@@ -659,6 +726,30 @@ void gemv_iq4_xsx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, floa
     }
 }
 
+// A k-quant's 8-row layout: a group's super-blocks from GGUF rows, a row of them back, and the scalar
+// one-token kernel.
+struct KLayout {
+  void (*repack)(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out);
+  void (*unpack)(const uint8_t* g, int64_t nsb, int r, uint8_t* out);
+  void (*scalar)(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
+};
+KLayout k_layout(DType type) {
+  switch (type) {
+  case DType::q2_k:
+    return {repack_group_q2_kx8, unpack_row_q2_kx8, gemv_q2_kx8_scalar};
+  case DType::q3_k:
+    return {repack_group_q3_kx8, unpack_row_q3_kx8, gemv_q3_kx8_scalar};
+  case DType::q4_k:
+    return {repack_group_q4_kx8, unpack_row_q4_kx8, gemv_q4_kx8_scalar};
+  case DType::q5_k:
+    return {repack_group_q5_kx8, unpack_row_q5_kx8, gemv_q5_kx8_scalar};
+  case DType::iq4_xs:
+    return {repack_group_iq4_xsx8, unpack_row_iq4_xsx8, gemv_iq4_xsx8_scalar};
+  default:
+    return {repack_group_q6_kx8, unpack_row_q6_kx8, gemv_q6_kx8_scalar};
+  }
+}
+
 // ---- run-time dispatch to the kernels of each level ----
 
 // Four f32/f16/bf16 rows against one token: the AVX-512 loop at that level, else AVX2.
@@ -700,11 +791,9 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
 // last group — their VNNI kernel takes pairs).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
-  if (type == DType::q4_k) return avx2 ? gemv_q4_kx8_avx2 : gemv_q4_kx8_scalar;
-  if (type == DType::q6_k) return avx2 ? gemv_q6_kx8_avx2 : gemv_q6_kx8_scalar;
-  return type == DType::q3_k   ? gemv_q3_kx8_scalar
-         : type == DType::q2_k ? gemv_q2_kx8_scalar
-                               : gemv_iq4_xsx8_scalar;
+  if (avx2 && type == DType::q4_k) return gemv_q4_kx8_avx2;
+  if (avx2 && type == DType::q6_k) return gemv_q6_kx8_avx2;
+  return k_layout(type).scalar;
 }
 
 // A b32 type's VNNI kernels (kernels_vnni.cpp): one token against P pairs of groups, and a pair against
@@ -751,8 +840,13 @@ struct KTiles {
 };
 KTiles ktiles(DType type) {
   if (type == DType::q4_k)
-    return {gemm_q4_k_x16_vnni<16>, gemm_q4_k_x16_vnni<8>, gemm_q4_k_x16_vnni<4>, gemm_q4_k_x16_vnni<2>,
-            gemm_q4_k_x16_vnni<1>};
+    return {gemm_k4_x16_vnni<16, DType::q4_k>, gemm_k4_x16_vnni<8, DType::q4_k>,
+            gemm_k4_x16_vnni<4, DType::q4_k>, gemm_k4_x16_vnni<2, DType::q4_k>,
+            gemm_k4_x16_vnni<1, DType::q4_k>};
+  if (type == DType::q5_k)
+    return {gemm_k4_x16_vnni<16, DType::q5_k>, gemm_k4_x16_vnni<8, DType::q5_k>,
+            gemm_k4_x16_vnni<4, DType::q5_k>, gemm_k4_x16_vnni<2, DType::q5_k>,
+            gemm_k4_x16_vnni<1, DType::q5_k>};
   if (type == DType::q3_k)
     return {gemm_q3_k_x16_vnni<16>, gemm_q3_k_x16_vnni<8>, gemm_q3_k_x16_vnni<4>, gemm_q3_k_x16_vnni<2>,
             gemm_q3_k_x16_vnni<1>};
@@ -881,6 +975,8 @@ size_t group_bytes(DType type, int64_t K) {
     return static_cast<size_t>(K / 256) * k_q2kx8_block;
   case DType::iq4_xs:
     return static_cast<size_t>(K / 256) * k_iq4xsx8_block;
+  case DType::q5_k:
+    return static_cast<size_t>(K / 256) * k_q5kx8_block;
   default:
     return static_cast<size_t>(K / 256) * k_q6kx8_block;
   }
@@ -906,12 +1002,7 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < N / 8; ++g) {
     const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
-    (type == DType::q4_k   ? repack_group_q4_kx8
-     : type == DType::q3_k ? repack_group_q3_kx8
-     : type == DType::q2_k ? repack_group_q2_kx8
-     : type == DType::iq4_xs
-         ? repack_group_iq4_xsx8
-         : repack_group_q6_kx8)(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
+    k_layout(type).repack(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
   }
 }
 
@@ -934,11 +1025,7 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
       const size_t at = static_cast<size_t>(i0) * (group_bytes(type, K) / static_cast<size_t>(K / 256));
-      (type == DType::q4_k     ? unpack_row_q4_kx8
-       : type == DType::q3_k   ? unpack_row_q3_kx8
-       : type == DType::q2_k   ? unpack_row_q2_kx8
-       : type == DType::iq4_xs ? unpack_row_iq4_xsx8
-                               : unpack_row_q6_kx8)(g + at, n, r, blocks);
+      k_layout(type).unpack(g + at, n, r, blocks);
       dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
     }
   }

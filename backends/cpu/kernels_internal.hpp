@@ -130,6 +130,7 @@ constexpr size_t q_vec_at(int H, int h, int c, size_t head = 16) {
 constexpr size_t k_q4kx8_block = 1152;
 constexpr size_t k_q6kx8_block = 1680;
 constexpr size_t k_q3kx8_block = 880;
+constexpr size_t k_q5kx8_block = 1408;
 constexpr size_t k_q2kx8_block = 672;
 constexpr size_t k_iq4xsx8_block = 1088;
 
@@ -247,9 +248,9 @@ LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x
 // gemm_x16_vnni).
 template <DType Q>
 void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
-template <int TT> // 16, 8, 4, 2 or 1
-LOOM_AVX512VNNI void gemm_q4_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
-                                        float* y, int64_t ldy);
+template <int TT, DType Q> // TT: 16, 8, 4, 2 or 1; Q: q4_k or q5_k
+LOOM_AVX512VNNI void gemm_k4_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
+                                      float* y, int64_t ldy);
 template <int TT> // 16, 8, 4, 2 or 1
 LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
                                         float* y, int64_t ldy);

@@ -179,17 +179,17 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS) repacked into
-// 8-row groups: dequantize to exactly the GGUF rows, and the repacked kernels sum the same integers as the
-// GGUF-layout ones (Q4_1 and the others without a GGUF-row kernel of their own: the int8 route on their rows;
-// 1e-5: float rounding only), at every ISA, one to several tokens.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) repacked
+// into 8-row groups: dequantize to exactly the GGUF rows, and the repacked kernels sum the same integers as
+// the GGUF-layout ones (Q4_1 and the others without a GGUF-row kernel of their own: the int8 route on their
+// rows; 1e-5: float rounding only), at every ISA, one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
     GTEST_SKIP() << "this CPU lacks " << cpu::isa_name(isa) << " (it runs up to "
                  << cpu::isa_name(cpu::cpu_isa()) << "): that level's code was compiled, not run";
   for (DType type : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q4_k, DType::q6_k,
-                     DType::q3_k, DType::q2_k, DType::iq4_xs, DType::q5_1, DType::iq4_nl})
+                     DType::q3_k, DType::q2_k, DType::iq4_xs, DType::q5_1, DType::iq4_nl, DType::q5_k})
     for (const auto& [K, N, T] : {std::tuple{256, 8, 1}, std::tuple{512, 16, 3}, std::tuple{2048, 24, 1},
                                   // the int8 GEMM's tiles of 8, 4, 2 and 1 tokens, and an odd last group
                                   std::tuple{256, 40, 15}, std::tuple{512, 32, 18}, std::tuple{256, 16, 4},
@@ -199,7 +199,7 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
       const bool vnni_only = type == DType::q3_k || type == DType::q2_k || type == DType::iq4_xs ||
-                             type == DType::q5_1 || type == DType::iq4_nl;
+                             type == DType::q5_1 || type == DType::iq4_nl || type == DType::q5_k;
       if (vnni_only && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) {
         EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below
         continue;
@@ -246,8 +246,8 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
         }
       }
     }
-  EXPECT_FALSE(cpu::repackable(isa, DType::q4_0, 64, 12));  // rows not a multiple of 8
-  EXPECT_FALSE(cpu::repackable(isa, DType::q5_k, 256, 16)); // no repacked layout
+  EXPECT_FALSE(cpu::repackable(isa, DType::q4_0, 64, 12)); // rows not a multiple of 8
+  EXPECT_FALSE(cpu::repackable(isa, DType::f32, 256, 16)); // no repacked layout
   EXPECT_EQ(cpu::repackable(isa, DType::q5_1, 64, 16), cpu::at_least(isa, cpu::Isa::avx512_vnni));
 }
 
