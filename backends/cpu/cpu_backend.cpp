@@ -111,26 +111,13 @@ public:
               ? "; exact f32 products for every block type (exact_matmul): weights unpacked in registers"
               : "; every block type: rows dequantized to f32, then dotted (exact_matmul)";
     else
-      description_ +=
-          std::string("; int8 products (activations rounded to 8 bits per block): q8_0 q4_0 q4_k q6_k") +
-          (o.repack ? " (repacked), q4_1 (repacked, batches under gemm_min_rows)" : "") +
-          (at_least(o.isa, Isa::avx2)
-               ? std::string(", ") + (o.repack ? "" : "q4_1 ") +
-                     "q5_0 q5_1 iq4_nl q2_k q3_k q5_k iq4_xs (batches under gemm_min_rows)"
-               : "");
+      description_ += block_routes(o);
     const std::string head = !o.exact_logits ? ""
                              : o.logits_rescore == 0
                                  ? " and the output head"
                                  : "; the output head's " + std::to_string(o.logits_rescore) +
                                        " highest logits a row recomputed exactly";
-    if (o.exact_matmul) {
-    } else if (at_least(o.isa, Isa::avx2))
-      description_ +=
-          std::string("; exact f32 products for longer batches of q4_1 q5_0 q5_1 iq4_nl q2_k q3_k "
-                      "q5_k iq4_xs") +
-          head;
-    else
-      description_ += std::string("; other block types: rows dequantized to f32, then dotted") + head;
+    description_ += head;
   }
 
   std::string_view name() const noexcept override { return "cpu"; }
@@ -504,6 +491,30 @@ private:
         b[static_cast<size_t>(i) * 4096] = 0;
     }
     return b;
+  }
+
+  // Which route each block type takes, as matmul() chooses it (exact_matmul off): int8 products at every
+  // batch size (the repacked VNNI GEMM), under gemm_min_rows_quant (repacked) or gemm_min_rows (Q4_1's exact
+  // prompts; the GGUF-row kernels), exact f32 products for longer batches, or rows dequantized (below avx2).
+  static std::string block_routes(const CpuOptions& o) {
+    std::string every, under_quant, under, dequantized;
+    for (DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl,
+                    DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_xs}) {
+      const std::string n = " " + std::string(dtype_name(t));
+      if (o.repack && repackable(o.isa, t, 256, 16))
+        (t == DType::q4_1 ? under : int8_gemm(o.isa, t) ? every : under_quant) += n;
+      else if (has_kernel(t) || i8dq_supports(o.isa, t))
+        under += n;
+      else
+        dequantized += n;
+    }
+    std::string s = "; int8 products (activations rounded to 8 bits per block):";
+    if (!every.empty()) s += " at every batch size" + every + " (repacked);";
+    if (!under_quant.empty()) s += " batches under gemm_min_rows_quant" + under_quant + " (repacked);";
+    if (!under.empty()) s += " batches under gemm_min_rows" + under + ";";
+    if (!under_quant.empty() || !under.empty()) s += " exact f32 products for longer batches of those";
+    if (!dequantized.empty()) s += "; rows dequantized to f32, then dotted:" + dequantized;
+    return s;
   }
 
   // The 8-row repacked copy of a Q8_0, Q4_0, Q4_K or Q6_K matrix (made on first use; the file's pages then

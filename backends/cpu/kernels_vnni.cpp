@@ -301,6 +301,7 @@ LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
   for (int64_t i = 0; i < nsb; ++i) {
     const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q6kx8_block;
     const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q6kx8_block;
+    if constexpr (TT <= 2) prefetch_superblocks(a0, a1, k_q6kx8_block);
     __m512i sumi[TT];
     for (int t = 0; t < TT; ++t)
       sumi[t] = _mm512_setzero_si512();
