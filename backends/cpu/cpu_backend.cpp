@@ -500,7 +500,8 @@ private:
     std::string every, under_quant, under, dequantized;
     for (DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl,
                     DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_xs}) {
-      const std::string n = " " + std::string(dtype_name(t));
+      std::string n(1, ' ');
+      n += dtype_name(t);
       if (o.repack && repackable(o.isa, t, 256, 16))
         (t == DType::q4_1 ? under : int8_gemm(o.isa, t) ? every : under_quant) += n;
       else if (has_kernel(t) || i8dq_supports(o.isa, t))
