@@ -242,9 +242,9 @@ TEST(CpuBackendOps, GetRowsAndMatmulMatchTheReferenceForEveryWeightType) {
 // quantize_row from N(0, 0.1) values (real weight distributions: nothing like random bytes' huge cancelling
 // terms). Tolerances, relative to the largest output: the exact routes (f32/f16/bf16 rows, the dq kernels of
 // kernels_dq.cpp, the GEMM on dequantized panels) differ only in the order of the sums: 1e-5. The int8 routes
-// (q8_0, q4_0, q4_1, q4_k, q6_k — repacked, at every level —, and at avx2 and up q5_0, q5_1, iq4_nl, q2_k,
-// q3_k, q5_k, iq4_xs:
-// activations rounded to 8 bits per block) 2e-2, and 1e-2 for bf16 products on
+// (q8_0, q4_0, q4_1, q5_0, q4_k, q6_k — repacked, at every level —, q5_1, iq4_nl, q2_k, q3_k, q5_k, iq4_xs
+// at avx2 and up, repacked at avx512_vnni; the 20-row batches of all but q4_1 on the int8 GEMM at
+// avx512_vnni: activations rounded to 8 bits per block) 2e-2, and 1e-2 for bf16 products on
 // activations rounded to bf16. With exact_logits, the logits' matmul of every block type is exact: checked
 // with the matmul as the graph's output; with exact_matmul every matmul of every type is.
 TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
