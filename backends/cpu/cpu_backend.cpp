@@ -331,21 +331,10 @@ private:
         LOOM_ASSERT(r >= 0 && r < s.n_rows(), "get_rows index out of range");
       const auto nr = static_cast<int64_t>(idx.size());
       if (s.kind == TensorKind::weight) {
-        const auto* base = static_cast<const uint8_t*>(s.data);
-        const size_t rb = row_bytes(s.dtype, len);
-        // A matrix also multiplied (a tied embedding and output head) has a repacked copy that replaced the
-        // file's pages: rows come from the copy, so looking tokens up does not map the file back in
-        // (whole page-cache folios at a time: Gemma 3's 178 MB Q8_0 embedding came back 153 MB resident at
-        // depth 4096 next to its copy).
         const uint8_t* copy = exact_copy(s);
 #pragma omp parallel for schedule(static) if (nr * len > 65536)
-        for (int64_t r = 0; r < nr; ++r) {
-          const int64_t row = idx[static_cast<size_t>(r)];
-          if (copy != nullptr)
-            copy_row(s, copy, row, dst + r * len);
-          else
-            dequantize(opt_.isa, s.dtype, base + static_cast<size_t>(row) * rb, dst + r * len, len);
-        }
+        for (int64_t r = 0; r < nr; ++r)
+          weight_row(s, copy, idx[static_cast<size_t>(r)], dst + r * len);
       } else {
         const float* src = f32(n.src[0]);
         for (int64_t r = 0; r < nr; ++r)
@@ -509,11 +498,19 @@ private:
     if (it == repacked_.end() || (w.dtype == DType::f16 && bf16_route(w))) return nullptr;
     return it->second.get();
   }
-  // Row `row` of w from its copy (exact_copy), as f32.
-  void copy_row(const TensorDesc& w, const uint8_t* copy, int64_t row, float* y) const {
+  // Row `row` of weight w as f32, exactly the file's values: from its copy (exact_copy(w), or nullptr: from
+  // the file). A matrix also read row by row — a tied embedding looked up, the exact head's rescored rows —
+  // has a repacked copy that replaced the file's pages: reading the copy keeps the file from mapping back in
+  // (whole page-cache folios at a time: Gemma 3's 178 MB Q8_0 embedding and head came back 153 MB resident
+  // at depth 4096 next to its copy, and grew `loom serve`'s RSS by 10 % in a minute).
+  void weight_row(const TensorDesc& w, const uint8_t* copy, int64_t row, float* y) const {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* c16 = reinterpret_cast<const uint16_t*>(copy);
-    if (bf16_route(w))
+    if (copy == nullptr)
+      dequantize(opt_.isa, w.dtype,
+                 static_cast<const uint8_t*>(w.data) + static_cast<size_t>(row) * row_bytes(w.dtype, K), y,
+                 K);
+    else if (bf16_route(w))
       dequantize_bf16x64(c16, K, row, y);
     else if (f16_route(w))
       dequantize_f16x64(opt_.isa, c16, K, row, y);
@@ -806,8 +803,7 @@ private:
     matmul(w, x, T, y, false);
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto c = static_cast<size_t>(std::min<int64_t>(opt_.logits_rescore, N));
-    const auto* base = static_cast<const uint8_t*>(w.data);
-    const size_t rb = row_bytes(w.dtype, K);
+    const uint8_t* copy = exact_copy(w);
     std::vector<float> row(static_cast<size_t>(K));
     std::vector<std::pair<float, int64_t>> top; // a min-heap of the c highest (NaN never enters)
     top.reserve(c);
@@ -827,7 +823,7 @@ private:
         }
       }
       for (const auto& [v, j] : top) {
-        dequantize_row(w.dtype, base + static_cast<size_t>(j) * rb, row.data(), K);
+        weight_row(w, copy, j, row.data());
         yt[j] = vdot(row.data(), x + t * K, static_cast<int32_t>(K));
       }
     }
@@ -837,14 +833,13 @@ private:
   // the block types below avx2 (and of the logits' matmul there under exact_logits).
   void rows_dequantized(const TensorDesc& w, const float* x, int64_t T, float* y) {
     const int64_t K = w.ne[0], N = w.ne[1];
-    const auto* base = static_cast<const uint8_t*>(w.data);
-    const size_t rb = row_bytes(w.dtype, K);
+    const uint8_t* copy = exact_copy(w);
 #pragma omp parallel if (N * K * T > 32768)
     {
       std::vector<float> row(static_cast<size_t>(K));
 #pragma omp for schedule(static)
       for (int64_t j = 0; j < N; ++j) {
-        dequantize_row(w.dtype, base + static_cast<size_t>(j) * rb, row.data(), K);
+        weight_row(w, copy, j, row.data());
         for (int64_t t = 0; t < T; ++t)
           y[t * N + j] = vdot(row.data(), x + t * K, static_cast<int32_t>(K));
       }

@@ -494,6 +494,11 @@ TEST(CpuBackendOps, RepackedQ4_0ReleasesTheFilePages) {
     expect_close(want_rows, h2.run(*cpu, row), 0.0, "get_rows after the release");
     // the rows came from the copy: looking them up did not map the file back in
     EXPECT_LE(rss_kib(), 8) << cpu::isa_name(isa) << ": get_rows read the released file";
+    // the same matrix as the exact output head: its rescored rows come from the copy too (this backend
+    // shares the copy of the one above)
+    auto exact_head = cpu_backend(isa, 0, true, true, true, false, true, true);
+    expect_close(want, h.run(*exact_head, y), 1e-2, "the exact head");
+    EXPECT_LE(rss_kib(), 8) << cpu::isa_name(isa) << ": the exact head's rescoring read the released file";
     expect_close(want, h.run(*cpu, y), 1e-2, "matmul, repacked, again");
     // the copy replaced the file's pages: it is not workspace; from heap weights it would be
     EXPECT_LT(cpu->workspace_bytes(), w.bytes.size()) << cpu::isa_name(isa);
