@@ -543,7 +543,7 @@ private:
     return s;
   }
 
-  // The 8-row repacked copy of a Q8_0, Q4_0, Q4_K or Q6_K matrix (made on first use; the file's pages then
+  // The 8-row repacked copy of a quantized matrix (cpu::repackable; made on first use; the file's pages then
   // dropped).
   const uint8_t* repacked(const TensorDesc& w) {
     const int64_t K = w.ne[0], N = w.ne[1];
@@ -673,21 +673,22 @@ private:
   }
 
   // Whether w is multiplied exactly from its own rows in place (kernels_dq.cpp): the block types without an
-  // int8 kernel of their own (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS), and with `exact` (the
+  // int8 kernel of their own where they are not repacked (Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS below
+  // avx512_vnni, or with repack off; Q4_1, Q5_0 with repack off), and with `exact` (the
   // logits' matmul under exact_logits) every block type.
   bool dq_route(const TensorDesc& w, bool exact = false) const noexcept {
     return dq_supports(opt_.isa, w.dtype) && (exact || (!has_kernel(w.dtype) && !repack_route(w))) &&
            w.ne[2] == 1 && w.ne[3] == 1 && w.ne[0] % dtype_traits(w.dtype).block_size == 0;
   }
 
-  // Whether w is a matrix of a repackable type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) that its int8 kernels
+  // Whether w is a matrix of a repackable type (cpu::repackable at this level) that its int8 kernels
   // multiply from the repacked copy (when nothing asks for exact products).
   bool repack_route(const TensorDesc& w) const noexcept {
     return opt_.repack && repackable(opt_.isa, w.dtype, w.ne[0], w.ne[1]) && w.ne[2] == 1 && w.ne[3] == 1;
   }
 
-  // Whether w (Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS; Q4_1 when it is not repacked) takes the int8
-  // route on its GGUF rows for decode and batches under gemm_min_rows (longer batches: the exact GEMM on
+  // Whether w (Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS; Q4_1, Q5_0 — any of them when not repacked) takes the
+  // int8 route on its GGUF rows for decode and batches under gemm_min_rows (longer batches: the exact GEMM on
   // dequantized panels); not under exact_matmul, nor for the logits' matmul under exact_logits (`exact`).
   bool i8dq_route(const TensorDesc& w, bool exact) const noexcept {
     return !exact && !opt_.exact_matmul && i8dq_supports(opt_.isa, w.dtype) && w.ne[2] == 1 && w.ne[3] == 1 &&

@@ -1,7 +1,7 @@
 // backends/cpu/cpu_backend.hpp — the cpu backend's executor: every op of the graph on one OpenMP
 // pool, matrix products on oneDNN (prefill, weights dequantized a panel at a time, never kept
-// twice) or on our own kernels (decode: weights read from their GGUF blocks, or for Q8_0 / Q4_0 /
-// Q4_K / Q6_K from a copy repacked 8 rows at a time that replaces the file's pages), attention as
+// twice) or on our own kernels (decode, and at AVX-512 VNNI the quantized types' prompts: weights read from
+// their GGUF blocks, or from a copy repacked 8 rows at a time that replaces the file's pages), attention as
 // a tiled online-softmax kernel over the KV cache (FlashAttention-style, GQA-aware).
 #pragma once
 
@@ -27,8 +27,10 @@ struct CpuOptions {
   // oneDNN wins from ≈ 128 (658 against 619). Speculative verification batches (5–32 rows) stay on
   // the kernel.
   int gemm_min_rows_f16 = 96;
-  // Q8_0 / Q4_0 / Q4_K / Q6_K matrices (rows a multiple of 8) repacked on first use into the 8-row layout of
-  // the decode kernel; the file's pages of a repacked tensor are released, so its weights stay resident once.
+  // Quantized matrices (rows a multiple of 8; Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K at every level, and Q5_1,
+  // IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS at avx512_vnni: cpu::repackable) repacked on first use into the 8-row
+  // layout of the int8 kernels; the file's pages of a repacked tensor are released (and its rows read from
+  // the copy), so its weights stay resident once.
   // Weight data must stay valid and unchanged for the backend's lifetime (a model's always does).
   bool repack = true;
   // BF16 matrices in batches of at least gemm_min_rows tokens: oneDNN's bf16 matmul (AVX512-BF16, or AMX
@@ -66,7 +68,7 @@ struct CpuOptions {
   // logits; the rest carry the int8 route's error); 0: the whole head exact.
   int logits_rescore = 64;
   // Every matrix multiplied exactly (what exact_logits does for the head, for all of them): the block types
-  // with an int8 kernel (Q8_0, Q4_0, Q4_K, Q6_K) take the exact f32 route too, so no activation is rounded
+  // with int8 kernels take the exact f32 route too, so no activation is rounded
   // anywhere and the logits are the reference backend's up to summation order — for checking a model, or
   // where the int8 routes' rounding matters (Gemma 3's residual outliers move its logits by up to ≈ 0.6 on
   // them). Slower at decode (the int8 kernels are ≈ 1.3–2× the f32 FMAs on the same weights).

@@ -1,5 +1,5 @@
 // backends/cpu/kernels.hpp — matrix kernels of the cpu backend: weights read straight from their
-// GGUF blocks (or, for Q8_0 / Q4_0 / Q4_K / Q6_K, from a copy repacked 8 rows at a time), activations
+// GGUF blocks (or from a copy repacked 8 rows at a time: repackable()), activations
 // quantized on the fly to 8 bits for the integer paths (blocks of 32; of 256 for the k-quants).
 #pragma once
 
@@ -64,7 +64,7 @@ void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t 
 // One token (T = 1) against several matrices of the same width K (q, k, v; gate, up): the activation
 // quantized once per block kind, every matrix's rows shared among the threads in one parallel region with
 // no barrier between the matrices. The kernels and sums of matmul_repacked / matmul for one token, so
-// their floats. A matrix is repacked (row_bytes 0; Q8_0, Q4_0, Q4_K, Q6_K, BF16 as bf16x64 at
+// their floats. A matrix is repacked (row_bytes 0; the repackable() types, BF16 as bf16x64 at
 // avx512_bf16, the token rounded to bf16 once, or F16 as f16x64 at avx512) or, at avx2 and up, F32 /
 // F16 / BF16 rows row_bytes apart (gemv_multi_supports says which).
 struct Gemv {
