@@ -342,10 +342,10 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
       p.sinks = c.sinks;
       Rand r(static_cast<uint32_t>(c.n_head * 31 + c.head_dim));
       int32_t done = 0;
-      // prefill with the two sequences interleaved (one-token items), then each in a run of its own
-      // (query blocks), then a decode-sized batch
+      // prefill with each sequence in a run of its own (query blocks of up to 64 tokens: two whole and a
+      // part), then the two interleaved (one-token items), then a decode-sized batch
       for (const auto& [per_seq, interleaved] :
-           {std::pair{40, false}, std::pair{37, true}, std::pair{3, false}}) {
+           {std::pair{150, false}, std::pair{37, true}, std::pair{3, false}}) {
         std::vector<Pos> pos;
         std::vector<SeqId> seq;
         if (interleaved) {
