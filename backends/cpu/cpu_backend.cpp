@@ -135,6 +135,7 @@ public:
     const size_t total = place_activations(g);
     logits_ = logits_matmul_dst(g);
     if (arena_.size() < total) arena_.resize(total);
+    rope_tables_.clear();
     const auto start = sdk::OpProfile::Clock::now();
     for (size_t i = 0; i < g.nodes.size();) {
       const auto t0 = profile_ ? sdk::OpProfile::Clock::now() : start;
@@ -370,16 +371,14 @@ private:
       const int64_t D = s.ne[0], H = s.ne[1], T = s.ne[2];
       const float* x = f32(n.src[0]);
       const float* ff = n.src[2] >= 0 ? vec(g, n.src[2]) : nullptr; // frequency divisors (Llama 3.1)
-#pragma omp parallel if (T > 1)
-      {
-        std::vector<float> cs(static_cast<size_t>(n.rope.n_dims / 2)), sn(cs.size());
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) { // the angles once per token, for all its heads
-          rope_table(n.rope, pos[static_cast<size_t>(t)], cs.data(), sn.data(), ff);
-          std::memcpy(dst + t * H * D, x + t * H * D, static_cast<size_t>(H * D) * sizeof(float));
-          for (int64_t h = 0; h < H; ++h)
-            rope_rotate(n.rope, cs.data(), sn.data(), dst + (t * H + h) * D);
-        }
+      const RopeTables& tab = rope_tables(n, ff, pos);
+      const auto half = static_cast<size_t>(n.rope.n_dims / 2);
+#pragma omp parallel for schedule(static) if (T > 1)
+      for (int64_t t = 0; t < T; ++t) {
+        std::memcpy(dst + t * H * D, x + t * H * D, static_cast<size_t>(H * D) * sizeof(float));
+        for (int64_t h = 0; h < H; ++h)
+          rope_rotate(n.rope, tab.cs.data() + static_cast<size_t>(t) * half,
+                      tab.sn.data() + static_cast<size_t>(t) * half, dst + (t * H + h) * D);
       }
       return;
     }
@@ -516,6 +515,40 @@ private:
       dequantize_f16x64(opt_.isa, c16, K, row, y);
     else
       dequantize_repacked(opt_.isa, w.dtype, copy, K, N, row, y);
+  }
+
+  // This compute's RoPE angles, once per distinct rope (parameters, frequency divisors, positions) for all
+  // the layers that share it: rope_table's double-precision pow / cos / sin per pair was ≈ 2 % of a SmolLM2
+  // prompt and of a decode step when each of 60 rope nodes computed it again.
+  struct RopeTables {
+    RopeParams rp;
+    const float* ff;
+    int32_t pos_id;
+    std::vector<float> cs, sn; // [token][n_dims / 2]
+  };
+  // The angles of rope node n for this batch's positions (pos, tensor n.src[1]), made on first use in this
+  // compute and shared by every later node of the same rope: rope_table's values, so the same floats.
+  const RopeTables& rope_tables(const Node& n, const float* ff, std::span<const int32_t> pos) {
+    const RopeParams& a = n.rope;
+    for (const RopeTables& t : rope_tables_) {
+      const RopeParams& b = t.rp;
+      if (t.ff == ff && t.pos_id == n.src[1] && a.n_dims == b.n_dims && a.theta == b.theta &&
+          a.neox == b.neox && a.freq_scale == b.freq_scale && a.ext_factor == b.ext_factor &&
+          a.attn_factor == b.attn_factor && a.orig_ctx == b.orig_ctx && a.beta_fast == b.beta_fast &&
+          a.beta_slow == b.beta_slow)
+        return t;
+    }
+    RopeTables& t = rope_tables_.emplace_back();
+    t.rp = a;
+    t.ff = ff;
+    t.pos_id = n.src[1];
+    const auto half = static_cast<size_t>(a.n_dims / 2), T = pos.size();
+    t.cs.resize(T * half);
+    t.sn.resize(T * half);
+#pragma omp parallel for schedule(static) if (T > 1)
+    for (size_t i = 0; i < T; ++i)
+      rope_table(a, pos[i], t.cs.data() + i * half, t.sn.data() + i * half, ff);
+    return t;
   }
 
   // Which route each block type takes, as matmul() chooses it (exact_matmul off): int8 products at every
@@ -976,7 +1009,8 @@ private:
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
   std::vector<float> panel_; // dequantized weight rows for the GEMM
-  std::vector<Gemv> gemvs_;  // fused_gemv's run
+  std::vector<RopeTables> rope_tables_;
+  std::vector<Gemv> gemvs_; // fused_gemv's run
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
