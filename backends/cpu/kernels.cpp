@@ -327,18 +327,13 @@ void get_k4_row(const uint8_t* g, int r, uint8_t* blk, uint8_t* qs) {
       std::memcpy(qs + 32 * j + 4 * c, g + 128 + 256 * j + 32 * c + 4 * r, 4);
 }
 
-void repack_group_q4_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_q4kx8_block)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 144;
-      put_k4_row(blk, blk + 16, r, out);
-    }
+void put_q4_k(const uint8_t* blk, int r, uint8_t* out) {
+  put_k4_row(blk, blk + 16, r, out);
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q4_K super-blocks (nsb × 144 bytes).
-void unpack_row_q4_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_q4kx8_block, out += 144)
-    get_k4_row(g, r, out, out + 16);
+// Row r (0..7) of a repacked super-block back to its GGUF Q4_K super-block (zeroed by the caller).
+void get_q4_k(const uint8_t* g, int r, uint8_t* blk) {
+  get_k4_row(g, r, blk, blk + 16);
 }
 
 void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
@@ -374,32 +369,23 @@ void gemv_q4_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
 // 64j + 4c + b), of the second = of the high nibble (column 64j + 32 + 4c + b).
 // (k_q5kx8_block: kernels_internal.hpp)
 
-void repack_group_q5_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_q5kx8_block) {
-    std::memset(out + k_q4kx8_block, 0, k_q5kx8_block - k_q4kx8_block);
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 176;
-      put_k4_row(blk, blk + 48, r, out);
-      for (int j = 0; j < 4; ++j)
-        for (int half = 0; half < 2; ++half)
-          for (int l = 0; l < 32; ++l) // qh[l]'s bit 2j + half: of column 64j + 32·half + l
-            out[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] |=
-                static_cast<uint8_t>(((blk[16 + l] >> (2 * j + half)) & 1) << (l / 4));
-    }
-  }
+void put_q5_k(const uint8_t* blk, int r, uint8_t* out) {
+  put_k4_row(blk, blk + 48, r, out);
+  for (int j = 0; j < 4; ++j)
+    for (int half = 0; half < 2; ++half)
+      for (int l = 0; l < 32; ++l) // qh[l]'s bit 2j + half: of column 64j + 32·half + l
+        out[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] |=
+            static_cast<uint8_t>(((blk[16 + l] >> (2 * j + half)) & 1) << (l / 4));
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q5_K super-blocks (nsb × 176 bytes).
-void unpack_row_q5_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_q5kx8_block, out += 176) {
-    get_k4_row(g, r, out, out + 48);
-    std::memset(out + 16, 0, 32);
-    for (int j = 0; j < 4; ++j)
-      for (int half = 0; half < 2; ++half)
-        for (int l = 0; l < 32; ++l)
-          out[16 + l] |= static_cast<uint8_t>(
-              ((g[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] >> (l / 4)) & 1) << (2 * j + half));
-  }
+// Row r (0..7) of a repacked super-block back to its GGUF Q5_K super-block (zeroed by the caller).
+void get_q5_k(const uint8_t* g, int r, uint8_t* blk) {
+  get_k4_row(g, r, blk, blk + 48);
+  for (int j = 0; j < 4; ++j)
+    for (int half = 0; half < 2; ++half)
+      for (int l = 0; l < 32; ++l)
+        blk[16 + l] |= static_cast<uint8_t>(
+            ((g[k_q4kx8_block + 64 * j + 32 * half + 4 * r + l % 4] >> (l / 4)) & 1) << (2 * j + half));
 }
 
 void gemv_q5_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
@@ -408,7 +394,8 @@ void gemv_q5_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
     out[r] = 0.0f;
   for (int64_t i = 0; i < nsb; ++i, ++x)
     for (int r = 0; r < 8; ++r) {
-      unpack_row_q5_kx8(g + static_cast<size_t>(i) * k_q5kx8_block, 1, r, blk);
+      std::memset(blk, 0, sizeof blk);
+      get_q5_k(g + static_cast<size_t>(i) * k_q5kx8_block, r, blk);
       int32_t sumq = 0, summ = 0;
       for (int s = 0; s < 8; ++s) {
         int sc, m;
@@ -463,41 +450,32 @@ float dot_q6_k_scalar(const uint8_t* w, const BlockQ8K* x, int64_t nsb) {
 // bits 2k, 2k+1 = the top 2 bits of column 16g + 4k + i) (512).
 // (k_q6kx8_block: kernels_internal.hpp)
 
-void repack_group_q6_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_q6kx8_block) {
-    std::memset(out, 0, k_q6kx8_block);
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 210;
-      std::memcpy(out + 2 * r, blk + 208, 2);
-      for (int g = 0; g < 16; ++g)
-        out[16 + 16 * (g / 2) + 2 * r + g % 2] = blk[192 + g];
-      for (int col = 0; col < 256; ++col) {
-        int si = 0;
-        const int v = q6_k_value(blk, col, si) + 32; // 0..63
-        const int g = col / 16, k = (col % 16) / 4, b = col % 4;
-        out[144 + 64 * g + 32 * (k / 2) + 4 * r + b] |= static_cast<uint8_t>((v & 0xF) << (4 * (k % 2)));
-        out[1168 + 32 * g + 4 * r + b] |= static_cast<uint8_t>((v >> 4) << (2 * k));
-      }
-    }
+void put_q6_k(const uint8_t* blk, int r, uint8_t* out) {
+  std::memcpy(out + 2 * r, blk + 208, 2);
+  for (int g = 0; g < 16; ++g)
+    out[16 + 16 * (g / 2) + 2 * r + g % 2] = blk[192 + g];
+  for (int col = 0; col < 256; ++col) {
+    int si = 0;
+    const int v = q6_k_value(blk, col, si) + 32; // 0..63
+    const int g = col / 16, k = (col % 16) / 4, b = col % 4;
+    out[144 + 64 * g + 32 * (k / 2) + 4 * r + b] |= static_cast<uint8_t>((v & 0xF) << (4 * (k % 2)));
+    out[1168 + 32 * g + 4 * r + b] |= static_cast<uint8_t>((v >> 4) << (2 * k));
   }
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q6_K super-blocks (nsb × 210 bytes).
-void unpack_row_q6_kx8(const uint8_t* g8, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g8 += k_q6kx8_block, out += 210) {
-    std::memset(out, 0, 210);
-    std::memcpy(out + 208, g8 + 2 * r, 2);
-    for (int g = 0; g < 16; ++g)
-      out[192 + g] = g8[16 + 16 * (g / 2) + 2 * r + g % 2];
-    for (int col = 0; col < 256; ++col) {
-      const int g = col / 16, k = (col % 16) / 4, b = col % 4;
-      const int lo = (g8[144 + 64 * g + 32 * (k / 2) + 4 * r + b] >> (4 * (k % 2))) & 0xF;
-      const int hi = (g8[1168 + 32 * g + 4 * r + b] >> (2 * k)) & 3;
-      // the GGUF packing q6_k_value reads
-      const int n = col / 128, kk = (col % 128) / 32, l = col % 32;
-      out[64 * n + 32 * (kk & 1) + l] |= static_cast<uint8_t>(lo << (4 * (kk >> 1)));
-      out[128 + 32 * n + l] |= static_cast<uint8_t>(hi << (2 * kk));
-    }
+// Row r (0..7) of a repacked super-block back to its GGUF Q6_K super-block (zeroed by the caller).
+void get_q6_k(const uint8_t* g8, int r, uint8_t* blk) {
+  std::memcpy(blk + 208, g8 + 2 * r, 2);
+  for (int g = 0; g < 16; ++g)
+    blk[192 + g] = g8[16 + 16 * (g / 2) + 2 * r + g % 2];
+  for (int col = 0; col < 256; ++col) {
+    const int g = col / 16, k = (col % 16) / 4, b = col % 4;
+    const int lo = (g8[144 + 64 * g + 32 * (k / 2) + 4 * r + b] >> (4 * (k % 2))) & 0xF;
+    const int hi = (g8[1168 + 32 * g + 4 * r + b] >> (2 * k)) & 3;
+    // the GGUF packing q6_k_value reads
+    const int n = col / 128, kk = (col % 128) / 32, l = col % 32;
+    blk[64 * n + 32 * (kk & 1) + l] |= static_cast<uint8_t>(lo << (4 * (kk >> 1)));
+    blk[128 + 32 * n + l] |= static_cast<uint8_t>(hi << (2 * kk));
   }
 }
 
@@ -542,20 +520,14 @@ constexpr size_t q3_high_at(int p) {
   return 624 + 32 * static_cast<size_t>(p);
 }
 
-void repack_group_q3_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_q3kx8_block) {
-    std::memset(out, 0, k_q3kx8_block);
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 110;
-      std::memcpy(out + 2 * r, blk + 108, 2);
-      for (int u = 0; u < 3; ++u)
-        std::memcpy(out + 16 + 32 * u + 4 * r, blk + 96 + 4 * u, 4);
-      for (int col = 0; col < 256; ++col) {
-        const int u = q3_k_u(blk, col), k = (col % 16) / 4, b = col % 4;
-        out[q3_low_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>((u & 3) << (2 * k));
-        out[q3_high_at(col / 32) + 4 * r + b] |= static_cast<uint8_t>((u >> 2) << (4 * ((col / 16) % 2) + k));
-      }
-    }
+void put_q3_k(const uint8_t* blk, int r, uint8_t* out) {
+  std::memcpy(out + 2 * r, blk + 108, 2);
+  for (int u = 0; u < 3; ++u)
+    std::memcpy(out + 16 + 32 * u + 4 * r, blk + 96 + 4 * u, 4);
+  for (int col = 0; col < 256; ++col) {
+    const int u = q3_k_u(blk, col), k = (col % 16) / 4, b = col % 4;
+    out[q3_low_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>((u & 3) << (2 * k));
+    out[q3_high_at(col / 32) + 4 * r + b] |= static_cast<uint8_t>((u >> 2) << (4 * ((col / 16) % 2) + k));
   }
 }
 
@@ -567,18 +539,15 @@ inline int q3_kx8_u(const uint8_t* g, int r, int col) {
   return low | third << 2;
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q3_K super-blocks (nsb × 110 bytes).
-void unpack_row_q3_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_q3kx8_block, out += 110) {
-    std::memset(out, 0, 110);
-    std::memcpy(out + 108, g + 2 * r, 2);
-    for (int u = 0; u < 3; ++u)
-      std::memcpy(out + 96 + 4 * u, g + 16 + 32 * u + 4 * r, 4);
-    for (int col = 0; col < 256; ++col) {
-      const int u = q3_kx8_u(g, r, col), n = col / 128, j = (col % 128) / 32, l = col % 32;
-      out[32 + 32 * n + l] |= static_cast<uint8_t>((u & 3) << (2 * j));
-      out[l] |= static_cast<uint8_t>((u >> 2) << (4 * n + j));
-    }
+// Row r (0..7) of a repacked super-block back to its GGUF Q3_K super-block (zeroed by the caller).
+void get_q3_k(const uint8_t* g, int r, uint8_t* blk) {
+  std::memcpy(blk + 108, g + 2 * r, 2);
+  for (int u = 0; u < 3; ++u)
+    std::memcpy(blk + 96 + 4 * u, g + 16 + 32 * u + 4 * r, 4);
+  for (int col = 0; col < 256; ++col) {
+    const int u = q3_kx8_u(g, r, col), n = col / 128, j = (col % 128) / 32, l = col % 32;
+    blk[32 + 32 * n + l] |= static_cast<uint8_t>((u & 3) << (2 * j));
+    blk[l] |= static_cast<uint8_t>((u >> 2) << (4 * n + j));
   }
 }
 
@@ -612,21 +581,15 @@ constexpr size_t q2_vals_at(int g) {
   return 160 + 32 * static_cast<size_t>(g);
 }
 
-void repack_group_q2_kx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_q2kx8_block) {
-    std::memset(out, 0, k_q2kx8_block);
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 84;
-      std::memcpy(out + 2 * r, blk + 80, 2);
-      std::memcpy(out + 16 + 2 * r, blk + 82, 2);
-      for (int u = 0; u < 4; ++u)
-        std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 * u, 4);
-      for (int col = 0; col < 256; ++col) {
-        const int n = col / 128, j = (col % 128) / 32, l = col % 32, k = (col % 16) / 4, b = col % 4;
-        const int q = (blk[16 + 32 * n + l] >> (2 * j)) & 3;
-        out[q2_vals_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>(q << (2 * k));
-      }
-    }
+void put_q2_k(const uint8_t* blk, int r, uint8_t* out) {
+  std::memcpy(out + 2 * r, blk + 80, 2);
+  std::memcpy(out + 16 + 2 * r, blk + 82, 2);
+  for (int u = 0; u < 4; ++u)
+    std::memcpy(out + 32 + 32 * u + 4 * r, blk + 4 * u, 4);
+  for (int col = 0; col < 256; ++col) {
+    const int n = col / 128, j = (col % 128) / 32, l = col % 32, k = (col % 16) / 4, b = col % 4;
+    const int q = (blk[16 + 32 * n + l] >> (2 * j)) & 3;
+    out[q2_vals_at(col / 16) + 4 * r + b] |= static_cast<uint8_t>(q << (2 * k));
   }
 }
 
@@ -634,18 +597,15 @@ inline int q2_kx8_q(const uint8_t* g, int r, int col) {
   return (g[q2_vals_at(col / 16) + 4 * r + col % 4] >> (2 * ((col % 16) / 4))) & 3;
 }
 
-// Row r (0..7) of a repacked group back to its GGUF Q2_K super-blocks (nsb × 84 bytes).
-void unpack_row_q2_kx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_q2kx8_block, out += 84) {
-    std::memset(out, 0, 84);
-    std::memcpy(out + 80, g + 2 * r, 2);
-    std::memcpy(out + 82, g + 16 + 2 * r, 2);
-    for (int u = 0; u < 4; ++u)
-      std::memcpy(out + 4 * u, g + 32 + 32 * u + 4 * r, 4);
-    for (int col = 0; col < 256; ++col) {
-      const int n = col / 128, j = (col % 128) / 32, l = col % 32;
-      out[16 + 32 * n + l] |= static_cast<uint8_t>(q2_kx8_q(g, r, col) << (2 * j));
-    }
+// Row r (0..7) of a repacked super-block back to its GGUF Q2_K super-block (zeroed by the caller).
+void get_q2_k(const uint8_t* g, int r, uint8_t* blk) {
+  std::memcpy(blk + 80, g + 2 * r, 2);
+  std::memcpy(blk + 82, g + 16 + 2 * r, 2);
+  for (int u = 0; u < 4; ++u)
+    std::memcpy(blk + 4 * u, g + 32 + 32 * u + 4 * r, 4);
+  for (int col = 0; col < 256; ++col) {
+    const int n = col / 128, j = (col % 128) / 32, l = col % 32;
+    blk[16 + 32 * n + l] |= static_cast<uint8_t>(q2_kx8_q(g, r, col) << (2 * j));
   }
 }
 
@@ -677,29 +637,23 @@ void gemv_q2_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
 // 32k + 4c..4c+3, high: 32k + 16 + 4c..) (1024).
 // (k_iq4xsx8_block: kernels_internal.hpp)
 
-void repack_group_iq4_xsx8(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, out += k_iq4xsx8_block)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* blk = w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * 136;
-      std::memcpy(out + 2 * r, blk, 2);
-      std::memcpy(out + 16 + 4 * r, blk + 4, 4);
-      std::memcpy(out + 48 + 2 * r, blk + 2, 2);
-      for (int k = 0; k < 8; ++k)
-        for (int c = 0; c < 4; ++c)
-          std::memcpy(out + 64 + 128 * k + 32 * c + 4 * r, blk + 8 + 16 * k + 4 * c, 4);
-    }
+void put_iq4_xs(const uint8_t* blk, int r, uint8_t* out) {
+  std::memcpy(out + 2 * r, blk, 2);
+  std::memcpy(out + 16 + 4 * r, blk + 4, 4);
+  std::memcpy(out + 48 + 2 * r, blk + 2, 2);
+  for (int k = 0; k < 8; ++k)
+    for (int c = 0; c < 4; ++c)
+      std::memcpy(out + 64 + 128 * k + 32 * c + 4 * r, blk + 8 + 16 * k + 4 * c, 4);
 }
 
-// Row r (0..7) of a repacked group back to its GGUF IQ4_XS super-blocks (nsb × 136 bytes).
-void unpack_row_iq4_xsx8(const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
-  for (int64_t i = 0; i < nsb; ++i, g += k_iq4xsx8_block, out += 136) {
-    std::memcpy(out, g + 2 * r, 2);
-    std::memcpy(out + 4, g + 16 + 4 * r, 4);
-    std::memcpy(out + 2, g + 48 + 2 * r, 2);
-    for (int k = 0; k < 8; ++k)
-      for (int c = 0; c < 4; ++c)
-        std::memcpy(out + 8 + 16 * k + 4 * c, g + 64 + 128 * k + 32 * c + 4 * r, 4);
-  }
+// Row r (0..7) of a repacked super-block back to its GGUF IQ4_XS super-block (zeroed by the caller).
+void get_iq4_xs(const uint8_t* g, int r, uint8_t* blk) {
+  std::memcpy(blk, g + 2 * r, 2);
+  std::memcpy(blk + 4, g + 16 + 4 * r, 4);
+  std::memcpy(blk + 2, g + 48 + 2 * r, 2);
+  for (int k = 0; k < 8; ++k)
+    for (int c = 0; c < 4; ++c)
+      std::memcpy(blk + 8 + 16 * k + 4 * c, g + 64 + 128 * k + 32 * c + 4 * r, 4);
 }
 
 void gemv_iq4_xsx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
@@ -708,7 +662,7 @@ void gemv_iq4_xsx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, floa
     out[r] = 0.0f;
   for (int64_t i = 0; i < nsb; ++i, ++x)
     for (int r = 0; r < 8; ++r) {
-      unpack_row_iq4_xsx8(g + static_cast<size_t>(i) * k_iq4xsx8_block, 1, r, blk);
+      get_iq4_xs(g + static_cast<size_t>(i) * k_iq4xsx8_block, r, blk);
       uint16_t sh;
       std::memcpy(&sh, blk + 2, 2);
       int32_t sumq = 0;
@@ -726,27 +680,46 @@ void gemv_iq4_xsx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, floa
     }
 }
 
-// A k-quant's 8-row layout: a group's super-blocks from GGUF rows, a row of them back, and the scalar
+// A k-quant's 8-row layout: its GGUF super-block's and repacked super-block's bytes (8 rows), row r's GGUF
+// super-block into a zeroed repacked one (put) and back into a zeroed GGUF one (get), and the scalar
 // one-token kernel.
 struct KLayout {
-  void (*repack)(const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out);
-  void (*unpack)(const uint8_t* g, int64_t nsb, int r, uint8_t* out);
+  size_t src_bytes, bytes;
+  void (*put)(const uint8_t* blk, int r, uint8_t* out);
+  void (*get)(const uint8_t* g, int r, uint8_t* blk);
   void (*scalar)(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
 };
 KLayout k_layout(DType type) {
   switch (type) {
   case DType::q2_k:
-    return {repack_group_q2_kx8, unpack_row_q2_kx8, gemv_q2_kx8_scalar};
+    return {84, k_q2kx8_block, put_q2_k, get_q2_k, gemv_q2_kx8_scalar};
   case DType::q3_k:
-    return {repack_group_q3_kx8, unpack_row_q3_kx8, gemv_q3_kx8_scalar};
+    return {110, k_q3kx8_block, put_q3_k, get_q3_k, gemv_q3_kx8_scalar};
   case DType::q4_k:
-    return {repack_group_q4_kx8, unpack_row_q4_kx8, gemv_q4_kx8_scalar};
+    return {144, k_q4kx8_block, put_q4_k, get_q4_k, gemv_q4_kx8_scalar};
   case DType::q5_k:
-    return {repack_group_q5_kx8, unpack_row_q5_kx8, gemv_q5_kx8_scalar};
+    return {176, k_q5kx8_block, put_q5_k, get_q5_k, gemv_q5_kx8_scalar};
   case DType::iq4_xs:
-    return {repack_group_iq4_xsx8, unpack_row_iq4_xsx8, gemv_iq4_xsx8_scalar};
+    return {136, k_iq4xsx8_block, put_iq4_xs, get_iq4_xs, gemv_iq4_xsx8_scalar};
   default:
-    return {repack_group_q6_kx8, unpack_row_q6_kx8, gemv_q6_kx8_scalar};
+    return {210, k_q6kx8_block, put_q6_k, get_q6_k, gemv_q6_kx8_scalar};
+  }
+}
+
+// Rows [0, 8) of a k-quant (rb bytes apart, nsb super-blocks each) into one repacked group.
+void repack_group_k(const KLayout& L, const uint8_t* w, size_t rb, int64_t nsb, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, out += L.bytes) {
+    std::memset(out, 0, L.bytes);
+    for (int r = 0; r < 8; ++r)
+      L.put(w + static_cast<size_t>(r) * rb + static_cast<size_t>(i) * L.src_bytes, r, out);
+  }
+}
+
+// Row r (0..7) of a repacked group back to its nsb GGUF super-blocks.
+void unpack_row_k(const KLayout& L, const uint8_t* g, int64_t nsb, int r, uint8_t* out) {
+  for (int64_t i = 0; i < nsb; ++i, g += L.bytes, out += L.src_bytes) {
+    std::memset(out, 0, L.src_bytes);
+    L.get(g, r, out);
   }
 }
 
@@ -794,70 +767,6 @@ GemvK gemv_kx8(DType type, bool avx2) {
   if (avx2 && type == DType::q4_k) return gemv_q4_kx8_avx2;
   if (avx2 && type == DType::q6_k) return gemv_q6_kx8_avx2;
   return k_layout(type).scalar;
-}
-
-// A b32 type's VNNI kernels (kernels_vnni.cpp): one token against P pairs of groups, and a pair against
-// several tokens.
-template <int P> using GemvPairs = void (*)(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template <int P> GemvPairs<P> pairs_kernel(DType type) {
-  switch (type) {
-  case DType::q4_0:
-    return gemv_pairs_vnni<DType::q4_0, P>;
-  case DType::q4_1:
-    return gemv_pairs_vnni<DType::q4_1, P>;
-  case DType::q5_0:
-    return gemv_pairs_vnni<DType::q5_0, P>;
-  case DType::q5_1:
-    return gemv_pairs_vnni<DType::q5_1, P>;
-  case DType::iq4_nl:
-    return gemv_pairs_vnni<DType::iq4_nl, P>;
-  default:
-    return gemv_pairs_vnni<DType::q8_0, P>;
-  }
-}
-using GemmB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-GemmB32 tokens_kernel(DType type) {
-  switch (type) {
-  case DType::q4_0:
-    return gemm_x16_tokens<DType::q4_0>;
-  case DType::q4_1:
-    return gemm_x16_tokens<DType::q4_1>;
-  case DType::q5_0:
-    return gemm_x16_tokens<DType::q5_0>;
-  case DType::q5_1:
-    return gemm_x16_tokens<DType::q5_1>;
-  case DType::iq4_nl:
-    return gemm_x16_tokens<DType::iq4_nl>;
-  default:
-    return gemm_x16_tokens<DType::q8_0>;
-  }
-}
-
-// A k-quant's int8 GEMM (kernels_vnni.cpp) for tiles of 16, 8, 4, 2 and 1 tokens.
-using GemmK = void (*)(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*, int64_t);
-struct KTiles {
-  GemmK t16, t8, t4, t2, t1;
-};
-KTiles ktiles(DType type) {
-  if (type == DType::q4_k)
-    return {gemm_k4_x16_vnni<16, DType::q4_k>, gemm_k4_x16_vnni<8, DType::q4_k>,
-            gemm_k4_x16_vnni<4, DType::q4_k>, gemm_k4_x16_vnni<2, DType::q4_k>,
-            gemm_k4_x16_vnni<1, DType::q4_k>};
-  if (type == DType::q5_k)
-    return {gemm_k4_x16_vnni<16, DType::q5_k>, gemm_k4_x16_vnni<8, DType::q5_k>,
-            gemm_k4_x16_vnni<4, DType::q5_k>, gemm_k4_x16_vnni<2, DType::q5_k>,
-            gemm_k4_x16_vnni<1, DType::q5_k>};
-  if (type == DType::q3_k)
-    return {gemm_q3_k_x16_vnni<16>, gemm_q3_k_x16_vnni<8>, gemm_q3_k_x16_vnni<4>, gemm_q3_k_x16_vnni<2>,
-            gemm_q3_k_x16_vnni<1>};
-  if (type == DType::q2_k)
-    return {gemm_q2_k_x16_vnni<16>, gemm_q2_k_x16_vnni<8>, gemm_q2_k_x16_vnni<4>, gemm_q2_k_x16_vnni<2>,
-            gemm_q2_k_x16_vnni<1>};
-  if (type == DType::iq4_xs)
-    return {gemm_iq4_xs_x16_vnni<16>, gemm_iq4_xs_x16_vnni<8>, gemm_iq4_xs_x16_vnni<4>,
-            gemm_iq4_xs_x16_vnni<2>, gemm_iq4_xs_x16_vnni<1>};
-  return {gemm_q6_k_x16_vnni<16>, gemm_q6_k_x16_vnni<8>, gemm_q6_k_x16_vnni<4>, gemm_q6_k_x16_vnni<2>,
-          gemm_q6_k_x16_vnni<1>};
 }
 
 bool cpu_has(Isa level) noexcept {
@@ -965,21 +874,8 @@ bool repackable(Isa isa, DType type, int64_t K, int64_t N) noexcept {
 
 namespace {
 size_t group_bytes(DType type, int64_t K) {
-  if (b32(type)) return static_cast<size_t>(K / 32) * b32_block_bytes(type);
-  switch (type) {
-  case DType::q4_k:
-    return static_cast<size_t>(K / 256) * k_q4kx8_block;
-  case DType::q3_k:
-    return static_cast<size_t>(K / 256) * k_q3kx8_block;
-  case DType::q2_k:
-    return static_cast<size_t>(K / 256) * k_q2kx8_block;
-  case DType::iq4_xs:
-    return static_cast<size_t>(K / 256) * k_iq4xsx8_block;
-  case DType::q5_k:
-    return static_cast<size_t>(K / 256) * k_q5kx8_block;
-  default:
-    return static_cast<size_t>(K / 256) * k_q6kx8_block;
-  }
+  return b32(type) ? static_cast<size_t>(K / 32) * b32_block_bytes(type)
+                   : static_cast<size_t>(K / 256) * k_layout(type).bytes;
 }
 } // namespace
 
@@ -999,11 +895,11 @@ void repack(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N
     }
     return;
   }
+  const KLayout layout = k_layout(type);
 #pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < N / 8; ++g) {
-    const uint8_t* src = w + static_cast<size_t>(8 * g) * row_bytes;
-    k_layout(type).repack(src, row_bytes, K / 256, out + static_cast<size_t>(g) * gb);
-  }
+  for (int64_t g = 0; g < N / 8; ++g)
+    repack_group_k(layout, w + static_cast<size_t>(8 * g) * row_bytes, row_bytes, K / 256,
+                   out + static_cast<size_t>(g) * gb);
 }
 
 void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, int64_t row,
@@ -1020,12 +916,12 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
       dequantize(isa, type, blocks, y + 32 * b0, 32 * n);
     }
   } else {
+    const KLayout layout = k_layout(type);
     const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
     const int r = static_cast<int>(row % 8);
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
-      const size_t at = static_cast<size_t>(i0) * (group_bytes(type, K) / static_cast<size_t>(K / 256));
-      k_layout(type).unpack(g + at, n, r, blocks);
+      unpack_row_k(layout, g + static_cast<size_t>(i0) * layout.bytes, n, r, blocks);
       dequantize(isa, type, blocks, y + 256 * i0, 256 * n);
     }
   }
@@ -1069,12 +965,12 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
           g[h] = m.w + static_cast<size_t>(2 * pr[h]) * gb;
           yo[h] = m.y + 16 * pr[h];
         }
-        pairs_kernel<P>(type)(g, xq, nb, yo);
+        pairs_kernel4(type)(g, xq, nb, yo);
       });
       for (int64_t pr = P * units + id; pr < pairs; pr += nt) { // the last pairs, fewer than P per thread
         const uint8_t* g[1] = {m.w + static_cast<size_t>(2 * pr) * gb};
         float* yo[1] = {m.y + 16 * pr};
-        pairs_kernel<1>(type)(g, xq, nb, yo);
+        pairs_kernel1(type)(g, xq, nb, yo);
       }
       u_from = pairs;
     }

@@ -241,28 +241,22 @@ to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
 
 // ---- kernels_vnni.cpp ----
 
-template <DType Q, int P> // Q: a b32 type; P: 1 or 4
-LOOM_AVX512VNNI void gemv_pairs_vnni(const uint8_t* const p[P], const BlockQ8* x, int64_t nb,
-                                     float* const y[P]);
-// A pair of repacked b32 groups against T tokens (tiles of 16, 8, 4, 2, 1 on
-// gemm_x16_vnni).
-template <DType Q>
-void gemm_x16_tokens(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
-template <int TT, DType Q> // TT: 16, 8, 4, 2 or 1; Q: q4_k or q5_k
-LOOM_AVX512VNNI void gemm_k4_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
-                                      float* y, int64_t ldy);
-template <int TT> // 16, 8, 4, 2 or 1
-LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
-                                        float* y, int64_t ldy);
-template <int TT> // 16, 8, 4, 2 or 1
-LOOM_AVX512VNNI void gemm_iq4_xs_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x,
-                                          int64_t nsb, float* y, int64_t ldy);
-template <int TT> // 16, 8, 4, 2 or 1
-LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
-                                        float* y, int64_t ldy);
-template <int TT> // 16, 8, 4, 2 or 1
-LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb,
-                                        float* y, int64_t ldy);
+// A b32 type's int8 kernels: one token against P = 1 or 4 pairs of repacked groups (16 rows each, P weight
+// streams: gemv_pairs_vnni), and a pair against T tokens (y[t·ldy + r]; tiles of 16, 8, 4, 2, 1).
+template <int P>
+using GemvPairs = void (*)(const uint8_t* const* p, const BlockQ8* x, int64_t nb, float* const* y);
+GemvPairs<4> pairs_kernel4(DType type);
+GemvPairs<1> pairs_kernel1(DType type);
+using GemmB32 = void (*)(const uint8_t* p, const BlockQ8* x, int64_t nb, int64_t T, float* y, int64_t ldy);
+GemmB32 tokens_kernel(DType type);
+// A k-quant's int8 GEMM for a pair of repacked groups (g0, g1: 16 rows) against tiles of 16, 8, 4, 2 and 1
+// tokens (y[t·ldy + r]), for every repacked k-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
+using GemmK = void (*)(const uint8_t* g0, const uint8_t* g1, const BlockQ8K* x, int64_t nsb, float* y,
+                       int64_t ldy);
+struct KTiles {
+  GemmK t16, t8, t4, t2, t1;
+};
+KTiles ktiles(DType type);
 
 // ---- kernels_amx.cpp ----
 

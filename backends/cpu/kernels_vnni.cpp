@@ -200,6 +200,58 @@ LOOM_AVX512VNNI inline void prefetch_superblocks(const uint8_t* a0, const uint8_
 // 0..63) and shared by the TT tokens; vpdpbusd sums 4 columns per lane, vpmulld applies the rows' scale
 // (a 6-bit or int8 integer), and the mins (Q4_K) or the −32 offset (Q6_K) come from the tokens' bsums.
 
+// Group g of 16 columns of a pair (q: its four 4-column vectors of unsigned values, 16 rows) against TT
+// tokens (xs: the first token's BlockQ8K of this super-block, the others nsb apart): each token's OFF ·
+// bsum_g + Σ u·x (OFF: the values' offset, Q3_K's −4; 0 where it is taken apart) times the rows' scales scs,
+// into sumi[t].
+template <int TT, int OFF>
+LOOM_AVX512VNNI inline void group16(__m512i* sumi, const __m512i* q, __m512i scs, const BlockQ8K* xs,
+                                    int64_t nsb, int g) {
+#pragma GCC unroll 16
+  for (int t = 0; t < TT; ++t) {
+    const BlockQ8K& xb = xs[static_cast<size_t>(t) * static_cast<size_t>(nsb)];
+    const auto* xw = reinterpret_cast<const int32_t*>(xb.qs) + 4 * g;
+    __m512i is = _mm512_set1_epi32(OFF * xb.bsums[g]);
+    for (int c = 0; c < 4; ++c)
+      is = _mm512_dpbusd_epi32(is, q[c], _mm512_set1_epi32(xw[c]));
+    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
+  }
+}
+
+// The float step of a super-block of a k-quant without mins (Q3_K, IQ4_XS) for TT tokens: the rows' d · x.d
+// times each token's integer sums into its acc (xs: the first token's BlockQ8K of this super-block, the
+// others nsb apart).
+template <int TT>
+LOOM_AVX512VNNI inline void scales_step(__m512* acc, __m512 d, const BlockQ8K* xs, int64_t nsb,
+                                        const __m512i* sumi) {
+#pragma GCC unroll 16
+  for (int t = 0; t < TT; ++t) {
+    const float x_d = xs[static_cast<size_t>(t) * static_cast<size_t>(nsb)].d;
+    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x_d)), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+  }
+}
+
+// The float step of a super-block of a k-quant with mins (Q2_K, Q4_K, Q5_K) for one token: d · x.d times the
+// integer sums into acc, dmin · x.d times Σ_s m_s · b_s into accm (subtracted at the end). mn[h]: dword r
+// holds row r's mins 4h..4h+3 as bytes; b: the token's H·4 sums those mins weigh (Q4_K: of each 32 values, H
+// = 2; Q2_K: of each 16, H = 4), taken two at a time by madd.
+template <int H>
+LOOM_AVX512VNNI inline void mins_step(__m512& acc, __m512& accm, __m512 d, __m512 dmin, float x_d,
+                                      __m512i sumi, const __m512i* mn, const int32_t* b) {
+  const __m512i lo16 = _mm512_set1_epi32(0x00FF00FF);
+  __m512i summ = _mm512_setzero_si512();
+  for (int h = 0; h < H; ++h) {
+    const int32_t* bh = b + 4 * h;
+    summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
+                                                    _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+    summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
+                                                    _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
+  }
+  const __m512 xd = _mm512_set1_ps(x_d);
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi), acc);
+  accm = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm);
+}
+
 // acc/accm (Q4_K) and acc (Q6_K) per token stay in memory: they change once per super-block.
 // Q5_K (q5_kx8: q4_kx8 and a plane of fifth bits) is Q4_K with 5-bit values: bit c of a fifth-bit byte
 // belongs to the nibble of the same byte of vector c, moved to bit 4.
@@ -212,7 +264,7 @@ LOOM_AVX512VNNI void gemm_k4_x16_vnni(const uint8_t* g0, const uint8_t* g1, cons
     acc[t] = accm[t] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(0x3f3f3f3f),
                 m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x30303030),
-                lo16 = _mm512_set1_epi32(0x00FF00FF), byte = _mm512_set1_epi32(0xFF);
+                byte = _mm512_set1_epi32(0xFF);
   for (int64_t i = 0; i < nsb; ++i) {
     const uint8_t* a0 = g0 + static_cast<size_t>(i) * block;
     const uint8_t* a1 = g1 + static_cast<size_t>(i) * block;
@@ -274,17 +326,7 @@ LOOM_AVX512VNNI void gemm_k4_x16_vnni(const uint8_t* g0, const uint8_t* g1, cons
       int32_t b[8];
       for (int s = 0; s < 8; ++s)
         b[s] = xb.bsums[2 * s] + xb.bsums[2 * s + 1];
-      __m512i summ = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        const int32_t* bh = b + 4 * h;
-        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
-                                                        _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
-        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
-                                                        _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
-      }
-      const __m512 xd = _mm512_set1_ps(xb.d);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-      accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm[t]);
+      mins_step<2>(acc[t], accm[t], d, dmin, xb.d, sumi[t], mn, b);
     }
   }
   for (int t = 0; t < TT; ++t)
@@ -328,18 +370,7 @@ LOOM_AVX512VNNI void gemm_q6_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
                             _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
         const __m512i scs =
             e ? _mm512_srai_epi32(scp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
-#pragma GCC unroll 16
-        for (int t = 0; t < TT; ++t) {
-          const auto* xw =
-              reinterpret_cast<const int32_t*>(
-                  x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
-              4 * g;
-          __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xw[0]));
-          is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
-          is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
-          is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
-          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
-        }
+        group16<TT, 0>(sumi, q, scs, x + i, nsb, g);
       }
     }
     const __m512 d = pair_f16(a0, a1);
@@ -410,25 +441,10 @@ LOOM_AVX512VNNI void gemm_q3_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
         }
         const __m512i scs =
             _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(sc[g / 4], 8 * (g % 4)), byte), c32);
-#pragma GCC unroll 16
-        for (int t = 0; t < TT; ++t) {
-          const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
-          const auto* xw = reinterpret_cast<const int32_t*>(xb.qs) + 4 * g;
-          __m512i is = _mm512_set1_epi32(-4 * xb.bsums[g]);
-          is = _mm512_dpbusd_epi32(is, q[0], _mm512_set1_epi32(xw[0]));
-          is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
-          is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
-          is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
-          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
-        }
+        group16<TT, -4>(sumi, q, scs, x + i, nsb, g);
       }
     }
-    const __m512 d = pair_f16(a0, a1);
-#pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) {
-      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-    }
+    scales_step<TT>(acc, pair_f16(a0, a1), x + i, nsb, sumi);
   }
   for (int t = 0; t < TT; ++t)
     _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
@@ -444,7 +460,7 @@ LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
   for (int t = 0; t < TT; ++t)
     acc[t] = accm[t] = _mm512_setzero_ps();
   const __m512i three = _mm512_set1_epi8(3), m4 = _mm512_set1_epi32(0x0f0f0f0f),
-                lo16 = _mm512_set1_epi32(0x00FF00FF), nib = _mm512_set1_epi32(0x0F);
+                nib = _mm512_set1_epi32(0x0F);
   for (int64_t i = 0; i < nsb; ++i) {
     const uint8_t* a0 = g0 + static_cast<size_t>(i) * k_q2kx8_block;
     const uint8_t* a1 = g1 + static_cast<size_t>(i) * k_q2kx8_block;
@@ -463,18 +479,7 @@ LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
                             _mm512_and_si512(_mm512_srli_epi16(v, 4), three),
                             _mm512_and_si512(_mm512_srli_epi16(v, 6), three)};
       const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(u[g / 4], 8 * (g % 4)), nib);
-#pragma GCC unroll 16
-      for (int t = 0; t < TT; ++t) {
-        const auto* xw =
-            reinterpret_cast<const int32_t*>(
-                x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)].qs) +
-            4 * g;
-        __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xw[0]));
-        is = _mm512_dpbusd_epi32(is, q[1], _mm512_set1_epi32(xw[1]));
-        is = _mm512_dpbusd_epi32(is, q[2], _mm512_set1_epi32(xw[2]));
-        is = _mm512_dpbusd_epi32(is, q[3], _mm512_set1_epi32(xw[3]));
-        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
-      }
+      group16<TT, 0>(sumi, q, scs, x + i, nsb, g);
     }
     const __m512 d = pair_f16(a0, a1), dmin = pair_f16(a0 + 16, a1 + 16);
     __m512i mn[4]; // dword r: row r's mins 4h..4h+3 as bytes
@@ -483,17 +488,10 @@ LOOM_AVX512VNNI void gemm_q2_k_x16_vnni(const uint8_t* g0, const uint8_t* g1, co
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
-      __m512i summ = _mm512_setzero_si512();
-      for (int h = 0; h < 4; ++h) {
-        const int16_t* bh = xb.bsums + 4 * h;
-        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_and_si512(mn[h], lo16),
-                                                        _mm512_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
-        summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_srli_epi16(mn[h], 8),
-                                                        _mm512_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
-      }
-      const __m512 xd = _mm512_set1_ps(xb.d);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-      accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ), accm[t]);
+      int32_t b[16];
+      for (int g = 0; g < 16; ++g)
+        b[g] = xb.bsums[g];
+      mins_step<4>(acc[t], accm[t], d, dmin, xb.d, sumi[t], mn, b);
     }
   }
   for (int t = 0; t < TT; ++t)
@@ -548,101 +546,75 @@ LOOM_AVX512VNNI void gemm_iq4_xs_x16_vnni(const uint8_t* g0, const uint8_t* g1, 
         sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scs));
       }
     }
-    const __m512 d = pair_f16(a0, a1);
-#pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) {
-      const BlockQ8K& xb = x[static_cast<size_t>(t) * static_cast<size_t>(nsb) + static_cast<size_t>(i)];
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-    }
+    scales_step<TT>(acc, pair_f16(a0, a1), x + i, nsb, sumi);
   }
   for (int t = 0; t < TT; ++t)
     _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
 }
 
 // The specializations that kernels.cpp calls.
-template void gemv_pairs_vnni<DType::q8_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q8_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q4_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q4_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q4_1, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q4_1, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q5_0, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q5_0, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemm_x16_tokens<DType::q8_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemm_x16_tokens<DType::q4_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemm_x16_tokens<DType::q4_1>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemm_x16_tokens<DType::q5_0>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemm_k4_x16_vnni<16, DType::q4_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                                float*, int64_t);
-template void gemm_k4_x16_vnni<16, DType::q5_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                                float*, int64_t);
-template void gemm_k4_x16_vnni<8, DType::q4_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<8, DType::q5_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<4, DType::q4_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<4, DType::q5_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<2, DType::q4_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<2, DType::q5_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<1, DType::q4_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_k4_x16_vnni<1, DType::q5_k>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t,
-                                               float*, int64_t);
-template void gemm_q6_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                     int64_t);
-template void gemm_q6_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q6_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q6_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q6_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
 
-template void gemm_q3_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                     int64_t);
-template void gemm_q3_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q3_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q3_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q3_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
+// The b32 kernels by type (the tables kernels.cpp dispatches through).
+template <int P> GemvPairs<P> pairs_kernel(DType type) {
+  switch (type) {
+  case DType::q4_0:
+    return gemv_pairs_vnni<DType::q4_0, P>;
+  case DType::q4_1:
+    return gemv_pairs_vnni<DType::q4_1, P>;
+  case DType::q5_0:
+    return gemv_pairs_vnni<DType::q5_0, P>;
+  case DType::q5_1:
+    return gemv_pairs_vnni<DType::q5_1, P>;
+  case DType::iq4_nl:
+    return gemv_pairs_vnni<DType::iq4_nl, P>;
+  default:
+    return gemv_pairs_vnni<DType::q8_0, P>;
+  }
+}
+GemvPairs<4> pairs_kernel4(DType type) {
+  return pairs_kernel<4>(type);
+}
+GemvPairs<1> pairs_kernel1(DType type) {
+  return pairs_kernel<1>(type);
+}
+GemmB32 tokens_kernel(DType type) {
+  switch (type) {
+  case DType::q4_0:
+    return gemm_x16_tokens<DType::q4_0>;
+  case DType::q4_1:
+    return gemm_x16_tokens<DType::q4_1>;
+  case DType::q5_0:
+    return gemm_x16_tokens<DType::q5_0>;
+  case DType::q5_1:
+    return gemm_x16_tokens<DType::q5_1>;
+  case DType::iq4_nl:
+    return gemm_x16_tokens<DType::iq4_nl>;
+  default:
+    return gemm_x16_tokens<DType::q8_0>;
+  }
+}
 
-template void gemm_q2_k_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                     int64_t);
-template void gemm_q2_k_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q2_k_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q2_k_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_q2_k_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                    int64_t);
-template void gemm_iq4_xs_x16_vnni<16>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                       int64_t);
-template void gemm_iq4_xs_x16_vnni<8>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                      int64_t);
-template void gemm_iq4_xs_x16_vnni<4>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                      int64_t);
-template void gemm_iq4_xs_x16_vnni<2>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                      int64_t);
-template void gemm_iq4_xs_x16_vnni<1>(const uint8_t*, const uint8_t*, const BlockQ8K*, int64_t, float*,
-                                      int64_t);
-
-template void gemv_pairs_vnni<DType::q5_1, 4>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemv_pairs_vnni<DType::q5_1, 1>(const uint8_t* const*, const BlockQ8*, int64_t, float* const*);
-template void gemm_x16_tokens<DType::q5_1>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*, int64_t);
-template void gemv_pairs_vnni<DType::iq4_nl, 4>(const uint8_t* const*, const BlockQ8*, int64_t,
-                                                float* const*);
-template void gemv_pairs_vnni<DType::iq4_nl, 1>(const uint8_t* const*, const BlockQ8*, int64_t,
-                                                float* const*);
-template void gemm_x16_tokens<DType::iq4_nl>(const uint8_t*, const BlockQ8*, int64_t, int64_t, float*,
-                                             int64_t);
+// The k-quant kernels by type.
+KTiles ktiles(DType type) {
+  if (type == DType::q4_k)
+    return {gemm_k4_x16_vnni<16, DType::q4_k>, gemm_k4_x16_vnni<8, DType::q4_k>,
+            gemm_k4_x16_vnni<4, DType::q4_k>, gemm_k4_x16_vnni<2, DType::q4_k>,
+            gemm_k4_x16_vnni<1, DType::q4_k>};
+  if (type == DType::q5_k)
+    return {gemm_k4_x16_vnni<16, DType::q5_k>, gemm_k4_x16_vnni<8, DType::q5_k>,
+            gemm_k4_x16_vnni<4, DType::q5_k>, gemm_k4_x16_vnni<2, DType::q5_k>,
+            gemm_k4_x16_vnni<1, DType::q5_k>};
+  if (type == DType::q3_k)
+    return {gemm_q3_k_x16_vnni<16>, gemm_q3_k_x16_vnni<8>, gemm_q3_k_x16_vnni<4>, gemm_q3_k_x16_vnni<2>,
+            gemm_q3_k_x16_vnni<1>};
+  if (type == DType::q2_k)
+    return {gemm_q2_k_x16_vnni<16>, gemm_q2_k_x16_vnni<8>, gemm_q2_k_x16_vnni<4>, gemm_q2_k_x16_vnni<2>,
+            gemm_q2_k_x16_vnni<1>};
+  if (type == DType::iq4_xs)
+    return {gemm_iq4_xs_x16_vnni<16>, gemm_iq4_xs_x16_vnni<8>, gemm_iq4_xs_x16_vnni<4>,
+            gemm_iq4_xs_x16_vnni<2>, gemm_iq4_xs_x16_vnni<1>};
+  return {gemm_q6_k_x16_vnni<16>, gemm_q6_k_x16_vnni<8>, gemm_q6_k_x16_vnni<4>, gemm_q6_k_x16_vnni<2>,
+          gemm_q6_k_x16_vnni<1>};
+}
 
 } // namespace loom::cpu
