@@ -553,7 +553,8 @@ private:
 
   // Which route each block type takes, as matmul() chooses it (exact_matmul off): int8 products at every
   // batch size (the repacked VNNI GEMM), under gemm_min_rows_quant (repacked) or gemm_min_rows (Q4_1's exact
-  // prompts; the GGUF-row kernels), exact f32 products for longer batches, or rows dequantized (below avx2).
+  // prompts; the GGUF-row kernels), exact f32 products for longer batches (Q4_1's on AMX bf16 tiles where
+  // exact_tiles), or rows dequantized (below avx2).
   static std::string block_routes(const CpuOptions& o) {
     std::string every, under_quant, under, dequantized;
     for (DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl,
@@ -572,6 +573,7 @@ private:
     if (!under_quant.empty()) s += " batches under gemm_min_rows_quant" + under_quant + " (repacked);";
     if (!under.empty()) s += " batches under gemm_min_rows" + under + ";";
     if (!under_quant.empty() || !under.empty()) s += " exact f32 products for longer batches of those";
+    if (o.repack && exact_tiles(o.isa, DType::q4_1, 16)) s += " (q4_1's on AMX bf16 tiles)";
     if (!dequantized.empty()) s += "; rows dequantized to f32, then dotted:" + dequantized;
     return s;
   }
@@ -786,14 +788,16 @@ private:
     }
     if (opt_.repack && repackable(opt_.isa, w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
       const uint8_t* wp = repacked(w);
-      // Q4_1 and Q5_0 (no GGUF-row kernel of their own: their int8 kernels came with the repacked layout)
-      // keep their exact products for batches of gemm_min_rows or more, as before: a prompt's logits are
-      // then those of exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that
-      // rounding the activations to 8 bits flips, as llama.cpp's does). gemm_min_rows above the prompt: int8
-      // throughout. Q3_K's prompts take its int8 GEMM, as Q4_K's and Q6_K's do.
+      // Q4_1 keeps exact products for batches of gemm_min_rows or more: a prompt's logits are then those of
+      // exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that rounding the
+      // activations to 8 bits flips, as llama.cpp's does) — on AMX bf16 tiles where the CPU has them
+      // (exact_tiles), else its rows dequantized into oneDNN's f32 GEMM. gemm_min_rows above the prompt:
+      // int8 throughout.
       const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
-      if (exact_batch ||
-          (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
+      if (exact_batch && exact_tiles(opt_.isa, w.dtype, N))
+        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_);
+      else if (exact_batch || (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant &&
+                               !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,
                     [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
       else

@@ -57,6 +57,12 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
 // Whether matmul_repacked() runs the int8 GEMM for this type (AVX-512 VNNI: the repacked types), which
 // beats dequantizing to an f32 GEMM at every batch size.
 bool int8_gemm(Isa isa, DType type) noexcept;
+// Exact products of a repacked matrix for a batch, faster than its rows dequantized into an f32 GEMM: at
+// Isa::amx, Q4_1 (N % 16 == 0) on bf16 tiles — each weight and each f32 activation exact (the activation as
+// three bf16 parts), the sums f32 (kernels_amx.cpp). Whether this type has it here:
+bool exact_tiles(Isa isa, DType type, int64_t N) noexcept;
+void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
+                           float* y, int n_threads);
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);

@@ -1,4 +1,5 @@
-// The cpu backend's AMX kernel: the int8 GEMM of repacked Q8_0 / Q4_0 on tiles.
+// The cpu backend's AMX kernels: the int8 GEMM of repacked Q8_0 / Q4_0 on tiles, and the exact GEMM of
+// repacked Q4_1 on bf16 tiles.
 #include "avx512_gcc_warnings.hpp"
 #include "kernels_internal.hpp"
 
@@ -122,8 +123,132 @@ LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int t
     _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy), acc[t]);
 }
 
+// ---- AMX bf16: the exact Q4_1 GEMM ----
+//
+// A Q4_1 weight is d·q + m with q a 4-bit integer: exact in bf16. An f32 activation is the sum of three bf16
+// parts (8 + 8 + 8 bits of its 24). So Σ_k (d·q_k + m)·x_k = d·Σ_k q_k·(x₁ + x₂ + x₃)_k + m·Σ_k x_k, per
+// block of 32 and row: three bf16 tile products of exact terms summed in f32 (as an f32 GEMM sums exact
+// products), then the block's scale and min in f32 FMAs. The products oneDNN's f32 GEMM of the dequantized
+// rows would take, at about 1.6× its speed here (SmolLM2's shapes, docs/benchmarks.md).
+
+// (The tile intrinsics take their tile's number as text: literal numbers only.)
+#define LOOM_AMX_PAIR(h)                                                                                     \
+  _tile_zero(h);                                                                                             \
+  _tile_loadd(7, bq + (h)*stride, 64);                                                                       \
+  _tile_dpbf16ps(h, 4, 7);                                                                                   \
+  _tile_dpbf16ps(h, 5, 7);                                                                                   \
+  _tile_dpbf16ps(h, 6, 7)
+
+namespace {
+// P = 1 or 4 pairs of a block: each pair's B tile (tile 7; bq + h·stride) by the three parts (tiles 4, 5, 6)
+// into tile h, then every pair's sums stored (after all the products: a store waits for its tile's last one).
+template <int P>
+LOOM_AMX inline __attribute__((always_inline)) void amx_pair_sums(const uint16_t* bq, size_t stride,
+                                                                  float (&cbuf)[P][16][16]) {
+  LOOM_AMX_PAIR(0);
+  if constexpr (P == 4) {
+    LOOM_AMX_PAIR(1);
+    LOOM_AMX_PAIR(2);
+    LOOM_AMX_PAIR(3);
+    _tile_stored(1, cbuf[1], 64);
+    _tile_stored(2, cbuf[2], 64);
+    _tile_stored(3, cbuf[3], 64);
+  }
+  _tile_stored(0, cbuf[0], 64);
+}
+} // namespace
+
+void split_bf16x3(const float* x, int64_t K, int row, uint16_t* tiles, float* sums) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m512 s = _mm512_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      __m512 r = _mm512_loadu_ps(x + 32 * b + 16 * h);
+      s = _mm512_add_ps(s, r);
+      for (int i = 0; i < 3; ++i) { // the remainder's leading 8 bits (truncated): r − those is exact
+        const __m512i top = _mm512_and_si512(_mm512_castps_si512(r), hi);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tiles + (3 * b + i) * 512 + 32 * row + 16 * h),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(top, 16)));
+        r = _mm512_sub_ps(r, _mm512_castsi512_ps(top));
+      }
+    }
+    sums[b] = _mm512_reduce_add_ps(s);
+  }
+}
+
+void q4_1_pair_tiles(const uint8_t* p, int64_t nb, uint16_t* out) {
+  // bf16 of 0..15 (a word's low 4 bits index it), and the dwords of two rows' words in B-tile order: vector
+  // c's bytes 4r..4r+3 (row r) hold elements 4c..4c+3 (low nibbles; high: 16 + 4c..): B row 2c takes elements
+  // 4c, 4c+1 of every row, row 2c+1 elements 4c+2, 4c+3 (rows 8 + … the high nibbles').
+  alignas(64) uint16_t levels[32];
+  for (int i = 0; i < 32; ++i)
+    levels[i] = fp32_to_bf16(static_cast<float>(i % 16));
+  const __m512i table = _mm512_load_si512(levels), mask = _mm512_set1_epi8(0x0F);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int64_t b = 0; b < nb; ++b, out += 512) {
+    const uint8_t* a = p + static_cast<size_t>(b) * 2 * k_q41x8_block;
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = pair_vec(a, c, b32_head(DType::q4_1));
+      for (int half = 0; half < 2; ++half) { // low nibbles: B rows 2c, 2c+1; high: 8 + 2c, 8 + 2c + 1
+        const __m512i n =
+            half == 0 ? _mm512_and_si512(v, mask) : _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        const __m512i w0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(n)), table);
+        const __m512i w1 =
+            _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(n, 1)), table);
+        uint16_t* row = out + 32 * (8 * half + 2 * c);
+        _mm512_storeu_si512(row, _mm512_permutex2var_epi32(w0, even, w1));
+        _mm512_storeu_si512(row + 32, _mm512_permutex2var_epi32(w0, odd, w1));
+      }
+    }
+  }
+}
+
+template <int P>
+void gemm_q4_1_amx_exact(const uint8_t* p, size_t pair_bytes, const uint16_t* bq, size_t bq_stride,
+                         const uint16_t* xa, const float* sums, int64_t nb, int tt, float* y, int64_t ldy) {
+  // tiles 0..P−1: block sums C of the P pairs (tt tokens × 16 rows, f32); 4, 5, 6: the parts A (tt × 32
+  // bf16); 7: a pair's B
+  TileConfig cfg;
+  for (int i = 0; i < 7; ++i) {
+    cfg.rows[i] = static_cast<uint8_t>(tt);
+    cfg.colsb[i] = 64;
+  }
+  cfg.rows[7] = 16;
+  cfg.colsb[7] = 64;
+  _tile_loadconfig(&cfg);
+  alignas(64) float cbuf[P][16][16];
+  alignas(64) float acc[P][16][16] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint16_t* a = xa + 3 * 512 * b;
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 512, 64);
+    _tile_loadd(6, a + 1024, 64);
+    amx_pair_sums<P>(bq + 512 * b, bq_stride, cbuf);
+    const float* sb = sums + b;
+    for (int h = 0; h < P; ++h) {
+      const uint8_t* blk = p + h * pair_bytes + static_cast<size_t>(b) * 2 * k_q41x8_block;
+      const __m512 dw = pair_scales(blk), mw = pair_mins(blk);
+      for (int t = 0; t < tt; ++t) {
+        __m512 v = _mm512_fmadd_ps(_mm512_load_ps(cbuf[h][t]), dw, _mm512_load_ps(acc[h][t]));
+        v = _mm512_fmadd_ps(_mm512_set1_ps(sb[static_cast<size_t>(t) * static_cast<size_t>(nb)]), mw, v);
+        _mm512_store_ps(acc[h][t], v);
+      }
+    }
+  }
+  _tile_release();
+  for (int h = 0; h < P; ++h)
+    for (int t = 0; t < tt; ++t)
+      _mm512_storeu_ps(y + static_cast<size_t>(t) * static_cast<size_t>(ldy) + 16 * h,
+                       _mm512_load_ps(acc[h][t]));
+}
+
 // The specializations that kernels.cpp calls.
 template void gemm_x16_amx<true>(const uint8_t*, const BlockQ8*, int64_t, int, float*, int64_t);
 template void gemm_x16_amx<false>(const uint8_t*, const BlockQ8*, int64_t, int, float*, int64_t);
+template void gemm_q4_1_amx_exact<4>(const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*,
+                                     const float*, int64_t, int, float*, int64_t);
+template void gemm_q4_1_amx_exact<1>(const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*,
+                                     const float*, int64_t, int, float*, int64_t);
 
 } // namespace loom::cpu

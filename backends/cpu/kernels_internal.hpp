@@ -23,7 +23,8 @@
 #endif
 #ifndef LOOM_AMX
 #define LOOM_AMX                                                                                             \
-  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+  __attribute__((target(                                                                                     \
+      "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16")))
 #endif
 
 namespace loom::cpu {
@@ -262,5 +263,21 @@ KTiles ktiles(DType type);
 
 template <bool Q4>
 LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int tt, float* y, int64_t ldy);
+
+// The exact Q4_1 GEMM on bf16 tiles (matmul_repacked_exact). Token `row` (0..15) of a tile of 16: its K
+// activations split into three bf16 parts x = x₁ + x₂ + x₃ (each the previous remainder truncated to bf16:
+// exact, 8 + 8 + 8 bits), as rows of the tile's A tiles — per block of 32, parts 0, 1, 2, each 16 rows of 32
+// (512 values) — and each block's sum (sums[b]).
+LOOM_AMX void split_bf16x3(const float* x, int64_t K, int row, uint16_t* tiles, float* sums);
+// A pair's weights as the B tiles of its blocks: per block of 32, 16 k-pairs × 16 rows × 2 nibbles as bf16
+// (small integers: exact), 512 values; nb blocks into out.
+LOOM_AMX void q4_1_pair_tiles(const uint8_t* p, int64_t nb, uint16_t* out);
+// P = 1 or 4 pairs (p: the first one's repacked blocks, the next pair_bytes on; bq: q4_1_pair_tiles of them,
+// bq_stride apart) against tt ≤ 16 tokens (xa: their tile's A tiles; sums: their block sums, nb apart):
+// y[t·ldy + 16h + r] = Σ_b d_rb·(Σ q·x) + m_rb·Σx.
+template <int P>
+LOOM_AMX void gemm_q4_1_amx_exact(const uint8_t* p, size_t pair_bytes, const uint16_t* bq, size_t bq_stride,
+                                  const uint16_t* xa, const float* sums, int64_t nb, int tt, float* y,
+                                  int64_t ldy);
 
 } // namespace loom::cpu

@@ -325,7 +325,8 @@ TEST_P(CpuKernels, GemvMultiEqualsOneMatrixAtATime) {
 // Whether y[t][j] is within 1e-5 of the double-precision Σ_k w[j][k]·x[t][k] (relative to Σ |terms|), for
 // w as N rows of K and x as T rows of K; the first miss as the failure message.
 testing::AssertionResult products_match(const std::vector<float>& w, const std::vector<float>& x,
-                                        const std::vector<float>& y, int64_t K, int64_t N, int64_t T) {
+                                        const std::vector<float>& y, int64_t K, int64_t N, int64_t T,
+                                        double tol = 1e-5) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < N; ++j) {
       double ref = 0, mag = 0;
@@ -336,7 +337,7 @@ testing::AssertionResult products_match(const std::vector<float>& w, const std::
         mag += std::fabs(p);
       }
       const double got = static_cast<double>(y[static_cast<size_t>(t * N + j)]);
-      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-6))
+      if (!(std::fabs(got - ref) <= tol * mag + tol / 10))
         return testing::AssertionFailure() << "y[" << t << "][" << j << "] = " << got << ", want " << ref;
     }
   return testing::AssertionSuccess();
@@ -402,6 +403,47 @@ TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
           }
         }
       }
+  }
+}
+
+// The exact Q4_1 GEMM on AMX bf16 tiles (matmul_repacked_exact, a prompt's route at amx): every product exact
+// (the weights' small integers and the activations as three bf16 parts), the sums f32 — so y is Σ w·x to
+// f32's summation error, within 4e-6 of the double-precision sum of the terms' size (measured: ≤ 1.5e-6; a
+// block's d·Σq·x and m·Σx can cancel where weights d·q + m are near 0; the exact-FMA kernels of the GGUF rows
+// ≤ 1.6e-7; the int8 route ≈ 1e-3) — for one to 40 tokens (tiles of 16 and a tail), quads of pairs and single
+// pairs, activations over 2^±12.
+TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
+  if (!cpu::isa_supported(cpu::Isa::amx))
+    GTEST_SKIP() << "this CPU lacks amx (it runs up to " << cpu::isa_name(cpu::cpu_isa())
+                 << "): the exact tiles were compiled, not run";
+  const cpu::Isa amx = cpu::Isa::amx;
+  EXPECT_TRUE(cpu::exact_tiles(amx, DType::q4_1, 16));
+  EXPECT_FALSE(cpu::exact_tiles(amx, DType::q4_1, 24)); // an odd last group: the f32 GEMM
+  EXPECT_FALSE(cpu::exact_tiles(amx, DType::q4_0, 16));
+  EXPECT_FALSE(cpu::exact_tiles(cpu::Isa::avx512_bf16, DType::q4_1, 16));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-12, 12);
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{32, 16}, {576, 80}, {1536, 192}}) {
+    const size_t rb = row_bytes(DType::q4_1, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+    std::vector<float> dq(static_cast<size_t>(N * K));
+    for (auto& v : dq)
+      v = nd(rng) * 0.05f + 0.01f;
+    for (int64_t j = 0; j < N; ++j) { // the rows as quantized, then exactly their values
+      quantize_row(DType::q4_1, dq.data() + j * K, w.data() + static_cast<size_t>(j) * rb, K);
+      dequantize_row(DType::q4_1, w.data() + static_cast<size_t>(j) * rb, dq.data() + j * K, K);
+    }
+    std::vector<uint8_t> wp(cpu::repacked_bytes(DType::q4_1, K, N));
+    cpu::repack(DType::q4_1, w.data(), rb, K, N, wp.data());
+    for (int64_t T : {1, 7, 16, 17, 40}) {
+      std::vector<float> x(static_cast<size_t>(T * K)), y(static_cast<size_t>(T * N), NAN);
+      for (auto& v : x)
+        v = std::ldexp(nd(rng), ex(rng));
+      x[0] = 0.0f;
+      cpu::matmul_repacked_exact(DType::q4_1, wp.data(), K, N, x.data(), T, y.data(), 2);
+      EXPECT_TRUE(products_match(dq, x, y, K, N, T, 4e-6)) << "K=" << K << " N=" << N << " T=" << T;
+    }
   }
 }
 
