@@ -1206,17 +1206,16 @@ void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, 
   for (int64_t t = 0; t < T; ++t)
     split_bf16x3(x + t * K, K, static_cast<int>(t % 16), xa + static_cast<size_t>(t / 16) * tile_vals,
                  sx + t * nb);
-  // each thread's pairs in chunks of whole quads whose B tiles (1 KiB a block) stay in L2 across the token
-  // tiles
-  const int64_t quads = (pairs + 3) / 4, chunk = std::max<int64_t>(1, (256 << 10) / (4 * nb << 10));
-  const int64_t per_thread = (quads + threads - 1) / threads;
-  const int64_t n_chunks = std::min<int64_t>(quads, threads * ((per_thread + chunk - 1) / chunk));
+  // each thread's pairs (an equal share) in chunks whose B tiles (1 KiB a block) stay in L2 across the token
+  // tiles, taken 4, then 2, then 1 at a time
+  const int64_t chunk = std::max<int64_t>(4, (256 << 10) / (nb << 10));
+  const int64_t per_thread = (pairs + threads - 1) / threads;
+  const int64_t n_chunks = std::min<int64_t>(pairs, threads * ((per_thread + chunk - 1) / chunk));
   const size_t gb = static_cast<size_t>(nb) * 2 * k_q41x8_block, tb = static_cast<size_t>(nb) * 512;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c) {
     static thread_local std::vector<uint16_t> tiles_b;
-    const int64_t g0 = std::min(pairs, 4 * (quads * c / n_chunks)),
-                  g1 = std::min(pairs, 4 * (quads * (c + 1) / n_chunks));
+    const int64_t g0 = pairs * c / n_chunks, g1 = pairs * (c + 1) / n_chunks;
     uint16_t* bq = aligned64(tiles_b, static_cast<size_t>(g1 - g0) * tb);
     for (int64_t g = g0; g < g1; ++g)
       q4_1_pair_tiles(wp + static_cast<size_t>(g) * gb, nb, bq + static_cast<size_t>(g - g0) * tb);
@@ -1231,6 +1230,8 @@ void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, 
         };
         if (g + 4 <= g1)
           run(gemm_q4_1_amx_exact<4>, 4);
+        else if (g + 2 <= g1)
+          run(gemm_q4_1_amx_exact<2>, 2);
         else
           run(gemm_q4_1_amx_exact<1>, 1);
       }

@@ -133,27 +133,30 @@ LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int t
 
 // (The tile intrinsics take their tile's number as text: literal numbers only.)
 #define LOOM_AMX_PAIR(h)                                                                                     \
-  _tile_zero(h);                                                                                             \
-  _tile_loadd(7, bq + (h)*stride, 64);                                                                       \
-  _tile_dpbf16ps(h, 4, 7);                                                                                   \
-  _tile_dpbf16ps(h, 5, 7);                                                                                   \
-  _tile_dpbf16ps(h, 6, 7)
+  do {                                                                                                       \
+    _tile_zero(h);                                                                                           \
+    _tile_loadd(7, bq + (h)*stride, 64);                                                                     \
+    _tile_dpbf16ps(h, 4, 7);                                                                                 \
+    _tile_dpbf16ps(h, 5, 7);                                                                                 \
+    _tile_dpbf16ps(h, 6, 7);                                                                                 \
+  } while (false)
 
 namespace {
-// P = 1 or 4 pairs of a block: each pair's B tile (tile 7; bq + h·stride) by the three parts (tiles 4, 5, 6)
-// into tile h, then every pair's sums stored (after all the products: a store waits for its tile's last one).
+// P = 1, 2 or 4 pairs of a block: each pair's B tile (tile 7; bq + h·stride) by the three parts (tiles 4, 5,
+// 6) into tile h, then every pair's sums stored (after all the products: a store waits for its tile's last
+// one).
 template <int P>
 LOOM_AMX inline __attribute__((always_inline)) void amx_pair_sums(const uint16_t* bq, size_t stride,
                                                                   float (&cbuf)[P][16][16]) {
   LOOM_AMX_PAIR(0);
+  if constexpr (P >= 2) LOOM_AMX_PAIR(1);
   if constexpr (P == 4) {
-    LOOM_AMX_PAIR(1);
     LOOM_AMX_PAIR(2);
     LOOM_AMX_PAIR(3);
-    _tile_stored(1, cbuf[1], 64);
     _tile_stored(2, cbuf[2], 64);
     _tile_stored(3, cbuf[3], 64);
   }
+  if constexpr (P >= 2) _tile_stored(1, cbuf[1], 64);
   _tile_stored(0, cbuf[0], 64);
 }
 } // namespace
@@ -247,6 +250,8 @@ void gemm_q4_1_amx_exact(const uint8_t* p, size_t pair_bytes, const uint16_t* bq
 template void gemm_x16_amx<true>(const uint8_t*, const BlockQ8*, int64_t, int, float*, int64_t);
 template void gemm_x16_amx<false>(const uint8_t*, const BlockQ8*, int64_t, int, float*, int64_t);
 template void gemm_q4_1_amx_exact<4>(const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*,
+                                     const float*, int64_t, int, float*, int64_t);
+template void gemm_q4_1_amx_exact<2>(const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*,
                                      const float*, int64_t, int, float*, int64_t);
 template void gemm_q4_1_amx_exact<1>(const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*,
                                      const float*, int64_t, int, float*, int64_t);
