@@ -163,19 +163,19 @@ LOOM_AMX inline __attribute__((always_inline)) void amx_pair_sums(const uint16_t
 
 void split_bf16x3(const float* x, int64_t K, int row, uint16_t* tiles, float* sums) {
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  alignas(64) uint16_t odd[32]; // the high words of 32 floats in two vectors
+  for (uint16_t i = 0; i < 32; ++i)
+    odd[i] = static_cast<uint16_t>(2 * i + 1);
+  const __m512i words = _mm512_load_si512(odd);
   for (int64_t b = 0; b < K / 32; ++b) {
-    __m512 s = _mm512_setzero_ps();
-    for (int h = 0; h < 2; ++h) {
-      __m512 r = _mm512_loadu_ps(x + 32 * b + 16 * h);
-      s = _mm512_add_ps(s, r);
-      for (int i = 0; i < 3; ++i) { // the remainder's leading 8 bits (truncated): r − those is exact
-        const __m512i top = _mm512_and_si512(_mm512_castps_si512(r), hi);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tiles + (3 * b + i) * 512 + 32 * row + 16 * h),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(top, 16)));
-        r = _mm512_sub_ps(r, _mm512_castsi512_ps(top));
-      }
+    __m512 r0 = _mm512_loadu_ps(x + 32 * b), r1 = _mm512_loadu_ps(x + 32 * b + 16);
+    sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(r0, r1));
+    for (int i = 0; i < 3; ++i) { // the remainders' leading 8 bits (truncated): r − those is exact
+      _mm512_store_si512(tiles + (3 * b + i) * 512 + 32 * row,
+                         _mm512_permutex2var_epi16(_mm512_castps_si512(r0), words, _mm512_castps_si512(r1)));
+      r0 = _mm512_sub_ps(r0, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r0), hi)));
+      r1 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), hi)));
     }
-    sums[b] = _mm512_reduce_add_ps(s);
   }
 }
 
