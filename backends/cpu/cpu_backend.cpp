@@ -156,7 +156,7 @@ public:
     const auto n_out = static_cast<size_t>(out.n_elements());
     LOOM_ASSERT(logits.size() >= n_out, "logits buffer too small");
     if (n_out > 0) std::memcpy(logits.data(), f32(g.out_logits), n_out * sizeof(float));
-    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
+    workspace_ = workspace_now();
     if (profile_) profile_->add_compute(start, sdk::OpProfile::Clock::now());
   }
 
@@ -177,7 +177,10 @@ public:
         drop_pages(p, n);
       redrop_ = false;
     }
-    workspace_ = arena_.size() * sizeof(float) + panel_.size() * sizeof(float) + copies_extra_;
+    workspace_ = workspace_now();
+  }
+  size_t workspace_now() const noexcept {
+    return (arena_.size() + panel_.size()) * sizeof(float) + tiles_.size() * sizeof(uint16_t) + copies_extra_;
   }
 
   size_t workspace_bytes() const noexcept override { return workspace_; }
@@ -795,7 +798,7 @@ private:
       // int8 throughout.
       const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
       if (exact_batch && exact_tiles(opt_.isa, w.dtype, N))
-        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_);
+        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_);
       else if (exact_batch || (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant &&
                                !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,
@@ -1012,7 +1015,8 @@ private:
   int32_t logits_ = -1;      // the logits' matmul output in the graph being computed
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
-  std::vector<float> panel_; // dequantized weight rows for the GEMM
+  std::vector<float> panel_;    // dequantized weight rows for the GEMM
+  std::vector<uint16_t> tiles_; // the exact tiles' activations and weights (matmul_repacked_exact)
   std::vector<RopeTables> rope_tables_;
   std::vector<Gemv> gemvs_; // fused_gemv's run
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};

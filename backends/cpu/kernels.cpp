@@ -1192,31 +1192,34 @@ bool exact_tiles(Isa isa, DType type, int64_t N) noexcept {
 }
 
 void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
-                           float* y, int n_threads) {
+                           float* y, int n_threads, std::vector<uint16_t>& work) {
   if (type != DType::q4_1 || N % 16 != 0 || K % 32 != 0) std::abort(); // callers check exact_tiles
-  const int64_t nb = K / 32, pairs = N / 16, tiles = (T + 15) / 16;
-  const size_t tile_vals = static_cast<size_t>(nb) * 3 * 512; // a tile of 16 tokens' A tiles
+  const int64_t nb = K / 32, pairs = N / 16;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-  static thread_local std::vector<uint16_t> parts; // the caller's (kept: a prompt's matmuls reuse them)
-  static thread_local std::vector<float> sums;
-  uint16_t* xa =
-      aligned64(parts, static_cast<size_t>(tiles) * tile_vals); // (the team's threads: thread_locals
-  float* sx = aligned64(sums, static_cast<size_t>(T * nb));     // of their own)
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < T; ++t)
-    split_bf16x3(x + t * K, K, static_cast<int>(t % 16), xa + static_cast<size_t>(t / 16) * tile_vals,
-                 sx + t * nb);
   // each thread's pairs (an equal share) in chunks whose B tiles (1 KiB a block) stay in L2 across the token
   // tiles, taken 4, then 2, then 1 at a time
   const int64_t chunk = std::max<int64_t>(4, (256 << 10) / (nb << 10));
   const int64_t per_thread = (pairs + threads - 1) / threads;
   const int64_t n_chunks = std::min<int64_t>(pairs, threads * ((per_thread + chunk - 1) / chunk));
-  const size_t gb = static_cast<size_t>(nb) * 2 * k_q41x8_block, tb = static_cast<size_t>(nb) * 512;
+  // work: the tokens' A tiles (per tile of 16: nb blocks × 3 parts × 512), their block sums, and each
+  // thread's B tiles for a chunk — each from a 64-byte boundary
+  const auto up64 = [](size_t n) { return (n + 31) / 32 * 32; };
+  const size_t tile_vals = static_cast<size_t>(nb) * 3 * 512, tb = static_cast<size_t>(nb) * 512;
+  const size_t a_vals = up64(static_cast<size_t>((T + 15) / 16) * tile_vals);
+  const size_t s_vals = up64(2 * static_cast<size_t>(T * nb));
+  const size_t b_vals = static_cast<size_t>((pairs + n_chunks - 1) / n_chunks) * tb;
+  uint16_t* xa = aligned64(work, a_vals + s_vals + static_cast<size_t>(threads) * b_vals);
+  auto* sx = reinterpret_cast<float*>(xa + a_vals);
+  uint16_t* bq_all = xa + a_vals + s_vals;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    split_bf16x3(x + t * K, K, static_cast<int>(t % 16), xa + static_cast<size_t>(t / 16) * tile_vals,
+                 sx + t * nb);
+  const size_t gb = static_cast<size_t>(nb) * 2 * k_q41x8_block;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c) {
-    static thread_local std::vector<uint16_t> tiles_b;
     const int64_t g0 = pairs * c / n_chunks, g1 = pairs * (c + 1) / n_chunks;
-    uint16_t* bq = aligned64(tiles_b, static_cast<size_t>(g1 - g0) * tb);
+    uint16_t* bq = bq_all + static_cast<size_t>(omp_get_thread_num()) * b_vals;
     for (int64_t g = g0; g < g1; ++g)
       q4_1_pair_tiles(wp + static_cast<size_t>(g) * gb, nb, bq + static_cast<size_t>(g - g0) * tb);
     for (int64_t t0 = 0; t0 < T; t0 += 16) {

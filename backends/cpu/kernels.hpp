@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace loom::cpu {
 
@@ -61,8 +62,10 @@ bool int8_gemm(Isa isa, DType type) noexcept;
 // Isa::amx, Q4_1 (N % 16 == 0) on bf16 tiles — each weight and each f32 activation exact (the activation as
 // three bf16 parts), the sums f32 (kernels_amx.cpp). Whether this type has it here:
 bool exact_tiles(Isa isa, DType type, int64_t N) noexcept;
+// work: the caller's scratch, grown to what the call needs (the activations' and each thread's weights'
+// tiles).
 void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
-                           float* y, int n_threads);
+                           float* y, int n_threads, std::vector<uint16_t>& work);
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);

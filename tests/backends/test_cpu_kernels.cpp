@@ -424,6 +424,7 @@ TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_int_distribution<int> ex(-12, 12);
+  std::vector<uint16_t> work; // one scratch for every call, as the backend's
   for (const auto& [K, N] : {std::pair<int64_t, int64_t>{32, 16}, {576, 80}, {1536, 192}}) {
     const size_t rb = row_bytes(DType::q4_1, K);
     std::vector<uint8_t> w(rb * static_cast<size_t>(N));
@@ -441,7 +442,7 @@ TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
       for (auto& v : x)
         v = std::ldexp(nd(rng), ex(rng));
       x[0] = 0.0f;
-      cpu::matmul_repacked_exact(DType::q4_1, wp.data(), K, N, x.data(), T, y.data(), 2);
+      cpu::matmul_repacked_exact(DType::q4_1, wp.data(), K, N, x.data(), T, y.data(), 2, work);
       EXPECT_TRUE(products_match(dq, x, y, K, N, T, 4e-6)) << "K=" << K << " N=" << N << " T=" << T;
     }
   }
