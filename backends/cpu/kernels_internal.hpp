@@ -272,8 +272,8 @@ LOOM_AMX void split_bf16x3(const float* x, int64_t K, int row, uint16_t* tiles, 
 // A pair's weights as the B tiles of its blocks: per block of 32, 16 k-pairs × 16 rows × 2 nibbles as bf16
 // (small integers: exact), 512 values; nb blocks into out.
 LOOM_AMX void q4_1_pair_tiles(const uint8_t* p, int64_t nb, uint16_t* out);
-// P = 1, 2 or 4 pairs (p: the first one's repacked blocks, the next pair_bytes on; bq: q4_1_pair_tiles of them,
-// bq_stride apart) against tt ≤ 16 tokens (xa: their tile's A tiles; sums: their block sums, nb apart):
+// P = 1, 2 or 4 pairs (p: the first one's repacked blocks, the next pair_bytes on; bq: q4_1_pair_tiles of
+// them, bq_stride apart) against tt ≤ 16 tokens (xa: their tile's A tiles; sums: their block sums, nb apart):
 // y[t·ldy + 16h + r] = Σ_b d_rb·(Σ q·x) + m_rb·Σx.
 template <int P>
 LOOM_AMX void gemm_q4_1_amx_exact(const uint8_t* p, size_t pair_bytes, const uint16_t* bq, size_t bq_stride,
