@@ -129,7 +129,9 @@ LOOM_AMX void gemm_x16_amx(const uint8_t* p, const BlockQ8* x, int64_t nb, int t
 // parts (8 + 8 + 8 bits of its 24). So Σ_k (d·q_k + m)·x_k = d·Σ_k q_k·(x₁ + x₂ + x₃)_k + m·Σ_k x_k, per
 // block of 32 and row: three bf16 tile products of exact terms summed in f32 (as an f32 GEMM sums exact
 // products), then the block's scale and min in f32 FMAs. The products oneDNN's f32 GEMM of the dequantized
-// rows would take, at about 1.6× its speed here (SmolLM2's shapes, docs/benchmarks.md).
+// rows would take, at 1.3× its speed for a 512-token SmolLM2 prompt here, 2.2–3× for 64–16 tokens
+// (docs/benchmarks.md). A non-finite activation makes its row's sums NaN (its parts: Inf − Inf), non-finite
+// as the f32 GEMM's would be.
 
 // (The tile intrinsics take their tile's number as text: literal numbers only.)
 #define LOOM_AMX_PAIR(h)                                                                                     \
@@ -160,6 +162,7 @@ LOOM_AMX inline __attribute__((always_inline)) void amx_pair_sums(const uint16_t
   _tile_stored(0, cbuf[0], 64);
 }
 } // namespace
+#undef LOOM_AMX_PAIR
 
 void split_bf16x3(const float* x, int64_t K, int row, uint16_t* tiles, float* sums) {
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
