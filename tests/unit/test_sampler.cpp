@@ -609,6 +609,13 @@ TEST(GreedyChoice, TheArgMaxAsGreedyWouldChoose) {
   greedy.apply(c, SamplerContext{});
   EXPECT_EQ(c.selected_id(), 300);
   EXPECT_EQ(greedy.greedy_choice(std::vector<float>(40, -kInf)), std::optional<TokenId>(0));
+  // The maximum in every lane of the vector passes and in the tail, a NaN in the same lane after it.
+  for (size_t at = 0; at < l.size(); at += 37) {
+    std::vector<float> one(l.size(), -1.0f);
+    one[at] = 1.0f;
+    one[(at + 64) % one.size()] = std::nanf("");
+    EXPECT_EQ(greedy.greedy_choice(one), std::optional<TokenId>(static_cast<TokenId>(at))) << at;
+  }
   SamplerChain sampled;
   sampled.add(create_sampler(SamplerSpec{"top_k", {{"k", int64_t{5}}}}));
   sampled.add(create_sampler(SamplerSpec{"greedy", {}}));
