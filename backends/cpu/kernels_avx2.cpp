@@ -322,8 +322,8 @@ LOOM_AVX2 void dot4_q_avx2(DType type, const uint8_t* w, const BlockQ8* x, int64
     out[t] = hsum(acc[t]);
 }
 
-// Four weight rows against one token (decode): four independent streams from memory and four
-// accumulators, so neither the loads nor the FMA latency serialize.
+// Four weight rows, rb bytes apart, against one token (decode): four independent streams from memory and
+// four accumulators, so neither the loads nor the FMA latency serialize.
 LOOM_AVX2 void rows4_f32_avx2(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
   const float* a[4];
   for (int r = 0; r < 4; ++r)
@@ -335,7 +335,6 @@ LOOM_AVX2 void rows4_f32_avx2(const uint8_t* w, size_t rb, const float* x, int64
   for (; k + 16 <= K; k += 16) {
     const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
     for (int r = 0; r < 4; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(a[r] + k) + 4 * rb, _MM_HINT_T0); // the next four rows
       s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), x0, s[r][0]);
       s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), x1, s[r][1]);
     }
@@ -371,7 +370,6 @@ LOOM_AVX2 void rows4_half_avx2(const uint8_t* w, size_t rb, const float* x, int6
   for (; k + 16 <= K; k += 16) {
     const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
     for (int r = 0; r < 4; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + 2 * k), _MM_HINT_T0); // the next four rows
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r] + 2 * k));
       s[r][0] = _mm256_fmadd_ps(half8<type>(_mm256_castsi256_si128(h)), x0, s[r][0]);
       s[r][1] = _mm256_fmadd_ps(half8<type>(_mm256_extracti128_si256(h, 1)), x1, s[r][1]);

@@ -86,11 +86,10 @@ template <DType type> LOOM_AVX512F inline __m512 wload16(const uint8_t* row, int
 
 // rows4_f32_avx2 / rows4_half_avx2 with AVX-512: one cache line of each row per step (16 f32 or 32
 // halves), half the instructions per byte — on a core that reads 35 GB/s the AVX2 loop is close to
-// its issue limit for 16-bit weights.
+// its issue limit for 16-bit weights. The four rows lie rb bytes apart (far apart in decode: rows_plain_far).
 
 template <DType type> // f32, f16 or bf16
 LOOM_AVX512F void rows4_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
-  constexpr int64_t esize = type == DType::f32 ? 4 : 2;
   const uint8_t* a[4];
   for (int r = 0; r < 4; ++r)
     a[r] = w + static_cast<size_t>(r) * rb;
@@ -101,8 +100,6 @@ LOOM_AVX512F void rows4_avx512(const uint8_t* w, size_t rb, const float* x, int6
   for (; k + 32 <= K; k += 32) {
     const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
     for (int r = 0; r < 4; ++r) {
-      for (int64_t off = 0; off < 32 * esize; off += 64) // the next four rows, a line at a time
-        _mm_prefetch(reinterpret_cast<const char*>(a[r] + 4 * rb + k * esize + off), _MM_HINT_T0);
       s[r][0] = _mm512_fmadd_ps(wload16<type>(a[r], k), x0, s[r][0]);
       s[r][1] = _mm512_fmadd_ps(wload16<type>(a[r], k + 16), x1, s[r][1]);
     }

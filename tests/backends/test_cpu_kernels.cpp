@@ -267,7 +267,11 @@ TEST_P(CpuKernels, GemvMultiEqualsOneMatrixAtATime) {
   std::vector<M> ms = {{DType::q4_0, 88, true},  {DType::q6_k, 40, true}, {DType::q4_k, 256, true},
                        {DType::q8_0, 136, true}, {DType::q4_1, 72, true}, {DType::q5_0, 56, true}};
   if (cpu::gemv_multi_supports(isa, DType::f16, false))
-    ms.insert(ms.end(), {{DType::f16, 30, false}, {DType::f32, 64, false}, {DType::bf16, 7, false}});
+    ms.insert(ms.end(), {{DType::f16, 30, false},
+                         {DType::f32, 64, false},
+                         {DType::bf16, 7, false},
+                         {DType::f32, 3, false},
+                         {DType::f32, 203, false}});
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(K));
