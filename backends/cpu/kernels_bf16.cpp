@@ -5,10 +5,10 @@
 // Layout "bf16x64": N / 64 groups of 64 rows, 128·K bytes each. Inside a group, for each column pair
 // c < K / 2, 256 bytes: row i's (w[i][2c], w[i][2c + 1]) at bytes 4i .. 4i + 3. Each 64 bytes (16 rows)
 // is one vdpbf16ps operand against the broadcast pair (x[2c], x[2c + 1]): every 32-bit lane accumulates
-// its own row, and a group's 64 outputs come out of four registers with no horizontal sum. The weights
-// are read as one sequential stream per thread (the row-major F16/BF16 loops read four rows side by side):
-// on the AMD EPYC of docs/benchmarks.md this GEMV reads ≈ 95 GB/s on two cores where the exact f32 loop
-// on GGUF rows reaches ≈ 80. And it is oneDNN's own blocked layout for a bf16 matmul's weights,
+// its own row, and a group's 64 outputs come out of four registers with no horizontal sum. In decode a
+// thread reads four groups far apart at once, each group one sequential stream (groups_x64_t1): on the AMD
+// EPYC of docs/benchmarks.md this GEMV read ≈ 95 GB/s on two cores, one group at a time, where the exact f32
+// loop on GGUF rows reached ≈ 80. And it is oneDNN's own blocked layout for a bf16 matmul's weights,
 // BA16a64b2a (K in blocks of 16, N in blocks of 64, pairs of K innermost) when K % 16 == 0: the prefill
 // GEMM reads the copy in place, without oneDNN's per-call packing of plain weights.
 #include "avx512_gcc_warnings.hpp"
@@ -74,9 +74,10 @@ void dequantize_bf16x64(const uint16_t* wp, int64_t K, int64_t row, float* y) {
 
 namespace {
 
-// Column pairs ahead (256 bytes each) that one token's kernels prefetch: a single sequential stream per
-// thread is not enough for the hardware prefetchers of a Xeon (Sapphire Rapids class) — SmolLM2 BF16 decode
-// 67 → 80 tok/s, F16 71 → 74 at 16 pairs ahead (8 to 64 alike).
+// Column pairs ahead (256 bytes each) that one token's kernels prefetch in each group they read: the
+// hardware prefetchers of a Xeon (Sapphire Rapids class) alone do not keep a stream fed — SmolLM2 BF16
+// decode 67 → 80 tok/s, F16 71 → 74 at 16 pairs ahead (8 to 64 alike) when a thread read one group at a
+// time; reading four groups far apart at once (groups_x64_t1) took BF16 to 98–104.
 constexpr int64_t k_prefetch_pairs = 16;
 
 #define LOOM_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
@@ -87,40 +88,52 @@ LOOM_AVX512BF16 inline __m512 dp(__m512 acc, __m512i w, uint32_t xpair) {
 }
 
 // TT tokens (1..4) against one 64-row group: out[t·ldo + i] for row i < 64. xp[t]: token t's bf16 pairs
-// as 32-bit words (K / 2 of them). Accumulators: one per 16 rows and token, and for one token two sets
-// (column pairs even / odd) so that the chains of dependent vdpbf16ps stay short; summed at the end.
+// as 32-bit words (K / 2 of them). One accumulator per 16 rows and token: a row's products summed over the
+// column pairs in order, as group_bf16x64_t1 sums them (a token's outputs do not depend on its batch).
 template <int TT>
 LOOM_AVX512BF16 void group_bf16x64(const uint16_t* g, const uint32_t* const* xp, int64_t K, float* out,
                                    int64_t ldo) {
-  constexpr int S = TT == 1 ? 2 : 1;
-  __m512 acc[S][TT][4];
+  __m512 acc[TT][4];
   for (auto& a : acc)
-    for (auto& b : a)
-      for (auto& v : b)
-        v = _mm512_setzero_ps();
-  const int64_t P = K / 2; // even: K % 16 == 0
-  for (int64_t c = 0; c < P; c += S)
-    for (int s = 0; s < S; ++s) {
-      const uint16_t* gc = g + 128 * (c + s);
-      if constexpr (TT == 1)
-        for (int l = 0; l < 4; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
-      const __m512i w0 = _mm512_loadu_si512(gc), w1 = _mm512_loadu_si512(gc + 32),
-                    w2 = _mm512_loadu_si512(gc + 64), w3 = _mm512_loadu_si512(gc + 96);
-      for (int t = 0; t < TT; ++t) {
-        const uint32_t xw = xp[t][c + s];
-        acc[s][t][0] = dp(acc[s][t][0], w0, xw);
-        acc[s][t][1] = dp(acc[s][t][1], w1, xw);
-        acc[s][t][2] = dp(acc[s][t][2], w2, xw);
-        acc[s][t][3] = dp(acc[s][t][3], w3, xw);
-      }
+    for (auto& v : a)
+      v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 2; ++c) { // (K % 16 == 0)
+    const uint16_t* gc = g + 128 * c;
+    const __m512i w0 = _mm512_loadu_si512(gc), w1 = _mm512_loadu_si512(gc + 32),
+                  w2 = _mm512_loadu_si512(gc + 64), w3 = _mm512_loadu_si512(gc + 96);
+    for (int t = 0; t < TT; ++t) {
+      const uint32_t xw = xp[t][c];
+      acc[t][0] = dp(acc[t][0], w0, xw);
+      acc[t][1] = dp(acc[t][1], w1, xw);
+      acc[t][2] = dp(acc[t][2], w2, xw);
+      acc[t][3] = dp(acc[t][3], w3, xw);
     }
+  }
   for (int t = 0; t < TT; ++t)
-    for (int q = 0; q < 4; ++q) {
-      __m512 v = acc[0][t][q];
-      if constexpr (S == 2) v = _mm512_add_ps(v, acc[1][t][q]);
-      _mm512_storeu_ps(out + t * ldo + 16 * q, v);
+    for (int q = 0; q < 4; ++q)
+      _mm512_storeu_ps(out + t * ldo + 16 * q, acc[t][q]);
+}
+
+// One token against NG groups at once (gs[n]: group n's weights, outs[n]: its 64 outputs), each prefetched
+// k_prefetch_pairs ahead; a row's sum is group_bf16x64's.
+template <int NG>
+LOOM_AVX512BF16 void group_bf16x64_t1(const uint16_t* const* gs, const uint32_t* xp, int64_t K,
+                                      float* const* outs) {
+  __m512 acc[NG][4];
+  for (auto& a : acc)
+    for (auto& v : a)
+      v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 2; ++c)
+    for (int n = 0; n < NG; ++n) {
+      const uint16_t* gc = gs[n] + 128 * c;
+      for (int l = 0; l < 4; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
+      for (int q = 0; q < 4; ++q)
+        acc[n][q] = dp(acc[n][q], _mm512_loadu_si512(gc + 32 * q), xp[c]);
     }
+  for (int n = 0; n < NG; ++n)
+    for (int q = 0; q < 4; ++q)
+      _mm512_storeu_ps(outs[n] + 16 * q, acc[n][q]);
 }
 
 // f(integral_constant<int, tt>) for a run-time tt in 1..TT.
@@ -144,6 +157,33 @@ void for_groups(const uint16_t* wp, int64_t K, int64_t N, int64_t T, int64_t g0,
   }
 }
 
+// One token against groups [g0, g1) of a 64-row copy (outputs y[64·g ..]) as four streams far apart:
+// groups g0 + s·q + i (s < 4) at once, q = (g1 - g0) / 4, then the last (g1 - g0) % 4 one at a time —
+// kernel(ng, gs, outs) for ng = 4 or 1 groups. A thread that read one group at a time (prefetching) kept two
+// cores' reads at ≈ 23 GB/s on SmolLM2's matrices; four at once: BF16 decode 85 → 98–100 tok/s, F16 80 → 97
+// (two or three at once: 95; the F16 kernel's 32 accumulators of four groups spill a few, still the fastest).
+template <class Kernel>
+void groups_x64_t1(const uint16_t* wp, int64_t K, int64_t g0, int64_t g1, float* y, Kernel&& kernel) {
+  constexpr int NG = 4;
+  const int64_t q = (g1 - g0) / NG;
+  for (int64_t i = 0; i < q; ++i) {
+    const uint16_t* gs[NG];
+    float* outs[NG];
+    for (int s = 0; s < NG; ++s) {
+      const int64_t g = g0 + s * q + i;
+      gs[s] = wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K);
+      outs[s] = y + 64 * g;
+    }
+    kernel(std::integral_constant<int, NG>{}, gs, outs);
+  }
+  const auto at = [&](int64_t g) { return wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K); };
+  for (int64_t g = g0 + NG * q; g < g1; ++g) {
+    const uint16_t* gs[1] = {at(g)};
+    float* outs[1] = {y + 64 * g};
+    kernel(std::integral_constant<int, 1>{}, gs, outs);
+  }
+}
+
 // fn(g0, g1) with this thread's share of the N / 64 groups, inside a parallel region.
 template <class Fn> void my_groups(int64_t N, Fn&& fn) {
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -161,6 +201,10 @@ template <class Fn> void team_groups(int64_t K, int64_t N, int64_t T, int n_thre
 // Groups [g0, g1) against T bf16 tokens (tiles of 4, 3, 2, 1).
 void groups_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb, int64_t T, int64_t g0,
                     int64_t g1, float* y) {
+  if (T == 1)
+    return groups_x64_t1(wp, K, g0, g1, y, [&](auto ng, const uint16_t* const* gs, float* const* outs) {
+      group_bf16x64_t1<decltype(ng)::value>(gs, reinterpret_cast<const uint32_t*>(xb), K, outs);
+    });
   for_groups<4>(wp, K, N, T, g0, g1, y, [&](auto tile, const uint16_t* gw, int64_t t0, float* out) {
     constexpr int tt = decltype(tile)::value;
     const uint32_t* xp[tt];
@@ -177,51 +221,78 @@ void groups_bf16x64(const uint16_t* wp, int64_t K, int64_t N, const uint16_t* xb
 // accumulators (TT ≤ 3: 24 registers).
 #define LOOM_AVX512F_X64 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 
+// The pair (x[2c], x[2c + 1]) in every 64-bit lane.
+LOOM_AVX512F_X64 inline __m512 x_pair(const float* x, int64_t c) {
+  double pair;
+  std::memcpy(&pair, x + 2 * c, sizeof pair);
+  return _mm512_castpd_ps(_mm512_set1_pd(pair));
+}
+
+// A group's 64 outputs from its 8 accumulators (lane 2i + e of acc[q]: row 8q + i, columns of parity e).
+LOOM_AVX512F_X64 inline void store_f16x64(const __m512* acc, float* out) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int q = 0; q < 8; q += 2) // rows 8q .. 8q + 15
+    _mm512_storeu_ps(out + 8 * q, _mm512_add_ps(_mm512_permutex2var_ps(acc[q], even, acc[q + 1]),
+                                                _mm512_permutex2var_ps(acc[q], odd, acc[q + 1])));
+}
+
+// One accumulator per 8 rows and token, the column pairs in order (as group_f16x64_t1 sums them).
 template <int TT>
 LOOM_AVX512F_X64 void group_f16x64(const uint16_t* g, const float* const* xt, int64_t K, float* out,
                                    int64_t ldo) {
-  constexpr int S = TT == 1 ? 2 : 1; // one token: two sets of accumulators (even / odd column pairs)
-  __m512 acc[S][TT][8];
+  __m512 acc[TT][8];
   for (auto& a : acc)
-    for (auto& b : a)
-      for (auto& v : b)
-        v = _mm512_setzero_ps();
-  for (int64_t c = 0; c < K / 2; c += S)
-    for (int s = 0; s < S; ++s) {
-      const uint16_t* gc = g + 128 * (c + s);
-      if constexpr (TT == 1)
-        for (int l = 0; l < 4; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
-      __m512 xv[TT];
-      for (int t = 0; t < TT; ++t) {
-        double pair;
-        std::memcpy(&pair, xt[t] + 2 * (c + s), sizeof pair);
-        xv[t] = _mm512_castpd_ps(_mm512_set1_pd(pair));
-      }
+    for (auto& v : a)
+      v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 2; ++c) {
+    const uint16_t* gc = g + 128 * c;
+    __m512 xv[TT];
+    for (int t = 0; t < TT; ++t)
+      xv[t] = x_pair(xt[t], c);
 #pragma GCC unroll 8
-      for (int q = 0; q < 8; ++q) {
-        const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gc + 16 * q)));
-        for (int t = 0; t < TT; ++t)
-          acc[s][t][q] = _mm512_fmadd_ps(w, xv[t], acc[s][t][q]);
-      }
+    for (int q = 0; q < 8; ++q) {
+      const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gc + 16 * q)));
+      for (int t = 0; t < TT; ++t)
+        acc[t][q] = _mm512_fmadd_ps(w, xv[t], acc[t][q]);
     }
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  }
   for (int t = 0; t < TT; ++t)
-    for (int q = 0; q < 8; q += 2) { // rows 8q .. 8q + 15
-      __m512 a0 = acc[0][t][q], a1 = acc[0][t][q + 1];
-      if constexpr (S == 2) {
-        a0 = _mm512_add_ps(a0, acc[1][t][q]);
-        a1 = _mm512_add_ps(a1, acc[1][t][q + 1]);
-      }
-      _mm512_storeu_ps(out + t * ldo + 8 * q, _mm512_add_ps(_mm512_permutex2var_ps(a0, even, a1),
-                                                            _mm512_permutex2var_ps(a0, odd, a1)));
+    store_f16x64(acc[t], out + t * ldo);
+}
+
+// One token against NG groups at once, each prefetched k_prefetch_pairs ahead (group_bf16x64_t1's shape).
+template <int NG>
+LOOM_AVX512F_X64 void group_f16x64_t1(const uint16_t* const* gs, const float* x, int64_t K,
+                                      float* const* outs) {
+  __m512 acc[NG][8];
+  for (auto& a : acc)
+    for (auto& v : a)
+      v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 2; ++c) {
+    const __m512 xv = x_pair(x, c);
+    for (int n = 0; n < NG; ++n) {
+      const uint16_t* gc = gs[n] + 128 * c;
+      for (int l = 0; l < 4; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q)
+        acc[n][q] = _mm512_fmadd_ps(
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gc + 16 * q))), xv,
+            acc[n][q]);
     }
+  }
+  for (int n = 0; n < NG; ++n)
+    store_f16x64(acc[n], outs[n]);
 }
 
 // Groups [g0, g1) against T f32 tokens (tiles of 3, 2, 1).
 void groups_f16x64(const uint16_t* wp, int64_t K, int64_t N, const float* x, int64_t T, int64_t g0,
                    int64_t g1, float* y) {
+  if (T == 1)
+    return groups_x64_t1(wp, K, g0, g1, y, [&](auto ng, const uint16_t* const* gs, float* const* outs) {
+      group_f16x64_t1<decltype(ng)::value>(gs, x, K, outs);
+    });
   for_groups<3>(wp, K, N, T, g0, g1, y, [&](auto tile, const uint16_t* gw, int64_t t0, float* out) {
     constexpr int tt = decltype(tile)::value;
     const float* xt[tt];

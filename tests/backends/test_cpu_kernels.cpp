@@ -350,7 +350,8 @@ testing::AssertionResult products_match(const std::vector<float>& w, const std::
 // BF16 (and F16 rounded to BF16) repacked 64 rows at a time for vdpbf16ps (kernels_bf16.cpp): the copy
 // holds exactly the weights rounded to bf16 (dequantize_bf16x64), and one or a few tokens against it give
 // Σ bf16(w)·bf16(x) — products exact in f32, so within 1e-5 of the double-precision sum of the terms'
-// size; gemv_multi (decode, threads 1..3) gives matmul_bf16x64's floats bit for bit. Only at avx512_bf16.
+// size; gemv_multi (decode, threads 1..3: shares of 1 to 9 groups, four far apart at once and the rest
+// singly) gives matmul_bf16x64's floats bit for bit, and so does each token of a batch. Only at avx512_bf16.
 TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
   if (!cpu::isa_supported(cpu::Isa::avx512_bf16))
     GTEST_SKIP() << "this CPU lacks avx512_bf16 (it runs up to " << cpu::isa_name(cpu::cpu_isa())
@@ -364,7 +365,7 @@ TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
     std::mt19937 rng(21);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (DType type : {DType::bf16, DType::f16})
-      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{16, 64}, {96, 128}, {2048, 192}}) {
+      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{16, 64}, {96, 128}, {2048, 192}, {96, 576}}) {
         ASSERT_TRUE(cpu::bf16x64_repackable(type, K, N));
         const size_t rb = row_bytes(type, K);
         std::vector<uint8_t> w(rb * static_cast<size_t>(N));
@@ -396,6 +397,10 @@ TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
             xr[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
           ASSERT_TRUE(products_match(dq, xr, y, K, N, T))
               << dtype_name(type) << " K=" << K << " N=" << N << " T=" << T;
+          std::vector<float> y1(static_cast<size_t>(N));
+          cpu::matmul_bf16x64(isa, wp.data(), K, N, x.data() + (T - 1) * K, 1, y1.data(), 2);
+          for (int64_t j = 0; j < N; ++j) // the batch's last token alone
+            ASSERT_EQ(y1[static_cast<size_t>(j)], y[static_cast<size_t>((T - 1) * N + j)]) << "T=" << T;
           if (T != 1) continue;
           for (int threads : {1, 2, 3}) {
             std::vector<float> y2(static_cast<size_t>(N), NAN);
@@ -455,7 +460,8 @@ TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
 // Exact F16 repacked 64 rows at a time (f16x64, kernels_bf16.cpp): the copy dequantizes to exactly the F16
 // rows (K with and without a last half gather), one to several tokens (tiles of 3, 2, 1) give Σ w·x with
 // the weights exact — within 1e-5 of the double-precision sum of the terms' size — and gemv_multi (decode,
-// threads 1..3, after another matrix in the same region) gives matmul_f16x64's floats bit for bit. At every
+// threads 1..3, after another matrix in the same region) gives matmul_f16x64's floats bit for bit, as does
+// each token of a batch. At every
 // level from avx512 up that this CPU runs; below avx512 the route must not be offered.
 TEST_P(CpuKernels, F16x64CopiesAreExact) {
   const cpu::Isa isa = GetParam();
@@ -469,7 +475,8 @@ TEST_P(CpuKernels, F16x64CopiesAreExact) {
   EXPECT_FALSE(cpu::gemv_multi_supports(cpu::Isa::avx2, DType::f16, true));
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{16, 64}, {48, 128}, {96, 64}, {2048, 192}}) {
+  for (const auto& [K, N] :
+       {std::pair<int64_t, int64_t>{16, 64}, {48, 128}, {96, 64}, {2048, 192}, {48, 576}}) {
     ASSERT_TRUE(cpu::bf16x64_repackable(DType::f16, K, N));
     const size_t rb = row_bytes(DType::f16, K);
     std::vector<uint8_t> w(rb * static_cast<size_t>(N));
@@ -505,6 +512,10 @@ TEST_P(CpuKernels, F16x64CopiesAreExact) {
         v = nd(rng);
       cpu::matmul_f16x64(isa, wp.data(), K, N, x.data(), T, y.data(), 2);
       ASSERT_TRUE(products_match(dq, x, y, K, N, T)) << "K=" << K << " N=" << N << " T=" << T;
+      std::vector<float> y1(static_cast<size_t>(N));
+      cpu::matmul_f16x64(isa, wp.data(), K, N, x.data() + (T - 1) * K, 1, y1.data(), 2);
+      for (int64_t j = 0; j < N; ++j) // the batch's last token alone
+        ASSERT_EQ(y1[static_cast<size_t>(j)], y[static_cast<size_t>((T - 1) * N + j)]) << "T=" << T;
       if (T != 1) continue;
       for (int threads : {1, 2, 3}) {
         std::vector<float> y2(static_cast<size_t>(N), NAN), other(static_cast<size_t>(N), NAN);
