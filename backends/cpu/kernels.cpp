@@ -928,19 +928,6 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
 }
 
 namespace {
-// Inside a parallel region: this thread's share [u0, u1) of `units` units of P items each, as P runs
-// read side by side (P sequential weight streams instead of one): fn(idx) for every i < u1 − u0, with
-// idx[h] = P·u0 + h·(u1 − u0) + i, so the thread covers items [P·u0, P·u1) exactly once.
-template <int P, class Fn> void runs_side_by_side(int64_t units, Fn&& fn) {
-  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-  const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt, run = u1 - u0;
-  for (int64_t i = 0; i < run; ++i) {
-    int64_t idx[P];
-    for (int h = 0; h < P; ++h)
-      idx[h] = P * u0 + h * run + i;
-    fn(idx);
-  }
-}
 
 // Inside a parallel region: this thread's share of y = W·x for one token and one repacked matrix, with
 // no barrier (the matrices of gemv_repacked_multi follow each other without waiting). xq / xqk: the token
@@ -955,10 +942,10 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   constexpr int P = 4;
   if (!kquant) { // Q4_0 / Q8_0: pairs of groups (16 rows) and an odd last group
     const int64_t pairs = N / 16;
-    int64_t u_from = 0;         // units (pairs, then the odd group) before it are done
-    if (int8_gemm(isa, type)) { // P runs of pairs per thread, P streams
-      const int64_t units = pairs / P;
-      runs_side_by_side<P>(units, [&](const int64_t(&pr)[P]) {
+    int64_t u_from = 0;                // units (pairs, then the odd group) before it are done
+    if (int8_gemm(isa, type)) {        // P runs of pairs per thread, P streams
+      const int64_t units = pairs / P; // this thread's share of them: P runs of pairs
+      runs_side_by_side<P>(P * (units * id / nt), P * (units * (id + 1) / nt), [&](const int64_t(&pr)[P]) {
         const uint8_t* g[P];
         float* yo[P];
         for (int h = 0; h < P; ++h) {
@@ -996,7 +983,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     g_from = 2 * pairs;
   } else if (avx2) { // P runs of 8-row groups per thread, read side by side
     const int64_t groups = N / 8, units = groups / P;
-    runs_side_by_side<P>(units, [&](const int64_t(&g)[P]) {
+    runs_side_by_side<P>(P * (units * id / nt), P * (units * (id + 1) / nt), [&](const int64_t(&g)[P]) {
       const uint8_t* gs[P];
       float* outs[P];
       for (int h = 0; h < P; ++h) {
@@ -1027,22 +1014,20 @@ void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq, const BlockQ8K
             j1, m.y);
 }
 
-// Rows [j0, j1) of a row-major F32 / F16 / BF16 matrix (AVX2 and up) against one token, as four sequential
-// streams far apart: rows j0 + s·q + i (s < 4) four at a time, q = (j1 - j0) / 4. Reading each 4-row block
-// at once (four streams 2–6 KB long, the next block prefetched) ran at 27–28 GB/s on a 2-core Xeon that
-// reads 31–32 with four long streams a thread; the file-mapped F32 weights of a decode step are read at that
-// speed now. The last (j1 - j0) % 4 rows are the window of four ending at j1 (rows of a matrix of fewer than
-// four: one at a time); a row's result is the same whatever the split.
+// Rows [j0, j1) of a row-major F32 / F16 / BF16 matrix (AVX2 and up) against one token, four at a time from
+// four runs side by side (runs_side_by_side). Reading each 4-row block at once instead (four streams 2–6 KB
+// long, the next block prefetched) ran at 27–28 GB/s on a 2-core Xeon that reads 31–32 with four long
+// streams a thread: SmolLM2 F32 decode 47.5–49 → 50–52 tok/s. The last (j1 - j0) % 4 rows are the window of
+// four ending at j1 (rows of a matrix of fewer than four: one at a time); a row's result is the same
+// whatever the split.
 void rows_plain_far(Isa isa, const Gemv& m, int64_t K, const float* x, int64_t j0, int64_t j1) {
   const auto at = [&](int64_t r) { return m.w + static_cast<size_t>(r) * m.row_bytes; };
-  const int64_t q = (j1 - j0) / 4;
   float out[4];
-  for (int64_t i = 0; i < q; ++i) {
-    rows4_plain(isa, m.type, at(j0 + i), static_cast<size_t>(q) * m.row_bytes, x, K, out);
-    for (int64_t s = 0; s < 4; ++s)
-      m.y[j0 + s * q + i] = out[s];
-  }
-  const int64_t rest = j0 + 4 * q;
+  const int64_t rest = runs_side_by_side<4>(j0, j1, [&](const int64_t(&r)[4]) {
+    rows4_plain(isa, m.type, at(r[0]), static_cast<size_t>(r[1] - r[0]) * m.row_bytes, x, K, out);
+    for (int s = 0; s < 4; ++s)
+      m.y[r[s]] = out[s];
+  });
   if (rest == j1) return;
   if (m.N < 4) {
     for (int64_t r = rest; r < j1; ++r)

@@ -12,7 +12,7 @@
 // BA16a64b2a (K in blocks of 16, N in blocks of 64, pairs of K innermost) when K % 16 == 0: the prefill
 // GEMM reads the copy in place, without oneDNN's per-call packing of plain weights.
 #include "avx512_gcc_warnings.hpp"
-#include "kernels.hpp"
+#include "kernels_internal.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -157,27 +157,20 @@ void for_groups(const uint16_t* wp, int64_t K, int64_t N, int64_t T, int64_t g0,
   }
 }
 
-// One token against groups [g0, g1) of a 64-row copy (outputs y[64·g ..]) as four streams far apart:
-// groups g0 + s·q + i (s < 4) at once, q = (g1 - g0) / 4, then the last (g1 - g0) % 4 one at a time —
-// kernel(ng, gs, outs) for ng = 4 or 1 groups. A thread that read one group at a time (prefetching) kept two
-// cores' reads at ≈ 23 GB/s on SmolLM2's matrices; four at once: BF16 decode 85 → 98–100 tok/s, F16 80 → 97
-// (two or three at once: 95; the F16 kernel's 32 accumulators of four groups spill a few, still the fastest).
+// One token against groups [g0, g1) of a 64-row copy (outputs y[64·g ..]): four runs side by side
+// (runs_side_by_side), then the last (g1 - g0) % 4 one at a time — kernel(ng, gs, outs) for ng = 4 or 1. A
+// thread that read one group at a time (prefetching) kept two cores' reads at ≈ 23 GB/s on SmolLM2's
+// matrices; four at once: BF16 decode 85 → 98–100 tok/s, F16 80 → 97 (two or three at once: 95; the F16
+// kernel's 32 accumulators of four groups spill a few, still the fastest).
 template <class Kernel>
 void groups_x64_t1(const uint16_t* wp, int64_t K, int64_t g0, int64_t g1, float* y, Kernel&& kernel) {
-  constexpr int NG = 4;
-  const int64_t q = (g1 - g0) / NG;
-  for (int64_t i = 0; i < q; ++i) {
-    const uint16_t* gs[NG];
-    float* outs[NG];
-    for (int s = 0; s < NG; ++s) {
-      const int64_t g = g0 + s * q + i;
-      gs[s] = wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K);
-      outs[s] = y + 64 * g;
-    }
-    kernel(std::integral_constant<int, NG>{}, gs, outs);
-  }
   const auto at = [&](int64_t g) { return wp + static_cast<size_t>(g) * 64 * static_cast<size_t>(K); };
-  for (int64_t g = g0 + NG * q; g < g1; ++g) {
+  const int64_t rest = runs_side_by_side<4>(g0, g1, [&](const int64_t(&g)[4]) {
+    const uint16_t* gs[4] = {at(g[0]), at(g[1]), at(g[2]), at(g[3])};
+    float* outs[4] = {y + 64 * g[0], y + 64 * g[1], y + 64 * g[2], y + 64 * g[3]};
+    kernel(std::integral_constant<int, 4>{}, gs, outs);
+  });
+  for (int64_t g = rest; g < g1; ++g) {
     const uint16_t* gs[1] = {at(g)};
     float* outs[1] = {y + 64 * g};
     kernel(std::integral_constant<int, 1>{}, gs, outs);
