@@ -928,7 +928,6 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
 }
 
 namespace {
-
 // Inside a parallel region: this thread's share of y = W·x for one token and one repacked matrix, with
 // no barrier (the matrices of gemv_repacked_multi follow each other without waiting). xq / xqk: the token
 // quantized in blocks of 32 (q4_0 / q8_0) or 256 (k-quants).
@@ -942,9 +941,9 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
   constexpr int P = 4;
   if (!kquant) { // Q4_0 / Q8_0: pairs of groups (16 rows) and an odd last group
     const int64_t pairs = N / 16;
-    int64_t u_from = 0;                // units (pairs, then the odd group) before it are done
-    if (int8_gemm(isa, type)) {        // P runs of pairs per thread, P streams
-      const int64_t units = pairs / P; // this thread's share of them: P runs of pairs
+    int64_t u_from = 0;         // units (pairs, then the odd group) before it are done
+    if (int8_gemm(isa, type)) { // P runs of pairs per thread, P streams
+      const int64_t units = pairs / P;
       runs_side_by_side<P>(P * (units * id / nt), P * (units * (id + 1) / nt), [&](const int64_t(&pr)[P]) {
         const uint8_t* g[P];
         float* yo[P];
@@ -1020,7 +1019,7 @@ void gemv_share_i8dq(const Gemv& m, int64_t K, const BlockQ8* xq, const BlockQ8K
 // streams a thread: SmolLM2 F32 decode 47.5–49 → 50–52 tok/s. The last (j1 - j0) % 4 rows are the window of
 // four ending at j1 (rows of a matrix of fewer than four: one at a time); a row's result is the same
 // whatever the split.
-void rows_plain_far(Isa isa, const Gemv& m, int64_t K, const float* x, int64_t j0, int64_t j1) {
+void rows_plain_side_by_side(Isa isa, const Gemv& m, int64_t K, const float* x, int64_t j0, int64_t j1) {
   const auto at = [&](int64_t r) { return m.w + static_cast<size_t>(r) * m.row_bytes; };
   float out[4];
   const int64_t rest = runs_side_by_side<4>(j0, j1, [&](const int64_t(&r)[4]) {
@@ -1041,12 +1040,12 @@ void rows_plain_far(Isa isa, const Gemv& m, int64_t K, const float* x, int64_t j
     m.y[r] = out[r - (j1 - 4)];
 }
 
-// This thread's equal share of m's rows (in runs of four) for rows_plain_far.
+// This thread's equal share of m's rows (in runs of four) for rows_plain_side_by_side.
 void gemv_share_plain(Isa isa, const Gemv& m, int64_t K, const float* x) {
   const int nt = omp_get_num_threads(), id = omp_get_thread_num();
   const int64_t n_blk = (m.N + 3) / 4;
-  rows_plain_far(isa, m, K, x, std::min(m.N, 4 * (n_blk * id / nt)),
-                 std::min(m.N, 4 * (n_blk * (id + 1) / nt)));
+  rows_plain_side_by_side(isa, m, K, x, std::min(m.N, 4 * (n_blk * id / nt)),
+                          std::min(m.N, 4 * (n_blk * (id + 1) / nt)));
 }
 
 } // namespace
@@ -1459,7 +1458,7 @@ void matmul(Isa isa, DType type, const uint8_t* w, size_t row_bytes, int64_t K, 
   const bool plain = type == DType::f32 || type == DType::f16 || type == DType::bf16;
   if (in.avx2 && plain && T >= 2) // a small batch: four rows against two tokens per weight load
     matmul_plain_4x2(in, w, row_bytes, N, T, y, threads);
-  else if (in.avx2 && plain) { // decode: rows_plain_far
+  else if (in.avx2 && plain) { // decode: rows_plain_side_by_side
     const Gemv m{type, w, row_bytes, N, y};
     gemv_multi(isa, &m, 1, K, x, threads);
   } else if (in.avx2 && T < 4) // decode: four rows at a time, one token at a time

@@ -86,7 +86,8 @@ template <DType type> LOOM_AVX512F inline __m512 wload16(const uint8_t* row, int
 
 // rows4_f32_avx2 / rows4_half_avx2 with AVX-512: one cache line of each row per step (16 f32 or 32
 // halves), half the instructions per byte — on a core that reads 35 GB/s the AVX2 loop is close to
-// its issue limit for 16-bit weights. The four rows lie rb bytes apart (far apart in decode: rows_plain_far).
+// its issue limit for 16-bit weights. The four rows lie rb bytes apart (far apart in decode:
+// rows_plain_side_by_side).
 
 template <DType type> // f32, f16 or bf16
 LOOM_AVX512F void rows4_avx512(const uint8_t* w, size_t rb, const float* x, int64_t K, float* out) {
