@@ -609,6 +609,10 @@ TEST(GreedyChoice, TheArgMaxAsGreedyWouldChoose) {
   greedy.apply(c, SamplerContext{});
   EXPECT_EQ(c.selected_id(), 300);
   EXPECT_EQ(greedy.greedy_choice(std::vector<float>(40, -kInf)), std::optional<TokenId>(0));
+  EXPECT_EQ(greedy.greedy_choice(std::vector<float>{1.0f, 3.0f, 3.0f}), std::optional<TokenId>(1));
+  std::vector<float> tie(l.size(), 0.0f); // the maximum in a lane and in the tail: the lane's (lower) index
+  tie[5] = tie[990] = 1.0f;
+  EXPECT_EQ(greedy.greedy_choice(tie), std::optional<TokenId>(5));
   // The maximum in every lane of the vector passes and in the tail, a NaN in the same lane after it.
   for (size_t at = 0; at < l.size(); at += 37) {
     std::vector<float> one(l.size(), -1.0f);

@@ -66,10 +66,7 @@ TokenId SamplerChain::sample(std::span<const float> logits, const SamplerContext
 
 std::optional<TokenId> SamplerChain::greedy_choice(std::span<const float> logits) const {
   if (samplers_.size() != 1 || !sample::is_greedy(*samplers_[0]) || logits.empty()) return std::nullopt;
-  const float mx = sample::max_key(logits);
-  const auto it =
-      std::find_if(logits.begin(), logits.end(), [mx](float l) { return Candidates::order_key(l) == mx; });
-  return static_cast<TokenId>(it - logits.begin());
+  return static_cast<TokenId>(sample::arg_max_key(logits));
 }
 
 bool SamplerChain::distribution(Candidates& c, const SamplerContext& ctx) {

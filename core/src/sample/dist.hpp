@@ -24,7 +24,9 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The index of the most likely candidate (ties: the lower token id).
 size_t best_index(std::span<const TokenData> d);
-// The greatest order key (NaN as -inf) of a row of logits, in vector lanes.
+// The index of the greatest order key (NaN as -inf) of a non-empty row of logits, the lowest on ties (all
+// -inf or NaN: 0), in vector lanes; and that key (-inf for an empty row).
+size_t arg_max_key(std::span<const float> logits);
 float max_key(std::span<const float> logits);
 // Whether s is the built-in `greedy` sampler.
 bool is_greedy(const Sampler& s);

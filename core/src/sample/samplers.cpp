@@ -33,30 +33,54 @@ namespace loom {
 
 namespace sample {
 
-// Four vectors of 16 partial maxima: written with GCC's vector extension because the compiler does not
-// vectorize a scalar `l > m ? l : m` (it keeps NaN's semantics; the scalar loop ran as 16 cmov chains, the
-// largest host cost of a greedy decode step), and four of them so that the max's latency overlaps.
-LOOM_VOCAB_LOOP float max_key(std::span<const float> logits) {
+// Four sets of 16 lanes, each holding the greatest key it has seen and the first index holding it: written
+// with GCC's vector extension because the compiler does not vectorize a scalar `l > m ? l : m` (it keeps
+// NaN's semantics; the scalar max ran as 16 cmov chains, the largest host cost of a greedy decode step, and
+// the greedy pick then looked for the max's index in a second, scalar pass), four so that latencies overlap.
+LOOM_VOCAB_LOOP size_t arg_max_key(std::span<const float> logits) {
   using v16 = float __attribute__((vector_size(64)));
-  constexpr size_t w = 16, k = 4;
-  v16 part[k];
-  for (v16& p : part)
-    for (size_t j = 0; j < w; ++j)
-      p[j] = kNegInf;
-  const size_t n = logits.size() / (w * k) * (w * k);
+  using i16 = int32_t __attribute__((vector_size(64)));
+  constexpr int32_t w = 16, k = 4;
+  v16 best[k];
+  i16 at[k], idx[k];
+  for (int32_t q = 0; q < k; ++q)
+    for (int32_t j = 0; j < w; ++j) {
+      best[q][j] = kNegInf;
+      at[q][j] = idx[q][j] = q * w + j;
+    }
+  const size_t n = logits.size() / (w * k) * (w * k); // (a vocabulary is far below 2^31 entries)
   for (size_t i = 0; i < n; i += w * k)
-    for (size_t q = 0; q < k; ++q) {
+    for (int32_t q = 0; q < k; ++q) {
       v16 l;
-      std::memcpy(&l, logits.data() + i + q * w, sizeof l);
-      part[q] = l > part[q] ? l : part[q]; // (NaN: never greater, as order_key's -inf)
+      std::memcpy(&l, logits.data() + i + static_cast<size_t>(q * w), sizeof l);
+      const i16 gt = l > best[q]; // (NaN: never greater, as order_key's -inf)
+      best[q] = gt ? l : best[q];
+      at[q] = gt ? idx[q] : at[q];
+      idx[q] += w * k;
     }
   float mx = kNegInf;
-  for (size_t i = n; i < logits.size(); ++i)
-    mx = std::max(mx, Candidates::order_key(logits[i]));
-  for (const v16& p : part)
-    for (size_t j = 0; j < w; ++j)
-      mx = std::max(mx, p[j]);
-  return mx;
+  size_t arg = 0;
+  bool any = false;
+  for (int32_t q = 0; q < k; ++q) // the greatest key, the lowest index among its lanes
+    for (int32_t j = 0; j < w && n > 0; ++j) {
+      const auto a = static_cast<size_t>(at[q][j]);
+      if (!any || best[q][j] > mx || (best[q][j] == mx && a < arg)) {
+        mx = best[q][j];
+        arg = a;
+        any = true;
+      }
+    }
+  for (size_t i = n; i < logits.size(); ++i) // the tail's indices come after every lane's
+    if (!any || Candidates::order_key(logits[i]) > mx) {
+      mx = Candidates::order_key(logits[i]);
+      arg = i;
+      any = true;
+    }
+  return arg;
+}
+
+float max_key(std::span<const float> logits) {
+  return logits.empty() ? kNegInf : Candidates::order_key(logits[arg_max_key(logits)]);
 }
 
 // Two passes (the greatest key, then the lowest id that has it): a greedy step's whole cost over a
