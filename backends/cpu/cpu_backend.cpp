@@ -136,6 +136,7 @@ public:
     logits_ = logits_matmul_dst(g);
     if (arena_.size() < total) arena_.resize(total);
     rope_tables_.clear();
+    ++compute_serial_; // (a tensor id names the same activations only within one graph's compute)
     const auto start = sdk::OpProfile::Clock::now();
     for (size_t i = 0; i < g.nodes.size();) {
       const auto t0 = profile_ ? sdk::OpProfile::Clock::now() : start;
@@ -180,7 +181,7 @@ public:
     workspace_ = workspace_now();
   }
   size_t workspace_now() const noexcept {
-    return (arena_.size() + panel_.size()) * sizeof(float) + tiles_.size() * sizeof(uint16_t) + copies_extra_;
+    return (arena_.size() + panel_.size()) * sizeof(float) + tiles_.bytes() + copies_extra_;
   }
 
   size_t workspace_bytes() const noexcept override { return workspace_; }
@@ -365,7 +366,8 @@ private:
       if (head && rescored_head(w))
         head_rescored(w, f32(n.src[1]), x.n_rows(), dst);
       else
-        matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_matmul || head);
+        matmul(w, f32(n.src[1]), x.n_rows(), dst, opt_.exact_matmul || head,
+               (compute_serial_ << 32) + n.src[1]);
       return;
     }
     case OpKind::rope: {
@@ -744,7 +746,10 @@ private:
   }
 
   // y[T][N] = x[T][K] · Wᵀ; exact: the logits' matmul under exact_logits (no activation rounded).
-  void matmul(const TensorDesc& w, const float* x, int64_t T, float* y, bool exact = false) {
+  // x_key: x's tensor in this compute (compute_serial_ · 2^32 + its id; -1: unnamed), which lets consecutive
+  // matmuls of the same activations share their split on the exact tiles.
+  void matmul(const TensorDesc& w, const float* x, int64_t T, float* y, bool exact = false,
+              int64_t x_key = -1) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto* base = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
@@ -797,10 +802,13 @@ private:
       // (exact_tiles), else its rows dequantized into oneDNN's f32 GEMM. gemm_min_rows above the prompt:
       // int8 throughout.
       const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
-      if (exact_batch && exact_tiles(opt_.isa, w.dtype, N))
-        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_);
-      else if (exact_batch || (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant &&
-                               !int8_gemm(opt_.isa, w.dtype)))
+      if (exact_batch && exact_tiles(opt_.isa, w.dtype, N)) {
+        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_, x_key >= 0 && x_key == tiles_x_);
+        tiles_x_ = x_key;
+        return;
+      }
+      if (exact_batch ||
+          (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
         gemm_panels(x, T, N, K, y,
                     [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
       else
@@ -1015,8 +1023,10 @@ private:
   int32_t logits_ = -1;      // the logits' matmul output in the graph being computed
   std::vector<float> arena_; // every activation of the graph, one slab
   std::vector<size_t> offsets_;
-  std::vector<float> panel_;    // dequantized weight rows for the GEMM
-  std::vector<uint16_t> tiles_; // the exact tiles' activations and weights (matmul_repacked_exact)
+  std::vector<float> panel_; // dequantized weight rows for the GEMM
+  ExactTilesWork tiles_;     // the exact tiles' activations and weights (matmul_repacked_exact)
+  int64_t tiles_x_ = -1;     // the activations tiles_.a holds: compute_serial_ · 2^32 + their tensor, or -1
+  int64_t compute_serial_ = 0; // compute() calls so far
   std::vector<RopeTables> rope_tables_;
   std::vector<Gemv> gemvs_; // fused_gemv's run
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};

@@ -1192,7 +1192,7 @@ bool exact_tiles(Isa isa, DType type, int64_t N) noexcept {
 }
 
 void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
-                           float* y, int n_threads, std::vector<uint16_t>& work) {
+                           float* y, int n_threads, ExactTilesWork& work, bool same_x) {
   if (type != DType::q4_1 || N % 16 != 0 || K % 32 != 0) std::abort(); // callers check exact_tiles
   const int64_t nb = K / 32, pairs = N / 16;
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
@@ -1208,13 +1208,15 @@ void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, 
   const size_t a_vals = up64(static_cast<size_t>((T + 15) / 16) * tile_vals);
   const size_t s_vals = up64(2 * static_cast<size_t>(T * nb));
   const size_t b_vals = static_cast<size_t>((pairs + n_chunks - 1) / n_chunks) * tb;
-  uint16_t* xa = aligned64(work, a_vals + s_vals + static_cast<size_t>(threads) * b_vals);
+  const size_t a_size = work.a.size();
+  uint16_t* xa = aligned64(work.a, a_vals + s_vals); // (the same size: no reallocation, the same split)
   auto* sx = reinterpret_cast<float*>(xa + a_vals);
-  uint16_t* bq_all = xa + a_vals + s_vals;
+  uint16_t* bq_all = aligned64(work.b, static_cast<size_t>(threads) * b_vals);
+  if (!same_x || work.a.size() != a_size)
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < T; ++t)
-    split_bf16x3(x + t * K, K, static_cast<int>(t % 16), xa + static_cast<size_t>(t / 16) * tile_vals,
-                 sx + t * nb);
+    for (int64_t t = 0; t < T; ++t)
+      split_bf16x3(x + t * K, K, static_cast<int>(t % 16), xa + static_cast<size_t>(t / 16) * tile_vals,
+                   sx + t * nb);
   const size_t gb = static_cast<size_t>(nb) * 2 * k_q41x8_block;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c) {

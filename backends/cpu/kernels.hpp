@@ -62,10 +62,16 @@ bool int8_gemm(Isa isa, DType type) noexcept;
 // Isa::amx, Q4_1 (N % 16 == 0) on bf16 tiles — each weight and each f32 activation exact (the activation as
 // three bf16 parts), the sums f32 (kernels_amx.cpp). Whether this type has it here:
 bool exact_tiles(Isa isa, DType type, int64_t N) noexcept;
-// work: the caller's scratch, grown to what the call needs (the activations' and each thread's weights'
-// tiles).
+// Its scratch, grown to what a call needs: the activations split into A tiles (a), kept for the next call on
+// the same activations, and each thread's B tiles (b).
+struct ExactTilesWork {
+  std::vector<uint16_t> a, b;
+  size_t bytes() const noexcept { return (a.size() + b.size()) * sizeof(uint16_t); }
+};
+// same_x: x is the previous call's activations (same K and T, unchanged since), whose split work.a still
+// holds — q, k and v (gate and up) of a layer share one split.
 void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
-                           float* y, int n_threads, std::vector<uint16_t>& work);
+                           float* y, int n_threads, ExactTilesWork& work, bool same_x = false);
 // matmul() on a repacked matrix: the same integer sums as matmul() on the GGUF rows.
 void matmul_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int64_t N, const float* x, int64_t T,
                      float* y, int n_threads);

@@ -420,7 +420,8 @@ TEST(CpuKernelsBf16, RepackedMatricesMatchTheBf16Products) {
 // f32's summation error, within 4e-6 of the double-precision sum of the terms' size (measured: ≤ 1.5e-6; a
 // block's d·Σq·x and m·Σx can cancel where weights d·q + m are near 0; the exact-FMA kernels of the GGUF rows
 // ≤ 1.6e-7; the int8 route ≈ 1e-3) — for one to 40 tokens (tiles of 16 and a tail), quads of pairs and single
-// pairs, activations over 2^±12.
+// pairs, activations over 2^±12; a second matrix of the same activations reusing their split gives the same
+// floats.
 TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
   if (!cpu::isa_supported(cpu::Isa::amx))
     GTEST_SKIP() << "this CPU lacks amx (it runs up to " << cpu::isa_name(cpu::cpu_isa())
@@ -433,7 +434,7 @@ TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_int_distribution<int> ex(-12, 12);
-  std::vector<uint16_t> work; // one scratch for every call, as the backend's
+  cpu::ExactTilesWork work; // one scratch for every call, as the backend's
   for (const auto& [K, N] : {std::pair<int64_t, int64_t>{32, 16}, {576, 80}, {1536, 192}}) {
     const size_t rb = row_bytes(DType::q4_1, K);
     std::vector<uint8_t> w(rb * static_cast<size_t>(N));
@@ -453,6 +454,14 @@ TEST(CpuKernelsAmx, ExactQ4_1TilesGiveTheF32Products) {
       x[0] = 0.0f;
       cpu::matmul_repacked_exact(DType::q4_1, wp.data(), K, N, x.data(), T, y.data(), 2, work);
       EXPECT_TRUE(products_match(dq, x, y, K, N, T, 4e-6)) << "K=" << K << " N=" << N << " T=" << T;
+      if (N % 32 != 0) continue;
+      // the next matrix of the same activations (N / 2 of these rows) reuses their split: the same floats
+      std::vector<float> y2(static_cast<size_t>(T * (N / 2)), NAN);
+      cpu::matmul_repacked_exact(DType::q4_1, wp.data(), K, N / 2, x.data(), T, y2.data(), 2, work, true);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < N / 2; ++j)
+          ASSERT_EQ(y2[static_cast<size_t>(t * (N / 2) + j)], y[static_cast<size_t>(t * N + j)])
+              << "K=" << K << " N=" << N << " T=" << T;
     }
   }
 }
