@@ -745,6 +745,50 @@ private:
       (void)repacked(w);
   }
 
+  // matmul() of a BF16 / F16 matrix on its 64-row copy (bf16_route / f16_route).
+  void matmul_x64(const TensorDesc& w, const float* x, int64_t T, float* y) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
+    if (f16_route(w)) {
+      if (opt_.gemm_min_rows > 0 && opt_.gemm_min_rows_f16 > 0 &&
+          T >= std::max(opt_.gemm_min_rows, opt_.gemm_min_rows_f16))
+        gemm_panels_of(x, T, N, K, y, 64, [&](int64_t j, int64_t n, float* rows) {
+          dequantize_f16x64_rows(opt_.isa, wp, K, j, n, rows);
+        });
+      else
+        matmul_f16x64(opt_.isa, wp, K, N, x, T, y, threads_);
+    } else if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
+      if (!bf16_impl_.empty()) { // the copy is oneDNN's blocked layout: read in place
+        round_to_bf16(x, T, K);
+        gemm_bf16_rounded(reinterpret_cast<const uint8_t*>(wp), T, N, K, y, N, true);
+      } else
+        gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) { dequantize_bf16x64(wp, K, j, row); });
+    } else {
+      matmul_bf16x64(opt_.isa, wp, K, N, x, T, y, threads_);
+    }
+  }
+
+  // matmul() of a quantized matrix on its repacked copy. Q4_1 keeps exact products for batches of
+  // gemm_min_rows or more: a prompt's logits are then those of exact matmuls (SmolLM2's "What is the capital
+  // of France?" turns on a 0.08 tie that rounding the activations to 8 bits flips, as llama.cpp's does) — on
+  // AMX bf16 tiles where the CPU has them (exact_tiles), else its rows dequantized into oneDNN's f32 GEMM.
+  // gemm_min_rows above the prompt: int8 throughout. x_key: as matmul()'s.
+  void matmul_quant_copy(const TensorDesc& w, const float* x, int64_t T, float* y, int64_t x_key) {
+    const int64_t K = w.ne[0], N = w.ne[1];
+    const uint8_t* wp = repacked(w);
+    const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
+    if (exact_batch && exact_tiles(opt_.isa, w.dtype, N)) {
+      matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_, x_key >= 0 && x_key == tiles_x_);
+      tiles_x_ = x_key;
+    } else if (exact_batch || (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant &&
+                               !int8_gemm(opt_.isa, w.dtype))) {
+      gemm_panels(x, T, N, K, y,
+                  [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
+    } else {
+      matmul_repacked(opt_.isa, w.dtype, wp, K, N, x, T, y, threads_);
+    }
+  }
+
   // y[T][N] = x[T][K] · Wᵀ; exact: the logits' matmul under exact_logits (no activation rounded).
   // x_key: x's tensor in this compute (compute_serial_ · 2^32 + its id; -1: unnamed), which lets consecutive
   // matmuls of the same activations share their split on the exact tiles.
@@ -770,49 +814,12 @@ private:
       rows_dequantized(w, x, T, y); // below avx2: the exact head without the dq kernels
       return;
     }
-    if (bf16_route(w)) {
-      const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
-      if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {
-        if (!bf16_impl_.empty()) { // the copy is oneDNN's blocked layout: read in place
-          round_to_bf16(x, T, K);
-          gemm_bf16_rounded(reinterpret_cast<const uint8_t*>(wp), T, N, K, y, N, true);
-        } else
-          gemm_panels(x, T, N, K, y, [&](int64_t j, float* row) { dequantize_bf16x64(wp, K, j, row); });
-      } else {
-        matmul_bf16x64(opt_.isa, wp, K, N, x, T, y, threads_);
-      }
-      return;
-    }
-    if (f16_route(w)) {
-      const auto* wp = reinterpret_cast<const uint16_t*>(repacked(w));
-      if (opt_.gemm_min_rows > 0 && opt_.gemm_min_rows_f16 > 0 &&
-          T >= std::max(opt_.gemm_min_rows, opt_.gemm_min_rows_f16))
-        gemm_panels_of(x, T, N, K, y, 64, [&](int64_t j, int64_t n, float* rows) {
-          dequantize_f16x64_rows(opt_.isa, wp, K, j, n, rows);
-        });
-      else
-        matmul_f16x64(opt_.isa, wp, K, N, x, T, y, threads_);
+    if (bf16_route(w) || f16_route(w)) {
+      matmul_x64(w, x, T, y);
       return;
     }
     if (opt_.repack && repackable(opt_.isa, w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1) {
-      const uint8_t* wp = repacked(w);
-      // Q4_1 keeps exact products for batches of gemm_min_rows or more: a prompt's logits are then those of
-      // exact matmuls (SmolLM2's "What is the capital of France?" turns on a 0.08 tie that rounding the
-      // activations to 8 bits flips, as llama.cpp's does) — on AMX bf16 tiles where the CPU has them
-      // (exact_tiles), else its rows dequantized into oneDNN's f32 GEMM. gemm_min_rows above the prompt:
-      // int8 throughout.
-      const bool exact_batch = (w.dtype == DType::q4_1) && opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows;
-      if (exact_batch && exact_tiles(opt_.isa, w.dtype, N)) {
-        matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_, x_key >= 0 && x_key == tiles_x_);
-        tiles_x_ = x_key;
-        return;
-      }
-      if (exact_batch ||
-          (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant && !int8_gemm(opt_.isa, w.dtype)))
-        gemm_panels(x, T, N, K, y,
-                    [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
-      else
-        matmul_repacked(opt_.isa, w.dtype, wp, K, N, x, T, y, threads_);
+      matmul_quant_copy(w, x, T, y, x_key);
       return;
     }
     if (opt_.gemm_min_rows > 0 && T >= opt_.gemm_min_rows) {

@@ -80,6 +80,12 @@ namespace {
 // time; reading four groups far apart at once (groups_x64_t1) took BF16 to 98–104.
 constexpr int64_t k_prefetch_pairs = 16;
 
+// The 256 bytes of the column pair k_prefetch_pairs after gc's, into L1.
+inline void prefetch_pair_ahead(const uint16_t* gc) {
+  for (int l = 0; l < 4; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
+}
+
 #define LOOM_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 LOOM_AVX512BF16 inline __m512 dp(__m512 acc, __m512i w, uint32_t xpair) {
@@ -126,8 +132,7 @@ LOOM_AVX512BF16 void group_bf16x64_t1(const uint16_t* const* gs, const uint32_t*
   for (int64_t c = 0; c < K / 2; ++c)
     for (int n = 0; n < NG; ++n) {
       const uint16_t* gc = gs[n] + 128 * c;
-      for (int l = 0; l < 4; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
+      prefetch_pair_ahead(gc);
       for (int q = 0; q < 4; ++q)
         acc[n][q] = dp(acc[n][q], _mm512_loadu_si512(gc + 32 * q), xp[c]);
     }
@@ -266,8 +271,7 @@ LOOM_AVX512F_X64 void group_f16x64_t1(const uint16_t* const* gs, const float* x,
     const __m512 xv = x_pair(x, c);
     for (int n = 0; n < NG; ++n) {
       const uint16_t* gc = gs[n] + 128 * c;
-      for (int l = 0; l < 4; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(gc + 128 * k_prefetch_pairs + 32 * l), _MM_HINT_T0);
+      prefetch_pair_ahead(gc);
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q)
         acc[n][q] = _mm512_fmadd_ps(
