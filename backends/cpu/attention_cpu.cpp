@@ -298,186 +298,19 @@ void attn_block_generic(const AttentionParams& p, const float* q, float* out, si
   attn_block(p, q, out, tok, rows, pos, nq, hk, w);
 }
 
-// attn_block for head dims 16·NV with AVX-512: the same tiles and online softmax, but a query row's
-// output accumulator stays in NV registers across a tile's keys (attn_block loads and stores it per
-// key), the exps are vectorized (exp512), and the scores of two rows share each key-tile load.
-// One function: a hot SIMD kernel whose accumulators stay in registers across its loops.
-template <int NV>
-LOOM_AVX512 void attn_block_avx512_d(const AttentionParams& p, const float* q, float* out, size_t tok,
-                                     const SeqRows& rows, const Pos* pos, int32_t nq, int32_t hk,
-                                     AttnScratch& w) {
-  constexpr int32_t D = 16 * NV;
-  const int32_t G = p.n_head / p.n_head_kv, R = nq * G;
-  float* const kt = block_setup(D, R, w); // [D][k_tile]
-  const KeySegs ks = block_keys(p, rows, pos, nq);
-  const size_t koff = static_cast<size_t>(hk) * static_cast<size_t>(D);
-  constexpr int NT = k_tile / 16; // score vectors per row
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  for (int seg = 0; seg < 2; ++seg) {
-    const Pos sa = seg == 0 ? 0 : ks.b0, e = seg == 0 ? ks.a_end - 1 : ks.b1;
-    for (Pos j0 = sa; j0 <= e; j0 += k_tile) {
-      const int32_t n = std::min<int32_t>(k_tile, e - j0 + 1);
-      const float* const* ktr = tile_rows(rows.k, rows.dt, j0, n, koff, D, w.ks, w.kp, w.f16c);
-      const float* const* vtr = tile_rows(rows.v, rows.dt, j0, n, koff, D, w.vs, w.vp, w.f16c);
-      transpose_tile(ktr, n, D, kt, true); // lanes past the tile: finite, then masked
-      const Pos p0 = rows.pos_of(j0), p1 = rows.pos_of(j0 + n - 1); // the tile's positions (ascending)
-      // whether lane jj of the tile holds a key (a position every row then checks against its span)
-      alignas(64) int32_t kpos[k_tile];
-      for (int32_t jj = 0; jj < k_tile; ++jj)
-        kpos[jj] = jj < n ? static_cast<int32_t>(rows.pos_of(j0 + jj)) : -1;
-      const auto row_live = [&](int32_t r) {
-        const KeySpan sp = key_span(p, pos[r / G]);
-        return !(p0 > sp.last || (p1 < sp.first && p0 >= sp.sink_end));
-      };
-      const auto qrow = [&](int32_t r) {
-        return q + static_cast<size_t>(r / G) * tok +
-               static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
-      };
-      // scores: four rows at a time, each key-tile vector loaded once for all four (rows past R repeat
-      // the last one and are not stored)
-      for (int32_t r = 0; r < R; r += 4) {
-        const float* qr[4];
-        for (int u = 0; u < 4; ++u)
-          qr[u] = qrow(std::min(r + u, R - 1));
-        __m512 a[4][NT];
-        for (auto& au : a)
-          for (auto& v : au)
-            v = _mm512_setzero_ps();
-        for (int32_t d = 0; d < D; ++d) {
-          __m512 x[4];
-          for (int u = 0; u < 4; ++u)
-            x[u] = _mm512_set1_ps(qr[u][d]);
-          const float* ktd = kt + static_cast<size_t>(d) * k_tile;
-#pragma GCC unroll 4
-          for (int i = 0; i < NT; ++i) {
-            const __m512 kv = _mm512_loadu_ps(ktd + 16 * i); // (the scratch is only 16-byte aligned)
-            for (int u = 0; u < 4; ++u)
-              a[u][i] = _mm512_fmadd_ps(x[u], kv, a[u][i]);
-          }
-        }
-        for (int u = 0; u < 4 && r + u < R; ++u)
-          for (int i = 0; i < NT; ++i)
-            _mm512_storeu_ps(w.s.data() + static_cast<size_t>(r + u) * k_tile + 16 * i, a[u][i]);
-      }
-      // Rows two at a time: first each one's masked scores, running max (its output rescaled in scratch)
-      // and exps; then the weighted sum of V for both together, each V vector loaded once for the two and
-      // their accumulators two independent chains (one row's NV chains alone wait on the FMA latency at
-      // every key). Per row the same operations in the same order as one row at a time.
-      for (int32_t r0 = 0; r0 < R; r0 += 2) {
-        bool live[2] = {false, false};
-        for (int32_t u = 0; u < 2 && r0 + u < R; ++u) {
-          const int32_t r = r0 + u;
-          if (!row_live(r)) continue; // the whole tile is masked
-          const KeySpan sp = key_span(p, pos[r / G]);
-          float* s = w.s.data() + static_cast<size_t>(r) * k_tile;
-          // scale, soft-cap, mask; the tile's max
-          __m512 vmax = neg_inf;
-          for (int i = 0; i < NT; ++i) {
-            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), _mm512_set1_ps(p.scale));
-            if (p.softcap > 0.0f) {
-              alignas(64) float t[16];
-              _mm512_store_ps(t, v);
-              for (float& x : t)
-                x = p.softcap * std::tanh(x / p.softcap);
-              v = _mm512_load_ps(t);
-            }
-            const __m512i kp = _mm512_load_si512(kpos + 16 * i);
-            // in span: first ≤ pos ≤ last, or pos < sink_end (a sink); lanes past the tile hold −1
-            const __mmask16 valid = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512());
-            const __mmask16 in_win =
-                _mm512_cmpge_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.first))) &
-                _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.last)));
-            const __mmask16 sink =
-                _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(static_cast<int32_t>(sp.sink_end)));
-            v = _mm512_mask_blend_ps(valid & (in_win | sink), neg_inf, v);
-            _mm512_storeu_ps(s + 16 * i, v);
-            vmax = _mm512_max_ps(vmax, v);
-          }
-          const float tmax = _mm512_reduce_max_ps(vmax);
-          if (tmax == -INFINITY) continue;
-          float& m = w.m[static_cast<size_t>(r)];
-          float& l = w.l[static_cast<size_t>(r)];
-          if (tmax > m) {
-            const float c = m == -INFINITY ? 0.0f : std::exp(m - tmax);
-            l *= c;
-            float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
-            for (int i = 0; i < NV; ++i)
-              _mm512_storeu_ps(acc + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), _mm512_set1_ps(c)));
-            m = tmax;
-          }
-          __m512 lsum = _mm512_setzero_ps();
-          for (int i = 0; i < NT; ++i) {
-            const __m512 v = _mm512_loadu_ps(s + 16 * i);
-            // masked lanes give 0; a NaN score stays NaN and spreads to the output, as in attn_block
-            const __mmask16 lv = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_UQ);
-            const __m512 ex = _mm512_maskz_mov_ps(lv, exp512(_mm512_sub_ps(v, _mm512_set1_ps(m))));
-            _mm512_storeu_ps(s + 16 * i, ex);
-            lsum = _mm512_add_ps(lsum, ex);
-          }
-          l += _mm512_reduce_add_ps(lsum);
-          live[u] = true;
-        }
-        if (!live[0] && !live[1]) continue;
-        // one live row: its own loop; two: both at once, a row whose weight is 0 left unchanged (masked)
-        const int32_t ra = live[0] ? r0 : r0 + 1, rb = live[0] && live[1] ? r0 + 1 : ra;
-        const float* wa = w.s.data() + static_cast<size_t>(ra) * k_tile;
-        const float* wb = w.s.data() + static_cast<size_t>(rb) * k_tile;
-        float* acca = w.acc.data() + static_cast<size_t>(ra) * static_cast<size_t>(D);
-        float* accb = w.acc.data() + static_cast<size_t>(rb) * static_cast<size_t>(D);
-        __m512 av[NV], bv[NV];
-        for (int i = 0; i < NV; ++i)
-          av[i] = _mm512_loadu_ps(acca + 16 * i);
-        if (rb == ra) {
-          for (int32_t jj = 0; jj < n; ++jj) {
-            if (wa[jj] == 0.0f) continue;
-            const __m512 ev = _mm512_set1_ps(wa[jj]);
-            const float* vv = vtr[jj];
-            for (int i = 0; i < NV; ++i)
-              av[i] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(vv + 16 * i), av[i]);
-          }
-        } else {
-          for (int i = 0; i < NV; ++i)
-            bv[i] = _mm512_loadu_ps(accb + 16 * i);
-          for (int32_t jj = 0; jj < n; ++jj) {
-            const bool za = wa[jj] == 0.0f, zb = wb[jj] == 0.0f;
-            if (za && zb) continue;
-            const __mmask16 ka = za ? 0 : 0xFFFF, kb = zb ? 0 : 0xFFFF;
-            const __m512 ea = _mm512_set1_ps(wa[jj]), eb = _mm512_set1_ps(wb[jj]);
-            const float* vv = vtr[jj];
-            for (int i = 0; i < NV; ++i) {
-              const __m512 v = _mm512_loadu_ps(vv + 16 * i);
-              av[i] = _mm512_mask3_fmadd_ps(ea, v, av[i], ka);
-              bv[i] = _mm512_mask3_fmadd_ps(eb, v, bv[i], kb);
-            }
-          }
-          for (int i = 0; i < NV; ++i)
-            _mm512_storeu_ps(accb + 16 * i, bv[i]);
-        }
-        for (int i = 0; i < NV; ++i)
-          _mm512_storeu_ps(acca + 16 * i, av[i]);
-      }
-    }
-  }
-  for (int32_t r = 0; r < R; ++r) {
-    const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
-    float* o =
-        out + static_cast<size_t>(r / G) * tok + static_cast<size_t>(hk * G + r % G) * static_cast<size_t>(D);
-    const __m512 inv = _mm512_set1_ps(1.0f / w.l[static_cast<size_t>(r)]);
-    for (int i = 0; i < NV; ++i)
-      _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), inv));
-  }
-}
-
-// The decode kernel for head dims W·NV, written once (attention_item.inc) and compiled per level.
+// The decode and prefill kernels for head dims W·NV, written once (attention_item.inc,
+// attention_block.inc) and compiled per level.
 namespace avx2 {
 using V = VecAvx2;
 #define LOOM_ITEM_TARGET LOOM_AVX2
+#include "attention_block.inc"
 #include "attention_item.inc"
 #undef LOOM_ITEM_TARGET
 } // namespace avx2
 namespace avx512 {
 using V = VecAvx512;
 #define LOOM_ITEM_TARGET LOOM_AVX512
+#include "attention_block.inc"
 #include "attention_item.inc"
 #undef LOOM_ITEM_TARGET
 } // namespace avx512
@@ -546,22 +379,43 @@ AttnItemFn pick_item(Isa isa, int32_t D, DType dt) {
 using AttnBlockFn = void (*)(const AttentionParams&, const float*, float*, size_t, const SeqRows&, const Pos*,
                              int32_t, int32_t, AttnScratch&);
 
-// The prefill block kernel for head dim D at `isa` (register-resident for 16 … 256 with AVX-512).
+// The prefill block kernel for head dim D at `isa`: register-resident for 8 … 256 with AVX2 and 16 … 256
+// with AVX-512 (attention_block.inc), else attn_block compiled for the level.
+AttnBlockFn pick_block_avx2(int32_t D) {
+  switch (D) {
+  case 8:
+    return avx2::attn_block_d<1>;
+  case 16:
+    return avx2::attn_block_d<2>;
+  case 32:
+    return avx2::attn_block_d<4>;
+  case 64:
+    return avx2::attn_block_d<8>;
+  case 128:
+    return avx2::attn_block_d<16>;
+  case 256:
+    return avx2::attn_block_d<32>;
+  default:
+    return attn_block_avx2;
+  }
+}
+
 AttnBlockFn pick_block(Isa isa, int32_t D) {
-  if (!at_least(isa, Isa::avx512)) return at_least(isa, Isa::avx2) ? attn_block_avx2 : attn_block_generic;
+  if (!at_least(isa, Isa::avx2)) return attn_block_generic;
+  if (!at_least(isa, Isa::avx512)) return pick_block_avx2(D);
   switch (D) {
   case 16:
-    return attn_block_avx512_d<1>;
+    return avx512::attn_block_d<1>;
   case 32:
-    return attn_block_avx512_d<2>;
+    return avx512::attn_block_d<2>;
   case 64:
-    return attn_block_avx512_d<4>;
+    return avx512::attn_block_d<4>;
   case 128:
-    return attn_block_avx512_d<8>;
-  case 256:
-    return attn_block_avx512_d<16>;
+    return avx512::attn_block_d<8>;
+  case 256: // Gemma 3
+    return avx512::attn_block_d<16>;
   default:
-    return attn_block_avx512;
+    return D == 8 ? avx2::attn_block_d<1> : attn_block_avx512;
   }
 }
 

@@ -1,6 +1,7 @@
 // The cpu executor's shared SIMD helpers: target macros, small vector loops, vectorized exps.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <immintrin.h>
@@ -91,7 +92,36 @@ struct VecAvx2 {
   static LOOM_AVX2 LOOM_INLINE vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
   static LOOM_AVX2 LOOM_INLINE vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
   static LOOM_AVX2 LOOM_INLINE vec fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static LOOM_AVX2 LOOM_INLINE vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
   static LOOM_AVX2 LOOM_INLINE vec exp(vec x) { return exp256(x); }
+  // e^(x − m), 0 where x = −∞ (a masked score); NaN → NaN
+  static LOOM_AVX2 LOOM_INLINE vec exp_or_zero(vec x, vec m) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ),
+                         exp256(_mm256_sub_ps(x, m)));
+  }
+  // c + a·b, or c unchanged when !keep
+  static LOOM_AVX2 LOOM_INLINE vec fmadd_if(bool keep, vec a, vec b, vec c) {
+    return _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c),
+                            _mm256_castsi256_ps(_mm256_set1_epi32(-int32_t{keep})));
+  }
+  // v where the lane's key position kp is in the span (KeySpan::contains: kp ≤ last, and kp ≥ first or
+  // kp < sink_end), −∞ elsewhere
+  static LOOM_AVX2 LOOM_INLINE vec mask_span(vec v, const int32_t* kp, int32_t first, int32_t last,
+                                             int32_t sink_end) {
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp));
+    const __m256i in_window = _mm256_cmpgt_epi32(k, _mm256_set1_epi32(first - 1)); // first ≥ 0
+    const __m256i sink = _mm256_cmpgt_epi32(_mm256_set1_epi32(sink_end), k);
+    const __m256i in =
+        _mm256_andnot_si256(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(last)), _mm256_or_si256(in_window, sink));
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, _mm256_castsi256_ps(in));
+  }
+  // the greatest of the eight lanes
+  static LOOM_AVX2 LOOM_INLINE float hmax(vec v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
   // the sum of the eight lanes
   static LOOM_AVX2 LOOM_INLINE float hsum(vec v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -130,7 +160,24 @@ struct VecAvx512 {
   static LOOM_AVX512 LOOM_INLINE vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
   static LOOM_AVX512 LOOM_INLINE vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
   static LOOM_AVX512 LOOM_INLINE vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static LOOM_AVX512 LOOM_INLINE vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
   static LOOM_AVX512 LOOM_INLINE vec exp(vec x) { return exp512(x); }
+  static LOOM_AVX512 LOOM_INLINE vec exp_or_zero(vec x, vec m) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+    return _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(x, m)));
+  }
+  static LOOM_AVX512 LOOM_INLINE vec fmadd_if(bool keep, vec a, vec b, vec c) {
+    return _mm512_mask3_fmadd_ps(a, b, c, keep ? 0xFFFF : 0);
+  }
+  static LOOM_AVX512 LOOM_INLINE vec mask_span(vec v, const int32_t* kp, int32_t first, int32_t last,
+                                               int32_t sink_end) {
+    const __m512i k = _mm512_loadu_si512(kp);
+    const __mmask16 in = _mm512_cmple_epi32_mask(k, _mm512_set1_epi32(last)) &
+                         (_mm512_cmpge_epi32_mask(k, _mm512_set1_epi32(first)) |
+                          _mm512_cmplt_epi32_mask(k, _mm512_set1_epi32(sink_end)));
+    return _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), v);
+  }
+  static LOOM_AVX512 LOOM_INLINE float hmax(vec v) { return _mm512_reduce_max_ps(v); }
   static LOOM_AVX512 LOOM_INLINE float hsum(vec v) { return _mm512_reduce_add_ps(v); }
   // lane k = the sum of d[k]'s sixteen lanes: a transpose-and-add tree (45 operations for 16 rows, where
   // the AVX2 sum_lanes spends 10 per 8)

@@ -323,9 +323,9 @@ TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
         // attention sinks: with decode items (D = 8·k), prefill blocks and the generic kernel
         AttnCase{4, 2, 64, 5, 0.0f, 2}, AttnCase{3, 3, 5, 3, 0.0f, 4}, AttnCase{4, 1, 32, 16, 0.0f, 3},
         AttnCase{2, 1, 16, 20, 30.0f, 6}, AttnCase{4, 4, 8, 9, 0.0f, 1},
-        // the AVX-512 prefill kernels for head dims 16·NV (16, 32, 64, 128)
+        // the register-resident prefill kernels for head dims W·NV (8 … 256; one or two rows at a time)
         AttnCase{4, 2, 128, 0, 0.0f}, AttnCase{4, 1, 128, 7, 0.0f, 2}, AttnCase{8, 2, 64, 0, 30.0f},
-        AttnCase{3, 1, 32, 11, 0.0f, 1}})
+        AttnCase{3, 1, 32, 11, 0.0f, 1}, AttnCase{2, 1, 256, 70, 0.0f, 1}})
     for (cpu::Isa isa : isas()) {
       const std::string what = "Hq=" + std::to_string(c.n_head) + " Hkv=" + std::to_string(c.n_head_kv) +
                                " D=" + std::to_string(c.head_dim) + " window=" + std::to_string(c.window) +
