@@ -231,18 +231,34 @@ constexpr bool b32(DType type) {
          type == DType::q5_1 || type == DType::iq4_nl;
 }
 
-// The types repacked at avx512_vnni only (their vector kernels are that level's; below it their GGUF rows
-// take the i8dq route): Q5_1 and IQ4_NL in the b32 layout, and the k-quants Q2_K, Q3_K, Q5_K and IQ4_XS,
-// whose kernels take pairs of groups (16 rows) for one token as for several (gemm_*_x16_vnni).
-constexpr bool vnni_only(DType type) {
-  return type == DType::q5_1 || type == DType::iq4_nl || type == DType::q2_k || type == DType::q3_k ||
-         type == DType::q5_k || type == DType::iq4_xs;
+// The types repacked 8 rows at a time: the b32 layout, or the k-quants' super-blocks (KLayout).
+constexpr bool repacked_type(DType type) {
+  return b32(type) || type == DType::q2_k || type == DType::q3_k || type == DType::q4_k ||
+         type == DType::q5_k || type == DType::q6_k || type == DType::iq4_xs;
+}
+
+// The lowest level with kernels for a type's repacked layout (below it its GGUF rows take the i8dq route
+// from avx2 on): Q5_1, IQ4_NL, Q5_K and IQ4_XS have only avx512_vnni's (gemm_*_x16_vnni, pairs of groups
+// for one token as for several); Q2_K and Q3_K vector kernels from avx2 (whose int8 route on their GGUF
+// rows they replace, not the exact products below it); the others every level.
+constexpr Isa repack_level(DType type) {
+  switch (type) {
+  case DType::q5_1:
+  case DType::iq4_nl:
+  case DType::q5_k:
+  case DType::iq4_xs:
+    return Isa::avx512_vnni;
+  case DType::q2_k:
+  case DType::q3_k:
+    return Isa::avx2;
+  default:
+    return Isa::scalar;
+  }
 }
 
 // Whether a type has kernels for its repacked layout at this level.
 constexpr bool repacked_kernels(Isa isa, DType type) {
-  return (b32(type) || type == DType::q4_k || type == DType::q6_k || vnni_only(type)) &&
-         (!vnni_only(type) || at_least(isa, Isa::avx512_vnni));
+  return repacked_type(type) && at_least(isa, repack_level(type));
 }
 
 // The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below (Q5_1, IQ4_NL: the
@@ -513,12 +529,6 @@ inline int q3_k_u(const uint8_t* blk, int e) {
   const int n = e / 128, j = (e % 128) / 32, l = e % 32;
   return ((blk[32 + 32 * n + l] >> (2 * j)) & 3) | (((blk[l] >> (4 * n + j)) & 1) << 2);
 }
-constexpr size_t q3_low_at(int g) {
-  return 112 + 32 * static_cast<size_t>(g);
-}
-constexpr size_t q3_high_at(int p) {
-  return 624 + 32 * static_cast<size_t>(p);
-}
 
 void put_q3_k(const uint8_t* blk, int r, uint8_t* out) {
   std::memcpy(out + 2 * r, blk + 108, 2);
@@ -576,10 +586,6 @@ void gemv_q3_kx8_scalar(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float*
 // u, dword r = row r's bytes 4u..4u+3); per group g of 16 columns one 32-byte vector of the 2-bit values
 // laid out as q3_kx8's low bits (dword r, byte b: bits 2k, 2k+1 = column 16g + 4k + b).
 // (k_q2kx8_block: kernels_internal.hpp)
-
-constexpr size_t q2_vals_at(int g) {
-  return 160 + 32 * static_cast<size_t>(g);
-}
 
 void put_q2_k(const uint8_t* blk, int r, uint8_t* out) {
   std::memcpy(out + 2 * r, blk + 80, 2);
@@ -760,13 +766,38 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
-// A k-quant's one-token kernel for one group of 8 rows (of the vnni_only k-quants: the scalar one, for an odd
-// last group — their VNNI kernel takes pairs).
+// A k-quant's one-token kernel for one group of 8 rows (Q5_K's, IQ4_XS's: the scalar one, for an odd last
+// group — their VNNI kernel takes pairs).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
-  if (avx2 && type == DType::q4_k) return gemv_q4_kx8_avx2;
-  if (avx2 && type == DType::q6_k) return gemv_q6_kx8_avx2;
+  if (avx2) switch (type) {
+    case DType::q2_k:
+      return gemv_q2_kx8_avx2;
+    case DType::q3_k:
+      return gemv_q3_kx8_avx2;
+    case DType::q4_k:
+      return gemv_q4_kx8_avx2;
+    case DType::q6_k:
+      return gemv_q6_kx8_avx2;
+    default:
+      break;
+    }
   return k_layout(type).scalar;
+}
+
+// The same kernels over four groups read side by side (the k-quants with AVX2 kernels).
+using GemvK4 = void (*)(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+GemvK4 gemv_kx8_p4(DType type) {
+  switch (type) {
+  case DType::q2_k:
+    return gemv_q2_kx8_avx2_p<4>;
+  case DType::q3_k:
+    return gemv_q3_kx8_avx2_p<4>;
+  case DType::q4_k:
+    return gemv_q4_kx8_avx2_p<4>;
+  default:
+    return gemv_q6_kx8_avx2_p<4>;
+  }
 }
 
 bool cpu_has(Isa level) noexcept {
@@ -919,6 +950,10 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     const KLayout layout = k_layout(type);
     const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
     const int r = static_cast<int>(row % 8);
+    if ((type == DType::q2_k || type == DType::q3_k) && at_least(isa, Isa::avx2)) {
+      dequantize_kx8_row(type, g, r, K, y); // read in place (unpacking their bit fields costs more)
+      return;
+    }
     for (int64_t i0 = 0; i0 < K / 256; i0 += 16) {
       const int64_t n = std::min<int64_t>(16, K / 256 - i0);
       unpack_row_k(layout, g + static_cast<size_t>(i0) * layout.bytes, n, r, blocks);
@@ -982,6 +1017,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
     g_from = 2 * pairs;
   } else if (avx2) { // P runs of 8-row groups per thread, read side by side
     const int64_t groups = N / 8, units = groups / P;
+    const GemvK4 kernel = gemv_kx8_p4(type);
     runs_side_by_side<P>(P * (units * id / nt), P * (units * (id + 1) / nt), [&](const int64_t(&g)[P]) {
       const uint8_t* gs[P];
       float* outs[P];
@@ -989,10 +1025,7 @@ void gemv_share_repacked(Isa isa, const Gemv& m, int64_t K, const BlockQ8* xq, c
         gs[h] = m.w + static_cast<size_t>(g[h]) * gb;
         outs[h] = m.y + 8 * g[h];
       }
-      if (type == DType::q4_k)
-        gemv_q4_kx8_avx2_p<P>(gs, xqk, nb, outs);
-      else
-        gemv_q6_kx8_avx2_p<P>(gs, xqk, nb, outs);
+      kernel(gs, xqk, nb, outs);
     });
     g_from = P * units;
   }
@@ -1245,8 +1278,7 @@ void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, 
 }
 
 bool int8_gemm(Isa isa, DType type) noexcept {
-  return at_least(isa, Isa::avx512_vnni) &&
-         (b32(type) || vnni_only(type) || type == DType::q4_k || type == DType::q6_k);
+  return at_least(isa, Isa::avx512_vnni) && repacked_type(type);
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

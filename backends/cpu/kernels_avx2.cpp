@@ -983,6 +983,139 @@ LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t ns
   gemv_q6_kx8_avx2_p<1>(&g8, x, nsb, &out);
 }
 
+// Σ_s m_s · b_s per row over the 16 groups of a super-block, from four vectors mn[h] whose dword r holds row
+// r's m_{4h .. 4h+3} as bytes (≤ 63) and the token's 16 group sums b: one madd per pair of groups.
+LOOM_AVX2 inline __m256i group_dot(const __m256i (&mn)[4], const int16_t* b) {
+  const __m256i lo16 = _mm256_set1_epi32(0x00FF00FF);
+  __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) { // int16 lanes (m_4h, m_4h+2) and (m_4h+1, m_4h+3)
+    const int16_t* bh = b + 4 * h;
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_and_si256(mn[h], lo16),
+                                              _mm256_set1_epi32((bh[2] << 16) | (bh[0] & 0xFFFF))));
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_srli_epi16(mn[h], 8),
+                                              _mm256_set1_epi32((bh[3] << 16) | (bh[1] & 0xFFFF))));
+  }
+  return s;
+}
+
+// q2_kx8: one group of 8 rows against one token. Per group of 16 columns one vector gives the 8 rows' 2-bit
+// values of four 4-column chunks; broadcast activation chunks into maddubs, the four sums in int16 (4 · 2 · 3
+// · 127 < 2^15); madd by the rows' 4-bit scales (an int16 pair per row) leaves row r's scaled sum in lane r.
+// The mins' part Σ_s m_s · bsum_s per row: group_dot.
+template <int P>
+LOOM_AVX2 void gemv_q2_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs) {
+  const __m256i three = _mm256_set1_epi8(3), nib = _mm256_set1_epi8(0x0F), low4 = _mm256_set1_epi16(0x0F);
+  __m256 acc[P], accm[P];
+  for (int gi = 0; gi < P; ++gi)
+    acc[gi] = accm[gi] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+#pragma GCC unroll 4
+    for (int gi = 0; gi < P; ++gi) {
+      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q2kx8_block;
+      for (size_t c = 0; c < k_q2kx8_block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q2kx8_block + c), _MM_HINT_T0);
+      __m256i u[4], mn[4]; // dword r: row r's scale bytes 4h..4h+3 (scale: low nibble, min: high); its mins
+      for (int h = 0; h < 4; ++h) {
+        u[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 + 32 * h));
+        mn[h] = _mm256_and_si256(_mm256_srli_epi16(u[h], 4), nib);
+      }
+      const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+      __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
+      for (int gr = 0; gr < 16; ++gr) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q2_vals_at(gr)));
+        __m256i s = _mm256_maddubs_epi16(_mm256_and_si256(v, three), _mm256_set1_epi32(xw[4 * gr]));
+        for (int k = 1; k < 4; ++k)
+          s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three),
+                                                       _mm256_set1_epi32(xw[4 * gr + k])));
+        const __m256i sd = _mm256_and_si256(_mm256_shuffle_epi8(u[gr / 4], pick_byte_pairs(gr % 4)), low4);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, sd));
+      }
+      const __m256 xd = _mm256_set1_ps(x->d);
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
+      acc[gi] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sumi), acc[gi]);
+      accm[gi] =
+          _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(group_dot(mn, x->bsums)), accm[gi]);
+    }
+  for (int gi = 0; gi < P; ++gi)
+    _mm256_storeu_ps(outs[gi], _mm256_sub_ps(acc[gi], accm[gi]));
+}
+LOOM_AVX2 void gemv_q2_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_q2_kx8_avx2_p<1>(&g, x, nsb, &out);
+}
+
+// q3_kx8: one group of 8 rows against one token. Per group of 16 columns one vector of low bits and half a
+// vector of third bits give the 8 rows' unsigned values u = 0..7 of four 4-column chunks; maddubs against
+// the broadcast activations, the four sums in int16 (4 · 2 · 7 · 127 < 2^15); madd by the rows' scale − 32.
+// The u − 4 offset: 4 · Σ_s (scale_s − 32) · bsum_s per row (group_dot over the scales, less 32 · Σ bsum).
+template <int P>
+LOOM_AVX2 void gemv_q3_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs) {
+  const __m256i m4 = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303),
+                three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4), c32 = _mm256_set1_epi16(32);
+  __m256 acc[P];
+  for (int gi = 0; gi < P; ++gi)
+    acc[gi] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+#pragma GCC unroll 4
+    for (int gi = 0; gi < P; ++gi) {
+      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q3kx8_block;
+      for (size_t c = 0; c < k_q3kx8_block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q3kx8_block + c), _MM_HINT_T0);
+      // the 8 rows' 6-bit scales (q3_k_scale, + 32): dword r of sc[h] holds row r's scales 4h..4h+3 as bytes
+      const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16));
+      const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 48));
+      const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 80));
+      const __m256i sc[4] = {
+          _mm256_or_si256(_mm256_and_si256(u0, m4), _mm256_slli_epi32(_mm256_and_si256(u2, m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(u1, m4),
+                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u2, 2), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u0, 4), m4),
+                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u1, 4), m4),
+                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u2, 6), m2), 4))};
+      const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+      __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int p = 0; p < 8; ++p) { // groups 2p, 2p+1
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q3_high_at(p)));
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; ++e) {
+          const int gr = 2 * p + e;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + q3_low_at(gr)));
+          __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const int b = 4 * e + k; // the third bit's position, moved to bit 2
+            const __m256i third = b > 2   ? _mm256_srli_epi16(h, b - 2)
+                                  : b < 2 ? _mm256_slli_epi16(h, 2 - b)
+                                          : h;
+            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three),
+                                              _mm256_and_si256(third, four));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q, _mm256_set1_epi32(xw[4 * gr + k])));
+          }
+          const __m256i sd = _mm256_sub_epi16(_mm256_shuffle_epi8(sc[gr / 4], pick_byte_pairs(gr % 4)), c32);
+          sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, sd));
+        }
+      }
+      int32_t bsum = 0; // 4 · Σ_s (sc_s − 32) · bsum_s = 4 · (Σ_s sc_s · bsum_s − 32 · Σ_s bsum_s)
+      for (int16_t b : x->bsums)
+        bsum += b;
+      const __m256i off = _mm256_sub_epi32(group_dot(sc, x->bsums), _mm256_set1_epi32(32 * bsum));
+      sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 2));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      acc[gi] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(sumi), acc[gi]);
+    }
+  for (int gi = 0; gi < P; ++gi)
+    _mm256_storeu_ps(outs[gi], acc[gi]);
+}
+LOOM_AVX2 void gemv_q3_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_q3_kx8_avx2_p<1>(&g, x, nsb, &out);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -1035,5 +1168,7 @@ template void gemv_q4x8_avx2<DType::q5_0, 1>(const uint8_t*, const BlockQ8*, int
 template void gemv_q4x8_avx2<DType::q5_0, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+template void gemv_q2_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+template void gemv_q3_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 
 } // namespace loom::cpu

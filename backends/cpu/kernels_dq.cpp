@@ -7,7 +7,7 @@
 // This file is compiled with -ffp-contract=off: a value is scale·q − offset rounded twice, as the SDK's
 // scalar dequantizers compute it, never fused into one FMA (which would round once and differ in the last
 // bit). The FMAs of the dot products are explicit intrinsics.
-#include "kernels.hpp"
+#include "kernels_internal.hpp"
 
 #include <cstring>
 #include <immintrin.h>
@@ -191,6 +191,60 @@ template <DType T, class Sink> LOOM_DQ_INLINE void visit_row(const uint8_t* b, i
   }
 }
 
+// Two groups' (32 columns') 2-bit or 1-bit fields of one row of a repacked group (q2_kx8 / q3_kx8), as 32
+// bytes in column order: dword a (group g) and b (group g + 1) each hold a column's bits at bit `step`·k of
+// byte i for column 16g + 4k + i; `next` the bit distance of group g + 1 within b (0 when b is its own
+// dword).
+LOOM_DQ_INLINE __m256i kx8_fields(uint32_t a, uint32_t b, int step, int next, int mask) {
+  const __m256i v =
+      _mm256_setr_epi32(static_cast<int>(a), static_cast<int>(a), static_cast<int>(a), static_cast<int>(a),
+                        static_cast<int>(b), static_cast<int>(b), static_cast<int>(b), static_cast<int>(b));
+  const __m256i shifts =
+      _mm256_setr_epi32(0, step, 2 * step, 3 * step, next, next + step, next + 2 * step, next + 3 * step);
+  return _mm256_and_si256(_mm256_srlv_epi32(v, shifts), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+
+LOOM_DQ_INLINE uint32_t dword_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Row r of a repacked group of Q2_K or Q3_K rows (kernels.cpp's q2_kx8 / q3_kx8), values [0, K), into s: the
+// values visit_row gives for its GGUF row.
+template <DType T, class Sink>
+LOOM_DQ_INLINE void visit_kx8_row(const uint8_t* g, int r, int64_t K, Sink& s) {
+  constexpr size_t bytes = T == DType::q2_k ? k_q2kx8_block : k_q3kx8_block;
+  const size_t rw = 4 * static_cast<size_t>(r); // row r's dword in each 32-byte vector
+  for (int64_t k = 0; k < K; k += 256, g += bytes) {
+    const float d = h2f(g + 2 * r);
+    if constexpr (T == DType::q2_k) {
+      const float dmin = h2f(g + 16 + 2 * r);
+      for (int p = 0; p < 8; ++p) { // groups 2p, 2p + 1
+        const uint8_t sa = g[32 + 32 * (p / 2) + rw + 2 * (p % 2)],
+                      sb = g[32 + 32 * (p / 2) + rw + 2 * (p % 2) + 1];
+        const __m256i q = kx8_fields(dword_at(g + q2_vals_at(2 * p) + rw),
+                                     dword_at(g + q2_vals_at(2 * p + 1) + rw), 2, 0, 3);
+        emit32(s, k + 32 * p, q, d * static_cast<float>(sa & 0xF), dmin * static_cast<float>(sa >> 4),
+               d * static_cast<float>(sb & 0xF), dmin * static_cast<float>(sb >> 4));
+      }
+    } else {
+      uint8_t sc[12]; // the row's GGUF scale bytes
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(sc + 4 * u, g + 16 + 32 * u + rw, 4);
+      for (int p = 0; p < 8; ++p) { // groups 2p, 2p + 1: u − 4, u = low | third << 2
+        const uint32_t third = dword_at(g + q3_high_at(p) + rw);
+        const __m256i low =
+            kx8_fields(dword_at(g + q3_low_at(2 * p) + rw), dword_at(g + q3_low_at(2 * p + 1) + rw), 2, 0, 3);
+        const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(kx8_fields(third, third, 1, 4, 1), 2));
+        emit32(s, k + 32 * p, _mm256_sub_epi8(u, _mm256_set1_epi8(4)),
+               d * static_cast<float>(dtype_detail::q3_k_scale(sc, 2 * p)), 0.0f,
+               d * static_cast<float>(dtype_detail::q3_k_scale(sc, 2 * p + 1)), 0.0f);
+      }
+    }
+  }
+}
+
 struct StoreSink {
   float* y;
   template <int L> LOOM_DQ_INLINE void put(int64_t k, __m256 w) { _mm256_storeu_ps(y + k, w); }
@@ -292,6 +346,14 @@ bool dq_supports(Isa isa, DType type) noexcept {
 
 void dequantize_dq(DType type, const uint8_t* w, float* y, int64_t n) {
   find(type)->dequant(w, y, n);
+}
+
+LOOM_DQ void dequantize_kx8_row(DType type, const uint8_t* g, int r, int64_t K, float* y) {
+  StoreSink s{y};
+  if (type == DType::q2_k)
+    visit_kx8_row<DType::q2_k>(g, r, K, s);
+  else
+    visit_kx8_row<DType::q3_k>(g, r, K, s);
 }
 
 void matmul_dq(DType type, const uint8_t* w, size_t row_bytes, int64_t K, int64_t N, const float* x,

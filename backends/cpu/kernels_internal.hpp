@@ -149,6 +149,17 @@ constexpr size_t k_q3kx8_block = 880;
 constexpr size_t k_q5kx8_block = 1408;
 constexpr size_t k_q2kx8_block = 672;
 constexpr size_t k_iq4xsx8_block = 1088;
+// Where q3_kx8's low bits of group g and third bits of pair p start, and q2_kx8's values of group g
+// (kernels.cpp).
+constexpr size_t q3_low_at(int g) {
+  return 112 + 32 * static_cast<size_t>(g);
+}
+constexpr size_t q3_high_at(int p) {
+  return 624 + 32 * static_cast<size_t>(p);
+}
+constexpr size_t q2_vals_at(int g) {
+  return 160 + 32 * static_cast<size_t>(g);
+}
 
 // One weight of a row (f32, f16 or bf16) as f32 (the AVX2 and AVX-512 loops' tails).
 template <DType type> inline float wscalar(const uint8_t* row, int64_t k) {
@@ -240,9 +251,19 @@ template <int P> // 4
 LOOM_AVX2 void gemv_q6_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs);
 LOOM_AVX2 void gemv_q6_kx8_avx2(const uint8_t* g8, const BlockQ8K* x, int64_t nsb, float* out);
+template <int P> // 4
+LOOM_AVX2 void gemv_q2_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs);
+LOOM_AVX2 void gemv_q2_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
+template <int P> // 4
+LOOM_AVX2 void gemv_q3_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                  float* const* outs);
+LOOM_AVX2 void gemv_q3_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n);
 LOOM_AVX2 void dequant_q8_0_avx2(const uint8_t* w, float* y, int64_t nb);
 LOOM_AVX2 void dequant_q4_0_avx2(const uint8_t* w, float* y, int64_t nb);
+// kernels_dq.cpp: row r (0..7) of a repacked Q2_K / Q3_K group g, K values, exactly dequantize_row's.
+LOOM_AVX2 void dequantize_kx8_row(DType type, const uint8_t* g, int r, int64_t K, float* y);
 
 // ---- kernels_avx512.cpp ----
 

@@ -179,10 +179,10 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (and at avx512_vnni Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) repacked
-// into 8-row groups: dequantize to exactly the GGUF rows, and the repacked kernels sum the same integers as
-// the GGUF-layout ones (Q4_1 and the others without a GGUF-row kernel of their own: the int8 route on their
-// rows; 1e-5: float rounding only), at every ISA, one to several tokens.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (at avx2 Q2_K and Q3_K, at avx512_vnni Q5_1, IQ4_NL, Q5_K, IQ4_XS)
+// repacked into 8-row groups: dequantize to exactly the GGUF rows, and the repacked kernels sum the same
+// integers as the GGUF-layout ones (Q4_1 and the others without a GGUF-row kernel of their own: the int8
+// route on their rows; 1e-5: float rounding only), at every ISA, one to several tokens.
 TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
   const cpu::Isa isa = GetParam();
   if (!cpu::isa_supported(isa))
@@ -198,10 +198,12 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
                                   std::tuple{256, 256, 1} /* two runs of 4 pairs per thread */}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
-      const bool vnni_only = type == DType::q3_k || type == DType::q2_k || type == DType::iq4_xs ||
-                             type == DType::q5_1 || type == DType::iq4_nl || type == DType::q5_k;
-      if (vnni_only && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) {
-        EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below
+      const bool vnni_only =
+          type == DType::iq4_xs || type == DType::q5_1 || type == DType::iq4_nl || type == DType::q5_k;
+      const bool from_avx2 = type == DType::q3_k || type == DType::q2_k;
+      if ((vnni_only && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) ||
+          (from_avx2 && !cpu::at_least(isa, cpu::Isa::avx2))) {
+        EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below (or exact)
         continue;
       }
       ASSERT_TRUE(cpu::repackable(isa, type, K, N));
@@ -222,13 +224,14 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
       for (auto& v : x)
         v = nd(rng);
       std::vector<float> y0(static_cast<size_t>(N * T), NAN), y1(y0);
-      if (type == DType::q4_1 || type == DType::q5_0 || vnni_only) // their GGUF-layout int8 kernel (AVX2+)
+      if (type == DType::q4_1 || type == DType::q5_0 || vnni_only ||
+          from_avx2) // their GGUF-layout int8 kernel
         cpu::matmul_i8dq(cpu::at_least(isa, cpu::Isa::avx2) ? isa : cpu::Isa::avx2, type, w.data(), rb, K, N,
                          x.data(), T, y0.data(), 2);
       else
         cpu::matmul(isa, type, w.data(), rb, K, N, x.data(), T, y0.data(), 2); // the GGUF-layout kernels
       cpu::matmul_repacked(isa, type, wp.data(), K, N, x.data(), T, y1.data(), 2);
-      if (cpu::int8_gemm(isa, type) && !vnni_only) { // the int8 GEMM: the AVX2 kernel's floats
+      if (cpu::int8_gemm(isa, type) && !vnni_only && !from_avx2) { // the int8 GEMM: the AVX2 kernel's floats
         std::vector<float> y2(y1.size(), NAN);
         cpu::matmul_repacked(cpu::Isa::avx2, type, wp.data(), K, N, x.data(), T, y2.data(), 2);
         ASSERT_EQ(y1, y2);
