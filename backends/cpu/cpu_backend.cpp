@@ -567,7 +567,10 @@ private:
       std::string n(1, ' ');
       n += dtype_name(t);
       if (o.repack && repackable(o.isa, t, 256, 16))
-        (t == DType::q4_1 ? under : int8_gemm(o.isa, t) ? every : under_quant) += n;
+        (t == DType::q4_1                ? under
+         : int8_gemm(o.isa, t)           ? every
+         : repacked_loop_light(o.isa, t) ? under_quant
+                                         : under) += n;
       else if (has_kernel(t) || i8dq_supports(o.isa, t))
         under += n;
       else
@@ -672,7 +675,7 @@ private:
       return true;
     }
     if (opt_.repack && repackable(opt_.isa, w.dtype, K, N)) {
-      if (opt_.gemm_min_rows_quant == 1 && !int8_gemm(opt_.isa, w.dtype)) return false;
+      if (quant_copy_gemm_rows(w.dtype) == 1) return false;
       m = Gemv{w.dtype, repacked(w), 0, N, nullptr};
       return true;
     }
@@ -768,6 +771,14 @@ private:
     }
   }
 
+  // The batch size from which a repacked quantized matrix's products are oneDNN's f32 GEMM on dequantized
+  // panels (0: never, the int8 GEMM or the one-token kernels at every size; repacked_loop_light).
+  int quant_copy_gemm_rows(DType t) const noexcept {
+    return int8_gemm(opt_.isa, t)             ? 0
+           : repacked_loop_light(opt_.isa, t) ? opt_.gemm_min_rows_quant
+                                              : opt_.gemm_min_rows;
+  }
+
   // matmul() of a quantized matrix on its repacked copy. Q4_1 keeps exact products for batches of
   // gemm_min_rows or more: a prompt's logits are then those of exact matmuls (SmolLM2's "What is the capital
   // of France?" turns on a 0.08 tie that rounding the activations to 8 bits flips, as llama.cpp's does) — on
@@ -780,8 +791,7 @@ private:
     if (exact_batch && exact_tiles(opt_.isa, w.dtype, N)) {
       matmul_repacked_exact(w.dtype, wp, K, N, x, T, y, threads_, tiles_, x_key >= 0 && x_key == tiles_x_);
       tiles_x_ = x_key;
-    } else if (exact_batch || (opt_.gemm_min_rows_quant > 0 && T >= opt_.gemm_min_rows_quant &&
-                               !int8_gemm(opt_.isa, w.dtype))) {
+    } else if (const int rows = quant_copy_gemm_rows(w.dtype); exact_batch || (rows > 0 && T >= rows)) {
       gemm_panels(x, T, N, K, y,
                   [&](int64_t j, float* row) { dequantize_repacked(opt_.isa, w.dtype, wp, K, N, j, row); });
     } else {

@@ -238,18 +238,18 @@ constexpr bool repacked_type(DType type) {
 }
 
 // The lowest level with kernels for a type's repacked layout (below it its GGUF rows take the i8dq route
-// from avx2 on): Q5_1, IQ4_NL, Q5_K and IQ4_XS have only avx512_vnni's (gemm_*_x16_vnni, pairs of groups
-// for one token as for several); Q2_K and Q3_K vector kernels from avx2 (whose int8 route on their GGUF
-// rows they replace, not the exact products below it); the others every level.
+// from avx2 on): Q5_1 and Q5_K have only avx512_vnni's (gemm_*_x16_vnni, pairs of groups for one token as
+// for several); Q2_K, Q3_K, IQ4_NL and IQ4_XS vector kernels from avx2 (whose int8 route on their GGUF rows
+// they replace, not the exact products below it); the others every level.
 constexpr Isa repack_level(DType type) {
   switch (type) {
   case DType::q5_1:
-  case DType::iq4_nl:
   case DType::q5_k:
-  case DType::iq4_xs:
     return Isa::avx512_vnni;
   case DType::q2_k:
   case DType::q3_k:
+  case DType::iq4_nl:
+  case DType::iq4_xs:
     return Isa::avx2;
   default:
     return Isa::scalar;
@@ -261,13 +261,14 @@ constexpr bool repacked_kernels(Isa isa, DType type) {
   return repacked_type(type) && at_least(isa, repack_level(type));
 }
 
-// The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below (Q5_1, IQ4_NL: the
-// scalar one, for an odd last group at avx512_vnni).
+// The one-token kernel of a b32 type for a pair of groups or a lone one, at avx2 or below (Q5_1: the scalar
+// one, for an odd last group at avx512_vnni).
 using GemvB32 = void (*)(const uint8_t*, const BlockQ8*, int64_t, float*);
 GemvB32 gemv_b32(DType type, bool avx2, bool pair) {
   if (type == DType::q5_1) return pair ? gemv_q4x8_scalar<DType::q5_1, 2> : gemv_q4x8_scalar<DType::q5_1, 1>;
   if (type == DType::iq4_nl)
-    return pair ? gemv_q4x8_scalar<DType::iq4_nl, 2> : gemv_q4x8_scalar<DType::iq4_nl, 1>;
+    return avx2 ? (pair ? gemv_q4x8_avx2<DType::iq4_nl, 2> : gemv_q4x8_avx2<DType::iq4_nl, 1>)
+                : (pair ? gemv_q4x8_scalar<DType::iq4_nl, 2> : gemv_q4x8_scalar<DType::iq4_nl, 1>);
   if (type == DType::q4_0)
     return avx2 ? (pair ? gemv_q4x8_avx2<DType::q4_0, 2> : gemv_q4x8_avx2<DType::q4_0, 1>)
                 : (pair ? gemv_q4x8_scalar<DType::q4_0, 2> : gemv_q4x8_scalar<DType::q4_0, 1>);
@@ -766,8 +767,8 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
-// A k-quant's one-token kernel for one group of 8 rows (Q5_K's, IQ4_XS's: the scalar one, for an odd last
-// group — their VNNI kernel takes pairs).
+// A k-quant's one-token kernel for one group of 8 rows (Q5_K's: the scalar one, for an odd last group — its
+// VNNI kernel takes pairs).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
   if (avx2) switch (type) {
@@ -779,6 +780,8 @@ GemvK gemv_kx8(DType type, bool avx2) {
       return gemv_q4_kx8_avx2;
     case DType::q6_k:
       return gemv_q6_kx8_avx2;
+    case DType::iq4_xs:
+      return gemv_iq4_xsx8_avx2;
     default:
       break;
     }
@@ -795,6 +798,8 @@ GemvK4 gemv_kx8_p4(DType type) {
     return gemv_q3_kx8_avx2_p<4>;
   case DType::q4_k:
     return gemv_q4_kx8_avx2_p<4>;
+  case DType::iq4_xs:
+    return gemv_iq4_xsx8_avx2_p<4>;
   default:
     return gemv_q6_kx8_avx2_p<4>;
   }
@@ -1279,6 +1284,10 @@ void matmul_repacked_exact(DType type, const uint8_t* wp, int64_t K, int64_t N, 
 
 bool int8_gemm(Isa isa, DType type) noexcept {
   return at_least(isa, Isa::avx512_vnni) && repacked_type(type);
+}
+
+bool repacked_loop_light(Isa isa, DType type) noexcept {
+  return int8_gemm(isa, type) || repack_level(type) == Isa::scalar;
 }
 
 bool i8dq_supports(Isa isa, DType type) noexcept {

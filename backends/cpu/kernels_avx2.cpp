@@ -779,13 +779,16 @@ LOOM_AVX2 inline __m256i bit4_bytes(const uint8_t* at) {
 
 } // namespace
 
-// Q4_0, Q4_1, Q5_0: the nibbles (Q5_0: with their fifth bits, u = q + 16) by maddubs against the token's
-// bytes, then kernels_internal.hpp's float step of the type. Nibbles alone sum in int16 over a block (8 ·
-// 2 · 15 · 127 < 2¹⁵); Q5_0's u ≤ 31 goes to int32 a vector at a time.
+// Q4_0, Q4_1, Q5_0, IQ4_NL: the nibbles (Q5_0: with their fifth bits, u = q + 16; IQ4_NL: their signed
+// levels, looked up by pshufb, through dot_i8's sign trick) by maddubs against the token's bytes, then
+// kernels_internal.hpp's float step of the type. Nibbles alone sum in int16 over a block (8 · 2 · 15 · 127 <
+// 2¹⁵); Q5_0's u ≤ 31 and IQ4_NL's levels go to int32 a vector at a time.
 template <DType Q, int H>
 LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out) {
   constexpr size_t blk = H * b32_block_bytes(Q), head = b32_head(Q);
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i lut = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values)));
   __m256 acc[H];
   for (auto& a : acc)
     a = _mm256_setzero_ps();
@@ -803,14 +806,20 @@ LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, fl
           lo = _mm256_or_si256(lo, bit4_bytes(g + q_hmask_at(Q, H, h, c, 0)));
           hi = _mm256_or_si256(hi, bit4_bytes(g + q_hmask_at(Q, H, h, c, 1)));
         }
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
-                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
-        if constexpr (Q == DType::q5_0)
-          s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
-        else
-          s16 = _mm256_add_epi16(s16, p);
+        if constexpr (Q == DType::iq4_nl) {
+          s32 = _mm256_add_epi32(
+              s32, _mm256_add_epi32(dot_i8(_mm256_shuffle_epi8(lut, lo), _mm256_set1_epi32(xw[c])),
+                                    dot_i8(_mm256_shuffle_epi8(lut, hi), _mm256_set1_epi32(xw[4 + c]))));
+        } else {
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[4 + c])));
+          if constexpr (Q == DType::q5_0)
+            s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+          else
+            s16 = _mm256_add_epi16(s16, p);
+        }
       }
-      if constexpr (Q != DType::q5_0) s32 = _mm256_madd_epi16(s16, ones);
+      if constexpr (Q == DType::q4_0 || Q == DType::q4_1) s32 = _mm256_madd_epi16(s16, ones);
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_scale_at(h))));
       const __m256 d = _mm256_set1_ps(x[b].d), s = _mm256_cvtepi32_ps(s32);
       if constexpr (Q == DType::q4_1) {
@@ -818,6 +827,8 @@ LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, fl
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + q_min_at(H, h))));
         acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(0.125f * x[b].s8),
                                  _mm256_fmadd_ps(dw, _mm256_mul_ps(d, s), acc[h]));
+      } else if constexpr (Q == DType::iq4_nl) {
+        acc[h] = _mm256_fmadd_ps(dw, _mm256_mul_ps(d, s), acc[h]);
       } else {
         const float off = Q == DType::q5_0 ? 2.0f * x[b].s8 : x[b].s8; // 16 or 8 · d · Σq
         acc[h] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(d, s, _mm256_set1_ps(off)), acc[h]);
@@ -1116,6 +1127,61 @@ LOOM_AVX2 void gemv_q3_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb
   gemv_q3_kx8_avx2_p<1>(&g, x, nsb, &out);
 }
 
+// iq4_xsx8: one group of 8 rows against one token. Per sub-block of 32 columns four vectors of index bytes
+// give the 8 rows' levels (pshufb) of 4-column chunks, low nibbles and high; each maddubs through dot_i8's
+// sign trick, then madd by the rows' scale ls − 32 (an int16 pair per row) into int32.
+template <int P>
+LOOM_AVX2 void gemv_iq4_xsx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                    float* const* outs) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), nib = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(3),
+                c32 = _mm256_set1_epi32(32), lo16 = _mm256_set1_epi32(0xFFFF);
+  const __m256i lut = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(dtype_detail::k_iq4nl_values)));
+  __m256 acc[P];
+  for (int gi = 0; gi < P; ++gi)
+    acc[gi] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i, ++x)
+#pragma GCC unroll 4
+    for (int gi = 0; gi < P; ++gi) {
+      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_iq4xsx8_block;
+      for (size_t c = 0; c < k_iq4xsx8_block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_iq4xsx8_block + c), _MM_HINT_T0);
+      const __m256i sl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16)); // dword r: scales_l
+      const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 48)));
+      const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
+      __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int k = 0; k < 8; ++k) {
+        // row r's scale of sub-block k, less 32, in both int16 halves of dword r
+        const __m256i ls = _mm256_sub_epi32(
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(sl, 4 * k), nib),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * k), three), 4)),
+            c32);
+        const __m256i sc = _mm256_or_si256(_mm256_and_si256(ls, lo16), _mm256_slli_epi32(ls, 16));
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64 + 128 * k + 32 * c));
+          const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
+          const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+          const __m256i xl = _mm256_set1_epi32(xw[8 * k + c]), xh = _mm256_set1_epi32(xw[8 * k + 4 + c]);
+          sumi = _mm256_add_epi32(
+              sumi, _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo)), sc));
+          sumi = _mm256_add_epi32(
+              sumi, _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xh, hi)), sc));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      acc[gi] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(sumi), acc[gi]);
+    }
+  for (int gi = 0; gi < P; ++gi)
+    _mm256_storeu_ps(outs[gi], acc[gi]);
+}
+LOOM_AVX2 void gemv_iq4_xsx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_iq4_xsx8_avx2_p<1>(&g, x, nsb, &out);
+}
+
 // Rows to f32 for the GEMM panels (the values dequantize_row gives, faster).
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n) {
   int64_t k = 0;
@@ -1166,9 +1232,12 @@ template void gemv_q4x8_avx2<DType::q4_1, 1>(const uint8_t*, const BlockQ8*, int
 template void gemv_q4x8_avx2<DType::q4_1, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4x8_avx2<DType::q5_0, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4x8_avx2<DType::q5_0, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::iq4_nl, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
+template void gemv_q4x8_avx2<DType::iq4_nl, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q2_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q3_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+template void gemv_iq4_xsx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 
 } // namespace loom::cpu

@@ -241,7 +241,7 @@ LOOM_AVX2 void i8dq_rows(DType type, const uint8_t* w, size_t rb, const void* x,
                          int64_t j1, float* y);
 template <int H> // 1 or 2
 LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
-template <DType Q, int H> // Q: q4_0, q4_1 or q5_0; H: 1 or 2
+template <DType Q, int H> // Q: q4_0, q4_1, q5_0 or iq4_nl; H: 1 or 2
 LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
 template <int P> // 4
 LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
@@ -259,6 +259,10 @@ template <int P> // 4
 LOOM_AVX2 void gemv_q3_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs);
 LOOM_AVX2 void gemv_q3_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
+template <int P> // 4
+LOOM_AVX2 void gemv_iq4_xsx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
+                                    float* const* outs);
+LOOM_AVX2 void gemv_iq4_xsx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n);
 LOOM_AVX2 void dequant_q8_0_avx2(const uint8_t* w, float* y, int64_t nb);
 LOOM_AVX2 void dequant_q4_0_avx2(const uint8_t* w, float* y, int64_t nb);
