@@ -238,16 +238,16 @@ constexpr bool repacked_type(DType type) {
 }
 
 // The lowest level with kernels for a type's repacked layout (below it its GGUF rows take the i8dq route
-// from avx2 on): Q5_1 and Q5_K have only avx512_vnni's (gemm_*_x16_vnni, pairs of groups for one token as
-// for several); Q2_K, Q3_K, IQ4_NL and IQ4_XS vector kernels from avx2 (whose int8 route on their GGUF rows
-// they replace, not the exact products below it); the others every level.
+// from avx2 on): Q5_1 has only avx512_vnni's (gemm_*_x16_vnni, pairs of groups for one token as for
+// several); Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS vector kernels from avx2 (whose int8 route on their GGUF
+// rows they replace, not the exact products below it); the others every level.
 constexpr Isa repack_level(DType type) {
   switch (type) {
   case DType::q5_1:
-  case DType::q5_k:
     return Isa::avx512_vnni;
   case DType::q2_k:
   case DType::q3_k:
+  case DType::q5_k:
   case DType::iq4_nl:
   case DType::iq4_xs:
     return Isa::avx2;
@@ -767,8 +767,7 @@ void tiles_of_tokens(int64_t T, Kernel16 k16, Kernel8 k8, Kernel4 k4, Kernel2 k2
   if (t < T) k1(t);
 }
 
-// A k-quant's one-token kernel for one group of 8 rows (Q5_K's: the scalar one, for an odd last group — its
-// VNNI kernel takes pairs).
+// A k-quant's one-token kernel for one group of 8 rows (below avx2: the scalar ones).
 using GemvK = void (*)(const uint8_t*, const BlockQ8K*, int64_t, float*);
 GemvK gemv_kx8(DType type, bool avx2) {
   if (avx2) switch (type) {
@@ -778,6 +777,8 @@ GemvK gemv_kx8(DType type, bool avx2) {
       return gemv_q3_kx8_avx2;
     case DType::q4_k:
       return gemv_q4_kx8_avx2;
+    case DType::q5_k:
+      return gemv_q5_kx8_avx2;
     case DType::q6_k:
       return gemv_q6_kx8_avx2;
     case DType::iq4_xs:
@@ -797,7 +798,9 @@ GemvK4 gemv_kx8_p4(DType type) {
   case DType::q3_k:
     return gemv_q3_kx8_avx2_p<4>;
   case DType::q4_k:
-    return gemv_q4_kx8_avx2_p<4>;
+    return gemv_q4_kx8_avx2_p<4, false>;
+  case DType::q5_k:
+    return gemv_q4_kx8_avx2_p<4, true>;
   case DType::iq4_xs:
     return gemv_iq4_xsx8_avx2_p<4>;
   default:
@@ -955,7 +958,7 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
     const KLayout layout = k_layout(type);
     const uint8_t* g = wp + static_cast<size_t>(row / 8) * group_bytes(type, K);
     const int r = static_cast<int>(row % 8);
-    if ((type == DType::q2_k || type == DType::q3_k) && at_least(isa, Isa::avx2)) {
+    if ((type == DType::q2_k || type == DType::q3_k || type == DType::q5_k) && at_least(isa, Isa::avx2)) {
       dequantize_kx8_row(type, g, r, K, y); // read in place (unpacking their bit fields costs more)
       return;
     }

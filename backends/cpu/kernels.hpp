@@ -60,8 +60,8 @@ void dequantize_repacked(Isa isa, DType type, const uint8_t* wp, int64_t K, int6
 bool int8_gemm(Isa isa, DType type) noexcept;
 // Otherwise matmul_repacked() runs the one-token kernels token by token, each group's weights kept in cache
 // across the batch. Whether that beats an f32 GEMM on dequantized panels up to gemm_min_rows_quant tokens
-// (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K), or only below gemm_min_rows (Q2_K, Q3_K, IQ4_NL, IQ4_XS at avx2:
-// their kernels unpack bit planes or look up levels per token, and the GEMM wins from ≈ 32 tokens).
+// (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K), or only below gemm_min_rows (Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS at
+// avx2: their kernels unpack bit planes or look up levels per token, and the GEMM wins from ≈ 32 tokens).
 bool repacked_loop_light(Isa isa, DType type) noexcept;
 // Exact products of a repacked matrix for a batch, faster than its rows dequantized into an f32 GEMM: at
 // Isa::amx, Q4_1 (N % 16 == 0) on bf16 tiles — each weight and each f32 activation exact (the activation as

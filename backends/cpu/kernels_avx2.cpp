@@ -855,10 +855,14 @@ LOOM_AVX2 inline __m256i pick_byte_pairs(int b) {
 // nibbles of two sub-blocks; broadcast 4-byte activation chunks into maddubs, 8 partial sums per
 // sub-block in int16 (8 · 2 · 15 · 127 < 2^15), then one madd by the rows' scales (an int16 pair
 // per row) leaves row r's scaled sum in lane r. The mins: one madd per pair of sub-blocks.
+// q5_kx8 (Q5): the same with each nibble's fifth bit from the chunk's two fifth-bit vectors (bit c of a
+// byte: vector c's), values ≤ 31, so the int16 sums go to int32 every 4 vectors (4 · 2 · 31 · 127 < 2^15).
 
-template <int P>
+template <int P, bool Q5>
 LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs) {
+  constexpr size_t block = Q5 ? k_q5kx8_block : k_q4kx8_block;
+  const __m256i b4 = _mm256_set1_epi8(0x10);
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f),
                 m2 = _mm256_set1_epi32(0x30303030), lo16 = _mm256_set1_epi32(0x00FF00FF);
@@ -868,9 +872,9 @@ LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q4kx8_block;
-      for (size_t c = 0; c < k_q4kx8_block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q4kx8_block + c), _MM_HINT_T0);
+      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * block;
+      for (size_t c = 0; c < block; c += 64) // four super-blocks ahead, every line
+        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * block + c), _MM_HINT_T0);
       // the 8 rows' 6-bit scales and mins (q4_k_scale_min, on 8 rows at once): dword r of sc[h] holds
       // row r's scales 4h..4h+3 as bytes, of mn[h] its mins
       const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
@@ -900,20 +904,37 @@ LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
       __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 1
       for (int j = 0; j < 4; ++j, q += 256) {
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
-          s0 = _mm256_add_epi16(
-              s0, _mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xw[16 * j + c])));
-          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                                                         _mm256_set1_epi32(xw[16 * j + 8 + c])));
-        }
         // row r's scale of sub-blocks 2j, 2j+1: bytes 2(j % 2) + {0, 1} of dword r of sc[j / 2], in both
         // int16 halves of dword r
         const __m256i& scv = sc[j / 2];
         const __m256i sd0 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2)));
         const __m256i sd1 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2) + 1));
+        __m256i f0 = _mm256_setzero_si256(), f1 = _mm256_setzero_si256(); // Q5: the fifth bits
+        if constexpr (Q5) {
+          f0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + k_q4kx8_block + 64 * j));
+          f1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + k_q4kx8_block + 64 * j + 32));
+        }
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+          __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+          if constexpr (Q5) { // bit c of each byte to bit 4
+            lo = _mm256_or_si256(
+                lo,
+                _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f0, 4 - c) : _mm256_srli_epi16(f0, c - 4), b4));
+            hi = _mm256_or_si256(
+                hi,
+                _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f1, 4 - c) : _mm256_srli_epi16(f1, c - 4), b4));
+          }
+          s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[16 * j + c])));
+          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[16 * j + 8 + c])));
+          if (Q5 && c == 3) { // (values ≤ 31: four vectors' sums fill int16)
+            sumi = _mm256_add_epi32(sumi,
+                                    _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+            s0 = s1 = _mm256_setzero_si256();
+          }
+        }
         sumi =
             _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
       }
@@ -927,7 +948,10 @@ LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
     _mm256_storeu_ps(outs[gi], _mm256_sub_ps(acc[gi], accm[gi]));
 }
 LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
-  gemv_q4_kx8_avx2_p<1>(&g, x, nsb, &out);
+  gemv_q4_kx8_avx2_p<1, false>(&g, x, nsb, &out);
+}
+LOOM_AVX2 void gemv_q5_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out) {
+  gemv_q4_kx8_avx2_p<1, true>(&g, x, nsb, &out);
 }
 
 // q6_kx8: one group of 8 rows against one token. Per group of 16 columns: two nibble vectors and
@@ -1234,7 +1258,8 @@ template void gemv_q4x8_avx2<DType::q5_0, 1>(const uint8_t*, const BlockQ8*, int
 template void gemv_q4x8_avx2<DType::q5_0, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4x8_avx2<DType::iq4_nl, 1>(const uint8_t*, const BlockQ8*, int64_t, float*);
 template void gemv_q4x8_avx2<DType::iq4_nl, 2>(const uint8_t*, const BlockQ8*, int64_t, float*);
-template void gemv_q4_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+template void gemv_q4_kx8_avx2_p<4, false>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
+template void gemv_q4_kx8_avx2_p<4, true>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q6_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q2_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);
 template void gemv_q3_kx8_avx2_p<4>(const uint8_t* const*, const BlockQ8K*, int64_t, float* const*);

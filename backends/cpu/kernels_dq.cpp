@@ -210,15 +210,42 @@ LOOM_DQ_INLINE uint32_t dword_at(const uint8_t* p) {
   return v;
 }
 
-// Row r of a repacked group of Q2_K or Q3_K rows (kernels.cpp's q2_kx8 / q3_kx8), values [0, K), into s: the
-// values visit_row gives for its GGUF row.
+// Row r of a repacked group of Q2_K, Q3_K or Q5_K rows (kernels.cpp's q2_kx8 / q3_kx8 / q5_kx8), values [0,
+// K), into s: the values visit_row gives for its GGUF row.
 template <DType T, class Sink>
 LOOM_DQ_INLINE void visit_kx8_row(const uint8_t* g, int r, int64_t K, Sink& s) {
-  constexpr size_t bytes = T == DType::q2_k ? k_q2kx8_block : k_q3kx8_block;
+  constexpr size_t bytes = T == DType::q2_k   ? k_q2kx8_block
+                           : T == DType::q3_k ? k_q3kx8_block
+                                              : k_q5kx8_block;
   const size_t rw = 4 * static_cast<size_t>(r); // row r's dword in each 32-byte vector
   for (int64_t k = 0; k < K; k += 256, g += bytes) {
     const float d = h2f(g + 2 * r);
-    if constexpr (T == DType::q2_k) {
+    if constexpr (T ==
+                  DType::q5_k) { // q4_kx8's nibbles (its 8 vectors' dwords r: the GGUF qs) and fifth bits
+      const float dmin = h2f(g + 16 + 2 * r);
+      uint8_t sc[12]; // the row's GGUF scale bytes
+      for (int u = 0; u < 3; ++u)
+        std::memcpy(sc + 4 * u, g + 32 + 32 * u + rw, 4);
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t* q = g + 128 + 256 * static_cast<size_t>(j) + rw;
+        const __m256i qs =
+            _mm256_setr_epi32(static_cast<int>(dword_at(q)), static_cast<int>(dword_at(q + 32)),
+                              static_cast<int>(dword_at(q + 64)), static_cast<int>(dword_at(q + 96)),
+                              static_cast<int>(dword_at(q + 128)), static_cast<int>(dword_at(q + 160)),
+                              static_cast<int>(dword_at(q + 192)), static_cast<int>(dword_at(q + 224)));
+        const uint32_t f0 = dword_at(g + k_q4kx8_block + 64 * static_cast<size_t>(j) + rw),
+                       f1 = dword_at(g + k_q4kx8_block + 64 * static_cast<size_t>(j) + 32 + rw);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(qs, _mm256_set1_epi8(0x0F)),
+                                           _mm256_slli_epi16(kx8_fields(f0, f0, 1, 4, 1), 4));
+        const __m256i hi =
+            _mm256_or_si256(field<4>(qs, 0x0F), _mm256_slli_epi16(kx8_fields(f1, f1, 1, 4, 1), 4));
+        uint8_t sc1, m1, sc2, m2;
+        dtype_detail::scale_min_k4(2 * j, sc, sc1, m1);
+        dtype_detail::scale_min_k4(2 * j + 1, sc, sc2, m2);
+        emit32(s, k + 64 * j, lo, d * static_cast<float>(sc1), dmin * static_cast<float>(m1));
+        emit32(s, k + 64 * j + 32, hi, d * static_cast<float>(sc2), dmin * static_cast<float>(m2));
+      }
+    } else if constexpr (T == DType::q2_k) {
       const float dmin = h2f(g + 16 + 2 * r);
       for (int p = 0; p < 8; ++p) { // groups 2p, 2p + 1
         const uint8_t sa = g[32 + 32 * (p / 2) + rw + 2 * (p % 2)],
@@ -352,6 +379,8 @@ LOOM_DQ void dequantize_kx8_row(DType type, const uint8_t* g, int r, int64_t K, 
   StoreSink s{y};
   if (type == DType::q2_k)
     visit_kx8_row<DType::q2_k>(g, r, K, s);
+  else if (type == DType::q5_k)
+    visit_kx8_row<DType::q5_k>(g, r, K, s);
   else
     visit_kx8_row<DType::q3_k>(g, r, K, s);
 }

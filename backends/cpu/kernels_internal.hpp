@@ -243,10 +243,11 @@ template <int H> // 1 or 2
 LOOM_AVX2 void gemv_q8_0x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
 template <DType Q, int H> // Q: q4_0, q4_1, q5_0 or iq4_nl; H: 1 or 2
 LOOM_AVX2 void gemv_q4x8_avx2(const uint8_t* g, const BlockQ8* x, int64_t nb, float* out);
-template <int P> // 4
+template <int P, bool Q5> // P: 4; Q5: q5_kx8 (else q4_kx8)
 LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs);
 LOOM_AVX2 void gemv_q4_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
+LOOM_AVX2 void gemv_q5_kx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t nsb, float* out);
 template <int P> // 4
 LOOM_AVX2 void gemv_q6_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs);
@@ -266,7 +267,7 @@ LOOM_AVX2 void gemv_iq4_xsx8_avx2(const uint8_t* g, const BlockQ8K* x, int64_t n
 LOOM_AVX2 void dequant_f16_avx2(const uint8_t* w, float* y, int64_t n);
 LOOM_AVX2 void dequant_q8_0_avx2(const uint8_t* w, float* y, int64_t nb);
 LOOM_AVX2 void dequant_q4_0_avx2(const uint8_t* w, float* y, int64_t nb);
-// kernels_dq.cpp: row r (0..7) of a repacked Q2_K / Q3_K group g, K values, exactly dequantize_row's.
+// kernels_dq.cpp: row r (0..7) of a repacked Q2_K / Q3_K / Q5_K group g, K values, exactly dequantize_row's.
 LOOM_AVX2 void dequantize_kx8_row(DType type, const uint8_t* g, int r, int64_t K, float* y);
 
 // ---- kernels_avx512.cpp ----

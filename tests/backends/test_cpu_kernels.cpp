@@ -179,7 +179,7 @@ TEST_P(CpuKernels, IntegerKernelsAreExactOnQuantizedActivations) {
     }
 }
 
-// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (at avx2 Q2_K, Q3_K, IQ4_NL, IQ4_XS, at avx512_vnni Q5_1, Q5_K)
+// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (at avx2 Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, at avx512_vnni Q5_1)
 // repacked into 8-row groups: dequantize to exactly the GGUF rows, and the repacked kernels sum the same
 // integers as the GGUF-layout ones (Q4_1 and the others without a GGUF-row kernel of their own: the int8
 // route on their rows; 1e-5: float rounding only), at every ISA, one to several tokens.
@@ -198,9 +198,9 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
                                   std::tuple{256, 256, 1} /* two runs of 4 pairs per thread */}) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                    " T=" + std::to_string(T));
-      const bool vnni_only = type == DType::q5_1 || type == DType::q5_k;
-      const bool from_avx2 =
-          type == DType::q3_k || type == DType::q2_k || type == DType::iq4_nl || type == DType::iq4_xs;
+      const bool vnni_only = type == DType::q5_1;
+      const bool from_avx2 = type == DType::q3_k || type == DType::q2_k || type == DType::q5_k ||
+                             type == DType::iq4_nl || type == DType::iq4_xs;
       if ((vnni_only && !cpu::at_least(isa, cpu::Isa::avx512_vnni)) ||
           (from_avx2 && !cpu::at_least(isa, cpu::Isa::avx2))) {
         EXPECT_FALSE(cpu::repackable(isa, type, K, N)); // its i8dq route on the GGUF rows below (or exact)
