@@ -851,6 +851,16 @@ LOOM_AVX2 inline __m256i pick_byte_pairs(int b) {
 
 } // namespace
 
+namespace {
+// Super-block i of a repacked group (`block` bytes each), the lines of the one four ahead prefetched.
+LOOM_AVX2 inline const uint8_t* superblock_ahead(const uint8_t* g, int64_t i, size_t block) {
+  g += static_cast<size_t>(i) * block;
+  for (size_t c = 0; c < block; c += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(g + 4 * block + c), _MM_HINT_T0);
+  return g;
+}
+} // namespace
+
 // q4_kx8: one group of 8 rows against one token. Per 64-column chunk: 8 loads give the 8 rows'
 // nibbles of two sub-blocks; broadcast 4-byte activation chunks into maddubs, 8 partial sums per
 // sub-block in int16 (8 · 2 · 15 · 127 < 2^15), then one madd by the rows' scales (an int16 pair
@@ -872,9 +882,7 @@ LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * block;
-      for (size_t c = 0; c < block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * block + c), _MM_HINT_T0);
+      const uint8_t* g = superblock_ahead(gs[gi], i, block);
       // the 8 rows' 6-bit scales and mins (q4_k_scale_min, on 8 rows at once): dword r of sc[h] holds
       // row r's scales 4h..4h+3 as bytes, of mn[h] its mins
       const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
@@ -973,9 +981,7 @@ LOOM_AVX2 void gemv_q6_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g8 = gs[gi] + static_cast<size_t>(i) * k_q6kx8_block;
-      for (size_t c = 0; c < k_q6kx8_block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g8 + 4 * k_q6kx8_block + c), _MM_HINT_T0);
+      const uint8_t* g8 = superblock_ahead(gs[gi], i, k_q6kx8_block);
       const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
       __m256i sumi = _mm256_setzero_si256(), off = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -1048,9 +1054,7 @@ LOOM_AVX2 void gemv_q2_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q2kx8_block;
-      for (size_t c = 0; c < k_q2kx8_block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q2kx8_block + c), _MM_HINT_T0);
+      const uint8_t* g = superblock_ahead(gs[gi], i, k_q2kx8_block);
       __m256i u[4], mn[4]; // dword r: row r's scale bytes 4h..4h+3 (scale: low nibble, min: high); its mins
       for (int h = 0; h < 4; ++h) {
         u[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 + 32 * h));
@@ -1097,9 +1101,7 @@ LOOM_AVX2 void gemv_q3_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_q3kx8_block;
-      for (size_t c = 0; c < k_q3kx8_block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_q3kx8_block + c), _MM_HINT_T0);
+      const uint8_t* g = superblock_ahead(gs[gi], i, k_q3kx8_block);
       // the 8 rows' 6-bit scales (q3_k_scale, + 32): dword r of sc[h] holds row r's scales 4h..4h+3 as bytes
       const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16));
       const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 48));
@@ -1167,9 +1169,7 @@ LOOM_AVX2 void gemv_iq4_xsx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x,
   for (int64_t i = 0; i < nsb; ++i, ++x)
 #pragma GCC unroll 4
     for (int gi = 0; gi < P; ++gi) {
-      const uint8_t* g = gs[gi] + static_cast<size_t>(i) * k_iq4xsx8_block;
-      for (size_t c = 0; c < k_iq4xsx8_block; c += 64) // four super-blocks ahead, every line
-        _mm_prefetch(reinterpret_cast<const char*>(g + 4 * k_iq4xsx8_block + c), _MM_HINT_T0);
+      const uint8_t* g = superblock_ahead(gs[gi], i, k_iq4xsx8_block);
       const __m256i sl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16)); // dword r: scales_l
       const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 48)));
       const auto* xw = reinterpret_cast<const int32_t*>(x->qs);
