@@ -716,8 +716,8 @@ private:
   }
 
   // Whether w is multiplied exactly from its own rows in place (kernels_dq.cpp): the block types without an
-  // int8 kernel of their own where they are not repacked (Q5_1, IQ4_NL, Q5_K, IQ4_XS below avx512_vnni;
-  // those and Q2_K, Q3_K, Q4_1, Q5_0 with repack off or rows not a multiple of 8), and with `exact` (the
+  // int8 kernel of their own where they are not repacked (Q5_1 below avx512_vnni; it and Q2_K, Q3_K, Q5_K,
+  // IQ4_NL, IQ4_XS, Q4_1, Q5_0 with repack off or rows not a multiple of 8), and with `exact` (the
   // logits' matmul under exact_logits) every block type.
   bool dq_route(const TensorDesc& w, bool exact = false) const noexcept {
     return dq_supports(opt_.isa, w.dtype) && (exact || (!has_kernel(w.dtype) && !repack_route(w))) &&

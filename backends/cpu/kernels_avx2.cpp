@@ -859,6 +859,38 @@ LOOM_AVX2 inline const uint8_t* superblock_ahead(const uint8_t* g, int64_t i, si
     _mm_prefetch(reinterpret_cast<const char*>(g + 4 * block + c), _MM_HINT_T0);
   return g;
 }
+// One 64-column chunk j of a q4_kx8 (Q5: q5_kx8) super-block against the token: q the chunk's 8 nibble
+// vectors, f its two fifth-bit vectors (Q5), xw the token's 16 dwords there, sd0 / sd1 the rows' scales of
+// its two sub-blocks: the scaled int32 sums of the 8 rows.
+template <bool Q5>
+LOOM_AVX2 inline __m256i k4x8_chunk(const uint8_t* q, const uint8_t* f, const int32_t* xw, __m256i sd0,
+                                    __m256i sd1) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+  __m256i f0 = _mm256_setzero_si256(), f1 = _mm256_setzero_si256();
+  if constexpr (Q5) {
+    f0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(f));
+    f1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(f + 32));
+  }
+  __m256i sumi = _mm256_setzero_si256(), s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+    __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    if constexpr (Q5) { // bit c of each byte to bit 4
+      lo = _mm256_or_si256(
+          lo, _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f0, 4 - c) : _mm256_srli_epi16(f0, c - 4), b4));
+      hi = _mm256_or_si256(
+          hi, _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f1, 4 - c) : _mm256_srli_epi16(f1, c - 4), b4));
+    }
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[c])));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[8 + c])));
+    if (Q5 && c == 3) { // (values ≤ 31: four vectors' sums fill int16)
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+      s0 = s1 = _mm256_setzero_si256();
+    }
+  }
+  return _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+}
 } // namespace
 
 // q4_kx8: one group of 8 rows against one token. Per 64-column chunk: 8 loads give the 8 rows'
@@ -872,8 +904,6 @@ template <int P, bool Q5>
 LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, int64_t nsb,
                                   float* const* outs) {
   constexpr size_t block = Q5 ? k_q5kx8_block : k_q4kx8_block;
-  const __m256i b4 = _mm256_set1_epi8(0x10);
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f),
                 m2 = _mm256_set1_epi32(0x30303030), lo16 = _mm256_set1_epi32(0x00FF00FF);
   __m256 acc[P], accm[P];
@@ -917,34 +947,8 @@ LOOM_AVX2 void gemv_q4_kx8_avx2_p(const uint8_t* const* gs, const BlockQ8K* x, i
         const __m256i& scv = sc[j / 2];
         const __m256i sd0 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2)));
         const __m256i sd1 = _mm256_shuffle_epi8(scv, pick_byte_pairs(2 * (j % 2) + 1));
-        __m256i f0 = _mm256_setzero_si256(), f1 = _mm256_setzero_si256(); // Q5: the fifth bits
-        if constexpr (Q5) {
-          f0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + k_q4kx8_block + 64 * j));
-          f1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + k_q4kx8_block + 64 * j + 32));
-        }
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
-          __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-          if constexpr (Q5) { // bit c of each byte to bit 4
-            lo = _mm256_or_si256(
-                lo,
-                _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f0, 4 - c) : _mm256_srli_epi16(f0, c - 4), b4));
-            hi = _mm256_or_si256(
-                hi,
-                _mm256_and_si256(c < 4 ? _mm256_slli_epi16(f1, 4 - c) : _mm256_srli_epi16(f1, c - 4), b4));
-          }
-          s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[16 * j + c])));
-          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[16 * j + 8 + c])));
-          if (Q5 && c == 3) { // (values ≤ 31: four vectors' sums fill int16)
-            sumi = _mm256_add_epi32(sumi,
-                                    _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
-            s0 = s1 = _mm256_setzero_si256();
-          }
-        }
-        sumi =
-            _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, sd0), _mm256_madd_epi16(s1, sd1)));
+        sumi = _mm256_add_epi32(
+            sumi, k4x8_chunk<Q5>(q, g + k_q4kx8_block + 64 * static_cast<size_t>(j), xw + 16 * j, sd0, sd1));
       }
       const __m256 xd = _mm256_set1_ps(x->d);
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));

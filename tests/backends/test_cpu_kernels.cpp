@@ -207,6 +207,9 @@ TEST_P(CpuKernels, RepackedMatricesMatchTheGgufRows) {
         continue;
       }
       ASSERT_TRUE(cpu::repackable(isa, type, K, N));
+      // batches looped token by token up to gemm_min_rows_quant, except the types whose AVX2 kernels unpack
+      // per token (those hand a batch to the f32 GEMM from gemm_min_rows; int8_gemm: never)
+      EXPECT_EQ(cpu::repacked_loop_light(isa, type), cpu::int8_gemm(isa, type) || !from_avx2);
       const auto w = random_blocks(type, K, N, static_cast<uint32_t>(K * N));
       const size_t rb = row_bytes(type, K);
       std::vector<uint8_t> wp(cpu::repacked_bytes(type, K, N));
