@@ -140,7 +140,8 @@ public:
     const auto start = sdk::OpProfile::Clock::now();
     for (size_t i = 0; i < g.nodes.size();) {
       const auto t0 = profile_ ? sdk::OpProfile::Clock::now() : start;
-      const size_t fused = fused_gemv(g, i);
+      size_t fused = fused_gemv(g, i);
+      if (fused == 0) fused = fused_gemv_id(g, i);
       if (fused == 0) run(g, g.nodes[i], batch, kv);
       if (profile_) // (the output head apart: on large vocabularies it is the largest matrix)
         profile_->add(sdk::OpProfile::kind(g.nodes[i].op, g.n_tokens) + (fused > 1 ? " fused" : "") +
@@ -169,7 +170,13 @@ public:
       const TensorDesc& t = w.tensor;
       if (t.data == nullptr) continue;
       if (w.uses & weight_use_vector) (void)vec_of(t);
-      if (w.uses & weight_use_matmul) prepare_matmul(t, opt_.exact_matmul);
+      if ((w.uses & weight_use_matmul) && t.ne[2] > 1) { // stacked experts: each a matrix of its own
+        const int in_file = in_readonly_file_mapping(t.data, w.bytes) ? 1 : 0;
+        for (int64_t e = 0; e < t.ne[2]; ++e)
+          prepare_matmul(expert_view(t, e), opt_.exact_matmul, in_file);
+      } else if (w.uses & weight_use_matmul) {
+        prepare_matmul(t, opt_.exact_matmul);
+      }
       if (w.uses & weight_use_logits)
         prepare_matmul(t, opt_.exact_matmul || (opt_.exact_logits && !rescored_head(t)));
     }
@@ -455,6 +462,15 @@ private:
       }
       return;
     }
+    case OpKind::moe_route:
+      moe_route(g, n, dst);
+      return;
+    case OpKind::matmul_id:
+      matmul_id(g, n, dst);
+      return;
+    case OpKind::moe_combine:
+      moe_combine(g, n, dst);
+      return;
     case OpKind::copy: {
       const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
       if (s.kind == TensorKind::weight) {
@@ -588,7 +604,8 @@ private:
 
   // The 8-row repacked copy of a quantized matrix (cpu::repackable; made on first use; the file's pages then
   // dropped).
-  const uint8_t* repacked(const TensorDesc& w) {
+  // in_file: whether w lies in a read-only file mapping when the caller knows (-1: look it up).
+  const uint8_t* repacked(const TensorDesc& w, int in_file = -1) {
     const int64_t K = w.ne[0], N = w.ne[1];
     const auto key = std::tuple{w.data, K, N};
     auto it = repacked_.find(key);
@@ -597,7 +614,7 @@ private:
     const size_t bytes = b16 || f16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
     const auto* src = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
-    const bool drop = in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
+    const bool drop = in_file >= 0 ? in_file != 0 : in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     // Another backend's copy of the same mapped matrix, made the same way: shared.
     SharedRepacks& shared = shared_repacks();
     std::unique_lock<std::mutex> lock(shared.mu, std::defer_lock);
@@ -739,13 +756,139 @@ private:
   }
 
   // What matmul(w, …, exact) and gemv_route(w) repack, repacked now (load time).
-  void prepare_matmul(const TensorDesc& w, bool exact) {
+  // in_file: as repacked()'s.
+  void prepare_matmul(const TensorDesc& w, bool exact, int in_file = -1) {
     const int64_t K = w.ne[0], N = w.ne[1];
     if (i8dq_route(w, exact) || dq_route(w, exact) || (exact && dtype_traits(w.dtype).block_size > 1)) return;
     if (bf16_route(w) || f16_route(w) ||
         (opt_.repack && repackable(opt_.isa, w.dtype, K, N) && w.ne[2] == 1 && w.ne[3] == 1 &&
          !(opt_.exact_matmul && dtype_traits(w.dtype).block_size > 1)))
-      (void)repacked(w);
+      (void)repacked(w, in_file);
+  }
+
+  // ---- mixture of experts ----
+
+  // Expert e of stacked weights [K, N, E] as a matrix of its own (a view of its N rows): every route a
+  // matrix takes (repacked copies, the int8 and exact kernels, oneDNN) takes it, one copy per expert.
+  static TensorDesc expert_view(const TensorDesc& w, int64_t e) {
+    TensorDesc v;
+    v.name = w.name;
+    v.kind = w.kind;
+    v.dtype = w.dtype;
+    v.ne = {w.ne[0], w.ne[1], 1, 1};
+    v.data = static_cast<const uint8_t*>(w.data) +
+             static_cast<size_t>(e) * static_cast<size_t>(w.ne[1]) * row_bytes(w.dtype, w.ne[0]);
+    return v;
+  }
+
+  // moe_route: each token's experts and weights (the SDK's moe_route_token, the reference's own code).
+  void moe_route(const Graph& g, const Node& n, float* dst) {
+    const TensorDesc& lg = g.tensors[static_cast<size_t>(n.src[0])];
+    const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+    const auto E = static_cast<int32_t>(lg.ne[0]);
+    const int64_t k = d.ne[0], T = lg.n_rows();
+    LOOM_ASSERT(k == n.moe.n_used && k <= E && d.ne[1] == 2, "moe_route: the route's shape");
+    const float* bias = n.src[1] >= 0 ? vec(g, n.src[1]) : nullptr;
+    const float* logits = f32(n.src[0]);
+#pragma omp parallel if (T >= 64)
+    {
+      MoeScratch scratch;
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < T; ++t)
+        moe_route_token(n.moe, logits + t * E, bias, E, dst + t * 2 * k, dst + t * 2 * k + k, scratch);
+    }
+  }
+
+  // matmul_id: the rows that chose each expert gathered and multiplied by its matrix (matmul(): the route
+  // a matrix of that many rows takes), the products scattered to their (token, slot); one token: every
+  // selected expert's product in one parallel region (fused_gemv_id).
+  void matmul_id(const Graph& g, const Node& n, float* dst) {
+    const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+    const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+    const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+    const int64_t K = w.ne[0], N = w.ne[1], E = w.ne[2], k = d.ne[1], T = d.ne[2], B = x.ne[1];
+    LOOM_ASSERT(x.ne[0] == K && (B == 1 || B == k), "matmul_id: operand shapes");
+    const float* route = f32(n.src[2]);
+    const float* xs = f32(n.src[1]);
+    expert_rows_.resize(static_cast<size_t>(E));
+    for (auto& r : expert_rows_)
+      r.clear();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < k; ++i) {
+        const auto e = static_cast<int64_t>(route[t * 2 * k + i]);
+        LOOM_ASSERT(e >= 0 && e < E, "matmul_id: an expert id outside the weights");
+        expert_rows_[static_cast<size_t>(e)].push_back(t * k + i);
+      }
+    const auto x_of = [&](int64_t r) { return xs + (B == 1 ? r / k : r) * K; }; // row r = t·k + i
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<int64_t>& rows = expert_rows_[static_cast<size_t>(e)];
+      if (rows.empty()) continue;
+      const TensorDesc v = expert_view(w, e);
+      if (rows.size() == 1) {
+        matmul(v, x_of(rows[0]), 1, dst + rows[0] * N, opt_.exact_matmul);
+        continue;
+      }
+      const auto c = static_cast<int64_t>(rows.size());
+      moe_x_.resize(static_cast<size_t>(c * K));
+      moe_y_.resize(static_cast<size_t>(c * N));
+      for (int64_t r = 0; r < c; ++r)
+        std::memcpy(moe_x_.data() + r * K, x_of(rows[static_cast<size_t>(r)]), static_cast<size_t>(K) * 4);
+      matmul(v, moe_x_.data(), c, moe_y_.data(), opt_.exact_matmul);
+      for (int64_t r = 0; r < c; ++r)
+        std::memcpy(dst + rows[static_cast<size_t>(r)] * N, moe_y_.data() + r * N, static_cast<size_t>(N) * 4);
+    }
+  }
+
+  // A run of one-token matmul_id nodes of the same activation and route starting at node i (the experts'
+  // gate and up) in one parallel region over every selected expert's matrix (gemv_multi, the kernels
+  // matmul() runs for one token). Returns the nodes it ran; 0: none (not such a run).
+  size_t fused_gemv_id(const Graph& g, size_t i) {
+    if (!opt_.fused_decode || g.nodes[i].op != OpKind::matmul_id) return 0;
+    gemvs_.clear();
+    const Node& first = g.nodes[i];
+    size_t j = i;
+    for (; j < g.nodes.size(); ++j) {
+      const Node& n = g.nodes[j];
+      if (n.op != OpKind::matmul_id || n.src[1] != first.src[1] || n.src[2] != first.src[2]) break;
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
+      if (d.ne[2] != 1 || x.ne[1] != 1 || x.ne[0] != w.ne[0]) break;
+      const float* route = f32(n.src[2]);
+      for (int64_t s = 0; s < d.ne[1]; ++s) {
+        const auto e = static_cast<int64_t>(route[s]);
+        LOOM_ASSERT(e >= 0 && e < w.ne[2], "matmul_id: an expert id outside the weights");
+        Gemv m{};
+        if (!gemv_route(expert_view(w, e), m)) return 0;
+        m.y = f32(n.dst) + s * w.ne[1];
+        gemvs_.push_back(m);
+      }
+    }
+    if (gemvs_.size() < 2) return 0;
+    const TensorDesc& x = g.tensors[static_cast<size_t>(first.src[1])];
+    gemv_multi(opt_.isa, gemvs_.data(), static_cast<int>(gemvs_.size()), x.ne[0], f32(first.src[1]), threads_);
+    return j - i;
+  }
+
+  // moe_combine: each token's expert outputs weighed and summed in slot order (the reference's order).
+  void moe_combine(const Graph& g, const Node& n, float* dst) {
+    const TensorDesc& y = g.tensors[static_cast<size_t>(n.src[0])];
+    const int64_t N = y.ne[0], k = y.ne[1], T = y.ne[2];
+    const float* route = f32(n.src[1]);
+    const float* ys = f32(n.src[0]);
+#pragma omp parallel for schedule(static) if (T * N * k > 65536)
+    for (int64_t t = 0; t < T; ++t) {
+      float* out = dst + t * N;
+      const float* wt = route + t * 2 * k + k;
+      for (int64_t j = 0; j < N; ++j)
+        out[j] = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        const float wi = wt[i];
+        const float* yi = ys + (t * k + i) * N;
+        for (int64_t j = 0; j < N; ++j)
+          out[j] += wi * yi[j];
+      }
+    }
   }
 
   // matmul() of a BF16 / F16 matrix on its 64-row copy (bf16_route / f16_route).
@@ -1046,6 +1189,8 @@ private:
   int64_t compute_serial_ = 0; // compute() calls so far
   std::vector<RopeTables> rope_tables_;
   std::vector<Gemv> gemvs_; // fused_gemv's run
+  std::vector<std::vector<int64_t>> expert_rows_; // matmul_id: each expert's rows (token · k + slot)
+  std::vector<float> moe_x_, moe_y_;              // matmul_id: one expert's gathered rows and products
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty

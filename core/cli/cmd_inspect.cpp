@@ -74,6 +74,15 @@ std::vector<std::string> family_features(const ModelConfig& c) {
   if (c.fused_gate_up) f.emplace_back("fused gate/up");
   if (c.post_norms) f.emplace_back("post-attention and post-FFN norms");
   f.emplace_back(c.geglu ? "GeGLU" : "SwiGLU");
+  if (c.moe.n_expert > 0) {
+    const MoeConfig& m = c.moe;
+    f.emplace_back("mixture of experts: " + std::to_string(m.n_used) + " of " + std::to_string(m.n_expert) +
+                   " experts of width " + std::to_string(m.n_ff_exp) + " a token (" +
+                   (m.gating == MoeGating::softmax   ? "softmax"
+                    : m.gating == MoeGating::sigmoid ? "sigmoid"
+                                                     : "softmax of the selected") +
+                   (m.norm ? ", renormalised" : "") + ")");
+  }
   if (c.embd_scale > 0.0f) f.emplace_back("embeddings × " + std::to_string(c.embd_scale).substr(0, 7));
   if (c.final_softcap > 0.0f)
     f.emplace_back("final logit soft-cap " + std::to_string(c.final_softcap).substr(0, 4));

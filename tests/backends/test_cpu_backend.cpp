@@ -308,6 +308,69 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
         }
 }
 
+// A mixture-of-experts FFN (moe_route, matmul_id, moe_combine) against the reference on every level and
+// weight type: 3 of 8 experts a token, batches whose rows choose different experts (one token, a few, more
+// than an expert's share of rows for the GEMM routes), each gating with and without a selection bias. The
+// route is the SDK's code on both: equal bit for bit, and a token's experts the same alone as in a batch.
+TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
+  auto ref = make_reference_backend();
+  const int64_t K = 256, F = 64, NE = 8, k = 3;
+  for (const DType type : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k})
+    for (cpu::Isa isa : isas())
+      for (int32_t T : {1, 5, 40})
+        for (const MoeGating gating : {MoeGating::softmax, MoeGating::sigmoid, MoeGating::softmax_selected}) {
+          SCOPED_TRACE(std::string(dtype_name(type)) + " " + cpu::isa_name(isa) + " T=" + std::to_string(T) +
+                       " gating " + std::to_string(static_cast<int>(gating)));
+          Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
+          Weight xs(DType::f32, K, T, r), router(DType::f32, K, NE, r, 0.2f), bias(DType::f32, NE, 1, r, 0.5f);
+          Weight gate(type, K, F * NE, r, 0.1f), up(type, K, F * NE, r, 0.1f), down(type, F, K * NE, r, 0.1f);
+          // The FFN of the tokens h.tokens (rows of xs); returns {route, output}.
+          const auto build = [&](Harness& h) {
+            const int32_t xt = xs.add(h.g, "x");
+            const int32_t x = h.op(OpKind::get_rows, xt, h.g.in_tokens, {K, 1, h.g.n_tokens, 1});
+            const int32_t logits =
+                h.op(OpKind::matmul, router.add(h.g, "router"), x, {NE, h.g.n_tokens, 1, 1});
+            Node rn;
+            rn.moe = {static_cast<int32_t>(k), gating, gating != MoeGating::softmax_selected, 2.5f};
+            const int32_t bias_id = gating == MoeGating::sigmoid ? bias.add(h.g, "bias") : -1;
+            const int32_t route = h.op(OpKind::moe_route, logits, bias_id, {k, 2, h.g.n_tokens, 1}, rn);
+            const auto by_experts = [&](const Weight& w, const char* name, int64_t n, int32_t in) {
+              const int32_t wid = h.g.add_weight(name, w.type, {w.n, n, NE, 1}, w.bytes.data());
+              Node id;
+              id.op = OpKind::matmul_id;
+              id.src = {wid, in, route};
+              id.dst = h.g.add_activation(name, {n, k, h.g.n_tokens, 1});
+              return h.g.add_node(id);
+            };
+            const int32_t g = by_experts(gate, "gate", F, x), u = by_experts(up, "up", F, x);
+            const int32_t act = h.op(OpKind::swiglu, g, u, {F, k, h.g.n_tokens, 1});
+            const int32_t dn = by_experts(down, "down", K, act);
+            return std::pair{route, h.op(OpKind::moe_combine, dn, route, {K, h.g.n_tokens, 1, 1})};
+          };
+          Harness h(T);
+          const auto [route, out] = build(h);
+          const bool int8 = type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_k;
+          const bool bf16mm = type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
+          const double tol = int8 ? 3e-2 : bf16mm ? 1e-2 : 1e-5;
+          auto cpu = cpu_backend(isa);
+          const auto want_route = h.run(*ref, route), got_route = h.run(*cpu, route);
+          ASSERT_EQ(0, std::memcmp(want_route.data(), got_route.data(), want_route.size() * sizeof(float)));
+          const auto want = h.run(*ref, out);
+          expect_close(want, h.run(*cpu, out), tol, "the experts' weighted sum");
+          // exact products (bf16 routes off): every type within f32 summation order of the reference
+          auto exact = cpu_backend(isa, 16, true, false, false, false, true, false, true);
+          expect_close(want, h.run(*exact, out), 1e-5, "exact_matmul");
+          // batch invariance: the last token alone chooses the experts it chose in the batch
+          Harness one(1);
+          one.tokens = {T - 1};
+          const auto [route1, out1] = build(one);
+          const auto alone = one.run(*cpu, route1);
+          ASSERT_EQ(0, std::memcmp(alone.data(), want_route.data() + (T - 1) * 2 * k, alone.size() * sizeof(float)));
+          const std::vector<float> last(want.end() - K, want.end());
+          expect_close(last, one.run(*cpu, out1), tol, "the last token alone");
+        }
+}
+
 struct AttnCase {
   int32_t n_head, n_head_kv, head_dim, window;
   float softcap;

@@ -1,5 +1,6 @@
 #include "loom/model/model_config.hpp"
 
+#include "family.hpp"
 #include "loom/error.hpp"
 #include "loom/format/gguf.hpp"
 
@@ -11,12 +12,13 @@
 
 namespace loom {
 
-namespace {
+namespace keys {
 
-[[noreturn]] void bad(const GgufFile& f, const std::string& msg) {
+void bad(const GgufFile& f, const std::string& msg) {
   fail(Errc::parse_error, "model", gguf_printable(f.path(), 400) + ": " + msg);
 }
 
+namespace {
 std::string number(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -24,10 +26,9 @@ std::string number(double v) {
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
 }
+} // namespace
 
-// An optional float key that must be finite, ≥ `min` and fit a float (`what`: the expected range).
-std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min,
-                                     const char* what) {
+std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min, const char* what) {
   const std::optional<double> v = f.get_float_opt(key);
   if (!v) return std::nullopt;
   if (!std::isfinite(*v) || *v < min || *v > static_cast<double>(std::numeric_limits<float>::max()))
@@ -36,11 +37,30 @@ std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, 
   return static_cast<float>(*v);
 }
 
-int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t max = 1 << 24) {
+int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t max) {
   if (v <= 0 || v > max)
     bad(f, "metadata '" + key + "' must be in 1.." + std::to_string(max) + ", found " + std::to_string(v));
   return static_cast<int32_t>(v);
 }
+
+// A NaN, infinite or non-positive base would turn every rotated query and key into NaN.
+float rope_base(const GgufFile& f, const std::string& key) {
+  const float theta =
+      finite_at_least(f, key, 0.0, "a finite number > 1 (typically 10000)").value_or(10000.0f);
+  if (!(theta > 1.0f))
+    bad(f, "metadata '" + key + "' must be a finite number > 1 (typically 10000), found " +
+               number(static_cast<double>(theta)) + "; the file is corrupt — re-convert it");
+  return theta;
+}
+
+} // namespace keys
+
+namespace {
+
+using keys::bad;
+using keys::finite_at_least;
+using keys::positive;
+using keys::rope_base;
 
 // `dims`: the metadata keys and values the expected shape comes from (named in the message).
 void expect_shape(const GgufFile& f, const std::string& name, std::initializer_list<int64_t> ne,
@@ -76,20 +96,16 @@ void expect_shape(const GgufFile& f, const std::string& name, std::initializer_l
 
 // ---- the steps of from_gguf ------------------------------------------------------------------------
 
-// general.architecture (one Loom runs) and what the family's graph has.
-void read_arch(ModelConfig& c, const GgufFile& f) {
+// general.architecture: one of the families Loom runs.
+const Family& read_arch(ModelConfig& c, const GgufFile& f) {
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
-      c.arch != "gemma3" && c.arch != "phi3")
+  const Family* family = find_family(c.arch);
+  if (!family)
     fail(Errc::unsupported, "model",
          gguf_printable(f.path(), 400) + ": architecture '" + gguf_printable(c.arch) +
-             "' is not supported (supported: " + k_supported_archs + ")");
-  c.qkv_bias = c.arch == "qwen2";
-  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
-  c.fused_qkv = c.fused_gate_up = c.arch == "phi3";
-  c.post_norms = c.geglu = c.arch == "gemma2" || c.arch == "gemma3";
-  c.rope.neox = c.arch != "llama"; // GGUF's llama q/k rows are permuted for adjacent pairs
+             "' is not supported (supported: " + supported_archs() + ")");
   c.name = f.get_string_opt("general.name").value_or("");
+  return *family;
 }
 
 // The sizes (a: the key prefix, "llama."), the head grouping and the head dimension, and the norm's
@@ -120,17 +136,6 @@ void read_sizes(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.norm_eps = static_cast<float>(f.get_float_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (!(c.norm_eps > 0.0f) || c.norm_eps > 1.0f)
     bad(f, "attention.layer_norm_rms_epsilon must be in (0, 1], found " + std::to_string(c.norm_eps));
-}
-
-// A RoPE base (`key`: rope.freq_base or rope.freq_base_swa): 10000 when absent. A NaN, infinite or
-// non-positive value would turn every rotated query and key into NaN.
-float rope_base(const GgufFile& f, const std::string& key) {
-  const float theta =
-      finite_at_least(f, key, 0.0, "a finite number > 1 (typically 10000)").value_or(10000.0f);
-  if (!(theta > 1.0f))
-    bad(f, "metadata '" + key + "' must be a finite number > 1 (typically 10000), found " +
-               number(static_cast<double>(theta)) + "; the file is corrupt — re-convert it");
-  return theta;
 }
 
 // RoPE: dimensions, base, scaling (none, linear, YaRN) and the context it was trained for.
@@ -186,29 +191,28 @@ void read_sliding_window(ModelConfig& c, const GgufFile& f, const std::string& a
   }
 }
 
-// Gemma 3: five local layers, then a global one (llama.cpp's and HF's default). Local layers rotate
-// with their own base (10 000 unless the file says) and without the global layers' scaling
-// (rope.scaling.* applies to the global layers only, as in HF's rope_local_base_freq).
-void read_gemma3(ModelConfig& c, const GgufFile& f, const std::string& a) {
-  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-    for (int32_t l = 0; l < c.n_layer; ++l)
-      c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
-  c.rope.theta_swa = rope_base(f, a + "rope.freq_base_swa");
-}
-
-// Gemma 2's defaults as its config (and llama.cpp) has them when keys are absent.
-void read_gemma2(ModelConfig& c, const GgufFile& f, const std::string& a) {
-  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-  if (!f.find(a + "attn_logit_softcapping")) c.attn_softcap = 50.0f;
-  if (!f.find(a + "final_logit_softcapping")) c.final_softcap = 30.0f;
-  if (!f.find(a + "attention.sliding_window")) {
-    c.sliding_window = 4096;
-    c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
+// Mixture of experts ({arch}.expert_count > 0): how many experts, how many a token uses, their width
+// (expert_feed_forward_length, else n_ff / n_used), and how their weights are made (expert_gating_func:
+// 1 softmax, 2 sigmoid, 3 softmax over the selected; expert_weights_norm; expert_weights_scale) where the
+// file says; the family's configure may override them after.
+void read_moe(ModelConfig& c, const GgufFile& f, const std::string& a) {
+  const std::optional<int64_t> n = f.get_int_opt(a + "expert_count");
+  if (!n || *n == 0) return;
+  MoeConfig& m = c.moe;
+  m.n_expert = positive(f, a + "expert_count", *n, 1 << 16);
+  m.n_used = positive(f, a + "expert_used_count", f.get_int(a + "expert_used_count"), m.n_expert);
+  m.n_ff_exp = positive(f, a + "expert_feed_forward_length",
+                        f.get_int_opt(a + "expert_feed_forward_length").value_or(c.n_ff / m.n_used));
+  if (const auto g = f.get_int_opt(a + "expert_gating_func")) {
+    if (*g < 1 || *g > 3)
+      bad(f, "metadata '" + a + "expert_gating_func' must be 1 (softmax), 2 (sigmoid) or 3 (softmax of the " +
+                 "selected), found " + std::to_string(*g));
+    m.gating = *g == 1 ? MoeGating::softmax : *g == 2 ? MoeGating::sigmoid : MoeGating::softmax_selected;
   }
-  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-    for (int32_t l = 0; l < c.n_layer; ++l) // local and global layers alternate, local first
-      c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+  if (const GgufValue* v = f.find(a + "expert_weights_norm")) m.norm = v->as_int().value_or(0) != 0;
+  const float scale =
+      finite_at_least(f, a + "expert_weights_scale", 0.0, "a finite number ≥ 0 (0: not scaled)").value_or(0.0f);
+  if (scale > 0.0f) m.weights_scale = scale;
 }
 
 // n_vocab from token_embd.weight's rows, checked against {arch}.vocab_size. Returns the embedding.
@@ -267,13 +271,30 @@ public:
       shape(p + "post_attention_norm.weight", {c.n_embd});
       shape(p + "post_ffw_norm.weight", {c.n_embd});
     }
-    if (c.fused_gate_up) {
+    if (c.moe.n_expert > 0) {
+      experts(p);
+    } else if (c.fused_gate_up) {
       shape(p + "ffn_up.weight", {c.n_embd, 2 * static_cast<int64_t>(c.n_ff)});
     } else {
       shape(p + "ffn_gate.weight", {c.n_embd, c.n_ff});
       shape(p + "ffn_up.weight", {c.n_embd, c.n_ff});
     }
-    shape(p + "ffn_down.weight", {c.n_ff, c.n_embd});
+    if (c.moe.n_expert == 0) shape(p + "ffn_down.weight", {c.n_ff, c.n_embd});
+  }
+
+  // A mixture-of-experts layer's router and stacked experts (p = "blk.<l>.").
+  void experts(const std::string& p) const {
+    const MoeConfig& m = c_.moe;
+    const std::string moe_dims = dims_ + ", expert_count " + std::to_string(m.n_expert) +
+                                 ", expert_feed_forward_length " + std::to_string(m.n_ff_exp);
+    const auto shape = [&](const std::string& t, std::initializer_list<int64_t> ne) {
+      expect_shape(f_, t, ne, true, moe_dims);
+    };
+    shape(p + "ffn_gate_inp.weight", {c_.n_embd, m.n_expert});
+    if (m.selection_bias) shape(p + "exp_probs_b.bias", {m.n_expert});
+    shape(p + "ffn_gate_exps.weight", {c_.n_embd, m.n_ff_exp, m.n_expert});
+    shape(p + "ffn_up_exps.weight", {c_.n_embd, m.n_ff_exp, m.n_expert});
+    shape(p + "ffn_down_exps.weight", {m.n_ff_exp, c_.n_embd, m.n_expert});
   }
 
 private:
@@ -309,17 +330,17 @@ void check_tensors(ModelConfig& c, const GgufFile& f, const std::string& a) {
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
-  read_arch(c, f);
+  const Family& family = read_arch(c, f);
   const std::string a = c.arch + ".";
   read_sizes(c, f, a);
   read_rope(c, f, a);
   read_sliding_window(c, f, a);
-  if (c.arch == "gemma3") read_gemma3(c, f, a);
   c.attn_softcap =
       finite_at_least(f, a + "attn_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
   c.final_softcap =
       finite_at_least(f, a + "final_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
-  if (c.arch == "gemma2") read_gemma2(c, f, a);
+  read_moe(c, f, a);
+  family.configure(c, f, a);
   const GgufTensor& emb = read_vocab_size(c, f, a);
   check_tensors(c, f, a);
 

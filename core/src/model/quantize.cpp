@@ -38,7 +38,9 @@ std::vector<GgufWriter::TensorSpec> quantized_specs(const GgufFile& in, const Qu
            o.in + ": tensor " + t.name + " has type " + std::string(dtype_name(t.type)) +
                ", which loom cannot read (it reads " + dtype_names(false) + ")");
     DType to = t.type;
-    if (t.ne.size() == 2) {
+    // Matrices and stacked experts; a MoE router stays as it is (as llama-quantize keeps it): its top-k
+    // decides which experts run.
+    if (t.ne.size() >= 2 && t.name.find("ffn_gate_inp") == std::string::npos) {
       to = quantize_target(o.type, t.ne[0]).value_or(t.type);
       if (to != o.type && o.on_fallback) o.on_fallback(t.name, to);
     }

@@ -16,14 +16,17 @@ namespace loom {
 
 const std::vector<SynthShape>& synth_shapes() {
   static const std::vector<SynthShape> shapes = {
-      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false},   // tests: cheap tokens, GQA, long context
-      {"tiny-d64", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false}, // tests: head_dim 64 kernels, MQA
-      {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, false},
-      {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, false},
-      {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f, false},
-      {"llama-3.2-1b-like", 2048, 16, 32, 8, 8192, 128256, 8192, 500000.0f, true},
-      {"llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f, false},
-      {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, false}, // (scripts/gpu-check.sh)
+      // name, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, θ, tied, head_dim, experts, used, width
+      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false, 0, 0, 0, 0}, // tests: cheap, GQA, long context
+      {"tiny-d64", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 0, 0, 0}, // tests: head_dim 64, MQA
+      {"tiny-moe", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 8, 3, 64}, // tests: 3 of 8 experts
+      {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, false, 0, 0, 0, 0},
+      {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, false, 0, 0, 0, 0},
+      {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f, false, 0, 0, 0, 0},
+      {"llama-3.2-1b-like", 2048, 16, 32, 8, 8192, 128256, 8192, 500000.0f, true, 0, 0, 0, 0},
+      {"llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f, false, 0, 0, 0, 0},
+      {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, false, 0, 0, 0, 0}, // (gpu-check.sh)
+      {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0f, false, 128, 128, 8, 768},
   };
   return shapes;
 }
@@ -103,12 +106,18 @@ void add_synthetic_vocab(GgufWriter& w, int32_t n_vocab) {
   w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
 
-void check_arch(const std::string& arch) {
-  static const char* archs[] = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3"};
+// The families synth writes, and whether each is a mixture of experts (whose shape must have experts).
+void check_arch(const std::string& arch, const SynthShape& sh) {
+  static const char* archs[] = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "qwen3moe"};
   if (std::find(std::begin(archs), std::end(archs), arch) == std::end(archs))
     fail(Errc::invalid_argument, "synth",
-         "unknown arch '" + arch + "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3)");
+         "unknown arch '" + arch + "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, qwen3moe)");
+  if (arch == "qwen3moe" && sh.n_expert == 0)
+    fail(Errc::invalid_argument, "synth",
+         "shape '" + sh.name + "' has no experts; " + arch + " needs one that has (tiny-moe, qwen3-30b-a3b)");
 }
+
+int64_t head_dim(const SynthShape& sh) { return sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head; }
 
 // general.* and the {arch}.* hyperparameters (`arch`: the GGUF architecture).
 void add_model_keys(GgufWriter& w, const SynthOptions& o, const SynthShape& sh, const std::string& arch) {
@@ -125,7 +134,16 @@ void add_model_keys(GgufWriter& w, const SynthOptions& o, const SynthShape& sh, 
   w.add_u32(k + "feed_forward_length", static_cast<uint32_t>(sh.n_ff));
   w.add_u32(k + "attention.head_count", static_cast<uint32_t>(sh.n_head));
   w.add_u32(k + "attention.head_count_kv", static_cast<uint32_t>(sh.n_head_kv));
-  w.add_u32(k + "rope.dimension_count", static_cast<uint32_t>(sh.n_embd / sh.n_head));
+  w.add_u32(k + "rope.dimension_count", static_cast<uint32_t>(head_dim(sh)));
+  if (sh.head_dim > 0) {
+    w.add_u32(k + "attention.key_length", static_cast<uint32_t>(sh.head_dim));
+    w.add_u32(k + "attention.value_length", static_cast<uint32_t>(sh.head_dim));
+  }
+  if (o.arch == "qwen3moe") {
+    w.add_u32(k + "expert_count", static_cast<uint32_t>(sh.n_expert));
+    w.add_u32(k + "expert_used_count", static_cast<uint32_t>(sh.n_used));
+    w.add_u32(k + "expert_feed_forward_length", static_cast<uint32_t>(sh.n_ff_exp));
+  }
   w.add_f32(k + "rope.freq_base", sh.rope_theta);
   w.add_f32(k + "attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_u32(k + "vocab_size", static_cast<uint32_t>(sh.n_vocab));
@@ -140,14 +158,14 @@ void add_model_keys(GgufWriter& w, const SynthOptions& o, const SynthShape& sh, 
 // The tensors of layer l in the family's layout.
 void add_layer_specs(std::vector<GgufWriter::TensorSpec>& specs, const SynthOptions& o, const SynthShape& sh,
                      int32_t l) {
-  const int64_t E = sh.n_embd, F = sh.n_ff, D = sh.n_embd / sh.n_head;
-  const int64_t KV = D * sh.n_head_kv;
+  const int64_t E = sh.n_embd, F = sh.n_ff, D = head_dim(sh);
+  const int64_t KV = D * sh.n_head_kv, Q = D * sh.n_head;
   const std::string p = "blk." + std::to_string(l) + ".";
   specs.push_back({p + "attn_norm.weight", DType::f32, {E}});
   if (o.arch == "phi3") {
     specs.push_back({p + "attn_qkv.weight", o.type, {E, E + 2 * KV}});
   } else {
-    specs.push_back({p + "attn_q.weight", o.type, {E, E}});
+    specs.push_back({p + "attn_q.weight", o.type, {E, Q}});
     specs.push_back({p + "attn_k.weight", o.type, {E, KV}});
     specs.push_back({p + "attn_v.weight", o.type, {E, KV}});
   }
@@ -156,13 +174,21 @@ void add_layer_specs(std::vector<GgufWriter::TensorSpec>& specs, const SynthOpti
     specs.push_back({p + "attn_k.bias", DType::f32, {KV}});
     specs.push_back({p + "attn_v.bias", DType::f32, {KV}});
   }
-  if (o.arch == "qwen3") {
+  if (o.arch == "qwen3" || o.arch == "qwen3moe") {
     specs.push_back({p + "attn_q_norm.weight", DType::f32, {D}});
     specs.push_back({p + "attn_k_norm.weight", DType::f32, {D}});
   }
-  specs.push_back({p + "attn_output.weight", o.type, {E, E}});
+  specs.push_back({p + "attn_output.weight", o.type, {Q, E}});
   if (o.arch == "gemma2") specs.push_back({p + "post_attention_norm.weight", DType::f32, {E}});
   specs.push_back({p + "ffn_norm.weight", DType::f32, {E}});
+  if (sh.n_expert > 0) { // the router stays f32 (its top-k decides which experts run), the experts `type`
+    const int64_t NE = sh.n_expert, FE = sh.n_ff_exp;
+    specs.push_back({p + "ffn_gate_inp.weight", DType::f32, {E, NE}});
+    specs.push_back({p + "ffn_gate_exps.weight", o.expert_type.value_or(o.type), {E, FE, NE}});
+    specs.push_back({p + "ffn_up_exps.weight", o.expert_type.value_or(o.type), {E, FE, NE}});
+    specs.push_back({p + "ffn_down_exps.weight", o.expert_type.value_or(o.type), {FE, E, NE}});
+    return;
+  }
   if (o.arch == "phi3") {
     specs.push_back({p + "ffn_up.weight", o.type, {E, 2 * F}});
   } else {
@@ -206,12 +232,12 @@ public:
   WeightFiller(const SynthOptions& o, const SynthShape& sh, const std::vector<GgufWriter::TensorSpec>& specs)
       : o_(o), sh_(sh), specs_(specs), rng_{o.seed * 0x9E3779B97F4A7C15ull + 1} {
     for (const auto& s : specs)
-      total_ += s.ne.size() > 1 ? s.ne[0] * s.ne[1] : s.ne[0];
+      total_ += s.ne[0] * rows_of(s);
   }
 
   void fill(size_t i, std::vector<uint8_t>& bytes) {
     const auto& s = specs_[i];
-    const int64_t cols = s.ne[0], rows = s.ne.size() > 1 ? s.ne[1] : 1;
+    const int64_t cols = s.ne[0], rows = rows_of(s);
     const size_t rb = row_bytes(s.type, cols);
     bytes.resize(rb * static_cast<size_t>(rows));
     std::vector<float> row(static_cast<size_t>(cols));
@@ -226,10 +252,18 @@ public:
   }
 
 private:
-  enum class Kind { freqs, norm, bias, weight };
+  enum class Kind { freqs, norm, bias, router, weight };
+
+  static int64_t rows_of(const GgufWriter::TensorSpec& s) {
+    int64_t rows = 1;
+    for (size_t k = 1; k < s.ne.size(); ++k)
+      rows *= s.ne[k];
+    return rows;
+  }
 
   static Kind kind_of(const GgufWriter::TensorSpec& s) {
     if (s.name == "rope_freqs.weight") return Kind::freqs;
+    if (s.name.find("ffn_gate_inp") != std::string::npos) return Kind::router;
     if (s.ne.size() == 1 && s.name.find("norm") != std::string::npos) return Kind::norm;
     if (s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0) return Kind::bias;
     return Kind::weight;
@@ -242,6 +276,8 @@ private:
     case Kind::norm:
       return plain_norms_ ? 1.0f : 1.0f + rng_.uniform(0.25f);
     case Kind::bias:
+      return rng_.uniform(0.5f);
+    case Kind::router: // logits a few units apart: a token's k-th and (k+1)-th experts are no near-tie
       return rng_.uniform(0.5f);
     case Kind::weight:
       break;
@@ -263,10 +299,10 @@ private:
 
 void synth_model(const SynthOptions& o) {
   SynthShape sh = find_shape(o.shape);
-  if (o.type != DType::f32 && o.type != DType::f16 && o.type != DType::bf16 && o.type != DType::q8_0 &&
-      o.type != DType::q4_0)
-    fail(Errc::invalid_argument, "synth",
-         "type " + std::string(dtype_name(o.type)) + " is not offered; use f32, f16, bf16, q8_0 or q4_0");
+  for (const DType t : {o.type, o.expert_type.value_or(o.type)})
+    if (t != DType::f32 && t != DType::f16 && t != DType::bf16 && t != DType::q8_0 && t != DType::q4_0)
+      fail(Errc::invalid_argument, "synth",
+           "type " + std::string(dtype_name(t)) + " is not offered; use f32, f16, bf16, q8_0 or q4_0");
 
   GgufWriter w;
   // Vocabulary first: it fixes n_vocab.
@@ -274,7 +310,8 @@ void synth_model(const SynthOptions& o) {
     sh.n_vocab = add_copied_vocab(w, o);
   else
     add_synthetic_vocab(w, sh.n_vocab);
-  check_arch(o.arch);
+  check_arch(o.arch, sh);
+  if (o.layers > 0) sh.n_layer = std::min(o.layers, sh.n_layer);
   // The GGUF architecture: Llama 3 and Mistral are llama files.
   const std::string arch = o.arch == "llama3" || o.arch == "mistral" ? "llama" : o.arch;
   if (o.arch == "llama3") sh.rope_theta = 500000.0f;

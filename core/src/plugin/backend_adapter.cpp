@@ -14,7 +14,10 @@ namespace {
 static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
                   static_cast<int32_t>(OpKind::attention) == LOOM_OP_ATTENTION &&
                   static_cast<int32_t>(OpKind::geglu) == LOOM_OP_GEGLU &&
-                  static_cast<int32_t>(OpKind::softcap) == LOOM_OP_SOFTCAP,
+                  static_cast<int32_t>(OpKind::softcap) == LOOM_OP_SOFTCAP &&
+                  static_cast<int32_t>(OpKind::moe_route) == LOOM_OP_MOE_ROUTE &&
+                  static_cast<int32_t>(OpKind::matmul_id) == LOOM_OP_MATMUL_ID &&
+                  static_cast<int32_t>(OpKind::moe_combine) == LOOM_OP_MOE_COMBINE,
               "OpKind values are part of the backend ABI");
 
 struct CGraph {
@@ -56,6 +59,7 @@ CGraph to_c(const Graph& g) {
     cn.attn = {n.attn.layer,    n.attn.n_head, n.attn.n_head_kv,
                n.attn.head_dim, n.attn.scale,  n.attn.window,
                n.attn.softcap,  n.attn.sinks,  static_cast<int32_t>(n.attn.kernel)};
+    cn.moe = {n.moe.n_used, static_cast<int32_t>(n.moe.gating), n.moe.norm ? 1 : 0, n.moe.weights_scale};
     c.nodes.push_back(cn);
   }
   c.g.struct_size = sizeof(loom_graph);

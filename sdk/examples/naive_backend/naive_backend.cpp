@@ -38,8 +38,10 @@ public:
   std::string_view name() const noexcept override { return "naive"; }
 
   // Every op, with weights of any type the SDK converts to f32.
+  // Dense models only: a mixture of experts' ops are refused (the model then says so in one line).
   bool supports(const Graph& g, const Node& n) const noexcept override {
-    return loom::weights_dequantizable(g, n);
+    return n.op != OpKind::moe_route && n.op != OpKind::matmul_id && n.op != OpKind::moe_combine &&
+           loom::weights_dequantizable(g, n);
   }
 
   // The model's weights, once: each converted to f32 and kept under its id (what graph tensors carry).
@@ -213,6 +215,10 @@ private:
       std::memcpy(y, a, static_cast<size_t>(total) * sizeof(float));
       return;
     }
+    case OpKind::moe_route: // (refused by supports)
+    case OpKind::matmul_id:
+    case OpKind::moe_combine:
+      break;
     }
     throw loom::sdk::Error(std::string("naive: op ") + loom::op_name(n.op) + " is not implemented",
                            loom::Errc::unsupported);

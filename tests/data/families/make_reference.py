@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Reference logits from llama.cpp (through llama-cpp-python) for a `loom synth` model of every family.
 
-For each family (llama, llama3, mistral, qwen2, qwen3, gemma2, phi3) this writes the same random-weight
-file the C++ test writes (`loom synth --shape tiny-d64 --arch A --type f32 --vocab-from stories260K.gguf`:
-the synthesis is deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
+For each family (llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, qwen3moe) this writes the same
+random-weight file the C++ test writes (`loom synth --shape tiny-d64 --arch A --type f32 --vocab-from
+stories260K.gguf`; the mixtures of experts `--shape tiny-moe`, 3 of 8 experts a token: the synthesis is
+deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
 and records the logits at a few positions and 32 greedy tokens after the prompt's first 16. The C++ test
 (tests/golden/test_families.cpp) needs no Python: it reads reference.json.
 
   python3 -m venv .venv-llama && .venv-llama/bin/pip install llama-cpp-python   # compiles llama.cpp
-  .venv-llama/bin/python tests/data/families/make_reference.py build/bin/loom ../shared/models
+  .venv-llama/bin/python tests/data/families/make_reference.py build/bin/loom ../shared/models [ARCH …]
+
+With ARCH names only those families are recomputed; the others keep their entries in reference.json.
 
 The vocabulary is stories260K's (512 tokens), except for phi3, whose llama.cpp loader wants Phi-3's own
 special tokens: vocab/ggml-vocab-phi-3.gguf (32064). Logits are kept for at most 1024 ids per position
@@ -27,9 +30,10 @@ import tempfile
 import llama_cpp
 import numpy as np
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "qwen3moe"]
 VOCAB = {"phi3": "vocab/ggml-vocab-phi-3.gguf"}  # else stories260K.gguf
 SHAPE = "tiny-d64"
+SHAPES = {"qwen3moe": "tiny-moe"}  # else SHAPE
 N_PROMPT = 300
 WINDOW = 256  # what loom synth writes for this shape: max(16, n_ctx / 4)
 POSITIONS = [0, 1, 7, 63, 200, 255, 299]
@@ -41,14 +45,19 @@ def prompt(n_vocab):
 
 
 def main():
-    loom, models = sys.argv[1], sys.argv[2]
+    loom, models, only = sys.argv[1], sys.argv[2], sys.argv[3:]
+    here = os.path.dirname(os.path.abspath(__file__))
     out = {"_comment": __doc__.split("\n\n")[0], "llama_cpp_python": llama_cpp.__version__, "shape": SHAPE,
            "families": {}}
+    if only:
+        with open(os.path.join(here, "reference.json")) as f:
+            out["families"] = json.load(f)["families"]
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in ARCHS:
+        for arch in only or ARCHS:
             path = os.path.join(tmp, arch + ".gguf")
             vocab = VOCAB.get(arch, "stories260K.gguf")
-            subprocess.run([loom, "synth", "--shape", SHAPE, "--arch", arch, "--type", "f32", "--vocab-from",
+            shape = SHAPES.get(arch, SHAPE)
+            subprocess.run([loom, "synth", "--shape", shape, "--arch", arch, "--type", "f32", "--vocab-from",
                             os.path.join(models, vocab), "-o", path], check=True, stdout=subprocess.DEVNULL)
             llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_ubatch=512, logits_all=True,
                                   n_threads=2, type_k=0, type_v=0, verbose=False)
@@ -70,11 +79,10 @@ def main():
                 t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
                 greedy.append(t)
                 llm.eval([t])
-            out["families"][arch] = {"vocab": vocab, "prompt": toks, "logits": logits,
+            out["families"][arch] = {"vocab": vocab, "shape": shape, "prompt": toks, "logits": logits,
                                      "greedy_from": GREEDY_FROM, "greedy": greedy}
             print(f"{arch}: {len(positions)} positions, greedy {greedy[:8]}…")
             del llm
-    here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "reference.json"), "w") as f:
         json.dump(out, f, separators=(",", ":"))
         f.write("\n")

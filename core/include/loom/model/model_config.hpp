@@ -2,6 +2,7 @@
 #pragma once
 
 #include "loom/sdk/dtype.hpp"
+#include "loom/sdk/graph.hpp"
 
 #include <cstdint>
 #include <string>
@@ -25,20 +26,22 @@ struct RopeConfig {
   float theta_swa = 0.0f;
 };
 
-// The architectures ModelConfig reads (general.architecture), and what each adds to the Llama graph.
-//   llama   (Llama 1/2/3/3.1/3.2, Mistral, TinyLlama …): rope_freqs.weight divisors when present (3.1)
-//   qwen2   (Qwen2, Qwen2.5): q/k/v biases; NeoX RoPE
-//   qwen3   (Qwen3 dense): RMS norm of each head of q and k before RoPE; NeoX RoPE
-//   gemma2  (Gemma 2): GeGLU, embeddings × √n_embd, norms after attention and FFN too, attention and final
-//           logit soft-caps, every other layer a sliding window; NeoX RoPE; tied embeddings
-//   gemma3  (Gemma 3 text): Gemma 2's graph without soft-caps, plus q/k RMS norms per head; five
-//           sliding-window layers then one global (period 6 unless the file gives a pattern); local
-//           layers rotate with their own unscaled base (rope.freq_base_swa, default 10 000)
-//   phi3    (Phi-3, Phi-3.5 mini): fused q/k/v and gate/up matrices; NeoX RoPE
-constexpr const char* k_supported_archs = "llama, qwen2, qwen3, gemma2, gemma3, phi3";
+// Mixture of experts (the families whose FFN is GraphBuilder::moe_block): n_expert experts of width
+// n_ff_exp stacked in ffn_{gate,up,down}_exps.weight, a router ffn_gate_inp.weight, k = n_used experts a
+// token, weighted as `gating` says ({arch}.expert_count, expert_used_count, expert_feed_forward_length,
+// expert_weights_scale, expert_weights_norm, expert_gating_func).
+struct MoeConfig {
+  int32_t n_expert = 0; // 0: a dense model
+  int32_t n_used = 0;
+  int32_t n_ff_exp = 0;
+  MoeGating gating = MoeGating::softmax;
+  bool norm = false;          // the k weights renormalised to sum 1
+  float weights_scale = 1.0f; // then scaled
+  bool selection_bias = false; // exp_probs_b.bias [n_expert]: added to choose, not to weigh
+};
 
 struct ModelConfig {
-  std::string arch;   // general.architecture: one of k_supported_archs
+  std::string arch;   // general.architecture: a family of core/src/model/families/
   std::string name;   // general.name (may be empty)
   int32_t n_embd = 0; // model width
   int32_t n_layer = 0;
@@ -57,7 +60,7 @@ struct ModelConfig {
   std::vector<bool> sliding_layers; // n_layer entries when sliding_window > 0
   float attn_softcap = 0.0f;
   bool tied_output = false; // no output.weight: the embedding is the output head
-  // Family features (see k_supported_archs).
+  // Family features (set by each family's file, core/src/model/families/).
   bool qkv_bias = false;      // attn_{q,k,v}.bias
   bool qk_norm = false;       // attn_{q,k}_norm.weight [head_dim]
   bool fused_qkv = false;     // attn_qkv.weight [n_embd, q_dim + 2·kv_dim] (q rows, then k, then v)
@@ -68,6 +71,7 @@ struct ModelConfig {
   float embd_scale = 0.0f;    // embeddings multiplied by this (0: not scaled)
   float final_softcap = 0.0f; // logits = c·tanh(logits/c) (0: off)
   float attn_scale = 0.0f;    // scores scaled by this (0: 1/√head_dim)
+  MoeConfig moe;              // n_expert > 0: the FFN is a mixture of experts
   DType weight_type = DType::f32; // the type most matrices are stored in (general.file_type-ish)
 
   int32_t n_gqa() const noexcept { return n_head / n_head_kv; }

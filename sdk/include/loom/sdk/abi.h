@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 3u /* bump only for a breaking change; host and plugin must match exactly */
-#define LOOM_ABI_MINOR 1u /* bump for additive changes: new trailing fields, new kinds */
+#define LOOM_ABI_MINOR 2u /* bump for additive changes: new trailing fields, new kinds */
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)

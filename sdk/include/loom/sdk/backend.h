@@ -24,6 +24,13 @@
  *                                                           q [D, Hq, T], k, v [D, Hkv, T] → [D·Hq, T]
  *   SWIGLU     dst = silu(src0) ⊙ src1;  ADD dst = src0 + src1;  MUL (src1 broadcast along rows)
  *   SCALE      dst = src0 · scale;  SOFTMAX row-wise;  COPY dst = src0 as f32
+ *   (3.2) Mixture of experts. A route is [k, 2, T]: row (0, t) the ids of token t's k experts (exact
+ *   floats, highest selection score first), row (1, t) their weights.
+ *   MOE_ROUTE   router logits src0 [E, T] (+ an optional selection bias src1 [E] that chooses but does not
+ *               weigh) → route [k, 2, T], as loom_moe_params says (loom/sdk/graph.hpp: moe_route_token)
+ *   MATMUL_ID   dst[:, i, t] = src0[id(i, t)]ᵀ · src1[:, i or 0, t]
+ *                                            src0 [K, N, E] weights, src1 [K, k or 1, T], src2 route → [N, k, T]
+ *   MOE_COMBINE dst[:, t] = Σ_i weight(i, t) · src0[:, i, t] (i in order)  src0 [N, k, T], src1 route → [N, T]
  */
 #ifndef LOOM_SDK_BACKEND_H
 #define LOOM_SDK_BACKEND_H
@@ -47,7 +54,11 @@ typedef enum loom_op { /* append-only */
                        LOOM_OP_COPY = 9,
                        LOOM_OP_MUL = 10,
                        LOOM_OP_GEGLU = 11,
-                       LOOM_OP_SOFTCAP = 12
+                       LOOM_OP_SOFTCAP = 12,
+                       /* (3.2) mixture of experts: loom_node.moe */
+                       LOOM_OP_MOE_ROUTE = 13,
+                       LOOM_OP_MATMUL_ID = 14,
+                       LOOM_OP_MOE_COMBINE = 15
 } loom_op;
 
 /* Element types: GGML's ids (F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14,
@@ -134,6 +145,17 @@ typedef struct loom_attention_params {
   32u /* (3.1) it reads KV pools of layer groups: loom_kv_layout.n_groups                                    \
        */
 
+/* (3.2) How MOE_ROUTE turns router logits into experts and weights. */
+#define LOOM_MOE_GATING_SOFTMAX 0          /* softmax over every expert, the k highest, their probabilities */
+#define LOOM_MOE_GATING_SIGMOID 1          /* sigmoid of each logit, the k highest, their values */
+#define LOOM_MOE_GATING_SOFTMAX_SELECTED 2 /* the k highest logits, softmax over those k (gpt-oss) */
+typedef struct loom_moe_params {
+  int32_t n_used;      /* k: experts a token uses */
+  int32_t gating;      /* LOOM_MOE_GATING_* */
+  int32_t norm;        /* 1: the k weights divided by their sum (at least 2^-14) */
+  float weights_scale; /* then multiplied by this (0 or 1: unchanged) */
+} loom_moe_params;
+
 typedef struct loom_node {
   int32_t op; /* loom_op */
   int32_t src[3];
@@ -142,6 +164,7 @@ typedef struct loom_node {
   float scale;
   loom_rope_params rope;
   loom_attention_params attn;
+  loom_moe_params moe; /* (3.2) MOE_ROUTE */
 } loom_node;
 
 typedef struct loom_graph {

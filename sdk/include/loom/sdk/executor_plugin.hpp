@@ -134,6 +134,10 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.attn.softcap = n.attn.softcap;
     d.attn.sinks = n.attn.sinks;
     d.attn.kernel = static_cast<loom::AttnKernel>(n.attn.kernel);
+    d.moe.n_used = n.moe.n_used; // (a host before 3.2: zeros, and no MoE node)
+    d.moe.gating = static_cast<loom::MoeGating>(n.moe.gating);
+    d.moe.norm = n.moe.norm != 0;
+    d.moe.weights_scale = n.moe.weights_scale;
     g.nodes.push_back(d);
   }
   g.id = c.id; // the host's name for this graph's shape (backends key their caches by it)

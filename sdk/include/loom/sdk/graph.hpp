@@ -37,6 +37,14 @@ enum class OpKind : int32_t {
   mul = 10,      // dst = src0 ⊙ src1 (src1 broadcast along rows when [n])
   geglu = 11,    // dst = gelu(src0) ⊙ src1, gelu's tanh form [n, T] × [n, T] → [n, T]
   softcap = 12, // dst = scale · tanh(src0 / scale) (Gemma 2's final logits)
+  // Mixture of experts (MoeParams; ABI 3.2). A route is [k, 2, T]: for token t, row (0, t) holds the ids of
+  // the k experts it uses (as exact floats, highest selection score first) and row (1, t) their weights.
+  moe_route = 13,   // the route of router logits src0 [E, T]; src1 (optional): a selection bias [E] that
+                    //   chooses experts but does not weigh them → [k, 2, T]
+  matmul_id = 14,   // dst[:, i, t] = src0[id(i, t)]ᵀ · src1[:, i or 0, t] (llama.cpp's mul_mat_id)
+                    //   src0 [K, N, E] weights, src1 [K, k or 1, T], src2 route [k, 2, T] → [N, k, T]
+  moe_combine = 15, // dst[:, t] = Σ_i weight(i, t) · src0[:, i, t], i = 0..k-1 in order
+                    //   src0 [N, k, T], src1 route [k, 2, T] → [N, T]
 };
 inline const char* op_name(OpKind op) noexcept {
   switch (op) {
@@ -66,6 +74,12 @@ inline const char* op_name(OpKind op) noexcept {
     return "geglu";
   case OpKind::softcap:
     return "softcap";
+  case OpKind::moe_route:
+    return "moe_route";
+  case OpKind::matmul_id:
+    return "matmul_id";
+  case OpKind::moe_combine:
+    return "moe_combine";
   }
   return "unknown";
 }
@@ -154,6 +168,81 @@ inline KeySpan key_span(const AttentionParams& p, Pos pos) noexcept {
   return k;
 }
 
+// How a moe_route node turns router logits into k experts and their weights (llama.cpp's build_moe_ffn):
+//   softmax:          p = softmax(logits) over every expert; choose the k highest p (+ bias); weights p
+//   sigmoid:          p = sigmoid(logits); the same
+//   softmax_selected: choose the k highest logits (+ bias); weights = softmax over those k logits (gpt-oss)
+// then, with `norm`, the k weights divided by their sum (at least 2⁻¹⁴), then multiplied by weights_scale.
+enum class MoeGating : int32_t { softmax = 0, sigmoid = 1, softmax_selected = 2 };
+struct MoeParams {
+  int32_t n_used = 0; // k: experts a token uses
+  MoeGating gating = MoeGating::softmax;
+  bool norm = false;
+  float weights_scale = 1.0f;
+};
+
+// The smallest sum of weights a normalized route divides by (llama.cpp's clamp, f16's smallest normal).
+inline constexpr float k_moe_min_weight_sum = 6.103515625e-5f;
+
+// The route of one token (moe_route): `logits` [n_expert], `bias` [n_expert] or null, → ids[k] (as exact
+// floats, highest selection score first; ties: the lower id first; NaN scores last) and weights[k].
+// `scratch` is reused between calls. Plain code: the definition every backend's route is checked against.
+struct MoeScratch {
+  std::vector<float> probs, keys;
+  std::vector<int32_t> order;
+};
+inline void moe_route_token(const MoeParams& m, const float* logits, const float* bias, int32_t n_expert,
+                            float* ids, float* weights, MoeScratch& s) {
+  const auto E = static_cast<size_t>(n_expert);
+  s.probs.assign(logits, logits + E);
+  if (m.gating == MoeGating::softmax) {
+    const float mx = *std::max_element(s.probs.begin(), s.probs.end());
+    float sum = 0.0f;
+    for (float& p : s.probs)
+      sum += (p = std::exp(p - mx));
+    for (float& p : s.probs)
+      p /= sum;
+  } else if (m.gating == MoeGating::sigmoid) {
+    for (float& p : s.probs)
+      p = 1.0f / (1.0f + std::exp(-p));
+  }
+  s.keys.resize(E);
+  s.order.resize(E);
+  for (size_t e = 0; e < E; ++e) {
+    const float key = s.probs[e] + (bias ? bias[e] : 0.0f);
+    s.keys[e] = key == key ? key : -INFINITY;
+    s.order[e] = static_cast<int32_t>(e);
+  }
+  const int32_t k = std::min(m.n_used, n_expert);
+  std::partial_sort(s.order.begin(), s.order.begin() + k, s.order.end(), [&](int32_t a, int32_t b) {
+    const float ka = s.keys[static_cast<size_t>(a)], kb = s.keys[static_cast<size_t>(b)];
+    return ka > kb || (ka == kb && a < b);
+  });
+  for (int32_t i = 0; i < k; ++i) {
+    ids[i] = static_cast<float>(s.order[static_cast<size_t>(i)]);
+    weights[i] = s.probs[static_cast<size_t>(s.order[static_cast<size_t>(i)])];
+  }
+  if (m.gating == MoeGating::softmax_selected) {
+    const float mx = *std::max_element(weights, weights + k);
+    float sum = 0.0f;
+    for (int32_t i = 0; i < k; ++i)
+      sum += (weights[i] = std::exp(weights[i] - mx));
+    for (int32_t i = 0; i < k; ++i)
+      weights[i] /= sum;
+  }
+  if (m.norm) {
+    float sum = 0.0f;
+    for (int32_t i = 0; i < k; ++i)
+      sum += weights[i];
+    sum = std::max(sum, k_moe_min_weight_sum);
+    for (int32_t i = 0; i < k; ++i)
+      weights[i] /= sum;
+  }
+  if (m.weights_scale != 0.0f && m.weights_scale != 1.0f)
+    for (int32_t i = 0; i < k; ++i)
+      weights[i] *= m.weights_scale;
+}
+
 struct Node {
   OpKind op = OpKind::copy;
   std::array<int32_t, 3> src{-1, -1, -1};
@@ -162,6 +251,7 @@ struct Node {
   float scale = 1.0f; // scale
   RopeParams rope;
   AttentionParams attn;
+  MoeParams moe; // moe_route
 };
 
 struct Graph {

@@ -311,6 +311,56 @@ private:
       }
       return;
     }
+    case OpKind::moe_route: {
+      const TensorDesc& lg = g.tensors[static_cast<size_t>(n.src[0])];
+      const auto E = static_cast<int32_t>(lg.ne[0]);
+      const int64_t k = d.ne[0];
+      LOOM_ASSERT(k == n.moe.n_used && k <= E && d.ne[1] == 2, "moe_route: the route's shape");
+      std::vector<float> tmp;
+      const float* bias = n.src[1] >= 0 ? row(g, n.src[1], 0, tmp) : nullptr;
+      MoeScratch scratch;
+      for (int64_t t = 0; t < lg.n_rows(); ++t)
+        moe_route_token(n.moe, f32(n.src[0]) + t * E, bias, E, dst + t * 2 * k, dst + t * 2 * k + k, scratch);
+      return;
+    }
+    case OpKind::matmul_id: {
+      const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
+      const int64_t K = w.ne[0], N = w.ne[1], E = w.ne[2], k = d.ne[1], T = d.ne[2];
+      LOOM_ASSERT(x.ne[0] == K && (x.ne[1] == 1 || x.ne[1] == k), "matmul_id: operand shapes");
+      const float* route = f32(n.src[2]);
+      std::vector<float> tmp;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < k; ++i) {
+          const auto e = static_cast<int64_t>(route[t * 2 * k + i]);
+          LOOM_ASSERT(e >= 0 && e < E, "matmul_id: an expert id outside the weights");
+          const float* xr = f32(n.src[1]) + (t * x.ne[1] + (x.ne[1] == 1 ? 0 : i)) * K;
+          for (int64_t j = 0; j < N; ++j) {
+            const float* wr = row(g, n.src[0], e * N + j, tmp);
+            float v = 0.0f;
+            for (int64_t c = 0; c < K; ++c)
+              v += wr[c] * xr[c];
+            dst[(t * k + i) * N + j] = v;
+          }
+        }
+      return;
+    }
+    case OpKind::moe_combine: {
+      const TensorDesc& y = g.tensors[static_cast<size_t>(n.src[0])];
+      const int64_t N = y.ne[0], k = y.ne[1], T = y.ne[2];
+      const float* route = f32(n.src[1]);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* yt = f32(n.src[0]) + t * k * N;
+        const float* wt = route + t * 2 * k + k;
+        for (int64_t j = 0; j < N; ++j) {
+          float v = 0.0f;
+          for (int64_t i = 0; i < k; ++i)
+            v += wt[i] * yt[i * N + j];
+          dst[t * N + j] = v;
+        }
+      }
+      return;
+    }
     case OpKind::copy: {
       std::vector<float> tmp;
       for (int64_t r = 0; r < d.n_rows(); ++r) {
