@@ -310,15 +310,16 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
 
 // A mixture-of-experts FFN (moe_route, matmul_id, moe_combine) against the reference on every level and
 // weight type: 3 of 8 experts a token, batches whose rows choose different experts (one token, a few, more
-// than an expert's share of rows for the GEMM routes), each gating with and without a selection bias. The
-// route is the SDK's code on both: equal bit for bit, and a token's experts the same alone as in a batch.
+// than an expert's share of rows for the GEMM routes), each gating, with a selection bias on one. The route
+// is the SDK's code on both: the same experts, and a token's experts the same alone as in a batch.
 TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
   auto ref = make_reference_backend();
-  const int64_t K = 256, F = 64, NE = 8, k = 3;
+  const int64_t K = 256, F = 256, NE = 8, k = 3;
   for (const DType type : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k})
     for (cpu::Isa isa : isas())
-      for (int32_t T : {1, 5, 40})
-        for (const MoeGating gating : {MoeGating::softmax, MoeGating::sigmoid, MoeGating::softmax_selected}) {
+      for (int32_t T : {1, 5, 40}) {
+        { // each gating in turn (a selection bias with sigmoid)
+          const auto gating = static_cast<MoeGating>((static_cast<int>(type) + T) % 3);
           SCOPED_TRACE(std::string(dtype_name(type)) + " " + cpu::isa_name(isa) + " T=" + std::to_string(T) +
                        " gating " + std::to_string(static_cast<int>(gating)));
           Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
@@ -353,8 +354,19 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
           const bool bf16mm = type == DType::bf16 && cpu::at_least(isa, cpu::Isa::avx512_bf16);
           const double tol = int8 ? 3e-2 : bf16mm ? 1e-2 : 1e-5;
           auto cpu = cpu_backend(isa);
-          const auto want_route = h.run(*ref, route), got_route = h.run(*cpu, route);
-          ASSERT_EQ(0, std::memcmp(want_route.data(), got_route.data(), want_route.size() * sizeof(float)));
+          // The same experts, their weights within the router matmul's summation order (the logits' routes
+          // differ: oneDNN for the batch, our kernels for one token).
+          const auto same_route = [&](const std::vector<float>& want, const std::vector<float>& got,
+                                      int64_t t0, const std::string& what) {
+            for (int64_t t = 0; t < static_cast<int64_t>(got.size()) / (2 * k); ++t)
+              for (int64_t i = 0; i < k; ++i) {
+                const size_t w = static_cast<size_t>((t0 + t) * 2 * k + i), g = static_cast<size_t>(t * 2 * k + i);
+                ASSERT_EQ(want[w], got[g]) << what << ": token " << t0 + t << " slot " << i;
+                ASSERT_NEAR(want[w + static_cast<size_t>(k)], got[g + static_cast<size_t>(k)], 1e-5) << what;
+              }
+          };
+          const auto want_route = h.run(*ref, route);
+          same_route(want_route, h.run(*cpu, route), 0, "the route");
           const auto want = h.run(*ref, out);
           expect_close(want, h.run(*cpu, out), tol, "the experts' weighted sum");
           // exact products (bf16 routes off): every type within f32 summation order of the reference
@@ -364,11 +376,11 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
           Harness one(1);
           one.tokens = {T - 1};
           const auto [route1, out1] = build(one);
-          const auto alone = one.run(*cpu, route1);
-          ASSERT_EQ(0, std::memcmp(alone.data(), want_route.data() + (T - 1) * 2 * k, alone.size() * sizeof(float)));
+          same_route(want_route, one.run(*cpu, route1), T - 1, "the last token alone");
           const std::vector<float> last(want.end() - K, want.end());
           expect_close(last, one.run(*cpu, out1), tol, "the last token alone");
         }
+      }
 }
 
 struct AttnCase {

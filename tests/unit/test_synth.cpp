@@ -99,7 +99,7 @@ TEST(Synth, FamiliesLoadAndContradictionsNameTheKeys) {
     FAIL() << "an unknown architecture loaded";
   } catch (const Error& e) {
     EXPECT_NE(
-        std::string(e.what()).find("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
+        std::string(e.what()).find("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, qwen3moe, "
                                    "gemma2, gemma3, phi3)"),
         std::string::npos)
         << e.what();
