@@ -479,6 +479,28 @@ else:
     finally:
         check(real.stop() == 0, "the real-model server: SIGTERM exit 0")
 
+# ---- a mixture of experts (loom synth's tiny-moe qwen3moe file): a batch of concurrent streams whose rows
+# choose different experts gives each the text it gets alone ----
+import tempfile
+with tempfile.TemporaryDirectory() as tmp:
+    moe = os.path.join(tmp, "moe.gguf")
+    subprocess.run([LOOM, "synth", "--shape", "tiny-moe", "--arch", "qwen3moe", "--type", "q8_0",
+                    "--vocab-from", MODEL, "-o", moe], check=True, stdout=subprocess.DEVNULL)
+    ms = Server(model=moe)
+    try:
+        prompts = ["Once upon a time", "The little dog", "A girl named Lily", "One day"]
+        alone = {}
+        for p in prompts:
+            st, r = ms.post("/v1/completions", {"prompt": p, "max_tokens": 24, "temperature": 0})
+            check(st == 200 and r["usage"]["completion_tokens"] == 24, "MoE: a completion: " + json.dumps(r)[:200])
+            alone[p] = r["choices"][0]["text"] if st == 200 else None
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda p: text_of(ms.stream("/v1/completions", {
+                "prompt": p, "max_tokens": 24, "temperature": 0, "stream": True})), prompts * 2))
+        check(got == [alone[p] for p in prompts * 2], "MoE: 8 concurrent streams, each its text alone")
+    finally:
+        check(ms.stop() == 0, "the MoE server: SIGTERM exit 0")
+
 if failures:
     print(f"{len(failures)} check(s) failed", flush=True)
     sys.exit(1)
