@@ -840,8 +840,9 @@ private:
   }
 
   // A run of one-token matmul_id nodes of the same activation and route starting at node i (the experts'
-  // gate and up) in one parallel region over every selected expert's matrix (gemv_multi, the kernels
-  // matmul() runs for one token). Returns the nodes it ran; 0: none (not such a run).
+  // gate and up; down, whose slots have activations of their own) in one parallel region over every
+  // selected expert's matrix (gemv_multi, the kernels matmul() runs for one token). Returns the nodes it ran;
+  // 0: none (not such a run).
   size_t fused_gemv_id(const Graph& g, size_t i) {
     if (!opt_.fused_decode || g.nodes[i].op != OpKind::matmul_id) return 0;
     gemvs_.clear();
@@ -853,7 +854,7 @@ private:
       const TensorDesc& w = g.tensors[static_cast<size_t>(n.src[0])];
       const TensorDesc& x = g.tensors[static_cast<size_t>(n.src[1])];
       const TensorDesc& d = g.tensors[static_cast<size_t>(n.dst)];
-      if (d.ne[2] != 1 || x.ne[1] != 1 || x.ne[0] != w.ne[0]) break;
+      if (d.ne[2] != 1 || (x.ne[1] != 1 && x.ne[1] != d.ne[1]) || x.ne[0] != w.ne[0]) break;
       const float* route = f32(n.src[2]);
       for (int64_t s = 0; s < d.ne[1]; ++s) {
         const auto e = static_cast<int64_t>(route[s]);
@@ -861,6 +862,7 @@ private:
         Gemv m{};
         if (!gemv_route(expert_view(w, e), m)) return 0;
         m.y = f32(n.dst) + s * w.ne[1];
+        if (x.ne[1] > 1) m.x = f32(n.src[1]) + s * x.ne[0]; // this slot's own activation
         gemvs_.push_back(m);
       }
     }

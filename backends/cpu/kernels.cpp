@@ -1100,40 +1100,67 @@ bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
 }
 
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
-  bool blocks32 = false, blocks256 = false, bf16 = false;
+  // The distinct activations (x, and those of matrices with their own: a mixture of experts' down
+  // projections), each converted once to what its matrices' kernels read.
+  struct Act {
+    const float* x = nullptr;
+    bool blocks32 = false, blocks256 = false, bf16 = false;
+    std::vector<BlockQ8> xq;
+    std::vector<BlockQ8K> xqk;
+    std::vector<uint16_t> xb;
+  };
+  std::vector<Act> acts;
+  std::vector<int> act_of(static_cast<size_t>(n_mats));
   int64_t work = 0;
   for (int i = 0; i < n_mats; ++i) {
     if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % dtype_traits(mats[i].type).block_size != 0
                    : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
       std::abort(); // a caller's bug
-    if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? blocks256 : blocks32) = true;
+    const float* xi = mats[i].x ? mats[i].x : x;
+    auto it = std::find_if(acts.begin(), acts.end(), [&](const Act& a) { return a.x == xi; });
+    if (it == acts.end()) {
+      acts.emplace_back();
+      acts.back().x = xi;
+      it = acts.end() - 1;
+    }
+    act_of[static_cast<size_t>(i)] = static_cast<int>(it - acts.begin());
+    if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? it->blocks256 : it->blocks32) = true;
     const bool kquant = dtype_traits(mats[i].type).block_size == 256;
     if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
-      (mats[i].type == DType::bf16 ? bf16 : kquant ? blocks256 : blocks32) = true;
+      (mats[i].type == DType::bf16 ? it->bf16 : kquant ? it->blocks256 : it->blocks32) = true;
     work += mats[i].N * K;
   }
-  std::vector<uint16_t> xb(bf16 ? static_cast<size_t>(K) : 0);
-  if (bf16) to_bf16(isa, x, xb.data(), K);
-  // The token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to share.
-  std::vector<BlockQ8> xq(blocks32 ? static_cast<size_t>(K / 32) : 0);
-  std::vector<BlockQ8K> xqk(blocks256 ? static_cast<size_t>(K / 256) : 0);
-  if (blocks32) quantize_rows(isa, x, K, 1, xq.data(), 1);
-  if (blocks256) quantize_rows_k(isa, x, K, 1, xqk.data(), 1);
+  // Each token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to share.
+  for (Act& a : acts) {
+    if (a.bf16) {
+      a.xb.resize(static_cast<size_t>(K));
+      to_bf16(isa, a.x, a.xb.data(), K);
+    }
+    if (a.blocks32) {
+      a.xq.resize(static_cast<size_t>(K / 32));
+      quantize_rows(isa, a.x, K, 1, a.xq.data(), 1);
+    }
+    if (a.blocks256) {
+      a.xqk.resize(static_cast<size_t>(K / 256));
+      quantize_rows_k(isa, a.x, K, 1, a.xqk.data(), 1);
+    }
+  }
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
 #pragma omp parallel num_threads(threads) if (work > 32768)
   for (int i = 0; i < n_mats; ++i) {
+    const Act& a = acts[static_cast<size_t>(act_of[static_cast<size_t>(i)])];
     if (mats[i].row_bytes == 0 && mats[i].type == DType::bf16)
-      gemv_share_bf16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, xb.data(), mats[i].y);
+      gemv_share_bf16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, a.xb.data(), mats[i].y);
     else if (mats[i].row_bytes == 0 && mats[i].type == DType::f16)
-      gemv_share_f16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, x, mats[i].y);
+      gemv_share_f16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, a.x, mats[i].y);
     else if (mats[i].row_bytes == 0)
-      gemv_share_repacked(isa, mats[i], K, xq.data(), xqk.data());
+      gemv_share_repacked(isa, mats[i], K, a.xq.data(), a.xqk.data());
     else if (mats[i].i8)
-      gemv_share_i8dq(mats[i], K, xq.data(), xqk.data());
+      gemv_share_i8dq(mats[i], K, a.xq.data(), a.xqk.data());
     else if (mats[i].type != DType::f32 && mats[i].type != DType::f16 && mats[i].type != DType::bf16)
-      gemv_share_dq(mats[i].type, mats[i].w, mats[i].row_bytes, K, mats[i].N, x, mats[i].y);
+      gemv_share_dq(mats[i].type, mats[i].w, mats[i].row_bytes, K, mats[i].N, a.x, mats[i].y);
     else
-      gemv_share_plain(isa, mats[i], K, x);
+      gemv_share_plain(isa, mats[i], K, a.x);
   }
 }
 

@@ -95,6 +95,7 @@ struct Gemv {
   float* y; // N outputs
   bool i8 =
       false; // Q4_1 / Q5_x / IQ4_NL / Q2_K / Q3_K / Q5_K / IQ4_XS rows on the int8 route (i8dq_supports)
+  const float* x = nullptr; // its own activation (K values); nullptr: gemv_multi's x
 };
 bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept;
 void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads);
