@@ -11,7 +11,7 @@ and, with --json, every run.
 Measurements (the same for every engine): prefill = PP tokens in one batch after DEPTH positions;
 decode = TG single-token steps after DEPTH (+ nothing else) positions. Loom: `loom bench -d DEPTH`;
 mainline: `llama-bench -p PP -n TG -d DEPTH`; a peer named `ik*` (ik_llama.cpp has no -d): its
-run-time repacking and flash attention (`-rtr 1 -fa 1`), prefill at depth 0 only, decode at depth D
+run-time repacking, flash attention and fused MoE up/gate (`-rtr 1 -fa 1 -fmoe 1`; -fmoe is its default), prefill at depth 0 only, decode at depth D
 as `-gp D,TG` (TG tokens timed after a D-token prompt). Peak RSS: each process's maximum resident
 set (getrusage of the child)."""
 import argparse
@@ -77,7 +77,7 @@ def peer_run(name, path, model, depth):
     ik = name.startswith("ik")
     cmd = [path, "-m", model, "-t", str(a.threads), "-r", "1", "-o", "csv"]
     if ik:
-        cmd += ["-rtr", "1", "-fa", "1", "-p", str(a.pp) if depth == 0 else "0"]
+        cmd += ["-rtr", "1", "-fa", "1", "-fmoe", "1", "-p", str(a.pp) if depth == 0 else "0"]
         cmd += ["-n", str(a.tg)] if depth == 0 else ["-n", "0", "-gp", f"{depth},{a.tg}"]
     else:
         cmd += ["-p", str(a.pp), "-n", str(a.tg), "-d", str(depth)]

@@ -8,6 +8,7 @@
 #include "loom/plugin/plugin_host.hpp"
 #include "loom/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -68,6 +69,8 @@ std::vector<std::string> family_features(const ModelConfig& c) {
   std::vector<std::string> f;
   if (c.rope.neox) f.emplace_back("RoPE NeoX (rotate-half)");
   if (c.rope_freqs) f.emplace_back("RoPE frequency divisors (rope_freqs)");
+  if (const auto n = std::count(c.rope_layers.begin(), c.rope_layers.end(), false); n > 0)
+    f.emplace_back("no RoPE on " + std::to_string(n) + " of " + std::to_string(c.n_layer) + " layers");
   if (c.qkv_bias) f.emplace_back("q/k/v biases");
   if (c.qk_norm) f.emplace_back("q/k RMS norm per head");
   if (c.fused_qkv) f.emplace_back("fused q/k/v");

@@ -15,13 +15,13 @@ int cmd_synth(const std::vector<std::string>& args) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b | llama-3-8b | qwen3-30b-a3b | tiny-gqa | tiny-d64 | tiny-moe")
-    ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 (of the matrices)")
+    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b | llama-3-8b | qwen3-30b-a3b | tiny-gqa | tiny-d64 | tiny-d64x4 | tiny-moe")
+    ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 | mxfp4 (of the matrices)")
     ("expert-type", po::value<std::string>(), "the experts' stacked matrices in this type (default: --type)")
     ("layers", po::value<int>(), "only the shape's first N layers (a large shape cut to fit memory)")
     ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
     ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")
-    ("arch", po::value<std::string>()->default_value("llama"), "llama | llama3 | mistral | qwen2 | qwen3 | gemma2 | phi3 | qwen3moe (a shape with experts)")
+    ("arch", po::value<std::string>()->default_value("llama"), "llama | llama3 | mistral | qwen2 | qwen3 | gemma2 | phi3 | smollm3 | qwen3moe (a shape with experts)")
     ("chat-template", po::value<std::string>(), "write tokenizer.chat_template: a built-in template (chatml, llama3, …) or a Jinja file")
     ("output,o", po::value<std::string>(), "output .gguf");
   // clang-format on
@@ -39,13 +39,14 @@ int cmd_synth(const std::vector<std::string>& args) {
   o.shape = vm["shape"].as<std::string>();
   const auto t = dtype_from_name(vm["type"].as<std::string>());
   if (!t)
-    throw UsageError("unknown --type '" + vm["type"].as<std::string>() + "' (f32, f16, bf16, q8_0, q4_0)");
+    throw UsageError("unknown --type '" + vm["type"].as<std::string>() +
+                     "' (f32, f16, bf16, q8_0, q4_0, mxfp4)");
   o.type = *t;
   if (vm.count("expert-type")) {
     const auto et = dtype_from_name(vm["expert-type"].as<std::string>());
     if (!et)
       throw UsageError("unknown --expert-type '" + vm["expert-type"].as<std::string>() +
-                       "' (f32, f16, bf16, q8_0, q4_0)");
+                       "' (f32, f16, bf16, q8_0, q4_0, mxfp4)");
     o.expert_type = *et;
   }
   if (vm.count("layers")) {

@@ -41,6 +41,8 @@ inline uint32_t file_type(DType t) {
     return 30;
   case DType::bf16:
     return 32;
+  case DType::mxfp4:
+    return 38; // MXFP4_MOE
   default:
     return 0;
   }

@@ -42,7 +42,9 @@ RopeParams local_rope(const ModelConfig& c, RopeParams rope) {
   return rope;
 }
 
-std::string layer_prefix(int32_t l) { return "blk." + std::to_string(l) + "."; }
+std::string layer_prefix(int32_t l) {
+  return "blk." + std::to_string(l) + ".";
+}
 
 } // namespace
 
@@ -66,7 +68,9 @@ void GraphBuilder::add_inputs() {
   g_.in_out_ids = input("out_ids", g_.n_outputs);
 }
 
-void GraphBuilder::add_rope_freqs() { rope_freqs_ = c_.rope_freqs ? weight("rope_freqs.weight") : -1; }
+void GraphBuilder::add_rope_freqs() {
+  rope_freqs_ = c_.rope_freqs ? weight("rope_freqs.weight") : -1;
+}
 
 int32_t GraphBuilder::embeddings(int32_t tok_embd) {
   int32_t x = g_.add_node(
@@ -84,8 +88,10 @@ int32_t GraphBuilder::attention_block(int32_t l, int32_t x) {
   const int32_t h = norm(x, weight(p + "attn_norm.weight"), p + "attn_in", {E_, T_, 1, 1});
   auto [q, k, v] = qkv(p, h);
   const bool local = c_.sliding_window > 0 && c_.sliding_layers[static_cast<size_t>(l)];
-  q = rope_node(q, p + "q_rope", Hq_, local);
-  k = rope_node(k, p + "k_rope", Hkv_, local);
+  if (c_.rope_layers.empty() || c_.rope_layers[static_cast<size_t>(l)]) {
+    q = rope_node(q, p + "q_rope", Hq_, local);
+    k = rope_node(k, p + "k_rope", Hkv_, local);
+  }
   const int32_t a = attention(l, p, q, k, v);
   int32_t o = g_.add_node(make_node(OpKind::matmul, weight(p + "attn_output.weight"), a,
                                     g_.add_activation(p + "attn_proj", {E_, T_, 1, 1})));
@@ -135,7 +141,8 @@ int32_t GraphBuilder::moe_block(int32_t l, int32_t x) {
 
 int32_t GraphBuilder::output_head(int32_t x, int32_t tok_embd) {
   const int64_t O = g_.n_outputs;
-  x = g_.add_node(make_node(OpKind::get_rows, x, g_.in_out_ids, g_.add_activation("out_rows", {E_, O, 1, 1})));
+  x = g_.add_node(
+      make_node(OpKind::get_rows, x, g_.in_out_ids, g_.add_activation("out_rows", {E_, O, 1, 1})));
   x = norm(x, weight("output_norm.weight"), "out_norm", {E_, O, 1, 1});
   const int32_t head = c_.tied_output ? tok_embd : weight("output.weight");
   const int64_t V = c_.n_vocab;
@@ -199,10 +206,12 @@ int32_t GraphBuilder::input(const char* name, int64_t n) {
 // Rows [r0, r0 + n) of a matrix as a weight of its own (a view: fused q/k/v and gate/up matrices).
 int32_t GraphBuilder::rows(const std::string& name, int64_t r0, int64_t n) {
   const GgufTensor* t = file_.find_tensor(name);
-  LOOM_ASSERT(t != nullptr && t->ne.size() == 2 && r0 + n <= t->ne[1], "fused tensor validated by ModelConfig");
+  LOOM_ASSERT(t != nullptr && t->ne.size() == 2 && r0 + n <= t->ne[1],
+              "fused tensor validated by ModelConfig");
   const size_t rb = row_bytes(t->type, t->ne[0]);
   return g_.add_weight(name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + n) + "]", t->type,
-                       {t->ne[0], n, 1, 1}, static_cast<const uint8_t*>(t->data) + static_cast<size_t>(r0) * rb);
+                       {t->ne[0], n, 1, 1},
+                       static_cast<const uint8_t*>(t->data) + static_cast<size_t>(r0) * rb);
 }
 
 int32_t GraphBuilder::norm(int32_t xin, int32_t w, const std::string& out, std::array<int64_t, 4> ne) {
@@ -211,7 +220,8 @@ int32_t GraphBuilder::norm(int32_t xin, int32_t w, const std::string& out, std::
   return g_.add_node(nn);
 }
 
-int32_t GraphBuilder::bin(OpKind op, int32_t a, int32_t b, const std::string& out, std::array<int64_t, 4> ne) {
+int32_t GraphBuilder::bin(OpKind op, int32_t a, int32_t b, const std::string& out,
+                          std::array<int64_t, 4> ne) {
   return g_.add_node(make_node(op, a, b, g_.add_activation(out, ne)));
 }
 

@@ -27,8 +27,9 @@ Model::Model(GgufFile f, int32_t max_layers)
         ModelConfig c = ModelConfig::from_gguf(file_);
         if (max_layers > 0 && max_layers < c.n_layer) { // the first layers: their per-layer facts too
           c.n_layer = max_layers;
-          if (c.sliding_layers.size() > static_cast<size_t>(max_layers))
-            c.sliding_layers.resize(static_cast<size_t>(max_layers));
+          for (std::vector<bool>* per_layer : {&c.sliding_layers, &c.rope_layers})
+            if (per_layer->size() > static_cast<size_t>(max_layers))
+              per_layer->resize(static_cast<size_t>(max_layers));
         }
         return c;
       }()),

@@ -16,10 +16,13 @@ namespace loom {
 
 const std::vector<SynthShape>& synth_shapes() {
   static const std::vector<SynthShape> shapes = {
-      // name, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, θ, tied, head_dim, experts, used, width
-      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false, 0, 0, 0, 0}, // tests: cheap, GQA, long context
-      {"tiny-d64", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 0, 0, 0}, // tests: head_dim 64, MQA
-      {"tiny-moe", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 8, 3, 64}, // tests: 3 of 8 experts
+      // name, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, θ, tied, head_dim, experts, used,
+      // width
+      {"tiny-gqa", 32, 1, 4, 2, 64, 512, 1024, 10000.0f, false, 0, 0, 0,
+       0}, // tests: cheap, GQA, long context
+      {"tiny-d64", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 0, 0, 0},   // tests: head_dim 64, MQA
+      {"tiny-moe", 128, 2, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 8, 3, 64},  // tests: 3 of 8 experts
+      {"tiny-d64x4", 128, 4, 2, 1, 256, 512, 1024, 10000.0f, false, 0, 0, 0, 0}, // tests: 4 layers (SmolLM3)
       {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, false, 0, 0, 0, 0},
       {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, false, 0, 0, 0, 0},
       {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f, false, 0, 0, 0, 0},
@@ -108,16 +111,20 @@ void add_synthetic_vocab(GgufWriter& w, int32_t n_vocab) {
 
 // The families synth writes, and whether each is a mixture of experts (whose shape must have experts).
 void check_arch(const std::string& arch, const SynthShape& sh) {
-  static const char* archs[] = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "qwen3moe"};
+  static const char* archs[] = {"llama",  "llama3", "mistral", "qwen2",   "qwen3",
+                                "gemma2", "phi3",   "smollm3", "qwen3moe"};
   if (std::find(std::begin(archs), std::end(archs), arch) == std::end(archs))
     fail(Errc::invalid_argument, "synth",
-         "unknown arch '" + arch + "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, qwen3moe)");
+         "unknown arch '" + arch +
+             "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, smollm3, qwen3moe)");
   if (arch == "qwen3moe" && sh.n_expert == 0)
     fail(Errc::invalid_argument, "synth",
          "shape '" + sh.name + "' has no experts; " + arch + " needs one that has (tiny-moe, qwen3-30b-a3b)");
 }
 
-int64_t head_dim(const SynthShape& sh) { return sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head; }
+int64_t head_dim(const SynthShape& sh) {
+  return sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head;
+}
 
 // general.* and the {arch}.* hyperparameters (`arch`: the GGUF architecture).
 void add_model_keys(GgufWriter& w, const SynthOptions& o, const SynthShape& sh, const std::string& arch) {
@@ -300,9 +307,10 @@ private:
 void synth_model(const SynthOptions& o) {
   SynthShape sh = find_shape(o.shape);
   for (const DType t : {o.type, o.expert_type.value_or(o.type)})
-    if (t != DType::f32 && t != DType::f16 && t != DType::bf16 && t != DType::q8_0 && t != DType::q4_0)
+    if (t != DType::f32 && t != DType::f16 && t != DType::bf16 && t != DType::q8_0 && t != DType::q4_0 &&
+        t != DType::mxfp4)
       fail(Errc::invalid_argument, "synth",
-           "type " + std::string(dtype_name(t)) + " is not offered; use f32, f16, bf16, q8_0 or q4_0");
+           "type " + std::string(dtype_name(t)) + " is not offered; use f32, f16, bf16, q8_0, q4_0 or mxfp4");
 
   GgufWriter w;
   // Vocabulary first: it fixes n_vocab.

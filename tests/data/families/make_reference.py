@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Reference logits from llama.cpp (through llama-cpp-python) for a `loom synth` model of every family.
 
-For each family (llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, qwen3moe) this writes the same
+For each family (llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, smollm3, qwen3moe) this writes the same
 random-weight file the C++ test writes (`loom synth --shape tiny-d64 --arch A --type f32 --vocab-from
-stories260K.gguf`; the mixtures of experts `--shape tiny-moe`, 3 of 8 experts a token: the synthesis is
-deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
+stories260K.gguf`; the mixtures of experts `--shape tiny-moe`, 3 of 8 experts a token; smollm3 `--shape
+tiny-d64x4`, whose fourth layer has no RoPE: the synthesis is deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
 and records the logits at a few positions and 32 greedy tokens after the prompt's first 16. The C++ test
 (tests/golden/test_families.cpp) needs no Python: it reads reference.json.
 
@@ -30,10 +30,15 @@ import tempfile
 import llama_cpp
 import numpy as np
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "qwen3moe"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "smollm3", "qwen3moe", "qwen3moe_mxfp4"]
+# A file of another type than f32 (the name's family, the synth options added): the experts in MXFP4 (llama.cpp
+# multiplies them on q8_0-rounded activations, the reference exactly: their logits agree within the tolerance)
+VARIANTS = {"qwen3moe_mxfp4": ("qwen3moe", ["--expert-type", "mxfp4"])}
+# The logits' tolerance (of their scale) where llama.cpp rounds activations: 2e-3 measured for MXFP4's q8_0
+TOLERANCE = {"qwen3moe_mxfp4": 5e-3}  # else 1e-3
 VOCAB = {"phi3": "vocab/ggml-vocab-phi-3.gguf"}  # else stories260K.gguf
 SHAPE = "tiny-d64"
-SHAPES = {"qwen3moe": "tiny-moe"}  # else SHAPE
+SHAPES = {"qwen3moe": "tiny-moe", "qwen3moe_mxfp4": "tiny-moe", "smollm3": "tiny-d64x4"}  # else SHAPE
 N_PROMPT = 300
 WINDOW = 256  # what loom synth writes for this shape: max(16, n_ctx / 4)
 POSITIONS = [0, 1, 7, 63, 200, 255, 299]
@@ -53,11 +58,12 @@ def main():
         with open(os.path.join(here, "reference.json")) as f:
             out["families"] = json.load(f)["families"]
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in only or ARCHS:
-            path = os.path.join(tmp, arch + ".gguf")
+        for name in only or ARCHS:
+            arch, extra = VARIANTS.get(name, (name, []))
+            path = os.path.join(tmp, name + ".gguf")
             vocab = VOCAB.get(arch, "stories260K.gguf")
-            shape = SHAPES.get(arch, SHAPE)
-            subprocess.run([loom, "synth", "--shape", shape, "--arch", arch, "--type", "f32", "--vocab-from",
+            shape = SHAPES.get(name, SHAPE)
+            subprocess.run([loom, "synth", "--shape", shape, "--arch", arch, "--type", "f32", *extra, "--vocab-from",
                             os.path.join(models, vocab), "-o", path], check=True, stdout=subprocess.DEVNULL)
             llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_ubatch=512, logits_all=True,
                                   n_threads=2, type_k=0, type_v=0, verbose=False)
@@ -79,9 +85,11 @@ def main():
                 t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
                 greedy.append(t)
                 llm.eval([t])
-            out["families"][arch] = {"vocab": vocab, "shape": shape, "prompt": toks, "logits": logits,
+            out["families"][name] = {"arch": arch, "synth_args": " ".join(extra), "vocab": vocab, "shape": shape,
+                                     "tolerance": TOLERANCE.get(name, 1e-3),
+                                     "prompt": toks, "logits": logits,
                                      "greedy_from": GREEDY_FROM, "greedy": greedy}
-            print(f"{arch}: {len(positions)} positions, greedy {greedy[:8]}…")
+            print(f"{name}: {len(positions)} positions, greedy {greedy[:8]}…")
             del llm
     with open(os.path.join(here, "reference.json"), "w") as f:
         json.dump(out, f, separators=(",", ":"))

@@ -35,8 +35,8 @@ struct MoeConfig {
   int32_t n_used = 0;
   int32_t n_ff_exp = 0;
   MoeGating gating = MoeGating::softmax;
-  bool norm = false;          // the k weights renormalised to sum 1
-  float weights_scale = 1.0f; // then scaled
+  bool norm = false;           // the k weights renormalised to sum 1
+  float weights_scale = 1.0f;  // then scaled
   bool selection_bias = false; // exp_probs_b.bias [n_expert]: added to choose, not to weigh
 };
 
@@ -58,6 +58,7 @@ struct ModelConfig {
   // N-th layer attends in full; absent: every layer slides) and {arch}.attn_logit_softcapping.
   int32_t sliding_window = 0;
   std::vector<bool> sliding_layers; // n_layer entries when sliding_window > 0
+  std::vector<bool> rope_layers;    // n_layer entries (false: no RoPE, SmolLM3's every fourth); empty: all
   float attn_softcap = 0.0f;
   bool tied_output = false; // no output.weight: the embedding is the output head
   // Family features (set by each family's file, core/src/model/families/).

@@ -16,14 +16,14 @@ struct SynthShape {
   std::string name;
   int32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
   float rope_theta;
-  bool tied_output;  // no output.weight: the embedding is the head (Llama 3.2 1B)
-  int32_t head_dim;  // 0: n_embd / n_head
-  int32_t n_expert;  // mixture of experts (the MoE families): experts per layer, 0: dense
-  int32_t n_used;    // experts a token uses
-  int32_t n_ff_exp;  // an expert's width
+  bool tied_output; // no output.weight: the embedding is the head (Llama 3.2 1B)
+  int32_t head_dim; // 0: n_embd / n_head
+  int32_t n_expert; // mixture of experts (the MoE families): experts per layer, 0: dense
+  int32_t n_used;   // experts a token uses
+  int32_t n_ff_exp; // an expert's width
 };
-// tiny-gqa, tiny-d64, tiny-moe (tests), stories15m, stories110m, tinyllama-1.1b, llama-3.2-1b-like,
-// llama-2-7b, llama-3-8b, qwen3-30b-a3b
+// tiny-gqa, tiny-d64, tiny-d64x4, tiny-moe (tests), stories15m, stories110m, tinyllama-1.1b,
+// llama-3.2-1b-like, llama-2-7b, llama-3-8b, qwen3-30b-a3b
 const std::vector<SynthShape>& synth_shapes();
 
 struct SynthOptions {
@@ -35,7 +35,8 @@ struct SynthOptions {
   std::string chat_template; // written as tokenizer.chat_template (replacing a copied one); "" = none added
   // The family: llama, llama3 (θ 500000, Llama 3.1's rope_freqs, tied embeddings), mistral (llama with a
   // sliding window), qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (GeGLU, post norms, soft-caps,
-  // alternating sliding window, tied embeddings), phi3 (fused q/k/v and gate/up), qwen3moe (qwen3's
+  // alternating sliding window, tied embeddings), phi3 (fused q/k/v and gate/up), smollm3 (no
+  // RoPE on every fourth layer), qwen3moe (qwen3's
   // attention, a mixture of experts in every layer: the shape must have experts).
   std::string arch = "llama";
   std::function<void(double fraction)> progress; // optional

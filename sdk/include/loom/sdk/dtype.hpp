@@ -43,6 +43,7 @@ enum class DType : uint32_t {
   i64 = 27,
   f64 = 28,
   bf16 = 30,
+  mxfp4 = 39,
 };
 
 struct DTypeTraits {
@@ -107,12 +108,23 @@ inline constexpr Entry k_types[] = {
     {24, {"i8", 1, 1, false, false}},        {25, {"i16", 1, 2, false, false}},
     {26, {"i32", 1, 4, false, false}},       {27, {"i64", 1, 8, false, false}},
     {28, {"f64", 1, 8, false, false}},       {30, {"bf16", 1, 2, true, true}},
+    {39, {"mxfp4", 32, 17, true, true}},
 };
 // clang-format on
 
 // IQ4_NL / IQ4_XS: a 4-bit index selects one of these 16 levels (ggml's kvalues_iq4nl), times the scale.
 inline constexpr int8_t k_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                               1,    13,   25,  38,  53,  69,  89,  113};
+
+// MXFP4: a 4-bit index selects one of these (twice FP4 E2M1's values: ggml's kvalues_mxfp4), times the
+// block's scale 2^(e − 128) (e: its E8M0 byte, so 2^(e − 127) halved).
+inline constexpr int8_t k_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline float e8m0_half(uint8_t e) noexcept {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23; // (subnormal below 2)
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;
@@ -331,6 +343,17 @@ inline void iq4_expand(const uint8_t* qs, float dl, float* y) {
 inline void dequant_iq4_nl(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 18, y += 32)
     iq4_expand(b + 2, load_f16(b), y);
+}
+
+// MXFP4 (17 bytes per 32): E8M0 e, qs[16] (values j and j + 16 in the low and high nibbles of qs[j]).
+inline void dequant_mxfp4(const uint8_t* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, b += 17, y += 32) {
+    const float d = e8m0_half(b[0]);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(k_mxfp4_values[b[1 + j] & 0xF]) * d;
+      y[j + 16] = static_cast<float>(k_mxfp4_values[b[1 + j] >> 4]) * d;
+    }
+  }
 }
 
 // IQ4_XS (136 bytes per 256): f16 d, u16 scales_h, scales_l[4], qs[128]; sub-block k (of 32) has the
@@ -773,6 +796,34 @@ inline void quant_iq4_nl(const float* x, uint8_t* out, int64_t nb) {
   }
 }
 
+// MXFP4 as ggml's reference quantizer: e = ⌊log2 max|x|⌋ − 2 + 127, each value's nearest level (the first
+// of equals).
+inline void quant_mxfp4(const float* x, uint8_t* out, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32, out += 17) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      amax = std::max(amax, std::fabs(x[j]));
+    const float le = amax > 0.0f ? std::floor(std::log2(amax)) - 2.0f + 127.0f : 0.0f;
+    const auto e = static_cast<uint8_t>(std::clamp(le, 0.0f, 255.0f));
+    const float d = e8m0_half(e);
+    out[0] = e;
+    const auto index = [&](float v) {
+      int best = 0;
+      float err = std::fabs(static_cast<float>(k_mxfp4_values[0]) * d - v);
+      for (int k = 1; k < 16; ++k) {
+        const float ek = std::fabs(static_cast<float>(k_mxfp4_values[k]) * d - v);
+        if (ek < err) {
+          best = k;
+          err = ek;
+        }
+      }
+      return best;
+    };
+    for (int j = 0; j < 16; ++j)
+      out[1 + j] = static_cast<uint8_t>(index(x[j]) | (index(x[j + 16]) << 4));
+  }
+}
+
 inline void quant_iq4_xs(const float* x, uint8_t* out, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 256, out += 136) {
     int ls[8];
@@ -934,6 +985,8 @@ inline void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     return d::dequant_iq4_nl(b, dst, nb);
   case DType::iq4_xs:
     return d::dequant_iq4_xs(b, dst, nb);
+  case DType::mxfp4:
+    return d::dequant_mxfp4(b, dst, nb);
   default:
     break;
   }
@@ -985,6 +1038,8 @@ inline void quantize_row(DType t, const float* x, void* dst, int64_t n) {
     return d::quant_iq4_nl(x, out, nb);
   case DType::iq4_xs:
     return d::quant_iq4_xs(x, out, nb);
+  case DType::mxfp4:
+    return d::quant_mxfp4(x, out, nb);
   default:
     break;
   }
