@@ -36,6 +36,7 @@ enum QType : uint32_t {
   qt_iq4_nl = 20,
   qt_iq4_xs = 23,
   qt_bf16 = 30,
+  qt_mxfp4 = 39,
 };
 
 // Whether the kernels read this type (what loom::dequantize_row reads).
@@ -56,6 +57,7 @@ LOOM_HD bool readable(uint32_t t) {
   case qt_q6_k:
   case qt_iq4_nl:
   case qt_iq4_xs:
+  case qt_mxfp4:
     return true;
   default:
     return false;
@@ -110,6 +112,8 @@ LOOM_HD int block_bytes(uint32_t t) {
     return 210;
   case qt_iq4_xs:
     return 136;
+  case qt_mxfp4:
+    return 17;
   default:
     return 0;
   }
@@ -171,6 +175,18 @@ LOOM_HD float load_half(const uint8_t* p) {
 LOOM_HD int8_t iq4nl_value(int i) {
   constexpr int8_t v[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   return v[i];
+}
+
+// MXFP4: twice FP4 E2M1's values (dtype.hpp's k_mxfp4_values), and the block's scale 2^(e − 128).
+LOOM_HD int8_t mxfp4_value(int i) {
+  constexpr int8_t v[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  return v[i];
+}
+LOOM_HD float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
 }
 
 // Q4_K / Q5_K: scale and min j (of 8) from their 12 packed bytes.
@@ -256,6 +272,15 @@ LOOM_HD void dequant32(uint32_t t, const uint8_t* row, int64_t sb, float* y) {
     for (int j = 0; j < 16; ++j) {
       y[j] = d * static_cast<float>(iq4nl_value(b[2 + j] & 0xF));
       y[j + 16] = d * static_cast<float>(iq4nl_value(b[2 + j] >> 4));
+    }
+    return;
+  }
+  case qt_mxfp4: {
+    const uint8_t* b = row + 17 * sb;
+    const float d = e8m0_half(b[0]);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(mxfp4_value(b[1 + j] & 0xF)) * d;
+      y[j + 16] = static_cast<float>(mxfp4_value(b[1 + j] >> 4)) * d;
     }
     return;
   }
@@ -453,6 +478,15 @@ LOOM_HD bool unpack32(uint32_t t, const uint8_t* row, int64_t sb, int8_t* w, flo
     for (int j = 0; j < 16; ++j) {
       w[j] = iq4nl_value(p[2 + j] & 0xF);
       w[j + 16] = iq4nl_value(p[2 + j] >> 4);
+    }
+    return true;
+  }
+  case qt_mxfp4: {
+    const uint8_t* p = row + 17 * sb;
+    a[0] = a[1] = e8m0_half(p[0]);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = mxfp4_value(p[1 + j] & 0xF);
+      w[j + 16] = mxfp4_value(p[1 + j] >> 4);
     }
     return true;
   }

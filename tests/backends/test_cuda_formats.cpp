@@ -41,7 +41,7 @@ TEST(CudaFormats, EveryReadableTypeDequantizesLikeTheSdk) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 15) << "f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k iq4_nl iq4_xs";
+  EXPECT_EQ(checked, 16) << "f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k iq4_nl iq4_xs mxfp4";
 }
 
 TEST(CudaFormats, Q8_0KvRowsAreQuantizeRowsBytes) {
@@ -123,7 +123,7 @@ TEST(CudaFormats, IntegerFormOfEveryQuantizedTypeIsItsValues) {
     EXPECT_NEAR(got, want, 2e-2 * (mag + 1.0)) << "activations rounded to 8 bits";
     ++checked;
   }
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(checked, 13); // the block types, mxfp4 among them
 }
 
 } // namespace

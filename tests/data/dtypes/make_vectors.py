@@ -12,7 +12,7 @@ Loom's dequantize_row must give the same floats bit for bit.
 `loom quantize --type T` for every type Loom writes, read back with gguf-py's GGUFReader (which checks
 the file's layout: type, shape, sizes), and gguf-py's floats for Loom's blocks. Loom's quantize_row
 must give the same bytes (a changed quantizer means: run this script again) and its dequantize_row
-the same floats. For f16, bf16, q8_0 and q4_0 Loom's blocks must also be the bytes of gguf-py's
+the same floats. For f16, bf16, q8_0, q4_0 and mxfp4 Loom's blocks must also be the bytes of gguf-py's
 reference quantizers (checked here).
 
 Floats and bytes are stored as hex strings (little-endian float32 bits / raw bytes), so they compare exactly.
@@ -48,7 +48,10 @@ TYPES = {
     "q6_k": (T.Q6_K, [208]),
     "iq4_nl": (T.IQ4_NL, [0]),
     "iq4_xs": (T.IQ4_XS, [0]),
+    "mxfp4": (T.MXFP4, []),  # its scale: the E8M0 byte at 0 (E8M0_BYTES)
 }
+# MXFP4's E8M0 scale bytes of the dequantize vectors' four blocks: the two subnormal ones, 2^-1, and 2^5.
+E8M0_BYTES = [0, 1, 127, 133]
 N_INPUT = 256  # values in the "quantize" row: one 256-value super-block, eight blocks of 32
 
 
@@ -69,6 +72,8 @@ def random_blocks(name: str, rng: np.random.Generator) -> bytes:
     n_blocks = 3 if block == 256 else 4
     data = bytearray(rng.integers(0, 256, size=n_blocks * size, dtype=np.uint8).tobytes())
     for b in range(n_blocks):
+        if qtype == T.MXFP4:
+            data[b * size] = E8M0_BYTES[b]
         for k, off in enumerate(scale_offsets):
             # positive, negative, subnormal or zero; the second field of a block differs from the first
             kind = (b + k) % (4 if block == 32 else 3)
@@ -113,7 +118,7 @@ def quant_vectors(loom: str, rng: np.random.Generator) -> tuple:
             assert y.size == N_INPUT, name
             rms = float(np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x**2)))
             note = ""
-            if name in ("f16", "bf16", "q8_0", "q4_0"):  # Loom keeps ggml's reference quantizer for these
+            if name in ("f16", "bf16", "q8_0", "q4_0", "mxfp4"):  # Loom keeps ggml's reference quantizer for these
                 ref = np.asarray(quantize(x.reshape(1, N_INPUT), qtype)).view(np.uint8).tobytes()
                 assert ref == raw, f"{name}: loom's blocks differ from gguf-py's reference quantizer's"
                 note = ", the same bytes as gguf-py's reference quantizer"
