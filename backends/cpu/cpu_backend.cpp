@@ -410,10 +410,13 @@ private:
       const Pos* rope = b.has_tree() ? b.rope_positions.data() : nullptr;
       const Pos* tbase = b.has_tree() ? b.tree_base.data() : nullptr;
       const uint64_t* tmask = b.has_tree() ? b.tree_mask.data() : nullptr;
+      const float* sinks = p.sink_logits >= 0 ? vec(g, p.sink_logits) : nullptr;
       if (p.kernel == AttnKernel::naive) // asked for: the materialized-scores reference kernel
-        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, rope, tbase, tmask);
+        attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, rope, tbase, tmask,
+                                       sinks);
       else
-        flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa, rope, tbase, tmask);
+        flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa, rope, tbase, tmask,
+                        sinks);
       return;
     }
     case OpKind::swiglu:
@@ -471,6 +474,18 @@ private:
     case OpKind::moe_combine:
       moe_combine(g, n, dst);
       return;
+    case OpKind::add_id:
+      add_id(g, n, dst);
+      return;
+    case OpKind::swiglu_oai: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      const int64_t len = d.n_elements();
+#pragma omp parallel for schedule(static) if (len > 65536)
+      for (int64_t i = 0; i < len; ++i)
+        dst[i] = swiglu_oai(n.glu, a[i], c[i]);
+      return;
+    }
     case OpKind::copy: {
       const TensorDesc& s = g.tensors[static_cast<size_t>(n.src[0])];
       if (s.kind == TensorKind::weight) {
@@ -614,7 +629,8 @@ private:
     const size_t bytes = b16 || f16 ? bf16x64_bytes(K, N) : repacked_bytes(w.dtype, K, N);
     const auto* src = static_cast<const uint8_t*>(w.data);
     const size_t rb = row_bytes(w.dtype, K);
-    const bool drop = in_file >= 0 ? in_file != 0 : in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
+    const bool drop =
+        in_file >= 0 ? in_file != 0 : in_readonly_file_mapping(src, rb * static_cast<size_t>(N));
     // Another backend's copy of the same mapped matrix, made the same way: shared.
     SharedRepacks& shared = shared_repacks();
     std::unique_lock<std::mutex> lock(shared.mu, std::defer_lock);
@@ -835,7 +851,8 @@ private:
         std::memcpy(moe_x_.data() + r * K, x_of(rows[static_cast<size_t>(r)]), static_cast<size_t>(K) * 4);
       matmul(v, moe_x_.data(), c, moe_y_.data(), opt_.exact_matmul);
       for (int64_t r = 0; r < c; ++r)
-        std::memcpy(dst + rows[static_cast<size_t>(r)] * N, moe_y_.data() + r * N, static_cast<size_t>(N) * 4);
+        std::memcpy(dst + rows[static_cast<size_t>(r)] * N, moe_y_.data() + r * N,
+                    static_cast<size_t>(N) * 4);
     }
   }
 
@@ -868,8 +885,26 @@ private:
     }
     if (gemvs_.size() < 2) return 0;
     const TensorDesc& x = g.tensors[static_cast<size_t>(first.src[1])];
-    gemv_multi(opt_.isa, gemvs_.data(), static_cast<int>(gemvs_.size()), x.ne[0], f32(first.src[1]), threads_);
+    gemv_multi(opt_.isa, gemvs_.data(), static_cast<int>(gemvs_.size()), x.ne[0], f32(first.src[1]),
+               threads_);
     return j - i;
+  }
+
+  // add_id: each slot's row plus its expert's bias row.
+  void add_id(const Graph& g, const Node& n, float* dst) {
+    const TensorDesc& y = g.tensors[static_cast<size_t>(n.src[0])];
+    const TensorDesc& bias = g.tensors[static_cast<size_t>(n.src[1])];
+    const int64_t N = y.ne[0], k = y.ne[1], T = y.ne[2];
+    LOOM_ASSERT(bias.ne[0] == N, "add_id: the biases' rows");
+    const float* route = f32(n.src[2]);
+    const float* ys = f32(n.src[0]);
+    const float* b = vec(g, n.src[1]);
+    for (int64_t r = 0; r < k * T; ++r) {
+      const auto e = static_cast<int64_t>(route[(r / k) * 2 * k + r % k]);
+      LOOM_ASSERT(e >= 0 && e < bias.n_rows(), "add_id: an expert id outside the biases");
+      for (int64_t j = 0; j < N; ++j)
+        dst[r * N + j] = ys[r * N + j] + b[e * N + j];
+    }
   }
 
   // moe_combine: each token's expert outputs weighed and summed in slot order (the reference's order).
@@ -1190,7 +1225,7 @@ private:
   int64_t tiles_x_ = -1;     // the activations tiles_.a holds: compute_serial_ · 2^32 + their tensor, or -1
   int64_t compute_serial_ = 0; // compute() calls so far
   std::vector<RopeTables> rope_tables_;
-  std::vector<Gemv> gemvs_; // fused_gemv's run
+  std::vector<Gemv> gemvs_;                       // fused_gemv's run
   std::vector<std::vector<int64_t>> expert_rows_; // matmul_id: each expert's rows (token · k + slot)
   std::vector<float> moe_x_, moe_y_;              // matmul_id: one expert's gathered rows and products
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};

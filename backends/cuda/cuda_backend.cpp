@@ -127,11 +127,12 @@ public:
     if (n.op == OpKind::rope && n.src[2] >= 0 &&
         g.tensors[static_cast<size_t>(n.src[2])].kind != TensorKind::weight)
       return false;
-    if (n.op == OpKind::moe_route || n.op == OpKind::matmul_id || n.op == OpKind::moe_combine)
+    if (n.op == OpKind::moe_route || n.op == OpKind::matmul_id || n.op == OpKind::moe_combine ||
+        n.op == OpKind::add_id || n.op == OpKind::swiglu_oai)
       return false; // (a mixture of experts runs on the reference and cpu backends)
     if (n.op == OpKind::attention)
-      return n.attn.head_dim > 0 && n.attn.head_dim <= 256 && n.attn.n_head_kv > 0 &&
-             n.attn.n_head % n.attn.n_head_kv == 0;
+      return n.attn.sink_logits < 0 && n.attn.head_dim > 0 && n.attn.head_dim <= 256 &&
+             n.attn.n_head_kv > 0 && n.attn.n_head % n.attn.n_head_kv == 0;
     return true;
   }
   bool supports_kv_dtype(DType t) const noexcept override {

@@ -15,13 +15,13 @@ int cmd_synth(const std::vector<std::string>& args) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b | llama-3-8b | qwen3-30b-a3b | tiny-gqa | tiny-d64 | tiny-d64x4 | tiny-moe")
+    ("shape", po::value<std::string>(), "stories15m | stories110m | tinyllama-1.1b | llama-3.2-1b-like | llama-2-7b | llama-3-8b | qwen3-30b-a3b | gpt-oss-20b | tiny-gqa | tiny-d64 | tiny-d64x4 | tiny-moe | tiny-oss")
     ("type", po::value<std::string>()->default_value("f32"), "f32 | f16 | bf16 | q8_0 | q4_0 | mxfp4 (of the matrices)")
     ("expert-type", po::value<std::string>(), "the experts' stacked matrices in this type (default: --type)")
     ("layers", po::value<int>(), "only the shape's first N layers (a large shape cut to fit memory)")
     ("vocab-from", po::value<std::string>(), "copy the vocabulary (tokenizer.* keys) from this GGUF")
     ("seed", po::value<unsigned long long>()->default_value(1), "weights RNG seed")
-    ("arch", po::value<std::string>()->default_value("llama"), "llama | llama3 | mistral | qwen2 | qwen3 | gemma2 | phi3 | smollm3 | qwen3moe (a shape with experts)")
+    ("arch", po::value<std::string>()->default_value("llama"), "llama | llama3 | mistral | qwen2 | qwen3 | gemma2 | phi3 | smollm3 | qwen3moe | gpt-oss (the last two: a shape with experts)")
     ("chat-template", po::value<std::string>(), "write tokenizer.chat_template: a built-in template (chatml, llama3, …) or a Jinja file")
     ("output,o", po::value<std::string>(), "output .gguf");
   // clang-format on

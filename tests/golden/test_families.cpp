@@ -12,6 +12,7 @@
 #include "loom/pipeline/pipeline.hpp"
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -120,7 +121,12 @@ TEST_P(Families, LogitsAndGreedyTokensMatchLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, Families,
                          ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3",
-                                           "smollm3", "qwen3moe", "qwen3moe_mxfp4"),
-                         [](const auto& p) { return p.param; });
+                                           "smollm3", "qwen3moe", "qwen3moe_mxfp4", "gpt-oss",
+                                           "gpt-oss_mxfp4"),
+                         [](const auto& p) { // (a test's name: letters, digits and _)
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 } // namespace

@@ -6,12 +6,12 @@
 namespace loom {
 
 extern const Family family_llama, family_qwen2, family_qwen3, family_qwen3moe, family_gemma2, family_gemma3,
-    family_phi3, family_smollm3;
+    family_phi3, family_smollm3, family_gpt_oss;
 
 namespace {
-const std::array<const Family*, 8> k_families = {&family_llama,    &family_qwen2,  &family_qwen3,
-                                                 &family_qwen3moe, &family_gemma2, &family_gemma3,
-                                                 &family_phi3,     &family_smollm3};
+const std::array<const Family*, 9> k_families = {&family_llama,    &family_qwen2,   &family_qwen3,
+                                                 &family_qwen3moe, &family_gemma2,  &family_gemma3,
+                                                 &family_phi3,     &family_smollm3, &family_gpt_oss};
 } // namespace
 
 const Family* find_family(std::string_view arch) noexcept {

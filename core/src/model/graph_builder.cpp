@@ -28,7 +28,10 @@ RopeParams global_rope(const ModelConfig& c) {
   if (c.rope.scaling == RopeScaling::yarn) {
     rope.ext_factor = 1.0f;
     rope.orig_ctx = c.rope.orig_ctx;
+    rope.beta_fast = c.rope.yarn_beta_fast;
+    rope.beta_slow = c.rope.yarn_beta_slow;
   }
+  rope.attn_factor = c.rope.attn_factor;
   return rope;
 }
 
@@ -95,6 +98,8 @@ int32_t GraphBuilder::attention_block(int32_t l, int32_t x) {
   const int32_t a = attention(l, p, q, k, v);
   int32_t o = g_.add_node(make_node(OpKind::matmul, weight(p + "attn_output.weight"), a,
                                     g_.add_activation(p + "attn_proj", {E_, T_, 1, 1})));
+  if (c_.attn_out_bias)
+    o = bin(OpKind::add, o, weight(p + "attn_output.bias"), p + "attn_proj_bias", {E_, T_, 1, 1});
   if (c_.post_norms) o = norm(o, weight(p + "post_attention_norm.weight"), p + "attn_post", {E_, T_, 1, 1});
   return bin(OpKind::add, x, o, p + "attn_res", {E_, T_, 1, 1});
 }
@@ -120,21 +125,34 @@ int32_t GraphBuilder::moe_block(int32_t l, int32_t x) {
   const MoeConfig& m = c_.moe;
   const int64_t NE = m.n_expert, k = m.n_used, F = m.n_ff_exp;
   // The normed input as [E, 1, T]: one row per token, shared by its k experts.
-  const int32_t hf = norm(x, weight(p + "ffn_norm.weight"), p + "ffn_in", {E_, 1, T_, 1});
-  const int32_t logits = matmul(weight(p + "ffn_gate_inp.weight"), hf, p + "moe_logits", {NE, T_, 1, 1});
+  const int32_t hf = norm(x, weight(p + c_.ffn_norm + ".weight"), p + "ffn_in", {E_, 1, T_, 1});
+  int32_t logits = matmul(weight(p + "ffn_gate_inp.weight"), hf, p + "moe_logits", {NE, T_, 1, 1});
+  if (m.router_bias)
+    logits = bin(OpKind::add, logits, weight(p + "ffn_gate_inp.bias"), p + "moe_logits_b", {NE, T_, 1, 1});
   Node r = make_node(OpKind::moe_route, logits, m.selection_bias ? weight(p + "exp_probs_b.bias") : -1,
                      g_.add_activation(p + "moe_route", {k, 2, T_, 1}));
   r.moe = {m.n_used, m.gating, m.norm, m.weights_scale};
   const int32_t route = g_.add_node(r);
-  const auto by_experts = [&](const std::string& w, int32_t in, int64_t n_out, const std::string& out) {
-    Node e = make_node(OpKind::matmul_id, weight(p + w), in, g_.add_activation(p + out, {n_out, k, T_, 1}));
+  // Each slot's expert's matrix `w` (ffn_<w>_exps) times `in`, plus that expert's bias where the file has
+  // them.
+  const auto by_experts = [&](const std::string& w, int32_t in, int64_t n_out) {
+    Node e = make_node(OpKind::matmul_id, weight(p + "ffn_" + w + "_exps.weight"), in,
+                       g_.add_activation(p + "moe_" + w, {n_out, k, T_, 1}));
     e.src[2] = route;
-    return g_.add_node(e);
+    int32_t y = g_.add_node(e);
+    if (m.expert_biases) {
+      Node b = make_node(OpKind::add_id, y, weight(p + "ffn_" + w + "_exps.bias"),
+                         g_.add_activation(p + "moe_" + w + "_b", {n_out, k, T_, 1}));
+      b.src[2] = route;
+      y = g_.add_node(b);
+    }
+    return y;
   };
-  const int32_t gate = by_experts("ffn_gate_exps.weight", hf, F, "moe_gate");
-  const int32_t up = by_experts("ffn_up_exps.weight", hf, F, "moe_up");
-  const int32_t act = bin(OpKind::swiglu, gate, up, p + "moe_act", {F, k, T_, 1});
-  const int32_t down = by_experts("ffn_down_exps.weight", act, E_, "moe_down");
+  const int32_t gate = by_experts("gate", hf, F);
+  const int32_t up = by_experts("up", hf, F);
+  const int32_t act =
+      bin(m.oai_glu ? OpKind::swiglu_oai : OpKind::swiglu, gate, up, p + "moe_act", {F, k, T_, 1});
+  const int32_t down = by_experts("down", act, E_);
   const int32_t out = bin(OpKind::moe_combine, down, route, p + "moe_out", {E_, T_, 1, 1});
   return bin(OpKind::add, x, out, p + "ffn_res", {E_, T_, 1, 1});
 }
@@ -191,6 +209,7 @@ int32_t GraphBuilder::attention(int32_t l, const std::string& p, int32_t q, int3
   at.attn.head_dim = c_.head_dim;
   at.attn.scale = c_.attn_scale > 0.0f ? c_.attn_scale : 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
   attention_.apply(at.attn); // window, sinks, soft-cap, kernel of this layer
+  if (c_.attn_sink_logits) at.attn.sink_logits = weight(p + "attn_sinks.weight");
   return g_.add_node(at);
 }
 

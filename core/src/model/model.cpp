@@ -42,9 +42,10 @@ Model::Model(GgufFile f, int32_t max_layers)
     if (n.dst == g.out_logits && n.op == OpKind::softcap) head = n.src[0];
   std::map<std::string, size_t> at;
   for (const Node& n : g.nodes)
-    for (size_t i = 0; i < n.src.size(); ++i) {
-      if (n.src[i] < 0) continue;
-      const TensorDesc& t = g.tensors[static_cast<size_t>(n.src[i])];
+    for (size_t i = 0; i <= n.src.size(); ++i) { // (one past: an attention node's sink logits)
+      const int32_t id = i < n.src.size() ? n.src[i] : n.op == OpKind::attention ? n.attn.sink_logits : -1;
+      if (id < 0) continue;
+      const TensorDesc& t = g.tensors[static_cast<size_t>(id)];
       if (t.kind != TensorKind::weight) continue;
       auto it = at.find(t.name);
       if (it == at.end()) {

@@ -28,7 +28,8 @@ std::string number(double v) {
 }
 } // namespace
 
-std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min, const char* what) {
+std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min,
+                                     const char* what) {
   const std::optional<double> v = f.get_float_opt(key);
   if (!v) return std::nullopt;
   if (!std::isfinite(*v) || *v < min || *v > static_cast<double>(std::numeric_limits<float>::max()))
@@ -114,7 +115,9 @@ void read_sizes(ModelConfig& c, const GgufFile& f, const std::string& a) {
   auto req = [&](const std::string& k) { return f.get_int(a + k); };
   c.n_embd = positive(f, a + "embedding_length", req("embedding_length"));
   c.n_layer = positive(f, a + "block_count", req("block_count"), 4096);
-  c.n_ff = positive(f, a + "feed_forward_length", req("feed_forward_length"));
+  // (a mixture of experts may have none: the experts' width is expert_feed_forward_length; checked after)
+  if (const auto ff = f.get_int_opt(a + "feed_forward_length"))
+    c.n_ff = positive(f, a + "feed_forward_length", *ff);
   c.n_head = positive(f, a + "attention.head_count", req("attention.head_count"), 4096);
   c.n_head_kv = positive(f, a + "attention.head_count_kv",
                          f.get_int_opt(a + "attention.head_count_kv").value_or(c.n_head), 4096);
@@ -163,6 +166,18 @@ void read_rope(ModelConfig& c, const GgufFile& f, const std::string& a) {
              "' is not supported (none, linear, yarn)");
   }
   c.rope.factor = factor.value_or(1.0f);
+  c.rope.yarn_beta_fast =
+      finite_at_least(f, a + "rope.scaling.yarn_beta_fast", 0.0, "a finite number ≥ 0").value_or(32.0f);
+  c.rope.yarn_beta_slow =
+      finite_at_least(f, a + "rope.scaling.yarn_beta_slow", 0.0, "a finite number ≥ 0").value_or(1.0f);
+  c.rope.attn_factor =
+      finite_at_least(f, a + "rope.scaling.attn_factor", 0.0, "a finite number ≥ 0 (1: unscaled)")
+          .value_or(1.0f);
+  if (f.find(a + "rope.scaling.yarn_log_multiplier"))
+    fail(Errc::unsupported, "model",
+         gguf_printable(f.path(), 400) +
+             ": rope.scaling.yarn_log_multiplier (DeepSeek's YaRN magnitude) is not "
+             "supported yet");
   c.rope.orig_ctx = c.n_ctx_train;
   if (auto oc = f.get_int_opt(a + "rope.scaling.original_context_length"))
     c.rope.orig_ctx = positive(f, a + "rope.scaling.original_context_length", *oc, 1 << 24);
@@ -211,7 +226,8 @@ void read_moe(ModelConfig& c, const GgufFile& f, const std::string& a) {
   }
   if (const GgufValue* v = f.find(a + "expert_weights_norm")) m.norm = v->as_int().value_or(0) != 0;
   const float scale =
-      finite_at_least(f, a + "expert_weights_scale", 0.0, "a finite number ≥ 0 (0: not scaled)").value_or(0.0f);
+      finite_at_least(f, a + "expert_weights_scale", 0.0, "a finite number ≥ 0 (0: not scaled)")
+          .value_or(0.0f);
   if (scale > 0.0f) m.weights_scale = scale;
 }
 
@@ -266,7 +282,9 @@ public:
       shape(p + "attn_k_norm.weight", {c.head_dim});
     }
     shape(p + "attn_output.weight", {q_dim, c.n_embd});
-    shape(p + "ffn_norm.weight", {c.n_embd});
+    if (c.attn_out_bias) shape(p + "attn_output.bias", {c.n_embd});
+    if (c.attn_sink_logits) shape(p + "attn_sinks.weight", {c.n_head});
+    shape(p + c.ffn_norm + ".weight", {c.n_embd});
     if (c.post_norms) {
       shape(p + "post_attention_norm.weight", {c.n_embd});
       shape(p + "post_ffw_norm.weight", {c.n_embd});
@@ -291,10 +309,16 @@ public:
       expect_shape(f_, t, ne, true, moe_dims);
     };
     shape(p + "ffn_gate_inp.weight", {c_.n_embd, m.n_expert});
+    if (m.router_bias) shape(p + "ffn_gate_inp.bias", {m.n_expert});
     if (m.selection_bias) shape(p + "exp_probs_b.bias", {m.n_expert});
     shape(p + "ffn_gate_exps.weight", {c_.n_embd, m.n_ff_exp, m.n_expert});
     shape(p + "ffn_up_exps.weight", {c_.n_embd, m.n_ff_exp, m.n_expert});
     shape(p + "ffn_down_exps.weight", {m.n_ff_exp, c_.n_embd, m.n_expert});
+    if (m.expert_biases) {
+      shape(p + "ffn_gate_exps.bias", {m.n_ff_exp, m.n_expert});
+      shape(p + "ffn_up_exps.bias", {m.n_ff_exp, m.n_expert});
+      shape(p + "ffn_down_exps.bias", {c_.n_embd, m.n_expert});
+    }
   }
 
 private:
@@ -341,6 +365,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       finite_at_least(f, a + "final_logit_softcapping", 0.0, "a finite number ≥ 0 (0: off)").value_or(0.0f);
   read_moe(c, f, a);
   family.configure(c, f, a);
+  if (c.n_ff == 0 && c.moe.n_expert == 0)
+    bad(f, "metadata '" + a + "feed_forward_length' is missing (a dense model's FFN width)");
   const GgufTensor& emb = read_vocab_size(c, f, a);
   check_tensors(c, f, a);
 

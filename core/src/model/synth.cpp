@@ -30,6 +30,8 @@ const std::vector<SynthShape>& synth_shapes() {
       {"llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f, false, 0, 0, 0, 0},
       {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, false, 0, 0, 0, 0}, // (gpu-check.sh)
       {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0f, false, 128, 128, 8, 768},
+      {"tiny-oss", 128, 2, 4, 2, 256, 512, 1024, 150000.0f, false, 64, 8, 3, 64}, // tests: gpt-oss's graph
+      {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 131072, 150000.0f, false, 64, 32, 4, 2880},
   };
   return shapes;
 }
@@ -111,15 +113,16 @@ void add_synthetic_vocab(GgufWriter& w, int32_t n_vocab) {
 
 // The families synth writes, and whether each is a mixture of experts (whose shape must have experts).
 void check_arch(const std::string& arch, const SynthShape& sh) {
-  static const char* archs[] = {"llama",  "llama3", "mistral", "qwen2",   "qwen3",
-                                "gemma2", "phi3",   "smollm3", "qwen3moe"};
+  static const char* archs[] = {"llama",  "llama3", "mistral", "qwen2",    "qwen3",
+                                "gemma2", "phi3",   "smollm3", "qwen3moe", "gpt-oss"};
   if (std::find(std::begin(archs), std::end(archs), arch) == std::end(archs))
     fail(Errc::invalid_argument, "synth",
          "unknown arch '" + arch +
-             "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, smollm3, qwen3moe)");
-  if (arch == "qwen3moe" && sh.n_expert == 0)
+             "' (known: llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, smollm3, qwen3moe, gpt-oss)");
+  if ((arch == "qwen3moe" || arch == "gpt-oss") && sh.n_expert == 0)
     fail(Errc::invalid_argument, "synth",
-         "shape '" + sh.name + "' has no experts; " + arch + " needs one that has (tiny-moe, qwen3-30b-a3b)");
+         "shape '" + sh.name + "' has no experts; " + arch +
+             " needs one that has (tiny-moe, qwen3-30b-a3b, tiny-oss, gpt-oss-20b)");
 }
 
 int64_t head_dim(const SynthShape& sh) {
@@ -146,7 +149,13 @@ void add_model_keys(GgufWriter& w, const SynthOptions& o, const SynthShape& sh, 
     w.add_u32(k + "attention.key_length", static_cast<uint32_t>(sh.head_dim));
     w.add_u32(k + "attention.value_length", static_cast<uint32_t>(sh.head_dim));
   }
-  if (o.arch == "qwen3moe") {
+  if (o.arch == "gpt-oss") { // a window of 128 on every other layer; YaRN: 32× the first 1/32 of the context
+    w.add_u32(k + "attention.sliding_window", 128);
+    w.add_string(k + "rope.scaling.type", "yarn");
+    w.add_f32(k + "rope.scaling.factor", 32.0f);
+    w.add_u32(k + "rope.scaling.original_context_length", static_cast<uint32_t>(sh.n_ctx / 32));
+  }
+  if (sh.n_expert > 0) {
     w.add_u32(k + "expert_count", static_cast<uint32_t>(sh.n_expert));
     w.add_u32(k + "expert_used_count", static_cast<uint32_t>(sh.n_used));
     w.add_u32(k + "expert_feed_forward_length", static_cast<uint32_t>(sh.n_ff_exp));
@@ -176,8 +185,8 @@ void add_layer_specs(std::vector<GgufWriter::TensorSpec>& specs, const SynthOpti
     specs.push_back({p + "attn_k.weight", o.type, {E, KV}});
     specs.push_back({p + "attn_v.weight", o.type, {E, KV}});
   }
-  if (o.arch == "qwen2") {
-    specs.push_back({p + "attn_q.bias", DType::f32, {E}});
+  if (o.arch == "qwen2" || o.arch == "gpt-oss") {
+    specs.push_back({p + "attn_q.bias", DType::f32, {Q}});
     specs.push_back({p + "attn_k.bias", DType::f32, {KV}});
     specs.push_back({p + "attn_v.bias", DType::f32, {KV}});
   }
@@ -186,14 +195,25 @@ void add_layer_specs(std::vector<GgufWriter::TensorSpec>& specs, const SynthOpti
     specs.push_back({p + "attn_k_norm.weight", DType::f32, {D}});
   }
   specs.push_back({p + "attn_output.weight", o.type, {Q, E}});
-  if (o.arch == "gemma2") specs.push_back({p + "post_attention_norm.weight", DType::f32, {E}});
-  specs.push_back({p + "ffn_norm.weight", DType::f32, {E}});
+  if (o.arch == "gpt-oss") {
+    specs.push_back({p + "attn_output.bias", DType::f32, {E}});
+    specs.push_back({p + "attn_sinks.weight", DType::f32, {sh.n_head}});
+  }
+  if (o.arch == "gemma2" || o.arch == "gpt-oss")
+    specs.push_back({p + "post_attention_norm.weight", DType::f32, {E}});
+  if (o.arch != "gpt-oss") specs.push_back({p + "ffn_norm.weight", DType::f32, {E}});
   if (sh.n_expert > 0) { // the router stays f32 (its top-k decides which experts run), the experts `type`
     const int64_t NE = sh.n_expert, FE = sh.n_ff_exp;
+    const bool biased = o.arch == "gpt-oss";
     specs.push_back({p + "ffn_gate_inp.weight", DType::f32, {E, NE}});
-    specs.push_back({p + "ffn_gate_exps.weight", o.expert_type.value_or(o.type), {E, FE, NE}});
-    specs.push_back({p + "ffn_up_exps.weight", o.expert_type.value_or(o.type), {E, FE, NE}});
-    specs.push_back({p + "ffn_down_exps.weight", o.expert_type.value_or(o.type), {FE, E, NE}});
+    if (biased) specs.push_back({p + "ffn_gate_inp.bias", DType::f32, {NE}});
+    for (const std::string w : {"gate", "up", "down"}) {
+      const bool down = w == "down";
+      specs.push_back({p + "ffn_" + w + "_exps.weight",
+                       o.expert_type.value_or(o.type),
+                       {down ? FE : E, down ? E : FE, NE}});
+      if (biased) specs.push_back({p + "ffn_" + w + "_exps.bias", DType::f32, {down ? E : FE, NE}});
+    }
     return;
   }
   if (o.arch == "phi3") {
@@ -259,7 +279,7 @@ public:
   }
 
 private:
-  enum class Kind { freqs, norm, bias, router, weight };
+  enum class Kind { freqs, norm, bias, router, sink, weight };
 
   static int64_t rows_of(const GgufWriter::TensorSpec& s) {
     int64_t rows = 1;
@@ -268,11 +288,15 @@ private:
     return rows;
   }
 
-  static Kind kind_of(const GgufWriter::TensorSpec& s) {
+  Kind kind_of(const GgufWriter::TensorSpec& s) const {
     if (s.name == "rope_freqs.weight") return Kind::freqs;
+    if (s.name.find("attn_sinks") != std::string::npos) return Kind::sink;
     if (s.name.find("ffn_gate_inp") != std::string::npos) return Kind::router;
     if (s.ne.size() == 1 && s.name.find("norm") != std::string::npos) return Kind::norm;
-    if (s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0) return Kind::bias;
+    // (gpt-oss's many biases as small as the products they are added to, or they drown them: every token's
+    // hidden state the same)
+    if (s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0)
+      return o_.arch == "gpt-oss" ? Kind::weight : Kind::bias;
     return Kind::weight;
   }
 
@@ -286,6 +310,8 @@ private:
       return rng_.uniform(0.5f);
     case Kind::router: // logits a few units apart: a token's k-th and (k+1)-th experts are no near-tie
       return rng_.uniform(0.5f);
+    case Kind::sink: // a learned sink logit: e^3 ≈ 20 keys' worth, so it matters hundreds of keys in
+      return rng_.uniform(3.0f);
     case Kind::weight:
       break;
     }

@@ -17,7 +17,9 @@ static_assert(static_cast<int32_t>(OpKind::mul) == LOOM_OP_MUL &&
                   static_cast<int32_t>(OpKind::softcap) == LOOM_OP_SOFTCAP &&
                   static_cast<int32_t>(OpKind::moe_route) == LOOM_OP_MOE_ROUTE &&
                   static_cast<int32_t>(OpKind::matmul_id) == LOOM_OP_MATMUL_ID &&
-                  static_cast<int32_t>(OpKind::moe_combine) == LOOM_OP_MOE_COMBINE,
+                  static_cast<int32_t>(OpKind::moe_combine) == LOOM_OP_MOE_COMBINE &&
+                  static_cast<int32_t>(OpKind::add_id) == LOOM_OP_ADD_ID &&
+                  static_cast<int32_t>(OpKind::swiglu_oai) == LOOM_OP_SWIGLU_OAI,
               "OpKind values are part of the backend ABI");
 
 struct CGraph {
@@ -60,6 +62,9 @@ CGraph to_c(const Graph& g) {
                n.attn.head_dim, n.attn.scale,  n.attn.window,
                n.attn.softcap,  n.attn.sinks,  static_cast<int32_t>(n.attn.kernel)};
     cn.moe = {n.moe.n_used, static_cast<int32_t>(n.moe.gating), n.moe.norm ? 1 : 0, n.moe.weights_scale};
+    cn.attn_sink_logits = n.attn.sink_logits;
+    cn.glu_alpha = n.glu.alpha;
+    cn.glu_limit = n.glu.limit;
     c.nodes.push_back(cn);
   }
   c.g.struct_size = sizeof(loom_graph);

@@ -38,10 +38,12 @@ public:
   std::string_view name() const noexcept override { return "naive"; }
 
   // Every op, with weights of any type the SDK converts to f32.
-  // Dense models only: a mixture of experts' ops are refused (the model then says so in one line).
+  // Dense models without learned attention sinks: a mixture of experts' ops and sink logits are refused
+  // (the model then says so in one line).
   bool supports(const Graph& g, const Node& n) const noexcept override {
     return n.op != OpKind::moe_route && n.op != OpKind::matmul_id && n.op != OpKind::moe_combine &&
-           loom::weights_dequantizable(g, n);
+           n.op != OpKind::add_id && n.op != OpKind::swiglu_oai &&
+           !(n.op == OpKind::attention && n.attn.sink_logits >= 0) && loom::weights_dequantizable(g, n);
   }
 
   // The model's weights, once: each converted to f32 and kept under its id (what graph tensors carry).
@@ -218,6 +220,8 @@ private:
     case OpKind::moe_route: // (refused by supports)
     case OpKind::matmul_id:
     case OpKind::moe_combine:
+    case OpKind::add_id:
+    case OpKind::swiglu_oai:
       break;
     }
     throw loom::sdk::Error(std::string("naive: op ") + loom::op_name(n.op) + " is not implemented",

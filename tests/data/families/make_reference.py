@@ -4,7 +4,8 @@
 For each family (llama, llama3, mistral, qwen2, qwen3, gemma2, phi3, smollm3, qwen3moe) this writes the same
 random-weight file the C++ test writes (`loom synth --shape tiny-d64 --arch A --type f32 --vocab-from
 stories260K.gguf`; the mixtures of experts `--shape tiny-moe`, 3 of 8 experts a token; smollm3 `--shape
-tiny-d64x4`, whose fourth layer has no RoPE: the synthesis is deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
+tiny-d64x4`, whose fourth layer has no RoPE; gpt-oss `--shape tiny-oss` (learned sinks, a window of 128 on
+layer 0, YaRN, biased experts): the synthesis is deterministic), evaluates a fixed prompt of token ids in llama.cpp with an f32 KV cache,
 and records the logits at a few positions and 32 greedy tokens after the prompt's first 16. The C++ test
 (tests/golden/test_families.cpp) needs no Python: it reads reference.json.
 
@@ -30,15 +31,18 @@ import tempfile
 import llama_cpp
 import numpy as np
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "smollm3", "qwen3moe", "qwen3moe_mxfp4"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "smollm3", "qwen3moe", "qwen3moe_mxfp4",
+         "gpt-oss", "gpt-oss_mxfp4"]
 # A file of another type than f32 (the name's family, the synth options added): the experts in MXFP4 (llama.cpp
 # multiplies them on q8_0-rounded activations, the reference exactly: their logits agree within the tolerance)
-VARIANTS = {"qwen3moe_mxfp4": ("qwen3moe", ["--expert-type", "mxfp4"])}
+VARIANTS = {"qwen3moe_mxfp4": ("qwen3moe", ["--expert-type", "mxfp4"]),
+            "gpt-oss_mxfp4": ("gpt-oss", ["--expert-type", "mxfp4"])}
 # The logits' tolerance (of their scale) where llama.cpp rounds activations: 2e-3 measured for MXFP4's q8_0
-TOLERANCE = {"qwen3moe_mxfp4": 5e-3}  # else 1e-3
+TOLERANCE = {"qwen3moe_mxfp4": 5e-3, "gpt-oss_mxfp4": 5e-3}  # else 1e-3
 VOCAB = {"phi3": "vocab/ggml-vocab-phi-3.gguf"}  # else stories260K.gguf
 SHAPE = "tiny-d64"
-SHAPES = {"qwen3moe": "tiny-moe", "qwen3moe_mxfp4": "tiny-moe", "smollm3": "tiny-d64x4"}  # else SHAPE
+SHAPES = {"qwen3moe": "tiny-moe", "qwen3moe_mxfp4": "tiny-moe", "smollm3": "tiny-d64x4", "gpt-oss": "tiny-oss",
+          "gpt-oss_mxfp4": "tiny-oss"}  # else SHAPE
 N_PROMPT = 300
 WINDOW = 256  # what loom synth writes for this shape: max(16, n_ctx / 4)
 POSITIONS = [0, 1, 7, 63, 200, 255, 299]

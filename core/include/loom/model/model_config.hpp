@@ -22,6 +22,7 @@ struct RopeConfig {
   float factor = 1.0f;  // linear: positions / factor; yarn: context extension factor
   int32_t orig_ctx = 0; // yarn: original training context
   float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+  float attn_factor = 1.0f; // rope.scaling.attn_factor: the rotated values' magnitude (YaRN's own on top)
   // Sliding-window layers' own base, unscaled (Gemma 3's local layers: 10 000); 0: as the others.
   float theta_swa = 0.0f;
 };
@@ -38,6 +39,9 @@ struct MoeConfig {
   bool norm = false;           // the k weights renormalised to sum 1
   float weights_scale = 1.0f;  // then scaled
   bool selection_bias = false; // exp_probs_b.bias [n_expert]: added to choose, not to weigh
+  bool router_bias = false;    // ffn_gate_inp.bias [n_expert]: added to the router's logits (gpt-oss)
+  bool expert_biases = false; // ffn_{gate,up}_exps.bias [n_ff_exp, n_expert], ffn_down_exps.bias [n_embd, ·]
+  bool oai_glu = false;       // the experts' unit is gpt-oss's clamped SwiGLU (swiglu_oai) instead of SwiGLU
 };
 
 struct ModelConfig {
@@ -62,17 +66,21 @@ struct ModelConfig {
   float attn_softcap = 0.0f;
   bool tied_output = false; // no output.weight: the embedding is the output head
   // Family features (set by each family's file, core/src/model/families/).
-  bool qkv_bias = false;      // attn_{q,k,v}.bias
-  bool qk_norm = false;       // attn_{q,k}_norm.weight [head_dim]
-  bool fused_qkv = false;     // attn_qkv.weight [n_embd, q_dim + 2·kv_dim] (q rows, then k, then v)
-  bool fused_gate_up = false; // ffn_up.weight [n_embd, 2·n_ff] (gate rows, then up); no ffn_gate
-  bool post_norms = false;    // post_attention_norm.weight, post_ffw_norm.weight after each block's output
-  bool geglu = false;         // gelu(gate) ⊙ up instead of silu(gate) ⊙ up
-  bool rope_freqs = false;    // rope_freqs.weight [n_dims/2]: frequency divisors (Llama 3.1 rope scaling)
-  float embd_scale = 0.0f;    // embeddings multiplied by this (0: not scaled)
-  float final_softcap = 0.0f; // logits = c·tanh(logits/c) (0: off)
-  float attn_scale = 0.0f;    // scores scaled by this (0: 1/√head_dim)
-  MoeConfig moe;              // n_expert > 0: the FFN is a mixture of experts
+  bool qkv_bias = false;         // attn_{q,k,v}.bias
+  bool qk_norm = false;          // attn_{q,k}_norm.weight [head_dim]
+  bool fused_qkv = false;        // attn_qkv.weight [n_embd, q_dim + 2·kv_dim] (q rows, then k, then v)
+  bool fused_gate_up = false;    // ffn_up.weight [n_embd, 2·n_ff] (gate rows, then up); no ffn_gate
+  bool post_norms = false;       // post_attention_norm.weight, post_ffw_norm.weight after each block's output
+  bool geglu = false;            // gelu(gate) ⊙ up instead of silu(gate) ⊙ up
+  bool rope_freqs = false;       // rope_freqs.weight [n_dims/2]: frequency divisors (Llama 3.1 rope scaling)
+  bool attn_out_bias = false;    // attn_output.bias [n_embd] (gpt-oss)
+  bool attn_sink_logits = false; // attn_sinks.weight [n_head]: learned per-head sink logits (gpt-oss)
+  std::string ffn_norm =
+      "ffn_norm";          // the FFN's input norm, blk.<l>.<ffn_norm>.weight (gpt-oss: post_attention_norm)
+  float embd_scale = 0.0f; // embeddings multiplied by this (0: not scaled)
+  float final_softcap = 0.0f;     // logits = c·tanh(logits/c) (0: off)
+  float attn_scale = 0.0f;        // scores scaled by this (0: 1/√head_dim)
+  MoeConfig moe;                  // n_expert > 0: the FFN is a mixture of experts
   DType weight_type = DType::f32; // the type most matrices are stored in (general.file_type-ish)
 
   int32_t n_gqa() const noexcept { return n_head / n_head_kv; }

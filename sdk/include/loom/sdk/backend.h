@@ -29,8 +29,12 @@
  *   MOE_ROUTE   router logits src0 [E, T] (+ an optional selection bias src1 [E] that chooses but does not
  *               weigh) → route [k, 2, T], as loom_moe_params says (loom/sdk/graph.hpp: moe_route_token)
  *   MATMUL_ID   dst[:, i, t] = src0[id(i, t)]ᵀ · src1[:, i or 0, t]
- *                                            src0 [K, N, E] weights, src1 [K, k or 1, T], src2 route → [N, k, T]
- *   MOE_COMBINE dst[:, t] = Σ_i weight(i, t) · src0[:, i, t] (i in order)  src0 [N, k, T], src1 route → [N, T]
+ *                                            src0 [K, N, E] weights, src1 [K, k or 1, T], src2 route → [N, k,
+ * T] MOE_COMBINE dst[:, t] = Σ_i weight(i, t) · src0[:, i, t] (i in order)  src0 [N, k, T], src1 route → [N,
+ * T] ADD_ID      dst[:, i, t] = src0[:, i, t] + src1[:, id(i, t)]     src0 [N, k, T], src1 weight [N, E],
+ * src2 route SWIGLU_OAI  dst = x·σ(α·x) ⊙ (clamp(src1, −L, L) + 1), x = min(src0, L)   (loom_node.glu: α, L)
+ *   ATTENTION with loom_node.attn_sink_logits ≥ 0: that weight [n_head] holds each head's learned sink logit,
+ *               a key every query sees that carries no value (in each softmax's denominator only)
  */
 #ifndef LOOM_SDK_BACKEND_H
 #define LOOM_SDK_BACKEND_H
@@ -58,7 +62,9 @@ typedef enum loom_op { /* append-only */
                        /* (3.2) mixture of experts: loom_node.moe */
                        LOOM_OP_MOE_ROUTE = 13,
                        LOOM_OP_MATMUL_ID = 14,
-                       LOOM_OP_MOE_COMBINE = 15
+                       LOOM_OP_MOE_COMBINE = 15,
+                       LOOM_OP_ADD_ID = 16,
+                       LOOM_OP_SWIGLU_OAI = 17
 } loom_op;
 
 /* Element types: GGML's ids (F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14,
@@ -144,6 +150,8 @@ typedef struct loom_attention_params {
 #define LOOM_ATTN_FEATURE_KV_GROUPS                                                                          \
   32u /* (3.1) it reads KV pools of layer groups: loom_kv_layout.n_groups                                    \
        */
+#define LOOM_ATTN_FEATURE_SINK_LOGITS                                                                        \
+  64u /* (3.2) learned per-head sink logits (loom_node.attn_sink_logits) */
 
 /* (3.2) How MOE_ROUTE turns router logits into experts and weights. */
 #define LOOM_MOE_GATING_SOFTMAX 0          /* softmax over every expert, the k highest, their probabilities */
@@ -165,6 +173,9 @@ typedef struct loom_node {
   loom_rope_params rope;
   loom_attention_params attn;
   loom_moe_params moe; /* (3.2) MOE_ROUTE */
+  /* (3.2) ATTENTION: a weight [n_head] of learned sink logits, or −1 (a node of an older host: none) */
+  int32_t attn_sink_logits;
+  float glu_alpha, glu_limit; /* (3.2) SWIGLU_OAI: the sigmoid's slope and the clamp limit */
 } loom_node;
 
 typedef struct loom_graph {

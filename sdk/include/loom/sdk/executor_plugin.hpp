@@ -138,6 +138,11 @@ inline loom::Graph from_c(const loom_graph& c) {
     d.moe.gating = static_cast<loom::MoeGating>(n.moe.gating);
     d.moe.norm = n.moe.norm != 0;
     d.moe.weights_scale = n.moe.weights_scale;
+    // (3.2: a node of an older host has no sink logits, whatever its zero-filled field says)
+    d.attn.sink_logits =
+        c.node_size >= offsetof(loom_node, attn_sink_logits) + sizeof(int32_t) ? n.attn_sink_logits : -1;
+    d.glu.alpha = n.glu_alpha;
+    d.glu.limit = n.glu_limit;
     g.nodes.push_back(d);
   }
   g.id = c.id; // the host's name for this graph's shape (backends key their caches by it)

@@ -45,6 +45,9 @@ enum class OpKind : int32_t {
                     //   src0 [K, N, E] weights, src1 [K, k or 1, T], src2 route [k, 2, T] → [N, k, T]
   moe_combine = 15, // dst[:, t] = Σ_i weight(i, t) · src0[:, i, t], i = 0..k-1 in order
                     //   src0 [N, k, T], src1 route [k, 2, T] → [N, T]
+  add_id = 16,      // dst[:, i, t] = src0[:, i, t] + src1[:, id(i, t)] (each slot's expert's bias)
+                    //   src0 [N, k, T], src1 weight [N, E], src2 route [k, 2, T] → [N, k, T]
+  swiglu_oai = 17, // dst = x·σ(α·x) ⊙ (clamp(src1, −L, L) + 1), x = min(src0, L) (gpt-oss; GluParams α, L)
 };
 inline const char* op_name(OpKind op) noexcept {
   switch (op) {
@@ -80,6 +83,10 @@ inline const char* op_name(OpKind op) noexcept {
     return "matmul_id";
   case OpKind::moe_combine:
     return "moe_combine";
+  case OpKind::add_id:
+    return "add_id";
+  case OpKind::swiglu_oai:
+    return "swiglu_oai";
   }
   return "unknown";
 }
@@ -126,13 +133,15 @@ inline const char* attn_kernel_name(AttnKernel k) noexcept {
 // only the rows of each query's key_span, so that the host may release the others (sliding window).
 // attn_tree is asked of the backend as well: that it runs token-tree rows (BatchView::tree_base); and
 // attn_kv_groups: that it reads a KV pool of layer groups (KVLayout::layer_group, KVRows' group tables).
+// attn_sink_logits: a node's AttentionParams::sink_logits (learned per-head logits in every softmax).
 enum AttnFeature : uint32_t {
   attn_window = 1u,
   attn_softcap = 2u,
   attn_sinks = 4u,
   attn_span_only = 8u,
   attn_tree = 16u,
-  attn_kv_groups = 32u
+  attn_kv_groups = 32u,
+  attn_sink_logits = 64u
 };
 
 struct AttentionParams {
@@ -143,12 +152,21 @@ struct AttentionParams {
   float softcap = 0.0f; // tanh soft-capping of scores (0 = off)
   int32_t sinks = 0;    // with a window: the first `sinks` positions are attended as well
   AttnKernel kernel = AttnKernel::auto_; // the strategy the pipeline asked for
+  // A weight [n_head] (−1: none): each head's learned sink logit s_h, a key that every query sees and that
+  // carries no value (gpt-oss): out = Σ_j e^(x_j − m) v_j / (Σ_j e^(x_j − m) + e^(s_h − m)).
+  int32_t sink_logits = -1;
 
   uint32_t features() const noexcept {
     return (window > 0 ? attn_window : 0u) | (softcap > 0.0f ? attn_softcap : 0u) |
-           (window > 0 && sinks > 0 ? attn_sinks : 0u);
+           (window > 0 && sinks > 0 ? attn_sinks : 0u) | (sink_logits >= 0 ? attn_sink_logits : 0u);
   }
 };
+
+// The softmax denominator of head h whose scores' running maximum is m and sum of e^(x − m) is l: l, plus
+// e^(s_h − m) with learned sink logits (sinks: the node's sink_logits weight as f32, or null).
+inline float attn_denominator(const float* sinks, int32_t h, float m, float l) noexcept {
+  return sinks ? l + std::exp(sinks[h] - m) : l;
+}
 
 // The cached positions a query at `pos` attends: [0, sink_end) ∪ [first, pos] (sink_end ≤ first). Causal:
 // [0, pos]. Sliding window: the last `window` positions, plus the first `sinks` (attention sinks, kept
@@ -174,6 +192,19 @@ inline KeySpan key_span(const AttentionParams& p, Pos pos) noexcept {
 //   softmax_selected: choose the k highest logits (+ bias); weights = softmax over those k logits (gpt-oss)
 // then, with `norm`, the k weights divided by their sum (at least 2⁻¹⁴), then multiplied by weights_scale.
 enum class MoeGating : int32_t { softmax = 0, sigmoid = 1, softmax_selected = 2 };
+// A gated unit's constants (swiglu_oai): the sigmoid's slope α and the clamp limit L.
+struct GluParams {
+  float alpha = 1.702f;
+  float limit = 7.0f;
+};
+
+// swiglu_oai of one element (gate a, up b): as ggml's.
+inline float swiglu_oai(const GluParams& p, float a, float b) noexcept {
+  const float x = std::min(a, p.limit);
+  const float y = std::clamp(b, -p.limit, p.limit);
+  return x / (1.0f + std::exp(p.alpha * -x)) * (y + 1.0f);
+}
+
 struct MoeParams {
   int32_t n_used = 0; // k: experts a token uses
   MoeGating gating = MoeGating::softmax;
@@ -252,6 +283,7 @@ struct Node {
   RopeParams rope;
   AttentionParams attn;
   MoeParams moe; // moe_route
+  GluParams glu; // swiglu_oai
 };
 
 struct Graph {

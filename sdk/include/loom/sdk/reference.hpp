@@ -32,10 +32,12 @@ namespace attention {
 //   q   [n_tokens][n_head][head_dim]
 //   out [n_tokens][n_head][head_dim]
 // Token-tree rows (rope, tree_base, tree_mask non-null; BatchView): row t attends the slots tree_attends()
-// allows, the window taken at its rope position.
+// allows, the window taken at its rope position. sinks (non-null: the node's sink_logits as f32, n_head
+// values) add e^(s_h − max) to head h's softmax denominator (attn_denominator).
 inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
                                 const KVRows& kv, float* out, const Pos* rope = nullptr,
-                                const Pos* tree_base = nullptr, const uint64_t* tree_mask = nullptr) {
+                                const Pos* tree_base = nullptr, const uint64_t* tree_mask = nullptr,
+                                const float* sinks = nullptr) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   const int32_t D = p.head_dim;
   const int32_t n_gqa = p.n_head / p.n_head_kv;
@@ -85,6 +87,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
         s = std::exp(s - max_s);
         sum += s;
       }
+      sum = attn_denominator(sinks, h, max_s, sum);
       float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
                            static_cast<size_t>(D);
       std::fill(o, o + D, 0.0f);
@@ -238,12 +241,15 @@ private:
         kv_store(kv.kv_dtype(), v + static_cast<size_t>(t) * row_elems,
                  kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
+      std::vector<float> sink_tmp;
+      const float* sinks = p.sink_logits >= 0 ? row(g, p.sink_logits, 0, sink_tmp) : nullptr;
       if (b.has_tree())
         attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst,
-                                       b.rope_positions.data(), b.tree_base.data(), b.tree_mask.data());
+                                       b.rope_positions.data(), b.tree_base.data(), b.tree_mask.data(),
+                                       sinks);
       else
-        attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv,
-                                       dst);
+        attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst,
+                                       nullptr, nullptr, nullptr, sinks);
       return;
     }
     case OpKind::swiglu: {
@@ -343,6 +349,31 @@ private:
             dst[(t * k + i) * N + j] = v;
           }
         }
+      return;
+    }
+    case OpKind::add_id: {
+      const TensorDesc& y = g.tensors[static_cast<size_t>(n.src[0])];
+      const TensorDesc& bias = g.tensors[static_cast<size_t>(n.src[1])];
+      const int64_t N = y.ne[0], k = y.ne[1], T = y.ne[2];
+      LOOM_ASSERT(bias.ne[0] == N, "add_id: the biases' rows");
+      const float* route = f32(n.src[2]);
+      std::vector<float> tmp;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < k; ++i) {
+          const auto e = static_cast<int64_t>(route[t * 2 * k + i]);
+          LOOM_ASSERT(e >= 0 && e < bias.n_rows(), "add_id: an expert id outside the biases");
+          const float* br = row(g, n.src[1], e, tmp);
+          const float* yr = f32(n.src[0]) + (t * k + i) * N;
+          for (int64_t j = 0; j < N; ++j)
+            dst[(t * k + i) * N + j] = yr[j] + br[j];
+        }
+      return;
+    }
+    case OpKind::swiglu_oai: {
+      const float* a = f32(n.src[0]);
+      const float* c = f32(n.src[1]);
+      for (int64_t i = 0; i < d.n_elements(); ++i)
+        dst[i] = swiglu_oai(n.glu, a[i], c[i]);
       return;
     }
     case OpKind::moe_combine: {
