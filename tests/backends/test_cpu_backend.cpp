@@ -323,7 +323,8 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
           SCOPED_TRACE(std::string(dtype_name(type)) + " " + cpu::isa_name(isa) + " T=" + std::to_string(T) +
                        " gating " + std::to_string(static_cast<int>(gating)));
           Rand r(static_cast<uint32_t>(T * 7 + static_cast<int>(type)));
-          Weight xs(DType::f32, K, T, r), router(DType::f32, K, NE, r, 0.2f), bias(DType::f32, NE, 1, r, 0.5f);
+          Weight xs(DType::f32, K, T, r), router(DType::f32, K, NE, r, 0.2f),
+              bias(DType::f32, NE, 1, r, 0.5f);
           Weight gate(type, K, F * NE, r, 0.1f), up(type, K, F * NE, r, 0.1f), down(type, F, K * NE, r, 0.1f);
           // The FFN of the tokens h.tokens (rows of xs); returns {route, output}.
           const auto build = [&](Harness& h) {
@@ -360,7 +361,8 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
                                       int64_t t0, const std::string& what) {
             for (int64_t t = 0; t < static_cast<int64_t>(got.size()) / (2 * k); ++t)
               for (int64_t i = 0; i < k; ++i) {
-                const size_t w = static_cast<size_t>((t0 + t) * 2 * k + i), g = static_cast<size_t>(t * 2 * k + i);
+                const size_t w = static_cast<size_t>((t0 + t) * 2 * k + i),
+                             g = static_cast<size_t>(t * 2 * k + i);
                 ASSERT_EQ(want[w], got[g]) << what << ": token " << t0 + t << " slot " << i;
                 ASSERT_NEAR(want[w + static_cast<size_t>(k)], got[g + static_cast<size_t>(k)], 1e-5) << what;
               }
@@ -388,6 +390,57 @@ struct AttnCase {
   float softcap;
   int32_t sinks = 0;
 };
+
+// Learned sink logits (gpt-oss): every kernel adds e^(s_h − max) to head h's denominator — prefill blocks of
+// the register-resident and generic kernels, one-token items, and a one-token row over 700 keys split across
+// threads (its chunks combined, the sink counted once), with and without a window, on every level.
+TEST(CpuBackendOps, AttentionWithLearnedSinkLogitsMatchesTheReference) {
+  for (const auto& [n_head, n_head_kv, D, window] :
+       {std::tuple{4, 2, 64, 0}, std::tuple{4, 1, 32, 100}, std::tuple{3, 3, 5, 0}, std::tuple{8, 2, 128, 0}})
+    for (cpu::Isa isa : isas()) {
+      SCOPED_TRACE("Hq=" + std::to_string(n_head) + " Hkv=" + std::to_string(n_head_kv) + " D=" +
+                   std::to_string(D) + " window=" + std::to_string(window) + " " + cpu::isa_name(isa));
+      KVShape shape{1, n_head_kv, D, 1024, 1, DType::f32};
+      auto kv = make_contiguous_kv_cache(shape);
+      AttentionParams p{0, n_head, n_head_kv, D, 1.0f / std::sqrt(static_cast<float>(D)), window, 0.0f};
+      Rand r(static_cast<uint32_t>(n_head * 7 + D));
+      auto sinks = r.normal(static_cast<size_t>(n_head), 1.0f);
+      for (float& sk : sinks) // e^6 ≈ 400 keys' worth: it matters over 700 keys too
+        sk += 6.0f;
+      p.sink_logits = 0; // (the kernels read `sinks`; the id only says there are some)
+      const size_t row = static_cast<size_t>(n_head_kv) * static_cast<size_t>(D);
+      for (const int32_t T : {700, 1}) { // a prompt (blocks), then one token over 701 keys (split)
+        const Pos p0 = T == 1 ? 700 : 0;
+        std::vector<Pos> pos(static_cast<size_t>(T));
+        std::vector<SeqId> seq(static_cast<size_t>(T), 0);
+        for (int32_t t = 0; t < T; ++t)
+          pos[static_cast<size_t>(t)] = p0 + t;
+        ASSERT_TRUE(kv->allocate(0, T));
+        const auto q = r.normal(static_cast<size_t>(T) * static_cast<size_t>(n_head * D), 1.0f);
+        const auto k = r.normal(static_cast<size_t>(T) * row, 1.0f),
+                   v = r.normal(static_cast<size_t>(T) * row, 1.0f);
+        for (int32_t t = 0; t < T; ++t) {
+          loom::test::set_kv_f32(*kv, 0, 0, 0, pos[static_cast<size_t>(t)],
+                                 std::span<const float>(k.data() + static_cast<size_t>(t) * row, row));
+          loom::test::set_kv_f32(*kv, 0, 1, 0, pos[static_cast<size_t>(t)],
+                                 std::span<const float>(v.data() + static_cast<size_t>(t) * row, row));
+        }
+        std::vector<float> want(q.size(), NAN), got(q.size(), NAN), plain(q.size(), NAN);
+        const std::vector<TokenId> toks(static_cast<size_t>(T), 0);
+        const KVRows rows = kv->rows_for(BatchView{toks, pos, seq, {}});
+        attention::reference_attention(p, q.data(), T, pos.data(), rows, want.data(), nullptr, nullptr,
+                                       nullptr, sinks.data());
+        cpu::flash_attention(p, q.data(), T, pos.data(), rows, got.data(), isa, nullptr, nullptr, nullptr,
+                             sinks.data());
+        expect_close(want, got, 1e-5, "T=" + std::to_string(T));
+        attention::reference_attention(p, q.data(), T, pos.data(), rows, plain.data());
+        double diff = 0; // the sinks matter here (else this test could not fail)
+        for (size_t i = 0; i < want.size(); ++i)
+          diff = std::max(diff, std::fabs(static_cast<double>(want[i]) - static_cast<double>(plain[i])));
+        EXPECT_GT(diff, 1e-3);
+      }
+    }
+}
 
 TEST(CpuBackendOps, AttentionMatchesTheReferenceKernel) {
   // Two batches: a prefill of P tokens per sequence (two sequences interleaved), then a few more
