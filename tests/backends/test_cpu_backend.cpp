@@ -310,8 +310,9 @@ TEST(CpuBackendOps, EveryWeightTypeMatchesTheReferenceOnEveryRoute) {
 
 // A mixture-of-experts FFN (moe_route, matmul_id, moe_combine) against the reference on every level and
 // weight type: 3 of 8 experts a token, batches whose rows choose different experts (one token, a few, more
-// than an expert's share of rows for the GEMM routes), each gating, with a selection bias on one. The route
-// is the SDK's code on both: the same experts, and a token's experts the same alone as in a batch.
+// than an expert's share of rows for the GEMM routes), each gating, with a selection bias on one and
+// gpt-oss's experts' biases and clamped SwiGLU on another. The route is the SDK's code on both: the same
+// experts, and a token's experts the same alone as in a batch.
 TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
   auto ref = make_reference_backend();
   const int64_t K = 256, F = 256, NE = 8, k = 3;
@@ -326,6 +327,7 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
           Weight xs(DType::f32, K, T, r), router(DType::f32, K, NE, r, 0.2f),
               bias(DType::f32, NE, 1, r, 0.5f);
           Weight gate(type, K, F * NE, r, 0.1f), up(type, K, F * NE, r, 0.1f), down(type, F, K * NE, r, 0.1f);
+          Weight gate_b(DType::f32, F, NE, r), up_b(DType::f32, F, NE, r), down_b(DType::f32, K, NE, r);
           // The FFN of the tokens h.tokens (rows of xs); returns {route, output}.
           const auto build = [&](Harness& h) {
             const int32_t xt = xs.add(h.g, "x");
@@ -336,17 +338,31 @@ TEST(CpuBackendOps, MixtureOfExpertsMatchesTheReference) {
             rn.moe = {static_cast<int32_t>(k), gating, gating != MoeGating::softmax_selected, 2.5f};
             const int32_t bias_id = gating == MoeGating::sigmoid ? bias.add(h.g, "bias") : -1;
             const int32_t route = h.op(OpKind::moe_route, logits, bias_id, {k, 2, h.g.n_tokens, 1}, rn);
-            const auto by_experts = [&](const Weight& w, const char* name, int64_t n, int32_t in) {
+            // gpt-oss's gating: each expert's biases (add_id) and the clamped SwiGLU (limit 1: it clamps)
+            const bool oss = gating == MoeGating::softmax_selected;
+            const auto by_experts = [&](const Weight& w, const Weight& b, const char* name, int64_t n,
+                                        int32_t in) {
               const int32_t wid = h.g.add_weight(name, w.type, {w.n, n, NE, 1}, w.bytes.data());
               Node id;
               id.op = OpKind::matmul_id;
               id.src = {wid, in, route};
               id.dst = h.g.add_activation(name, {n, k, h.g.n_tokens, 1});
-              return h.g.add_node(id);
+              const int32_t y = h.g.add_node(id);
+              if (!oss) return y;
+              Node ab;
+              ab.op = OpKind::add_id;
+              ab.src = {
+                  y, h.g.add_weight(std::string(name) + ".bias", DType::f32, {n, NE, 1, 1}, b.bytes.data()),
+                  route};
+              ab.dst = h.g.add_activation(std::string(name) + "_b", {n, k, h.g.n_tokens, 1});
+              return h.g.add_node(ab);
             };
-            const int32_t g = by_experts(gate, "gate", F, x), u = by_experts(up, "up", F, x);
-            const int32_t act = h.op(OpKind::swiglu, g, u, {F, k, h.g.n_tokens, 1});
-            const int32_t dn = by_experts(down, "down", K, act);
+            const int32_t g = by_experts(gate, gate_b, "gate", F, x), u = by_experts(up, up_b, "up", F, x);
+            Node glu;
+            glu.glu.limit = 1.0f;
+            const int32_t act =
+                h.op(oss ? OpKind::swiglu_oai : OpKind::swiglu, g, u, {F, k, h.g.n_tokens, 1}, glu);
+            const int32_t dn = by_experts(down, down_b, "down", K, act);
             return std::pair{route, h.op(OpKind::moe_combine, dn, route, {K, h.g.n_tokens, 1, 1})};
           };
           Harness h(T);
