@@ -73,6 +73,8 @@ std::vector<std::string> family_features(const ModelConfig& c) {
     f.emplace_back("no RoPE on " + std::to_string(n) + " of " + std::to_string(c.n_layer) + " layers");
   if (c.qkv_bias) f.emplace_back("q/k/v biases");
   if (c.qk_norm) f.emplace_back("q/k RMS norm per head");
+  if (c.attn_out_bias) f.emplace_back("output projection bias");
+  if (c.attn_sink_logits) f.emplace_back("learned attention sinks");
   if (c.fused_qkv) f.emplace_back("fused q/k/v");
   if (c.fused_gate_up) f.emplace_back("fused gate/up");
   if (c.post_norms) f.emplace_back("post-attention and post-FFN norms");
@@ -84,7 +86,9 @@ std::vector<std::string> family_features(const ModelConfig& c) {
                    (m.gating == MoeGating::softmax   ? "softmax"
                     : m.gating == MoeGating::sigmoid ? "sigmoid"
                                                      : "softmax of the selected") +
-                   (m.norm ? ", renormalised" : "") + ")");
+                   (m.norm ? ", renormalised" : "") + (m.router_bias ? ", router bias" : "") +
+                   (m.expert_biases ? ", experts' biases" : "") + (m.oai_glu ? ", clamped SwiGLU" : "") +
+                   ")");
   }
   if (c.embd_scale > 0.0f) f.emplace_back("embeddings × " + std::to_string(c.embd_scale).substr(0, 7));
   if (c.final_softcap > 0.0f)
