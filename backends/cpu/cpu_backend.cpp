@@ -453,16 +453,8 @@ private:
       const float* a = f32(n.src[0]);
       const int64_t len = d.ne[0];
 #pragma omp parallel for schedule(static) if (d.n_elements() > 65536)
-      for (int64_t r = 0; r < d.n_rows(); ++r) {
-        const float* x = a + r * len;
-        float* y = dst + r * len;
-        const float m = *std::max_element(x, x + len);
-        float sum = 0.0f;
-        for (int64_t i = 0; i < len; ++i)
-          sum += (y[i] = std::exp(x[i] - m));
-        for (int64_t i = 0; i < len; ++i)
-          y[i] /= sum;
-      }
+      for (int64_t r = 0; r < d.n_rows(); ++r)
+        softmax_row(a + r * len, dst + r * len, len);
       return;
     }
     case OpKind::moe_route:

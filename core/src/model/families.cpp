@@ -14,6 +14,13 @@ const std::array<const Family*, 9> k_families = {&family_llama,    &family_qwen2
                                                  &family_phi3,     &family_smollm3, &family_gpt_oss};
 } // namespace
 
+int32_t dense_layer(GraphBuilder& b, int32_t l, int32_t x) {
+  return b.ffn_block(l, b.attention_block(l, x));
+}
+int32_t moe_layer(GraphBuilder& b, int32_t l, int32_t x) {
+  return b.moe_block(l, b.attention_block(l, x));
+}
+
 const Family* find_family(std::string_view arch) noexcept {
   for (const Family* f : k_families)
     if (f->arch == arch) return f;

@@ -24,6 +24,10 @@ struct Family {
   int32_t (*layer)(GraphBuilder& b, int32_t l, int32_t x);
 };
 
+// The layers most families are made of: attention then a dense FFN; attention then a mixture of experts.
+int32_t dense_layer(GraphBuilder& b, int32_t l, int32_t x);
+int32_t moe_layer(GraphBuilder& b, int32_t l, int32_t x);
+
 // The family of an architecture; nullptr when Loom runs none of that name.
 const Family* find_family(std::string_view arch) noexcept;
 // "llama, qwen2, …": the architectures Loom runs, for messages.

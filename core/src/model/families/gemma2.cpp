@@ -26,10 +26,8 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
       c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.ffn_block(l, b.attention_block(l, x)); }
-
 } // namespace gemma2_family
 
-extern const Family family_gemma2{"gemma2", gemma2_family::configure, gemma2_family::layer};
+extern const Family family_gemma2{"gemma2", gemma2_family::configure, dense_layer};
 
 } // namespace loom

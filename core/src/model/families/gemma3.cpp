@@ -21,10 +21,8 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.rope.theta_swa = keys::rope_base(f, a + "rope.freq_base_swa");
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.ffn_block(l, b.attention_block(l, x)); }
-
 } // namespace gemma3_family
 
-extern const Family family_gemma3{"gemma3", gemma3_family::configure, gemma3_family::layer};
+extern const Family family_gemma3{"gemma3", gemma3_family::configure, dense_layer};
 
 } // namespace loom

@@ -24,12 +24,8 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
       c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) {
-  return b.moe_block(l, b.attention_block(l, x));
-}
-
 } // namespace gpt_oss_family
 
-extern const Family family_gpt_oss{"gpt-oss", gpt_oss_family::configure, gpt_oss_family::layer};
+extern const Family family_gpt_oss{"gpt-oss", gpt_oss_family::configure, moe_layer};
 
 } // namespace loom

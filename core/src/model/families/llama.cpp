@@ -11,10 +11,8 @@ namespace llama_family {
 
 void configure(ModelConfig&, const GgufFile&, const std::string&) {}
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.ffn_block(l, b.attention_block(l, x)); }
-
 } // namespace llama_family
 
-extern const Family family_llama{"llama", llama_family::configure, llama_family::layer};
+extern const Family family_llama{"llama", llama_family::configure, dense_layer};
 
 } // namespace loom

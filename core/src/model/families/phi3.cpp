@@ -12,10 +12,8 @@ void configure(ModelConfig& c, const GgufFile&, const std::string&) {
   c.rope.neox = true;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.ffn_block(l, b.attention_block(l, x)); }
-
 } // namespace phi3_family
 
-extern const Family family_phi3{"phi3", phi3_family::configure, phi3_family::layer};
+extern const Family family_phi3{"phi3", phi3_family::configure, dense_layer};
 
 } // namespace loom

@@ -11,10 +11,8 @@ void configure(ModelConfig& c, const GgufFile&, const std::string&) {
   c.rope.neox = true;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.ffn_block(l, b.attention_block(l, x)); }
-
 } // namespace qwen2_family
 
-extern const Family family_qwen2{"qwen2", qwen2_family::configure, qwen2_family::layer};
+extern const Family family_qwen2{"qwen2", qwen2_family::configure, dense_layer};
 
 } // namespace loom

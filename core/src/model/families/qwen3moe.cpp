@@ -17,10 +17,8 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.moe.norm = true;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) { return b.moe_block(l, b.attention_block(l, x)); }
-
 } // namespace qwen3moe_family
 
-extern const Family family_qwen3moe{"qwen3moe", qwen3moe_family::configure, qwen3moe_family::layer};
+extern const Family family_qwen3moe{"qwen3moe", qwen3moe_family::configure, moe_layer};
 
 } // namespace loom

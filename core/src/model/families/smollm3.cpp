@@ -13,12 +13,8 @@ void configure(ModelConfig& c, const GgufFile&, const std::string&) {
     c.rope_layers[static_cast<size_t>(l)] = (l + 1) % 4 != 0;
 }
 
-int32_t layer(GraphBuilder& b, int32_t l, int32_t x) {
-  return b.ffn_block(l, b.attention_block(l, x));
-}
-
 } // namespace smollm3_family
 
-extern const Family family_smollm3{"smollm3", smollm3_family::configure, smollm3_family::layer};
+extern const Family family_smollm3{"smollm3", smollm3_family::configure, dense_layer};
 
 } // namespace loom

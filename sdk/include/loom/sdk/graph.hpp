@@ -212,6 +212,16 @@ struct MoeParams {
   float weights_scale = 1.0f;
 };
 
+// y = softmax(x) over n values (max-subtracted; y may be x).
+inline void softmax_row(const float* x, float* y, int64_t n) noexcept {
+  const float m = *std::max_element(x, x + n);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i)
+    sum += (y[i] = std::exp(x[i] - m));
+  for (int64_t i = 0; i < n; ++i)
+    y[i] /= sum;
+}
+
 // The smallest sum of weights a normalized route divides by (llama.cpp's clamp, f16's smallest normal).
 inline constexpr float k_moe_min_weight_sum = 6.103515625e-5f;
 
@@ -227,12 +237,7 @@ inline void moe_route_token(const MoeParams& m, const float* logits, const float
   const auto E = static_cast<size_t>(n_expert);
   s.probs.assign(logits, logits + E);
   if (m.gating == MoeGating::softmax) {
-    const float mx = *std::max_element(s.probs.begin(), s.probs.end());
-    float sum = 0.0f;
-    for (float& p : s.probs)
-      sum += (p = std::exp(p - mx));
-    for (float& p : s.probs)
-      p /= sum;
+    softmax_row(s.probs.data(), s.probs.data(), n_expert);
   } else if (m.gating == MoeGating::sigmoid) {
     for (float& p : s.probs)
       p = 1.0f / (1.0f + std::exp(-p));
@@ -253,14 +258,7 @@ inline void moe_route_token(const MoeParams& m, const float* logits, const float
     ids[i] = static_cast<float>(s.order[static_cast<size_t>(i)]);
     weights[i] = s.probs[static_cast<size_t>(s.order[static_cast<size_t>(i)])];
   }
-  if (m.gating == MoeGating::softmax_selected) {
-    const float mx = *std::max_element(weights, weights + k);
-    float sum = 0.0f;
-    for (int32_t i = 0; i < k; ++i)
-      sum += (weights[i] = std::exp(weights[i] - mx));
-    for (int32_t i = 0; i < k; ++i)
-      weights[i] /= sum;
-  }
+  if (m.gating == MoeGating::softmax_selected) softmax_row(weights, weights, k);
   if (m.norm) {
     float sum = 0.0f;
     for (int32_t i = 0; i < k; ++i)

@@ -305,16 +305,8 @@ private:
     }
     case OpKind::softmax: {
       const float* a = f32(n.src[0]);
-      for (int64_t r = 0; r < d.n_rows(); ++r) {
-        const float* x = a + r * d.ne[0];
-        float* y = dst + r * d.ne[0];
-        const float m = *std::max_element(x, x + d.ne[0]);
-        float sum = 0.0f;
-        for (int64_t i = 0; i < d.ne[0]; ++i)
-          sum += (y[i] = std::exp(x[i] - m));
-        for (int64_t i = 0; i < d.ne[0]; ++i)
-          y[i] /= sum;
-      }
+      for (int64_t r = 0; r < d.n_rows(); ++r)
+        softmax_row(a + r * d.ne[0], dst + r * d.ne[0], d.ne[0]);
       return;
     }
     case OpKind::moe_route: {
