@@ -42,6 +42,9 @@ int32_t positive(const GgufFile& f, const std::string& key, int64_t v, int64_t m
 std::optional<float> finite_at_least(const GgufFile& f, const std::string& key, double min, const char* what);
 // A RoPE base (rope.freq_base or rope.freq_base_swa): 10000 when absent.
 float rope_base(const GgufFile& f, const std::string& key);
+// A window on the first n − 1 of every n layers and the n-th in full (llama.cpp's sliding-window pattern n:
+// Gemma 2 and gpt-oss 2, Gemma 3 6), unless the file has {arch}.attention.sliding_window_pattern.
+void window_pattern(ModelConfig& c, const GgufFile& f, const std::string& a, int32_t n);
 } // namespace keys
 
 } // namespace loom

@@ -54,6 +54,12 @@ float rope_base(const GgufFile& f, const std::string& key) {
   return theta;
 }
 
+void window_pattern(ModelConfig& c, const GgufFile& f, const std::string& a, int32_t n) {
+  if (c.sliding_window == 0 || f.find(a + "attention.sliding_window_pattern")) return;
+  for (int32_t l = 0; l < c.n_layer; ++l)
+    c.sliding_layers[static_cast<size_t>(l)] = l % n < n - 1;
+}
+
 } // namespace keys
 
 namespace {

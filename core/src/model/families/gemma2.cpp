@@ -21,9 +21,7 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
     c.sliding_window = 4096;
     c.sliding_layers.assign(static_cast<size_t>(c.n_layer), true);
   }
-  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-    for (int32_t l = 0; l < c.n_layer; ++l) // local and global layers alternate, local first
-      c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+  keys::window_pattern(c, f, a, 2);
 }
 
 } // namespace gemma2_family

@@ -15,9 +15,7 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.post_norms = c.geglu = c.qk_norm = true;
   c.rope.neox = true;
   c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-    for (int32_t l = 0; l < c.n_layer; ++l)
-      c.sliding_layers[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
+  keys::window_pattern(c, f, a, 6);
   c.rope.theta_swa = keys::rope_base(f, a + "rope.freq_base_swa");
 }
 

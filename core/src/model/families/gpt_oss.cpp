@@ -19,9 +19,7 @@ void configure(ModelConfig& c, const GgufFile& f, const std::string& a) {
   c.moe.gating = MoeGating::softmax_selected; // (as llama.cpp, whatever the file says)
   c.moe.norm = false;
   c.moe.router_bias = c.moe.expert_biases = c.moe.oai_glu = true;
-  if (c.sliding_window > 0 && !f.find(a + "attention.sliding_window_pattern"))
-    for (int32_t l = 0; l < c.n_layer; ++l) // sliding and full layers alternate, sliding first
-      c.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+  keys::window_pattern(c, f, a, 2);
 }
 
 } // namespace gpt_oss_family
