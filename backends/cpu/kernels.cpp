@@ -1130,7 +1130,8 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
       (mats[i].type == DType::bf16 ? it->bf16 : kquant ? it->blocks256 : it->blocks32) = true;
     work += mats[i].N * K;
   }
-  // Each token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to share.
+  // Each token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to
+  // share.
   for (Act& a : acts) {
     if (a.bf16) {
       a.xb.resize(static_cast<size_t>(K));

@@ -14,7 +14,8 @@
 namespace {
 
 std::string synth_moe(const std::filesystem::path& vocab) {
-  const auto out = std::filesystem::temp_directory_path() / ("loom-moe-" + std::to_string(::getpid()) + ".gguf");
+  const auto out =
+      std::filesystem::temp_directory_path() / ("loom-moe-" + std::to_string(::getpid()) + ".gguf");
   const auto r = loom::test::run_loom("synth --shape tiny-moe --arch qwen3moe --type q8_0 --vocab-from " +
                                           vocab.string() + " -o " + out.string(),
                                       false);
@@ -51,7 +52,8 @@ TEST(MixtureOfExperts, BeamSearchOnTheCpuPluginIsTheReferences) {
   ASSERT_EQ(ref["hypotheses"].size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(cpu["hypotheses"][i]["tokens"], ref["hypotheses"][i]["tokens"]) << "hypothesis " << i;
-    EXPECT_NEAR(cpu["hypotheses"][i]["score"].get<double>(), ref["hypotheses"][i]["score"].get<double>(), 1e-3);
+    EXPECT_NEAR(cpu["hypotheses"][i]["score"].get<double>(), ref["hypotheses"][i]["score"].get<double>(),
+                1e-3);
   }
   std::filesystem::remove(model);
 }
