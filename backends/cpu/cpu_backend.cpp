@@ -828,6 +828,10 @@ private:
         expert_rows_[static_cast<size_t>(e)].push_back(t * k + i);
       }
     const auto x_of = [&](int64_t r) { return xs + (B == 1 ? r / k : r) * K; }; // row r = t·k + i
+    if (T > 1 && experts_on_int8_gemm(w)) {
+      matmul_id_by_expert(w, x_of, dst);
+      return;
+    }
     for (int64_t e = 0; e < E; ++e) {
       const std::vector<int64_t>& rows = expert_rows_[static_cast<size_t>(e)];
       if (rows.empty()) continue;
@@ -845,6 +849,43 @@ private:
       for (int64_t r = 0; r < c; ++r)
         std::memcpy(dst + rows[static_cast<size_t>(r)] * N, moe_y_.data() + r * N,
                     static_cast<size_t>(N) * 4);
+    }
+  }
+
+  // Whether stacked experts w take the repacked int8 GEMM at every batch size (int8_gemm: matmul()'s route
+  // for them, whatever their rows), so that each expert's product can run on one thread
+  // (matmul_id_by_expert).
+  bool experts_on_int8_gemm(const TensorDesc& w) const noexcept {
+    return !opt_.exact_matmul && opt_.repack && int8_gemm(opt_.isa, w.dtype) &&
+           repackable(opt_.isa, w.dtype, w.ne[0], w.ne[1]) && w.dtype != DType::q4_1;
+  }
+
+  // A prompt's matmul_id on the repacked int8 GEMM: the threads take whole experts (one parallel region, no
+  // barrier per expert; the kernels and their sums as matmul() runs them, on one thread each), each expert's
+  // rows gathered into the thread's own buffer. expert_rows_ holds each expert's rows.
+  template <class XOf> void matmul_id_by_expert(const TensorDesc& w, XOf x_of, float* dst) {
+    const int64_t K = w.ne[0], N = w.ne[1], E = w.ne[2];
+    moe_packed_.assign(static_cast<size_t>(E), nullptr);
+    for (int64_t e = 0; e < E; ++e) // (the copies made at load: found, never made here in parallel)
+      if (!expert_rows_[static_cast<size_t>(e)].empty())
+        moe_packed_[static_cast<size_t>(e)] = repacked(expert_view(w, e));
+#pragma omp parallel num_threads(threads_)
+    {
+      std::vector<float> xg, yg;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t e = 0; e < E; ++e) {
+        const std::vector<int64_t>& rows = expert_rows_[static_cast<size_t>(e)];
+        if (rows.empty()) continue;
+        const auto c = static_cast<int64_t>(rows.size());
+        xg.resize(static_cast<size_t>(c * K));
+        yg.resize(static_cast<size_t>(c * N));
+        for (int64_t r = 0; r < c; ++r)
+          std::memcpy(xg.data() + r * K, x_of(rows[static_cast<size_t>(r)]), static_cast<size_t>(K) * 4);
+        matmul_repacked(opt_.isa, w.dtype, moe_packed_[static_cast<size_t>(e)], K, N, xg.data(), c, yg.data(),
+                        1);
+        for (int64_t r = 0; r < c; ++r)
+          std::memcpy(dst + rows[static_cast<size_t>(r)] * N, yg.data() + r * N, static_cast<size_t>(N) * 4);
+      }
     }
   }
 
@@ -1220,6 +1261,7 @@ private:
   std::vector<Gemv> gemvs_;                       // fused_gemv's run
   std::vector<std::vector<int64_t>> expert_rows_; // matmul_id: each expert's rows (token · k + slot)
   std::vector<float> moe_x_, moe_y_;              // matmul_id: one expert's gathered rows and products
+  std::vector<const uint8_t*> moe_packed_;        // matmul_id_by_expert: each expert's repacked copy
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   std::string bf16_impl_;       // oneDNN's bf16 matmul kernel when BF16 weights take that route, else empty
