@@ -52,8 +52,8 @@ inline KeySegs key_segs(const SeqRows& r, Pos sink_end, Pos first, Pos last) noe
 }
 
 struct AttnScratch {
-  bool f16c = false;            // F16 / BF16 cache rows convert with AVX2 + F16C (exact either way)
-  const float* sinks = nullptr; // the node's learned sink logits (n_head), or none: attn_denominator
+  bool f16c = false;                  // F16 / BF16 cache rows convert with AVX2 + F16C (exact either way)
+  const float* sink_logits = nullptr; // the node's learned sink logits (n_head), or none: attn_denominator
   std::vector<float> s, acc, m, l;
   std::vector<float> ks, vs;        // a tile of K / V rows of one head, as f32 (non-f32 caches)
   std::vector<const float*> kp, vp; // the tile's rows of that head
@@ -154,7 +154,7 @@ LOOM_INLINE void attn_item(const AttentionParams& p, const float* q, float* out,
   for (int32_t g = 0; g < G; ++g) {
     const float* acc = w.acc.data() + static_cast<size_t>(g) * static_cast<size_t>(D);
     float* o = out + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
-    const float inv = 1.0f / attn_denominator(w.sinks, hk * G + g, w.m[static_cast<size_t>(g)],
+    const float inv = 1.0f / attn_denominator(w.sink_logits, hk * G + g, w.m[static_cast<size_t>(g)],
                                               w.l[static_cast<size_t>(g)]);
     for (int32_t d = 0; d < D; ++d)
       o[d] = acc[d] * inv;
@@ -262,7 +262,7 @@ LOOM_INLINE void attn_block(const AttentionParams& p, const float* q, float* out
     const int32_t qi = r / G, g = r % G;
     const float* acc = w.acc.data() + static_cast<size_t>(r) * static_cast<size_t>(D);
     float* o = out + static_cast<size_t>(qi) * tok + static_cast<size_t>(hk * G + g) * static_cast<size_t>(D);
-    const float inv = 1.0f / attn_denominator(w.sinks, hk * G + g, w.m[static_cast<size_t>(r)],
+    const float inv = 1.0f / attn_denominator(w.sink_logits, hk * G + g, w.m[static_cast<size_t>(r)],
                                               w.l[static_cast<size_t>(r)]);
     for (int32_t d = 0; d < D; ++d)
       o[d] = acc[d] * inv;
@@ -490,7 +490,7 @@ AttnPlan plan_attention(const AttentionParams& p, int32_t T, const Pos* pos, con
 
 // A split decode row's output: each head's chunk sums rescaled to the largest running max, over their sum.
 void combine_split(const AttentionParams& p, const AttnPlan::Split& sp, const float* parts, float* out,
-                   const float* sinks) {
+                   const float* sink_logits) {
   const int32_t G = p.n_head / p.n_head_kv, D = p.head_dim;
   const size_t part_floats = static_cast<size_t>(G) * static_cast<size_t>(D + 2);
   for (int32_t g = 0; g < G; ++g) {
@@ -509,7 +509,7 @@ void combine_split(const AttentionParams& p, const AttnPlan::Split& sp, const fl
       l += f * pc[D + 1];
       vaxpy(o, f, pc, D);
     }
-    vscale(o, 1.0f / attn_denominator(sinks, sp.hk * G + g, m, l), D);
+    vscale(o, 1.0f / attn_denominator(sink_logits, sp.hk * G + g, m, l), D);
   }
 }
 
@@ -517,7 +517,7 @@ void combine_split(const AttentionParams& p, const AttnPlan::Split& sp, const fl
 // tree: (token, the list of exactly its keys) for each token-tree row.
 void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* pos,
               const std::vector<SeqRows>& rows, const std::vector<int32_t>& row_of, float* out, Isa isa,
-              const std::vector<std::pair<int32_t, SeqRows>>& tree, const float* sinks) {
+              const std::vector<std::pair<int32_t, SeqRows>>& tree, const float* sink_logits) {
   const size_t tok = static_cast<size_t>(p.n_head) * static_cast<size_t>(p.head_dim);
   const AttnItemFn item = pick_item(isa, p.head_dim,
                                     !rows.empty()   ? rows.front().dt
@@ -533,7 +533,7 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
   {
     AttnScratch w;
     w.f16c = at_least(isa, Isa::avx2);
-    w.sinks = sinks;
+    w.sink_logits = sink_logits;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const AttnPlan::Work& k = plan.work[static_cast<size_t>(it)];
@@ -555,7 +555,7 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
 #pragma omp for schedule(static)
     for (size_t i = 0; i < plan.splits.size(); ++i)
       combine_split(p, plan.splits[i], parts.data(), out + static_cast<size_t>(plan.splits[i].t) * tok,
-                    sinks);
+                    sink_logits);
   }
 }
 
@@ -563,7 +563,7 @@ void attn_all(const AttentionParams& p, const float* q, int32_t T, const Pos* po
 
 void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
                      const KVRows& kv, float* out, Isa isa, const Pos* rope, const Pos* tree_base,
-                     const uint64_t* tree_mask, const float* sinks) {
+                     const uint64_t* tree_mask, const float* sink_logits) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   // The K/V row addresses of every sequence in the batch that some token attends (sinks, then the
   // window rows from the earliest token's first key), fetched once for all heads and tokens.
@@ -653,7 +653,7 @@ void flash_attention(const AttentionParams& p, const float* q, int32_t n_tokens,
       tree.emplace_back(t, std::move(r));
     }
   }
-  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa, tree, sinks);
+  attn_all(p, q, n_tokens, pos, rows, row_of, out, isa, tree, sink_logits);
 }
 
 } // namespace loom::cpu

@@ -410,13 +410,13 @@ private:
       const Pos* rope = b.has_tree() ? b.rope_positions.data() : nullptr;
       const Pos* tbase = b.has_tree() ? b.tree_base.data() : nullptr;
       const uint64_t* tmask = b.has_tree() ? b.tree_mask.data() : nullptr;
-      const float* sinks = p.sink_logits >= 0 ? vec(g, p.sink_logits) : nullptr;
+      const float* sink_logits = p.sink_logits >= 0 ? vec(g, p.sink_logits) : nullptr;
       if (p.kernel == AttnKernel::naive) // asked for: the materialized-scores reference kernel
         attention::reference_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, rope, tbase, tmask,
-                                       sinks);
+                                       sink_logits);
       else
         flash_attention(p, f32(n.src[0]), T, b.positions.data(), kv, dst, opt_.isa, rope, tbase, tmask,
-                        sinks);
+                        sink_logits);
       return;
     }
     case OpKind::swiglu:

@@ -1099,9 +1099,11 @@ bool gemv_multi_supports(Isa isa, DType type, bool repacked) noexcept {
          (type == DType::f32 || type == DType::f16 || type == DType::bf16 || dq_supports(isa, type));
 }
 
-void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
-  // The distinct activations (x, and those of matrices with their own: a mixture of experts' down
-  // projections), each converted once to what its matrices' kernels read.
+namespace {
+
+// gemv_multi's distinct activations (x, and those of matrices with their own: a mixture of experts' down
+// projections), each converted once to what its matrices' kernels read; act_of[i]: matrix i's.
+struct GemvActs {
   struct Act {
     const float* x = nullptr;
     bool blocks32 = false, blocks256 = false, bf16 = false;
@@ -1110,46 +1112,59 @@ void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x
     std::vector<uint16_t> xb;
   };
   std::vector<Act> acts;
-  std::vector<int> act_of(static_cast<size_t>(n_mats));
+  std::vector<int> act_of;
+
+  GemvActs(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x) {
+    act_of.resize(static_cast<size_t>(n_mats));
+    for (int i = 0; i < n_mats; ++i) {
+      const float* xi = mats[i].x ? mats[i].x : x;
+      auto it = std::find_if(acts.begin(), acts.end(), [&](const Act& a) { return a.x == xi; });
+      if (it == acts.end()) {
+        acts.emplace_back();
+        acts.back().x = xi;
+        it = acts.end() - 1;
+      }
+      act_of[static_cast<size_t>(i)] = static_cast<int>(it - acts.begin());
+      if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? it->blocks256 : it->blocks32) = true;
+      const bool kquant = dtype_traits(mats[i].type).block_size == 256;
+      if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
+        (mats[i].type == DType::bf16 ? it->bf16 : kquant ? it->blocks256 : it->blocks32) = true;
+    }
+    // Each token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to
+    // share.
+    for (Act& a : acts) {
+      if (a.bf16) {
+        a.xb.resize(static_cast<size_t>(K));
+        to_bf16(isa, a.x, a.xb.data(), K);
+      }
+      if (a.blocks32) {
+        a.xq.resize(static_cast<size_t>(K / 32));
+        quantize_rows(isa, a.x, K, 1, a.xq.data(), 1);
+      }
+      if (a.blocks256) {
+        a.xqk.resize(static_cast<size_t>(K / 256));
+        quantize_rows_k(isa, a.x, K, 1, a.xqk.data(), 1);
+      }
+    }
+  }
+  const Act& of(int i) const { return acts[static_cast<size_t>(act_of[static_cast<size_t>(i)])]; }
+};
+
+} // namespace
+
+void gemv_multi(Isa isa, const Gemv* mats, int n_mats, int64_t K, const float* x, int n_threads) {
   int64_t work = 0;
   for (int i = 0; i < n_mats; ++i) {
     if (mats[i].i8 ? !i8dq_supports(isa, mats[i].type) || K % dtype_traits(mats[i].type).block_size != 0
                    : !gemv_multi_supports(isa, mats[i].type, mats[i].row_bytes == 0))
       std::abort(); // a caller's bug
-    const float* xi = mats[i].x ? mats[i].x : x;
-    auto it = std::find_if(acts.begin(), acts.end(), [&](const Act& a) { return a.x == xi; });
-    if (it == acts.end()) {
-      acts.emplace_back();
-      acts.back().x = xi;
-      it = acts.end() - 1;
-    }
-    act_of[static_cast<size_t>(i)] = static_cast<int>(it - acts.begin());
-    if (mats[i].i8) (i8dq_superblocks(mats[i].type) ? it->blocks256 : it->blocks32) = true;
-    const bool kquant = dtype_traits(mats[i].type).block_size == 256;
-    if (mats[i].row_bytes == 0 && mats[i].type != DType::f16)
-      (mats[i].type == DType::bf16 ? it->bf16 : kquant ? it->blocks256 : it->blocks32) = true;
     work += mats[i].N * K;
   }
-  // Each token quantized on this thread (a few µs at most): a parallel loop over one row has nothing to
-  // share.
-  for (Act& a : acts) {
-    if (a.bf16) {
-      a.xb.resize(static_cast<size_t>(K));
-      to_bf16(isa, a.x, a.xb.data(), K);
-    }
-    if (a.blocks32) {
-      a.xq.resize(static_cast<size_t>(K / 32));
-      quantize_rows(isa, a.x, K, 1, a.xq.data(), 1);
-    }
-    if (a.blocks256) {
-      a.xqk.resize(static_cast<size_t>(K / 256));
-      quantize_rows_k(isa, a.x, K, 1, a.xqk.data(), 1);
-    }
-  }
+  const GemvActs acts(isa, mats, n_mats, K, x);
   const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
 #pragma omp parallel num_threads(threads) if (work > 32768)
   for (int i = 0; i < n_mats; ++i) {
-    const Act& a = acts[static_cast<size_t>(act_of[static_cast<size_t>(i)])];
+    const GemvActs::Act& a = acts.of(i);
     if (mats[i].row_bytes == 0 && mats[i].type == DType::bf16)
       gemv_share_bf16x64(reinterpret_cast<const uint16_t*>(mats[i].w), K, mats[i].N, a.xb.data(), mats[i].y);
     else if (mats[i].row_bytes == 0 && mats[i].type == DType::f16)

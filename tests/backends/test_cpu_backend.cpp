@@ -420,10 +420,10 @@ TEST(CpuBackendOps, AttentionWithLearnedSinkLogitsMatchesTheReference) {
       auto kv = make_contiguous_kv_cache(shape);
       AttentionParams p{0, n_head, n_head_kv, D, 1.0f / std::sqrt(static_cast<float>(D)), window, 0.0f};
       Rand r(static_cast<uint32_t>(n_head * 7 + D));
-      auto sinks = r.normal(static_cast<size_t>(n_head), 1.0f);
-      for (float& sk : sinks) // e^6 ≈ 400 keys' worth: it matters over 700 keys too
+      auto sink_logits = r.normal(static_cast<size_t>(n_head), 1.0f);
+      for (float& sk : sink_logits) // e^6 ≈ 400 keys' worth: it matters over 700 keys too
         sk += 6.0f;
-      p.sink_logits = 0; // (the kernels read `sinks`; the id only says there are some)
+      p.sink_logits = 0; // (the kernels read `sink_logits`' values; the id only says there are some)
       const size_t row = static_cast<size_t>(n_head_kv) * static_cast<size_t>(D);
       for (const int32_t T : {700, 1}) { // a prompt (blocks), then one token over 701 keys (split)
         const Pos p0 = T == 1 ? 700 : 0;
@@ -445,9 +445,9 @@ TEST(CpuBackendOps, AttentionWithLearnedSinkLogitsMatchesTheReference) {
         const std::vector<TokenId> toks(static_cast<size_t>(T), 0);
         const KVRows rows = kv->rows_for(BatchView{toks, pos, seq, {}});
         attention::reference_attention(p, q.data(), T, pos.data(), rows, want.data(), nullptr, nullptr,
-                                       nullptr, sinks.data());
+                                       nullptr, sink_logits.data());
         cpu::flash_attention(p, q.data(), T, pos.data(), rows, got.data(), isa, nullptr, nullptr, nullptr,
-                             sinks.data());
+                             sink_logits.data());
         expect_close(want, got, 1e-5, "T=" + std::to_string(T));
         attention::reference_attention(p, q.data(), T, pos.data(), rows, plain.data());
         double diff = 0; // the sinks matter here (else this test could not fail)

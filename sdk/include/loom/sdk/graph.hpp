@@ -163,9 +163,9 @@ struct AttentionParams {
 };
 
 // The softmax denominator of head h whose scores' running maximum is m and sum of e^(x − m) is l: l, plus
-// e^(s_h − m) with learned sink logits (sinks: the node's sink_logits weight as f32, or null).
-inline float attn_denominator(const float* sinks, int32_t h, float m, float l) noexcept {
-  return sinks ? l + std::exp(sinks[h] - m) : l;
+// e^(s_h − m) with learned sink logits (sink_logits: the node's sink_logits weight as f32, or null).
+inline float attn_denominator(const float* sink_logits, int32_t h, float m, float l) noexcept {
+  return sink_logits ? l + std::exp(sink_logits[h] - m) : l;
 }
 
 // The cached positions a query at `pos` attends: [0, sink_end) ∪ [first, pos] (sink_end ≤ first). Causal:

@@ -32,12 +32,12 @@ namespace attention {
 //   q   [n_tokens][n_head][head_dim]
 //   out [n_tokens][n_head][head_dim]
 // Token-tree rows (rope, tree_base, tree_mask non-null; BatchView): row t attends the slots tree_attends()
-// allows, the window taken at its rope position. sinks (non-null: the node's sink_logits as f32, n_head
+// allows, the window taken at its rope position. sink_logits (non-null: the node's sink_logits as f32, n_head
 // values) add e^(s_h − max) to head h's softmax denominator (attn_denominator).
 inline void reference_attention(const AttentionParams& p, const float* q, int32_t n_tokens, const Pos* pos,
                                 const KVRows& kv, float* out, const Pos* rope = nullptr,
                                 const Pos* tree_base = nullptr, const uint64_t* tree_mask = nullptr,
-                                const float* sinks = nullptr) {
+                                const float* sink_logits = nullptr) {
   LOOM_ASSERT(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "bad head grouping");
   const int32_t D = p.head_dim;
   const int32_t n_gqa = p.n_head / p.n_head_kv;
@@ -87,7 +87,7 @@ inline void reference_attention(const AttentionParams& p, const float* q, int32_
         s = std::exp(s - max_s);
         sum += s;
       }
-      sum = attn_denominator(sinks, h, max_s, sum);
+      sum = attn_denominator(sink_logits, h, max_s, sum);
       float* o = out + (static_cast<size_t>(t) * static_cast<size_t>(p.n_head) + static_cast<size_t>(h)) *
                            static_cast<size_t>(D);
       std::fill(o, o + D, 0.0f);
@@ -242,14 +242,14 @@ private:
                  kv.v_new(p.layer, static_cast<size_t>(t)), static_cast<int64_t>(row_elems));
       }
       std::vector<float> sink_tmp;
-      const float* sinks = p.sink_logits >= 0 ? row(g, p.sink_logits, 0, sink_tmp) : nullptr;
+      const float* sink_logits = p.sink_logits >= 0 ? row(g, p.sink_logits, 0, sink_tmp) : nullptr;
       if (b.has_tree())
         attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst,
                                        b.rope_positions.data(), b.tree_base.data(), b.tree_mask.data(),
-                                       sinks);
+                                       sink_logits);
       else
         attention::reference_attention(p, f32(n.src[0]), static_cast<int32_t>(T), b.positions.data(), kv, dst,
-                                       nullptr, nullptr, nullptr, sinks);
+                                       nullptr, nullptr, nullptr, sink_logits);
       return;
     }
     case OpKind::swiglu: {
