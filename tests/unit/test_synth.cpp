@@ -107,4 +107,68 @@ TEST(Synth, FamiliesLoadAndContradictionsNameTheKeys) {
   std::filesystem::remove_all(dir);
 }
 
+// The mixtures of experts and SmolLM3 load with their features; a MoE file whose expert keys are missing,
+// out of range or contradict the tensors is one line naming the key or tensor.
+TEST(Synth, MixturesOfExpertsLoadAndBadExpertKeysAreOneLine) {
+  const auto dir = std::filesystem::temp_directory_path() / "loom_synth_moe";
+  std::filesystem::create_directories(dir);
+  const auto make = [&](const char* arch, const char* shape) {
+    SynthOptions o;
+    o.shape = shape;
+    o.arch = arch;
+    o.out = (dir / (std::string(arch) + ".gguf")).string();
+    synth_model(o);
+    return o.out;
+  };
+  const std::string moe = make("qwen3moe", "tiny-moe"), oss = make("gpt-oss", "tiny-oss");
+  const ModelConfig q = ModelConfig::from_gguf(GgufFile::open(moe));
+  EXPECT_TRUE(q.moe.n_expert == 8 && q.moe.n_used == 3 && q.moe.n_ff_exp == 64 && q.moe.norm && q.qk_norm);
+  const ModelConfig g = ModelConfig::from_gguf(GgufFile::open(oss));
+  EXPECT_TRUE(g.attn_sink_logits && g.attn_out_bias && g.moe.router_bias && g.moe.expert_biases &&
+              g.moe.oai_glu && g.moe.gating == MoeGating::softmax_selected &&
+              g.sliding_layers == std::vector<bool>({true, false}) && g.rope.scaling == RopeScaling::yarn &&
+              g.ffn_norm == "post_attention_norm");
+  const ModelConfig sm = ModelConfig::from_gguf(GgufFile::open(make("smollm3", "tiny-d64x4")));
+  EXPECT_EQ(sm.rope_layers, std::vector<bool>({true, true, true, false}));
+  // A copy of `src` with key `key` replaced by a u32 (or dropped: value < 0), and tensor `drop` left out.
+  const auto rewrite = [&](const std::string& src, const std::string& key, int64_t value,
+                           const std::string& drop) {
+    const auto in = GgufFile::open(src);
+    GgufWriter w;
+    for (const auto& kv : in.metadata())
+      if (kv.key != key) w.add(kv.key, kv.value);
+    if (value >= 0) w.add_u32(key, static_cast<uint32_t>(value));
+    std::vector<GgufWriter::TensorSpec> specs;
+    std::vector<const GgufTensor*> kept;
+    for (const auto& t : in.tensors())
+      if (t.name != drop) {
+        specs.push_back({t.name, t.type, t.ne});
+        kept.push_back(&t);
+      }
+    const std::string out = (dir / "bad.gguf").string();
+    w.write_streaming(out, specs, [&](size_t i, std::vector<uint8_t>& bytes) {
+      bytes.assign(kept[i]->data, kept[i]->data + kept[i]->n_bytes);
+    });
+    return out;
+  };
+  const auto refused = [&](const std::string& file, const std::string& want) {
+    try {
+      (void)ModelConfig::from_gguf(GgufFile::open(file));
+      ADD_FAILURE() << "loaded: " << want;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(want), std::string::npos) << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  };
+  refused(rewrite(moe, "qwen3moe.expert_count", -1, ""), "'qwen3moe.expert_count' is missing");
+  refused(rewrite(moe, "qwen3moe.expert_used_count", 9, ""),
+          "'qwen3moe.expert_used_count' must be in 1..8, found 9");
+  refused(rewrite(moe, "qwen3moe.expert_gating_func", 7, ""), "expert_gating_func' must be 1 (softmax), 2");
+  refused(rewrite(moe, "qwen3moe.expert_feed_forward_length", 32, ""),
+          "tensor 'blk.0.ffn_gate_exps.weight' has shape [128, 64, 8], expected [128, 32, 8]");
+  refused(rewrite(oss, "", -1, "blk.1.attn_sinks.weight"), "tensor 'blk.1.attn_sinks.weight' is missing");
+  std::filesystem::remove_all(dir);
+}
+
 } // namespace
